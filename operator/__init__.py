@@ -1,0 +1,1 @@
+"""The NeuronModel operator (kopf): resource models, validation, manifest builders and reconcile."""

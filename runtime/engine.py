@@ -1,0 +1,377 @@
+"""The continuous-batching engine: requests in, token and text deltas out.
+
+`Engine` is the synchronous core: each `step()` asks the scheduler for a plan, runs the prefill group and the
+decode rows on the model runner, then applies stop conditions (EOS ids, stop strings that are never emitted,
+`max_tokens`, the slot's length) and incremental detokenization. `AsyncEngine` runs that loop on a background
+thread and gives the server an async interface: submit a request, iterate over its outputs, cancel it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from .model_runner import ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import FinishReason, QueueFull, Scheduler
+from .scheduler import Sequence as Seq
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AsyncEngine", "Engine", "EngineStats", "FinishReason", "QueueFull", "RequestOutput"]
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: new tokens and text, and the finish reason once finished."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics and benchmarks."""
+
+    steps: int = 0
+    prefill_calls: int = 0
+    decode_calls: int = 0
+    model_seconds: float = 0.0  # inside the model runner (forward + sampling)
+    step_seconds: float = 0.0  # whole steps
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass(eq=False)
+class _Stream:
+    """Per-request text state: the detokenizer and the text held back while it may start a stop string."""
+
+    seq: Seq
+    detok: IncrementalDetokenizer
+    held: str = ""
+    emitted_text: list[str] = field(default_factory=list)
+
+
+class Engine:
+    """Synchronous continuous-batching engine over one model runner."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        *,
+        max_prefill_tokens: int | None = None,
+        max_waiting: int = 1024,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(runner.config.eos_token_ids) | tokenizer.eos_token_ids
+        self.scheduler = Scheduler(
+            runner.slots,
+            runner.max_seq_len,
+            runner.prefill_buckets,
+            max_prefill_tokens=max_prefill_tokens,
+            max_waiting=max_waiting,
+        )
+        self.stats = EngineStats()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str, *, slots: int = 8, max_seq_len: int = 2048, **kw) -> Engine:
+        runner_kw = {
+            k: kw.pop(k) for k in ("prefill_buckets", "decode_buckets", "dtype", "device") if k in kw
+        }
+        runner = ModelRunner(model_dir, slots=slots, max_seq_len=max_seq_len, **runner_kw)
+        return cls(runner, Tokenizer(model_dir, runner.config.eos_token_ids), **kw)
+
+    # ---- requests ------------------------------------------------------------------------------------------
+
+    def make_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Seq:
+        """Tokenize and check a request without queueing it; raises InvalidRequest when it can never fit."""
+        params = params or SamplingParams()
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        max_tokens = self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        return Seq(
+            request_id=request_id or f"req-{next(self._ids)}",
+            prompt_ids=prompt_ids,
+            params=params,
+            max_tokens=max_tokens,
+        )
+
+    def enqueue(self, seq: Seq) -> str:
+        """Queue a checked request; raises QueueFull when the waiting queue is at its bound."""
+        if seq.request_id in self._streams:
+            raise ValueError(f"request id {seq.request_id!r} is already in use")
+        self.scheduler.add(seq)
+        self._streams[seq.request_id] = _Stream(
+            seq=seq, detok=IncrementalDetokenizer(self.tokenizer, seq.prompt_ids)
+        )
+        return seq.request_id
+
+    def add_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Check and queue a request (text or token ids); returns its id."""
+        return self.enqueue(self.make_request(prompt, params, request_id))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request now and free its slot; returns its final output, or None when it is unknown."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return None
+        seq = self.scheduler.abort(request_id) or stream.seq
+        if seq.slot is not None:
+            self.runner.release_slot(seq.slot)
+        return self._output(stream, [], "", FinishReason.ABORT)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the step ------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one prefill group and/or one decode step; returns the outputs it produced."""
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        if plan.prefill:
+            for seq in plan.prefill:
+                self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
+            t0 = time.perf_counter()
+            tokens = self.runner.prefill([s.slot for s in plan.prefill], [s.prompt_ids for s in plan.prefill])
+            self.stats.model_seconds += time.perf_counter() - t0
+            self.stats.prefill_calls += 1
+            now = time.monotonic()
+            for seq, token in zip(plan.prefill, tokens, strict=True):
+                seq.first_token_time = now
+                self.stats.prompt_tokens += len(seq.prompt_ids)
+                outputs.append(self._accept(seq, token))
+        if plan.decode:
+            t0 = time.perf_counter()
+            tokens = self.runner.decode(
+                [s.slot for s in plan.decode],
+                [s.output_ids[-1] for s in plan.decode],
+                [s.num_tokens - 1 for s in plan.decode],
+            )
+            self.stats.model_seconds += time.perf_counter() - t0
+            self.stats.decode_calls += 1
+            outputs.extend(self._accept(seq, token) for seq, token in zip(plan.decode, tokens, strict=True))
+        self.stats.steps += 1
+        self.stats.step_seconds += time.perf_counter() - start
+        return [o for o in outputs if o is not None]
+
+    def _accept(self, seq: Seq, token: int) -> RequestOutput | None:
+        """Apply one new token to a sequence: stop checks, detokenization, slot release when finished."""
+        stream = self._streams.get(seq.request_id)
+        if stream is None:  # aborted while the step ran
+            return None
+        self.stats.generated_tokens += 1
+        params = seq.params
+        if token in self.eos_ids and not params.ignore_eos:
+            seq.output_ids.append(token)
+            return self._finish(stream, [token], stream.held, FinishReason.STOP)
+        seq.output_ids.append(token)
+        text = stream.held + stream.detok.add(token)
+        stream.held = ""
+        if params.stop:
+            cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                return self._finish(stream, [token], text[:cut], FinishReason.STOP)
+            keep = _stop_prefix_len(text, params.stop)
+            if keep:
+                text, stream.held = text[:-keep], text[-keep:]
+        if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.runner.max_seq_len:
+            return self._finish(stream, [token], text + stream.held, FinishReason.LENGTH)
+        return self._output(stream, [token], text, None)
+
+    def _finish(self, stream: _Stream, ids: list[int], text: str, reason: FinishReason) -> RequestOutput:
+        seq = stream.seq
+        self.scheduler.finish(seq, reason)
+        self.runner.release_slot(seq.slot)
+        del self._streams[seq.request_id]
+        return self._output(stream, ids, text, reason)
+
+    @staticmethod
+    def _output(stream: _Stream, ids: list[int], text: str, reason: FinishReason | None) -> RequestOutput:
+        seq = stream.seq
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=ids,
+            text=text,
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+        )
+
+    # ---- offline use ---------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion together; one aggregated output per prompt, in order."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        results = {i: RequestOutput(request_id=i, token_ids=[], text="") for i in ids}
+        while self.has_work():
+            for out in self.step():
+                r = results[out.request_id]
+                r.token_ids += out.token_ids
+                r.text += out.text
+                r.finish_reason = out.finish_reason
+                r.prompt_tokens, r.completion_tokens = out.prompt_tokens, out.completion_tokens
+        return [results[i] for i in ids]
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string (to hold back)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+class AsyncEngine:
+    """Runs an Engine on a background thread; the asyncio side submits, streams and cancels requests.
+
+    Only the engine thread touches the engine's state: submissions and cancellations are handed over through
+    a command queue that the thread drains before every step, so the event loop never waits for a model call.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._commands: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="neuronfleet-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    @property
+    def num_pending(self) -> int:
+        """Requests submitted or waiting for a slot."""
+        return len(self._commands) + len(self.engine.scheduler.waiting)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            while not self._stopping:
+                self._drain_commands()
+                if not self.engine.has_work():
+                    break
+                try:
+                    outputs = self.engine.step()
+                except BaseException as e:  # an engine failure fails every request, loudly
+                    log.exception("engine step failed")
+                    self.error = e
+                    self._fail_all(e)
+                    return
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            kind, payload = self._commands.popleft()
+            if kind == "add":
+                try:
+                    self.engine.enqueue(payload)
+                except (QueueFull, ValueError) as e:
+                    self._deliver(payload.request_id, e)
+            else:
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver(payload, out)
+
+    def _deliver(self, request_id: str, out: RequestOutput | BaseException) -> None:
+        entry = self._queues.get(request_id)
+        if entry is None:
+            return
+        loop, queue = entry
+        if isinstance(out, BaseException) or out.finished:
+            self._queues.pop(request_id, None)
+        with contextlib.suppress(RuntimeError):  # the caller's loop may be closed
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for rid in list(self._queues):
+            self._deliver(rid, RuntimeError(f"the engine failed: {error!r}"))
+
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs as they come; leaving the iteration early aborts it.
+
+        Raises InvalidRequest for a request that can never fit and QueueFull when the queue is at its bound.
+        """
+        if self.error is not None:
+            raise RuntimeError(f"the engine failed earlier: {self.error!r}")
+        seq = self.engine.make_request(prompt, params, request_id)
+        if self.num_pending >= self.engine.scheduler.max_waiting:
+            raise QueueFull(
+                f"the waiting queue holds {self.engine.scheduler.max_waiting} requests; retry later"
+            )
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[seq.request_id] = (asyncio.get_running_loop(), queue)
+        self._commands.append(("add", seq))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(seq.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its slot is freed before the engine's next step."""
+        self._queues.pop(request_id, None)
+        self._commands.append(("abort", request_id))
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> AsyncEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

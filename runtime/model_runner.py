@@ -1,0 +1,400 @@
+"""The torch backend: all device code of the runtime lives here.
+
+It owns the Llama-family model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU),
+its weights (loaded from Hugging Face safetensors and fused per layer), the static KV cache
+`[layers, 2, slots, kv_heads, max_len + 1, head_dim]` and the sampler. Its two entry points are shaped like
+Neuron's compiled graphs: `prefill` runs a group of prompts, padded to a length bucket, into given slots;
+`decode` runs one token for the slots `0..batch-1` (a batch bucket) over a length bucket of the cache. Every
+shape is fixed by (bucket, batch) so the same functions can be compiled (torch.compile, Neuron's device).
+The extra cache column at `max_len` is a scratch row that idle slots write to, so a decode step never
+touches a slot it does not own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from .model_config import ModelConfig, ModelLoadError, load_model_config
+from .sampling_params import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_length_buckets(max_len: int, smallest: int = 64) -> list[int]:
+    """Powers of two from `smallest` and the midpoints 1.5x between them, up to `max_len` (the last bucket).
+
+    The midpoints keep padding waste under a third while the number of shapes (graphs to compile on
+    Neuron) stays logarithmic in `max_len`.
+    """
+    buckets, b = [], smallest
+    while b < max_len:
+        buckets += [n for n in (b, b * 3 // 2) if n < max_len]
+        b *= 2
+    return [*buckets, max_len]
+
+
+def pick_bucket(buckets: Sequence[int], n: int) -> int:
+    """The smallest bucket that holds `n`."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [hidden, intermediate]
+    down_bias: torch.Tensor | None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+
+
+def load_weights(
+    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> ModelWeights:
+    """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = f.get_tensor(name)
+
+    def take(name: str, required: bool = True) -> torch.Tensor | None:
+        t = tensors.pop(name, None)
+        if t is None:
+            if required:
+                raise ModelLoadError(f"weights in {model_dir} lack tensor {name!r}")
+            return None
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
+        return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        ab, mb = config.attention_bias, config.mlp_bias
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=cat(*(take(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                qkv_bias=cat(*(take(p + f"self_attn.{n}_proj.bias", ab) for n in "qkv")) if ab else None,
+                o=take(p + "self_attn.o_proj.weight"),
+                o_bias=take(p + "self_attn.o_proj.bias", False),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=cat(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")),
+                gate_up_bias=cat(take(p + "mlp.gate_proj.bias", mb), take(p + "mlp.up_proj.bias", mb))
+                if mb
+                else None,
+                down=take(p + "mlp.down_proj.weight"),
+                down_bias=take(p + "mlp.down_proj.bias", False),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", required=False)
+    if lm_head is None:
+        raise ModelLoadError(
+            f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
+        )
+    expected = (config.vocab_size, config.hidden_size)
+    if tuple(embed.shape) != expected:
+        raise ModelLoadError(f"embedding shape {tuple(embed.shape)} does not match config.json's {expected}")
+    return ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=lm_head)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies, with linear or Llama 3 style scaling."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    s = config.rope_scaling
+    if s.rope_type == "linear":
+        inv = inv / s.factor
+    elif s.rope_type == "llama3":
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor
+        )
+        scaled = torch.where(wavelen > low_wavelen, inv / s.factor, inv)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = torch.where(mid, (1 - smooth) * inv / s.factor + smooth * inv, scaled)
+    return inv.to(torch.float32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] rotated with the half-split (rotate_half) convention of Hugging Face Llama."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@dataclass
+class SlotSampler:
+    """Per-slot sampling state: the request's parameters and its own (seeded, reproducible) generator."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    history: list[int] = field(default_factory=list)  # prompt + output ids, for the repetition penalty
+
+
+class ModelRunner:
+    """Holds weights and the static KV cache; runs bucketed prefill and decode and samples the next tokens."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        slots: int = 8,
+        max_seq_len: int = 2048,
+        prefill_buckets: Sequence[int] | None = None,
+        decode_buckets: Sequence[int] | None = None,
+        dtype: str | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.config = load_model_config(self.model_dir)
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        if not 1 <= max_seq_len <= self.config.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {max_seq_len} must be between 1 and the model's "
+                f"max_position_embeddings ({self.config.max_position_embeddings})"
+            )
+        dtype = dtype or "float32"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        self.dtype_name = dtype
+        self.dtype = DTYPES[dtype]
+        self.device = torch.device(device)
+        self.slots = slots
+        self.max_seq_len = max_seq_len
+        self.prefill_buckets = self._check_buckets(prefill_buckets, "prefill")
+        self.decode_buckets = self._check_buckets(decode_buckets, "decode")
+        if self.decode_buckets[-1] != max_seq_len:
+            raise ValueError(f"the largest decode bucket must equal max_seq_len ({max_seq_len})")
+        self.batch_buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < slots] + [slots]
+        self.weights = load_weights(self.model_dir, self.config, self.dtype, self.device)
+        c = self.config
+        shape = (c.num_layers, 2, slots, c.num_kv_heads, max_seq_len + 1, c.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        positions = torch.arange(max_seq_len + 1, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(c))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos().to(self.dtype).to(self.device)
+        self.rope_sin = emb.sin().to(self.dtype).to(self.device)
+        self.samplers: dict[int, SlotSampler] = {}
+
+    def _check_buckets(self, buckets: Sequence[int] | None, kind: str) -> list[int]:
+        if buckets is None:
+            return default_length_buckets(self.max_seq_len)
+        out = sorted(set(int(b) for b in buckets))
+        if not out or out[0] < 1 or out[-1] > self.max_seq_len:
+            raise ValueError(
+                f"{kind} buckets {list(buckets)} must be between 1 and max_seq_len ({self.max_seq_len})"
+            )
+        return out
+
+    @property
+    def max_prompt_len(self) -> int:
+        return self.prefill_buckets[-1]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    # ---- model ---------------------------------------------------------------------------------------------
+
+    def _attention_prefill(self, q, k, v, seq_len: int) -> torch.Tensor:
+        window = self.config.sliding_window
+        if window is not None and window < seq_len:
+            i = torch.arange(seq_len, device=self.device)
+            allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
+        gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        return qkv.split((q_size, kv_size, kv_size), dim=-1)
+
+    @torch.inference_mode()
+    def forward_prefill(
+        self, tokens: torch.Tensor, last_index: torch.Tensor, slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """tokens [P, T] (right-padded to bucket T), last_index [P], slot_ids [P] -> logits [P, vocab].
+
+        Writes the prompts' keys and values into cache positions [0, T) of the given slots.
+        """
+        c, w = self.config, self.weights
+        p, t = tokens.shape
+        x = F.embedding(tokens, w.embed)  # [P, T, hidden]
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]  # [T, head_dim]
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            q, k, v = self._split_qkv(F.linear(h, layer.qkv, layer.qkv_bias))
+            q = apply_rope(q.view(p, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)  # [P, H, T, D]
+            k = apply_rope(
+                k.view(p, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin
+            )  # [P, KV, T, D]
+            v = v.view(p, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            self.kv_cache[i, 0, slot_ids, :, :t] = k
+            self.kv_cache[i, 1, slot_ids, :, :t] = v
+            attn = self._attention_prefill(q, k, v, t)  # [P, H, T, D]
+            x = x + F.linear(attn.transpose(1, 2).reshape(p, t, -1), layer.o, layer.o_bias)
+            x = self._mlp(x, layer)
+        last = x[torch.arange(p, device=self.device), last_index]  # [P, hidden]
+        return F.linear(rms_norm(last, w.norm, c.rms_norm_eps), w.lm_head).float()
+
+    @torch.inference_mode()
+    def forward_decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens [B], positions [B] for slots 0..B-1, over cache length bucket `length` -> logits.
+
+        Idle slots carry position `max_seq_len` (the scratch column), outside every length bucket. `rows`
+        selects which slots' logits to compute (all B when None).
+        """
+        c, w = self.config, self.weights
+        b = tokens.shape[0]
+        groups = c.num_heads // c.num_kv_heads
+        slot_idx = torch.arange(b, device=self.device)
+        cos, sin = self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]  # [B, 1, D]
+        span = torch.arange(length, device=self.device)
+        allowed = span[None, :] <= positions[:, None]
+        if c.sliding_window is not None:
+            allowed &= span[None, :] > positions[:, None] - c.sliding_window
+        mask = torch.zeros((b, length), dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill(~allowed, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
+        x = F.embedding(tokens, w.embed)  # [B, hidden]
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            q, k, v = self._split_qkv(F.linear(h, layer.qkv, layer.qkv_bias))
+            q = apply_rope(q.view(b, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.view(b, c.num_kv_heads, c.head_dim), cos, sin)
+            cache_k, cache_v = self.kv_cache[i, 0], self.kv_cache[i, 1]  # [slots, KV, len + 1, D]
+            cache_k[slot_idx, :, positions] = k
+            cache_v[slot_idx, :, positions] = v.view(b, c.num_kv_heads, c.head_dim)
+            # The query heads that share a KV head act as that head's "query positions": no K/V copies.
+            attn = F.scaled_dot_product_attention(
+                q.view(b, c.num_kv_heads, groups, c.head_dim),
+                cache_k[:b, :, :length],  # views [B, KV, L, D]
+                cache_v[:b, :, :length],
+                attn_mask=mask,
+            ).reshape(b, -1)  # [B, H * D]
+            x = x + F.linear(attn, layer.o, layer.o_bias)
+            x = self._mlp(x, layer)
+        if rows is not None:
+            x = x.index_select(0, rows)
+        return F.linear(rms_norm(x, w.norm, c.rms_norm_eps), w.lm_head).float()
+
+    # ---- slots and sampling --------------------------------------------------------------------------------
+
+    def start_slot(self, slot: int, params: SamplingParams, prompt_ids: Sequence[int]) -> None:
+        """Set up a slot's sampler before its prefill."""
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                generator.manual_seed(params.seed)
+            else:
+                generator.seed()
+        history = list(prompt_ids) if params.repetition_penalty != 1.0 else []
+        self.samplers[slot] = SlotSampler(params=params, generator=generator, history=history)
+
+    def release_slot(self, slot: int) -> None:
+        self.samplers.pop(slot, None)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, slots: Sequence[int]) -> list[int]:
+        """One next token per row of `logits` [N, vocab], row i belonging to `slots[i]`."""
+        samplers = [self.samplers[s] for s in slots]
+        for row, s in enumerate(samplers):
+            if s.params.repetition_penalty != 1.0 and s.history:
+                ids = torch.tensor(sorted(set(s.history)), dtype=torch.long, device=logits.device)
+                seen = logits[row, ids]
+                pen = s.params.repetition_penalty
+                logits[row, ids] = torch.where(seen > 0, seen / pen, seen * pen)
+        out = logits.argmax(dim=-1).tolist()
+        for row, s in enumerate(samplers):
+            if not s.params.greedy:
+                out[row] = self._sample_row(logits[row], s)
+            if s.params.repetition_penalty != 1.0:
+                s.history.append(out[row])
+        return out
+
+    @staticmethod
+    def _sample_row(logits: torch.Tensor, s: SlotSampler) -> int:
+        p = s.params
+        logits = logits / p.temperature
+        if p.top_k > 0 and p.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cum - sorted_logits.softmax(-1) > p.top_p  # keep the smallest prefix reaching top_p
+            logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        probs = logits.softmax(-1).cpu()
+        return int(torch.multinomial(probs, 1, generator=s.generator).item())
+
+    # ---- entry points --------------------------------------------------------------------------------------
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[int]:
+        """Run prompts into their slots, padded to one length bucket; returns their first new tokens."""
+        longest = max(len(p) for p in prompts)
+        bucket = pick_bucket(self.prefill_buckets, longest)
+        tokens = torch.zeros((len(prompts), bucket), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        last = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
+        slot_ids = torch.tensor(list(slots), dtype=torch.long)
+        logits = self.forward_prefill(tokens.to(self.device), last.to(self.device), slot_ids.to(self.device))
+        return self.sample(logits, slots)
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
+        """One decode step for the given slots (token at position each); returns their next tokens."""
+        batch = pick_bucket(self.batch_buckets, max(slots) + 1)
+        length = pick_bucket(self.decode_buckets, max(positions) + 1)
+        tok = [0] * batch
+        pos = [self.max_seq_len] * batch  # idle rows write the scratch column
+        for s, t, p in zip(slots, tokens, positions, strict=True):
+            tok[s], pos[s] = t, p
+        logits = self.forward_decode(
+            torch.tensor(tok, dtype=torch.long, device=self.device),
+            torch.tensor(pos, dtype=torch.long, device=self.device),
+            length,
+            rows=torch.tensor(list(slots), dtype=torch.long, device=self.device),
+        )
+        return self.sample(logits, slots)

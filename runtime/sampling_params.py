@@ -1,0 +1,62 @@
+"""Per-request generation settings and their validation (pure; no torch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; the message names the field, the value and the allowed range."""
+
+    def __init__(self, message: str, field_name: str | None = None) -> None:
+        super().__init__(message)
+        self.field_name = field_name
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    temperature 0 means greedy. `max_tokens` None means up to the slot's length.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: object, allowed: str) -> InvalidRequest:
+            return InvalidRequest(f"{name} must be {allowed}, got {value!r}", name)
+
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", self.max_tokens, "an integer of at least 1")
+        for name, _lo, _hi in (
+            ("temperature", 0.0, 100.0),
+            ("top_p", 0.0, 1.0),
+            ("repetition_penalty", 0.0, 100.0),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, value, "a finite number")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise bad("temperature", self.temperature, "between 0 and 100")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", self.top_p, "greater than 0 and at most 1")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise bad("repetition_penalty", self.repetition_penalty, "greater than 0 and at most 100")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", self.top_k, "an integer of at least 0 (0 disables it)")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise bad("seed", self.seed, "an integer between 0 and 2**63 - 1")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", self.stop, "a list of non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

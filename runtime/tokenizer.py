@@ -1,0 +1,120 @@
+"""Text <-> token ids for a model folder: the `tokenizers` tokenizer, the chat template (rendered in a
+sandboxed Jinja environment), the end-of-sequence ids, and incremental detokenization for streaming."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from .model_config import ModelLoadError
+from .sampling_params import InvalidRequest
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} in older tokenizer_config files
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _raise_template_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+class Tokenizer:
+    """A model folder's tokenizer."""
+
+    def __init__(self, model_dir: str | Path, extra_eos_ids: Sequence[int] = ()) -> None:
+        path = Path(model_dir)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelLoadError(f"model folder {path} lacks tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(tok_file))
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.chat_template: str | None = cfg.get("chat_template")
+        eos = list(extra_eos_ids)
+        if self.eos_token is not None and (eos_id := self._tok.token_to_id(self.eos_token)) is not None:
+            eos.append(eos_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.vocab_size = self._tok.get_vocab_size()
+        self._template = None
+        if self.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+            self._template = env.from_string(self.chat_template)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Render messages [{role, content}] with the model's own chat template."""
+        if self._template is None:
+            raise InvalidRequest(
+                "this model has no chat template; use the completions API instead", "messages"
+            )
+        if not messages:
+            raise InvalidRequest("messages is empty; send at least one message", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+                raise InvalidRequest(
+                    f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}", f"messages[{i}].role"
+                )
+            if not isinstance(m.get("content"), str):
+                raise InvalidRequest(f"messages[{i}].content must be a string", f"messages[{i}].content")
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError as e:
+            raise InvalidRequest(f"the model's chat template refused the messages: {e}", "messages") from None
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of a chat prompt (the template places any BOS itself)."""
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, never emitting half a UTF-8 character.
+
+    It decodes a short window of tokens before the new ones so that tokenizers which change a token's
+    text by context (a leading space, SentencePiece's "▁") give the same text as decoding everything.
+    """
+
+    CONTEXT = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self._ids = list(prompt_ids[-self.CONTEXT :])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def add(self, token_id: int) -> str:
+        """Add one generated token; returns the text it completes (possibly empty)."""
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = decode(self._ids[self._prefix_offset :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            delta = full_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return delta
+        return ""

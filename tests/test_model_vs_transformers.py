@@ -1,0 +1,141 @@
+"""Our Llama-family model against Hugging Face transformers' LlamaForCausalLM on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from transformers import LlamaForCausalLM
+
+from neuronfleet.runtime.model_runner import ModelRunner
+
+LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation order
+
+
+def reference_logits(model_dir, ids: list[int]) -> torch.Tensor:
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def reference_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            min_new_tokens=n,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def our_greedy(runner: ModelRunner, slot: int, ids: list[int], n: int) -> list[int]:
+    from neuronfleet.runtime.sampling_params import SamplingParams
+
+    runner.start_slot(slot, SamplingParams(), ids)
+    out = runner.prefill([slot], [ids])
+    while len(out) < n:
+        out += runner.decode([slot], [out[-1]], [len(ids) + len(out) - 1])
+    runner.release_slot(slot)
+    return out
+
+
+def our_logits_by_decoding(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
+    """Logits for every position: prefill the first token, then feed the rest one decode step at a time."""
+    rows = [runner.forward_prefill(torch.tensor([ids[:1]]), torch.tensor([0]), torch.tensor([0]))[0]]
+    for pos in range(1, len(ids)):
+        rows.append(runner.forward_decode(torch.tensor([ids[pos]]), torch.tensor([pos]), 64)[0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tie_word_embeddings": True},
+        {"num_key_value_heads": 4},
+        {"num_key_value_heads": 1, "head_dim": 32},
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ],
+    ids=["untied", "tied", "mha", "mqa-headdim", "llama3-rope", "linear-rope"],
+)
+def test_tiny_llama_logits_match_transformers(tmp_path, overrides):
+    model_dir = make_tiny_llama(tmp_path, **overrides)
+    ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
+    ref = reference_logits(model_dir, ids)
+    runner = ModelRunner(model_dir, slots=2, max_seq_len=64, prefill_buckets=[16, 64], decode_buckets=[64])
+    prefill = runner.forward_prefill(
+        torch.tensor([ids + [0] * (16 - len(ids))]), torch.tensor([len(ids) - 1]), torch.tensor([1])
+    )
+    torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
+    torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
+
+
+def test_tiny_llama_greedy_tokens_match_transformers(tmp_path):
+    model_dir = make_tiny_llama(tmp_path, seed=3)
+    ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = ModelRunner(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 32])
+    for slot, ids in enumerate(
+        [[1, 2, 3], [1, 450, 33, 21, 8, 9, 10, 11, 12, 13], [1, *list(range(100, 125))]]
+    ):
+        assert our_greedy(runner, slot, ids, 40) == reference_greedy(ref_model, ids, 40)
+
+
+def test_sliding_window_matches_transformers_mistral(tmp_path):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        sliding_window=8,
+    )
+    model = MistralForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    ids = list(range(3, 23))
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    runner = ModelRunner(tmp_path, slots=1, max_seq_len=64, prefill_buckets=[32, 64], decode_buckets=[64])
+    prefill = runner.forward_prefill(
+        torch.tensor([ids + [0] * (32 - len(ids))]), torch.tensor([len(ids) - 1]), torch.tensor([0])
+    )
+    torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
+    torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
+
+
+@pytest.mark.real_model
+def test_smollm2_matches_transformers(smollm2_dir):
+    from neuronfleet.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2_dir)
+    ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    runner = ModelRunner(smollm2_dir, slots=2, max_seq_len=256, prefill_buckets=[64, 128])
+    prompts = [
+        tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}]),
+        tok.encode("The three primary colors are"),
+        tok.encode_chat([{"role": "user", "content": "Write a haiku about the sea."}]),
+    ]
+    for ids in prompts:
+        with torch.no_grad():
+            ref = ref_model(torch.tensor([ids])).logits[0, -1]
+        padded = torch.tensor([ids + [0] * (128 - len(ids))])
+        ours = runner.forward_prefill(padded, torch.tensor([len(ids) - 1]), torch.tensor([0]))[0]
+        torch.testing.assert_close(ours, ref, atol=2e-3, rtol=0)
+        assert our_greedy(runner, 1, ids, 24) == reference_greedy(ref_model, ids, 24)

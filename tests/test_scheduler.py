@@ -1,0 +1,92 @@
+"""The scheduler's slot bookkeeping and step planning (pure Python, no model)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from neuronfleet.runtime.sampling_params import InvalidRequest, SamplingParams
+from neuronfleet.runtime.scheduler import FinishReason, QueueFull, Scheduler, Sequence
+
+
+def seq(rid: str, prompt_len: int, max_tokens: int = 8) -> Sequence:
+    return Sequence(
+        request_id=rid, prompt_ids=[1] * prompt_len, params=SamplingParams(), max_tokens=max_tokens
+    )
+
+
+def test_scheduler_imports_no_torch():
+    code = "import sys, neuronfleet.runtime.scheduler; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_admits_into_lowest_free_slots_and_reuses_released_ones():
+    s = Scheduler(num_slots=3, max_seq_len=64, prefill_buckets=[16, 32])
+    seqs = [seq(f"r{i}", 4) for i in range(5)]
+    for x in seqs:
+        s.add(x)
+    plan = s.schedule()
+    assert [x.slot for x in plan.prefill] == [0, 1, 2]
+    assert plan.decode == []
+    assert len(s.waiting) == 2 and s.num_free_slots == 0
+    for x in plan.prefill:
+        x.output_ids.append(5)
+    s.finish(seqs[1], FinishReason.STOP)
+    plan = s.schedule()
+    assert [x.request_id for x in plan.prefill] == ["r3"] and seqs[3].slot == 1
+    assert {x.request_id for x in plan.decode} == {"r0", "r2"}
+
+
+def test_prefill_group_respects_token_budget_in_padded_tokens():
+    s = Scheduler(num_slots=8, max_seq_len=256, prefill_buckets=[16, 64, 128], max_prefill_tokens=128)
+    for i, n in enumerate([10, 12, 60, 5]):
+        s.add(seq(f"r{i}", n))
+    first = s.schedule().prefill
+    # two prompts of <= 16 tokens pad to 16 each; the 60-token one would pad three rows to 64 (192 > 128)
+    assert [x.request_id for x in first] == ["r0", "r1"]
+    assert [x.request_id for x in s.schedule().prefill] == ["r2", "r3"]  # 2 x 64 = 128 fits
+
+
+def test_refuses_requests_that_can_never_fit_with_the_limits_in_the_message():
+    s = Scheduler(num_slots=2, max_seq_len=100, prefill_buckets=[32, 64])
+    with pytest.raises(InvalidRequest, match=r"65 tokens.*longest this deployment accepts is 64"):
+        s.check_fits(65, None)
+    with pytest.raises(InvalidRequest, match=r"max_tokens 50 .* slot length 100; at most 40 new tokens fit"):
+        s.check_fits(60, 50)
+    with pytest.raises(InvalidRequest, match="empty"):
+        s.check_fits(0, None)
+    assert s.check_fits(60, None) == 40
+    assert s.check_fits(60, 40) == 40
+
+
+def test_abort_waiting_and_running_and_queue_bound():
+    s = Scheduler(num_slots=1, max_seq_len=64, prefill_buckets=[16], max_waiting=2)
+    a, b = seq("a", 3), seq("b", 3)
+    s.add(a)
+    s.add(b)
+    with pytest.raises(QueueFull):
+        s.add(seq("c", 3))
+    s.schedule()
+    assert s.abort("b") is b and b.finish_reason == FinishReason.ABORT and not s.waiting
+    assert s.abort("a") is a and s.num_free_slots == 1 and not s.running
+    assert s.abort("a") is None
+    assert not s.has_work
+
+
+def test_sampling_params_refuse_out_of_range_values_naming_the_field():
+    for kwargs, name in [
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"seed": -3}, "seed"),
+        ({"stop": ("",)}, "stop"),
+    ]:
+        with pytest.raises(InvalidRequest, match=name) as info:
+            SamplingParams(**kwargs)
+        assert info.value.field_name == name
