@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(2C, 8))")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(4C, 8))")
     ap.add_argument("--single-requests", type=int, default=8, help="requests for transformers one at a time")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/engine_throughput.json"))
@@ -161,7 +161,7 @@ def main() -> None:
     )
     lines = [header]
     for c in args.concurrency:
-        n = args.requests or max(2 * c, 8)
+        n = args.requests or max(4 * c, 8)
         prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
         ours = run_ours(model_dir, args.dtype, prompts, c, args.max_tokens, max_len)
         batch = run_transformers(hf, prompts, c, args.max_tokens, eos, pad)

@@ -195,8 +195,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.slots = slots
         self.max_seq_len = max_seq_len
-        self.prefill_buckets = self._check_buckets(prefill_buckets, "prefill")
-        self.decode_buckets = self._check_buckets(decode_buckets, "decode")
+        self.prefill_buckets = self._check_buckets(prefill_buckets, "prefill", smallest=16)
+        self.decode_buckets = self._check_buckets(decode_buckets, "decode", smallest=64)
         if self.decode_buckets[-1] != max_seq_len:
             raise ValueError(f"the largest decode bucket must equal max_seq_len ({max_seq_len})")
         self.batch_buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < slots] + [slots]
@@ -211,9 +211,9 @@ class ModelRunner:
         self.rope_sin = emb.sin().to(self.dtype).to(self.device)
         self.samplers: dict[int, SlotSampler] = {}
 
-    def _check_buckets(self, buckets: Sequence[int] | None, kind: str) -> list[int]:
+    def _check_buckets(self, buckets: Sequence[int] | None, kind: str, smallest: int) -> list[int]:
         if buckets is None:
-            return default_length_buckets(self.max_seq_len)
+            return default_length_buckets(self.max_seq_len, smallest)
         out = sorted(set(int(b) for b in buckets))
         if not out or out[0] < 1 or out[-1] > self.max_seq_len:
             raise ValueError(
