@@ -149,32 +149,29 @@ class Engine:
     # ---- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one prefill group and/or one decode step; returns the outputs it produced."""
+        """Run one prefill group and one decode step together; returns the outputs they produced."""
         start = time.perf_counter()
         plan = self.scheduler.schedule()
-        outputs: list[RequestOutput] = []
-        if plan.prefill:
-            for seq in plan.prefill:
-                self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
-            t0 = time.perf_counter()
-            tokens = self.runner.prefill([s.slot for s in plan.prefill], [s.prompt_ids for s in plan.prefill])
-            self.stats.model_seconds += time.perf_counter() - t0
-            self.stats.prefill_calls += 1
-            now = time.monotonic()
-            for seq, token in zip(plan.prefill, tokens, strict=True):
-                seq.first_token_time = now
-                self.stats.prompt_tokens += len(seq.prompt_ids)
-                outputs.append(self._accept(seq, token))
-        if plan.decode:
-            t0 = time.perf_counter()
-            tokens = self.runner.decode(
-                [s.slot for s in plan.decode],
-                [s.output_ids[-1] for s in plan.decode],
-                [s.num_tokens - 1 for s in plan.decode],
-            )
-            self.stats.model_seconds += time.perf_counter() - t0
-            self.stats.decode_calls += 1
-            outputs.extend(self._accept(seq, token) for seq, token in zip(plan.decode, tokens, strict=True))
+        for seq in plan.prefill:
+            self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
+        t0 = time.perf_counter()
+        first_tokens, next_tokens = self.runner.step(
+            [s.slot for s in plan.prefill],
+            [s.prompt_ids for s in plan.prefill],
+            [s.slot for s in plan.decode],
+            [s.output_ids[-1] for s in plan.decode],
+            [s.num_tokens - 1 for s in plan.decode],
+        )
+        self.stats.model_seconds += time.perf_counter() - t0
+        self.stats.prefill_calls += bool(plan.prefill)
+        self.stats.decode_calls += bool(plan.decode)
+        now = time.monotonic()
+        outputs: list[RequestOutput | None] = []
+        for seq, token in zip(plan.prefill, first_tokens, strict=True):
+            seq.first_token_time = now
+            self.stats.prompt_tokens += len(seq.prompt_ids)
+            outputs.append(self._accept(seq, token))
+        outputs.extend(self._accept(seq, token) for seq, token in zip(plan.decode, next_tokens, strict=True))
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - start
         return [o for o in outputs if o is not None]

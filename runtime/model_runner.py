@@ -164,6 +164,29 @@ class SlotSampler:
     history: list[int] = field(default_factory=list)  # prompt + output ids, for the repetition penalty
 
 
+@dataclass
+class PrefillBatch:
+    """A prefill group: prompts right-padded to one length bucket, and the slots they go into."""
+
+    tokens: torch.Tensor  # [P, T]
+    last_index: torch.Tensor  # [P]: each prompt's last real position
+    slot_ids: torch.Tensor  # [P]
+
+
+@dataclass
+class DecodeBatch:
+    """One decode step for slots 0..B-1 (B a batch bucket) over a cache length bucket."""
+
+    tokens: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]; idle slots: the scratch column
+    length: int
+    rows: torch.Tensor | None  # the slots whose logits are wanted (all when None)
+    slot_idx: torch.Tensor  # [B] = arange(B)
+    cos: torch.Tensor  # [B, 1, D]
+    sin: torch.Tensor
+    mask: torch.Tensor  # [B, 1, 1, L] additive
+
+
 class ModelRunner:
     """Holds weights and the static KV cache; runs bucketed prefill and decode and samples the next tokens."""
 
@@ -231,93 +254,132 @@ class ModelRunner:
 
     # ---- model ---------------------------------------------------------------------------------------------
 
-    def _attention_prefill(self, q, k, v, seq_len: int) -> torch.Tensor:
-        window = self.config.sliding_window
-        if window is not None and window < seq_len:
-            i = torch.arange(seq_len, device=self.device)
-            allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
         gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
 
-    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _split_heads(self, qkv: torch.Tensor, *lead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[N, (H + 2 KV) D] -> q [*lead, H, D], k and v [*lead, KV, D]."""
         c = self.config
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        return qkv.split((q_size, kv_size, kv_size), dim=-1)
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        return (
+            q.view(*lead, c.num_heads, c.head_dim),
+            k.view(*lead, c.num_kv_heads, c.head_dim),
+            v.view(*lead, c.num_kv_heads, c.head_dim),
+        )
 
-    @torch.inference_mode()
-    def forward_prefill(
-        self, tokens: torch.Tensor, last_index: torch.Tensor, slot_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """tokens [P, T] (right-padded to bucket T), last_index [P], slot_ids [P] -> logits [P, vocab].
+    def _prefill_attention(self, layer: int, qkv: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+        """Causal attention within each padded prompt; writes its keys/values to cache positions [0, T)."""
+        p, t = batch.tokens.shape
+        cos, sin = self.rope_cos[:t, None, :], self.rope_sin[:t, None, :]  # [T, 1, D]
+        q, k, v = self._split_heads(qkv, p, t)
+        q = apply_rope(q, cos, sin).transpose(1, 2)  # [P, H, T, D]
+        k = apply_rope(k, cos, sin).transpose(1, 2)  # [P, KV, T, D]
+        v = v.transpose(1, 2)
+        self.kv_cache[layer, 0, batch.slot_ids, :, :t] = k
+        self.kv_cache[layer, 1, batch.slot_ids, :, :t] = v
+        window = self.config.sliding_window
+        if window is not None and window < t:
+            i = torch.arange(t, device=self.device)
+            allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return attn.transpose(1, 2).reshape(p * t, -1)
 
-        Writes the prompts' keys and values into cache positions [0, T) of the given slots.
-        """
-        c, w = self.config, self.weights
-        p, t = tokens.shape
-        x = F.embedding(tokens, w.embed)  # [P, T, hidden]
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]  # [T, head_dim]
-        for i, layer in enumerate(w.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            q, k, v = self._split_qkv(F.linear(h, layer.qkv, layer.qkv_bias))
-            q = apply_rope(q.view(p, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)  # [P, H, T, D]
-            k = apply_rope(
-                k.view(p, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin
-            )  # [P, KV, T, D]
-            v = v.view(p, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            self.kv_cache[i, 0, slot_ids, :, :t] = k
-            self.kv_cache[i, 1, slot_ids, :, :t] = v
-            attn = self._attention_prefill(q, k, v, t)  # [P, H, T, D]
-            x = x + F.linear(attn.transpose(1, 2).reshape(p, t, -1), layer.o, layer.o_bias)
-            x = self._mlp(x, layer)
-        last = x[torch.arange(p, device=self.device), last_index]  # [P, hidden]
-        return F.linear(rms_norm(last, w.norm, c.rms_norm_eps), w.lm_head).float()
+    def _decode_attention(self, layer: int, qkv: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+        """One new token per slot 0..B-1 against that slot's cache, over the length bucket."""
+        c = self.config
+        b = batch.tokens.shape[0]
+        q, k, v = self._split_heads(qkv, b)
+        q = apply_rope(q, batch.cos, batch.sin)
+        k = apply_rope(k, batch.cos, batch.sin)
+        cache_k, cache_v = self.kv_cache[layer, 0], self.kv_cache[layer, 1]  # [slots, KV, len + 1, D]
+        cache_k[batch.slot_idx, :, batch.positions] = k
+        cache_v[batch.slot_idx, :, batch.positions] = v
+        # The query heads that share a KV head act as that head's "query positions": no K/V copies.
+        return F.scaled_dot_product_attention(
+            q.view(b, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim),
+            cache_k[:b, :, : batch.length],  # views [B, KV, L, D]
+            cache_v[:b, :, : batch.length],
+            attn_mask=batch.mask,
+        ).reshape(b, -1)
 
-    @torch.inference_mode()
-    def forward_decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """tokens [B], positions [B] for slots 0..B-1, over cache length bucket `length` -> logits.
-
-        Idle slots carry position `max_seq_len` (the scratch column), outside every length bucket. `rows`
-        selects which slots' logits to compute (all B when None).
-        """
-        c, w = self.config, self.weights
-        b = tokens.shape[0]
-        groups = c.num_heads // c.num_kv_heads
-        slot_idx = torch.arange(b, device=self.device)
-        cos, sin = self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]  # [B, 1, D]
+    def _decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows) -> DecodeBatch:
+        c = self.config
         span = torch.arange(length, device=self.device)
         allowed = span[None, :] <= positions[:, None]
         if c.sliding_window is not None:
             allowed &= span[None, :] > positions[:, None] - c.sliding_window
-        mask = torch.zeros((b, length), dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill(~allowed, float("-inf"))[:, None, None, :]  # [B, 1, 1, L]
-        x = F.embedding(tokens, w.embed)  # [B, hidden]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
+            ~allowed, float("-inf")
+        )
+        return DecodeBatch(
+            tokens=tokens,
+            positions=positions,
+            length=length,
+            rows=rows,
+            slot_idx=torch.arange(tokens.shape[0], device=self.device),
+            cos=self.rope_cos[positions][:, None, :],  # [B, 1, D]
+            sin=self.rope_sin[positions][:, None, :],
+            mask=mask[:, None, None, :],  # [B, 1, 1, L]
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self, prefill: PrefillBatch | None, decode: DecodeBatch | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One pass over the layers for a prefill group and/or a decode batch -> (prefill, decode) logits.
+
+        Both ride through the same weight reads: every projection runs on the rows of both at once (decode on
+        CPU and Neuron is bound by reading the weights), and only attention is split by kind.
+        """
+        c, w = self.config, self.weights
+        n_pre = prefill.tokens.numel() if prefill else 0
+        parts = []
+        if prefill:
+            parts.append(F.embedding(prefill.tokens.reshape(-1), w.embed))
+        if decode:
+            parts.append(F.embedding(decode.tokens, w.embed))
+        x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
         for i, layer in enumerate(w.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            q, k, v = self._split_qkv(F.linear(h, layer.qkv, layer.qkv_bias))
-            q = apply_rope(q.view(b, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.view(b, c.num_kv_heads, c.head_dim), cos, sin)
-            cache_k, cache_v = self.kv_cache[i, 0], self.kv_cache[i, 1]  # [slots, KV, len + 1, D]
-            cache_k[slot_idx, :, positions] = k
-            cache_v[slot_idx, :, positions] = v.view(b, c.num_kv_heads, c.head_dim)
-            # The query heads that share a KV head act as that head's "query positions": no K/V copies.
-            attn = F.scaled_dot_product_attention(
-                q.view(b, c.num_kv_heads, groups, c.head_dim),
-                cache_k[:b, :, :length],  # views [B, KV, L, D]
-                cache_v[:b, :, :length],
-                attn_mask=mask,
-            ).reshape(b, -1)  # [B, H * D]
-            x = x + F.linear(attn, layer.o, layer.o_bias)
+            qkv = F.linear(rms_norm(x, layer.input_norm, c.rms_norm_eps), layer.qkv, layer.qkv_bias)
+            attn = []
+            if prefill:
+                attn.append(self._prefill_attention(i, qkv[:n_pre], prefill))
+            if decode:
+                attn.append(self._decode_attention(i, qkv[n_pre:], decode))
+            x = x + F.linear(torch.cat(attn) if len(attn) > 1 else attn[0], layer.o, layer.o_bias)
             x = self._mlp(x, layer)
-        if rows is not None:
-            x = x.index_select(0, rows)
-        return F.linear(rms_norm(x, w.norm, c.rms_norm_eps), w.lm_head).float()
+        last = []  # only the rows whose next token is wanted go through the norm and the LM head
+        if prefill:
+            p, t = prefill.tokens.shape
+            last.append(x[:n_pre].view(p, t, -1)[torch.arange(p, device=self.device), prefill.last_index])
+        if decode:
+            rows = x[n_pre:]
+            last.append(rows if decode.rows is None else rows.index_select(0, decode.rows))
+        logits = F.linear(rms_norm(torch.cat(last), w.norm, c.rms_norm_eps), w.lm_head).float()
+        n_first = last[0].shape[0]
+        if prefill and decode:
+            return logits[:n_first], logits[n_first:]
+        return (logits, None) if prefill else (None, logits)
+
+    def forward_prefill(
+        self, tokens: torch.Tensor, last_index: torch.Tensor, slot_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """tokens [P, T] (right-padded to bucket T), last_index [P], slot_ids [P] -> logits [P, vocab]."""
+        return self.forward(PrefillBatch(tokens, last_index, slot_ids), None)[0]
+
+    def forward_decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens [B], positions [B] for slots 0..B-1 over cache length bucket `length` -> logits of `rows`.
+
+        Idle slots carry position `max_seq_len` (the scratch column), outside every length bucket.
+        """
+        return self.forward(None, self._decode_batch(tokens, positions, length, rows))[1]
 
     # ---- slots and sampling --------------------------------------------------------------------------------
 
@@ -371,30 +433,55 @@ class ModelRunner:
 
     # ---- entry points --------------------------------------------------------------------------------------
 
+    def step(
+        self,
+        prefill_slots: Sequence[int],
+        prompts: Sequence[Sequence[int]],
+        decode_slots: Sequence[int],
+        tokens: Sequence[int],
+        positions: Sequence[int],
+    ) -> tuple[list[int], list[int]]:
+        """Prefill prompts into their slots and decode one token for other slots, in one pass.
+
+        Returns the prompts' first new tokens and the decode slots' next tokens.
+        """
+        prefill = decode = None
+        if prompts:
+            bucket = pick_bucket(self.prefill_buckets, max(len(p) for p in prompts))
+            padded = torch.zeros((len(prompts), bucket), dtype=torch.long)
+            for row, ids in enumerate(prompts):
+                padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            prefill = PrefillBatch(
+                tokens=padded.to(self.device),
+                last_index=torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long, device=self.device),
+                slot_ids=torch.tensor(list(prefill_slots), dtype=torch.long, device=self.device),
+            )
+        if decode_slots:
+            batch = pick_bucket(self.batch_buckets, max(decode_slots) + 1)
+            length = pick_bucket(self.decode_buckets, max(positions) + 1)
+            tok = [0] * batch
+            pos = [self.max_seq_len] * batch  # idle rows write the scratch column
+            for s, t, p in zip(decode_slots, tokens, positions, strict=True):
+                tok[s], pos[s] = t, p
+            decode = self._decode_batch(
+                torch.tensor(tok, dtype=torch.long, device=self.device),
+                torch.tensor(pos, dtype=torch.long, device=self.device),
+                length,
+                torch.tensor(list(decode_slots), dtype=torch.long, device=self.device),
+            )
+        if prefill is None and decode is None:
+            return [], []
+        prefill_logits, decode_logits = self.forward(prefill, decode)
+        logits = [t for t in (prefill_logits, decode_logits) if t is not None]
+        sampled = self.sample(
+            torch.cat(logits) if len(logits) > 1 else logits[0], [*prefill_slots, *decode_slots]
+        )
+        return sampled[: len(prompts)], sampled[len(prompts) :]
+
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[int]:
         """Run prompts into their slots, padded to one length bucket; returns their first new tokens."""
-        longest = max(len(p) for p in prompts)
-        bucket = pick_bucket(self.prefill_buckets, longest)
-        tokens = torch.zeros((len(prompts), bucket), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        last = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)
-        slot_ids = torch.tensor(list(slots), dtype=torch.long)
-        logits = self.forward_prefill(tokens.to(self.device), last.to(self.device), slot_ids.to(self.device))
-        return self.sample(logits, slots)
+        return self.step(slots, prompts, (), (), ())[0]
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int]) -> list[int]:
         """One decode step for the given slots (token at position each); returns their next tokens."""
-        batch = pick_bucket(self.batch_buckets, max(slots) + 1)
-        length = pick_bucket(self.decode_buckets, max(positions) + 1)
-        tok = [0] * batch
-        pos = [self.max_seq_len] * batch  # idle rows write the scratch column
-        for s, t, p in zip(slots, tokens, positions, strict=True):
-            tok[s], pos[s] = t, p
-        logits = self.forward_decode(
-            torch.tensor(tok, dtype=torch.long, device=self.device),
-            torch.tensor(pos, dtype=torch.long, device=self.device),
-            length,
-            rows=torch.tensor(list(slots), dtype=torch.long, device=self.device),
-        )
-        return self.sample(logits, slots)
+        return self.step((), (), slots, tokens, positions)[1]

@@ -139,3 +139,24 @@ def test_smollm2_matches_transformers(smollm2_dir):
         ours = runner.forward_prefill(padded, torch.tensor([len(ids) - 1]), torch.tensor([0]))[0]
         torch.testing.assert_close(ours, ref, atol=2e-3, rtol=0)
         assert our_greedy(runner, 1, ids, 24) == reference_greedy(ref_model, ids, 24)
+
+
+def test_fused_prefill_and_decode_step_equals_separate_passes(tmp_path):
+    """Prefilling new prompts in the same pass as other slots' decode changes neither's logits."""
+    model_dir = make_tiny_llama(tmp_path, seed=5)
+    ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = ModelRunner(model_dir, slots=4, max_seq_len=64, prefill_buckets=[8, 16])
+    from neuronfleet.runtime.sampling_params import SamplingParams
+
+    old, new = [1, 5, 9, 13, 200], [1, 300, 301, 302, 17, 18, 19, 20, 21]
+    for slot, ids in ((0, old), (2, new)):
+        runner.start_slot(slot, SamplingParams(), ids)
+    first_old = runner.prefill([0], [old])[0]
+    # slot 2 is prefilled while slot 0 decodes its second token, in one pass
+    (first_new,), (second_old,) = runner.step([2], [new], [0], [first_old], [len(old)])
+    assert first_new == reference_greedy(ref_model, new, 1)[0]
+    assert [first_old, second_old] == reference_greedy(ref_model, old, 2)
+    # and both continue correctly afterwards
+    a, b = runner.decode([0, 2], [second_old, first_new], [len(old) + 1, len(new)])
+    assert [first_old, second_old, a] == reference_greedy(ref_model, old, 3)
+    assert [first_new, b] == reference_greedy(ref_model, new, 2)
