@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .model_runner import ModelRunner
 from .sampling_params import SamplingParams
@@ -65,7 +65,6 @@ class _Stream:
     seq: Seq
     detok: IncrementalDetokenizer
     held: str = ""
-    emitted_text: list[str] = field(default_factory=list)
 
 
 class Engine:
@@ -363,9 +362,12 @@ class AsyncEngine:
         self._wake.set()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still in flight end with an error instead of hanging."""
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        for rid in list(self._queues):
+            self._deliver(rid, RuntimeError("the engine shut down before the request finished"))
 
     def __enter__(self) -> AsyncEngine:
         return self
