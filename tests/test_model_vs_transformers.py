@@ -13,7 +13,9 @@ LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation
 
 
 def reference_logits(model_dir, ids: list[int]) -> torch.Tensor:
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
 
@@ -50,6 +52,16 @@ def our_logits_by_decoding(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def assert_logits_match(
+    runner: ModelRunner, ids: list[int], ref: torch.Tensor, bucket: int, slot: int
+) -> None:
+    """Our prefill logits (prompt padded to `bucket`) and every decode step's logits equal `ref`."""
+    padded = torch.tensor([ids + [0] * (bucket - len(ids))])
+    prefill = runner.forward_prefill(padded, torch.tensor([len(ids) - 1]), torch.tensor([slot]))
+    torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
+    torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -76,11 +88,7 @@ def test_tiny_llama_logits_match_transformers(tmp_path, overrides):
     ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
     ref = reference_logits(model_dir, ids)
     runner = ModelRunner(model_dir, slots=2, max_seq_len=64, prefill_buckets=[16, 64], decode_buckets=[64])
-    prefill = runner.forward_prefill(
-        torch.tensor([ids + [0] * (16 - len(ids))]), torch.tensor([len(ids) - 1]), torch.tensor([1])
-    )
-    torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
-    torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
+    assert_logits_match(runner, ids, ref, bucket=16, slot=1)
 
 
 def test_tiny_llama_greedy_tokens_match_transformers(tmp_path):
@@ -94,30 +102,13 @@ def test_tiny_llama_greedy_tokens_match_transformers(tmp_path):
 
 
 def test_sliding_window_matches_transformers_mistral(tmp_path):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MistralConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        sliding_window=8,
+    model_dir = make_tiny_llama(
+        tmp_path, architecture="mistral", vocab_size=300, max_position_embeddings=128, sliding_window=8
     )
-    model = MistralForCausalLM(cfg).eval()
-    model.save_pretrained(tmp_path)
     ids = list(range(3, 23))
-    with torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0]
-    runner = ModelRunner(tmp_path, slots=1, max_seq_len=64, prefill_buckets=[32, 64], decode_buckets=[64])
-    prefill = runner.forward_prefill(
-        torch.tensor([ids + [0] * (32 - len(ids))]), torch.tensor([len(ids) - 1]), torch.tensor([0])
-    )
-    torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
-    torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
+    ref = reference_logits(model_dir, ids)
+    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[32, 64], decode_buckets=[64])
+    assert_logits_match(runner, ids, ref, bucket=32, slot=0)
 
 
 @pytest.mark.real_model

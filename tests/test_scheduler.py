@@ -19,7 +19,7 @@ def seq(rid: str, prompt_len: int, max_tokens: int = 8) -> Sequence:
 
 def test_scheduler_imports_no_torch():
     code = "import sys, neuronfleet.runtime.scheduler; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 
 def test_admits_into_lowest_free_slots_and_reuses_released_ones():
