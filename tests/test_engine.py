@@ -220,3 +220,14 @@ def test_async_engine_refuses_bad_requests_without_stopping(engine):
     assert (
         alive and outs[-1].finish_reason == FinishReason.LENGTH and sum(len(o.token_ids) for o in outs) == 3
     )
+
+
+def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(engine, prompts):
+    greedy = engine.generate([prompts[7]], SamplingParams(max_tokens=16))[0].token_ids
+    for seed in (1, 2):
+        top_k = SamplingParams(max_tokens=16, temperature=1.5, top_k=1, seed=seed)
+        top_p = SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6, seed=seed)
+        assert engine.generate([prompts[7]], top_k)[0].token_ids == greedy
+        assert engine.generate([prompts[7]], top_p)[0].token_ids == greedy
+    hot = engine.generate([prompts[7]], SamplingParams(max_tokens=16, temperature=1.5, seed=1))[0].token_ids
+    assert hot != greedy  # without the filters, a high temperature wanders off the greedy path
