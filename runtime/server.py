@@ -1,0 +1,486 @@
+"""The runtime's HTTP server (aiohttp) over the async engine.
+
+OpenAI: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`; TGI: `POST /generate`,
+`POST /generate_stream`, `POST /` (TGI's compat route), `GET /info`; `GET /health`, `GET /ready`,
+`GET /metrics` (Prometheus, vLLM's metric names). Streams are server-sent events. Bad input gets a 4xx in the
+API's own error format; a full queue gets 429 (OpenAI) or 503 (TGI) with Retry-After.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
+from .engine import AsyncEngine, RequestOutput
+from .sampling_params import InvalidRequest
+from .scheduler import QueueFull
+
+RETRY_AFTER_SECONDS = "1"
+
+
+@dataclass
+class _Result:
+    text: str
+    tokens: list[int]
+    token_texts: list[str]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Metrics:
+    """Prometheus metrics named as vLLM names them, plus neuronfleet's own."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        names = list(labels)
+        sched, runner = engine.engine.scheduler, engine.engine.runner
+        capacity = runner.slots * runner.max_seq_len
+
+        def gauge(name: str, doc: str, fn) -> None:
+            Gauge(name, doc, names, registry=self.registry).labels(**labels).set_function(fn)
+
+        gauge("vllm:num_requests_running", "Requests in slots.", lambda: len(sched.running))
+        gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", lambda: engine.num_pending)
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "Share of KV cache tokens in use (1 = full).",
+            lambda: sched.used_tokens() / capacity,
+        )
+        gauge(
+            "neuronfleet:slots_busy", "Slots holding a request.", lambda: runner.slots - sched.num_free_slots
+        )
+        buckets = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            names,
+            buckets=buckets,
+            registry=self.registry,
+        ).labels(**labels)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between tokens of a stream.",
+            names,
+            buckets=buckets,
+            registry=self.registry,
+        ).labels(**labels)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Request latency.",
+            names,
+            buckets=buckets,
+            registry=self.registry,
+        ).labels(**labels)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens processed.", names, registry=self.registry
+        ).labels(**labels)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", names, registry=self.registry
+        ).labels(**labels)
+        self.success = Counter(
+            "vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=self.registry
+        )
+        self.rejected = Counter(
+            "neuronfleet:requests_rejected", "Requests refused.", [*names, "reason"], registry=self.registry
+        )
+        self.labels = labels
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RuntimeServer:
+    """Routes HTTP requests to the async engine."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, *, max_body_bytes: int = 1 << 20) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.max_body_bytes = max_body_bytes
+        self.metrics = Metrics(engine, model_name)
+        self.draining = False
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/ready", self.ready),
+                web.get("/metrics", self.metrics_endpoint),
+                web.get("/v1/models", self.models),
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/info", self.info),
+                web.post("/generate", self.tgi_generate),
+                web.post("/generate_stream", self.tgi_generate_stream),
+                web.post("/", self.tgi_compat),
+            ]
+        )
+        return app
+
+    # ---- plain endpoints -----------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = self.engine.alive and not self.draining
+        reason = "ready" if ok else ("draining" if self.draining else "engine failed")
+        return web.json_response({"ready": ok, "status": reason}, status=200 if ok else 503)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models(self, request: web.Request) -> web.Response:
+        runner = self.engine.engine.runner
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "neuronfleet",
+                        "max_model_len": runner.max_seq_len,
+                    }
+                ],
+            }
+        )
+
+    async def info(self, request: web.Request) -> web.Response:
+        runner = self.engine.engine.runner
+        return web.json_response(
+            {
+                "model_id": self.model_name,
+                "model_dtype": runner.dtype_name,
+                "model_device_type": runner.device.type,
+                "max_concurrent_requests": runner.slots,
+                "max_input_tokens": runner.max_prompt_len,
+                "max_total_tokens": runner.max_seq_len,
+                "max_batch_total_tokens": runner.slots * runner.max_seq_len,
+                "max_waiting_tokens": 0,
+                "validation_workers": 1,
+                "max_best_of": 1,
+                "max_stop_sequences": 16,
+                "version": _version(),
+                "router": "neuronfleet",
+            }
+        )
+
+    # ---- shared request handling ---------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request):
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.max_body_bytes
+            raise InvalidRequest(f"the request body exceeds the limit of {limit} bytes", "body") from None
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidRequest("the request body is not valid UTF-8", "body") from None
+        except ValueError as e:
+            raise InvalidRequest(f"the request body is not valid JSON: {e}", "body") from None
+
+    def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
+        if parsed.messages is not None:
+            return self.engine.engine.tokenizer.encode_chat(parsed.messages)
+        return parsed.prompt  # type: ignore[return-value]
+
+    async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
+        """Start a request; InvalidRequest and QueueFull are raised before anything is sent."""
+        if self.draining:
+            raise QueueFull("the server is shutting down")
+        gen = self.engine.generate(self._prompt(parsed), parsed.params)
+        start = time.monotonic()
+        first = await anext(gen)  # raises before the response starts when the request is refused
+        self.metrics.ttft.observe(time.monotonic() - start)
+        self.metrics.prompt_tokens.inc(first.prompt_tokens)
+        return self._timed(first, gen, start)
+
+    async def _timed(self, first: RequestOutput, gen, start: float) -> AsyncIterator[RequestOutput]:
+        last = time.monotonic()
+        out = first
+        try:
+            while True:
+                self.metrics.generation_tokens.inc(len(out.token_ids))
+                yield out
+                if out.finished:
+                    self.metrics.e2e.observe(time.monotonic() - start)
+                    self.metrics.success.labels(
+                        **self.metrics.labels, finished_reason=out.finish_reason
+                    ).inc()
+                    return
+                out = await anext(gen)
+                now = time.monotonic()
+                self.metrics.itl.observe(now - last)
+                last = now
+        finally:
+            await gen.aclose()  # a client that went away aborts the request and frees its slot
+
+    async def _collect(self, outputs: AsyncIterator[RequestOutput]) -> _Result:
+        text, tokens, texts = [], [], []
+        out = None
+        async for out in outputs:
+            text.append(out.text)
+            tokens += out.token_ids
+            texts.append(out.text)
+        assert out is not None and out.finish_reason is not None
+        return _Result(
+            "".join(text), tokens, texts, str(out.finish_reason), out.prompt_tokens, out.completion_tokens
+        )
+
+    # ---- OpenAI --------------------------------------------------------------------------------------------
+
+    def _openai_error(self, status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+        headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+        return web.json_response(
+            {"error": {"message": message, "type": kind, "param": param, "code": status}},
+            status=status,
+            headers=headers,
+        )
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await self._body(request)
+            parsed = parse_openai_chat(body) if chat else parse_openai_completion(body)
+            model = body.get("model")
+            if model is not None and model != self.model_name:
+                return self._openai_error(
+                    404,
+                    f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                    "NotFoundError",
+                    "model",
+                )
+            outputs = await self._stream(parsed)
+        except InvalidRequest as e:
+            self.metrics.rejected.labels(**self.metrics.labels, reason="invalid").inc()
+            return self._openai_error(400, str(e), "BadRequestError", e.field_name)
+        except QueueFull as e:
+            self.metrics.rejected.labels(**self.metrics.labels, reason="queue_full").inc()
+            return self._openai_error(429, str(e), "RateLimitError")
+        except RuntimeError as e:
+            return self._openai_error(500, f"the engine failed: {e}", "InternalServerError")
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        if parsed.stream:
+            return await self._openai_sse(request, outputs, rid, created, chat, parsed.include_usage)
+        try:
+            result = await self._collect(outputs)
+        except RuntimeError as e:
+            return self._openai_error(500, f"the engine failed: {e}", "InternalServerError")
+        usage = {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        }
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": result.text,
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def _openai_sse(self, request, outputs, rid: str, created: int, chat: bool, include_usage: bool):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list, usage=None) -> bytes:
+            data = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": self.model_name,
+                "choices": choices,
+            }
+            if include_usage:
+                data["usage"] = usage
+            return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+        if chat:
+            await resp.write(
+                chunk(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            )
+        last = None
+        try:
+            async for out in outputs:
+                last = out
+                reason = str(out.finish_reason) if out.finish_reason else None
+                if chat:
+                    delta = {"content": out.text} if out.text else {}
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                else:
+                    choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
+                if out.text or reason:
+                    await resp.write(chunk([choice]))
+        except RuntimeError as e:
+            err = {
+                "error": {"message": f"the engine failed: {e}", "type": "InternalServerError", "code": 500}
+            }
+            await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+        if include_usage and last is not None:
+            usage = {
+                "prompt_tokens": last.prompt_tokens,
+                "completion_tokens": last.completion_tokens,
+                "total_tokens": last.prompt_tokens + last.completion_tokens,
+            }
+            await resp.write(chunk([], usage))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    # ---- TGI -----------------------------------------------------------------------------------------------
+
+    def _tgi_error(self, status: int, message: str, kind: str) -> web.Response:
+        headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+        return web.json_response({"error": message, "error_type": kind}, status=status, headers=headers)
+
+    async def _tgi_start(self, request: web.Request, force_stream: bool | None):
+        try:
+            parsed = parse_tgi_generate(await self._body(request))
+            stream = parsed.stream if force_stream is None else force_stream
+            return parsed, stream, await self._stream(parsed)
+        except InvalidRequest as e:
+            self.metrics.rejected.labels(**self.metrics.labels, reason="invalid").inc()
+            return self._tgi_error(422, str(e), "validation"), None, None
+        except QueueFull as e:
+            self.metrics.rejected.labels(**self.metrics.labels, reason="queue_full").inc()
+            return self._tgi_error(503, str(e), "overloaded"), None, None
+        except RuntimeError as e:
+            return self._tgi_error(500, f"the engine failed: {e}", "generation"), None, None
+
+    async def _tgi_complete(self, request: web.Request, compat: bool) -> web.StreamResponse:
+        parsed, stream, outputs = await self._tgi_start(request, None if compat else False)
+        if outputs is None:
+            return parsed
+        if stream:
+            return await self._tgi_sse(request, parsed, outputs)
+        try:
+            result = await self._collect(outputs)
+        except RuntimeError as e:
+            return self._tgi_error(500, f"the engine failed: {e}", "generation")
+        eos = self.engine.engine.eos_ids
+        finish = _tgi_finish_reason(result.finish_reason, result.tokens, eos)
+        body = {"generated_text": result.text}
+        if parsed.details:
+            tokens = [
+                {
+                    "id": t,
+                    "text": self.engine.engine.tokenizer.decode([t], skip_special_tokens=False),
+                    "logprob": None,
+                    "special": t in eos,
+                }
+                for t in result.tokens
+            ]
+            body["details"] = {
+                "finish_reason": finish,
+                "generated_tokens": result.completion_tokens,
+                "seed": parsed.params.seed,
+                "prefill": [],
+                "tokens": tokens,
+            }
+        return web.json_response([body] if compat else body)
+
+    async def _tgi_sse(self, request: web.Request, parsed: ParsedRequest, outputs) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        eos = self.engine.engine.eos_ids
+        text, tokens = [], []
+        try:
+            async for out in outputs:
+                text.append(out.text)
+                tokens += out.token_ids
+                token_id = out.token_ids[-1] if out.token_ids else 0
+                event = {
+                    "index": len(tokens),
+                    "token": {"id": token_id, "text": out.text, "logprob": None, "special": token_id in eos},
+                    "generated_text": None,
+                    "details": None,
+                }
+                if out.finished:
+                    event["generated_text"] = "".join(text)
+                    event["details"] = {
+                        "finish_reason": _tgi_finish_reason(str(out.finish_reason), tokens, eos),
+                        "generated_tokens": out.completion_tokens,
+                        "seed": parsed.params.seed,
+                    }
+                await resp.write(f"data:{json.dumps(event, ensure_ascii=False)}\n\n".encode())
+        except RuntimeError as e:
+            await resp.write(f"data:{json.dumps({'error': str(e), 'error_type': 'generation'})}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    async def tgi_generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._tgi_complete(request, compat=False)
+
+    async def tgi_generate_stream(self, request: web.Request) -> web.StreamResponse:
+        parsed, _, outputs = await self._tgi_start(request, True)
+        if outputs is None:
+            return parsed
+        return await self._tgi_sse(request, parsed, outputs)
+
+    async def tgi_compat(self, request: web.Request) -> web.StreamResponse:
+        return await self._tgi_complete(request, compat=True)
+
+
+def _tgi_finish_reason(reason: str, tokens: list[int], eos) -> str:
+    if reason == "stop":
+        return "eos_token" if tokens and tokens[-1] in eos else "stop_sequence"
+    return "length" if reason == "length" else reason
+
+
+def _version() -> str:
+    from neuronfleet import __version__
+
+    return __version__
