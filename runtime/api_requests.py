@@ -78,6 +78,11 @@ def _stop(value: Any, name: str) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _require_object(body: Any) -> None:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", "body")
+
+
 def _refuse_unsupported(body: dict, fields: dict[str, Any]) -> None:
     """Fields we do not implement: absent, null, or equal to their neutral value; anything else is refused."""
     for name, neutral in fields.items():
@@ -131,8 +136,7 @@ def _openai_params(body: dict, max_tokens_default: int | None) -> tuple[Sampling
 
 def parse_openai_completion(body: Any) -> ParsedRequest:
     """POST /v1/completions."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", "body")
+    _require_object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -160,8 +164,7 @@ def parse_openai_completion(body: Any) -> ParsedRequest:
 
 def parse_openai_chat(body: Any) -> ParsedRequest:
     """POST /v1/chat/completions."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", "body")
+    _require_object(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects", "messages")
@@ -199,8 +202,7 @@ def parse_openai_chat(body: Any) -> ParsedRequest:
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:
     """POST /generate, /generate_stream and / (TGI's ranges: temperature > 0, top_k > 0, top_p in (0, 1))."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", "body")
+    _require_object(body)
     inputs = body.get("inputs")
     if not isinstance(inputs, str) or not inputs:
         raise InvalidRequest("inputs must be a non-empty string", "inputs")

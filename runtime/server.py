@@ -66,27 +66,13 @@ class Metrics:
             "neuronfleet:slots_busy", "Slots holding a request.", lambda: runner.slots - sched.num_free_slots
         )
         buckets = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            names,
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(**labels)
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between tokens of a stream.",
-            names,
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(**labels)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Request latency.",
-            names,
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(**labels)
+
+        def histogram(name: str, doc: str):
+            return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(**labels)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.")
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between tokens of a stream.")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency.")
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens processed.", names, registry=self.registry
         ).labels(**labels)
