@@ -91,7 +91,10 @@ def _refuse_unsupported(body: dict, fields: dict[str, Any]) -> None:
             raise InvalidRequest(f"{name} is not supported by this server (got {value!r})", name)
 
 
-def _openai_params(body: dict, max_tokens_default: int | None) -> tuple[SamplingParams, bool, bool]:
+def _openai_request(
+    body: dict, prompt: str | list[int] | None, messages: list[dict] | None, max_tokens_default: int | None
+) -> ParsedRequest:
+    """The generation settings shared by the completions and chat APIs, around a checked prompt."""
     max_tokens = _get(body, "max_completion_tokens", (int,), None)
     if max_tokens is None:
         max_tokens = _get(body, "max_tokens", (int,), max_tokens_default)
@@ -131,7 +134,7 @@ def _openai_params(body: dict, max_tokens_default: int | None) -> tuple[Sampling
         seed=seed,
         stop=_stop(body.get("stop"), "stop"),
     )
-    return params, stream, include_usage
+    return ParsedRequest(prompt, messages, params, stream, include_usage)
 
 
 def parse_openai_completion(body: Any) -> ParsedRequest:
@@ -156,10 +159,7 @@ def parse_openai_completion(body: Any) -> ParsedRequest:
             "prompt must be a string, a list with one string, or a list of token ids", "prompt"
         )
     _refuse_unsupported(body, {"echo": False, "suffix": ""})
-    params, stream, include_usage = _openai_params(body, max_tokens_default=16)
-    return ParsedRequest(
-        prompt=prompt, messages=None, params=params, stream=stream, include_usage=include_usage
-    )
+    return _openai_request(body, prompt=prompt, messages=None, max_tokens_default=16)
 
 
 def parse_openai_chat(body: Any) -> ParsedRequest:
@@ -194,10 +194,7 @@ def parse_openai_chat(body: Any) -> ParsedRequest:
             )
         clean.append({"role": m.get("role"), "content": content})
     _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
-    params, stream, include_usage = _openai_params(body, max_tokens_default=None)
-    return ParsedRequest(
-        prompt=None, messages=clean, params=params, stream=stream, include_usage=include_usage
-    )
+    return _openai_request(body, prompt=None, messages=clean, max_tokens_default=None)
 
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:

@@ -44,18 +44,22 @@ class RequestOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def absorb(self, later: RequestOutput) -> None:
+        """Fold a later output of the same request into this one (for callers that want the whole answer)."""
+        self.token_ids += later.token_ids
+        self.text += later.text
+        self.finish_reason = later.finish_reason
+        self.prompt_tokens, self.completion_tokens = later.prompt_tokens, later.completion_tokens
+
 
 @dataclass
 class EngineStats:
     """Counters for metrics and benchmarks."""
 
     steps: int = 0
-    prefill_calls: int = 0
-    decode_calls: int = 0
+    prefill_calls: int = 0  # steps that admitted requests
     model_seconds: float = 0.0  # inside the model runner (forward + sampling)
     step_seconds: float = 0.0  # whole steps
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -163,12 +167,10 @@ class Engine:
         )
         self.stats.model_seconds += time.perf_counter() - t0
         self.stats.prefill_calls += bool(plan.prefill)
-        self.stats.decode_calls += bool(plan.decode)
         now = time.monotonic()
         outputs: list[RequestOutput | None] = []
         for seq, token in zip(plan.prefill, first_tokens, strict=True):
             seq.first_token_time = now
-            self.stats.prompt_tokens += len(seq.prompt_ids)
             outputs.append(self._accept(seq, token))
         outputs.extend(self._accept(seq, token) for seq, token in zip(plan.decode, next_tokens, strict=True))
         self.stats.steps += 1
@@ -180,7 +182,6 @@ class Engine:
         stream = self._streams.get(seq.request_id)
         if stream is None:  # aborted while the step ran
             return None
-        self.stats.generated_tokens += 1
         params = seq.params
         if token in self.eos_ids and not params.ignore_eos:
             seq.output_ids.append(token)
@@ -232,11 +233,7 @@ class Engine:
         results = {i: RequestOutput(request_id=i, token_ids=[], text="") for i in ids}
         while self.has_work():
             for out in self.step():
-                r = results[out.request_id]
-                r.token_ids += out.token_ids
-                r.text += out.text
-                r.finish_reason = out.finish_reason
-                r.prompt_tokens, r.completion_tokens = out.prompt_tokens, out.completion_tokens
+                results[out.request_id].absorb(out)
         return [results[i] for i in ids]
 
 

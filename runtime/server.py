@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import (
@@ -30,16 +29,6 @@ from .sampling_params import InvalidRequest
 from .scheduler import QueueFull
 
 RETRY_AFTER_SECONDS = "1"
-
-
-@dataclass
-class _Result:
-    text: str
-    tokens: list[int]
-    token_texts: list[str]
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
 
 
 class Metrics:
@@ -221,17 +210,16 @@ class RuntimeServer:
         finally:
             await gen.aclose()  # a client that went away aborts the request and frees its slot
 
-    async def _collect(self, outputs: AsyncIterator[RequestOutput]) -> _Result:
-        text, tokens, texts = [], [], []
-        out = None
+    async def _collect(self, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+        """The whole answer of a non-streaming request."""
+        result = None
         async for out in outputs:
-            text.append(out.text)
-            tokens += out.token_ids
-            texts.append(out.text)
-        assert out is not None and out.finish_reason is not None
-        return _Result(
-            "".join(text), tokens, texts, str(out.finish_reason), out.prompt_tokens, out.completion_tokens
-        )
+            if result is None:
+                result = out
+            else:
+                result.absorb(out)
+        assert result is not None and result.finished
+        return result
 
     # ---- OpenAI --------------------------------------------------------------------------------------------
 
@@ -397,7 +385,7 @@ class RuntimeServer:
         except RuntimeError as e:
             return self._tgi_error(500, f"the engine failed: {e}", "generation")
         eos = self.engine.engine.eos_ids
-        finish = _tgi_finish_reason(result.finish_reason, result.tokens, eos)
+        finish = _tgi_finish_reason(result.finish_reason, result.token_ids, eos)
         body = {"generated_text": result.text}
         if parsed.details:
             tokens = [
@@ -407,7 +395,7 @@ class RuntimeServer:
                     "logprob": None,
                     "special": t in eos,
                 }
-                for t in result.tokens
+                for t in result.token_ids
             ]
             body["details"] = {
                 "finish_reason": finish,
