@@ -38,47 +38,41 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
-    import signal
-
-    from aiohttp import web
+    import logging
 
     from neuronfleet.runtime.engine import AsyncEngine, Engine
-    from neuronfleet.runtime.server import RuntimeServer
+    from neuronfleet.runtime.server import RuntimeServer, serve
 
     if args.role != "unified":
         raise ValueError(f"--role {args.role} is not available yet; this build serves --role unified")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine.from_model_dir(
         args.model,
         slots=args.slots,
         max_seq_len=args.max_seq_len,
         dtype=args.dtype,
         max_waiting=args.max_waiting,
+        prefill_buckets=args.prefill_buckets,
+        decode_buckets=args.decode_buckets,
     )
     server = RuntimeServer(
         AsyncEngine(engine),
         args.served_model_name or Path(args.model).name,
         max_body_bytes=args.max_body_bytes,
     )
-
-    async def run() -> None:
-        runner = web.AppRunner(server.app())
-        await runner.setup()
-        await web.TCPSite(runner, args.host, args.port).start()
-        print(f"serving {server.model_name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        server.draining = True  # /ready turns false and new requests are refused while in-flight ones finish
-        deadline = loop.time() + args.grace_period
-        while engine.has_work() and loop.time() < deadline:
-            await asyncio.sleep(0.1)
-        await runner.cleanup()
-        server.engine.shutdown()
-
-    asyncio.run(run())
+    asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
+
+
+def _buckets(text: str) -> list[int]:
+    """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token lengths like 128,512, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"bucket lengths must be positive integers, got {text!r}")
+    return sorted(set(values))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--slots", type=int, default=8, help="static batch: requests decoded together")
     srv.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per slot")
     srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    srv.add_argument(
+        "--prefill-buckets", type=_buckets, help="prompt length buckets, e.g. 128,512 (default: derived)"
+    )
+    srv.add_argument(
+        "--decode-buckets", type=_buckets, help="KV length buckets for decode; the largest is --max-seq-len"
+    )
     srv.add_argument("--max-waiting", type=int, default=256, help="bound of the waiting queue")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
     srv.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish requests on SIGTERM")

@@ -115,6 +115,9 @@ def _openai_request(
     n = _get(body, "n", (int,), 1)
     if n != 1:
         raise InvalidRequest(f"n must be 1 (one choice per request), got {n}", "n")
+    penalty = float(_get(body, "repetition_penalty", (int, float), 1.0))  # vLLM's extension
+    _in_range("repetition_penalty", penalty, 0.0, 2.0, lo_open=True)
+    ignore_eos = _get(body, "ignore_eos", (bool,), False)  # vLLM's extension
     for name in ("presence_penalty", "frequency_penalty"):
         _get(body, name, (int, float))
     _refuse_unsupported(
@@ -131,8 +134,10 @@ def _openai_request(
         temperature=temperature,
         top_p=top_p,
         top_k=max(top_k, 0),
+        repetition_penalty=penalty,
         seed=seed,
         stop=_stop(body.get("stop"), "stop"),
+        ignore_eos=ignore_eos,
     )
     return ParsedRequest(prompt, messages, params, stream, include_usage)
 

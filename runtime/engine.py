@@ -15,18 +15,36 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 from .model_runner import ModelRunner
-from .sampling_params import SamplingParams
-from .scheduler import FinishReason, QueueFull, Scheduler
+from .sampling_params import InvalidRequest, SamplingParams
+from .scheduler import FinishReason, QueueFull, Scheduler, queue_full_message
 from .scheduler import Sequence as Seq
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncEngine", "Engine", "EngineStats", "FinishReason", "QueueFull", "RequestOutput"]
+__all__ = [
+    "AsyncEngine",
+    "Engine",
+    "EngineFailed",
+    "EngineStats",
+    "FinishReason",
+    "QueueFull",
+    "RequestFailed",
+    "RequestOutput",
+    "StepReport",
+]
+
+
+class RequestFailed(RuntimeError):
+    """One request failed inside the engine; the engine and the other requests go on."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine itself failed (a model step raised) or has shut down; no request can run."""
 
 
 @dataclass
@@ -39,6 +57,7 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    error: str | None = None  # set (with finish_reason ABORT) when this request failed inside the engine
 
     @property
     def finished(self) -> bool:
@@ -49,6 +68,7 @@ class RequestOutput:
         self.token_ids += later.token_ids
         self.text += later.text
         self.finish_reason = later.finish_reason
+        self.error = later.error
         self.prompt_tokens, self.completion_tokens = later.prompt_tokens, later.completion_tokens
 
 
@@ -60,6 +80,17 @@ class EngineStats:
     prefill_calls: int = 0  # steps that admitted requests
     model_seconds: float = 0.0  # inside the model runner (forward + sampling)
     step_seconds: float = 0.0  # whole steps
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one engine step did, for observers such as the server's metrics (called on the engine thread)."""
+
+    prefill_requests: int  # requests admitted (prefilled) in this step
+    decode_requests: int  # requests that decoded one token
+    slots: int  # the runner's static batch
+    seconds: float  # the whole step
+    queue_seconds: list[float] = field(default_factory=list)  # arrival to admission, per admitted request
 
 
 @dataclass(eq=False)
@@ -93,6 +124,7 @@ class Engine:
             max_waiting=max_waiting,
         )
         self.stats = EngineStats()
+        self.step_observers: list[Callable[[StepReport], None]] = []
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
 
@@ -112,6 +144,10 @@ class Engine:
         """Tokenize and check a request without queueing it; raises InvalidRequest when it can never fit."""
         params = params or SamplingParams()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        vocab = self.runner.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+            raise InvalidRequest(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
         max_tokens = self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
         return Seq(
             request_id=request_id or f"req-{next(self._ids)}",
@@ -152,30 +188,62 @@ class Engine:
     # ---- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one prefill group and one decode step together; returns the outputs they produced."""
+        """Run one prefill group and one decode step together; returns the outputs they produced.
+
+        A failure that belongs to one request (setting up its sampler, detokenizing, stop handling) ends that
+        request with an error output and leaves the others running; a failing model call raises.
+        """
         start = time.perf_counter()
         plan = self.scheduler.schedule()
+        failed: list[RequestOutput] = []
+        prefill = []
         for seq in plan.prefill:
-            self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
+            try:
+                self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
+                prefill.append(seq)
+            except Exception as e:
+                failed.append(self._fail(seq, e))
         t0 = time.perf_counter()
         first_tokens, next_tokens = self.runner.step(
-            [s.slot for s in plan.prefill],
-            [s.prompt_ids for s in plan.prefill],
+            [s.slot for s in prefill],
+            [s.prompt_ids for s in prefill],
             [s.slot for s in plan.decode],
             [s.output_ids[-1] for s in plan.decode],
             [s.num_tokens - 1 for s in plan.decode],
         )
         self.stats.model_seconds += time.perf_counter() - t0
-        self.stats.prefill_calls += bool(plan.prefill)
+        self.stats.prefill_calls += bool(prefill)
         now = time.monotonic()
-        outputs: list[RequestOutput | None] = []
-        for seq, token in zip(plan.prefill, first_tokens, strict=True):
+        for seq in prefill:
             seq.first_token_time = now
-            outputs.append(self._accept(seq, token))
-        outputs.extend(self._accept(seq, token) for seq, token in zip(plan.decode, next_tokens, strict=True))
+        outputs: list[RequestOutput | None] = failed
+        new_tokens = [*zip(prefill, first_tokens, strict=True), *zip(plan.decode, next_tokens, strict=True)]
+        for seq, token in new_tokens:
+            try:
+                outputs.append(self._accept(seq, token))
+            except Exception as e:
+                outputs.append(self._fail(seq, e))
+        seconds = time.perf_counter() - start
         self.stats.steps += 1
-        self.stats.step_seconds += time.perf_counter() - start
+        self.stats.step_seconds += seconds
+        report = StepReport(
+            prefill_requests=len(prefill),
+            decode_requests=len(plan.decode),
+            slots=self.runner.slots,
+            seconds=seconds,
+            queue_seconds=[now - s.arrival_time for s in prefill],
+        )
+        for observer in self.step_observers:
+            observer(report)
         return [o for o in outputs if o is not None]
+
+    def _fail(self, seq: Seq, error: Exception) -> RequestOutput | None:
+        """End one request that failed inside the engine; its slot is freed, the others go on."""
+        log.exception("request %s failed", seq.request_id, exc_info=error)
+        out = self.abort(seq.request_id)
+        if out is not None:
+            out.error = f"{type(error).__name__}: {error}"
+        return out
 
     def _accept(self, seq: Seq, token: int) -> RequestOutput | None:
         """Apply one new token to a sequence: stop checks, detokenization, slot release when finished."""
@@ -270,9 +338,14 @@ class AsyncEngine:
         return self._thread.is_alive() and self.error is None
 
     @property
+    def num_requests(self) -> int:
+        """Requests submitted and not finished: running, waiting, or on their way to the engine thread."""
+        return len(self._queues)
+
+    @property
     def num_pending(self) -> int:
-        """Requests submitted or waiting for a slot."""
-        return len(self._commands) + len(self.engine.scheduler.waiting)
+        """Requests submitted that do not hold a slot yet."""
+        return max(0, len(self._queues) - len(self.engine.scheduler.running))
 
     def _run(self) -> None:
         while not self._stopping:
@@ -310,6 +383,8 @@ class AsyncEngine:
         if entry is None:
             return
         loop, queue = entry
+        if isinstance(out, RequestOutput) and out.error is not None:
+            out = RequestFailed(f"the request failed inside the engine: {out.error}")
         if isinstance(out, BaseException) or out.finished:
             self._queues.pop(request_id, None)
         with contextlib.suppress(RuntimeError):  # the caller's loop may be closed
@@ -317,7 +392,7 @@ class AsyncEngine:
 
     def _fail_all(self, error: BaseException) -> None:
         for rid in list(self._queues):
-            self._deliver(rid, RuntimeError(f"the engine failed: {error!r}"))
+            self._deliver(rid, EngineFailed(f"the engine failed: {error!r}"))
 
     async def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -327,14 +402,16 @@ class AsyncEngine:
         Raises InvalidRequest for a request that can never fit and QueueFull when the queue is at its bound.
         """
         if self.error is not None:
-            raise RuntimeError(f"the engine failed earlier: {self.error!r}")
+            raise EngineFailed(f"the engine failed earlier: {self.error!r}")
         seq = self.engine.make_request(prompt, params, request_id)
-        if self.num_pending >= self.engine.scheduler.max_waiting:
-            raise QueueFull(
-                f"the waiting queue holds {self.engine.scheduler.max_waiting} requests; retry later"
-            )
+        sched = self.engine.scheduler
+        if len(self._queues) >= sched.capacity:
+            raise QueueFull(queue_full_message(sched.num_slots, sched.max_waiting))
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[seq.request_id] = (asyncio.get_running_loop(), queue)
+        if self.error is not None or self._stopping:  # failed or stopped meanwhile: nobody would answer
+            self._queues.pop(seq.request_id, None)
+            raise EngineFailed("the engine is not running")
         self._commands.append(("add", seq))
         self._wake.set()
         finished = False
@@ -364,7 +441,7 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
         for rid in list(self._queues):
-            self._deliver(rid, RuntimeError("the engine shut down before the request finished"))
+            self._deliver(rid, EngineFailed("the engine shut down before the request finished"))
 
     def __enter__(self) -> AsyncEngine:
         return self

@@ -28,6 +28,10 @@ class QueueFull(RuntimeError):
     """The waiting queue is at its bound; retry later."""
 
 
+def queue_full_message(slots: int, max_waiting: int) -> str:
+    return f"all {slots} slots are busy and the waiting queue holds {max_waiting} requests; retry later"
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request's tokens and its place in the engine."""
@@ -108,9 +112,15 @@ class Scheduler:
             )
         return max_tokens if max_tokens is not None else room
 
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at most: one per slot, plus the waiting queue's bound."""
+        return self.num_slots + self.max_waiting
+
     def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"the waiting queue holds {self.max_waiting} requests; retry later")
+        """Queue a request; those that free slots will take at the next step do not count as waiting."""
+        if len(self.waiting) >= self.max_waiting + len(self._free):
+            raise QueueFull(queue_full_message(self.num_slots, self.max_waiting))
         self.waiting.append(seq)
 
     # ---- planning ------------------------------------------------------------------------------------------

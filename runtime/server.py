@@ -8,7 +8,11 @@ API's own error format; a full queue gets 429 (OpenAI) or 503 (TGI) with Retry-A
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,11 +28,21 @@ from prometheus_client import (
 )
 
 from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
-from .engine import AsyncEngine, RequestOutput
+from .engine import AsyncEngine, EngineFailed, RequestFailed, RequestOutput, StepReport
 from .sampling_params import InvalidRequest
 from .scheduler import QueueFull
 
+log = logging.getLogger(__name__)
+
 RETRY_AFTER_SECONDS = "1"
+
+
+class BodyTooLarge(InvalidRequest):
+    """The request body is over the configured limit (413)."""
+
+
+class Draining(QueueFull):
+    """The server is shutting down and takes no new requests (503)."""
 
 
 class Metrics:
@@ -74,7 +88,32 @@ class Metrics:
         self.rejected = Counter(
             "neuronfleet:requests_rejected", "Requests refused.", [*names, "reason"], registry=self.registry
         )
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time from arrival to a slot.")
+        self.occupancy = Histogram(
+            "neuronfleet:batch_occupancy",
+            "Share of the static batch's slots that ran in a step.",
+            names,
+            buckets=(0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0),
+            registry=self.registry,
+        ).labels(**labels)
+        self.step_time = Histogram(
+            "neuronfleet:step_duration_seconds",
+            "Engine step time; kind=prefill for steps that admitted requests (their decode rows ride along), "
+            "kind=decode for decode-only steps.",
+            [*names, "kind"],
+            buckets=buckets,
+            registry=self.registry,
+        )
         self.labels = labels
+        engine.engine.step_observers.append(self.observe_step)
+
+    def observe_step(self, report: StepReport) -> None:
+        """Called on the engine thread after every step."""
+        for seconds in report.queue_seconds:
+            self.queue_time.observe(seconds)
+        self.occupancy.observe((report.prefill_requests + report.decode_requests) / report.slots)
+        kind = "prefill" if report.prefill_requests else "decode"
+        self.step_time.labels(**self.labels, kind=kind).observe(report.seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -92,7 +131,7 @@ class RuntimeServer:
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -109,9 +148,35 @@ class RuntimeServer:
         )
         return app
 
+    @web.middleware
+    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every error leaves in the API's own format: unknown routes and methods, and anything unexpected
+        (logged, answered 500, and the server goes on)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            return self._error(request.path, e.status, e.reason, None)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:
+            log.exception("unexpected error serving %s", request.path)
+            return self._error(request.path, 500, f"internal error: {type(e).__name__}: {e}", None)
+
+    def _error(self, path: str, status: int, message: str, param: str | None) -> web.Response:
+        """An error in the format of the API that `path` belongs to."""
+        if path.startswith("/v1/"):
+            return self._openai_error(status, message, param)
+        return self._tgi_error(status, message)
+
     # ---- plain endpoints -----------------------------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
+        """Liveness: 200 while the process can serve (also while draining); 503 once the engine has failed,
+        so that a liveness probe restarts the pod."""
+        if self.engine.error is not None:
+            return web.json_response({"status": f"engine failed: {self.engine.error!r}"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
@@ -166,7 +231,7 @@ class RuntimeServer:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             limit = self.max_body_bytes
-            raise InvalidRequest(f"the request body exceeds the limit of {limit} bytes", "body") from None
+            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes", "body") from None
         try:
             return json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
@@ -182,10 +247,14 @@ class RuntimeServer:
     async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
         """Start a request; InvalidRequest and QueueFull are raised before anything is sent."""
         if self.draining:
-            raise QueueFull("the server is shutting down")
+            raise Draining("the server is shutting down and takes no new requests; send it elsewhere")
         gen = self.engine.generate(self._prompt(parsed), parsed.params)
         start = time.monotonic()
-        first = await anext(gen)  # raises before the response starts when the request is refused
+        try:
+            first = await anext(gen)  # raises before the response starts when the request is refused
+        except asyncio.CancelledError:  # the client left while the request waited for its first token
+            self._count_finished("abort", start)
+            raise
         self.metrics.ttft.observe(time.monotonic() - start)
         self.metrics.prompt_tokens.inc(first.prompt_tokens)
         return self._timed(first, gen, start)
@@ -193,15 +262,14 @@ class RuntimeServer:
     async def _timed(self, first: RequestOutput, gen, start: float) -> AsyncIterator[RequestOutput]:
         last = time.monotonic()
         out = first
+        finished = False
         try:
             while True:
                 self.metrics.generation_tokens.inc(len(out.token_ids))
                 yield out
                 if out.finished:
-                    self.metrics.e2e.observe(time.monotonic() - start)
-                    self.metrics.success.labels(
-                        **self.metrics.labels, finished_reason=out.finish_reason
-                    ).inc()
+                    finished = True
+                    self._count_finished(str(out.finish_reason), start)
                     return
                 out = await anext(gen)
                 now = time.monotonic()
@@ -209,27 +277,52 @@ class RuntimeServer:
                 last = now
         finally:
             await gen.aclose()  # a client that went away aborts the request and frees its slot
+            if not finished:
+                self._count_finished("abort", start)
+
+    def _count_finished(self, reason: str, start: float) -> None:
+        self.metrics.e2e.observe(time.monotonic() - start)
+        self.metrics.success.labels(**self.metrics.labels, finished_reason=reason).inc()
 
     async def _collect(self, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
         """The whole answer of a non-streaming request."""
         result = None
-        async for out in outputs:
-            if result is None:
-                result = out
-            else:
-                result.absorb(out)
+        async with contextlib.aclosing(outputs):
+            async for out in outputs:
+                if result is None:
+                    result = out
+                else:
+                    result.absorb(out)
         assert result is not None and result.finished
         return result
 
     # ---- OpenAI --------------------------------------------------------------------------------------------
 
-    def _openai_error(self, status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    def _openai_error(self, status: int, message: str, param: str | None = None) -> web.Response:
         headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+        kind = _OPENAI_ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
         return web.json_response(
             {"error": {"message": message, "type": kind, "param": param, "code": status}},
             status=status,
             headers=headers,
         )
+
+    def _refusal(self, error: Exception, tgi: bool) -> web.Response:
+        """The response for a request refused or failed before its answer started."""
+        if isinstance(error, BodyTooLarge):
+            status, reason = 413, "body_too_large"
+        elif isinstance(error, InvalidRequest):
+            status, reason = (422 if tgi else 400), "invalid"
+        elif isinstance(error, Draining):
+            status, reason = 503, "draining"
+        elif isinstance(error, QueueFull):
+            status, reason = (503 if tgi else 429), "queue_full"
+        else:
+            status, reason = 500, "failed"
+        self.metrics.rejected.labels(**self.metrics.labels, reason=reason).inc()
+        if tgi:
+            return self._tgi_error(status, str(error))
+        return self._openai_error(status, str(error), getattr(error, "field_name", None))
 
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
@@ -238,28 +331,19 @@ class RuntimeServer:
             model = body.get("model")
             if model is not None and model != self.model_name:
                 return self._openai_error(
-                    404,
-                    f"model {model!r} does not exist; this server serves {self.model_name!r}",
-                    "NotFoundError",
-                    "model",
+                    404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model"
                 )
             outputs = await self._stream(parsed)
-        except InvalidRequest as e:
-            self.metrics.rejected.labels(**self.metrics.labels, reason="invalid").inc()
-            return self._openai_error(400, str(e), "BadRequestError", e.field_name)
-        except QueueFull as e:
-            self.metrics.rejected.labels(**self.metrics.labels, reason="queue_full").inc()
-            return self._openai_error(429, str(e), "RateLimitError")
-        except RuntimeError as e:
-            return self._openai_error(500, f"the engine failed: {e}", "InternalServerError")
+        except (InvalidRequest, QueueFull, EngineFailed, RequestFailed) as e:
+            return self._refusal(e, tgi=False)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if parsed.stream:
             return await self._openai_sse(request, outputs, rid, created, chat, parsed.include_usage)
         try:
             result = await self._collect(outputs)
-        except RuntimeError as e:
-            return self._openai_error(500, f"the engine failed: {e}", "InternalServerError")
+        except (EngineFailed, RequestFailed) as e:
+            return self._refusal(e, tgi=False)
         usage = {
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
@@ -322,20 +406,19 @@ class RuntimeServer:
             )
         last = None
         try:
-            async for out in outputs:
-                last = out
-                reason = str(out.finish_reason) if out.finish_reason else None
-                if chat:
-                    delta = {"content": out.text} if out.text else {}
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-                else:
-                    choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
-                if out.text or reason:
-                    await resp.write(chunk([choice]))
-        except RuntimeError as e:
-            err = {
-                "error": {"message": f"the engine failed: {e}", "type": "InternalServerError", "code": 500}
-            }
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    last = out
+                    reason = str(out.finish_reason) if out.finish_reason else None
+                    if chat:
+                        delta = {"content": out.text} if out.text else {}
+                        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                    else:
+                        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
+                    if out.text or reason:
+                        await resp.write(chunk([choice]))
+        except (EngineFailed, RequestFailed) as e:  # the stream has started: the error is its last event
+            err = {"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}}
             await resp.write(f"data: {json.dumps(err)}\n\n".encode())
         if include_usage and last is not None:
             usage = {
@@ -356,8 +439,9 @@ class RuntimeServer:
 
     # ---- TGI -----------------------------------------------------------------------------------------------
 
-    def _tgi_error(self, status: int, message: str, kind: str) -> web.Response:
+    def _tgi_error(self, status: int, message: str) -> web.Response:
         headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+        kind = _TGI_ERROR_TYPES.get(status, "validation" if status < 500 else "generation")
         return web.json_response({"error": message, "error_type": kind}, status=status, headers=headers)
 
     async def _tgi_start(self, request: web.Request, force_stream: bool | None):
@@ -365,14 +449,8 @@ class RuntimeServer:
             parsed = parse_tgi_generate(await self._body(request))
             stream = parsed.stream if force_stream is None else force_stream
             return parsed, stream, await self._stream(parsed)
-        except InvalidRequest as e:
-            self.metrics.rejected.labels(**self.metrics.labels, reason="invalid").inc()
-            return self._tgi_error(422, str(e), "validation"), None, None
-        except QueueFull as e:
-            self.metrics.rejected.labels(**self.metrics.labels, reason="queue_full").inc()
-            return self._tgi_error(503, str(e), "overloaded"), None, None
-        except RuntimeError as e:
-            return self._tgi_error(500, f"the engine failed: {e}", "generation"), None, None
+        except (InvalidRequest, QueueFull, EngineFailed, RequestFailed) as e:
+            return self._refusal(e, tgi=True), None, None
 
     async def _tgi_complete(self, request: web.Request, compat: bool) -> web.StreamResponse:
         parsed, stream, outputs = await self._tgi_start(request, None if compat else False)
@@ -382,8 +460,8 @@ class RuntimeServer:
             return await self._tgi_sse(request, parsed, outputs)
         try:
             result = await self._collect(outputs)
-        except RuntimeError as e:
-            return self._tgi_error(500, f"the engine failed: {e}", "generation")
+        except (EngineFailed, RequestFailed) as e:
+            return self._refusal(e, tgi=True)
         eos = self.engine.engine.eos_ids
         finish = _tgi_finish_reason(result.finish_reason, result.token_ids, eos)
         body = {"generated_text": result.text}
@@ -412,25 +490,31 @@ class RuntimeServer:
         eos = self.engine.engine.eos_ids
         text, tokens = [], []
         try:
-            async for out in outputs:
-                text.append(out.text)
-                tokens += out.token_ids
-                token_id = out.token_ids[-1] if out.token_ids else 0
-                event = {
-                    "index": len(tokens),
-                    "token": {"id": token_id, "text": out.text, "logprob": None, "special": token_id in eos},
-                    "generated_text": None,
-                    "details": None,
-                }
-                if out.finished:
-                    event["generated_text"] = "".join(text)
-                    event["details"] = {
-                        "finish_reason": _tgi_finish_reason(str(out.finish_reason), tokens, eos),
-                        "generated_tokens": out.completion_tokens,
-                        "seed": parsed.params.seed,
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    text.append(out.text)
+                    tokens += out.token_ids
+                    token_id = out.token_ids[-1] if out.token_ids else 0
+                    event = {
+                        "index": len(tokens),
+                        "token": {
+                            "id": token_id,
+                            "text": out.text,
+                            "logprob": None,
+                            "special": token_id in eos,
+                        },
+                        "generated_text": None,
+                        "details": None,
                     }
-                await resp.write(f"data:{json.dumps(event, ensure_ascii=False)}\n\n".encode())
-        except RuntimeError as e:
+                    if out.finished:
+                        event["generated_text"] = "".join(text)
+                        event["details"] = {
+                            "finish_reason": _tgi_finish_reason(str(out.finish_reason), tokens, eos),
+                            "generated_tokens": out.completion_tokens,
+                            "seed": parsed.params.seed,
+                        }
+                    await resp.write(f"data:{json.dumps(event, ensure_ascii=False)}\n\n".encode())
+        except (EngineFailed, RequestFailed) as e:  # the stream has started: the error is its last event
             await resp.write(f"data:{json.dumps({'error': str(e), 'error_type': 'generation'})}\n\n".encode())
         await resp.write_eof()
         return resp
@@ -446,6 +530,49 @@ class RuntimeServer:
 
     async def tgi_compat(self, request: web.Request) -> web.StreamResponse:
         return await self._tgi_complete(request, compat=True)
+
+
+async def serve(server: RuntimeServer, host: str, port: int, grace_period: float) -> None:
+    """Serve until SIGTERM or SIGINT, then drain: /ready turns false, new requests get 503, requests in flight
+    finish (up to `grace_period` seconds; any still running then end with an error), and the engine stops."""
+    # handler_cancellation: a client that leaves cancels its handler, which aborts its request.
+    runner = web.AppRunner(server.app(), handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("serving %s on http://%s:%d", server.model_name, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.draining = True
+    log.info("draining: finishing requests in flight for up to %.0f s", grace_period)
+    deadline = loop.time() + grace_period
+    while server.engine.num_requests:
+        if loop.time() >= deadline:
+            log.warning("grace period over; ending the requests still in flight")
+            break
+        await asyncio.sleep(0.05)
+    server.engine.shutdown()
+    await runner.cleanup()
+
+
+_OPENAI_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "BadRequestError",
+    413: "BadRequestError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+_TGI_ERROR_TYPES = {
+    404: "not_found",
+    413: "validation",
+    422: "validation",
+    503: "overloaded",
+    500: "generation",
+}
 
 
 def _tgi_finish_reason(reason: str, tokens: list[int], eos) -> str:

@@ -63,16 +63,19 @@ def test_refuses_requests_that_can_never_fit_with_the_limits_in_the_message():
 
 def test_abort_waiting_and_running_and_queue_bound():
     s = Scheduler(num_slots=1, max_seq_len=64, prefill_buckets=[16], max_waiting=2)
-    a, b = seq("a", 3), seq("b", 3)
-    s.add(a)
-    s.add(b)
-    with pytest.raises(QueueFull):
-        s.add(seq("c", 3))
+    a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
+    for x in (a, b, c):  # a takes the free slot at the next step; b and c wait
+        s.add(x)
+    with pytest.raises(QueueFull, match="all 1 slots are busy and the waiting queue holds 2"):
+        s.add(seq("d", 3))
     s.schedule()
-    assert s.abort("b") is b and b.finish_reason == FinishReason.ABORT and not s.waiting
+    with pytest.raises(QueueFull):
+        s.add(seq("d", 3))
+    assert s.abort("b") is b and b.finish_reason == FinishReason.ABORT and list(s.waiting) == [c]
+    s.add(seq("d", 3))
     assert s.abort("a") is a and s.num_free_slots == 1 and not s.running
     assert s.abort("a") is None
-    assert not s.has_work
+    assert [s.abort("c"), s.abort("d")] != [None, None] and not s.has_work
 
 
 def test_sampling_params_refuse_out_of_range_values_naming_the_field():

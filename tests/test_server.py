@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -23,29 +24,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_dir):
-    """`neuronfleet serve` as a user starts it, on 127.0.0.1 and a free port; stopped with SIGTERM."""
+@contextlib.contextmanager
+def running_server(model_dir, *options: str):
+    """`neuronfleet serve` as a user starts it, on 127.0.0.1 and a free port; SIGTERM stops it (exit 0)."""
     port = free_port()
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-P",
-            "-m",
-            "neuronfleet.cli",
-            "serve",
-            "--model",
-            str(smollm2_dir),
-            "--port",
-            str(port),
-            "--slots",
-            "4",
-            "--max-seq-len",
-            "512",
-            "--served-model-name",
-            "smollm2",
-            "--max-waiting",
-            "8",
+            *(sys.executable, "-P", "-m", "neuronfleet.cli", "serve", "--model", str(model_dir)),
+            *("--port", str(port), "--served-model-name", "smollm2", *options),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -58,13 +44,42 @@ def server(smollm2_dir):
                 if r.status == 200:
                     break
         except OSError:
+            if proc.poll() is not None:
+                break
             time.sleep(0.1)
     else:
         proc.kill()
         pytest.fail("server did not become ready: " + proc.stdout.read())
-    yield base
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    if proc.poll() is not None:
+        pytest.fail("server exited: " + proc.stdout.read())
+    try:
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert rc == 0, proc.stdout.read()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir):
+    with running_server(smollm2_dir, "--slots", "8", "--max-seq-len", "512", "--max-waiting", "64") as (
+        base,
+        _,
+    ):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def small_server(smollm2_dir):
+    """Two slots, two waiting places, short slots, a 4 KiB body limit: for overflow, fuzzing, disconnects."""
+    options = ["--slots", "2", "--max-seq-len", "128", "--max-waiting", "2", "--max-body-bytes", "4096"]
+    with running_server(smollm2_dir, *options) as (base, _):
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +204,26 @@ def test_tgi_client_generate_and_stream(server, offline):
         ("/generate", {"inputs": "hi", "parameters": {"temperature": 0}}, 422, "temperature must be in (0.0"),
         ("/generate", {"inputs": "hi", "parameters": {"top_k": 0}}, 422, "top_k"),
         ("/generate", {"inputs": ""}, 422, "inputs"),
+        ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": "5"}}, 422, "max_new_tokens must be"),
+        ("/generate", {"inputs": "hi", "parameters": {"top_p": 1.0}}, 422, "top_p must be in (0.0, 1.0)"),
+        ("/generate", {"inputs": "hi", "parameters": {"best_of": 2}}, 422, "best_of is not supported"),
+        ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, "temperature must be a finite"),
+        ("/v1/completions", b'{"prompt": "hi", "top_p": Infinity}', 400, "top_p must be a finite"),
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1e999}', 400, "max_tokens must be an integer"),
+        ("/v1/completions", {"prompt": [1, 99999999]}, 400, "outside the vocabulary [0, 49152)"),
+        ("/v1/completions", {"prompt": "hi", "seed": 2**70}, 400, "seed must be in"),
+        ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop must be"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs is not supported"),
+        ("/v1/completions", [1, 2], 400, "must be a JSON object"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "content"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "tools": "x"},
+            400,
+            "tools",
+        ),
+        ("/v1/chat/completions", {"messages": "hello"}, 400, "messages must be a non-empty list"),
+        ("/v1/no-such-endpoint", {}, 404, "Not Found"),
     ],
 )
 def test_bad_input_gets_a_4xx_in_the_apis_format(server, path, body, status, needle):
@@ -217,3 +252,311 @@ def test_metrics_and_health(server):
     ):
         assert name in text, name
     assert 'vllm:num_requests_running{model_name="smollm2"} 0.0' in text
+
+
+def test_oversized_bodies_get_413_in_each_apis_format(small_server):
+    big = {"prompt": "x" * 5000}
+    code, payload, _ = post(small_server, "/v1/completions", big)
+    assert code == 413 and "exceeds the limit of 4096 bytes" in payload["error"]["message"]
+    code, payload, _ = post(small_server, "/generate", {"inputs": "x" * 5000})
+    assert code == 413 and "4096 bytes" in payload["error"]
+    assert post(small_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """One sample's value from /metrics (0 when the series does not exist yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_64_concurrent_streams_complete_with_correct_token_counts(server, offline):
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    from neuronfleet.runtime.sampling_params import SamplingParams
+
+    prompts = [f"Here is fact number {i} about the ocean:" for i in range(8)]
+    expected = offline.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+
+    async def one(client, prompt):
+        text, usage, reasons = [], None, []
+        stream = await client.completions.create(
+            model="smollm2",
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            if chunk.choices:
+                text.append(chunk.choices[0].text)
+                reasons.append(chunk.choices[0].finish_reason)
+            if chunk.usage:
+                usage = chunk.usage
+        return "".join(text), usage, reasons
+
+    async def main():
+        async with AsyncOpenAI(base_url=server + "/v1", api_key="unused", timeout=300) as client:
+            return await asyncio.gather(*(one(client, prompts[i % 8]) for i in range(64)))
+
+    results = asyncio.run(main())
+    assert len(results) == 64
+    for i, (text, usage, reasons) in enumerate(results):
+        assert usage.completion_tokens == 12 and reasons[-1] == "length", i
+        assert text == expected[i % 8].text, i
+    assert metric(server, "vllm:num_requests_running", model_name="smollm2") == 0
+
+
+def test_a_full_queue_refuses_with_retry_after_and_the_server_recovers(small_server):
+    """Two slots and two waiting places: a fifth request gets 429 (OpenAI) or 503 (TGI), then all is well."""
+    import concurrent.futures
+
+    base = small_server
+    long_request = {"prompt": "Once upon a time", "max_tokens": 50, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(post, base, "/v1/completions", long_request) for _ in range(4)]
+        wait_for(
+            lambda: (
+                metric(base, "vllm:num_requests_running", model_name="smollm2") == 2
+                and metric(base, "vllm:num_requests_waiting", model_name="smollm2") == 2
+            )
+        )
+        code, payload, headers = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert code == 429 and headers["Retry-After"] == "1"
+        assert "waiting queue holds 2 requests" in payload["error"]["message"]
+        code, payload, headers = post(base, "/generate", {"inputs": "hi"})
+        assert code == 503 and headers["Retry-After"] == "1" and payload["error_type"] == "overloaded"
+        assert [f.result()[0] for f in running] == [200] * 4
+    assert all(f.result()[1]["usage"]["completion_tokens"] == 50 for f in running)
+    assert metric(base, "neuronfleet:requests_rejected_total", reason="queue_full") >= 2
+    assert post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+
+
+def test_a_client_that_disconnects_frees_its_slot(small_server):
+    import http.client
+
+    base = small_server
+    port = int(base.rsplit(":", 1)[1])
+    aborted = metric(base, "vllm:request_success_total", finished_reason="abort")
+    body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True}
+    for stream in (True, False):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({**body, "stream": stream}),
+            {"Content-Type": "application/json"},
+        )
+        if stream:
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        else:
+            wait_for(lambda: metric(base, "vllm:num_requests_running", model_name="smollm2") == 1)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        started = time.monotonic()
+        wait_for(lambda: metric(base, "vllm:num_requests_running", model_name="smollm2") == 0, timeout=10)
+        # 120 tokens take seconds to generate; the slot came back well before that
+        assert time.monotonic() - started < 1.5
+    wait_for(lambda: metric(base, "vllm:request_success_total", finished_reason="abort") == aborted + 2)
+    assert post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+
+
+def test_sigterm_drains_requests_in_flight_and_exits_0(smollm2_dir):
+    import concurrent.futures
+
+    with running_server(smollm2_dir, "--slots", "2", "--max-seq-len", "256") as (base, proc):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            body = {"prompt": "Once upon a time", "max_tokens": 80, "ignore_eos": True}
+            in_flight = pool.submit(post, base, "/v1/completions", body)
+            wait_for(lambda: metric(base, "vllm:num_requests_running", model_name="smollm2") == 1)
+            proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: _status(base + "/ready") == 503)
+            code, payload, _ = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            assert code == 503 and "shutting down" in payload["error"]["message"]
+            code, payload, _ = in_flight.result()
+        assert code == 200 and payload["usage"]["completion_tokens"] == 80
+        assert proc.wait(timeout=60) == 0
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+# ---- fuzzing ----------------------------------------------------------------------------------------------
+
+OPENAI_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "echo",
+    "suffix",
+    "ignore_eos",
+    "repetition_penalty",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "best_of",
+]
+TGI_PARAMETERS = [
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "stop",
+    "do_sample",
+    "details",
+    "repetition_penalty",
+    "best_of",
+    "watermark",
+    "return_full_text",
+    "truncate",
+    "typical_p",
+    "top_n_tokens",
+    "grammar",
+]
+
+
+def request_bodies():
+    """JSON bodies for every endpoint: known fields with plausible or arbitrary values, unknown fields, NaN,
+    huge numbers, wrong types, and raw bytes that are not JSON at all."""
+    from hypothesis import strategies as st
+
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**70), 2**70)
+        | st.integers(-3, 40)
+        | st.floats(allow_nan=True, allow_infinity=True)
+        | st.text(max_size=20)
+    )
+    anything = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=8,
+    )
+    text_part = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)})
+    plausible = {
+        "model": st.sampled_from(["smollm2", "other"]),
+        "prompt": st.text(max_size=30) | st.lists(st.integers(-2, 60000), max_size=6),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["system", "user", "assistant", "tool", "wizard"]),
+                    "content": st.text(max_size=30) | st.lists(text_part),
+                }
+            ),
+            max_size=3,
+        ),
+        "max_tokens": st.integers(-2, 12),
+        "max_completion_tokens": st.integers(-2, 12),
+        "max_new_tokens": st.integers(-2, 12),
+        "temperature": st.floats(-1, 3),
+        "top_p": st.floats(-0.5, 1.5),
+        "top_k": st.integers(-2, 100),
+        "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+        "stream": st.booleans(),
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    }
+
+    def fields(names):
+        value = {n: plausible.get(n, anything) | anything for n in names}
+        return st.dictionaries(st.sampled_from(names) | st.text(max_size=6), anything, max_size=2).flatmap(
+            lambda extra: st.fixed_dictionaries({}, optional=value).map(lambda known: {**extra, **known})
+        )
+
+    openai = fields(OPENAI_FIELDS)
+    tgi = st.fixed_dictionaries(
+        {},
+        optional={
+            "inputs": st.text(max_size=30) | anything,
+            "parameters": fields(TGI_PARAMETERS) | anything,
+            "stream": st.booleans() | anything,
+        },
+    )
+    json_body = lambda s: s.map(lambda b: json.dumps(b, allow_nan=True).encode())  # noqa: E731
+    return st.one_of(
+        st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), json_body(openai)),
+        st.tuples(st.sampled_from(["/generate", "/generate_stream", "/"]), json_body(tgi)),
+        st.tuples(
+            st.sampled_from(["/v1/completions", "/v1/chat/completions", "/generate"]),
+            st.binary(max_size=64) | json_body(anything),
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(smollm2_dir):
+    """Short slots so that the valid requests fuzzing finds finish quickly."""
+    options = ["--slots", "2", "--max-seq-len", "48", "--dtype", "bfloat16"]
+    with running_server(smollm2_dir, *options) as (base, _):
+        yield base
+
+
+def test_fuzzed_request_bodies_never_get_a_5xx(fuzz_server):
+    from hypothesis import HealthCheck, given, settings
+
+    port = int(fuzz_server.rsplit(":", 1)[1])
+    seen: dict[int, int] = {}
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(request_bodies())
+    def check(case):
+        import http.client
+
+        path, body = case
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            payload = resp.read()
+        finally:
+            conn.close()
+        seen[resp.status] = seen.get(resp.status, 0) + 1
+        assert resp.status < 500, (path, body, resp.status, payload[:300])
+        if resp.status >= 400:
+            error = json.loads(payload)["error"]
+            assert error["message"] if path.startswith("/v1") else error
+
+    check()
+    assert seen.get(200, 0) > 0 and sum(v for k, v in seen.items() if 400 <= k < 500) > 0, seen
+    assert _status(fuzz_server + "/health") == 200 and _status(fuzz_server + "/ready") == 200
+    assert post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
