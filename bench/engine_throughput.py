@@ -23,46 +23,12 @@ import time
 from pathlib import Path
 
 import torch
+from prompts import QUESTIONS  # bench/prompts.py: the script folder is on sys.path
 from transformers import AutoModelForCausalLM
 
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
 from neuronfleet.runtime.sampling_params import SamplingParams
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three fruits that are red.",
-    "Explain gravity in one sentence.",
-    "Write a short poem about autumn leaves.",
-    "What is 12 times 7?",
-    "How do I say hello in Spanish?",
-    "List the planets of the solar system in order.",
-    "Why is the sky blue?",
-    "Give me a tip for a good night's sleep.",
-    "What does a CPU do?",
-    "Describe a cat in two sentences.",
-    "What is the boiling point of water in Fahrenheit?",
-    "Suggest a name for a pet goldfish.",
-    "Summarize the story of Cinderella.",
-    "What is photosynthesis?",
-    "How many legs does a spider have?",
-    "Write a haiku about the ocean.",
-    "What are the primary colors?",
-    "Explain what a database index is.",
-    "Who wrote Romeo and Juliet?",
-    "Give three reasons to learn Python.",
-    "What is the difference between weather and climate?",
-    "How do vaccines work?",
-    "Recommend a healthy breakfast.",
-    "What is the largest ocean on Earth?",
-    "Translate 'thank you' into French.",
-    "What is machine learning, briefly?",
-    "Describe the water cycle.",
-    "Why do leaves change color in the fall?",
-    "What is an API?",
-    "Tell me a fun fact about octopuses.",
-    "How does a rainbow form?",
-]
 
 
 def ensure_model(path: Path, dtype: str) -> Path:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The peer for bench/server_latency.py: llama.cpp's OpenAI server (llama-cpp-python[server]), built from its
-# PyPI source release into the benchmark's own environment (bench/.venv-llamacpp), apart from the project's.
+# The environment of bench/server_latency.py, apart from the project's: the peer, llama.cpp's OpenAI server
+# (llama-cpp-python[server], built from its PyPI source release), and the load generator's aiohttp and
+# matplotlib. Our own server runs from the project's .venv (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3.11}
@@ -12,3 +13,4 @@ if ! .venv-llamacpp/bin/python -P -c "import llama_cpp.server" 2>/dev/null; then
     .venv-llamacpp/bin/python -P -m pip install --quiet --disable-pip-version-check \
     'llama-cpp-python[server]==0.3.36'
 fi
+.venv-llamacpp/bin/python -P -m pip install --quiet --disable-pip-version-check aiohttp==3.14.5 matplotlib==3.11.2

@@ -46,17 +46,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.role != "unified":
         raise ValueError(f"--role {args.role} is not available yet; this build serves --role unified")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine.from_model_dir(
-        args.model,
-        slots=args.slots,
-        max_seq_len=args.max_seq_len,
-        dtype=args.dtype,
-        max_waiting=args.max_waiting,
-        prefill_buckets=args.prefill_buckets,
-        decode_buckets=args.decode_buckets,
+    engine = AsyncEngine(
+        lambda: Engine.from_model_dir(
+            args.model,
+            slots=args.slots,
+            max_seq_len=args.max_seq_len,
+            dtype=args.dtype,
+            max_waiting=args.max_waiting,
+            prefill_buckets=args.prefill_buckets,
+            decode_buckets=args.decode_buckets,
+        )
     )
     server = RuntimeServer(
-        AsyncEngine(engine),
+        engine,
         args.served_model_name or Path(args.model).name,
         max_body_bytes=args.max_body_bytes,
     )

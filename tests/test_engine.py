@@ -179,7 +179,7 @@ def test_incremental_detokenization_never_emits_half_a_character(smollm2_dir, te
 
 def test_cancelling_a_stream_frees_its_slot(engine, prompts):
     async def scenario():
-        with AsyncEngine(engine) as aengine:
+        with AsyncEngine(lambda: engine) as aengine:
             got = []
             async for out in aengine.generate(prompts[3], SamplingParams(max_tokens=200, ignore_eos=True)):
                 got.append(out)
@@ -209,7 +209,7 @@ def test_cancelling_a_stream_frees_its_slot(engine, prompts):
 
 def test_async_engine_refuses_bad_requests_without_stopping(engine):
     async def scenario():
-        with AsyncEngine(engine) as aengine:
+        with AsyncEngine(lambda: engine) as aengine:
             with pytest.raises(InvalidRequest):
                 async for _ in aengine.generate(list(range(10, 200))):
                     pass

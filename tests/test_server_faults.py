@@ -19,7 +19,7 @@ POISONED_SEED = 13
 @pytest.fixture
 def engine(smollm2_dir):
     async_engine = AsyncEngine(
-        Engine.from_model_dir(str(smollm2_dir), slots=2, max_seq_len=64, dtype="bfloat16")
+        lambda: Engine.from_model_dir(str(smollm2_dir), slots=2, max_seq_len=64, dtype="bfloat16")
     )
     yield async_engine
     async_engine.shutdown()
