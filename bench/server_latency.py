@@ -269,7 +269,7 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--dtype", default="bfloat16")
