@@ -88,7 +88,6 @@ class StepReport:
 
     prefill_requests: int  # requests admitted (prefilled) in this step
     decode_requests: int  # requests that decoded one token
-    slots: int  # the runner's static batch
     seconds: float  # the whole step
     queue_seconds: list[float] = field(default_factory=list)  # arrival to admission, per admitted request
 
@@ -145,8 +144,8 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         vocab = self.runner.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
             raise InvalidRequest(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
         max_tokens = self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
         return Seq(
@@ -195,14 +194,14 @@ class Engine:
         """
         start = time.perf_counter()
         plan = self.scheduler.schedule()
-        failed: list[RequestOutput] = []
+        outputs: list[RequestOutput | None] = []
         prefill = []
         for seq in plan.prefill:
             try:
                 self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
                 prefill.append(seq)
             except Exception as e:
-                failed.append(self._fail(seq, e))
+                outputs.append(self._fail(seq, e))
         t0 = time.perf_counter()
         first_tokens, next_tokens = self.runner.step(
             [s.slot for s in prefill],
@@ -216,7 +215,6 @@ class Engine:
         now = time.monotonic()
         for seq in prefill:
             seq.first_token_time = now
-        outputs: list[RequestOutput | None] = failed
         new_tokens = [*zip(prefill, first_tokens, strict=True), *zip(plan.decode, next_tokens, strict=True)]
         for seq, token in new_tokens:
             try:
@@ -229,7 +227,6 @@ class Engine:
         report = StepReport(
             prefill_requests=len(prefill),
             decode_requests=len(plan.decode),
-            slots=self.runner.slots,
             seconds=seconds,
             queue_seconds=[now - s.arrival_time for s in prefill],
         )

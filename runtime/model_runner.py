@@ -54,19 +54,18 @@ class Linear:
     packed kernel computes exactly what F.linear computes."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight = weight  # [out, in]
         self.bias = bias
-        self._packed = None
-        if (
+        self.packed = (
             weight.device.type == "cpu"
             and weight.dtype in (torch.bfloat16, torch.float16)
             and torch.backends.mkldnn.is_available()
-        ):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+        )
+        # Only one copy is kept: the packed one replaces the plain [out, in] weight.
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 32) if self.packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias, "none", [], "")
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 

@@ -105,13 +105,14 @@ class Metrics:
             registry=self.registry,
         )
         self.labels = labels
+        self.slots = runner.slots
         engine.engine.step_observers.append(self.observe_step)
 
     def observe_step(self, report: StepReport) -> None:
         """Called on the engine thread after every step."""
         for seconds in report.queue_seconds:
             self.queue_time.observe(seconds)
-        self.occupancy.observe((report.prefill_requests + report.decode_requests) / report.slots)
+        self.occupancy.observe((report.prefill_requests + report.decode_requests) / self.slots)
         kind = "prefill" if report.prefill_requests else "decode"
         self.step_time.labels(**self.labels, kind=kind).observe(report.seconds)
 
@@ -158,7 +159,7 @@ class RuntimeServer:
             if e.status < 400:
                 raise
             return self._error(request.path, e.status, e.reason, None)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except ConnectionResetError:  # the client left; nothing to answer
             raise
         except Exception as e:
             log.exception("unexpected error serving %s", request.path)
