@@ -55,6 +55,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             max_waiting=args.max_waiting,
             prefill_buckets=args.prefill_buckets,
             decode_buckets=args.decode_buckets,
+            prefix_reuse=args.prefix_reuse,
         )
     )
     server = RuntimeServer(
@@ -113,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--decode-buckets", type=_buckets, help="KV length buckets for decode; the largest is --max-seq-len"
+    )
+    srv.add_argument(
+        "--no-prefix-reuse",
+        dest="prefix_reuse",
+        action="store_false",
+        help="prefill every prompt whole, even when its slot's cache already holds its first tokens",
     )
     srv.add_argument("--max-waiting", type=int, default=256, help="bound of the waiting queue")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20)

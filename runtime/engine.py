@@ -90,6 +90,8 @@ class StepReport:
     decode_requests: int  # requests that decoded one token
     seconds: float  # the whole step
     queue_seconds: list[float] = field(default_factory=list)  # arrival to admission, per admitted request
+    prompt_tokens: int = 0  # of the admitted requests
+    reused_prompt_tokens: int = 0  # of those, found in their slots' caches and not prefilled again
 
 
 @dataclass(eq=False)
@@ -130,7 +132,9 @@ class Engine:
     @classmethod
     def from_model_dir(cls, model_dir: str, *, slots: int = 8, max_seq_len: int = 2048, **kw) -> Engine:
         runner_kw = {
-            k: kw.pop(k) for k in ("prefill_buckets", "decode_buckets", "dtype", "device") if k in kw
+            k: kw.pop(k)
+            for k in ("prefill_buckets", "decode_buckets", "dtype", "device", "prefix_reuse")
+            if k in kw
         }
         runner = ModelRunner(model_dir, slots=slots, max_seq_len=max_seq_len, **runner_kw)
         return cls(runner, Tokenizer(model_dir, runner.config.eos_token_ids), **kw)
@@ -193,7 +197,7 @@ class Engine:
         request with an error output and leaves the others running; a failing model call raises.
         """
         start = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(self.runner.reusable_prefix)
         outputs: list[RequestOutput | None] = []
         prefill = []
         for seq in plan.prefill:
@@ -202,6 +206,7 @@ class Engine:
                 prefill.append(seq)
             except Exception as e:
                 outputs.append(self._fail(seq, e))
+        reused = sum(self.runner.reusable_prefix(s.slot, s.prompt_ids) for s in prefill)
         t0 = time.perf_counter()
         first_tokens, next_tokens = self.runner.step(
             [s.slot for s in prefill],
@@ -229,6 +234,8 @@ class Engine:
             decode_requests=len(plan.decode),
             seconds=seconds,
             queue_seconds=[now - s.arrival_time for s in prefill],
+            prompt_tokens=sum(len(s.prompt_ids) for s in prefill),
+            reused_prompt_tokens=reused,
         )
         for observer in self.step_observers:
             observer(report)

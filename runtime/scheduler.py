@@ -12,6 +12,7 @@ import enum
 import heapq
 import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
@@ -128,8 +129,23 @@ class Scheduler:
     def _bucket(self, n: int) -> int:
         return next(b for b in self.prefill_buckets if b >= n)
 
-    def schedule(self) -> StepPlan:
-        """Admit waiting sequences into free slots (one padded prefill group) and list the decode rows."""
+    def _take_slot(self, prompt_ids: list[int], reusable: Callable[[int, list[int]], int] | None) -> int:
+        """The free slot whose cache already holds the longest prefix of the prompt; else the lowest."""
+        best, best_len = self._free[0], 0
+        if reusable is not None:
+            for slot in self._free:
+                n = reusable(slot, prompt_ids)
+                if n > best_len or (n == best_len and n > 0 and slot < best):
+                    best, best_len = slot, n
+        self._free.remove(best)
+        heapq.heapify(self._free)
+        return best
+
+    def schedule(self, reusable: Callable[[int, list[int]], int] | None = None) -> StepPlan:
+        """Admit waiting sequences into free slots (one padded prefill group) and list the decode rows.
+
+        `reusable(slot, prompt_ids)` says how many prompt tokens a slot's cache already holds; a request goes
+        to the free slot that holds the most (prefix reuse), else to the lowest free slot."""
         decode = [s for s in self.running.values() if s.output_ids and not s.finished]
         prefill: list[Sequence] = []
         longest = 0
@@ -139,7 +155,7 @@ class Scheduler:
             if prefill and bucket * (len(prefill) + 1) > self.max_prefill_tokens:
                 break
             self.waiting.popleft()
-            seq.slot = heapq.heappop(self._free)
+            seq.slot = self._take_slot(seq.prompt_ids, reusable)
             self.running[seq.slot] = seq
             prefill.append(seq)
             longest = max(longest, len(seq.prompt_ids))

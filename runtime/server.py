@@ -88,6 +88,18 @@ class Metrics:
         self.rejected = Counter(
             "neuronfleet:requests_rejected", "Requests refused.", [*names, "reason"], registry=self.registry
         )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens of admitted requests, looked up in their slots' caches.",
+            names,
+            registry=self.registry,
+        ).labels(**labels)
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in their slots' caches (a reused prefix): not prefilled again.",
+            names,
+            registry=self.registry,
+        ).labels(**labels)
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Time from arrival to a slot.")
         self.occupancy = Histogram(
             "neuronfleet:batch_occupancy",
@@ -112,6 +124,8 @@ class Metrics:
         """Called on the engine thread after every step."""
         for seconds in report.queue_seconds:
             self.queue_time.observe(seconds)
+        self.prefix_queries.inc(report.prompt_tokens)
+        self.prefix_hits.inc(report.reused_prompt_tokens)
         self.occupancy.observe((report.prefill_requests + report.decode_requests) / self.slots)
         kind = "prefill" if report.prefill_requests else "decode"
         self.step_time.labels(**self.labels, kind=kind).observe(report.seconds)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny_llama
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from neuronfleet.runtime.model_runner import ModelRunner
+from neuronfleet.runtime.sampling_params import SamplingParams
 
 LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation order
 
 
 def reference_logits(model_dir, ids: list[int]) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
@@ -34,8 +33,6 @@ def reference_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def our_greedy(runner: ModelRunner, slot: int, ids: list[int], n: int) -> list[int]:
-    from neuronfleet.runtime.sampling_params import SamplingParams
-
     runner.start_slot(slot, SamplingParams(), ids)
     out = runner.prefill([slot], [ids])
     while len(out) < n:
@@ -137,7 +134,6 @@ def test_fused_prefill_and_decode_step_equals_separate_passes(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=5)
     ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     runner = ModelRunner(model_dir, slots=4, max_seq_len=64, prefill_buckets=[8, 16])
-    from neuronfleet.runtime.sampling_params import SamplingParams
 
     old, new = [1, 5, 9, 13, 200], [1, 300, 301, 302, 17, 18, 19, 20, 21]
     for slot, ids in ((0, old), (2, new)):
@@ -151,3 +147,50 @@ def test_fused_prefill_and_decode_step_equals_separate_passes(tmp_path):
     a, b = runner.decode([0, 2], [second_old, first_new], [len(old) + 1, len(new)])
     assert [first_old, second_old, a] == reference_greedy(ref_model, old, 3)
     assert [first_new, b] == reference_greedy(ref_model, new, 2)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral"])
+def test_prompts_reusing_a_slots_cached_prefix_match_transformers(tmp_path, architecture):
+    """A prompt that starts like what its slot last held skips those tokens' prefill (its cache already has
+    their keys and values); its tokens still equal transformers', alone and in a group with a prompt that
+    reuses nothing, and across cache blocks."""
+    extra = {"sliding_window": 12} if architecture == "mistral" else {}
+    model_dir = make_tiny_llama(tmp_path, seed=7, architecture=architecture, **extra)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = ModelRunner(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    shared = [1, *range(40, 80)]  # 41 tokens: more than one cache block
+    first = our_greedy(runner, 0, [*shared, 7, 8], 6)
+    assert first == reference_greedy(ref_model, [*shared, 7, 8], 6)
+    # slot 0 now holds shared + [7, 8] + 5 generated tokens: the next prompt reuses the 41 shared ones
+    follow = [*shared, 9, 10, 11]
+    assert runner.reusable_prefix(0, follow) == len(shared)
+    assert runner.reusable_prefix(1, follow) == 0  # never used
+    assert our_greedy(runner, 0, follow, 8) == reference_greedy(ref_model, follow, 8)
+    # one prefill group: slot 0 reuses (a prompt that is the held one plus more), slot 1 starts from scratch
+    again, fresh = [*follow, 99, 98], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    for slot, ids in ((0, again), (1, fresh)):
+        runner.start_slot(slot, SamplingParams(), ids)
+    assert runner.reusable_prefix(0, again) == len(follow)
+    got = runner.prefill([0, 1], [again, fresh])
+    assert got == [reference_greedy(ref_model, again, 1)[0], reference_greedy(ref_model, fresh, 1)[0]]
+
+
+def test_prefix_reuse_off_prefills_everything(tmp_path):
+    model_dir = make_tiny_llama(tmp_path, seed=7)
+    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32], prefix_reuse=False)
+    ids = list(range(1, 20))
+    our_greedy(runner, 0, ids, 3)
+    assert runner.reusable_prefix(0, ids) == 0
+
+
+def test_a_short_or_whole_common_prefix_is_not_reused(tmp_path):
+    """Fewer than MIN_PREFIX_REUSE common tokens are prefilled again, and a prompt's last token always is."""
+    from neuronfleet.runtime.model_runner import MIN_PREFIX_REUSE
+
+    model_dir = make_tiny_llama(tmp_path, seed=7)
+    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32])
+    ids = list(range(1, 21))
+    our_greedy(runner, 0, ids, 3)
+    assert runner.reusable_prefix(0, ids) == len(ids) - 1
+    assert runner.reusable_prefix(0, [*ids[: MIN_PREFIX_REUSE - 1], 250, 251]) == 0
+    assert runner.reusable_prefix(0, [*ids[:MIN_PREFIX_REUSE], 250]) == MIN_PREFIX_REUSE

@@ -93,3 +93,30 @@ def test_sampling_params_refuse_out_of_range_values_naming_the_field():
         with pytest.raises(InvalidRequest, match=name) as info:
             SamplingParams(**kwargs)
         assert info.value.field_name == name
+
+
+def test_admits_into_the_free_slot_whose_cache_holds_the_longest_prefix():
+    s = Scheduler(num_slots=4, max_seq_len=64, prefill_buckets=[16, 32])
+    held = {
+        0: [],
+        1: [1, 2, 3, 4],
+        2: [1, 2, 3, 4, 5, 6],
+        3: [1, 2, 3, 4, 5, 6],
+    }  # what each slot's cache holds
+
+    def reusable(slot: int, prompt: list[int]) -> int:
+        n = 0
+        while n < min(len(held[slot]), len(prompt) - 1) and held[slot][n] == prompt[n]:
+            n += 1
+        return n
+
+    a = Sequence(request_id="a", prompt_ids=[1, 2, 3, 4, 5, 6, 7], params=SamplingParams(), max_tokens=4)
+    b = Sequence(request_id="b", prompt_ids=[9, 9, 9], params=SamplingParams(), max_tokens=4)
+    c = Sequence(request_id="c", prompt_ids=[1, 2, 3, 4, 8], params=SamplingParams(), max_tokens=4)
+    for x in (a, b, c):
+        s.add(x)
+    plan = s.schedule(reusable)
+    # a: slots 2 and 3 both hold 6 of its tokens -> the lower; b: nothing anywhere -> lowest free (0);
+    # c: slot 1 and slot 3 hold 4 -> the lower, 1
+    assert [(x.request_id, x.slot) for x in plan.prefill] == [("a", 2), ("b", 0), ("c", 1)]
+    assert s.num_free_slots == 1

@@ -86,7 +86,8 @@ def small_server(smollm2_dir):
 def offline(smollm2_dir):
     from neuronfleet.runtime.engine import Engine
 
-    return Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=512)
+    # Every prompt prefilled whole: the server's answers, which reuse cached prefixes, must equal these.
+    return Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=512, prefix_reuse=False)
 
 
 def post(base: str, path: str, body: bytes | dict, headers: dict | None = None):
@@ -233,6 +234,31 @@ def test_bad_input_gets_a_4xx_in_the_apis_format(server, path, body, status, nee
     assert needle in message
     if not path.startswith("/v1"):
         assert payload["error_type"] == "validation"
+
+
+def test_a_prompt_starting_like_the_last_one_reuses_its_cached_prefix(server, offline):
+    """Chat prompts share the template's system preamble: the second one's prefill skips those tokens
+    (counted in vLLM's prefix cache metrics) and still answers exactly as a whole prefill does."""
+    from neuronfleet.runtime.sampling_params import SamplingParams
+
+    first, second = "Name a red fruit.", "Name a green vegetable."
+    ids = [offline.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in (first, second)]
+    shared = next(i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+    assert shared >= 16
+    post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": first}], "max_tokens": 4})
+    hits, queries = (
+        metric(server, "vllm:prefix_cache_hits_total"),
+        metric(server, "vllm:prefix_cache_queries_total"),
+    )
+    body = {"messages": [{"role": "user", "content": second}], "max_tokens": 30, "temperature": 0}
+    code, payload, _ = post(server, "/v1/chat/completions", body)
+    assert code == 200
+    assert (
+        payload["choices"][0]["message"]["content"]
+        == offline.generate([ids[1]], SamplingParams(max_tokens=30))[0].text
+    )
+    assert metric(server, "vllm:prefix_cache_queries_total") - queries == len(ids[1])
+    assert metric(server, "vllm:prefix_cache_hits_total") - hits == shared
 
 
 def test_metrics_and_health(server):
