@@ -197,6 +197,8 @@ class Engine:
         request with an error output and leaves the others running; a failing model call raises.
         """
         start = time.perf_counter()
+        for src, dst, seq in self.scheduler.compact(self.runner.batch_buckets):
+            self.runner.move_slot(src, dst, seq.num_tokens)
         plan = self.scheduler.schedule(self.runner.reusable_prefix)
         outputs: list[RequestOutput | None] = []
         prefill = []

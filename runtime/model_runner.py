@@ -496,6 +496,17 @@ class ModelRunner:
         same way (see `reusable_prefix`)."""
         self.samplers.pop(slot, None)
 
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Move a running request from slot src to slot dst: its cache positions [0, length) and its sampler.
+        src keeps its copy of the cache for prefix reuse."""
+        n = -(-length // KV_BLOCK)
+        self.kv_cache[:, :, :n, dst] = self.kv_cache[:, :, :n, src]
+        self.cached[dst] = list(self.cached[src])
+        sampler = self.samplers.pop(src, None)
+        if sampler is not None:
+            self.samplers[dst] = sampler
+
     def reusable_prefix(self, slot: int, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of a prompt the slot's cache already holds, that a prefill into this slot
         skips: the longest common prefix with what the slot last held, less the prompt's last token (its

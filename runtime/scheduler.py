@@ -161,6 +161,25 @@ class Scheduler:
             longest = max(longest, len(seq.prompt_ids))
         return StepPlan(prefill=prefill, decode=decode)
 
+    def compact(self, batch_buckets: SequenceOf[int]) -> list[tuple[int, int, Sequence]]:
+        """Move running sequences out of slots above the smallest batch bucket that holds them all, into free
+        slots below it, so a decode step computes no more rows than its bucket needs (a few requests left in
+        high slots would otherwise keep every step at full width). Returns the moves (from, to, sequence),
+        already booked here; the caller moves the cache."""
+        target = next((b for b in sorted(batch_buckets) if b >= len(self.running)), self.num_slots)
+        moves = []
+        for src in sorted((s for s in self.running if s >= target), reverse=True):
+            dst = self._free[0]
+            if dst >= target:
+                break
+            heapq.heappop(self._free)
+            seq = self.running.pop(src)
+            seq.slot = dst
+            self.running[dst] = seq
+            heapq.heappush(self._free, src)
+            moves.append((src, dst, seq))
+        return moves
+
     # ---- completion ----------------------------------------------------------------------------------------
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:

@@ -74,6 +74,22 @@ def test_many_requests_reuse_slots_and_match_solo_output(engine, prompts, alone)
     assert engine.stats.prefill_calls > 1 and engine.scheduler.num_free_slots == 4
 
 
+def test_requests_left_in_high_slots_move_down_and_still_produce_their_solo_tokens(engine, prompts, alone):
+    """When few requests remain and some sit in high slots, they move to low free slots (the decode step then
+    runs a smaller batch bucket) with their cache and sampler, and their tokens do not change."""
+    short, long_ = SamplingParams(max_tokens=2), SamplingParams(max_tokens=24)
+    ids = [engine.add_request(prompts[i], short) for i in range(3)]
+    ids.append(engine.add_request(prompts[4], long_))  # takes slot 3 next to three short requests
+    tokens = {i: [] for i in ids}
+    moved = []
+    while engine.has_work():
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+        moved.append(engine.scheduler.running.get(0))
+    assert tokens[ids[3]] == alone[4]
+    assert any(s is not None and s.request_id == ids[3] for s in moved)  # it ran in slot 0 after the move
+
+
 def test_chat_answer_ends_at_eos_which_is_not_emitted(engine, prompts):
     out = engine.generate([prompts[0]], SamplingParams(max_tokens=60))[0]
     assert out.finish_reason == FinishReason.STOP

@@ -120,3 +120,18 @@ def test_admits_into_the_free_slot_whose_cache_holds_the_longest_prefix():
     # c: slot 1 and slot 3 hold 4 -> the lower, 1
     assert [(x.request_id, x.slot) for x in plan.prefill] == [("a", 2), ("b", 0), ("c", 1)]
     assert s.num_free_slots == 1
+
+
+def test_compaction_moves_running_sequences_below_the_batch_bucket_that_holds_them():
+    s = Scheduler(num_slots=8, max_seq_len=64, prefill_buckets=[16])
+    seqs = [seq(f"r{i}", 4) for i in range(8)]
+    for x in seqs:
+        s.add(x)
+    s.schedule()
+    for i in (0, 1, 3, 4, 5):  # three left, in slots 2, 6 and 7: bucket 4 holds them
+        s.finish(seqs[i], FinishReason.STOP)
+    moves = s.compact([1, 2, 4, 8])
+    assert [(src, dst, x.request_id) for src, dst, x in moves] == [(7, 0, "r7"), (6, 1, "r6")]
+    assert sorted(s.running) == [0, 1, 2] and seqs[7].slot == 0 and seqs[6].slot == 1
+    assert s.compact([1, 2, 4, 8]) == []  # nothing left to move
+    assert s.num_free_slots == 5
