@@ -208,7 +208,7 @@ class Engine:
                 prefill.append(seq)
             except Exception as e:
                 outputs.append(self._fail(seq, e))
-        reused = sum(self.runner.reusable_prefix(s.slot, s.prompt_ids) for s in prefill)
+        prefixes = self.runner.plan_prefixes([s.slot for s in prefill], [s.prompt_ids for s in prefill])
         t0 = time.perf_counter()
         first_tokens, next_tokens = self.runner.step(
             [s.slot for s in prefill],
@@ -216,6 +216,7 @@ class Engine:
             [s.slot for s in plan.decode],
             [s.output_ids[-1] for s in plan.decode],
             [s.num_tokens - 1 for s in plan.decode],
+            prefixes,
         )
         self.stats.model_seconds += time.perf_counter() - t0
         self.stats.prefill_calls += bool(prefill)
@@ -237,7 +238,7 @@ class Engine:
             seconds=seconds,
             queue_seconds=[now - s.arrival_time for s in prefill],
             prompt_tokens=sum(len(s.prompt_ids) for s in prefill),
-            reused_prompt_tokens=reused,
+            reused_prompt_tokens=sum(n for _, n in prefixes),
         )
         for observer in self.step_observers:
             observer(report)

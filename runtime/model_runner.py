@@ -9,9 +9,10 @@ length bucket of the cache. Every shape is fixed by (bucket, batch) so the same 
 (torch.compile, Neuron's device). Position `max_len` is a scratch column that idle slots and padding write
 to, so a step never touches a position it does not own.
 
-A slot keeps what it holds after its request ends; a later prompt that starts with the same tokens (a chat
+A slot keeps what it holds after its request ends. A prompt that starts with tokens some slot holds (a chat
 template's preamble, a shared system prompt, a conversation's earlier turns) skips prefilling them
-(`reusable_prefix`), which the scheduler uses to pick the slot.
+(`plan_prefixes`): read in place when it is the prompt's own slot (the scheduler prefers such a slot,
+`reusable_prefix`), else copied from that slot first, which costs far less than computing them.
 """
 
 from __future__ import annotations
@@ -497,20 +498,25 @@ class ModelRunner:
         self.samplers.pop(slot, None)
 
     @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy cache positions [0, length) of slot src into slot dst (whole blocks: the positions past
+        `length` that come along are written by dst's next step before anything reads them)."""
+        n = -(-length // KV_BLOCK)
+        self.kv_cache[:, :, :n, dst] = self.kv_cache[:, :, :n, src]
+        self.cached[dst] = self.cached[src][:length]
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Move a running request from slot src to slot dst: its cache positions [0, length) and its sampler.
         src keeps its copy of the cache for prefix reuse."""
-        n = -(-length // KV_BLOCK)
-        self.kv_cache[:, :, :n, dst] = self.kv_cache[:, :, :n, src]
-        self.cached[dst] = list(self.cached[src])
+        self.copy_prefix(src, dst, length)
         sampler = self.samplers.pop(src, None)
         if sampler is not None:
             self.samplers[dst] = sampler
 
     def reusable_prefix(self, slot: int, prompt_ids: Sequence[int]) -> int:
-        """How many leading tokens of a prompt the slot's cache already holds, that a prefill into this slot
-        skips: the longest common prefix with what the slot last held, less the prompt's last token (its
-        logits are needed), and none when shorter than MIN_PREFIX_REUSE (not worth a scattered prefill)."""
+        """How many leading tokens of a prompt the slot's own cache already holds: the longest common prefix
+        with what the slot last held, less the prompt's last token (its logits are needed), and none when
+        shorter than MIN_PREFIX_REUSE (not worth a scattered prefill)."""
         if not self.prefix_reuse:
             return 0
         held = self.cached[slot]
@@ -518,6 +524,22 @@ class ModelRunner:
         while n < limit and held[n] == prompt_ids[n]:
             n += 1
         return n if n >= MIN_PREFIX_REUSE else 0
+
+    def plan_prefixes(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+        """For a prefill group: per prompt, the slot whose cache holds its longest prefix and that prefix's
+        length (0: prefill it all). The prompt's own slot wins ties (no copy); slots this group writes into
+        are never another prompt's source."""
+        targets = set(slots)
+        sources = [s for s in range(self.slots) if s not in targets]
+        plan = []
+        for slot, ids in zip(slots, prompts, strict=True):
+            best = (slot, self.reusable_prefix(slot, ids))
+            for other in sources:
+                n = self.reusable_prefix(other, ids)
+                if n > best[1]:
+                    best = (other, n)
+            plan.append(best)
+        return plan
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, slots: Sequence[int]) -> list[int]:
@@ -571,14 +593,22 @@ class ModelRunner:
         decode_slots: Sequence[int],
         tokens: Sequence[int],
         positions: Sequence[int],
+        prefixes: Sequence[tuple[int, int]] | None = None,
     ) -> tuple[list[int], list[int]]:
         """Prefill prompts into their slots and decode one token for other slots, in one pass.
 
-        Returns the prompts' first new tokens and the decode slots' next tokens.
+        A prompt whose first tokens some slot's cache holds (`prefixes`, default `plan_prefixes`) prefills
+        only the rest, after copying those positions from that slot when it is another one. Returns the
+        prompts' first new tokens and the decode slots' next tokens.
         """
         prefill = decode = None
         if prompts:
-            starts = [self.reusable_prefix(s, p) for s, p in zip(prefill_slots, prompts, strict=True)]
+            if prefixes is None:
+                prefixes = self.plan_prefixes(prefill_slots, prompts)
+            starts = [n for _, n in prefixes]
+            for slot, (source, n) in zip(prefill_slots, prefixes, strict=True):
+                if source != slot and n:
+                    self.copy_prefix(source, slot, n)
             bucket = pick_bucket(
                 self.prefill_buckets, max(len(p) - a for p, a in zip(prompts, starts, strict=True))
             )

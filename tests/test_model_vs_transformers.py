@@ -175,6 +175,26 @@ def test_prompts_reusing_a_slots_cached_prefix_match_transformers(tmp_path, arch
     assert got == [reference_greedy(ref_model, again, 1)[0], reference_greedy(ref_model, fresh, 1)[0]]
 
 
+def test_a_prefix_held_by_another_slot_is_copied_and_matches_transformers(tmp_path):
+    model_dir = make_tiny_llama(tmp_path, seed=11)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = ModelRunner(model_dir, slots=3, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    shared = [1, *range(60, 100)]  # 41 tokens
+    base = [*shared, 5]
+    assert our_greedy(runner, 0, base, 4) == reference_greedy(ref_model, base, 4)
+    a, b = [*shared, 7, 8, 9], [*shared, 10, 11]
+    # a goes into slot 1 and b into slot 2, in one group: both copy the shared 41 tokens from slot 0
+    assert runner.plan_prefixes([1, 2], [a, b]) == [(0, len(shared)), (0, len(shared))]
+    for slot, ids in ((1, a), (2, b)):
+        runner.start_slot(slot, SamplingParams(), ids)
+    first = runner.prefill([1, 2], [a, b])
+    assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
+    out = runner.decode([1, 2], first, [len(a), len(b)])
+    assert out == [reference_greedy(ref_model, a, 2)[1], reference_greedy(ref_model, b, 2)[1]]
+    # a slot that this group writes into is never another prompt's source: slot 0 is written by the first
+    assert runner.plan_prefixes([0, 1], [[9, 9, 9], [*base, 3]]) == [(0, 0), (1, len(shared))]
+
+
 def test_prefix_reuse_off_prefills_everything(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=7)
     runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32], prefix_reuse=False)
