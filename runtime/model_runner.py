@@ -58,24 +58,40 @@ def pick_bucket(buckets: Sequence[int], n: int) -> int:
 
 
 class Linear:
-    """y = x W^T + b. On CPU in bfloat16/float16 the weight is packed once, at load, into oneDNN's blocked
-    layout; torch's plain CPU matmul repacks it on every call, which costs a quarter of a decode step. The
-    packed kernel computes exactly what F.linear computes."""
+    """y = x W^T + b, on CPU with the fastest kernel torch has for the shape.
+
+    In bfloat16/float16 the weight is also packed once, at load, into oneDNN's blocked layout: torch's matmul
+    would otherwise repack it on every call, which costs a quarter of a decode step. A single row (a decode
+    step of one request) instead takes torch's own matrix-vector kernel on the plain weight, about 1.5x faster
+    than oneDNN for one row; torch routes low-precision matmuls to oneDNN while it is enabled, so it is
+    switched off around that call (the engine steps the model on one thread). Both kernels accumulate in
+    float32. The plain copy doubles these weights' memory on CPU, the price of that single-stream speed.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.bias = bias
-        self.packed = (
+        self.weight = weight
+        self.packed = None
+        if (
             weight.device.type == "cpu"
             and weight.dtype in (torch.bfloat16, torch.float16)
             and torch.backends.mkldnn.is_available()
-        )
-        # Only one copy is kept: the packed one replaces the plain [out, in] weight.
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 32) if self.packed else weight
+        ):
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+            except RuntimeError:  # e.g. float16 on a CPU without AVX512-FP16: the plain kernels serve
+                self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[0] == 1:
+            torch._C._set_mkldnn_enabled(False)
+            try:
+                return F.linear(x, self.weight, self.bias)
+            finally:
+                torch._C._set_mkldnn_enabled(True)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
 @dataclass

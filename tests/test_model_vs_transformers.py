@@ -88,6 +88,25 @@ def test_tiny_llama_logits_match_transformers(tmp_path, overrides):
     assert_logits_match(runner, ids, ref, bucket=16, slot=1)
 
 
+@pytest.mark.parametrize(("dtype", "atol"), [("bfloat16", 0.06), ("float16", 0.01)])
+def test_half_precision_logits_match_transformers_within_their_precision(tmp_path, dtype, atol):
+    """bfloat16 runs single rows (one decode) through torch's matrix-vector kernel and several rows through
+    oneDNN's packed weights; float16 (no AVX512-FP16 here) through the plain kernels. All stay within the
+    dtype's rounding of float32 transformers, and a row's logits do not depend on the batch around it."""
+    model_dir = make_tiny_llama(tmp_path)
+    ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
+    ref = reference_logits(model_dir, ids)
+    runner = ModelRunner(
+        model_dir, slots=4, max_seq_len=64, prefill_buckets=[16], decode_buckets=[64], dtype=dtype
+    )
+    one_by_one = our_logits_by_decoding(runner, ids).float()  # single-row steps
+    torch.testing.assert_close(one_by_one, ref, atol=atol, rtol=0)
+    padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)  # three rows at once
+    together = runner.forward_prefill(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
+    torch.testing.assert_close(together.float(), ref[-1].expand(3, -1), atol=atol, rtol=0)
+    torch.testing.assert_close(together[0].float(), one_by_one[-1], atol=atol / 2, rtol=0)
+
+
 def test_tiny_llama_greedy_tokens_match_transformers(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=3)
     ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
