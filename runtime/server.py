@@ -76,30 +76,25 @@ class Metrics:
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.")
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between tokens of a stream.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency.")
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens processed.", names, registry=self.registry
-        ).labels(**labels)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated.", names, registry=self.registry
-        ).labels(**labels)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, names, registry=self.registry).labels(**labels)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens of admitted requests, looked up in the slots' caches."
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in a slot's cache (a reused prefix), not prefilled.",
+        )
         self.success = Counter(
             "vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=self.registry
         )
         self.rejected = Counter(
             "neuronfleet:requests_rejected", "Requests refused.", [*names, "reason"], registry=self.registry
         )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens of admitted requests, looked up in their slots' caches.",
-            names,
-            registry=self.registry,
-        ).labels(**labels)
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in their slots' caches (a reused prefix): not prefilled again.",
-            names,
-            registry=self.registry,
-        ).labels(**labels)
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Time from arrival to a slot.")
         self.occupancy = Histogram(
             "neuronfleet:batch_occupancy",
