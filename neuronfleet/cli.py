@@ -67,6 +67,49 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from neuronfleet.operator.crd import write_crd
+
+    print(f"wrote {write_crd(Path(args.out))}", file=sys.stderr)
+    return 0
+
+
+def _load_manifests(paths: list[str]) -> list[tuple[str, dict]]:
+    """(where, object) for every YAML document in the files ('-': standard input)."""
+    import yaml
+
+    out = []
+    for path in paths:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        for i, doc in enumerate(d for d in docs if d is not None):
+            if not isinstance(doc, dict):
+                raise ValueError(f"{path}: document {i + 1} is not a mapping")
+            out.append((f"{path}#{i + 1}", doc))
+    return out
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from neuronfleet.operator.validation import check
+
+    refused = 0
+    for where, obj in _load_manifests(args.files):
+        name = (obj.get("metadata") or {}).get("name", "?")
+        report = check(obj)
+        if report.ok:
+            fit = f"; fit: {report.fit.reason}" if report.fit else ""
+            print(f"ok      {where} {name}{fit}")
+        else:
+            refused += 1
+            print(f"refused {where} {name}")
+            for error in report.errors:
+                print(f"  - {error}")
+    return 1 if refused else 0
+
+
 def _buckets(text: str) -> list[int]:
     """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
     try:
@@ -126,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
     srv.add_argument("--served-model-name", help="model name in the APIs (default: the folder's name)")
     srv.set_defaults(func=_cmd_serve)
+
+    crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
+    crd.add_argument("--out", default="crds", help="folder to write into (default: crds)")
+    crd.set_defaults(func=_cmd_crd)
+
+    val = sub.add_parser(
+        "validate", help="check NeuronModel manifests as the operator would (exit 1 if refused)"
+    )
+    val.add_argument("files", nargs="+", help="YAML files ('-' for standard input)")
+    val.set_defaults(func=_cmd_validate)
     return parser
 
 

@@ -1,0 +1,200 @@
+"""The NeuronModel CustomResourceDefinition, generated from the pydantic models in `spec.py`.
+
+Pydantic's JSON Schema is turned into a structural openAPIV3Schema: references inlined, optional fields
+without `null` unions, titles dropped, defaults, enums, bounds and descriptions kept, each model's rules
+added as `x-kubernetes-validations`. `neuronfleet crd` writes the result into `crds/`; a test fails when the
+file there differs from what this module generates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from . import spec
+
+CRD_FILE = f"{spec.GROUP}_{spec.PLURAL}.yaml"
+# Keywords a structural schema may carry (others, like title or $schema, are dropped).
+KEPT = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
+}
+
+
+def _models_by_name(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Every model reachable from root, by the name pydantic gives its $defs entry."""
+    found: dict[str, type[BaseModel]] = {}
+
+    def visit(cls: type[BaseModel]) -> None:
+        if cls.__name__ in found:
+            return
+        found[cls.__name__] = cls
+        for field in cls.model_fields.values():
+            for arg in _type_args(field.annotation):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    visit(arg)
+
+    visit(root)
+    return found
+
+
+def _type_args(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    return [a for arg in args for a in _type_args(arg)]
+
+
+def _structural(node: Any, defs: dict[str, Any], models: dict[str, type[BaseModel]]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs, models) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:  # inline the definition; sibling keys (description, default) win
+        name = node.pop("$ref").rsplit("/", 1)[-1]
+        target = _structural(defs[name], defs, models)
+        node = {**target, **{k: v for k, v in node.items()}}
+        node = _with_model_extras(node, models[name])
+    if "anyOf" in node:  # X | None: the field is optional, which `required` already says
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union of {options} in a structural schema")
+        if node.get("default", ...) is None:
+            node.pop("default")
+        node = {**_structural(options[0], defs, models), **node}
+    out = {}
+    for key, value in node.items():
+        if key not in KEPT:
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(v, defs, models) for name, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs, models)
+        else:
+            out[key] = value
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):  # OpenAPI v3.0 form
+            out[limit], out[bound] = out[bound], True
+    if out.get("additionalProperties") is False:  # structural schemas refuse it; the API server prunes
+        out.pop("additionalProperties")
+    if out.get("x-kubernetes-preserve-unknown-fields") and out.get("additionalProperties") is True:
+        out.pop("additionalProperties")
+    if out.get("additionalProperties") is True:  # dict[str, Any] without the marker: keep anything
+        out.pop("additionalProperties")
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "enum" in out and "type" not in out:
+        out["type"] = "integer" if all(isinstance(v, int) for v in out["enum"]) else "string"
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    order = ["type", "description", *sorted(KEPT - {"type", "description"})]
+    return {k: out[k] for k in order if k in out}
+
+
+def _with_model_extras(schema: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """Add what pydantic's schema leaves out: defaults of fields made by a factory ({} for a nested section,
+    so the API server fills in its own defaults) and the model's rules."""
+    schema = dict(schema)
+    props = dict(schema.get("properties", {}))
+    for name, field in model.model_fields.items():
+        if field.default_factory is None or name not in props or "default" in props[name]:
+            continue
+        value = field.default_factory()
+        props[name] = {**props[name], "default": {} if isinstance(value, BaseModel) else value}
+    if props:
+        schema["properties"] = props
+    rules = getattr(model, "__rules__", [])
+    if rules:
+        schema["x-kubernetes-validations"] = [{"rule": r.cel, "message": r.message} for r in rules]
+    return schema
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A pydantic model's structural openAPIV3Schema, with its rules as x-kubernetes-validations."""
+    raw = model.model_json_schema(mode="validation")
+    defs = raw.pop("$defs", {})
+    models = _models_by_name(model)
+    return _structural(_with_model_extras(raw, model), defs, models)
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object (apiextensions.k8s.io/v1) for NeuronModel."""
+    spec_schema = openapi_schema(spec.NeuronModelSpec)
+    spec_schema["description"] = "What to serve, on which Neuron hardware, and how."
+    status_schema = openapi_schema(spec.NeuronModelStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{spec.PLURAL}.{spec.GROUP}",
+            "labels": {"app.kubernetes.io/name": "neuronfleet", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": spec.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": spec.KIND,
+                "listKind": f"{spec.KIND}List",
+                "plural": spec.PLURAL,
+                "singular": spec.SINGULAR,
+                "shortNames": spec.SHORT_NAMES,
+                "categories": ["neuronfleet"],
+            },
+            "versions": [
+                {
+                    "name": spec.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": spec.PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "An LLM served on AWS Neuron: compiled once, deployed per role.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    header = "# Generated by `neuronfleet crd` from operator/spec.py; do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=110)
+
+
+def write_crd(out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / CRD_FILE
+    path.write_text(render_crd())
+    return path

@@ -1,0 +1,343 @@
+"""The NeuronModel resource (neuronfleet.dev/v1alpha1): pydantic models of its spec and status.
+
+These models are the single source of truth: the CRD's openAPIV3Schema is generated from them (`crd.py`),
+and the operator parses objects with them. A rule that spans fields is declared once with `rule(...)`: its
+CEL expression goes into the CRD's `x-kubernetes-validations` (the API server enforces it) and its Python
+twin runs when a model is parsed here (so `neuronfleet validate` and the operator refuse the same things).
+Field names are the public contract of DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "neuronfleet.dev"
+VERSION = "v1alpha1"
+KIND = "NeuronModel"
+PLURAL = "neuronmodels"
+SINGULAR = "neuronmodel"
+SHORT_NAMES = ["nm"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Engine = Literal["embedded", "vllm", "tgi", "sglang"]
+InstanceType = Literal[
+    "cpu",
+    "inf2.xlarge",
+    "inf2.8xlarge",
+    "inf2.24xlarge",
+    "inf2.48xlarge",
+    "trn1.2xlarge",
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "trn2.48xlarge",
+    "trn2u.48xlarge",
+]
+DType = Literal["bfloat16", "float16", "float32"]
+QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"  # Kubernetes resource.Quantity
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Rule:
+    """A cross-field rule: a CEL expression for the API server and the same check in Python."""
+
+    def __init__(self, cel: str, message: str, check: Callable[[Any], bool]) -> None:
+        self.cel, self.message, self.check = cel, message, check
+
+
+def rules(*declared: Rule):
+    """Class decorator: attach rules to a model (the CRD generator reads `__rules__`)."""
+
+    def attach(cls):
+        cls.__rules__ = list(declared)
+        return cls
+
+    return attach
+
+
+class Spec(BaseModel):
+    """Base of every section: camelCase names as written, unknown fields refused, rules checked."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+    __rules__: list[Rule] = []
+
+    @model_validator(mode="after")
+    def _check_rules(self):
+        for r in type(self).__rules__:
+            if not r.check(self):
+                raise ValueError(r.message)
+        return self
+
+
+def section(cls: type[BaseModel], description: str):
+    """A nested section that is always present, defaulted field by field (`default: {}` in the CRD)."""
+    return Field(default_factory=cls, description=description)
+
+
+class SecretKeyRef(Spec):
+    name: str = Field(description="Name of a Secret in the NeuronModel's namespace.", pattern=DNS_LABEL)
+    key: str = Field("token", description="Key in the Secret that holds the token.", min_length=1)
+
+
+class ModelShape(Spec):
+    """The model's size and shape, for the memory-fit check; from a table of well-known ids when absent."""
+
+    parameters: int = Field(description="Number of parameters.", ge=1)
+    layers: int = Field(description="Transformer layers.", ge=1)
+    kvHeads: int = Field(description="Key/value heads (grouped-query attention).", ge=1)
+    headDim: int = Field(description="Dimension of one attention head.", ge=1)
+
+
+class ModelSource(Spec):
+    uri: str = Field(
+        description="Where the weights are: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path.",
+        pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
+    )
+    revision: str | None = Field(None, description="Revision (branch, tag or commit) for hf:// models.")
+    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
+    secretRef: SecretKeyRef | None = Field(
+        None, description="Secret with the token to download the model (e.g. a Hugging Face token)."
+    )
+    shape: ModelShape | None = Field(
+        None, description="Size and shape for the memory-fit check (default: looked up by well-known id)."
+    )
+
+
+class Buckets(Spec):
+    context: list[int] = Field(
+        default_factory=list,
+        description="Prompt length buckets (context encoding); empty: derived from maxInputLength.",
+        max_length=32,
+    )
+    generation: list[int] = Field(
+        default_factory=list,
+        description="KV length buckets for token generation; empty: derived from sequenceLength.",
+        max_length=32,
+    )
+
+
+@rules(
+    Rule(
+        "self.maxInputLength < self.sequenceLength",
+        "neuron.maxInputLength must be below neuron.sequenceLength (room is needed to generate)",
+        lambda s: s.maxInputLength < s.sequenceLength,
+    ),
+    Rule(
+        "self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
+        "neuron.buckets.context must lie between 1 and neuron.maxInputLength",
+        lambda s: all(1 <= b <= s.maxInputLength for b in s.buckets.context),
+    ),
+    Rule(
+        "self.buckets.generation.all(b, b >= 1 && b <= self.sequenceLength)",
+        "neuron.buckets.generation must lie between 1 and neuron.sequenceLength",
+        lambda s: all(1 <= b <= s.sequenceLength for b in s.buckets.generation),
+    ),
+)
+class NeuronSettings(Spec):
+    instanceType: InstanceType = Field(
+        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron."
+    )
+    tensorParallel: int = Field(
+        1, description="Neuron cores (logical cores on Trn2) per replica.", ge=1, le=128
+    )
+    batchSize: int = Field(4, description="Static batch compiled into the model: the slots.", ge=1, le=1024)
+    sequenceLength: int = Field(4096, description="Prompt plus generated tokens per slot.", ge=16, le=1048576)
+    maxInputLength: int = Field(3072, description="Longest prompt in tokens.", ge=1, le=1048576)
+    dtype: DType = Field("bfloat16", description="Weights and activations.")
+    logicalCores: Literal[1, 2] | None = Field(
+        None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
+    )
+    buckets: Buckets = section(Buckets, "Length buckets compiled for prefill and decode.")
+    quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class Resources(Spec):
+    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests (cpu, memory).")
+    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits (cpu, memory).")
+
+
+@rules(
+    Rule(
+        "!(has(self.claimName) && has(self.storageClassName))",
+        "compile.cache: name an existing claimName or a storageClassName for a new claim, not both",
+        lambda s: not (s.claimName and s.storageClassName),
+    )
+)
+class CompileCache(Spec):
+    claimName: str | None = Field(
+        None, description="An existing PersistentVolumeClaim to hold artifacts/<hash>/.", pattern=DNS_LABEL
+    )
+    storageClassName: str | None = Field(None, description="Storage class of the claim the operator creates.")
+    size: str = Field("200Gi", description="Size of the claim the operator creates.", pattern=QUANTITY)
+    accessModes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadWriteMany"],
+        description="Access modes of the claim the operator creates (many nodes read the artifacts).",
+        min_length=1,
+    )
+
+
+class Compile(Spec):
+    cache: CompileCache = section(CompileCache, "The shared volume that holds compiled artifacts.")
+    resources: Resources = section(Resources, "Resources of the compile Job's pod (compiles need memory).")
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Where the compile Job runs.")
+    backoffLimit: int = Field(2, description="Retries of a failed compile.", ge=0, le=10)
+    activeDeadlineSeconds: int = Field(
+        14400, description="A compile running longer than this fails.", ge=60, le=604800
+    )
+
+
+class RoleSpec(Spec):
+    replicas: int = Field(1, description="Pods of this role.", ge=0, le=1000)
+    resources: Resources = section(Resources, "CPU and memory of each pod (Neuron resources are derived).")
+
+
+class Router(Spec):
+    replicas: int = Field(1, description="Router pods.", ge=1, le=100)
+    policy: Literal["least-loaded", "round-robin"] = Field(
+        "least-loaded", description="How the router picks decode pods."
+    )
+
+
+class KVTransfer(Spec):
+    transport: Literal["efa", "tcp"] = Field(
+        "efa", description="KV cache transport between prefill and decode pods (efa needs EFA devices)."
+    )
+    efaInterfaces: int = Field(
+        1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
+    )
+
+
+@rules(
+    Rule(
+        "self.mode == 'unified' ? !has(self.prefill) && !has(self.decode)"
+        " : has(self.prefill) && has(self.decode)",
+        "serving: mode unified takes serving.unified only; mode disaggregated needs serving.prefill and "
+        "serving.decode",
+        lambda s: (
+            (s.prefill is None and s.decode is None)
+            if s.mode == "unified"
+            else (s.prefill is not None and s.decode is not None)
+        ),
+    )
+)
+class Serving(Spec):
+    mode: Literal["unified", "disaggregated"] = Field(
+        "unified", description="One pod type, or prefill and decode pods joined by a router."
+    )
+    unified: RoleSpec = section(RoleSpec, "Pods that prefill and decode (mode unified).")
+    prefill: RoleSpec | None = Field(None, description="Prefill pods (mode disaggregated).")
+    decode: RoleSpec | None = Field(None, description="Decode pods (mode disaggregated).")
+    router: Router = section(Router, "The public endpoint of a disaggregated model.")
+    kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
+    port: int = Field(8000, description="HTTP port of the serving pods and the Service.", ge=1, le=65535)
+
+
+@rules(
+    Rule(
+        "self.min <= self.max",
+        "autoscaling.min must not exceed autoscaling.max",
+        lambda s: s.min <= s.max,
+    ),
+    Rule(
+        "!self.scaleToZero || self.min == 0",
+        "autoscaling.scaleToZero needs autoscaling.min 0",
+        lambda s: not s.scaleToZero or s.min == 0,
+    ),
+)
+class Autoscaling(Spec):
+    enabled: bool = Field(False, description="Scale the serving replicas between min and max.")
+    provider: Literal["builtin", "hpa", "keda"] = Field("builtin", description="Who scales.")
+    min: int = Field(1, description="Fewest replicas (per role).", ge=0, le=1000)
+    max: int = Field(4, description="Most replicas (per role).", ge=1, le=1000)
+    metric: Literal["queue", "occupancy", "ttft"] = Field(
+        "occupancy", description="Signal: waiting requests, slot occupancy, or time to first token."
+    )
+    target: float = Field(0.75, description="Target value of the metric per replica.", gt=0)
+    scaleToZero: bool = Field(False, description="Allow zero replicas when idle (needs min 0).")
+
+
+class Scheduling(Spec):
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Extra node labels to match.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra tolerations (the Neuron taint is tolerated already).",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Pod affinity rules, as in a Pod spec.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    schedulerName: str | None = Field(
+        None, description="Scheduler for pods asking for more than one Neuron core (the Neuron extension)."
+    )
+    priorityClassName: str | None = Field(None, description="Priority class of the serving pods.")
+
+
+class NeuronModelSpec(Spec):
+    model: ModelSource = Field(description="The model to serve.")
+    engine: Engine = Field(
+        "embedded", description="embedded (neuronfleet's runtime), or the vLLM, TGI or SGLang Neuron servers."
+    )
+    image: str | None = Field(None, description="Container image override for the engine.")
+    neuron: NeuronSettings = Field(description="Target hardware and the shapes compiled for it.")
+    compile: Compile = section(Compile, "The compile Job and its artifact cache.")
+    serving: Serving = section(Serving, "Serving pods: unified or disaggregated, replicas per role.")
+    autoscaling: Autoscaling = section(Autoscaling, "Replica autoscaling.")
+    scheduling: Scheduling = section(Scheduling, "Placement of the serving pods.")
+
+
+# ---- status ----------------------------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Compiling", "Deploying", "Ready", "Degraded", "Failed"]
+ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded"]
+
+
+class Condition(BaseModel):
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason.")
+    message: str = ""
+    lastTransitionTime: str = Field(description="RFC 3339 time of the last status change.")
+    observedGeneration: int | None = None
+
+
+class Artifacts(BaseModel):
+    path: str | None = Field(None, description="artifacts/<hash>/ on the compile cache volume.")
+    bytes: int | None = None
+    compiledAt: str | None = None
+    cacheHit: bool | None = Field(None, description="True when the artifacts existed already.")
+
+
+class RoleReplicas(BaseModel):
+    desired: int = 0
+    ready: int = 0
+
+
+class NeuronModelStatus(BaseModel):
+    phase: Phase | None = None
+    observedGeneration: int | None = None
+    compileHash: str | None = None
+    artifacts: Artifacts | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: dict[str, RoleReplicas] = Field(default_factory=dict, description="Per role: desired, ready.")
+    readyReplicas: str | None = Field(None, description="Ready/desired serving pods, e.g. 2/2 (for kubectl).")
+    endpoint: str | None = Field(None, description="In-cluster URL of the model's OpenAI/TGI endpoint.")
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
+    {"name": "Instance", "type": "string", "jsonPath": ".spec.neuron.instanceType"},
+    {"name": "TP", "type": "integer", "jsonPath": ".spec.neuron.tensorParallel"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.readyReplicas"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]

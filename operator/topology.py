@@ -1,0 +1,103 @@
+"""Neuron instance topology and well-known model shapes: the one table of each that validation and the
+manifest builders read.
+
+Sources: AWS Neuron documentation as collected in shared/NEURON.md ("Instance topology", "Kubernetes"):
+devices per instance, NeuronCores per device (v2 on Inf2/Trn1; v3 on Trn2, 8 physical = 4 logical at
+LNC=2), device memory, documented tensor-parallel degrees, device counts the Neuron scheduler extension
+accepts (trn1.32xlarge/trn1n.32xlarge: 1, 4, 8 or 16), EFA interfaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    devices: int
+    physical_cores_per_device: int
+    memory_per_device_gib: int
+    tensor_parallel: tuple[int, ...]  # documented TP degrees
+    device_counts: tuple[int, ...] | None  # devices per pod the scheduler extension accepts; None: any
+    efa_interfaces: int
+    platform: str  # compile target family: Inf2 and Trn1 share one, Trn2 differs
+    default_logical_cores: int = 1  # LNC
+
+    def cores_per_device(self, logical_cores: int | None) -> int:
+        """Cores a pod sees per device: physical cores / LNC (Trn2 defaults to LNC=2)."""
+        return self.physical_cores_per_device // (logical_cores or self.default_logical_cores)
+
+    def total_cores(self, logical_cores: int | None) -> int:
+        return self.devices * self.cores_per_device(logical_cores)
+
+    def memory_per_core(self, logical_cores: int | None) -> int:
+        return self.memory_per_device_gib * GIB // self.cores_per_device(logical_cores)
+
+
+_INF2_TP = (1, 2, 4, 8, 24)
+_TRN1_TP = (1, 2, 8, 16, 32)
+_TRN2_TP = (1, 2, 4, 8, 16, 32, 64)
+
+INSTANCES: dict[str, Instance] = {
+    i.name: i
+    for i in (
+        Instance("inf2.xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
+        Instance("inf2.8xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
+        Instance("inf2.24xlarge", 6, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
+        Instance("inf2.48xlarge", 12, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
+        Instance("trn1.2xlarge", 1, 2, 32, _TRN1_TP, None, 0, "inf2-trn1"),
+        Instance("trn1.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 8, "inf2-trn1"),
+        Instance("trn1n.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 16, "inf2-trn1"),
+        Instance("trn2.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", default_logical_cores=2),
+        Instance("trn2u.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", default_logical_cores=2),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    parameters: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+# Hugging Face ids -> size and shape (from each model's config.json: num_hidden_layers, num_key_value_heads,
+# hidden_size / num_attention_heads or head_dim; parameter counts as published).
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "meta-llama/Llama-3.2-1B": ModelShape(1_235_814_400, 16, 8, 64),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelShape(1_235_814_400, 16, 8, 64),
+    "meta-llama/Llama-3.2-3B": ModelShape(3_212_749_824, 28, 8, 128),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelShape(3_212_749_824, 28, 8, 128),
+    "meta-llama/Llama-3.1-8B": ModelShape(8_030_261_248, 32, 8, 128),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelShape(8_030_261_248, 32, 8, 128),
+    "meta-llama/Meta-Llama-3-8B-Instruct": ModelShape(8_030_261_248, 32, 8, 128),
+    "meta-llama/Llama-3.1-70B-Instruct": ModelShape(70_553_706_496, 80, 8, 128),
+    "meta-llama/Llama-3.3-70B-Instruct": ModelShape(70_553_706_496, 80, 8, 128),
+    "meta-llama/Llama-3.1-405B-Instruct": ModelShape(405_853_388_800, 126, 8, 128),
+    "mistralai/Mistral-7B-Instruct-v0.3": ModelShape(7_248_023_552, 32, 8, 128),
+    "mistralai/Mistral-7B-v0.1": ModelShape(7_241_732_096, 32, 8, 128),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(494_032_768, 24, 2, 64),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(1_543_714_304, 28, 2, 128),
+    "Qwen/Qwen2.5-7B-Instruct": ModelShape(7_615_616_512, 28, 4, 128),
+    "Qwen/Qwen2.5-14B-Instruct": ModelShape(14_770_033_664, 48, 8, 128),
+    "Qwen/Qwen2.5-32B-Instruct": ModelShape(32_763_876_352, 64, 8, 128),
+    "Qwen/Qwen2.5-72B-Instruct": ModelShape(72_706_203_648, 80, 8, 128),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(134_515_008, 30, 3, 64),
+    "HuggingFaceTB/SmolLM2-360M-Instruct": ModelShape(361_821_120, 32, 5, 64),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": ModelShape(1_711_376_384, 24, 32, 64),
+}
+
+BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES_PER_QUANTIZED_WEIGHT = {"int8": 1, "fp8": 1}
+
+
+def known_model(uri: str) -> ModelShape | None:
+    """The shape of an hf://org/name model in the table (case-insensitive), else None."""
+    if not uri.startswith("hf://"):
+        return None
+    wanted = uri.removeprefix("hf://").lower()
+    return next((shape for name, shape in KNOWN_MODELS.items() if name.lower() == wanted), None)

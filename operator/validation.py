@@ -1,0 +1,233 @@
+"""Validation beyond the CRD schema, pure: the checks the operator runs at reconcile (and the admission
+webhook will run), and that `neuronfleet validate` runs on manifests.
+
+It checks a parsed spec against the instance topology (tensor parallelism allowed there, whole devices the
+Neuron scheduler extension accepts, cores on one node, EFA), the engines' limits, the buckets, and a fit
+estimate: weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a
+core's memory. A refusal says what is wrong and what would fit; an unknown model's fit is reported as not
+checked, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import topology
+from .spec import NeuronModelSpec
+
+USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
+
+
+@dataclass
+class Fit:
+    checked: bool
+    reason: str  # why not checked, or a one-line summary
+    weights_bytes_per_core: int = 0
+    kv_bytes_per_core: int = 0
+    available_bytes_per_core: int = 0
+
+    @property
+    def needed_bytes_per_core(self) -> int:
+        return self.weights_bytes_per_core + self.kv_bytes_per_core
+
+
+@dataclass
+class Report:
+    errors: list[str] = field(default_factory=list)
+    fit: Fit | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def gib(n: float) -> str:
+    return f"{n / topology.GIB:.1f} GiB"
+
+
+def neuron_devices(spec: NeuronModelSpec) -> tuple[int, int]:
+    """(devices, cores) a replica asks the device plugin for; (0, 0) on cpu."""
+    n = spec.neuron
+    inst = topology.INSTANCES.get(n.instanceType)
+    if inst is None:
+        return 0, 0
+    per_device = inst.cores_per_device(n.logicalCores)
+    return math.ceil(n.tensorParallel / per_device), n.tensorParallel
+
+
+def model_shape(spec: NeuronModelSpec) -> topology.ModelShape | None:
+    s = spec.model.shape
+    if s is not None:
+        return topology.ModelShape(s.parameters, s.layers, s.kvHeads, s.headDim)
+    return topology.known_model(spec.model.uri)
+
+
+def estimate_fit(spec: NeuronModelSpec, tensor_parallel: int | None = None, batch: int | None = None) -> Fit:
+    n = spec.neuron
+    inst = topology.INSTANCES.get(n.instanceType)
+    if inst is None:
+        return Fit(False, "not checked: instanceType cpu has no Neuron memory (host memory serves)")
+    shape = model_shape(spec)
+    if shape is None:
+        return Fit(
+            False,
+            f"not checked: {spec.model.uri} is not in the table of well-known models; give spec.model.shape "
+            "(parameters, layers, kvHeads, headDim) to check it",
+        )
+    tp = tensor_parallel or n.tensorParallel
+    batch = batch or n.batchSize
+    weight_bytes = topology.BYTES_PER_QUANTIZED_WEIGHT.get(n.quantization, topology.BYTES_PER_DTYPE[n.dtype])
+    kv_bytes = topology.BYTES_PER_DTYPE[n.dtype]
+    weights = math.ceil(shape.parameters * weight_bytes / tp)
+    kv_heads_per_core = math.ceil(shape.kv_heads / tp)  # KV heads are replicated when TP exceeds them
+    kv = 2 * shape.layers * kv_heads_per_core * shape.head_dim * n.sequenceLength * batch * kv_bytes
+    available = int(inst.memory_per_core(n.logicalCores) * USABLE_MEMORY)
+    fit = Fit(True, "", weights, kv, available)
+    fit.reason = (
+        f"{gib(fit.needed_bytes_per_core)} per core (weights {gib(weights)} + KV cache {gib(kv)}) of "
+        f"{gib(available)} usable"
+    )
+    return fit
+
+
+def _fits(spec: NeuronModelSpec, tp: int, batch: int) -> bool:
+    f = estimate_fit(spec, tp, batch)
+    return f.needed_bytes_per_core <= f.available_bytes_per_core
+
+
+def _suggest(spec: NeuronModelSpec, inst: topology.Instance) -> str:
+    n = spec.neuron
+    options = []
+    tps = [t for t in _placeable_tp(spec, inst) if t > n.tensorParallel and _fits(spec, t, n.batchSize)]
+    if tps:
+        options.append(f"tensorParallel {tps[0]}")
+    batches = [b for b in range(n.batchSize - 1, 0, -1) if _fits(spec, n.tensorParallel, b)]
+    if batches:
+        options.append(f"batchSize {batches[0]}")
+    return " or ".join(options) if options else "a larger instance type"
+
+
+def _placeable_tp(spec: NeuronModelSpec, inst: topology.Instance) -> list[int]:
+    lnc = spec.neuron.logicalCores
+    out = []
+    for tp in inst.tensor_parallel:
+        devices = math.ceil(tp / inst.cores_per_device(lnc))
+        if tp <= inst.total_cores(lnc) and (inst.device_counts is None or devices in inst.device_counts):
+            out.append(tp)
+    return out
+
+
+def validate(spec: NeuronModelSpec) -> Report:
+    """Every refusal for a parsed spec (empty when it can be served), and the memory fit."""
+    r = Report()
+    n, serving = spec.neuron, spec.serving
+    disaggregated = serving.mode == "disaggregated"
+    inst = topology.INSTANCES.get(n.instanceType)
+    if inst is None:  # cpu
+        if spec.engine != "embedded":
+            r.errors.append(
+                f"engine {spec.engine} needs Neuron devices; instanceType cpu runs engine embedded only"
+            )
+        if n.tensorParallel != 1:
+            r.errors.append(f"tensorParallel {n.tensorParallel} needs Neuron cores; on cpu use 1")
+        if n.quantization != "none":
+            r.errors.append(f"quantization {n.quantization} is not available on cpu; use none")
+        if n.logicalCores is not None:
+            r.errors.append("neuron.logicalCores applies to Trn2 instances only; remove it")
+        if disaggregated and serving.kvTransfer.transport == "efa":
+            r.errors.append("kvTransfer.transport efa needs EFA devices; on cpu use tcp")
+    else:
+        lnc = n.logicalCores
+        if lnc is not None and inst.platform != "trn2":
+            r.errors.append(f"neuron.logicalCores applies to Trn2 instances only, not {inst.name}; remove it")
+        allowed = ", ".join(map(str, _placeable_tp(spec, inst)))
+        if n.tensorParallel not in inst.tensor_parallel:
+            r.errors.append(
+                f"tensorParallel {n.tensorParallel} is not a documented degree on {inst.name}; choose one of "
+                f"{allowed}"
+            )
+        elif n.tensorParallel > inst.total_cores(lnc):
+            r.errors.append(
+                f"tensorParallel {n.tensorParallel} needs more cores than one {inst.name} has "
+                f"({inst.total_cores(lnc)}); choose one of {allowed} or a larger instance"
+            )
+        else:
+            devices, _ = neuron_devices(spec)
+            if inst.device_counts is not None and devices not in inst.device_counts:
+                r.errors.append(
+                    f"tensorParallel {n.tensorParallel} needs {devices} Neuron devices per pod, but the "
+                    f"Neuron scheduler extension on {inst.name} places only "
+                    f"{', '.join(map(str, inst.device_counts))} devices; choose tensorParallel "
+                    f"{allowed}"
+                )
+        if disaggregated and serving.kvTransfer.transport == "efa":
+            if inst.efa_interfaces == 0:
+                r.errors.append(f"{inst.name} has no EFA; use kvTransfer.transport tcp or an EFA instance")
+            elif serving.kvTransfer.efaInterfaces > inst.efa_interfaces:
+                r.errors.append(
+                    f"kvTransfer.efaInterfaces {serving.kvTransfer.efaInterfaces} exceeds the "
+                    f"{inst.efa_interfaces} EFA interfaces of {inst.name}"
+                )
+        if spec.engine == "sglang" and inst.platform != "trn2":
+            r.errors.append(f"engine sglang (SGLang-Neuron) runs on Trn2 instances, not {inst.name}")
+        if spec.engine == "tgi" and n.dtype == "float32":
+            r.errors.append(
+                "engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE); choose one of those"
+            )
+    if disaggregated and spec.engine == "tgi":
+        r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
+    for kind, buckets, limit, name in (
+        ("context", n.buckets.context, n.maxInputLength, "maxInputLength"),
+        ("generation", n.buckets.generation, n.sequenceLength, "sequenceLength"),
+    ):
+        if buckets and buckets != sorted(set(buckets)):
+            r.errors.append(f"neuron.buckets.{kind} must be increasing without repeats, got {buckets}")
+        elif buckets and buckets[-1] != limit:
+            r.errors.append(
+                f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal neuron.{name} "
+                f"({limit}), or requests that the spec accepts would fit no bucket"
+            )
+    r.fit = estimate_fit(spec)
+    if r.fit.checked and r.fit.needed_bytes_per_core > r.fit.available_bytes_per_core and inst is not None:
+        r.errors.append(
+            f"the model does not fit: it needs {r.fit.reason} on {inst.name} at tensorParallel "
+            f"{n.tensorParallel}, batchSize {n.batchSize}, sequenceLength {n.sequenceLength}; try "
+            f"{_suggest(spec, inst)}"
+        )
+    return r
+
+
+def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:
+    """A NeuronModel manifest's spec, or the schema errors, each naming its field."""
+    from pydantic import ValidationError
+
+    from .spec import API_VERSION, KIND
+
+    errors = []
+    if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
+        return None, [
+            f"not a {KIND} of {API_VERSION}: apiVersion {obj.get('apiVersion')!r}, kind {obj.get('kind')!r}"
+        ]
+    if not isinstance(obj.get("spec"), dict):
+        return None, ["spec: required, an object"]
+    try:
+        return NeuronModelSpec.model_validate(obj["spec"]), []
+    except ValidationError as e:
+        for err in e.errors():
+            where = ".".join(str(p) for p in ("spec", *err["loc"]))
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown field"
+            elif err["type"] in ("literal_error", "enum") and "expected" in err.get("ctx", {}):
+                message = f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
+            errors.append(f"{where}: {message}")
+    return None, errors
+
+
+def check(obj: dict) -> Report:
+    """Parse and validate one manifest: schema errors first, then the checks of `validate`."""
+    spec, errors = parse(obj)
+    if spec is None:
+        return Report(errors=errors)
+    return validate(spec)

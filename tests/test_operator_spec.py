@@ -1,0 +1,224 @@
+"""The NeuronModel resource: the generated CRD (in sync, structural, valid Kubernetes), the samples, and the
+validation beyond the schema (topology, engines, buckets, memory fit) with its messages."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from neuronfleet.operator import crd, spec, validation
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+KUBERNETES_VERSION = "1.37.0"  # the pinned version manifests are validated against (kubernetes-validate)
+
+
+def openapi_validate(instance, schema: dict) -> None:
+    """JSON Schema draft 4 semantics, which OpenAPI v3.0 schemas (boolean exclusiveMinimum) follow."""
+    jsonschema.Draft4Validator(schema).validate(instance)
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_crds_folder_holds_exactly_what_the_models_generate():
+    on_disk = (ROOT / "crds" / crd.CRD_FILE).read_text()
+    assert on_disk == crd.render_crd(), "crds/ is stale: run `neuronfleet crd`"
+
+
+def test_crd_is_a_valid_kubernetes_object():
+    kubernetes_validate.validate(crd.build_crd(), KUBERNETES_VERSION, strict=True)
+
+
+def test_crd_schema_is_structural():
+    """What the API server demands of a structural schema: a type on every node (or the preserve marker),
+    no additionalProperties beside properties, defaults that their own node accepts."""
+
+    def walk(node: dict, path: str) -> None:
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        assert not {"$ref", "anyOf", "allOf", "oneOf", "title"} & set(node), path
+        if "default" in node:
+            openapi_validate(node["default"], node)
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}[{key}]")
+
+    version = crd.build_crd()["spec"]["versions"][0]
+    walk(version["schema"]["openAPIV3Schema"], "")
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase", "Engine", "Instance", "TP", "Ready", "Endpoint", "Age"
+    ]  # fmt: skip
+
+
+def test_crd_carries_each_models_rules_as_cel():
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    serving_rules = schema["properties"]["serving"]["x-kubernetes-validations"]
+    assert serving_rules[0]["rule"].startswith("self.mode == 'unified'")
+    neuron_rules = [r["rule"] for r in schema["properties"]["neuron"]["x-kubernetes-validations"]]
+    assert "self.maxInputLength < self.sequenceLength" in neuron_rules
+
+
+def test_generate_command_writes_the_same_file(tmp_path):
+    subprocess.run([sys.executable, "-P", "-m", "neuronfleet.cli", "crd", "--out", str(tmp_path)], check=True)
+    assert (tmp_path / crd.CRD_FILE).read_text() == (ROOT / "crds" / crd.CRD_FILE).read_text()
+
+
+def test_samples_cover_engines_instances_and_modes():
+    specs = [load(p)["spec"] for p in SAMPLES]
+    assert {s["engine"] for s in specs} >= {"embedded", "vllm", "tgi", "sglang"}
+    families = {s["neuron"]["instanceType"].split(".")[0] for s in specs}
+    assert families >= {"inf2", "trn1", "trn2"}
+    assert {s.get("serving", {}).get("mode", "unified") for s in specs} == {"unified", "disaggregated"}
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_samples_are_accepted_by_the_schema_and_the_checks(path):
+    obj = load(path)
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    openapi_validate(obj, schema)
+    report = validation.check(obj)
+    assert report.ok, report.errors
+    assert report.fit is not None and report.fit.checked, report.fit
+
+
+def base() -> dict:
+    return load(ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml")
+
+
+def edited(change) -> dict:
+    obj = copy.deepcopy(base())
+    change(obj["spec"])
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(engine="llamacpp"), "spec.engine: must be one of"),
+        (
+            lambda s: s["neuron"].update(tensorParallel=0),
+            "spec.neuron.tensorParallel: Input should be greater",
+        ),
+        (lambda s: s["neuron"].update(sequenceLengh=10), "spec.neuron.sequenceLengh: unknown field"),
+        (lambda s: s["model"].update(uri="ftp://x/y"), "spec.model.uri: String should match pattern"),
+        (
+            lambda s: s["neuron"].update(maxInputLength=8192),
+            "neuron.maxInputLength must be below neuron.sequenceLength",
+        ),
+        (
+            lambda s: s["serving"].update(mode="disaggregated"),
+            "mode disaggregated needs serving.prefill and serving.decode",
+        ),
+        (
+            lambda s: s["compile"]["cache"].update(claimName="x"),
+            "name an existing claimName or a storageClassName",
+        ),
+        (lambda s: s["autoscaling"].update(min=7), "autoscaling.min must not exceed autoscaling.max"),
+        (
+            lambda s: s["neuron"].update(tensorParallel=3),
+            "tensorParallel 3 is not a documented degree on inf2.48xlarge; choose one of 1, 2, 4, 8, 24",
+        ),
+        (
+            lambda s: s["neuron"].update(instanceType="inf2.xlarge"),
+            "tensorParallel 8 needs more cores than one inf2.xlarge has (2); choose one of 1, 2",
+        ),
+        (
+            lambda s: s["neuron"].update(batchSize=512, sequenceLength=32768, maxInputLength=16384),
+            "the model does not fit: it needs",
+        ),
+        (
+            lambda s: s["neuron"].update(instanceType="cpu"),
+            "tensorParallel 8 needs Neuron cores; on cpu use 1",
+        ),
+        (lambda s: s.update(engine="sglang"), "engine sglang (SGLang-Neuron) runs on Trn2 instances"),
+        (
+            lambda s: s["neuron"].update(logicalCores=2),
+            "neuron.logicalCores applies to Trn2 instances only",
+        ),
+        (
+            lambda s: s["neuron"].update(buckets={"context": [1024, 512]}),
+            "neuron.buckets.context must be increasing",
+        ),
+        (
+            lambda s: s["neuron"].update(buckets={"generation": [1024, 4096]}),
+            "the largest neuron.buckets.generation bucket (4096) must equal neuron.sequenceLength (8192)",
+        ),
+        (
+            lambda s: s["serving"].update(mode="disaggregated", prefill={}, decode={}),
+            "inf2.48xlarge has no EFA; use kvTransfer.transport tcp",
+        ),
+    ],
+)
+def test_bad_specs_are_refused_naming_what_is_wrong_and_what_would_fit(change, message):
+    report = validation.check(edited(change))
+    assert any(message in e for e in report.errors), report.errors
+
+
+def test_neuron_devices_per_replica_follow_cores_per_device():
+    """Inf2/Trn1 have 2 cores per device; Trn2 4 logical cores at LNC=2 (its default) and 8 at LNC=1."""
+    cases = [("inf2.48xlarge", 8, None, 4), ("trn1.32xlarge", 32, None, 16), ("trn2.48xlarge", 64, None, 16)]
+    cases += [("trn2.48xlarge", 8, 1, 1), ("trn1.2xlarge", 1, None, 1)]
+    for instance, tp, lnc, devices in cases:
+        obj = edited(
+            lambda s, i=instance, t=tp, n=lnc: s["neuron"].update(
+                instanceType=i, tensorParallel=t, logicalCores=n
+            )
+        )
+        obj["spec"]["neuron"] = {k: v for k, v in obj["spec"]["neuron"].items() if v is not None}
+        parsed, errors = validation.parse(obj)
+        assert not errors
+        assert validation.neuron_devices(parsed) == (devices, tp), instance
+
+
+def test_an_unknown_model_is_not_checked_for_fit_and_says_how_to_check_it():
+    report = validation.check(edited(lambda s: s["model"].update(uri="hf://someone/private-model")))
+    assert report.ok
+    assert not report.fit.checked and "give spec.model.shape" in report.fit.reason
+
+
+def test_memory_estimate_counts_weights_and_kv_cache_per_core():
+    obj = edited(lambda s: s["model"].update(uri="hf://meta-llama/Llama-3.1-8B-Instruct"))
+    parsed, _ = validation.parse(obj)
+    fit = validation.estimate_fit(parsed)
+    # 8.03e9 params x 2 bytes / TP 8; KV: 2 x 32 layers x 1 kv head per core x 128 x 8192 x batch 8 x 2 bytes
+    assert fit.weights_bytes_per_core == -(-8_030_261_248 * 2 // 8)
+    assert fit.kv_bytes_per_core == 2 * 32 * 1 * 128 * 8192 * 8 * 2
+    assert fit.available_bytes_per_core == int(16 * (1 << 30) * validation.USABLE_MEMORY)
+
+
+def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
+    bad = edited(lambda s: s["neuron"].update(tensorParallel=3, batchSize=0))
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump_all([base(), bad]))
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 1
+    assert f"ok      {path}#1 llama-3-1-8b" in run.stdout
+    assert f"refused {path}#2 llama-3-1-8b" in run.stdout
+    assert "spec.neuron.batchSize: Input should be greater than or equal to 1" in run.stdout
+    ok = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", *map(str, SAMPLES)], capture_output=True
+    )
+    assert ok.returncode == 0
+
+
+def test_spec_defaults_fill_every_section():
+    parsed = spec.NeuronModelSpec.model_validate(
+        {"model": {"uri": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}, "neuron": {"instanceType": "cpu"}}
+    )
+    assert parsed.engine == "embedded" and parsed.serving.mode == "unified"
+    assert parsed.serving.unified.replicas == 1 and parsed.compile.cache.accessModes == ["ReadWriteMany"]
+    assert validation.validate(parsed).ok
