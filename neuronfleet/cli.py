@@ -110,6 +110,38 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from neuronfleet.operator.builders import Owner, build_all, compile_hash
+    from neuronfleet.operator.validation import parse, validate
+
+    documents = []
+    for where, obj in _load_manifests([args.file]):
+        spec, errors = parse(obj)
+        errors = errors or validate(spec).errors  # type: ignore[arg-type]
+        if errors:
+            print(f"refused {where}:", *errors, sep="\n  - ", file=sys.stderr)
+            return 1
+        meta = obj.get("metadata") or {}
+        owner = Owner(
+            name=meta.get("name", "model"),
+            namespace=args.namespace or meta.get("namespace") or "default",
+            uid=meta.get("uid", "00000000-0000-0000-0000-000000000000"),
+        )
+        documents += build_all(owner, spec, serving_hash=compile_hash(spec))  # as once compiled
+
+    class Dumper(yaml.SafeDumper):  # multi-line strings (scripts, JSON) as literal blocks
+        pass
+
+    def text(dumper, value: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    print(yaml.dump_all(documents, Dumper=Dumper, sort_keys=False, width=110), end="")
+    return 0
+
+
 def _buckets(text: str) -> list[int]:
     """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
     try:
@@ -179,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     val.add_argument("files", nargs="+", help="YAML files ('-' for standard input)")
     val.set_defaults(func=_cmd_validate)
+
+    ren = sub.add_parser(
+        "render", help="print, as YAML, the objects the operator would create for a manifest"
+    )
+    ren.add_argument("file", help="NeuronModel manifest ('-' for standard input)")
+    ren.add_argument("--namespace", help="namespace of the objects (default: the manifest's, else default)")
+    ren.set_defaults(func=_cmd_render)
     return parser
 
 

@@ -1,0 +1,396 @@
+"""Pure builders of the Kubernetes objects a NeuronModel owns, as plain dicts, and its compile hash.
+
+`build_all` returns, for one model: the compile-cache PVC (unless an existing claim is named), the runtime
+ConfigMap, the compile Job for the model's compile hash, and, once that hash has compiled, a Deployment per
+serving role (unified | prefill + decode + router), the public Service, headless Services per role and
+PodDisruptionBudgets. Every object carries `app.kubernetes.io/*` labels, neuronfleet's own
+(`neuronfleet.dev/model`, `role`, `compile-hash`) and an ownerReference to the NeuronModel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import engines, topology, validation
+from .spec import API_VERSION, KIND, NeuronModelSpec
+
+LABEL_PREFIX = "neuronfleet.dev"
+NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so (NEURON.md)
+RUN_AS_USER = 1000
+GRACE_SECONDS = 30  # `neuronfleet serve --grace-period` default: requests in flight finish within it
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The NeuronModel that owns the objects."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def compile_hash(spec: NeuronModelSpec) -> str:
+    """Canonical hash of the compile identity (DESIGN.md section 3): model and revision, engine and image,
+    the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
+    n = spec.neuron
+    inst = topology.INSTANCES.get(n.instanceType)
+    identity = {
+        "model": spec.model.uri,
+        "revision": spec.model.revision,
+        "engine": spec.engine,
+        "image": engines.image_for(spec),
+        "platform": inst.platform if inst else "cpu",
+        "logicalCores": n.logicalCores or (inst.default_logical_cores if inst else None),
+        "tensorParallel": n.tensorParallel,
+        "batchSize": n.batchSize,
+        "sequenceLength": n.sequenceLength,
+        "maxInputLength": n.maxInputLength,
+        "dtype": n.dtype,
+        "buckets": n.buckets.model_dump(),
+        "quantization": n.quantization,
+        "overrides": n.overrides,
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def labels(owner: Owner, component: str, chash: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "neuronmodel",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "neuronfleet",
+        "app.kubernetes.io/managed-by": "neuronfleet-operator",
+        f"{LABEL_PREFIX}/model": owner.name,
+        f"{LABEL_PREFIX}/role": component,
+    }
+    if chash:
+        out[f"{LABEL_PREFIX}/compile-hash"] = chash
+    return out
+
+
+def selector(owner: Owner, component: str) -> dict[str, str]:
+    return {f"{LABEL_PREFIX}/model": owner.name, f"{LABEL_PREFIX}/role": component}
+
+
+def metadata(owner: Owner, name: str, component: str, chash: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner, component, chash),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def cache_claim_name(owner: Owner, spec: NeuronModelSpec) -> str:
+    return spec.compile.cache.claimName or f"{owner.name}-compile-cache"
+
+
+def build_pvc(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any] | None:
+    cache = spec.compile.cache
+    if cache.claimName:
+        return None
+    pvc_spec: dict[str, Any] = {
+        "accessModes": list(cache.accessModes),
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storageClassName:
+        pvc_spec["storageClassName"] = cache.storageClassName
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(owner, cache_claim_name(owner, spec), "compile-cache"),
+        "spec": pvc_spec,
+    }
+
+
+def compile_config(spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
+    """What `neuronfleet compile --config` reads: the model, its shapes and where to record them."""
+    n = spec.neuron
+    return {
+        "compileHash": chash,
+        "engine": spec.engine,
+        "model": {"uri": spec.model.uri, "revision": spec.model.revision, "tokenizer": spec.model.tokenizer},
+        "instanceType": n.instanceType,
+        "tensorParallel": n.tensorParallel,
+        "batchSize": n.batchSize,
+        "sequenceLength": n.sequenceLength,
+        "maxInputLength": n.maxInputLength,
+        "dtype": n.dtype,
+        "buckets": n.buckets.model_dump(),
+        "neuronConfig": engines.nxdi_neuron_config(spec),
+    }
+
+
+def config_map_name(owner: Owner) -> str:
+    return f"{owner.name}-runtime"
+
+
+def build_config_map(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, config_map_name(owner), "config", chash),
+        "data": {
+            "compile.json": json.dumps(compile_config(spec, chash), indent=2, sort_keys=True),
+            **engines.compile_files(spec, chash),
+        },
+    }
+
+
+def _security(read_only_root: bool) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(spec: NeuronModelSpec, extra: dict[str, str]) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(extra.items())]
+    ref = spec.model.secretRef
+    if ref is not None:  # the token comes from the Secret, never from a plain field
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _volumes(owner: Owner, spec: NeuronModelSpec, cache_read_only: bool) -> tuple[list, list]:
+    volumes = [
+        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec)}},
+        {"name": "config", "configMap": {"name": config_map_name(owner)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts = [
+        {"name": "cache", "mountPath": engines.CACHE_MOUNT, "readOnly": cache_read_only},
+        {"name": "config", "mountPath": engines.CONFIG_MOUNT, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if spec.model.uri.startswith("pvc://"):
+        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": engines.MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def compile_job_name(owner: Owner, chash: str) -> str:
+    return f"{owner.name}-compile-{chash[:10]}"
+
+
+def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
+    container = engines.compile_container(spec, chash)
+    volumes, mounts = _volumes(owner, spec, cache_read_only=False)
+    resources = spec.compile.resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+        "containers": [
+            {
+                "name": "compile",
+                "image": container.image,
+                "command": container.command,
+                "env": _env(spec, container.env),
+                "volumeMounts": mounts,
+                "resources": {k: v for k, v in resources.model_dump().items() if v},
+                "securityContext": _security(read_only_root=spec.engine == "embedded"),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": volumes,
+    }
+    if spec.compile.nodeSelector:
+        pod_spec["nodeSelector"] = dict(spec.compile.nodeSelector)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(owner, compile_job_name(owner, chash), "compile", chash),
+        "spec": {
+            "backoffLimit": spec.compile.backoffLimit,
+            "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
+        },
+    }
+
+
+def serving_roles(spec: NeuronModelSpec) -> dict[str, int]:
+    """Role -> replicas."""
+    s = spec.serving
+    if s.mode == "unified":
+        return {"unified": s.unified.replicas}
+    assert s.prefill is not None and s.decode is not None  # the spec's rule
+    return {"prefill": s.prefill.replicas, "decode": s.decode.replicas, "router": s.router.replicas}
+
+
+def deployment_name(owner: Owner, role: str) -> str:
+    return f"{owner.name}-{role}"
+
+
+def _resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
+    s = spec.serving
+    role_spec = {"unified": s.unified, "prefill": s.prefill, "decode": s.decode}.get(role)
+    requests = dict(role_spec.resources.requests) if role_spec else {"cpu": "500m", "memory": "512Mi"}
+    limits = dict(role_spec.resources.limits) if role_spec else {"memory": "1Gi"}
+    _, cores = validation.neuron_devices(spec)
+    extended: dict[str, str] = {}
+    if role != "router" and cores:
+        extended["aws.amazon.com/neuroncore"] = str(cores)
+    if role in ("prefill", "decode") and s.kvTransfer.transport == "efa" and s.kvTransfer.efaInterfaces:
+        extended["vpc.amazonaws.com/efa"] = str(s.kvTransfer.efaInterfaces)
+    requests.update(extended)  # extended resources: requests equal limits
+    limits.update(extended)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict:
+    port = spec.serving.port
+    container = engines.serve_container(spec, role, chash, port)
+    command = list(container.command)
+    if role == "router":
+        command += ["--prefill", f"dns://{owner.name}-prefill:{port}"]
+        command += ["--decode", f"dns://{owner.name}-decode:{port}"]
+    volumes, mounts = _volumes(owner, spec, cache_read_only=True)
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    neuron = role != "router" and spec.neuron.instanceType != "cpu"
+    ours = spec.engine == "embedded" or role == "router"
+    health, ready = ("/health", "/ready") if ours else ("/health", "/health")
+
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+            "timeoutSeconds": 5,
+        }
+
+    pod_spec: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+        "terminationGracePeriodSeconds": GRACE_SECONDS + 15,
+        "containers": [
+            {
+                "name": "server",
+                "image": container.image,
+                "command": command,
+                "env": _env(spec, container.env),
+                "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+                "resources": _resources(spec, role),
+                "volumeMounts": mounts,
+                # model loads take minutes on Neuron: up to an hour to start, then strict liveness
+                "startupProbe": probe(health, 10, 360),
+                "readinessProbe": probe(ready, 5, 3),
+                "livenessProbe": probe(health, 10, 6),
+                "securityContext": _security(read_only_root=ours),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": volumes,
+    }
+    sched = spec.scheduling
+    node_selector = dict(sched.nodeSelector)
+    tolerations = list(sched.tolerations)
+    if neuron:
+        node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
+        tolerations.insert(0, dict(NEURON_TAINT))
+        if validation.neuron_devices(spec)[1] > 1:  # contiguous cores: the Neuron scheduler extension
+            pod_spec["schedulerName"] = sched.schedulerName or NEURON_SCHEDULER
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if sched.affinity:
+        pod_spec["affinity"] = dict(sched.affinity)
+    if sched.priorityClassName:
+        pod_spec["priorityClassName"] = sched.priorityClassName
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, deployment_name(owner, role), role, chash),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(owner, role)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": labels(owner, role, chash)}, "spec": pod_spec},
+        },
+    }
+
+
+def public_role(spec: NeuronModelSpec) -> str:
+    return "unified" if spec.serving.mode == "unified" else "router"
+
+
+def build_services(owner: Owner, spec: NeuronModelSpec) -> list[dict[str, Any]]:
+    port = spec.serving.port
+    ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    public = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, owner.name, "endpoint"),
+        "spec": {"type": "ClusterIP", "selector": selector(owner, public_role(spec)), "ports": ports},
+    }
+    out = [public]
+    if spec.serving.mode == "disaggregated":  # the router finds its peers through DNS
+        for role in ("prefill", "decode"):
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": metadata(owner, f"{owner.name}-{role}", role),
+                    "spec": {
+                        "clusterIP": "None",
+                        "publishNotReadyAddresses": False,
+                        "selector": selector(owner, role),
+                        "ports": ports,
+                    },
+                }
+            )
+    return out
+
+
+def build_pdb(owner: Owner, role: str, replicas: int) -> dict[str, Any] | None:
+    if replicas < 2:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(owner, f"{owner.name}-{role}", role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner, role)}},
+    }
+
+
+def endpoint(owner: Owner, spec: NeuronModelSpec) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{spec.serving.port}"
+
+
+def build_all(owner: Owner, spec: NeuronModelSpec, serving_hash: str | None = None) -> list[dict[str, Any]]:
+    """Every object of a model. Serving objects use `serving_hash`: the hash whose artifacts exist (the
+    current one once it compiled; the previous one while a new one compiles); none until the first compile."""
+    chash = compile_hash(spec)
+    objects = [
+        build_pvc(owner, spec),
+        build_config_map(owner, spec, chash),
+        build_compile_job(owner, spec, chash),
+    ]
+    if serving_hash is not None:
+        for role, replicas in serving_roles(spec).items():
+            objects.append(build_deployment(owner, spec, role, replicas, serving_hash))
+            objects.append(build_pdb(owner, role, replicas))
+        objects.extend(build_services(owner, spec))
+    return [o for o in objects if o is not None]

@@ -1,0 +1,199 @@
+"""Engines: a pure mapping from a NeuronModel spec to each serving engine's image, command, arguments and
+environment, following that engine's documented contract (shared/NEURON.md), including where it finds the
+compiled artifacts.
+
+- embedded: neuronfleet's own runtime (`neuronfleet serve`; on Neuron its NxDI backend), artifacts = the
+  folder `neuronfleet compile` wrote.
+- vllm: the vLLM Neuron plugin; `--additional-config '{"neuron_config": {...}}'`, artifacts through
+  NEURON_COMPILED_ARTIFACTS.
+- tgi: TGI's Neuron backend, configured by HF_NUM_CORES, HF_AUTO_CAST_TYPE, MAX_BATCH_SIZE, MAX_TOTAL_TOKENS,
+  MAX_INPUT_TOKENS, MAX_BATCH_PREFILL_TOKENS, which must match the compiled model; `--model-id` the export.
+- sglang: SGLang-Neuron (`SGLANG_PLATFORM=neuron python -m sglang.launch_server`), P/D with
+  `--disaggregation-mode` over NIXL; compiled graphs cached in NEURON_COMPILE_CACHE_URL.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from .spec import NeuronModelSpec
+
+__version__ = "0.1.0"
+
+# Default images, pinned (a spec's `image` overrides). Our own are built from the repository's Dockerfile.
+IMAGES = {
+    ("embedded", "cpu"): f"ghcr.io/neuronfleet/runtime-cpu:{__version__}",
+    ("embedded", "neuron"): f"ghcr.io/neuronfleet/runtime-neuron:{__version__}",
+    (
+        "vllm",
+        "neuron",
+    ): "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.11.0-neuronx-py312-sdk2.27.1-ubuntu24.04",
+    ("tgi", "neuron"): "ghcr.io/huggingface/text-generation-inference:3.3.6-neuron",
+    (
+        "sglang",
+        "neuron",
+    ): "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:0.1.0-neuronx-py312-sdk2.33.0-ubuntu24.04",
+}
+
+CACHE_MOUNT = "/var/lib/neuronfleet/cache"  # the compile cache volume in every pod
+CONFIG_MOUNT = "/etc/neuronfleet"  # the runtime ConfigMap
+MODEL_MOUNT = "/var/lib/neuronfleet/model"  # pvc:// models
+
+
+@dataclass
+class Container:
+    """What a container of one role runs: image, command + args, environment (name -> value)."""
+
+    image: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def artifacts_dir(compile_hash: str) -> str:
+    return f"{CACHE_MOUNT}/artifacts/{compile_hash}"
+
+
+def image_for(spec: NeuronModelSpec) -> str:
+    if spec.image:
+        return spec.image
+    target = "cpu" if spec.neuron.instanceType == "cpu" else "neuron"
+    return IMAGES[(spec.engine, target)]
+
+
+def model_reference(spec: NeuronModelSpec) -> str:
+    """How an engine names the model: a Hub id for hf://, a mounted path for pvc:// and file://."""
+    uri = spec.model.uri
+    if uri.startswith("hf://"):
+        return uri.removeprefix("hf://")
+    if uri.startswith("pvc://"):
+        return f"{MODEL_MOUNT}/{uri.removeprefix('pvc://').split('/', 1)[1]}".rstrip("/")
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return uri  # s3:// is fetched by the compile step into the artifacts
+
+
+def _buckets(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
+    """NxDI NeuronConfig fields for the spec's shapes (vLLM's `neuron_config`), overrides last."""
+    n = spec.neuron
+    config = {
+        "tp_degree": n.tensorParallel,
+        "batch_size": n.batchSize,
+        "seq_len": n.sequenceLength,
+        "max_context_length": n.maxInputLength,
+        "torch_dtype": n.dtype,
+        "is_continuous_batching": True,
+        "enable_bucketing": True,
+    }
+    if n.buckets.context:
+        config["context_encoding_buckets"] = n.buckets.context
+    if n.buckets.generation:
+        config["token_generation_buckets"] = n.buckets.generation
+    if n.logicalCores is not None:
+        config["logical_nc_config"] = n.logicalCores
+    if n.quantization != "none":
+        config["quantized"] = True
+        config["quantization_dtype"] = n.quantization
+    return {**config, **n.overrides}
+
+
+def serve_container(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> Container:
+    """The serving container of a role (unified, prefill, decode or router)."""
+    n, artifacts = spec.neuron, artifacts_dir(compile_hash)
+    image = image_for(spec)
+    if spec.engine == "embedded" or role == "router":
+        command = ["neuronfleet", "serve", "--model", artifacts, "--role", role, "--host", "0.0.0.0"]
+        command += ["--port", str(port)]
+        if role != "router":
+            command += ["--slots", str(n.batchSize), "--max-seq-len", str(n.sequenceLength)]
+            if n.buckets.context:
+                command += ["--prefill-buckets", _buckets(n.buckets.context)]
+            if n.buckets.generation:
+                command += ["--decode-buckets", _buckets(n.buckets.generation)]
+        if spec.engine != "embedded":  # the router is ours whatever the engine
+            image = image_for(spec.model_copy(update={"engine": "embedded", "image": None}))
+        return Container(image, command)
+    if spec.engine == "vllm":
+        command = ["vllm", "serve", model_reference(spec), "--host", "0.0.0.0", "--port", str(port)]
+        command += ["--tensor-parallel-size", str(n.tensorParallel), "--max-num-seqs", str(n.batchSize)]
+        command += ["--max-model-len", str(n.sequenceLength), "--device", "neuron"]
+        command += ["--additional-config", json.dumps({"neuron_config": nxdi_neuron_config(spec)})]
+        if spec.model.revision:
+            command += ["--revision", spec.model.revision]
+        if role in ("prefill", "decode"):
+            producer = "kv_producer" if role == "prefill" else "kv_consumer"
+            transfer = {"kv_connector": "NixlConnector", "kv_role": producer}
+            command += ["--kv-transfer-config", json.dumps(transfer)]
+        return Container(image, command, {"NEURON_COMPILED_ARTIFACTS": f"{artifacts}/model"})
+    if spec.engine == "tgi":
+        dtype = {"bfloat16": "bf16", "float16": "fp16"}[n.dtype]
+        env = {
+            "HF_NUM_CORES": str(n.tensorParallel),
+            "HF_AUTO_CAST_TYPE": dtype,
+            "MAX_BATCH_SIZE": str(n.batchSize),
+            "MAX_TOTAL_TOKENS": str(n.sequenceLength),
+            "MAX_INPUT_TOKENS": str(n.maxInputLength),
+            "MAX_BATCH_PREFILL_TOKENS": str(n.batchSize * n.maxInputLength),
+            "PORT": str(port),
+        }
+        return Container(image, ["text-generation-launcher", "--model-id", f"{artifacts}/model"], env)
+    # sglang
+    command = ["python", "-m", "sglang.launch_server", "--model-path", model_reference(spec)]
+    command += ["--host", "0.0.0.0", "--port", str(port), "--tp-size", str(n.tensorParallel)]
+    command += ["--max-running-requests", str(n.batchSize), "--context-length", str(n.sequenceLength)]
+    if role in ("prefill", "decode"):
+        command += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
+    env = {"SGLANG_PLATFORM": "neuron", "NEURON_COMPILE_CACHE_URL": f"{artifacts}/neuron-cache"}
+    return Container(image, command, env)
+
+
+def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
+    """Scripts the compile Job runs from the runtime ConfigMap (file name -> content), for the engines that
+    are not ours: the engine's ahead-of-time compile into artifacts/<hash>/, manifest.json (the completion
+    marker) written last, and an immediate exit when the manifest exists already (a cache hit)."""
+    if spec.engine == "embedded":
+        return {}
+    out, n = artifacts_dir(compile_hash), spec.neuron
+    files = {}
+    if spec.engine == "tgi":  # optimum-neuron's export: the format TGI's Neuron backend loads
+        dtype = {"bfloat16": "bf16", "float16": "fp16"}[n.dtype]
+        step = (
+            f"optimum-cli export neuron --model {shlex.quote(model_reference(spec))} "
+            f"--batch_size {n.batchSize} --sequence_length {n.sequenceLength} --num_cores {n.tensorParallel} "
+            f'--auto_cast_type {dtype} "$OUT/model"'
+        )
+    elif spec.engine == "vllm":  # vLLM compiles into NEURON_COMPILED_ARTIFACTS when it loads the model
+        files["compile_vllm.py"] = (
+            "from vllm import LLM\n\n"
+            f"LLM(\n    model={model_reference(spec)!r},\n    tensor_parallel_size={n.tensorParallel},\n"
+            f"    max_num_seqs={n.batchSize},\n    max_model_len={n.sequenceLength},\n    device='neuron',\n"
+            f"    additional_config={ {'neuron_config': nxdi_neuron_config(spec)}!r},\n)\n"
+        )
+        step = f'NEURON_COMPILED_ARTIFACTS="$OUT/model" python {CONFIG_MOUNT}/compile_vllm.py'
+    else:  # sglang compiles its graphs on start; serving pods share this compile cache folder
+        step = 'mkdir -p "$OUT/neuron-cache"'
+    manifest = json.dumps({"engine": spec.engine, "compileHash": compile_hash})
+    files["compile.sh"] = (
+        "#!/bin/sh\nset -eu\n"
+        f"OUT={out}\n"
+        'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; exit 0; fi\n'
+        'mkdir -p "$OUT"\n'
+        f"{step}\n"
+        f'echo {shlex.quote(manifest)} > "$OUT/manifest.json.tmp"\n'
+        'mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"\n'
+    )
+    return files
+
+
+def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
+    """What the compile Job runs: `neuronfleet compile` for our engine, else the engine's own compile."""
+    if spec.engine == "embedded":
+        out = artifacts_dir(compile_hash)
+        command = ["neuronfleet", "compile", "--config", f"{CONFIG_MOUNT}/compile.json", "--out", out]
+        return Container(image_for(spec), command)
+    return Container(image_for(spec), ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])

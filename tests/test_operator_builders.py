@@ -1,0 +1,226 @@
+"""The objects the operator creates: valid Kubernetes (kubernetes-validate, strict), owned and labelled,
+device-plugin aware, least privilege, engines' contracts; and the compile hash."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from neuronfleet.operator import builders, engines, validation
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+
+
+def parsed(path: Path):
+    spec, errors = validation.parse(yaml.safe_load(path.read_text()))
+    assert not errors
+    return spec
+
+
+def sample(name: str):
+    return parsed(ROOT / "crds" / "samples" / name)
+
+
+def by_kind(objects: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for o in objects:
+        out.setdefault(o["kind"], []).append(o)
+    return out
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_object_is_valid_kubernetes_and_owned(path, version):
+    spec = parsed(path)
+    objects = builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec))
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ns"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "neuronfleet.dev/v1alpha1",
+                "kind": "NeuronModel",
+                "name": "m",
+                "uid": OWNER.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "neuronfleet-operator"
+        assert meta["labels"]["neuronfleet.dev/model"] == "m"
+
+
+def test_before_the_first_compile_only_the_cache_config_and_compile_job_exist():
+    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    kinds = [o["kind"] for o in builders.build_all(OWNER, spec)]
+    assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Job"]
+
+
+def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
+    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    chash = builders.compile_hash(spec)
+    objs = by_kind(builders.build_all(OWNER, spec, serving_hash=chash))
+    (dep,) = objs["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert dep["spec"]["replicas"] == 2
+    assert c["resources"]["limits"]["aws.amazon.com/neuroncore"] == "8"
+    assert c["resources"]["requests"]["aws.amazon.com/neuroncore"] == "8"
+    assert "vpc.amazonaws.com/efa" not in c["resources"]["limits"]
+    assert pod["schedulerName"] == "my-scheduler"
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "inf2.48xlarge"
+    assert builders.NEURON_TAINT in pod["tolerations"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert c["command"][:4] == ["neuronfleet", "serve", "--model", engines.artifacts_dir(chash)]
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert pod["terminationGracePeriodSeconds"] > builders.GRACE_SECONDS
+    sc = c["securityContext"]
+    assert (
+        sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    )
+    assert sc["readOnlyRootFilesystem"] is True
+    cache_mount = next(m for m in c["volumeMounts"] if m["name"] == "cache")
+    assert cache_mount["readOnly"] is True  # serving pods only read the artifacts
+    (svc,) = objs["Service"]
+    assert svc["metadata"]["name"] == "m" and svc["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+    assert objs["PodDisruptionBudget"][0]["spec"]["maxUnavailable"] == 1
+
+
+def test_disaggregated_roles_get_efa_headless_services_and_a_router():
+    spec = sample("llama-3.1-70b-vllm-trn1-disaggregated.yaml")
+    objs = by_kind(builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec)))
+    deps = {d["metadata"]["labels"]["neuronfleet.dev/role"]: d for d in objs["Deployment"]}
+    assert set(deps) == {"prefill", "decode", "router"}
+    for role in ("prefill", "decode"):
+        limits = container(deps[role])["resources"]["limits"]
+        assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuroncore"] == "32"
+    router = container(deps["router"])
+    assert "aws.amazon.com/neuroncore" not in router["resources"]["limits"]
+    assert router["command"][-4:] == ["--prefill", "dns://m-prefill:8000", "--decode", "dns://m-decode:8000"]
+    assert "nodeSelector" not in deps["router"]["spec"]["template"]["spec"]
+    services = {s["metadata"]["name"]: s for s in objs["Service"]}
+    assert services["m"]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
+    assert services["m-prefill"]["spec"]["clusterIP"] == "None"
+    assert services["m-decode"]["spec"]["clusterIP"] == "None"
+    prefill_cmd = container(deps["prefill"])["command"]
+    assert '"kv_role": "kv_producer"' in prefill_cmd[prefill_cmd.index("--kv-transfer-config") + 1]
+
+
+def test_engines_follow_their_documented_contracts():
+    tgi = sample("mistral-7b-tgi-inf2.yaml")
+    c = engines.serve_container(tgi, "unified", "h", 8000)
+    assert c.env == {
+        "HF_NUM_CORES": "2",
+        "HF_AUTO_CAST_TYPE": "bf16",
+        "MAX_BATCH_SIZE": "4",
+        "MAX_TOTAL_TOKENS": "4096",
+        "MAX_INPUT_TOKENS": "3072",
+        "MAX_BATCH_PREFILL_TOKENS": str(4 * 3072),
+        "PORT": "8000",
+    }
+    assert c.command == ["text-generation-launcher", "--model-id", f"{engines.artifacts_dir('h')}/model"]
+    vllm = sample("llama-3.3-70b-vllm-trn2.yaml")
+    c = engines.serve_container(vllm, "unified", "h", 8000)
+    assert c.env["NEURON_COMPILED_ARTIFACTS"] == f"{engines.artifacts_dir('h')}/model"
+    assert c.command[:3] == ["vllm", "serve", "meta-llama/Llama-3.3-70B-Instruct"]
+    config = yaml.safe_load(c.command[c.command.index("--additional-config") + 1])["neuron_config"]
+    assert config["tp_degree"] == 64 and config["logical_nc_config"] == 2 and config["batch_size"] == 16
+    sglang = sample("qwen2.5-7b-sglang-trn2-disaggregated.yaml")
+    c = engines.serve_container(sglang, "decode", "h", 8000)
+    assert c.env["SGLANG_PLATFORM"] == "neuron"
+    assert c.command[c.command.index("--disaggregation-mode") + 1] == "decode"
+    assert c.command[c.command.index("--disaggregation-transfer-backend") + 1] == "nixl"
+
+
+def test_compile_job_writes_the_hashes_folder_and_finishes_at_once_on_a_cache_hit(tmp_path):
+    spec = sample("mistral-7b-tgi-inf2.yaml")
+    chash = builders.compile_hash(spec)
+    objs = by_kind(builders.build_all(OWNER, spec))
+    job = objs["Job"][0]
+    assert job["metadata"]["name"] == f"m-compile-{chash[:10]}"
+    assert job["spec"]["backoffLimit"] == 2
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["/bin/sh", f"{engines.CONFIG_MOUNT}/compile.sh"]
+    assert "PersistentVolumeClaim" not in objs  # an existing claim is named
+    cache = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache")
+    assert cache["persistentVolumeClaim"]["claimName"] == "neuron-artifacts"
+    # the script itself: a cache hit exits 0 without running the compile step
+    script = objs["ConfigMap"][0]["data"]["compile.sh"].replace(engines.CACHE_MOUNT, str(tmp_path))
+    out = tmp_path / "artifacts" / chash
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text("{}")
+    run = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0 and "cache hit" in run.stdout
+
+
+def test_the_hugging_face_token_comes_only_from_the_secret():
+    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    objs = builders.build_all(OWNER, spec, serving_hash="x")
+    for obj in objs:
+        pod = obj.get("spec", {}).get("template", {}).get("spec")
+        if not pod:
+            continue
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["HF_TOKEN"] == {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+        }
+
+
+def test_compile_hash_changes_with_what_is_compiled_and_only_that():
+    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    h = builders.compile_hash(spec)
+    assert h == builders.compile_hash(copy.deepcopy(spec)) and len(h) == 16
+    same = spec.model_copy(deep=True)
+    same.serving.unified.replicas = 5
+    same.autoscaling.max = 10
+    assert builders.compile_hash(same) == h
+    for change in (
+        lambda s: setattr(s.neuron, "batchSize", 4),
+        lambda s: setattr(s.neuron, "dtype", "float16"),
+        lambda s: setattr(s.model, "revision", "main"),
+        lambda s: setattr(s, "engine", "vllm"),
+        lambda s: setattr(s.neuron.buckets, "context", [1024, 6144]),
+    ):
+        other = spec.model_copy(deep=True)
+        change(other)
+        assert builders.compile_hash(other) != h
+
+
+def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
+    path = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "render", str(path), "--namespace", "prod"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    docs = list(yaml.safe_load_all(run.stdout))
+    assert [d["kind"] for d in docs] == [
+        "PersistentVolumeClaim", "ConfigMap", "Job", "Deployment", "PodDisruptionBudget", "Service"
+    ]  # fmt: skip
+    assert {d["metadata"]["namespace"] for d in docs} == {"prod"}
+    bad = yaml.safe_load(path.read_text())
+    bad["spec"]["neuron"]["tensorParallel"] = 3
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "render", str(tmp_path / "bad.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1 and "tensorParallel 3 is not a documented degree" in run.stderr
