@@ -142,6 +142,20 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    import os
+
+    from kopf.cli import main as kopf_main
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    kopf_args = [a for a in args.kopf_args if a != "--"]
+    if not any(a in ("-A", "--all-namespaces") or a.startswith(("-n", "--namespace")) for a in kopf_args):
+        kopf_args.append("--all-namespaces")
+    kopf_main(args=["run", "-m", "neuronfleet.operator.handlers", *kopf_args], standalone_mode=False)
+    return 0
+
+
 def _buckets(text: str) -> list[int]:
     """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
     try:
@@ -218,11 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("file", help="NeuronModel manifest ('-' for standard input)")
     ren.add_argument("--namespace", help="namespace of the objects (default: the manifest's, else default)")
     ren.set_defaults(func=_cmd_render)
+
+    opr = sub.add_parser(
+        "operator", help="run the NeuronModel controller (kopf); other options go to kopf run"
+    )
+    opr.add_argument("--kubeconfig", help="kubeconfig of the cluster (default: KUBECONFIG, else in-cluster)")
+    opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
+    opr.set_defaults(func=_cmd_operator)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "operator":  # everything else is kopf's (kopf run --help)
+        args.kopf_args = [*unknown, *args.kopf_args]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     from neuronfleet.runtime.model_config import ModelLoadError
     from neuronfleet.runtime.sampling_params import InvalidRequest
 
