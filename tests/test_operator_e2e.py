@@ -1,0 +1,258 @@
+"""The operator run with kopf against the emulated API server, driven by kubectl: compile Job first, then
+Deployments and Services; status and conditions; a spec change compiles first and then rolls; drift is
+corrected; deletion removes the children; a restarted operator creates no duplicates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from test_apiserver import KUBECTL, kubectl
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+
+pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 30) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    api = {"state": tmp_path}
+    server_cmd = [sys.executable, "-P", "-m", "neuronfleet.operator.apiserver"]
+    server_cmd += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--ready-file", str(tmp_path / "url")]
+    server = start(server_cmd, tmp_path / "apiserver.log")
+    wait_for("the API server", lambda: (tmp_path / "url").exists() and (tmp_path / "url").read_text())
+    kubectl(api, "apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
+    operators: list[subprocess.Popen] = []
+
+    def run_operator() -> subprocess.Popen:
+        operators.append(
+            start(
+                [
+                    shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
+                    "operator",
+                    "--kubeconfig",
+                    str(tmp_path / "kubeconfig"),
+                    "--standalone",
+                    "--verbose",
+                ],
+                tmp_path / f"operator-{len(operators)}.log",
+            )
+        )
+        return operators[-1]
+
+    api["run_operator"] = run_operator
+    yield api
+    for proc in operators:
+        if proc.poll() is None:
+            stop(proc)
+    stop(server)
+
+
+def get(api, *args: str) -> dict | None:
+    run = kubectl(api, "get", *args, "-o", "json", check=False)
+    return json.loads(run.stdout) if run.returncode == 0 else None
+
+
+def items(api, kind: str) -> list[dict]:
+    return get(api, kind)["items"]
+
+
+def condition(model: dict, type_: str) -> dict:
+    return next(c for c in model["status"]["conditions"] if c["type"] == type_)
+
+
+def mark_job(api, name: str, outcome: str = "Complete") -> None:
+    status = {
+        "conditions": [{"type": outcome, "status": "True", "reason": "Emulated", "message": "by the test"}]
+    }
+    if outcome == "Complete":
+        status["succeeded"] = 1
+    kubectl(
+        api,
+        "patch",
+        "job",
+        name,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def mark_ready(api, deployment: str, replicas: int) -> None:
+    patch = {"status": {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}}
+    kubectl(
+        api,
+        "patch",
+        "deployment",
+        deployment,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps(patch),
+    )
+
+
+def manifest(**neuron) -> str:
+    obj = yaml.safe_load(SAMPLE.read_text())
+    obj["metadata"]["namespace"] = "default"
+    obj["spec"]["neuron"].update(neuron)
+    return yaml.safe_dump(obj)
+
+
+def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
+    api = cluster
+    operator = api["run_operator"]()
+    kubectl(api, "apply", "-f", "-", stdin=manifest())
+    # 1. the compile Job (and its cache and config) appear; nothing serves yet
+    jobs = wait_for("the compile Job", lambda: items(api, "jobs"))
+    assert len(jobs) == 1 and items(api, "deployments") == []
+    first_job = jobs[0]["metadata"]["name"]
+    model = wait_for(
+        "status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status", {}).get("phase") and m
+    )
+    assert model["status"]["phase"] == "Compiling"
+    assert condition(model, "Validated")["status"] == "True"
+    assert condition(model, "Compiled")["reason"] == "Compiling"
+    assert [p["metadata"]["name"] for p in items(api, "pvc")] == ["llama-3-1-8b-compile-cache"]
+    # 2. the compile completes: Deployment, Service and PDB appear, pointing at the compiled hash
+    mark_job(api, first_job)
+    dep = wait_for("the Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    chash = dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"]
+    assert first_job.endswith(chash[:10])
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["aws.amazon.com/neuroncore"] == "8"
+    assert f"artifacts/{chash}" in " ".join(container["command"])
+    assert get(api, "service", "llama-3-1-8b") and get(api, "pdb", "llama-3-1-8b-unified")
+    owner_uid = get(api, "nm", "llama-3-1-8b")["metadata"]["uid"]
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+    # 3. pods become ready: Ready, with the printer columns filled
+    mark_ready(api, "llama-3-1-8b-unified", 2)
+    wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    row = kubectl(api, "get", "neuronmodels").stdout.splitlines()[1].split()
+    assert row[:6] == ["llama-3-1-8b", "Ready", "embedded", "inf2.48xlarge", "8", "2/2"]
+    assert row[6] == "http://llama-3-1-8b.default.svc:8000"
+    events = kubectl(api, "get", "events", "-o", "json").stdout
+    assert "AllReplicasReady" in events and "Compiled" in events
+    # 4. drift: a hand edit of the Deployment is put back
+    kubectl(
+        api, "patch", "deployment", "llama-3-1-8b-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}'
+    )
+    wait_for(
+        "drift corrected", lambda: get(api, "deployment", "llama-3-1-8b-unified")["spec"]["replicas"] == 2
+    )
+    # 5. a restarted operator makes no writes and no duplicates
+    stop(operator)
+    before = {
+        o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+        for k in ("jobs", "deployments", "services", "configmaps")
+        for o in items(api, k)
+    }
+    operator = api["run_operator"]()
+    time.sleep(4)  # the resume handler has run by now
+    after = {
+        o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+        for k in ("jobs", "deployments", "services", "configmaps")
+        for o in items(api, k)
+    }
+    assert after == before
+    # 6. a spec change that alters the hash compiles first while the old pods keep serving, then rolls
+    kubectl(api, "apply", "-f", "-", stdin=manifest(batchSize=4))
+    jobs = wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2 and items(api, "jobs"))
+    second_job = next(j["metadata"]["name"] for j in jobs if j["metadata"]["name"] != first_job)
+    time.sleep(1)
+    dep = get(api, "deployment", "llama-3-1-8b-unified")
+    assert dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"] == chash  # still the old artifacts
+    model = get(api, "nm", "llama-3-1-8b")
+    assert (
+        condition(model, "Compiled")["status"] == "False"
+        and condition(model, "Progressing")["status"] == "True"
+    )
+    mark_job(api, second_job)
+    new_hash = second_job.rsplit("-", 1)[1]
+    wait_for(
+        "the roll",
+        lambda: get(api, "deployment", "llama-3-1-8b-unified")["metadata"]["labels"][
+            "neuronfleet.dev/compile-hash"
+        ].startswith(new_hash),
+    )
+    assert "--slots" in (
+        cmd := get(api, "deployment", "llama-3-1-8b-unified")["spec"]["template"]["spec"]["containers"][0][
+            "command"
+        ]
+    )
+    assert cmd[cmd.index("--slots") + 1] == "4"
+    # 7. deleting the NeuronModel removes every child
+    kubectl(api, "delete", "nm", "llama-3-1-8b", "--timeout=30s")
+    for kind in ("jobs", "deployments", "services", "configmaps", "pvc", "pdb"):
+        wait_for(f"{kind} gone", lambda k=kind: items(api, k) == [])
+
+
+def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
+    api = cluster
+    api["run_operator"]()
+    kubectl(
+        api, "apply", "-f", "-", stdin=manifest(tensorParallel=3)
+    )  # the schema allows it; the topology not
+    model = wait_for("status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status") and m)
+    assert model["status"]["phase"] == "Failed"
+    validated = condition(model, "Validated")
+    assert (
+        validated["status"] == "False"
+        and "tensorParallel 3 is not a documented degree" in validated["message"]
+    )
+    assert items(api, "jobs") == [] and items(api, "deployments") == []
+    assert "Invalid" in kubectl(api, "get", "events", "-o", "json").stdout
+
+
+def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
+    api = cluster
+    api["run_operator"]()
+    kubectl(api, "apply", "-f", "-", stdin=manifest())
+    job = wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    mark_job(api, job, "Failed")
+    model = wait_for(
+        "Failed", lambda: (m := get(api, "nm", "llama-3-1-8b"))["status"].get("phase") == "Failed" and m
+    )
+    compiled = condition(model, "Compiled")
+    assert (
+        compiled["status"] == "False"
+        and compiled["reason"] == "CompileFailed"
+        and "by the test" in compiled["message"]
+    )
+    assert condition(model, "Degraded")["status"] == "True"
+    assert items(api, "deployments") == []
