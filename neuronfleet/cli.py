@@ -67,6 +67,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.compile_artifacts import compile_artifacts
+
+    compile_artifacts(Path(args.config), Path(args.out), log=lambda m: print(m, file=sys.stderr))
+    return 0
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from neuronfleet.operator.crd import write_crd
 
@@ -216,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", help="model name in the APIs (default: the folder's name)")
     srv.set_defaults(func=_cmd_serve)
 
+    cmp = sub.add_parser("compile", help="what the compile Job runs: a model into artifacts/<hash>/, once")
+    cmp.add_argument(
+        "--config", required=True, help="compile.json written by the operator (runtime ConfigMap)"
+    )
+    cmp.add_argument("--out", required=True, help="artifacts/<hash>/ on the compile cache volume")
+    cmp.set_defaults(func=_cmd_compile)
+
     crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
     crd.add_argument("--out", default="crds", help="folder to write into (default: crds)")
     crd.set_defaults(func=_cmd_crd)
@@ -254,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ModelLoadError, InvalidRequest, ValueError) as e:
+    except (
+        ModelLoadError,
+        InvalidRequest,
+        ValueError,
+    ) as e:  # CompileError, ModelImportError are ValueErrors
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

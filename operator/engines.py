@@ -107,7 +107,16 @@ def serve_container(spec: NeuronModelSpec, role: str, compile_hash: str, port: i
     n, artifacts = spec.neuron, artifacts_dir(compile_hash)
     image = image_for(spec)
     if spec.engine == "embedded" or role == "router":
-        command = ["neuronfleet", "serve", "--model", artifacts, "--role", role, "--host", "0.0.0.0"]
+        command = [
+            "neuronfleet",
+            "serve",
+            "--model",
+            f"{artifacts}/model",
+            "--role",
+            role,
+            "--host",
+            "0.0.0.0",
+        ]
         command += ["--port", str(port)]
         if role != "router":
             command += ["--slots", str(n.batchSize), "--max-seq-len", str(n.sequenceLength)]

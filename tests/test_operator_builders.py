@@ -85,7 +85,7 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "inf2.48xlarge"
     assert builders.NEURON_TAINT in pod["tolerations"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
-    assert c["command"][:4] == ["neuronfleet", "serve", "--model", engines.artifacts_dir(chash)]
+    assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert pod["terminationGracePeriodSeconds"] > builders.GRACE_SECONDS

@@ -1,0 +1,93 @@
+"""`neuronfleet compile`: a model source into artifacts/<hash>/ (weights in the target dtype, validated by a
+full load, tokenizer and config), manifest.json last, a cache hit at once, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from safetensors.torch import load_file
+
+from neuronfleet.runtime.compile_artifacts import CompileError, compile_artifacts
+from neuronfleet.runtime.model_runner import ModelRunner
+
+
+def write_config(path, uri: str, **extra) -> None:
+    config = {
+        "compileHash": "abc123",
+        "engine": "embedded",
+        "instanceType": "cpu",
+        "model": {"uri": uri, "revision": None},
+        "dtype": "bfloat16",
+        "sequenceLength": 64,
+        "maxInputLength": 32,
+        "batchSize": 2,
+        "buckets": {"context": [16, 32], "generation": [64]},
+        **extra,
+    }
+    path.write_text(json.dumps(config))
+
+
+def test_compile_converts_validates_and_marks_complete_then_hits_the_cache(tmp_path):
+    model = make_tiny_llama(tmp_path / "src")
+    write_config(tmp_path / "compile.json", f"file://{model}")
+    out = tmp_path / "cache" / "artifacts" / "abc123"
+    manifest = compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)
+    assert manifest["cacheHit"] is False and manifest["compileHash"] == "abc123" and manifest["bytes"] > 0
+    assert json.loads((out / "manifest.json").read_text())["compileHash"] == "abc123"
+    weights = load_file(str(next((out / "model").glob("*.safetensors"))))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert json.loads((out / "model" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    ModelRunner(out / "model", slots=1, max_seq_len=64, dtype="bfloat16")  # what serving pods load
+    assert not list(out.parent.glob(".*partial*"))  # no staging left behind
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    again = compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)
+    assert again["cacheHit"] is True and (out / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_the_command_line_runs_it_and_reports_a_cache_hit(tmp_path):
+    model = make_tiny_llama(tmp_path / "src")
+    write_config(tmp_path / "compile.json", f"file://{model}")
+    out = tmp_path / "artifacts" / "abc123"
+    cmd = [
+        sys.executable,
+        "-P",
+        "-m",
+        "neuronfleet.cli",
+        "compile",
+        "--config",
+        str(tmp_path / "compile.json"),
+    ]
+    first = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+    assert second.returncode == 0 and "cache hit" in second.stderr
+
+
+@pytest.mark.parametrize(
+    ("uri", "extra", "message"),
+    [
+        ("file:///nowhere/model", {}, "model source file:///nowhere/model not found"),
+        ("s3://bucket/model", {}, "s3://bucket/model is not supported"),
+        ("file:///tmp", {"instanceType": "inf2.xlarge"}, "compiles with NxDI, which this image lacks"),
+    ],
+)
+def test_bad_sources_and_targets_fail_clearly_and_leave_nothing(tmp_path, uri, extra, message):
+    write_config(tmp_path / "compile.json", uri, **extra)
+    out = tmp_path / "artifacts" / "abc123"
+    with pytest.raises(CompileError, match=message):
+        compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)
+    assert not out.exists()
+    assert not (out.parent.exists() and list(out.parent.glob(".*")))  # no staging folder left
+
+
+def test_buckets_that_do_not_fit_the_lengths_are_refused(tmp_path):
+    model = make_tiny_llama(tmp_path / "src")
+    write_config(tmp_path / "compile.json", f"file://{model}", buckets={"context": [16], "generation": [32]})
+    with pytest.raises(ValueError, match="largest decode bucket must equal max_seq_len"):
+        compile_artifacts(tmp_path / "compile.json", tmp_path / "out", log=lambda m: None)
+    assert not (tmp_path / "out").exists()
