@@ -726,7 +726,7 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
             meta.pop(stale, None)
         meta["generation"] = 1
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
-        if "status" in kind.subresources and kind.schema is not None:
+        if "status" in kind.subresources:
             obj.pop("status", None)  # the status subresource is written through /status only
         obj = self._admit(kind, obj, params)
         if kind.plural == "customresourcedefinitions":

@@ -190,11 +190,14 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
     files["compile.sh"] = (
         "#!/bin/sh\nset -eu\n"
         f"OUT={out}\n"
-        'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; exit 0; fi\n'
+        'LOG="${TERMINATION_LOG:-/dev/termination-log}"  # the termination message the operator reads\n'
+        'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; '
+        'sed \'s/}$/, "cacheHit": true}/\' "$OUT/manifest.json" > "$LOG" || true; exit 0; fi\n'
         'mkdir -p "$OUT"\n'
         f"{step}\n"
         f'echo {shlex.quote(manifest)} > "$OUT/manifest.json.tmp"\n'
         'mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"\n'
+        'sed \'s/}$/, "cacheHit": false}/\' "$OUT/manifest.json" > "$LOG" || true\n'
     )
     return files
 

@@ -31,10 +31,12 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "jobs"): ("get", "list", "watch", "create", "patch"),
     ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
     ("", "events"): ("create",),
+    ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
 }
 API_VERSIONS = {  # kind -> (group, version, resource)
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "ConfigMap": ("", "v1", "configmaps"),
+    "Pod": ("", "v1", "pods"),
     "Service": ("", "v1", "services"),
     "Deployment": ("apps", "v1", "deployments"),
     "Job": ("batch", "v1", "jobs"),

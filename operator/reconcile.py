@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,20 @@ def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
     return "running", f"compile Job {job['metadata']['name']} is running"
 
 
+def compile_report(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The manifest a compile pod left as its termination message (bytes, compiledAt, cacheHit), if any."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            message = ((status.get("state") or {}).get("terminated") or {}).get("message")
+            try:
+                report = json.loads(message) if message else None
+            except ValueError:
+                continue
+            if isinstance(report, dict):
+                return report
+    return None
+
+
 def condition(
     old: list[dict], type_: str, ok: bool, reason: str, message: str, generation: int, at: str
 ) -> dict:
@@ -80,6 +95,7 @@ def compute_status(
     serving_hash: str | None,
     job: tuple[str, str],
     roles: dict[str, tuple[int, int]],  # role -> (desired, ready)
+    report: dict[str, Any] | None = None,  # the compile pod's manifest, when it left one
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -98,7 +114,9 @@ def compute_status(
             ],
         }
     compiled = serving_hash is not None and serving_hash == compile_hash
-    if compiled:
+    if compiled and report and report.get("cacheHit"):
+        compiled_cond = ("CacheHit", f"artifacts/{compile_hash}/ existed already: nothing was compiled")
+    elif compiled:
         compiled_cond = ("Compiled", f"artifacts/{compile_hash}/ is complete")
     elif state == "failed":
         compiled_cond = ("CompileFailed", job_message)
@@ -142,6 +160,12 @@ def compute_status(
     }
     if serving_hash is not None:
         status["artifacts"] = {"path": f"artifacts/{serving_hash}/"}
+        if compiled and report:
+            status["artifacts"].update(
+                {k: report[k] for k in ("bytes", "compiledAt", "cacheHit") if report.get(k) is not None}
+            )
+        elif (old.get("artifacts") or {}).get("path") == status["artifacts"]["path"]:
+            status["artifacts"] = old["artifacts"]
         status["endpoint"] = endpoint
     return status
 
@@ -209,6 +233,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         errors = validation.validate(spec).errors
     chash = builders.compile_hash(spec) if spec is not None else None
     job: tuple[str, str] = ("absent", "")
+    report = None
     serving = old.get("compileHash") if old.get("artifacts") else None
     roles: dict[str, tuple[int, int]] = {}
     if spec is not None and not errors:
@@ -216,6 +241,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         job = job_state(await kube.get("Job", owner.namespace, builders.compile_job_name(owner, chash)))
         if job[0] == "succeeded":
             serving = chash
+            job_name = builders.compile_job_name(owner, chash)
+            report = compile_report(await kube.list("Pod", owner.namespace, f"job-name={job_name}"))
         for obj in builders.build_all(owner, spec, serving):
             await apply(kube, obj)
         if serving is not None:
@@ -231,7 +258,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     endpoint = builders.endpoint(owner, spec) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
-        job=job, roles=roles, endpoint=endpoint, at=now(),
+        job=job, roles=roles, report=report, endpoint=endpoint, at=now(),
     )  # fmt: skip
     if status_changed(old, status):
         for event in transitions(old, status):

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the container's termination message
 MODEL_MOUNT = "/var/lib/neuronfleet/model"  # where serving and compile pods mount pvc:// models
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -112,13 +113,21 @@ def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
+def report(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Leave the manifest as the container's termination message, where the operator reads it."""
+    path = Path(os.environ.get("NEURONFLEET_TERMINATION_LOG", TERMINATION_LOG))
+    if path.parent.is_dir() and os.access(path.parent if not path.exists() else path, os.W_OK):
+        path.write_text(json.dumps(manifest))
+    return manifest
+
+
 def compile_artifacts(config_path: Path, out: Path, log=print) -> dict[str, Any]:
     """Produce `out` (artifacts/<hash>/) from the config; returns the manifest (a cache hit at once)."""
     out = Path(out)
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
         log(f"cache hit: {out} is complete")
-        return {**json.loads(manifest_path.read_text()), "cacheHit": True}
+        return report({**json.loads(manifest_path.read_text()), "cacheHit": True})
     config = load_config(config_path)
     if config.get("instanceType", "cpu") != "cpu":
         try:
@@ -158,4 +167,4 @@ def compile_artifacts(config_path: Path, out: Path, log=print) -> dict[str, Any]
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.rename(manifest_path)  # last: the folder is complete from here on
     log(f"compiled {config['model']['uri']} into {out} ({size} bytes)")
-    return {**manifest, "cacheHit": False}
+    return report({**manifest, "cacheHit": False})

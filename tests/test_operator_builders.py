@@ -4,6 +4,7 @@ device-plugin aware, least privilege, engines' contracts; and the compile hash."
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,9 +164,12 @@ def test_compile_job_writes_the_hashes_folder_and_finishes_at_once_on_a_cache_hi
     script = objs["ConfigMap"][0]["data"]["compile.sh"].replace(engines.CACHE_MOUNT, str(tmp_path))
     out = tmp_path / "artifacts" / chash
     out.mkdir(parents=True)
-    (out / "manifest.json").write_text("{}")
-    run = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+    (out / "manifest.json").write_text(json.dumps({"engine": "tgi", "compileHash": chash}) + "\n")
+    log = tmp_path / "termination-log"
+    env = {"PATH": "/usr/bin:/bin", "TERMINATION_LOG": str(log)}
+    run = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and "cache hit" in run.stdout
+    assert json.loads(log.read_text()) == {"engine": "tgi", "compileHash": chash, "cacheHit": True}
 
 
 def test_the_hugging_face_token_comes_only_from_the_secret():

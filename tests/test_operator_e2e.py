@@ -91,6 +91,36 @@ def condition(model: dict, type_: str) -> dict:
     return next(c for c in model["status"]["conditions"] if c["type"] == type_)
 
 
+def compile_pod(api, job: str, manifest: dict) -> None:
+    """What the kubelet leaves of a finished compile pod: its termination message, the artifacts' manifest."""
+    meta = {"name": f"{job}-x1", "labels": {"job-name": job}}
+    containers = [{"name": "compile", "image": "runtime"}]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"restartPolicy": "Never", "containers": containers},
+    }
+    kubectl(api, "apply", "-f", "-", stdin=json.dumps(pod))
+    terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps(manifest)}
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
+    }
+    kubectl(
+        api,
+        "patch",
+        "pod",
+        f"{job}-x1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
 def mark_job(api, name: str, outcome: str = "Complete") -> None:
     status = {
         "conditions": [{"type": outcome, "status": "True", "reason": "Emulated", "message": "by the test"}]
@@ -150,6 +180,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     assert condition(model, "Compiled")["reason"] == "Compiling"
     assert [p["metadata"]["name"] for p in items(api, "pvc")] == ["llama-3-1-8b-compile-cache"]
     # 2. the compile completes: Deployment, Service and PDB appear, pointing at the compiled hash
+    compile_pod(api, first_job, {"bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False})
     mark_job(api, first_job)
     dep = wait_for("the Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
     chash = dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"]
@@ -163,6 +194,13 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     # 3. pods become ready: Ready, with the printer columns filled
     mark_ready(api, "llama-3-1-8b-unified", 2)
     wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    model = get(api, "nm", "llama-3-1-8b")
+    assert model["status"]["artifacts"] == {
+        "path": f"artifacts/{chash}/", "bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False
+    }  # fmt: skip
+    assert condition(model, "Compiled")["reason"] == "Compiled"
+    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2}}
+    assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     row = kubectl(api, "get", "neuronmodels").stdout.splitlines()[1].split()
     assert row[:6] == ["llama-3-1-8b", "Ready", "embedded", "inf2.48xlarge", "8", "2/2"]
     assert row[6] == "http://llama-3-1-8b.default.svc:8000"
@@ -202,6 +240,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         condition(model, "Compiled")["status"] == "False"
         and condition(model, "Progressing")["status"] == "True"
     )
+    compile_pod(api, second_job, {"bytes": 99, "cacheHit": True})  # another model compiled it before
     mark_job(api, second_job)
     new_hash = second_job.rsplit("-", 1)[1]
     wait_for(
@@ -216,6 +255,13 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         ]
     )
     assert cmd[cmd.index("--slots") + 1] == "4"
+    model = wait_for(
+        "CacheHit",
+        lambda: (
+            (m := get(api, "nm", "llama-3-1-8b")) and condition(m, "Compiled")["reason"] == "CacheHit" and m
+        ),
+    )
+    assert model["status"]["artifacts"]["cacheHit"] is True
     # 7. deleting the NeuronModel removes every child
     kubectl(api, "delete", "nm", "llama-3-1-8b", "--timeout=30s")
     for kind in ("jobs", "deployments", "services", "configmaps", "pvc", "pdb"):
@@ -241,9 +287,13 @@ def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
 
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     api = cluster
-    api["run_operator"]()
+    operator = api["run_operator"]()
     kubectl(api, "apply", "-f", "-", stdin=manifest())
     job = wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    stop(operator)  # restarted while compiling: no second Job
+    api["run_operator"]()
+    time.sleep(3)
+    assert [j["metadata"]["name"] for j in items(api, "jobs")] == [job]
     mark_job(api, job, "Failed")
     model = wait_for(
         "Failed", lambda: (m := get(api, "nm", "llama-3-1-8b"))["status"].get("phase") == "Failed" and m
