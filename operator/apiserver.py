@@ -342,11 +342,9 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
 
     def unregister(self, group: str, version: str, plural: str) -> None:
         self.kinds.pop((group, version, plural), None)
-        key = f"{group}/{version}/{plural}"
         for res in list(self.resources):
-            if str(res.group) == group and str(res.version) == version and str(res.plural) == plural:
+            if (str(res.group), str(res.version), str(res.plural)) == (group, version, plural):
                 del self.resources[res]
-        del key
 
     def _crd_resources(self, crd: dict[str, Any]) -> list[Resource]:
         spec = crd["spec"]

@@ -33,6 +33,19 @@ class Owner:
     uid: str
 
 
+def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
+    """The shapes a compile fixes."""
+    n = spec.neuron
+    return {
+        "tensorParallel": n.tensorParallel,
+        "batchSize": n.batchSize,
+        "sequenceLength": n.sequenceLength,
+        "maxInputLength": n.maxInputLength,
+        "dtype": n.dtype,
+        "buckets": n.buckets.model_dump(),
+    }
+
+
 def compile_hash(spec: NeuronModelSpec) -> str:
     """Canonical hash of the compile identity (DESIGN.md section 3): model and revision, engine and image,
     the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
@@ -45,12 +58,7 @@ def compile_hash(spec: NeuronModelSpec) -> str:
         "image": engines.image_for(spec),
         "platform": inst.platform if inst else "cpu",
         "logicalCores": n.logicalCores or (inst.default_logical_cores if inst else None),
-        "tensorParallel": n.tensorParallel,
-        "batchSize": n.batchSize,
-        "sequenceLength": n.sequenceLength,
-        "maxInputLength": n.maxInputLength,
-        "dtype": n.dtype,
-        "buckets": n.buckets.model_dump(),
+        **compiled_shapes(spec),
         "quantization": n.quantization,
         "overrides": n.overrides,
     }
@@ -125,12 +133,7 @@ def compile_config(spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
         "engine": spec.engine,
         "model": {"uri": spec.model.uri, "revision": spec.model.revision, "tokenizer": spec.model.tokenizer},
         "instanceType": n.instanceType,
-        "tensorParallel": n.tensorParallel,
-        "batchSize": n.batchSize,
-        "sequenceLength": n.sequenceLength,
-        "maxInputLength": n.maxInputLength,
-        "dtype": n.dtype,
-        "buckets": n.buckets.model_dump(),
+        **compiled_shapes(spec),
         "neuronConfig": engines.nxdi_neuron_config(spec),
     }
 

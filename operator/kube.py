@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import yaml
@@ -165,7 +166,7 @@ class Kube:
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "list")
-        path = object_path(group, version, resource, namespace) + f"?labelSelector={label_selector}"
+        path = object_path(group, version, resource, namespace) + "?labelSelector=" + quote(label_selector)
         return (await self._call("GET", path))["items"]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:

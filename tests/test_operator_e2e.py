@@ -107,18 +107,12 @@ def compile_pod(api, job: str, manifest: dict) -> None:
         "phase": "Succeeded",
         "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
     }
-    kubectl(
-        api,
-        "patch",
-        "pod",
-        f"{job}-x1",
-        "--subresource",
-        "status",
-        "--type",
-        "merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
+    patch_status(api, "pod", f"{job}-x1", status)
+
+
+def patch_status(api, kind: str, name: str, status: dict) -> None:
+    patch = json.dumps({"status": status})
+    kubectl(api, "patch", kind, name, "--subresource", "status", "--type", "merge", "-p", patch)
 
 
 def mark_job(api, name: str, outcome: str = "Complete") -> None:
@@ -127,33 +121,15 @@ def mark_job(api, name: str, outcome: str = "Complete") -> None:
     }
     if outcome == "Complete":
         status["succeeded"] = 1
-    kubectl(
-        api,
-        "patch",
-        "job",
-        name,
-        "--subresource",
-        "status",
-        "--type",
-        "merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
+    patch_status(api, "job", name, status)
 
 
 def mark_ready(api, deployment: str, replicas: int) -> None:
-    patch = {"status": {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}}
-    kubectl(
+    patch_status(
         api,
-        "patch",
         "deployment",
         deployment,
-        "--subresource",
-        "status",
-        "--type",
-        "merge",
-        "-p",
-        json.dumps(patch),
+        {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas},
     )
 
 
