@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the container's termination message
+TERMINATION_LOG = (
+    "/dev/termination-log"  # Kubernetes shows its content as the container's termination message
+)
 MODEL_MOUNT = "/var/lib/neuronfleet/model"  # where serving and compile pods mount pvc:// models
 TOKENIZER_FILES = (
     "tokenizer.json",

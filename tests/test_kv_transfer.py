@@ -1,0 +1,146 @@
+"""The KV transfer layer: writes land in registered memory, verified (checksum, dtype, shape, model) before
+the receiver is notified; refusals, corruption, broken peers and deadlines are errors, never silent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+
+import pytest
+import torch
+
+from neuronfleet.runtime.kv_transfer import (
+    HEADER,
+    Descriptor,
+    IntegrityError,
+    TcpAgent,
+    TransferError,
+    TransportUnavailable,
+    make_agent,
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def pair(region_shape=(2, 3, 8, 4), dtype=torch.bfloat16):
+    receiver = TcpAgent("decode-0", "smollm2@abc")
+    target = torch.zeros(region_shape, dtype=dtype)
+    receiver.register_memory("lease-1", target)
+    await receiver.start()
+    sender = TcpAgent("prefill-0", "smollm2@abc")
+    return sender, receiver, target
+
+
+def test_a_write_lands_in_place_and_notifies_after_verification():
+    async def main():
+        sender, receiver, target = await pair()
+        layer = torch.randn(3, 8, 4, dtype=torch.bfloat16)
+        nbytes = layer.numel() * 2
+        t = await sender.write(
+            receiver.metadata(), layer, Descriptor("lease-1", nbytes, nbytes), "req-7:layer-1"
+        )
+        assert sender.poll(t) == "done" and t.nbytes == nbytes
+        assert await receiver.wait_notification("req-7:layer-1", timeout=5) == "prefill-0"
+        assert torch.equal(target[1], layer) and torch.count_nonzero(target[0]) == 0
+        # many writes over one connection, each notified once
+        for i in range(20):
+            await sender.write(receiver.metadata(), layer, Descriptor("lease-1", 0, nbytes), f"n{i}")
+        assert [m for _, m in receiver.get_notifications()] == [f"n{i}" for i in range(20)]
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: setattr(s, "model_id", "llama@zzz"), "model mismatch"),
+        (lambda s: None, "dtype mismatch"),
+    ],
+)
+def test_writes_that_do_not_match_the_region_are_refused(change, message):
+    async def main():
+        sender, receiver, target = await pair()
+        change(sender)
+        src = torch.ones(3, 8, 4, dtype=torch.float32 if message == "dtype mismatch" else torch.bfloat16)
+        with pytest.raises(IntegrityError, match=message):
+            await sender.write(
+                receiver.metadata(), src, Descriptor("lease-1", 0, src.numel() * src.element_size()), "x"
+            )
+        assert receiver.get_notifications() == [] and torch.count_nonzero(target) == 0
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
+def test_an_expired_region_and_an_out_of_bounds_write_are_refused():
+    async def main():
+        sender, receiver, _ = await pair()
+        layer = torch.ones(3, 8, 4, dtype=torch.bfloat16)
+        meta = receiver.metadata()
+        with pytest.raises(IntegrityError, match="fall outside the region"):
+            await sender.write(meta, layer, Descriptor("lease-1", 10_000, 192), "x")
+        receiver.deregister_memory("lease-1")  # the lease expired
+        with pytest.raises(IntegrityError, match="no region 'lease-1' is registered"):
+            await sender.write(meta, layer, Descriptor("lease-1", 0, 192), "x")
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
+def test_corrupted_bytes_are_detected_by_the_checksum():
+    async def main():
+        _, receiver, _ = await pair()
+        payload = bytes(192)
+        fields = {"agent": "evil", "model": "smollm2@abc", "region": "lease-1", "offset": 0, "nbytes": 192}
+        fields |= {"dtype": "bfloat16", "shape": [3, 8, 4], "checksum": 12345, "notification": "x", "id": 0}
+        header = json.dumps(fields).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+        writer.write(HEADER.pack(len(header)) + header + payload)
+        reply = await reader.readexactly(2 + HEADER.size)
+        (size,) = struct.unpack("!I", reply[2:])
+        message = (await reader.readexactly(size)).decode()
+        assert reply[:2] == b"ER" and "checksum mismatch" in message
+        assert receiver.get_notifications() == []
+        writer.close()
+        await receiver.stop()
+
+    run(main())
+
+
+def test_a_dead_receiver_and_a_stalled_one_fail_the_transfer():
+    async def main():
+        sender, receiver, _ = await pair()
+        meta = receiver.metadata()
+        await receiver.stop()
+        layer = torch.ones(3, 8, 4, dtype=torch.bfloat16)
+        with pytest.raises(TransferError, match="broke"):
+            await sender.write(meta, layer, Descriptor("lease-1", 0, 192), "x")
+        # a peer that accepts and never answers: the deadline fails the transfer
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        stalled = {**meta, "address": ["127.0.0.1", silent.getsockname()[1]]}
+        with pytest.raises(TransferError, match="deadline"):
+            await sender.write(stalled, layer, Descriptor("lease-1", 0, 192), "x", timeout=0.5)
+        silent.close()
+        with pytest.raises(TransferError, match=r"within 0\.2 s"):
+            await receiver.wait_notification("never", timeout=0.2)
+        await sender.stop()
+
+    run(main())
+
+
+def test_efa_never_falls_back_silently():
+    with pytest.raises(TransportUnavailable, match="needs NIXL"):
+        make_agent("efa", "decode-0", "m")
+    with pytest.raises(ValueError, match="choose tcp or efa"):
+        make_agent("udp", "decode-0", "m")
+    assert isinstance(make_agent("tcp", "d", "m"), TcpAgent)
