@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from .model_runner import ModelRunner
 from .sampling_params import InvalidRequest, SamplingParams
 from .scheduler import FinishReason, QueueFull, Scheduler, queue_full_message
@@ -184,6 +186,17 @@ class Engine:
         if seq.slot is not None:
             self.runner.release_slot(seq.slot)
         return self._output(stream, [], "", FinishReason.ABORT)
+
+    def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
+        """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so
+        that a request for that prompt prefills only its last token. Returns the slot, or None when no slot
+        is free (the request then prefills whole: slower, never wrong)."""
+        free = self.scheduler.free_slots()
+        if not free:
+            return None
+        slot = free[-1]  # the highest free slot: low ones stay free for new requests
+        self.runner.import_kv(slot, kv, token_ids)
+        return slot
 
     def has_work(self) -> bool:
         return self.scheduler.has_work

@@ -521,6 +521,33 @@ class ModelRunner:
         self.kv_cache[:, :, :n, dst] = self.kv_cache[:, :, :n, src]
         self.cached[dst] = self.cached[src][:length]
 
+    @torch.inference_mode()
+    def export_kv(self, slot: int, length: int, layer: int | None = None) -> torch.Tensor:
+        """Keys and values of positions [0, length) of a slot, contiguous: [layers, 2, kv_heads, length,
+        head_dim], or one layer's [2, kv_heads, length, head_dim] (to send layer by layer)."""
+        n = -(-length // KV_BLOCK)
+        cache = self.kv_cache[:, :, :n, slot] if layer is None else self.kv_cache[layer, :, :n, slot]
+        # [.., n, KV, BLOCK, D] -> [.., KV, n * BLOCK, D]
+        blocks = cache.movedim(-4, -3).flatten(-3, -2)
+        return blocks[..., :length, :].contiguous()
+
+    @torch.inference_mode()
+    def import_kv(self, slot: int, kv: torch.Tensor, token_ids: Sequence[int]) -> None:
+        """Place keys and values computed elsewhere ([layers, 2, kv_heads, len, head_dim] for the first len
+        tokens of token_ids) into a slot, which then holds those tokens for prefix reuse."""
+        c = self.config
+        length = len(token_ids)
+        expected = (c.num_layers, 2, c.num_kv_heads, length, c.head_dim)
+        if tuple(kv.shape) != expected or kv.dtype != self.dtype:
+            raise ValueError(
+                f"KV of shape {tuple(kv.shape)} {kv.dtype} does not fit: expected {expected} {self.dtype}"
+            )
+        n = -(-length // KV_BLOCK)
+        padded = F.pad(kv, (0, 0, 0, n * KV_BLOCK - length))  # [L, 2, KV, n * BLOCK, D]
+        blocks = padded.unflatten(-2, (n, KV_BLOCK)).movedim(-3, -4)  # [L, 2, n, KV, BLOCK, D]
+        self.kv_cache[:, :, :n, slot] = blocks.to(self.device)
+        self.cached[slot] = list(token_ids)
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Move a running request from slot src to slot dst: its cache positions [0, length) and its sampler.
         src keeps its copy of the cache for prefix reuse."""

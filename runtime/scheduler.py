@@ -205,6 +205,9 @@ class Scheduler:
 
     # ---- observation ---------------------------------------------------------------------------------------
 
+    def free_slots(self) -> list[int]:
+        return sorted(self._free)
+
     @property
     def num_free_slots(self) -> int:
         return len(self._free)

@@ -1,0 +1,74 @@
+"""A prompt prefilled by one engine, its KV cache carried by the tcp transport layer by layer into another
+engine's slot, decodes there to exactly the tokens a unified engine produces (the real model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from neuronfleet.runtime.engine import Engine
+from neuronfleet.runtime.kv_transfer import Descriptor, TcpAgent
+from neuronfleet.runtime.sampling_params import SamplingParams
+
+QUESTIONS = ["What is the capital of France?", "Name three fruits that are red.", "Explain gravity briefly."]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_dir):
+    make = lambda **kw: Engine.from_model_dir(str(smollm2_dir), max_seq_len=256, **kw)  # noqa: E731
+    return make(slots=2), make(slots=4), make(slots=1, prefix_reuse=False)
+
+
+async def hand_over(prefill: Engine, ids: list[int]) -> torch.Tensor:
+    """Prefill on one engine, send each layer's KV to a receiver agent, return what arrived."""
+    runner = prefill.runner
+    runner.start_slot(0, SamplingParams(), ids)
+    runner.prefill([0], [ids])
+    c = runner.config
+    region = torch.zeros((c.num_layers, 2, c.num_kv_heads, len(ids), c.head_dim), dtype=runner.dtype)
+    receiver = TcpAgent("decode-0", "smollm2")
+    receiver.register_memory("lease-1", region)
+    await receiver.start()
+    sender = TcpAgent("prefill-0", "smollm2")
+    per_layer = region[0].numel() * region.element_size()
+    transfers = []
+    for layer in range(c.num_layers):
+        where = Descriptor("lease-1", layer * per_layer, per_layer)
+        kv = runner.export_kv(0, len(ids), layer)
+        transfers.append(sender.write_nowait(receiver.metadata(), kv, where, f"r1:{layer}"))
+    for t in transfers:
+        await t.wait(timeout=30)
+    for layer in range(c.num_layers):
+        await receiver.wait_notification(f"r1:{layer}", timeout=5)
+    await sender.stop()
+    await receiver.stop()
+    assert torch.equal(region, runner.export_kv(0, len(ids)))
+    return region
+
+
+@pytest.mark.real_model
+def test_decode_after_a_kv_handoff_equals_the_unified_engine(engines):
+    prefill, decode, unified = engines
+    reports = []
+    decode.step_observers.append(reports.append)
+    for question in QUESTIONS:
+        ids = unified.tokenizer.encode_chat([{"role": "user", "content": question}])
+        kv = asyncio.run(hand_over(prefill, ids))
+        slot = decode.import_prefix(ids, kv)
+        assert slot is not None
+        reports.clear()
+        got = decode.generate([ids], SamplingParams(max_tokens=24))[0]
+        want = unified.generate([ids], SamplingParams(max_tokens=24))[0]
+        assert got.token_ids == want.token_ids, question
+        admitted = next(r for r in reports if r.prefill_requests)
+        assert admitted.reused_prompt_tokens == len(ids) - 1  # only the last prompt token was computed
+
+
+def test_kv_that_does_not_fit_the_slot_is_refused(engines):
+    _, decode, _ = engines
+    c = decode.runner.config
+    wrong = torch.zeros((c.num_layers, 2, c.num_kv_heads, 5, c.head_dim), dtype=torch.float16)
+    with pytest.raises(ValueError, match="does not fit"):
+        decode.runner.import_kv(3, wrong, [1, 2, 3, 4, 5])
