@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -187,6 +188,21 @@ class Engine:
             self.runner.release_slot(seq.slot)
         return self._output(stream, [], "", FinishReason.ABORT)
 
+    def prefill_and_export(self, token_ids: Sequence[int], params: SamplingParams | None = None):
+        """A prefill pod's work for one prompt: run it in a free slot (reusing any cached prefix) and return
+        its first token and its keys and values ([layers, 2, kv_heads, len, head_dim]). The slot keeps the
+        prompt for prefix reuse and is free again at once."""
+        free = self.scheduler.free_slots()
+        if not free:
+            raise QueueFull(queue_full_message(self.scheduler.num_slots, self.scheduler.max_waiting))
+        slot = free[0]
+        self.runner.start_slot(slot, params or SamplingParams(), token_ids)
+        try:
+            (first,) = self.runner.prefill([slot], [list(token_ids)])
+            return first, self.runner.export_kv(slot, len(token_ids))
+        finally:
+            self.runner.release_slot(slot)
+
     def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
         """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so
         that a request for that prompt prefills only its last token. Returns the slot, or None when no slot
@@ -336,6 +352,15 @@ def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
     return best
 
 
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
     for queue, item in batch:
         queue.put_nowait(item)
@@ -413,6 +438,14 @@ class AsyncEngine:
                     self.engine.enqueue(payload)
                 except (QueueFull, ValueError) as e:
                     self._deliver(payload.request_id, e)
+            elif kind == "call":
+                fn, loop, future = payload
+                try:
+                    result, error = fn(self.engine), None
+                except Exception as e:  # the caller gets it; the engine goes on
+                    result, error = None, e
+                with contextlib.suppress(RuntimeError):  # the caller's loop may be closed
+                    loop.call_soon_threadsafe(_settle, future, result, error)
             else:
                 out = self.engine.abort(payload)
                 if out is not None:
@@ -441,6 +474,17 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         for rid in list(self._queues):
             self._deliver(rid, EngineFailed(f"the engine failed: {error!r}"))
+
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run fn(engine) on the engine's thread between two steps (the runner is not thread-safe), and
+        return its result; its exception is raised here and the engine goes on."""
+        if self.error is not None or self._stopping:
+            raise EngineFailed("the engine is not running")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.append(("call", (fn, loop, future)))
+        self._wake.set()
+        return await future
 
     async def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None

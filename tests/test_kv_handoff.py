@@ -72,3 +72,42 @@ def test_kv_that_does_not_fit_the_slot_is_refused(engines):
     wrong = torch.zeros((c.num_layers, 2, c.num_kv_heads, 5, c.head_dim), dtype=torch.float16)
     with pytest.raises(ValueError, match="does not fit"):
         decode.runner.import_kv(3, wrong, [1, 2, 3, 4, 5])
+
+
+@pytest.mark.real_model
+def test_prefill_and_decode_engines_hand_over_through_their_own_threads(engines):
+    """The serving path: each side's runner work runs on its engine thread (AsyncEngine.call); the decode
+    side streams exactly the unified tokens, and the prefill side's first token is the first of them."""
+    from neuronfleet.runtime.engine import AsyncEngine
+
+    prefill, decode, unified = engines
+    question = "Write one sentence about the sea."
+    ids = unified.tokenizer.encode_chat([{"role": "user", "content": question}])
+    want = unified.generate([ids], SamplingParams(max_tokens=20))[0].token_ids
+
+    async def main():
+        with AsyncEngine(lambda: prefill) as p, AsyncEngine(lambda: decode) as d:
+            first, kv = await p.call(lambda e: e.prefill_and_export(ids))
+            c = prefill.runner.config
+            region = torch.zeros_like(kv)
+            receiver, sender = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
+            receiver.register_memory("lease-2", region)
+            await receiver.start()
+            per_layer = kv[0].numel() * kv.element_size()
+            for layer in range(c.num_layers):
+                where = Descriptor("lease-2", layer * per_layer, per_layer)
+                await sender.write(receiver.metadata(), kv[layer].contiguous(), where, f"r2:{layer}")
+            await sender.stop()
+            await receiver.stop()
+            with pytest.raises(
+                ValueError, match="does not fit"
+            ):  # a bad import fails the call, not the engine
+                await d.call(lambda e: e.import_prefix(ids, region.to(torch.float16)))
+            assert await d.call(lambda e: e.import_prefix(ids, region)) is not None
+            tokens = []
+            async for out in d.generate(ids, SamplingParams(max_tokens=20)):
+                tokens += out.token_ids
+            return first, tokens
+
+    first, tokens = asyncio.run(main())
+    assert tokens == want and first == want[0]
