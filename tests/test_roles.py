@@ -1,0 +1,85 @@
+"""The prefill and decode roles' internal endpoints over HTTP (the test plays the router): 401 without the
+model's token; reserve, prefill-and-push, decode streams exactly the unified tokens; a handoff that never
+arrives falls back to prefilling on the decode pod, still exactly right."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from neuronfleet.runtime.engine import AsyncEngine, Engine
+from neuronfleet.runtime.kv_transfer import TcpAgent
+from neuronfleet.runtime.leases import LeasePool
+from neuronfleet.runtime.roles import DecodeRole, PrefillRole
+from neuronfleet.runtime.sampling_params import SamplingParams
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.mark.real_model
+def test_router_path_over_the_internal_endpoints(smollm2_dir):
+    make = lambda slots, **kw: Engine.from_model_dir(str(smollm2_dir), slots=slots, max_seq_len=256, **kw)  # noqa: E731
+    unified = make(1, prefix_reuse=False)
+    questions = ["What is the capital of France?", "Name a green vegetable."]
+    prompts = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
+    want = [o.token_ids for o in unified.generate(prompts, SamplingParams(max_tokens=16))]
+
+    async def main():
+        with AsyncEngine(lambda: make(2)) as pe, AsyncEngine(lambda: make(4)) as de:
+            c = de.engine.runner.config
+            decode_agent, prefill_agent = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
+            await decode_agent.start()
+            leases = LeasePool(decode_agent, count=2, layers=c.num_layers, kv_heads=c.num_kv_heads,
+                               head_dim=c.head_dim, max_tokens=256, dtype=de.engine.runner.dtype)  # fmt: skip
+            decode_app, prefill_app = web.Application(), web.Application()
+            decode_app.add_routes(DecodeRole(de, decode_agent, leases, TOKEN, wait_seconds=2.0).routes())
+            prefill_app.add_routes(PrefillRole(pe, prefill_agent, TOKEN).routes())
+            async with (
+                TestClient(TestServer(decode_app)) as decode,
+                TestClient(TestServer(prefill_app)) as prefill,
+            ):
+                # without the token nothing happens
+                r = await decode.post("/internal/reserve", json={"request": "x", "prompt_tokens": 5})
+                assert r.status == 401 and leases.leases == {}
+                r = await prefill.post("/internal/prefill", json={})
+                assert r.status == 401
+
+                async def stream(body) -> tuple[list[int], bool]:
+                    r = await decode.post("/internal/decode", json=body, headers=AUTH)
+                    assert r.status == 200
+                    lines = [json.loads(x) for x in (await r.text()).splitlines()]
+                    return [t for line in lines for t in line["token_ids"]], lines[-1]["imported"]
+
+                for i, ids in enumerate(prompts):
+                    rid = f"r{i}"
+                    r = await decode.post(
+                        "/internal/reserve", json={"request": rid, "prompt_tokens": len(ids)}, headers=AUTH
+                    )
+                    lease = await r.json()
+                    push = {
+                        "request": rid,
+                        "prompt_ids": ids,
+                        "agent": lease["agent"],
+                        "region": lease["region"],
+                    }
+                    r = await prefill.post("/internal/prefill", headers=AUTH, json=push)
+                    assert r.status == 200 and (await r.json())["first_token"] == want[i][0]
+                    tokens, imported = await stream(
+                        {"lease": lease["lease"], "request": rid, "prompt_ids": ids, "max_tokens": 16}
+                    )
+                    assert imported and tokens == want[i]
+                    assert leases.leases == {}  # released after the import
+                # a handoff that never arrives: the decode pod prefills itself, and the answer is the same
+                tokens, imported = await stream(
+                    {"lease": "lease-404", "request": "r9", "prompt_ids": prompts[1], "max_tokens": 16}
+                )
+                assert not imported and tokens == want[1]
+            await decode_agent.stop()
+            await prefill_agent.stop()
+
+    asyncio.run(main())
