@@ -43,8 +43,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.engine import AsyncEngine, Engine
     from neuronfleet.runtime.server import RuntimeServer, serve
 
-    if args.role != "unified":
-        raise ValueError(f"--role {args.role} is not available yet; this build serves --role unified")
+    if args.role == "router":
+        raise ValueError("--role router is not available yet; this build serves unified, prefill and decode")
+    role_setup = _role_setup(args) if args.role in ("prefill", "decode") else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = AsyncEngine(
         lambda: Engine.from_model_dir(
@@ -58,10 +59,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             prefix_reuse=args.prefix_reuse,
         )
     )
+    routes, startup = role_setup(engine) if role_setup else ([], [])
     server = RuntimeServer(
         engine,
         args.served_model_name or Path(args.model).name,
         max_body_bytes=args.max_body_bytes,
+        extra_routes=routes,
+        on_startup=startup,
     )
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
@@ -163,6 +167,45 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role_setup(args: argparse.Namespace):
+    """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
+    NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
+    import os
+
+    from neuronfleet.runtime.kv_transfer import make_agent
+
+    token = os.environ.get("NEURONFLEET_INTERNAL_TOKEN", "")
+    if args.internal_token_file:
+        token = Path(args.internal_token_file).read_text().strip()
+    if not token:
+        raise ValueError(
+            f"--role {args.role} needs the model's internal token: --internal-token-file FILE (mounted from "
+            "a Secret) or NEURONFLEET_INTERNAL_TOKEN"
+        )
+    model_id = args.served_model_name or Path(args.model).name
+    agent = make_agent(args.kv_transport, f"{args.role}-{os.getpid()}", model_id, args.host)
+
+    def build(engine):
+        from neuronfleet.runtime.leases import LeasePool
+        from neuronfleet.runtime.roles import DecodeRole, PrefillRole
+
+        if args.role == "prefill":
+            return PrefillRole(engine, agent, token).routes(), []
+
+        async def start_agent(app) -> None:
+            await agent.start(args.kv_port)
+
+        runner = engine.engine.runner
+        c = runner.config
+        leases = LeasePool(
+            agent, count=args.kv_leases or args.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim, max_tokens=runner.max_prompt_len, dtype=runner.dtype,
+        )  # fmt: skip
+        return DecodeRole(engine, agent, leases, token).routes(), [start_agent]
+
+    return build
+
+
 def _buckets(text: str) -> list[int]:
     """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
     try:
@@ -217,6 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="prefill every prompt whole, even when its slot's cache already holds its first tokens",
     )
+    srv.add_argument(
+        "--kv-transport", choices=["tcp", "efa"], default="tcp", help="prefill/decode KV transport"
+    )
+    srv.add_argument("--kv-port", type=int, default=0, help="decode: port of the KV receiver (0: a free one)")
+    srv.add_argument("--kv-leases", type=int, help="decode: concurrent KV handoffs (default: --slots)")
+    srv.add_argument(
+        "--internal-token-file",
+        help="prefill/decode: the model's internal token (else NEURONFLEET_INTERNAL_TOKEN)",
+    )
     srv.add_argument("--max-waiting", type=int, default=256, help="bound of the waiting queue")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
     srv.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
@@ -263,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         args.kopf_args = [*unknown, *args.kopf_args]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    from neuronfleet.runtime.kv_transfer import TransportUnavailable
     from neuronfleet.runtime.model_config import ModelLoadError
     from neuronfleet.runtime.sampling_params import InvalidRequest
 
@@ -272,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         ModelLoadError,
         InvalidRequest,
         ValueError,
-    ) as e:  # CompileError, ModelImportError are ValueErrors
+        TransportUnavailable,
+    ) as e:  # CompileError: a ValueError
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

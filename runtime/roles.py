@@ -28,10 +28,7 @@ def _authorized(request: web.Request, token: str) -> None:
     given = request.headers.get("Authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         raise web.HTTPUnauthorized(
-            text=json.dumps(
-                {"error": "the internal endpoints need the model's token (Authorization: Bearer)"}
-            ),
-            content_type="application/json",
+            reason="the internal endpoints need the model's token (Authorization: Bearer)"
         )
 
 

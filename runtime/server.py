@@ -15,7 +15,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import (
@@ -132,7 +132,17 @@ class Metrics:
 class RuntimeServer:
     """Routes HTTP requests to the async engine."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, *, max_body_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        model_name: str,
+        *,
+        max_body_bytes: int = 1 << 20,
+        extra_routes: Sequence[web.RouteDef] = (),
+        on_startup: Sequence[Callable[[web.Application], Awaitable[None]]] = (),
+    ) -> None:
+        """`extra_routes`: a role's internal endpoints (runtime.roles); `on_startup`: what they start."""
+        self.extra_routes, self.on_startup = list(extra_routes), list(on_startup)
         self.engine = engine
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
@@ -154,8 +164,10 @@ class RuntimeServer:
                 web.post("/generate", self.tgi_generate),
                 web.post("/generate_stream", self.tgi_generate_stream),
                 web.post("/", self.tgi_compat),
+                *self.extra_routes,
             ]
         )
+        app.on_startup.extend(self.on_startup)
         return app
 
     @web.middleware

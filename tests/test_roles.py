@@ -83,3 +83,36 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
             await prefill_agent.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.real_model
+def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
+    """`neuronfleet serve --role prefill|decode` as the operator starts them: the token from a file, the KV
+    receiver started with the server; a handoff through them decodes the unified tokens; 401 without it."""
+    import urllib.request
+
+    from test_server import post, running_server
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    options = ("--slots", "2", "--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
+    unified = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
+    want = unified.generate([ids], SamplingParams(max_tokens=12))[0].token_ids
+    with (
+        running_server(smollm2_dir, "--role", "decode", *options) as (decode, _),
+        running_server(smollm2_dir, "--role", "prefill", *options) as (prefill, _),
+    ):
+        code, body, _ = post(decode, "/internal/reserve", {"request": "r1", "prompt_tokens": len(ids)})
+        assert code == 401 and "the model's token" in body["error"]
+        code, lease, _ = post(decode, "/internal/reserve", {"request": "r1", "prompt_tokens": len(ids)}, AUTH)
+        assert code == 200 and lease["agent"]["transport"] == "tcp"
+        push = {"request": "r1", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+        code, pushed, _ = post(prefill, "/internal/prefill", push, AUTH)
+        assert code == 200 and pushed["first_token"] == want[0]
+        body = json.dumps({"lease": lease["lease"], "request": "r1", "prompt_ids": ids, "max_tokens": 12})
+        req = urllib.request.Request(
+            decode + "/internal/decode", data=body.encode(), headers=AUTH, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            lines = [json.loads(x) for x in r.read().splitlines()]
+        assert [t for line in lines for t in line["token_ids"]] == want and lines[-1]["imported"]
