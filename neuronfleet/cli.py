@@ -59,14 +59,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             prefix_reuse=args.prefix_reuse,
         )
     )
-    routes, startup = role_setup(engine) if role_setup else ([], [])
     server = RuntimeServer(
-        engine,
-        args.served_model_name or Path(args.model).name,
-        max_body_bytes=args.max_body_bytes,
-        extra_routes=routes,
-        on_startup=startup,
+        engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
     )
+    if role_setup is not None:  # the role's routes, and its metrics in the server's registry
+        routes, startup = role_setup(engine, server.metrics.registry)
+        server.extra_routes.extend(routes)
+        server.on_startup.extend(startup)
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
 
@@ -185,9 +184,9 @@ def _role_setup(args: argparse.Namespace):
     model_id = args.served_model_name or Path(args.model).name
     agent = make_agent(args.kv_transport, f"{args.role}-{os.getpid()}", model_id, args.host)
 
-    def build(engine):
+    def build(engine, registry):
         from neuronfleet.runtime.leases import LeasePool
-        from neuronfleet.runtime.roles import DecodeRole, PrefillRole
+        from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
 
         if args.role == "prefill":
             return PrefillRole(engine, agent, token).routes(), []
@@ -201,7 +200,9 @@ def _role_setup(args: argparse.Namespace):
             agent, count=args.kv_leases or args.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
             head_dim=c.head_dim, max_tokens=runner.max_prompt_len, dtype=runner.dtype,
         )  # fmt: skip
-        return DecodeRole(engine, agent, leases, token).routes(), [start_agent]
+        metrics = KVMetrics(registry, model_id, leases)
+        role = DecodeRole(engine, agent, leases, token, wait_seconds=args.kv_wait, metrics=metrics)
+        return role.routes(), [start_agent]
 
     return build
 
@@ -265,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--kv-port", type=int, default=0, help="decode: port of the KV receiver (0: a free one)")
     srv.add_argument("--kv-leases", type=int, help="decode: concurrent KV handoffs (default: --slots)")
+    srv.add_argument(
+        "--kv-wait",
+        type=float,
+        default=30.0,
+        help="decode: seconds to wait for a handoff before prefilling here",
+    )
     srv.add_argument(
         "--internal-token-file",
         help="prefill/decode: the model's internal token (else NEURONFLEET_INTERNAL_TOKEN)",

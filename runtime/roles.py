@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .engine import AsyncEngine
 from .kv_transfer import Descriptor, TransferError
@@ -43,12 +44,54 @@ async def _json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+class KVMetrics:
+    """The handoff's metrics, in the server's registry: bytes and seconds of transfers, fallbacks by reason,
+    leases (active, expired)."""
+
+    def __init__(self, registry: CollectorRegistry | None, model_name: str, leases: LeasePool | None = None):
+        registry = registry or CollectorRegistry()
+        labels = {"model_name": model_name}
+        self.bytes = Counter(
+            "neuronfleet:kv_transfer_bytes", "KV cache bytes received.", ["model_name"], registry=registry
+        ).labels(**labels)
+        self.seconds = Histogram(
+            "neuronfleet:kv_transfer_seconds", "Time to hand a request's KV cache over (all layers).",
+            ["model_name"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30), registry=registry,
+        ).labels(**labels)  # fmt: skip
+        self.fallbacks = Counter(
+            "neuronfleet:kv_fallbacks", "Requests the decode pod prefilled itself, by reason.",
+            ["model_name", "reason"], registry=registry,
+        )  # fmt: skip
+        self.labels = labels
+        if leases is not None:
+            for name, doc, fn in (
+                (
+                    "neuronfleet:kv_leases_active",
+                    "KV staging regions leased now.",
+                    lambda: len(leases.leases),
+                ),
+                (
+                    "neuronfleet:kv_lease_expiries",
+                    "Leases that expired before their handoff.",
+                    lambda: leases.expired,
+                ),
+            ):
+                Gauge(name, doc, ["model_name"], registry=registry).labels(**labels).set_function(fn)
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks.labels(**self.labels, reason=reason).inc()
+
+
 class DecodeRole:
     """Leases and the handoff into this pod's engine."""
 
-    def __init__(self, engine: AsyncEngine, agent, leases: LeasePool, token: str, wait_seconds: float = 30.0):
+    def __init__(
+        self, engine: AsyncEngine, agent, leases: LeasePool, token: str, wait_seconds: float = 30.0,
+        metrics: KVMetrics | None = None,
+    ):  # fmt: skip
         self.engine, self.agent, self.leases, self.token = engine, agent, leases, token
         self.wait_seconds = wait_seconds
+        self.metrics = metrics or KVMetrics(None, "model", leases)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/internal/reserve", self.reserve), web.post("/internal/decode", self.decode)]
@@ -81,14 +124,21 @@ class DecodeRole:
                 {"error": "prompt_ids must be a non-empty list of token ids"}, status=400
             )
         params = SamplingParams(max_tokens=body.get("max_tokens"), temperature=body.get("temperature", 0.0))
-        imported = False
+        imported, started = False, asyncio.get_running_loop().time()
         try:
             for layer in range(self.leases.shape[0]):
                 await self.agent.wait_notification(f"{rid}:{layer}", timeout=self.wait_seconds)
             kv = self.leases.kv(lease_id)
             imported = await self.engine.call(lambda e: e.import_prefix(ids, kv)) is not None
-        except (TransferError, KeyError):
-            imported = False  # the handoff failed or expired: the request prefills here (slower, correct)
+            if imported:
+                self.metrics.bytes.inc(kv.numel() * kv.element_size())
+                self.metrics.seconds.observe(asyncio.get_running_loop().time() - started)
+            else:
+                self.metrics.fallback("no_free_slot")
+        except TransferError:  # the handoff never completed: the request prefills here (slower, correct)
+            self.metrics.fallback("transfer_timeout")
+        except KeyError:
+            self.metrics.fallback("lease_expired")
         finally:
             self.leases.release(lease_id)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

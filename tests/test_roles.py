@@ -99,7 +99,7 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].token_ids
     with (
-        running_server(smollm2_dir, "--role", "decode", *options) as (decode, _),
+        running_server(smollm2_dir, "--role", "decode", "--kv-wait", "1", *options) as (decode, _),
         running_server(smollm2_dir, "--role", "prefill", *options) as (prefill, _),
     ):
         code, body, _ = post(decode, "/internal/reserve", {"request": "r1", "prompt_tokens": len(ids)})
