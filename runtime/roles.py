@@ -123,7 +123,12 @@ class DecodeRole:
             return web.json_response(
                 {"error": "prompt_ids must be a non-empty list of token ids"}, status=400
             )
-        params = SamplingParams(max_tokens=body.get("max_tokens"), temperature=body.get("temperature", 0.0))
+        try:  # the client's sampling parameters as the router parsed them (dataclasses.asdict)
+            given = dict(body.get("params") or {})
+            params = SamplingParams(**{**given, "stop": tuple(given.get("stop") or ())})
+        except (TypeError, ValueError) as e:
+            self.leases.release(lease_id)  # nothing will use it: free it now, not at expiry
+            return web.json_response({"error": f"params: {e}"}, status=400)
         imported, started = False, asyncio.get_running_loop().time()
         try:
             for layer in range(self.leases.shape[0]):

@@ -70,13 +70,46 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
                     r = await prefill.post("/internal/prefill", headers=AUTH, json=push)
                     assert r.status == 200 and (await r.json())["first_token"] == want[i][0]
                     tokens, imported = await stream(
-                        {"lease": lease["lease"], "request": rid, "prompt_ids": ids, "max_tokens": 16}
+                        {
+                            "lease": lease["lease"],
+                            "request": rid,
+                            "prompt_ids": ids,
+                            "params": {"max_tokens": 16},
+                        }
                     )
                     assert imported and tokens == want[i]
                     assert leases.leases == {}  # released after the import
+                # the client's sampling parameters travel with the request: seeded sampling reproduces
+                sampled = {"max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 7, "stop": ["zzz"]}
+                r = await decode.post(
+                    "/internal/reserve",
+                    json={"request": "s1", "prompt_tokens": len(prompts[0])},
+                    headers=AUTH,
+                )
+                lease = await r.json()
+                push = {
+                    "request": "s1",
+                    "prompt_ids": prompts[0],
+                    "agent": lease["agent"],
+                    "region": lease["region"],
+                }
+                assert (await prefill.post("/internal/prefill", headers=AUTH, json=push)).status == 200
+                tokens, imported = await stream(
+                    {"lease": lease["lease"], "request": "s1", "prompt_ids": prompts[0], "params": sampled}
+                )
+                expected = unified.generate([prompts[0]], SamplingParams(**{**sampled, "stop": ("zzz",)}))[0]
+                assert imported and tokens == expected.token_ids
+                bad = {"lease": "x", "request": "b", "prompt_ids": [1], "params": {"top_p": 7}}
+                r = await decode.post("/internal/decode", headers=AUTH, json=bad)
+                assert r.status == 400 and "top_p" in (await r.json())["error"]
                 # a handoff that never arrives: the decode pod prefills itself, and the answer is the same
                 tokens, imported = await stream(
-                    {"lease": "lease-404", "request": "r9", "prompt_ids": prompts[1], "max_tokens": 16}
+                    {
+                        "lease": "lease-404",
+                        "request": "r9",
+                        "prompt_ids": prompts[1],
+                        "params": {"max_tokens": 16},
+                    }
                 )
                 assert not imported and tokens == want[1]
             await decode_agent.stop()
@@ -109,7 +142,9 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
         push = {"request": "r1", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
         code, pushed, _ = post(prefill, "/internal/prefill", push, AUTH)
         assert code == 200 and pushed["first_token"] == want[0]
-        body = json.dumps({"lease": lease["lease"], "request": "r1", "prompt_ids": ids, "max_tokens": 12})
+        body = json.dumps(
+            {"lease": lease["lease"], "request": "r1", "prompt_ids": ids, "params": {"max_tokens": 12}}
+        )
         req = urllib.request.Request(
             decode + "/internal/decode", data=body.encode(), headers=AUTH, method="POST"
         )
