@@ -35,6 +35,7 @@ __all__ = [
     "EngineFailed",
     "EngineStats",
     "FinishReason",
+    "Limits",
     "QueueFull",
     "RequestFailed",
     "RequestOutput",
@@ -83,6 +84,17 @@ class EngineStats:
     prefill_calls: int = 0  # steps that admitted requests
     model_seconds: float = 0.0  # inside the model runner (forward + sampling)
     step_seconds: float = 0.0  # whole steps
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a backend accepts and holds: for /v1/models, /info and request checks."""
+
+    max_seq_len: int
+    max_prompt_len: int
+    slots: int
+    dtype: str
+    device: str
 
 
 @dataclass(frozen=True)
@@ -474,6 +486,44 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         for rid in list(self._queues):
             self._deliver(rid, EngineFailed(f"the engine failed: {error!r}"))
+
+    # ---- what an HTTP server needs of its backend (a router's remote backend offers the same) ----
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.engine.eos_ids
+
+    @property
+    def limits(self) -> Limits:
+        r = self.engine.runner
+        return Limits(r.max_seq_len, r.max_prompt_len, r.slots, r.dtype_name, r.device.type)
+
+    def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
+        """(name, help, read) of the gauges that describe this backend's load."""
+        sched, runner = self.engine.scheduler, self.engine.runner
+        capacity = runner.slots * runner.max_seq_len
+        return [
+            ("vllm:num_requests_running", "Requests in slots.", lambda: len(sched.running)),
+            ("vllm:num_requests_waiting", "Requests waiting for a slot.", lambda: self.num_pending),
+            (
+                "vllm:kv_cache_usage_perc",
+                "Share of KV cache tokens in use (1 = full).",
+                lambda: sched.used_tokens() / capacity,
+            ),
+            (
+                "neuronfleet:slots_busy",
+                "Slots holding a request.",
+                lambda: runner.slots - sched.num_free_slots,
+            ),
+        ]
+
+    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Called on the engine thread after every step."""
+        self.engine.step_observers.append(observer)
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run fn(engine) on the engine's thread between two steps (the runner is not thread-safe), and

@@ -52,22 +52,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         names = list(labels)
-        sched, runner = engine.engine.scheduler, engine.engine.runner
-        capacity = runner.slots * runner.max_seq_len
-
-        def gauge(name: str, doc: str, fn) -> None:
-            Gauge(name, doc, names, registry=self.registry).labels(**labels).set_function(fn)
-
-        gauge("vllm:num_requests_running", "Requests in slots.", lambda: len(sched.running))
-        gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", lambda: engine.num_pending)
-        gauge(
-            "vllm:kv_cache_usage_perc",
-            "Share of KV cache tokens in use (1 = full).",
-            lambda: sched.used_tokens() / capacity,
-        )
-        gauge(
-            "neuronfleet:slots_busy", "Slots holding a request.", lambda: runner.slots - sched.num_free_slots
-        )
+        for name, doc, read in engine.load_gauges():
+            Gauge(name, doc, names, registry=self.registry).labels(**labels).set_function(read)
         buckets = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
         def histogram(name: str, doc: str):
@@ -112,8 +98,8 @@ class Metrics:
             registry=self.registry,
         )
         self.labels = labels
-        self.slots = runner.slots
-        engine.engine.step_observers.append(self.observe_step)
+        self.slots = engine.limits.slots
+        engine.add_step_observer(self.observe_step)
 
     def observe_step(self, report: StepReport) -> None:
         """Called on the engine thread after every step."""
@@ -210,7 +196,7 @@ class RuntimeServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
-        runner = self.engine.engine.runner
+        limits = self.engine.limits
         return web.json_response(
             {
                 "object": "list",
@@ -220,23 +206,23 @@ class RuntimeServer:
                         "object": "model",
                         "created": self.created,
                         "owned_by": "neuronfleet",
-                        "max_model_len": runner.max_seq_len,
+                        "max_model_len": limits.max_seq_len,
                     }
                 ],
             }
         )
 
     async def info(self, request: web.Request) -> web.Response:
-        runner = self.engine.engine.runner
+        limits = self.engine.limits
         return web.json_response(
             {
                 "model_id": self.model_name,
-                "model_dtype": runner.dtype_name,
-                "model_device_type": runner.device.type,
-                "max_concurrent_requests": runner.slots,
-                "max_input_tokens": runner.max_prompt_len,
-                "max_total_tokens": runner.max_seq_len,
-                "max_batch_total_tokens": runner.slots * runner.max_seq_len,
+                "model_dtype": limits.dtype,
+                "model_device_type": limits.device,
+                "max_concurrent_requests": limits.slots,
+                "max_input_tokens": limits.max_prompt_len,
+                "max_total_tokens": limits.max_seq_len,
+                "max_batch_total_tokens": limits.slots * limits.max_seq_len,
                 "max_waiting_tokens": 0,
                 "validation_workers": 1,
                 "max_best_of": 1,
@@ -263,7 +249,7 @@ class RuntimeServer:
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         if parsed.messages is not None:
-            return self.engine.engine.tokenizer.encode_chat(parsed.messages)
+            return self.engine.tokenizer.encode_chat(parsed.messages)
         return parsed.prompt  # type: ignore[return-value]
 
     async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
@@ -484,14 +470,14 @@ class RuntimeServer:
             result = await self._collect(outputs)
         except (EngineFailed, RequestFailed) as e:
             return self._refusal(e, tgi=True)
-        eos = self.engine.engine.eos_ids
+        eos = self.engine.eos_ids
         finish = _tgi_finish_reason(result.finish_reason, result.token_ids, eos)
         body = {"generated_text": result.text}
         if parsed.details:
             tokens = [
                 {
                     "id": t,
-                    "text": self.engine.engine.tokenizer.decode([t], skip_special_tokens=False),
+                    "text": self.engine.tokenizer.decode([t], skip_special_tokens=False),
                     "logprob": None,
                     "special": t in eos,
                 }
@@ -509,7 +495,7 @@ class RuntimeServer:
     async def _tgi_sse(self, request: web.Request, parsed: ParsedRequest, outputs) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        eos = self.engine.engine.eos_ids
+        eos = self.engine.eos_ids
         text, tokens = [], []
         try:
             async with contextlib.aclosing(outputs):
