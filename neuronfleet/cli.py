@@ -44,7 +44,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.server import RuntimeServer, serve
 
     if args.role == "router":
-        raise ValueError("--role router is not available yet; this build serves unified, prefill and decode")
+        return _serve_router(args)
     role_setup = _role_setup(args) if args.role in ("prefill", "decode") else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = AsyncEngine(
@@ -166,12 +166,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _role_setup(args: argparse.Namespace):
-    """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
-    NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
+def _internal_token(args: argparse.Namespace) -> str:
     import os
-
-    from neuronfleet.runtime.kv_transfer import make_agent
 
     token = os.environ.get("NEURONFLEET_INTERNAL_TOKEN", "")
     if args.internal_token_file:
@@ -181,6 +177,42 @@ def _role_setup(args: argparse.Namespace):
             f"--role {args.role} needs the model's internal token: --internal-token-file FILE (mounted from "
             "a Secret) or NEURONFLEET_INTERNAL_TOKEN"
         )
+    return token
+
+
+def _serve_router(args: argparse.Namespace) -> int:
+    """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers."""
+    import asyncio
+    import logging
+
+    from neuronfleet.runtime.engine import Limits
+    from neuronfleet.runtime.model_config import load_model_config
+    from neuronfleet.runtime.router import RemoteBackend
+    from neuronfleet.runtime.server import RuntimeServer, serve
+    from neuronfleet.runtime.tokenizer import Tokenizer
+
+    token = _internal_token(args)
+    config = load_model_config(Path(args.model))
+    tokenizer = Tokenizer(args.model, config.eos_token_ids)
+    max_prompt = (args.prefill_buckets or [args.max_seq_len])[-1]
+    limits = Limits(args.max_seq_len, min(max_prompt, args.max_seq_len), args.slots, args.dtype, "remote")
+    eos = frozenset(config.eos_token_ids) | tokenizer.eos_token_ids
+    backend = RemoteBackend(tokenizer, eos, limits, args.prefill or [], args.decode or [], token)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    name = args.served_model_name or Path(args.model).name
+    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes)  # type: ignore[arg-type]
+    asyncio.run(serve(server, args.host, args.port, args.grace_period))
+    return 0
+
+
+def _role_setup(args: argparse.Namespace):
+    """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
+    NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
+    import os
+
+    from neuronfleet.runtime.kv_transfer import make_agent
+
+    token = _internal_token(args)
     model_id = args.served_model_name or Path(args.model).name
     agent = make_agent(args.kv_transport, f"{args.role}-{os.getpid()}", model_id, args.host)
 
@@ -261,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="prefill every prompt whole, even when its slot's cache already holds its first tokens",
     )
+    srv.add_argument(
+        "--prefill", action="append", help="router: a prefill peer URL (http://host:port); repeat"
+    )
+    srv.add_argument("--decode", action="append", help="router: a decode peer URL (http://host:port); repeat")
     srv.add_argument(
         "--kv-transport", choices=["tcp", "efa"], default="tcp", help="prefill/decode KV transport"
     )

@@ -154,6 +154,8 @@ class DecodeRole:
                 "text": out.text,
                 "finished": out.finished,
                 "imported": imported,
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
             }
             if out.finished:
                 line["finish_reason"] = str(out.finish_reason)

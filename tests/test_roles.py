@@ -151,3 +151,65 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
         with urllib.request.urlopen(req, timeout=60) as r:
             lines = [json.loads(x) for x in r.read().splitlines()]
         assert [t for line in lines for t in line["token_ids"]] == want and lines[-1]["imported"]
+
+
+@pytest.mark.real_model
+def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp_path):
+    """The whole disaggregated path from the command line: the official openai client talks to the router,
+    which reserves on the decode pod, has the prefill pod push the KV cache, and streams the decode pod's
+    tokens; greedy answers equal the unified engine's, for several concurrent requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+    from test_server import running_server
+
+    (tmp_path / "token").write_text(TOKEN)
+    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
+    unified = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    questions = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
+    chats = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
+    want = [o.text for o in unified.generate(chats, SamplingParams(max_tokens=16))]
+    with (
+        running_server(smollm2_dir, "--role", "decode", "--slots", "4", *common) as (decode, _),
+        running_server(smollm2_dir, "--role", "prefill", "--slots", "2", *common) as (prefill, _),
+        running_server(
+            smollm2_dir, "--role", "router", "--prefill", prefill, "--decode", decode, *common
+        ) as (
+            router,
+            _,
+        ),
+    ):
+        client = OpenAI(base_url=router + "/v1", api_key="unused")
+
+        def ask(q: str) -> str:
+            resp = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0
+            )
+            return resp.choices[0].message.content
+
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(ask, questions)) == want
+
+
+def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "token").write_text(TOKEN)
+    base = [
+        sys.executable,
+        "-P",
+        "-m",
+        "neuronfleet.cli",
+        "serve",
+        "--model",
+        str(smollm2_dir),
+        "--role",
+        "router",
+    ]
+    run = subprocess.run(
+        [*base, "--internal-token-file", str(tmp_path / "token")], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "needs at least one --prefill and one --decode peer URL" in run.stderr
+    run = subprocess.run([*base, "--decode", "http://127.0.0.1:1"], capture_output=True, text=True)
+    assert run.returncode == 2 and "needs the model's internal token" in run.stderr
