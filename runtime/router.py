@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
@@ -20,8 +21,32 @@ from .scheduler import FinishReason
 from .tokenizer import Tokenizer
 
 
+def resolve_peers(specs: Sequence[str]) -> list[str]:
+    """Peer URLs: http://host:port as given; dns://name:port becomes one URL per address the name resolves to
+    (every pod behind a headless Service). A name that does not resolve contributes none."""
+    out: list[str] = []
+    for spec in specs:
+        if spec.startswith("dns://"):
+            host, _, port = spec.removeprefix("dns://").rpartition(":")
+            try:
+                infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            except (socket.gaierror, ValueError):
+                continue
+            for family, _, _, _, address in infos:
+                ip = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                url = f"http://{ip}:{address[1]}"
+                if url not in out:
+                    out.append(url)
+        elif spec.startswith(("http://", "https://")):
+            out.append(spec.rstrip("/"))
+        else:
+            raise ValueError(f"peer {spec!r}: use http://host:port or dns://name:port")
+    return out
+
+
 class RemoteBackend:
-    """A backend whose requests run on prefill and decode peers (static http://host:port URLs)."""
+    """A backend whose requests run on prefill and decode peers (http://host:port, or dns://name:port
+    re-resolved for every request, so pods behind a headless Service come and go)."""
 
     def __init__(
         self,
@@ -35,13 +60,14 @@ class RemoteBackend:
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
-        self.prefill, self.decode = list(prefill), list(decode)
+        self.prefill_specs, self.decode_specs = list(prefill), list(decode)
+        resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.headers = {"Authorization": f"Bearer {token}"}
         self.error: BaseException | None = None
         self.alive = True
         self.in_flight = 0
         self._ids = itertools.count()
-        self._next_prefill = itertools.cycle(range(len(self.prefill)))
+        self._turn = itertools.count()  # round-robin over prefill pods
         self._session: aiohttp.ClientSession | None = None
 
     # ---- the backend surface the HTTP server uses ----
@@ -94,7 +120,12 @@ class RemoteBackend:
         self.in_flight += 1
         try:
             failures = []
-            for decode in self.decode:  # the first decode pod that reserves serves the request
+            decode_pods = resolve_peers(self.decode_specs)
+            if not decode_pods:
+                raise EngineFailed(
+                    f"no decode pod is reachable ({', '.join(self.decode_specs)} resolve to none)"
+                )
+            for decode in decode_pods:  # the first decode pod that reserves serves the request
                 try:
                     async for out in self._run(decode, rid, ids, params):
                         yield out
@@ -114,13 +145,15 @@ class RemoteBackend:
             if r.status != 200:
                 raise RuntimeError(f"reserve answered {r.status}")
             lease = await r.json()
-        prefill = self.prefill[next(self._next_prefill)]
+        prefill_pods = resolve_peers(self.prefill_specs)
         push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
-        try:
-            async with s.post(f"{prefill}/internal/prefill", json=push) as r:
-                await r.read()  # a failed push is not fatal: the decode pod prefills itself
-        except (aiohttp.ClientError, OSError):
-            pass
+        if prefill_pods:  # none: the decode pod prefills itself after its wait
+            prefill = prefill_pods[next(self._turn) % len(prefill_pods)]
+            try:
+                async with s.post(f"{prefill}/internal/prefill", json=push) as r:
+                    await r.read()  # a failed push is not fatal: the decode pod prefills itself
+            except (aiohttp.ClientError, OSError):
+                pass
         body = {
             "lease": lease["lease"],
             "request": rid,

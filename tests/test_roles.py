@@ -173,11 +173,8 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
         running_server(smollm2_dir, "--role", "decode", "--slots", "4", *common) as (decode, _),
         running_server(smollm2_dir, "--role", "prefill", "--slots", "2", *common) as (prefill, _),
         running_server(
-            smollm2_dir, "--role", "router", "--prefill", prefill, "--decode", decode, *common
-        ) as (
-            router,
-            _,
-        ),
+            smollm2_dir, "--role", "router", "--prefill", prefill, "--decode", dns(decode), *common
+        ) as (router, _),
     ):
         client = OpenAI(base_url=router + "/v1", api_key="unused")
 
@@ -213,3 +210,18 @@ def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path)
     assert run.returncode == 2 and "needs at least one --prefill and one --decode peer URL" in run.stderr
     run = subprocess.run([*base, "--decode", "http://127.0.0.1:1"], capture_output=True, text=True)
     assert run.returncode == 2 and "needs the model's internal token" in run.stderr
+
+
+def dns(url: str) -> str:
+    """http://127.0.0.1:PORT -> dns://localhost:PORT, resolved per request like a headless Service."""
+    return "dns://localhost:" + url.rsplit(":", 1)[1]
+
+
+def test_peers_resolve_from_urls_and_dns_names():
+    from neuronfleet.runtime.router import resolve_peers
+
+    assert resolve_peers(["http://10.0.0.5:8000/"]) == ["http://10.0.0.5:8000"]
+    assert "http://127.0.0.1:8000" in resolve_peers(["dns://localhost:8000"])
+    assert resolve_peers(["dns://no-such-service.invalid:8000"]) == []
+    with pytest.raises(ValueError, match="use http://host:port or dns://name:port"):
+        resolve_peers(["10.0.0.5:8000"])
