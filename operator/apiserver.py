@@ -1,6 +1,7 @@
-"""An emulated Kubernetes API server, for tests and the local mode: kmock's Kubernetes scaffold (request
-parsing, discovery, Status errors) with an object store made faithful where the operator and `kubectl`
-depend on it.
+"""An emulated Kubernetes API server, for tests and the local mode, built on kmock's Kubernetes scaffold (its
+request type, its Kubernetes errors, its aiohttp handler) with URL parsing, discovery and an object store of
+its own, made faithful where the operator and `kubectl` depend on it. (kmock's own parser takes
+/api/v1/namespaces for a namespaced path, and its emulator merges dicts without resourceVersions.)
 
 What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
 when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
@@ -85,6 +86,7 @@ BUILTIN = [
         ("crd", "crds"),
     ),
 ]
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 PRECREATED_NAMESPACES = ("default", "kube-system", "kube-public")
 SERVER_VERSION = {
     "major": "1",
@@ -308,7 +310,7 @@ def json_path(obj: dict[str, Any], path: str) -> Any:
 
 
 class EmulatedAPIServer(kmock.KubernetesScaffold):
-    """The store and REST semantics; discovery and request parsing come from kmock's scaffold."""
+    """The registry of kinds, the store, discovery and the REST semantics."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -327,24 +329,9 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
 
     def register(self, r: Resource) -> None:
         self.kinds[(r.group, r.version, r.plural)] = r
-        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-        self.resources[f"{r.group}/{r.version}/{r.plural}" if r.group else f"v1/{r.plural}"] = (
-            kmock.ResourceInfo(
-                kind=r.kind,
-                singular=r.kind.lower(),
-                namespaced=r.namespaced,
-                verbs=verbs,
-                shortnames=r.short_names,
-                categories=r.categories,
-                subresources=r.subresources,
-            )
-        )
 
     def unregister(self, group: str, version: str, plural: str) -> None:
         self.kinds.pop((group, version, plural), None)
-        for res in list(self.resources):
-            if (str(res.group), str(res.version), str(res.plural)) == (group, version, plural):
-                del self.resources[res]
 
     def _crd_resources(self, crd: dict[str, Any]) -> list[Resource]:
         spec = crd["spec"]
@@ -432,9 +419,6 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
         status.update(message=message, reason=reason, details=details, code=code)
         return aiohttp.web.json_response(status, status=code)
 
-    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
-        return SERVER_VERSION
-
     # ---- discovery (legacy lists) and the OpenAPI v3 index kubectl reads for server-side validation ----
 
     def _group_versions(self) -> dict[str, list[str]]:
@@ -474,7 +458,6 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
             raise error(
                 404, "NotFound", f"the server could not find the requested resource ({group}/{version})"
             )
-        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         resources = []
         for r in kinds:
             main = {
@@ -483,7 +466,7 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
                 "namespaced": r.namespaced,
                 "kind": r.kind,
             }
-            main["verbs"] = verbs
+            main["verbs"] = VERBS
             if r.short_names:
                 main["shortNames"] = list(r.short_names)
             if r.categories:
@@ -558,7 +541,8 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
         res = request.resource
         kind = self.kinds.get((str(res.group or ""), str(res.version or ""), str(res.plural or "")))
         if kind is None:
-            return await super()._handle(request)  # discovery of groups and versions, or 404
+            what = f"{res.plural}.{res.group}" if res.group else str(res.plural)
+            raise error(404, "NotFound", f"the server doesn't have a resource type {what!r}")
         sub = request.subresource
         if sub and sub not in kind.subresources:
             raise error(404, "NotFound", f"the server could not find the requested resource ({sub})")
