@@ -24,12 +24,12 @@ from . import spec
 # (API group, resource) -> verbs the operator uses. The chart's RBAC is exactly this (plus kopf's own).
 RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
-    (spec.GROUP, f"{spec.PLURAL}/status"): ("get", "patch"),
-    ("", "persistentvolumeclaims"): ("get", "create", "patch"),
+    (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
+    ("", "persistentvolumeclaims"): ("get", "create"),  # created only (reconcile.CREATE_ONLY)
     ("", "configmaps"): ("get", "create", "patch"),
     ("", "services"): ("get", "create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "patch"),
-    ("batch", "jobs"): ("get", "list", "watch", "create", "patch"),
+    ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only; list and watch: kopf's
     ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
     ("", "events"): ("create",),
     ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
