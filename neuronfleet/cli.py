@@ -197,10 +197,16 @@ def _serve_router(args: argparse.Namespace) -> int:
     max_prompt = (args.prefill_buckets or [args.max_seq_len])[-1]
     limits = Limits(args.max_seq_len, min(max_prompt, args.max_seq_len), args.slots, args.dtype, "remote")
     eos = frozenset(config.eos_token_ids) | tokenizer.eos_token_ids
-    backend = RemoteBackend(tokenizer, eos, limits, args.prefill or [], args.decode or [], token)
+    backend = RemoteBackend(
+        tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
+        probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
+    )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = args.served_model_name or Path(args.model).name
-    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes)  # type: ignore[arg-type]
+    server = RuntimeServer(  # type: ignore[arg-type]
+        backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start]
+    )
+    backend.register_metrics(server.metrics.registry, name)
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
 
@@ -209,19 +215,33 @@ def _role_setup(args: argparse.Namespace):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
     NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
     import os
+    import secrets
 
     from neuronfleet.runtime.kv_transfer import make_agent
 
     token = _internal_token(args)
     model_id = args.served_model_name or Path(args.model).name
-    agent = make_agent(args.kv_transport, f"{args.role}-{os.getpid()}", model_id, args.host)
+    advertise = None
+    if args.kv_advertise or os.environ.get("POD_IP"):
+        host, _, port = (args.kv_advertise or os.environ["POD_IP"]).partition(":")
+        advertise = (host, int(port) if port else None)
+    elif args.host in ("0.0.0.0", "::"):
+        raise ValueError(
+            f"--role {args.role} listening on {args.host} needs the address prefill pods reach it at: "
+            "--kv-advertise HOST or the POD_IP environment variable"
+        )
+    identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
+    agent = make_agent(
+        args.kv_transport, identity, model_id, args.host, advertise=advertise, stall_seconds=args.kv_wait
+    )
 
     def build(engine, registry):
         from neuronfleet.runtime.leases import LeasePool
         from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
 
         if args.role == "prefill":
-            return PrefillRole(engine, agent, token).routes(), []
+            metrics = KVMetrics(registry, model_id, role="prefill")
+            return PrefillRole(engine, agent, token, timeout=args.kv_wait, metrics=metrics).routes(), []
 
         async def start_agent(app) -> None:
             await agent.start(args.kv_port)
@@ -230,7 +250,7 @@ def _role_setup(args: argparse.Namespace):
         c = runner.config
         leases = LeasePool(
             agent, count=args.kv_leases or args.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim, max_tokens=runner.max_prompt_len, dtype=runner.dtype,
+            head_dim=c.head_dim, max_tokens=runner.max_prompt_len, dtype=runner.dtype, ttl=args.kv_lease_ttl,
         )  # fmt: skip
         metrics = KVMetrics(registry, model_id, leases)
         role = DecodeRole(engine, agent, leases, token, wait_seconds=args.kv_wait, metrics=metrics)
@@ -306,7 +326,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-wait",
         type=float,
         default=30.0,
-        help="decode: seconds to wait for a handoff before prefilling here",
+        help="seconds a handoff may take: the router's wait for a prefill and its push, the prefill pod's "
+        "for the decode pod's acknowledgements, the decode pod's for the bytes (then it prefills itself)",
+    )
+    srv.add_argument(
+        "--kv-lease-ttl", type=float, default=60.0, help="decode: seconds a KV lease lives unless used"
+    )
+    srv.add_argument(
+        "--kv-advertise",
+        help="decode: HOST[:PORT] that prefill pods should send KV caches to (default: $POD_IP, else --host; "
+        "the port defaults to --kv-port)",
+    )
+    srv.add_argument(
+        "--peer-probe-interval", type=float, default=2.0, help="router: seconds between peer health probes"
+    )
+    srv.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=60.0,
+        help="router: seconds of silence from a decode pod before its request moves to another",
     )
     srv.add_argument(
         "--internal-token-file",

@@ -25,7 +25,8 @@ from .model_runner import ModelRunner
 from .sampling_params import InvalidRequest, SamplingParams
 from .scheduler import FinishReason, QueueFull, Scheduler, queue_full_message
 from .scheduler import Sequence as Seq
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .text_output import TextOutput
+from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,10 @@ class StepReport:
 
 @dataclass(eq=False)
 class _Stream:
-    """Per-request text state: the detokenizer and the text held back while it may start a stop string."""
+    """A request and its text state."""
 
     seq: Seq
-    detok: IncrementalDetokenizer
-    held: str = ""
+    text: TextOutput
 
 
 class Engine:
@@ -180,7 +180,7 @@ class Engine:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
         self.scheduler.add(seq)
         self._streams[seq.request_id] = _Stream(
-            seq=seq, detok=IncrementalDetokenizer(self.tokenizer, seq.prompt_ids)
+            seq=seq, text=TextOutput(self.tokenizer, seq.prompt_ids, seq.params.stop)
         )
         return seq.request_id
 
@@ -301,19 +301,13 @@ class Engine:
         params = seq.params
         if token in self.eos_ids and not params.ignore_eos:
             seq.output_ids.append(token)
-            return self._finish(stream, [token], stream.held, FinishReason.STOP)
+            return self._finish(stream, [token], stream.text.flush(), FinishReason.STOP)
         seq.output_ids.append(token)
-        text = stream.held + stream.detok.add(token)
-        stream.held = ""
-        if params.stop:
-            cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
-            if cut >= 0:
-                return self._finish(stream, [token], text[:cut], FinishReason.STOP)
-            keep = _stop_prefix_len(text, params.stop)
-            if keep:
-                text, stream.held = text[:-keep], text[-keep:]
+        text, stopped = stream.text.add(token)
+        if stopped:
+            return self._finish(stream, [token], text, FinishReason.STOP)
         if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.runner.max_seq_len:
-            return self._finish(stream, [token], text + stream.held, FinishReason.LENGTH)
+            return self._finish(stream, [token], text + stream.text.flush(), FinishReason.LENGTH)
         return self._output(stream, [token], text, None)
 
     def _finish(self, stream: _Stream, ids: list[int], text: str, reason: FinishReason) -> RequestOutput:
@@ -351,17 +345,6 @@ class Engine:
             for out in self.step():
                 results[out.request_id].absorb(out)
         return [results[i] for i in ids]
-
-
-def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a stop string (to hold back)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

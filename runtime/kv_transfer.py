@@ -40,6 +40,10 @@ class TransferError(RuntimeError):
     """A transfer did not complete: refused by the receiver, broken connection, or past its deadline."""
 
 
+class TransferTimeout(TransferError):
+    """The receiver did not verify the bytes before the deadline (a stalled link or peer)."""
+
+
 class IntegrityError(TransferError):
     """The bytes or their description do not match the receiving region (checksum, dtype, shape, model)."""
 
@@ -57,10 +61,11 @@ class Descriptor:
     nbytes: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Region:
     tensor: torch.Tensor
     view: memoryview  # the tensor's bytes
+    receiving: int = 0  # payloads being read into it now (its memory must not be reused until they end)
 
     @property
     def info(self) -> dict[str, Any]:
@@ -88,6 +93,7 @@ class Transfer:
     state: str = "pending"  # pending | done | error
     error: str = ""
     integrity: bool = False  # the receiver refused the bytes or their description
+    timed_out: bool = False
     started: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -105,8 +111,10 @@ class Transfer:
             await asyncio.wait_for(self.done.wait(), timeout)
         except TimeoutError:
             self.finish(f"the transfer passed its {timeout} s deadline")
+            self.timed_out = True
         if self.state == "error":
-            raise (IntegrityError if self.integrity else TransferError)(self.error)
+            kind = IntegrityError if self.integrity else TransferTimeout if self.timed_out else TransferError
+            raise kind(self.error)
         return self
 
 
@@ -192,8 +200,12 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
             raw = bytearray(HEADER.unpack(length)[0])
             _recv_into(sock, memoryview(raw))
             header = json.loads(raw)
-            problem = agent._check(header)
-            if problem:  # refused: the payload is read into scratch memory and dropped
+            with agent._lock:  # checked and pinned at once: deregistering cannot slip in between
+                problem = agent._check(header)
+                region = None if problem else agent.regions[header["region"]]
+                if region is not None:
+                    region.receiving += 1
+            if region is None:  # refused: the payload is read into scratch memory and dropped
                 scratch = bytearray(min(int(header.get("nbytes", 0)), 1 << 20))
                 left = int(header.get("nbytes", 0))
                 while left > 0:
@@ -201,12 +213,17 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
                     if n == 0:
                         raise ConnectionError("the writer closed the connection")
                     left -= n
-                checks.put((header, None, problem))
+                checks.put((header, None, problem, None))
                 continue
-            region = agent.regions[header["region"]]
             target = region.view[header["offset"] : header["offset"] + header["nbytes"]]
-            _recv_into(sock, target)
-            checks.put((header, target, ""))
+            sock.settimeout(agent.stall_seconds)  # a writer that stalls mid-payload loses its connection
+            try:
+                _recv_into(sock, target)
+            finally:
+                sock.settimeout(None)
+                with agent._lock:
+                    region.receiving -= 1
+            checks.put((header, target, "", region))
     except (OSError, ConnectionError, ValueError):
         pass  # the writer left, or sent garbage: its pending transfers fail on its side
     finally:
@@ -219,9 +236,11 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
 def _verify(agent: TcpAgent, sock: socket.socket, loop, checks: queue.SimpleQueue) -> None:
     try:
         while (item := checks.get()) is not None:
-            header, target, problem = item
+            header, target, problem, region = item
             if not problem and checksum(target) != header["checksum"]:
                 problem = "checksum mismatch: the bytes arrived corrupted"
+            if not problem and agent.regions.get(header["region"]) is not region:
+                problem = f"region {header['region']!r} was deregistered (its lease ended) meanwhile"
             if problem:
                 _reply(sock, REPLY_ERR, problem)
             else:
@@ -242,9 +261,22 @@ class TcpAgent:
 
     transport_name = "tcp"
 
-    def __init__(self, name: str, model_id: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        name: str,
+        model_id: str,
+        host: str = "127.0.0.1",
+        advertise: tuple[str, int | None] | None = None,
+        stall_seconds: float = 30.0,
+    ) -> None:
+        """`name` identifies this agent's incarnation (a restarted process gets a new one, and writes meant
+        for the old one are refused); `advertise` is the address writers are told to use, when it is not the
+        listening one (a pod IP, a proxy), its port None for the listening port; a writer that stalls in the
+        middle of a payload for `stall_seconds` loses its connection, so no region stays pinned."""
         self.name, self.model_id, self.host = name, model_id, host
+        self.advertise, self.stall_seconds = advertise, stall_seconds
         self.regions: dict[str, Region] = {}
+        self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._accepted: set[socket.socket] = set()
         self.port = 0
@@ -258,11 +290,15 @@ class TcpAgent:
     # ---- memory ----
 
     def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
-        self.regions[name] = Region(tensor, tensor_bytes(tensor))
-        return self.regions[name].info
+        with self._lock:
+            self.regions[name] = Region(tensor, tensor_bytes(tensor))
+            return self.regions[name].info
 
-    def deregister_memory(self, name: str) -> None:
-        self.regions.pop(name, None)
+    def deregister_memory(self, name: str) -> Region | None:
+        """Refuse writes to the region from now on; returns it (its `receiving` says whether a payload is
+        still landing in its memory), or None when it was not registered."""
+        with self._lock:
+            return self.regions.pop(name, None)
 
     # ---- receiving ----
 
@@ -301,12 +337,23 @@ class TcpAgent:
         return {
             "agent": self.name,
             "transport": self.transport_name,
-            "address": [self.host, self.port],
+            "address": self.address,
             "model": self.model_id,
             "regions": {name: r.info for name, r in self.regions.items()},
         }
 
+    @property
+    def address(self) -> list:
+        if self.advertise is None:
+            return [self.host, self.port]
+        return [self.advertise[0], self.advertise[1] or self.port]
+
     def _check(self, header: dict[str, Any]) -> str:
+        if header.get("to", self.name) != self.name:
+            return (
+                f"this agent is {self.name!r}, not {header.get('to')!r}: the receiver restarted, and leases "
+                "and regions of its earlier life are void"
+            )
         if header.get("model") != self.model_id:
             return f"model mismatch: the writer serves {header.get('model')!r}, this agent {self.model_id!r}"
         region = self.regions.get(header.get("region", ""))
@@ -337,6 +384,10 @@ class TcpAgent:
         """(writer agent, message) of completed, verified writes since the last call."""
         out, self._notifications = self._notifications, []
         return out
+
+    def discard_notifications(self, prefix: str) -> None:
+        """Forget notifications that start with `prefix` (a request's, once it no longer waits for them)."""
+        self._notifications = [n for n in self._notifications if not n[1].startswith(prefix)]
 
     async def wait_notification(self, message: str, timeout: float) -> str:
         """Wait for a notification with this message; returns the writer's name (TransferError on timeout)."""
@@ -392,6 +443,7 @@ class TcpAgent:
         transfer = Transfer(nbytes=len(payload))
         header = {
             "agent": self.name,
+            "to": remote["agent"],
             "model": self.model_id,
             "region": dst.region,
             "offset": dst.offset,
@@ -434,8 +486,13 @@ class TcpAgent:
             return await transfer.wait(timeout)
         except TransferError:
             if not transfer.integrity:  # a stalled or broken peer: later writes must not queue behind it
-                self._drop((remote["address"][0], int(remote["address"][1])), transfer.error)
+                self.abandon(remote, transfer.error)
             raise
+
+    def abandon(self, remote: dict[str, Any], reason: str) -> None:
+        """Give up on a receiver that stalled: its connection closes and what is queued behind fails, so later
+        writes start on a fresh connection instead of waiting behind it."""
+        self._drop((remote["address"][0], int(remote["address"][1])), reason)
 
     def _drop(self, address: tuple[str, int], reason: str) -> None:
         link = self._links.pop(address, None)
@@ -448,10 +505,10 @@ class TcpAgent:
         return transfer.state
 
 
-def make_agent(transport: str, name: str, model_id: str, host: str = "127.0.0.1"):
+def make_agent(transport: str, name: str, model_id: str, host: str = "127.0.0.1", **options):
     """The agent for `--kv-transport`; efa without NIXL's LIBFABRIC backend fails here, never falls back."""
     if transport == "tcp":
-        return TcpAgent(name, model_id, host)
+        return TcpAgent(name, model_id, host, **options)
     if transport == "efa":
         try:
             from nixl._api import nixl_agent, nixl_agent_config  # noqa: F401

@@ -2,11 +2,13 @@
 only while the decode pod holds a lease for that request. The regions are allocated (and touched) once at
 start-up, since first-touch page faults cost more than the network; a lease registers its region with the
 transfer agent and an expired or released lease deregisters it, so late writes are refused, never pinned.
+A region whose memory a payload is still landing in when its lease ends waits (draining) until that payload
+ends before another lease may use it. Lease ids are random, so a restarted pod never honours an old one.
 """
 
 from __future__ import annotations
 
-import itertools
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,8 +53,8 @@ class LeasePool:
         self.regions = [torch.zeros(per_region, dtype=dtype) for _ in range(count)]
         self.free = list(range(count))
         self.leases: dict[str, tuple[Lease, int]] = {}
+        self.draining: list[tuple[int, object]] = []  # (index, the agent's Region) still receiving
         self.expired = 0
-        self._ids = itertools.count(1)
 
     def reserve(self, request_id: str, tokens: int) -> Lease:
         self.sweep()
@@ -61,7 +63,7 @@ class LeasePool:
         if not self.free:
             raise NoRegionFree(f"all {len(self.regions)} KV staging regions are leased")
         index = self.free.pop()
-        lease_id = f"lease-{next(self._ids)}"
+        lease_id = f"lease-{secrets.token_hex(8)}"
         lease = Lease(lease_id, request_id, lease_id, tokens, self.clock() + self.ttl)
         view = self.regions[index][: self.elements(tokens)]
         self.agent.register_memory(lease.region, view)
@@ -83,11 +85,17 @@ class LeasePool:
         entry = self.leases.pop(lease_id, None)
         if entry is not None:
             lease, index = entry
-            self.agent.deregister_memory(lease.region)
-            self.free.append(index)
+            region = self.agent.deregister_memory(lease.region)
+            if region is not None and region.receiving:
+                self.draining.append((index, region))
+            else:
+                self.free.append(index)
 
     def sweep(self) -> list[Lease]:
         """Release every lease past its expiry (late writes to them are refused from now on)."""
+        for item in [d for d in self.draining if not d[1].receiving]:
+            self.draining.remove(item)
+            self.free.append(item[0])
         now = self.clock()
         gone = [lease for lease, _ in self.leases.values() if lease.expires_at <= now]
         for lease in gone:

@@ -6,7 +6,10 @@ without it gets 401 and changes nothing.
   metadata; `POST /internal/decode` waits for the prefill pod's verified writes, imports them into a free slot
   (whose prefill then computes only the last prompt token) and streams the tokens as JSON lines.
 - prefill: `POST /internal/prefill` runs a prompt and writes its KV cache, layer by layer, into the decode
-  pod's lease; it answers with the first token once every write was verified.
+  pod's lease; it answers with the first token once every write was verified, or 502 with the reason
+  (`corrupt`, `refused`, `transfer_timeout`, `transfer_failed`) that the decode pod then counts.
+- both: `GET /internal/status` answers the pod's identity (its transfer agent's name, new at every start),
+  role and load, for the router's health checks and its choice of pods.
 """
 
 from __future__ import annotations
@@ -14,15 +17,25 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .engine import AsyncEngine
-from .kv_transfer import Descriptor, TransferError
+from .engine import AsyncEngine, EngineFailed, QueueFull
+from .kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
 from .leases import LeasePool, NoRegionFree
-from .sampling_params import SamplingParams
+from .sampling_params import InvalidRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# why a decode pod prefilled a request itself (neuronfleet:kv_fallbacks{reason}); the first four come from the
+# prefill pod through the router
+FALLBACK_REASONS = (
+    "corrupt", "refused", "transfer_timeout", "transfer_failed", "prefill_failed", "prefill_busy",
+    "no_prefill_pod", "lease_expired", "no_free_slot",
+)  # fmt: skip
 
 
 def _authorized(request: web.Request, token: str) -> None:
@@ -46,9 +59,12 @@ async def _json(request: web.Request) -> dict[str, Any]:
 
 class KVMetrics:
     """The handoff's metrics, in the server's registry: bytes and seconds of transfers, fallbacks by reason,
-    leases (active, expired)."""
+    leases (active, expired), and the role's queue (requests waiting for their KV cache or their prefill)."""
 
-    def __init__(self, registry: CollectorRegistry | None, model_name: str, leases: LeasePool | None = None):
+    def __init__(
+        self, registry: CollectorRegistry | None, model_name: str, leases: LeasePool | None = None,
+        role: str = "decode",
+    ):  # fmt: skip
         registry = registry or CollectorRegistry()
         labels = {"model_name": model_name}
         self.bytes = Counter(
@@ -63,6 +79,12 @@ class KVMetrics:
             ["model_name", "reason"], registry=registry,
         )  # fmt: skip
         self.labels = labels
+        self.queued = 0  # requests in the role's queue: waiting for KV (decode) or being prefilled (prefill)
+        Gauge(
+            "neuronfleet:role_queue_requests", "Requests in the role's own queue: decode pods count those "
+            "waiting for their KV cache, prefill pods those being prefilled and pushed.",
+            ["model_name", "role"], registry=registry,
+        ).labels(**labels, role=role).set_function(lambda: self.queued)  # fmt: skip
         if leases is not None:
             for name, doc, fn in (
                 (
@@ -78,8 +100,29 @@ class KVMetrics:
             ):
                 Gauge(name, doc, ["model_name"], registry=registry).labels(**labels).set_function(fn)
 
-    def fallback(self, reason: str) -> None:
+    def fallback(self, reason: str, request_id: str, detail: str = "") -> None:
+        log.warning("request %s: prefilling on the decode pod (%s) %s", request_id, reason, detail)
         self.fallbacks.labels(**self.labels, reason=reason).inc()
+
+
+def _status(engine: AsyncEngine, agent, role: str, **extra) -> dict[str, Any]:
+    slots = engine.limits.slots
+    return {
+        "identity": agent.name,
+        "role": role,
+        "model": agent.model_id,
+        "slots": slots,
+        "running": engine.num_requests - engine.num_pending,
+        "waiting": engine.num_pending,
+        "ready": engine.alive,
+        **extra,
+    }
+
+
+async def _chain(first, rest):
+    yield first
+    async for out in rest:
+        yield out
 
 
 class DecodeRole:
@@ -94,7 +137,17 @@ class DecodeRole:
         self.metrics = metrics or KVMetrics(None, "model", leases)
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/internal/reserve", self.reserve), web.post("/internal/decode", self.decode)]
+        return [
+            web.post("/internal/reserve", self.reserve),
+            web.post("/internal/decode", self.decode),
+            web.get("/internal/status", self.status),
+        ]
+
+    async def status(self, request: web.Request) -> web.Response:
+        _authorized(request, self.token)
+        self.leases.sweep()
+        free = len(self.leases.free)
+        return web.json_response(_status(self.engine, self.agent, "decode", leases_free=free))
 
     async def reserve(self, request: web.Request) -> web.Response:
         _authorized(request, self.token)
@@ -115,11 +168,40 @@ class DecodeRole:
             }
         )
 
+    async def _take_kv(self, lease_id, rid: str, ids: list[int], kv_state) -> bool:
+        """Import the handed-over KV cache into a free slot; False (counted, logged) when the request must
+        prefill here instead. `kv_state` is what the router learned from the prefill pod: "ready", or
+        {"failed": reason, "detail": ...}."""
+        if isinstance(kv_state, dict):
+            reason = str(kv_state.get("failed"))
+            self.metrics.fallback(reason if reason in FALLBACK_REASONS else "transfer_failed", rid,
+                                  str(kv_state.get("detail", "")))  # fmt: skip
+            return False
+        started = asyncio.get_running_loop().time()
+        try:
+            self.leases.kv(lease_id)  # still live?
+            for layer in range(self.leases.shape[0]):
+                await self.agent.wait_notification(f"{rid}:{layer}", timeout=self.wait_seconds)
+            kv = self.leases.kv(lease_id)
+        except TransferError as e:  # the handoff never completed: the request prefills here (slower, correct)
+            self.metrics.fallback("transfer_timeout", rid, str(e))
+            return False
+        except KeyError as e:
+            self.metrics.fallback("lease_expired", rid, str(e))
+            return False
+        if await self.engine.call(lambda e: e.import_prefix(ids, kv)) is None:
+            self.metrics.fallback("no_free_slot", rid)
+            return False
+        self.metrics.bytes.inc(kv.numel() * kv.element_size())
+        self.metrics.seconds.observe(asyncio.get_running_loop().time() - started)
+        return True
+
     async def decode(self, request: web.Request) -> web.StreamResponse:
         _authorized(request, self.token)
         body = await _json(request)
         lease_id, rid, ids = body.get("lease"), str(body.get("request")), body.get("prompt_ids")
         if not isinstance(ids, list) or not ids:
+            self.leases.release(lease_id)
             return web.json_response(
                 {"error": "prompt_ids must be a non-empty list of token ids"}, status=400
             )
@@ -129,26 +211,23 @@ class DecodeRole:
         except (TypeError, ValueError) as e:
             self.leases.release(lease_id)  # nothing will use it: free it now, not at expiry
             return web.json_response({"error": f"params: {e}"}, status=400)
-        imported, started = False, asyncio.get_running_loop().time()
+        self.metrics.queued += 1
         try:
-            for layer in range(self.leases.shape[0]):
-                await self.agent.wait_notification(f"{rid}:{layer}", timeout=self.wait_seconds)
-            kv = self.leases.kv(lease_id)
-            imported = await self.engine.call(lambda e: e.import_prefix(ids, kv)) is not None
-            if imported:
-                self.metrics.bytes.inc(kv.numel() * kv.element_size())
-                self.metrics.seconds.observe(asyncio.get_running_loop().time() - started)
-            else:
-                self.metrics.fallback("no_free_slot")
-        except TransferError:  # the handoff never completed: the request prefills here (slower, correct)
-            self.metrics.fallback("transfer_timeout")
-        except KeyError:
-            self.metrics.fallback("lease_expired")
+            imported = await self._take_kv(lease_id, rid, ids, body.get("kv", "ready"))
         finally:
+            self.metrics.queued -= 1
             self.leases.release(lease_id)
+            self.agent.discard_notifications(f"{rid}:")  # of a push that failed half-way
+        outputs = self.engine.generate(ids, params, request_id=rid)
+        try:  # refusals come before the first output, while an HTTP status can still say so
+            first = await anext(outputs)
+        except InvalidRequest as e:
+            return web.json_response({"error": str(e)}, status=400)
+        except (QueueFull, EngineFailed) as e:
+            return web.json_response({"error": str(e)}, status=503, headers={"Retry-After": "1"})
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        async for out in self.engine.generate(ids, params, request_id=rid):
+        async for out in _chain(first, outputs):
             line = {
                 "token_ids": out.token_ids,
                 "text": out.text,
@@ -159,6 +238,8 @@ class DecodeRole:
             }
             if out.finished:
                 line["finish_reason"] = str(out.finish_reason)
+            if out.error:
+                line["error"] = out.error
             await response.write(json.dumps(line).encode() + b"\n")
         await response.write_eof()
         return response
@@ -167,11 +248,18 @@ class DecodeRole:
 class PrefillRole:
     """Runs prompts and pushes their KV caches into decode pods' leases."""
 
-    def __init__(self, engine: AsyncEngine, agent, token: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, engine: AsyncEngine, agent, token: str, timeout: float = 30.0, metrics: KVMetrics | None = None
+    ) -> None:
         self.engine, self.agent, self.token, self.timeout = engine, agent, token, timeout
+        self.metrics = metrics or KVMetrics(None, "model", role="prefill")
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/internal/prefill", self.prefill)]
+        return [web.post("/internal/prefill", self.prefill), web.get("/internal/status", self.status)]
+
+    async def status(self, request: web.Request) -> web.Response:
+        _authorized(request, self.token)
+        return web.json_response(_status(self.engine, self.agent, "prefill", queued=self.metrics.queued))
 
     async def prefill(self, request: web.Request) -> web.Response:
         _authorized(request, self.token)
@@ -184,7 +272,17 @@ class PrefillRole:
         )
         if not isinstance(ids, list) or not ids or not isinstance(remote, dict) or not region:
             return web.json_response({"error": "prompt_ids, agent and region are required"}, status=400)
-        first, kv = await self.engine.call(lambda e: e.prefill_and_export(ids))
+        self.metrics.queued += 1
+        try:
+            return await self._prefill(rid, ids, remote, region)
+        finally:
+            self.metrics.queued -= 1
+
+    async def _prefill(self, rid: str, ids: list[int], remote: dict, region: str) -> web.Response:
+        try:
+            first, kv = await self.engine.call(lambda e: e.prefill_and_export(ids))
+        except QueueFull as e:
+            return web.json_response({"error": str(e), "reason": "prefill_busy"}, status=503)
         per_layer = kv[0].numel() * kv.element_size()
         transfers = []
         for layer in range(kv.shape[0]):  # layer by layer, each notified as `<request>:<layer>`
@@ -193,5 +291,11 @@ class PrefillRole:
         try:
             await asyncio.gather(*(t.wait(self.timeout) for t in transfers))
         except TransferError as e:
-            return web.json_response({"error": f"the KV transfer failed: {e}"}, status=502)
+            if isinstance(e, IntegrityError):
+                reason = "corrupt" if "checksum" in str(e) else "refused"
+            else:  # stalled or broken: later pushes to that pod start on a fresh connection
+                reason = "transfer_timeout" if isinstance(e, TransferTimeout) else "transfer_failed"
+                self.agent.abandon(remote, str(e))
+            log.warning("request %s: the KV push failed (%s): %s", rid, reason, e)
+            return web.json_response({"error": f"the KV transfer failed: {e}", "reason": reason}, status=502)
         return web.json_response({"first_token": first, "bytes": per_layer * len(transfers)})

@@ -1,24 +1,40 @@
 """The router role: the model's public endpoint when prefill and decode run in separate pods. It offers the
 HTTP server the same backend surface as a local engine (tokenizer, limits, generate...), and runs each
 request as the exchange of docs/disaggregation.md: reserve a KV lease on a decode pod, have a prefill pod
-run the prompt and push its KV cache into it, then stream the decode pod's tokens. A decode pod that fails
-before streaming is replaced by the next one; when no pod can serve, the request fails clearly.
+run the prompt and push its KV cache into it, then stream the decode pod's tokens.
+
+It knows its peers (`PeerSet`) from URLs or DNS names of headless Services, probes them (`/internal/status`:
+identity and load), drops a peer after three failed probes or requests and re-adds it when it answers again,
+notices a restart by its new identity, and picks the least loaded pods. The text the client sees is made
+here from the decode pods' token ids (`TextOutput`), so when a decode pod fails the request goes on — on
+another decode pod, from the prompt plus the tokens already sent — and the client sees one stream; only when
+no pod can serve it does it fail, with a clear error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
+import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .engine import EngineFailed, Limits, RequestOutput
 from .sampling_params import InvalidRequest, SamplingParams
 from .scheduler import FinishReason
+from .text_output import TextOutput
 from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FAILS_TO_DROP = 3  # consecutive failed probes or requests that take a peer out of rotation
 
 
 def resolve_peers(specs: Sequence[str]) -> list[str]:
@@ -44,9 +60,126 @@ def resolve_peers(specs: Sequence[str]) -> list[str]:
     return out
 
 
+@dataclass
+class Peer:
+    """What the router knows of one pod."""
+
+    url: str
+    identity: str | None = None  # its transfer agent's name: new at every start
+    healthy: bool = True  # until probes or requests say otherwise
+    failures: int = 0  # in a row
+    load: int = 0  # running + waiting requests at the last probe
+    slots: int = 0
+    in_flight: int = 0  # this router's requests on it now
+    in_flight_at_probe: int = 0
+
+    @property
+    def score(self) -> int:
+        """Its load now: the last probe's, corrected by what this router sent or finished since."""
+        return max(0, self.load + self.in_flight - self.in_flight_at_probe)
+
+
+class PeerSet:
+    """The pods of one role (pure bookkeeping; the router does the I/O): resolved from the specs, healthy or
+    not by probes and request outcomes, ranked by load."""
+
+    def __init__(self, role: str, specs: Sequence[str]) -> None:
+        self.role, self.specs = role, list(specs)
+        self.peers: dict[str, Peer] = {}
+        self.restarts = 0
+        self._turn = itertools.count()
+
+    def update(self, urls: Sequence[str]) -> None:
+        """The pods the specs resolve to now; a pod no longer listed is forgotten once idle."""
+        for url in urls:
+            self.peers.setdefault(url, Peer(url))
+        for url in [u for u, p in self.peers.items() if u not in urls and p.in_flight == 0]:
+            del self.peers[url]
+
+    def probed(self, url: str, status: dict | None) -> None:
+        """A probe's outcome: the pod's /internal/status, or None when it failed."""
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        if status is None or not status.get("ready", True):
+            self.failed(url, "its status probe failed" if status is None else "it is not ready")
+            return
+        identity = str(status.get("identity"))
+        if peer.identity is not None and identity != peer.identity:
+            self.restarts += 1
+            log.warning("%s pod %s restarted (identity %s, was %s): its earlier leases are void",
+                        self.role, url, identity, peer.identity)  # fmt: skip
+        peer.identity = identity
+        peer.load = int(status.get("running", 0)) + int(status.get("waiting", 0))
+        peer.slots = int(status.get("slots", 0))
+        peer.in_flight_at_probe = peer.in_flight
+        self.succeeded(url)
+
+    def succeeded(self, url: str) -> None:
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        if not peer.healthy:
+            log.info("%s pod %s answers again: back in rotation", self.role, url)
+        peer.healthy, peer.failures = True, 0
+
+    def failed(self, url: str, why: str) -> None:
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        peer.failures += 1
+        if peer.healthy and peer.failures >= FAILS_TO_DROP:
+            peer.healthy = False
+            log.warning("%s pod %s is out of rotation after %d failures (last: %s)",
+                        self.role, url, peer.failures, why)  # fmt: skip
+
+    def ranked(self, exclude: Sequence[str] = ()) -> list[Peer]:
+        """Healthy pods first, those with free slots before full ones, least loaded first (ties taken in
+        turn); pods out of rotation last, as a last resort."""
+        peers = [p for p in self.peers.values() if p.url not in exclude]
+        if not peers:
+            return []
+        shift = next(self._turn) % len(peers)
+        order = {p.url: (i - shift) % len(peers) for i, p in enumerate(peers)}
+        return sorted(
+            peers,
+            key=lambda p: (not p.healthy, p.slots > 0 and p.score >= p.slots, p.score, order[p.url]),
+        )
+
+    @property
+    def healthy(self) -> int:
+        return sum(p.healthy for p in self.peers.values())
+
+
+class PeerBusy(RuntimeError):
+    """The decode pod has no staging region or slot free now (503); another may, or this one soon."""
+
+
+class StreamBroken(RuntimeError):
+    """The decode pod's stream ended before its request finished."""
+
+
+class PeerRefused(EngineFailed):
+    """A peer refused the request itself (4xx): no other pod would take it either."""
+
+
+async def _refusal(r: aiohttp.ClientResponse, step: str) -> None:
+    """Raise for a peer's answer other than 200: busy (503) is worth another pod, a refusal is final."""
+    if r.status == 200:
+        return
+    try:
+        error = (await r.json()).get("error")
+    except (ValueError, aiohttp.ContentTypeError):
+        error = await r.text()
+    if r.status == 503:
+        raise PeerBusy(f"{step} answered 503: {error}")
+    if 400 <= r.status < 500 and r.status != 401:
+        raise PeerRefused(f"{step} refused the request ({r.status}): {error}")
+    raise RuntimeError(f"{step} answered {r.status}: {error}")
+
+
 class RemoteBackend:
-    """A backend whose requests run on prefill and decode peers (http://host:port, or dns://name:port
-    re-resolved for every request, so pods behind a headless Service come and go)."""
+    """A backend whose requests run on prefill and decode peers."""
 
     def __init__(
         self,
@@ -56,19 +189,32 @@ class RemoteBackend:
         prefill: Sequence[str],
         decode: Sequence[str],
         token: str,
+        *,
+        probe_interval: float = 2.0,
+        kv_timeout: float = 30.0,
+        peer_timeout: float = 60.0,
+        busy_timeout: float = 30.0,
     ) -> None:
+        """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
+        a decode pod's stream before it counts as failed; `busy_timeout`: how long a request waits for a
+        decode pod with room when all are full."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
-        self.prefill_specs, self.decode_specs = list(prefill), list(decode)
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
+        self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
         self.headers = {"Authorization": f"Bearer {token}"}
+        self.probe_interval, self.kv_timeout = probe_interval, kv_timeout
+        self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
         self.error: BaseException | None = None
         self.alive = True
+        self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
+        self.retries: Counter | None = None
         self._ids = itertools.count()
-        self._turn = itertools.count()  # round-robin over prefill pods
         self._session: aiohttp.ClientSession | None = None
+        self._resolved_at = -1e9
+        self._prober: asyncio.Task | None = None
 
     # ---- the backend surface the HTTP server uses ----
 
@@ -78,7 +224,7 @@ class RemoteBackend:
 
     @property
     def num_pending(self) -> int:
-        return 0
+        return self.stages["reserve"]
 
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
         return [("vllm:num_requests_running", "Requests routed and not finished.", lambda: self.in_flight)]
@@ -86,8 +232,85 @@ class RemoteBackend:
     def add_step_observer(self, observer) -> None:
         """A router takes no engine steps."""
 
+    def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
+        """The router's own metrics: its queue by step, healthy peers and restarts by role, retries."""
+        labels = {"model_name": model_name}
+        stage = Gauge(
+            "neuronfleet:router_requests",
+            "Requests in each step of the exchange (reserve: finding a decode pod; prefill: being prefilled "
+            "and pushed; decode: streaming).",
+            ["model_name", "stage"],
+            registry=registry,
+        )
+        for name in self.stages:
+            stage.labels(**labels, stage=name).set_function(lambda name=name: self.stages[name])
+        healthy = Gauge(
+            "neuronfleet:router_peers_healthy", "Peers in rotation, by role.", ["model_name", "role"],
+            registry=registry,
+        )  # fmt: skip
+        restarts = Gauge(
+            "neuronfleet:router_peer_restarts", "Peers seen back with a new identity, by role.",
+            ["model_name", "role"], registry=registry,
+        )  # fmt: skip
+        for peers in (self.prefill, self.decode):
+            healthy.labels(**labels, role=peers.role).set_function(lambda p=peers: p.healthy)
+            restarts.labels(**labels, role=peers.role).set_function(lambda p=peers: p.restarts)
+        self.retries = Counter(
+            "neuronfleet:router_retries",
+            "Requests moved to another decode pod, before their stream began (retry) or during it (resume).",
+            ["model_name", "kind"],
+            registry=registry,
+        )
+        self._labels = labels
+
+    async def start(self, app=None) -> None:
+        """Resolve and probe the peers now and every `probe_interval` seconds."""
+        await self._refresh()
+        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+
     def shutdown(self) -> None:
         self.alive = False
+        if self._prober is not None:
+            self._prober.cancel()
+
+    # ---- peers ----
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self.headers, timeout=aiohttp.ClientTimeout(total=None)
+            )
+        return self._session
+
+    async def _refresh(self) -> None:
+        """Resolve the specs again (DNS off the event loop) and probe every peer once."""
+        loop = asyncio.get_running_loop()
+        for peers in (self.prefill, self.decode):
+            peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+        self._resolved_at = time.monotonic()
+        probes = [
+            self._probe(peers, url) for peers in (self.prefill, self.decode) for url in list(peers.peers)
+        ]
+        await asyncio.gather(*probes)
+
+    async def _probe(self, peers: PeerSet, url: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.probe_interval))
+        try:
+            async with self._client().get(f"{url}/internal/status", timeout=timeout) as r:
+                status = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            status = None
+        peers.probed(url, status)
+
+    async def _probe_forever(self) -> None:
+        while self.alive:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                await self._refresh()
+            except Exception:  # a probe round must never end the loop
+                log.exception("probing the peers failed")
+
+    # ---- requests ----
 
     def _check(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -106,6 +329,10 @@ class RemoteBackend:
                 "max_tokens",
             )
 
+    def _retried(self, kind: str) -> None:
+        if self.retries is not None:
+            self.retries.labels(**self._labels, kind=kind).inc()
+
     async def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
@@ -113,66 +340,156 @@ class RemoteBackend:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check(ids, params)
         rid = request_id or f"route-{next(self._ids)}"
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self.headers, timeout=aiohttp.ClientTimeout(total=None)
-            )
+        if time.monotonic() - self._resolved_at > self.probe_interval:  # no probe loop (tests) or stale
+            await self._refresh()
         self.in_flight += 1
+        generated: list[int] = []  # sent to the client: a resumed request continues after them
+        text = TextOutput(self.tokenizer, ids, params.stop)
+        failures: list[str] = []
+        tried: set[str] = set()
+        busy_until = time.monotonic() + self.busy_timeout
+        attempt = 0
         try:
-            failures = []
-            decode_pods = resolve_peers(self.decode_specs)
-            if not decode_pods:
-                raise EngineFailed(
-                    f"no decode pod is reachable ({', '.join(self.decode_specs)} resolve to none)"
-                )
-            for decode in decode_pods:  # the first decode pod that reserves serves the request
+            while True:
+                candidates = self.decode.ranked(exclude=tried)
+                if not candidates:
+                    why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
+                    raise EngineFailed(f"no decode pod could serve the request: {why}")
+                peer = candidates[0]
+                tried.add(peer.url)
+                rest = None if params.max_tokens is None else params.max_tokens - len(generated)
                 try:
-                    async for out in self._run(decode, rid, ids, params):
-                        yield out
-                    return
-                except (aiohttp.ClientError, OSError, RuntimeError) as e:
-                    failures.append(f"{decode}: {e}")
-            raise EngineFailed("no decode pod could serve the request: " + "; ".join(failures))
+                    part = dataclasses.replace(params, max_tokens=rest)
+                    async for token, reason in self._run(peer, f"{rid}.{attempt}", ids + generated, part):
+                        out = None
+                        if token is not None:
+                            generated.append(token)
+                            out = self._accept(rid, ids, generated, text, params, token)
+                            if out.finished:
+                                yield out
+                                return
+                        if reason is not None:  # the pod finished for a reason the text did not show
+                            out = out or RequestOutput(request_id=rid, token_ids=[], text="",
+                                                       prompt_tokens=len(ids))  # fmt: skip
+                            out.text += text.flush()
+                            out.finish_reason, out.completion_tokens = FinishReason(reason), len(generated)
+                            yield out
+                            return
+                        if out is not None:
+                            yield out
+                    raise StreamBroken("the stream ended before the request finished")
+                except PeerRefused:
+                    raise
+                except PeerBusy as e:
+                    failures.append(f"{peer.url}: {e}")
+                    if len(tried) == len(self.decode.peers) and time.monotonic() < busy_until:
+                        await asyncio.sleep(0.25)  # every pod is full: wait for room, within bounds
+                        tried.clear()
+                        failures.clear()
+                except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as e:
+                    failures.append(f"{peer.url}: {e or type(e).__name__}")
+                    self.decode.failed(peer.url, str(e))
+                    kind = "resume" if generated else "retry"
+                    log.warning("request %s: decode pod %s failed (%s); %s on another pod after %d tokens",
+                                rid, peer.url, e or type(e).__name__, kind, len(generated))  # fmt: skip
+                    self._retried(kind)
+                attempt += 1
         finally:
             self.in_flight -= 1
 
-    async def _run(self, decode: str, rid: str, ids: list[int], params: SamplingParams):
-        s = self._session
-        assert s is not None
-        async with s.post(
-            f"{decode}/internal/reserve", json={"request": rid, "prompt_tokens": len(ids)}
-        ) as r:
-            if r.status != 200:
-                raise RuntimeError(f"reserve answered {r.status}")
-            lease = await r.json()
-        prefill_pods = resolve_peers(self.prefill_specs)
-        push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
-        if prefill_pods:  # none: the decode pod prefills itself after its wait
-            prefill = prefill_pods[next(self._turn) % len(prefill_pods)]
+    def _accept(
+        self, rid: str, ids: list[int], generated: list[int], text: TextOutput, params: SamplingParams,
+        token: int,
+    ) -> RequestOutput | None:  # fmt: skip
+        """One generated token as the client sees it: EOS and stop strings end the request here, exactly as
+        in a unified engine (the decode pods apply the same rules, but only to their own part)."""
+
+        def output(piece: str, reason: FinishReason | None) -> RequestOutput:
+            return RequestOutput(request_id=rid, token_ids=[token], text=piece, finish_reason=reason,
+                                 prompt_tokens=len(ids), completion_tokens=len(generated))  # fmt: skip
+
+        if token in self.eos_ids and not params.ignore_eos:
+            return output(text.flush(), FinishReason.STOP)
+        piece, stopped = text.add(token)
+        if stopped:
+            return output(piece, FinishReason.STOP)
+        if params.max_tokens is not None and len(generated) >= params.max_tokens:
+            return output(piece + text.flush(), FinishReason.LENGTH)
+        return output(piece, None)
+
+    async def _run(self, decode: Peer, rid: str, ids: list[int], params: SamplingParams):
+        """One attempt on one decode pod: yields (token or None, the pod's finish reason or None)."""
+        s = self._client()
+        decode.in_flight += 1
+        try:
+            lease = await self._reserve(decode, rid, len(ids))
+            kv = await self._push(rid, ids, lease)
+            body = {
+                "lease": lease["lease"],
+                "request": rid,
+                "prompt_ids": ids,
+                "params": dataclasses.asdict(params),
+                "kv": kv,
+            }
+            silence = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout,
+                                            sock_read=self.peer_timeout + self.kv_timeout)  # fmt: skip
+            self.stages["decode"] += 1
             try:
-                async with s.post(f"{prefill}/internal/prefill", json=push) as r:
-                    await r.read()  # a failed push is not fatal: the decode pod prefills itself
-            except (aiohttp.ClientError, OSError):
-                pass
-        body = {
-            "lease": lease["lease"],
-            "request": rid,
-            "prompt_ids": ids,
-            "params": dataclasses.asdict(params),
-        }
-        async with s.post(f"{decode}/internal/decode", json=body) as r:
-            if r.status != 200:
-                raise RuntimeError(f"decode answered {r.status}")
-            async for line in r.content:
-                if not line.strip():
-                    continue
-                item = json.loads(line)
-                reason = item.get("finish_reason")
-                yield RequestOutput(
-                    request_id=rid,
-                    token_ids=item["token_ids"],
-                    text=item["text"],
-                    finish_reason=FinishReason(reason) if reason else None,
-                    prompt_tokens=item.get("prompt_tokens", len(ids)),
-                    completion_tokens=item.get("completion_tokens", 0),
-                )
+                async with s.post(f"{decode.url}/internal/decode", json=body, timeout=silence) as r:
+                    await _refusal(r, "decode")
+                    self.decode.succeeded(decode.url)
+                    async for line in r.content:
+                        if not line.strip():
+                            continue
+                        item = json.loads(line)
+                        if item.get("error"):
+                            raise RuntimeError(f"the request failed on the decode pod: {item['error']}")
+                        tokens, reason = item["token_ids"], item.get("finish_reason")
+                        for i, token in enumerate(tokens):
+                            yield token, reason if i == len(tokens) - 1 else None
+                        if not tokens and reason:
+                            yield None, reason
+            finally:
+                self.stages["decode"] -= 1
+        finally:
+            decode.in_flight -= 1
+
+    async def _reserve(self, decode: Peer, rid: str, tokens: int) -> dict:
+        self.stages["reserve"] += 1
+        try:
+            async with self._client().post(
+                f"{decode.url}/internal/reserve", json={"request": rid, "prompt_tokens": tokens},
+                timeout=aiohttp.ClientTimeout(total=self.peer_timeout),
+            ) as r:  # fmt: skip
+                await _refusal(r, "reserve")
+                return await r.json()
+        finally:
+            self.stages["reserve"] -= 1
+
+    async def _push(self, rid: str, ids: list[int], lease: dict) -> str | dict:
+        """Have a prefill pod run the prompt and push its KV cache into the lease: "ready", or why not (the
+        decode pod then prefills itself and counts the reason)."""
+        candidates = [p for p in self.prefill.ranked() if p.healthy]
+        if not candidates:
+            return {"failed": "no_prefill_pod", "detail": "no prefill pod is in rotation"}
+        peer = candidates[0]
+        push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+        self.stages["prefill"] += 1
+        peer.in_flight += 1
+        try:
+            async with self._client().post(
+                f"{peer.url}/internal/prefill", json=push,
+                timeout=aiohttp.ClientTimeout(total=self.kv_timeout),
+            ) as r:  # fmt: skip
+                answer = await r.json()
+            if r.status == 200:
+                self.prefill.succeeded(peer.url)
+                return "ready"
+            return {"failed": answer.get("reason", "prefill_failed"), "detail": answer.get("error", "")}
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+            self.prefill.failed(peer.url, str(e))
+            log.warning("request %s: prefill pod %s failed: %s", rid, peer.url, e or type(e).__name__)
+            return {"failed": "prefill_failed", "detail": f"{peer.url}: {e or type(e).__name__}"}
+        finally:
+            self.stages["prefill"] -= 1
+            peer.in_flight -= 1
