@@ -231,8 +231,8 @@ def _role_setup(args: argparse.Namespace):
             "--kv-advertise HOST or the POD_IP environment variable"
         )
     identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
-    agent = make_agent(
-        args.kv_transport, identity, model_id, args.host, advertise=advertise, stall_seconds=args.kv_wait
+    agent = make_agent(  # a writer stalled mid-payload loses its connection after twice its own deadline
+        args.kv_transport, identity, model_id, args.host, advertise=advertise, stall_seconds=2 * args.kv_wait
     )
 
     def build(engine, registry):

@@ -159,6 +159,12 @@ class StreamBroken(RuntimeError):
     """The decode pod's stream ended before its request finished."""
 
 
+class NoPeerAvailable(EngineFailed):
+    """No decode pod could serve the request (answered as 503)."""
+
+    http_status = 503
+
+
 class PeerRefused(EngineFailed):
     """A peer refused the request itself (4xx): no other pod would take it either."""
 
@@ -354,7 +360,7 @@ class RemoteBackend:
                 candidates = self.decode.ranked(exclude=tried)
                 if not candidates:
                     why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
-                    raise EngineFailed(f"no decode pod could serve the request: {why}")
+                    raise NoPeerAvailable(f"no decode pod could serve the request: {why}")
                 peer = candidates[0]
                 tried.add(peer.url)
                 rest = None if params.max_tokens is None else params.max_tokens - len(generated)
@@ -479,7 +485,8 @@ class RemoteBackend:
         try:
             async with self._client().post(
                 f"{peer.url}/internal/prefill", json=push,
-                timeout=aiohttp.ClientTimeout(total=self.kv_timeout),
+                timeout=aiohttp.ClientTimeout(total=2 * self.kv_timeout + 5),  # room for its queue, the
+                # prefill and its push's own deadline: past that the pod is hung
             ) as r:  # fmt: skip
                 answer = await r.json()
             if r.status == 200:

@@ -325,6 +325,8 @@ class RuntimeServer:
             status, reason = 503, "draining"
         elif isinstance(error, QueueFull):
             status, reason = (503 if tgi else 429), "queue_full"
+        elif getattr(error, "http_status", 500) == 503:  # e.g. a router with no peer that can serve
+            status, reason = 503, "unavailable"
         else:
             status, reason = 500, "failed"
         self.metrics.rejected.labels(**self.metrics.labels, reason=reason).inc()

@@ -62,3 +62,73 @@ def test_a_full_pool_and_an_oversized_request_are_refused():
         leases.reserve("r2", tokens=4)
     with pytest.raises(ValueError, match="1 to 16 prompt tokens, not 17"):
         leases.reserve("r3", tokens=17)
+
+
+def test_a_region_whose_payload_is_still_landing_is_not_leased_again_until_it_ends():
+    """A writer stalls mid-payload and the lease ends: the region is refused to writers at once, but its
+    memory is handed out again only once the receiver gave up on that payload (after its stall limit)."""
+    import json
+    import socket
+    import time
+
+    from neuronfleet.runtime.kv_transfer import HEADER
+
+    async def main():
+        clock, receiver = Clock(), TcpAgent("decode", "m", stall_seconds=0.5)
+        leases = pool(receiver, clock, count=1)
+        await receiver.start()
+        lease = leases.reserve("r1", tokens=5)
+        header = dict(agent="prefill", to="decode", model="m", region=lease.region, offset=0, nbytes=96,
+                      dtype="bfloat16", shape=[48], notification="r1:0")  # fmt: skip
+        raw = json.dumps(header).encode()
+        stalled = socket.create_connection(("127.0.0.1", receiver.port))
+        stalled.sendall(HEADER.pack(len(raw)) + raw + b"\0" * 40)  # 40 of the 96 bytes, then nothing
+        for _ in range(100):
+            if receiver.regions[lease.region].receiving:
+                break
+            await asyncio.sleep(0.01)
+        leases.release(lease.lease_id)
+        assert lease.region not in receiver.regions  # refused to writers from now on
+        with pytest.raises(NoRegionFree):  # but its memory is still being written into
+            leases.reserve("r2", tokens=5)
+        started = time.monotonic()
+        while time.monotonic() - started < 5:
+            await asyncio.sleep(0.1)
+            try:
+                again = leases.reserve("r2", tokens=5)
+                break
+            except NoRegionFree:
+                continue
+        else:
+            pytest.fail("the region never came back after the stalled writer was cut off")
+        assert again.lease_id != lease.lease_id and time.monotonic() - started >= 0.3
+        stalled.close()
+        await receiver.stop()
+
+    asyncio.run(main())
+
+
+def test_a_restarted_receiver_refuses_writes_meant_for_its_earlier_life():
+    """Same address, new identity: a prefill pod still holding the old metadata (and a lease name that the
+    new process happens to use too) is refused instead of writing into someone else's region."""
+
+    async def main():
+        old = TcpAgent("decode-aaaa", "m")
+        port = await old.start()
+        stale = old.metadata()
+        await old.stop()
+        new = TcpAgent("decode-bbbb", "m")
+        new.register_memory("lease-1", torch.zeros(48, dtype=torch.bfloat16))
+        await new.start(port)
+        sender = TcpAgent("prefill", "m")
+        with pytest.raises(IntegrityError, match="the receiver restarted"):
+            await sender.write(stale, torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96), "x")
+        assert not new.get_notifications() and torch.count_nonzero(new.regions["lease-1"].tensor) == 0
+        await sender.write(
+            new.metadata(), torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96), "y"
+        )
+        assert torch.count_nonzero(new.regions["lease-1"].tensor) == 48
+        await new.stop()
+        await sender.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,303 @@
+"""Every failure of docs/disaggregation.md, injected into a real disaggregated fleet started from the command
+line (router, one prefill pod, two decode pods, all on 127.0.0.1): corrupted, stalled and cut KV transfers,
+a lease that expires, a prefill pod killed mid-transfer, decode pods killed before and during a stream, pods
+restarting with new identities, no pod left. Each time the client gets exactly the unified greedy answer (or,
+when nothing can serve, a clear 503), the fallback is counted, and no lease or staging region stays held.
+
+The decode pods advertise a fault-injecting proxy (tests/kv_faults.py) as their KV address, so every KV byte
+crosses it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kv_faults import FaultPlan, FaultyProxy
+from prometheus_client.parser import text_string_to_metric_families
+from test_server import free_port, post, running_server
+
+from neuronfleet.runtime.engine import Engine
+from neuronfleet.runtime.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+TOKEN = "fleet-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+QUESTIONS = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
+STORY = "Write a short story about a lighthouse keeper."
+SLOTS = 4
+
+
+class Fleet:
+    """The pods, their ports (fixed, so a pod restarts where its peers expect it) and the fault plan."""
+
+    def __init__(self, model_dir, tmp_path) -> None:
+        self.model_dir, self.stack = model_dir, contextlib.ExitStack()
+        (tmp_path / "token").write_text(TOKEN)
+        self.common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
+                       "--kv-wait", "2")  # fmt: skip
+        self.plan = FaultPlan()
+        self.pods: dict[str, tuple[str, object]] = {}
+        self.options: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self.proxies: dict[str, FaultyProxy] = {}
+        for name in ("decode-a", "decode-b"):
+            kv_port = free_port()
+            proxy = self.proxies[name] = FaultyProxy(name, kv_port, self.plan)
+            self.options[name] = (free_port(), (
+                "--role", "decode", "--slots", str(SLOTS), "--kv-port", str(kv_port),
+                "--kv-advertise", f"127.0.0.1:{proxy.port}", "--kv-lease-ttl", "4",
+            ))  # fmt: skip
+        self.options["prefill"] = (free_port(), ("--role", "prefill", "--slots", "2"))
+        for name in self.options:
+            self.start(name)
+        decode = [x for n in ("decode-a", "decode-b") for x in ("--decode", self.url(n))]
+        self.options["router"] = (free_port(), (
+            "--role", "router", "--prefill", self.url("prefill"), *decode, "--peer-probe-interval", "0.3",
+            "--peer-timeout", "20",
+        ))  # fmt: skip
+        self.start("router")
+        self.router = self.url("router")
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.options[name][0]}"
+
+    def start(self, name: str) -> None:
+        port, options = self.options[name]
+        server = running_server(self.model_dir, *options, *self.common, port=port)
+        self.pods[name] = self.stack.enter_context(server)
+
+    def kill(self, name: str) -> None:
+        proc = self.pods[name][1]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.close()
+        self.stack.close()
+
+    def status(self, name: str) -> dict:
+        req = urllib.request.Request(self.url(name) + "/internal/status", headers=AUTH)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def metric(self, names: str | tuple[str, ...], sample: str, **labels: str) -> float:
+        """A sample summed over pods (e.g. both decode pods)."""
+        total = 0.0
+        for name in (names,) if isinstance(names, str) else names:
+            with urllib.request.urlopen(self.url(name) + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                        total += s.value
+        return total
+
+    def fallbacks(self, reason: str) -> float:
+        return self.metric(("decode-a", "decode-b"), "neuronfleet:kv_fallbacks_total", reason=reason)
+
+    def imported_bytes(self) -> float:
+        return self.metric(("decode-a", "decode-b"), "neuronfleet:kv_transfer_bytes_total")
+
+    def all_leases_free(self) -> bool:
+        return all(self.status(n)["leases_free"] == SLOTS for n in ("decode-a", "decode-b"))
+
+
+def wait_until(check, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what or check}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fleet(smollm2_dir, tmp_path_factory):
+    f = Fleet(smollm2_dir, tmp_path_factory.mktemp("fleet"))
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture(scope="module")
+def unified(smollm2_dir) -> dict:
+    """The unified engine's greedy outputs: 16 tokens for the questions, 48 for the story."""
+    engine = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    chat = lambda q: engine.tokenizer.encode_chat([{"role": "user", "content": q}])  # noqa: E731
+    outs = engine.generate([chat(q) for q in QUESTIONS], SamplingParams(max_tokens=16))
+    out = {q: (chat(q), o) for q, o in zip(QUESTIONS, outs, strict=True)}
+    out[STORY] = (chat(STORY), engine.generate([chat(STORY)], SamplingParams(max_tokens=48))[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def want(unified) -> dict[str, str]:
+    return {q: out.text for q, (_, out) in unified.items()}
+
+
+def ask(fleet: Fleet, question: str, max_tokens: int = 16) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=fleet.router + "/v1", api_key="unused", max_retries=0)
+    resp = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=max_tokens,
+        temperature=0,
+    )  # fmt: skip
+    return resp.choices[0].message.content
+
+
+def test_the_fleet_answers_like_a_unified_server_with_kv_handed_over(fleet, want):
+    before = fleet.imported_bytes()
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda q: ask(fleet, q), QUESTIONS))
+    assert answers == [want[q] for q in QUESTIONS]
+    assert fleet.imported_bytes() > before  # the decode pods imported, not prefilled
+    assert fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2
+
+
+@pytest.mark.parametrize(
+    "fault, reason", [("flip", "corrupt"), ("stall", "transfer_timeout"), ("cut", "transfer_failed")]
+)
+def test_a_broken_kv_transfer_falls_back_to_prefill_on_the_decode_pod(fleet, want, fault, reason):
+    before = fleet.fallbacks(reason)
+    fleet.plan.arm(fault, at=5000)  # inside the first layer's payload
+    assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
+    assert fleet.plan.taken[-1][1] == fault
+    assert fleet.fallbacks(reason) == before + 1
+    for proxy in fleet.proxies.values():
+        proxy.release()
+    # nothing stays held: a region that a stalled payload was landing in is free once the receiver gives up
+    wait_until(fleet.all_leases_free, what="every staging region to be free again")
+    assert fleet.metric(("decode-a", "decode-b"), "neuronfleet:kv_leases_active") == 0
+    assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]  # and the next handoff works
+
+
+def test_an_expired_lease_refuses_late_writes_and_the_request_still_completes(fleet, unified):
+    """A router that reserved and vanished: the lease expires, its region is free, a late push is refused,
+    and a decode call that still names it prefills locally and answers exactly."""
+    ids, expected = unified[QUESTIONS[2]]
+    decode, prefill = fleet.url("decode-a"), fleet.url("prefill")
+    expiries = fleet.metric("decode-a", "neuronfleet:kv_lease_expiries")
+    code, lease, _ = post(decode, "/internal/reserve", {"request": "gone", "prompt_tokens": len(ids)}, AUTH)
+    assert code == 200 and fleet.status("decode-a")["leases_free"] == SLOTS - 1
+    time.sleep(4.5)  # the lease's ttl is 4 s
+    assert fleet.status("decode-a")["leases_free"] == SLOTS
+    assert fleet.metric("decode-a", "neuronfleet:kv_lease_expiries") == expiries + 1
+    push = {"request": "gone", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+    code, body, _ = post(prefill, "/internal/prefill", push, AUTH)
+    assert code == 502 and body["reason"] == "refused" and "is registered" in body["error"]
+    before = fleet.fallbacks("lease_expired")
+    body = {"lease": lease["lease"], "request": "gone", "prompt_ids": ids, "params": {"max_tokens": 16}}
+    req = urllib.request.Request(decode + "/internal/decode", data=json.dumps(body).encode(), headers=AUTH)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        lines = [json.loads(x) for x in r.read().splitlines()]
+    assert [t for line in lines for t in line["token_ids"]] == expected.token_ids
+    assert not lines[-1]["imported"]
+    assert fleet.fallbacks("lease_expired") == before + 1
+
+
+def test_the_internal_endpoints_answer_401_without_the_token_and_change_nothing(fleet):
+    free = fleet.status("decode-a")["leases_free"]
+    for name, method, path in [
+        ("decode-a", "POST", "/internal/reserve"), ("decode-a", "POST", "/internal/decode"),
+        ("decode-a", "GET", "/internal/status"), ("prefill", "POST", "/internal/prefill"),
+        ("prefill", "GET", "/internal/status"),
+    ]:  # fmt: skip
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            data = json.dumps({"request": "x", "prompt_tokens": 5, "prompt_ids": [1]}).encode()
+            req = urllib.request.Request(fleet.url(name) + path, data=data if method == "POST" else None,
+                                         headers=headers, method=method)  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 401, (name, path, headers)
+    assert fleet.status("decode-a")["leases_free"] == free
+
+
+def test_a_decode_pod_that_dies_before_streaming_is_replaced_and_comes_back(fleet, want):
+    """The decode pod holding the lease is killed while the KV cache is on its way to it: the router starts
+    over on the other decode pod. Restarted (a new identity), the pod is back in rotation."""
+    killed = []
+
+    def kill_decode_pod(proxy: str) -> None:
+        killed.append(proxy)
+        fleet.kill(proxy)
+
+    retries = fleet.metric("router", "neuronfleet:router_retries_total", kind="retry")
+    fleet.plan.arm("call", at=5000, call=kill_decode_pod)
+    assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
+    assert len(killed) == 1
+    assert fleet.metric("router", "neuronfleet:router_retries_total", kind="retry") == retries + 1
+    fleet.proxies[killed[0]].release()
+    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 1,
+               what="the router to drop the dead decode pod")  # fmt: skip
+    assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]  # served by the other pod meanwhile
+    restarts = fleet.metric("router", "neuronfleet:router_peer_restarts", role="decode")
+    fleet.start(killed[0])
+    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2,
+               what="the router to re-add the restarted decode pod")  # fmt: skip
+    assert fleet.metric("router", "neuronfleet:router_peer_restarts", role="decode") == restarts + 1
+
+
+def test_a_decode_pod_that_dies_mid_stream_is_resumed_on_another_as_one_stream(fleet, want):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=fleet.router + "/v1", api_key="unused", max_retries=0)
+    resumes = fleet.metric("router", "neuronfleet:router_retries_total", kind="resume")
+    stream = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": STORY}], max_tokens=48, temperature=0,
+        stream=True,
+    )  # fmt: skip
+    pieces, victim = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if len(pieces) == 4 and victim is None:  # the decode pod streaming it is killed now
+            victim = next(n for n in ("decode-a", "decode-b") if fleet.status(n)["running"] > 0)
+            fleet.kill(victim)
+    assert victim is not None
+    assert "".join(pieces) == want[STORY]
+    assert fleet.metric("router", "neuronfleet:router_retries_total", kind="resume") == resumes + 1
+    fleet.start(victim)
+    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2,
+               what="the router to re-add the restarted decode pod")  # fmt: skip
+
+
+def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want):
+    """Killed while pushing: the decode pod prefills (`prefill_failed`); while it is down the router sends no
+    push (`no_prefill_pod`); restarted with a new identity, it is re-added and pushes again."""
+    before = fleet.fallbacks("prefill_failed")
+    fleet.plan.arm("call", at=5000, call=lambda proxy: fleet.kill("prefill"))
+    assert ask(fleet, QUESTIONS[2]) == want[QUESTIONS[2]]
+    assert fleet.fallbacks("prefill_failed") == before + 1
+    for proxy in fleet.proxies.values():
+        proxy.release()
+    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="prefill") == 0,
+               what="the router to drop the dead prefill pod")  # fmt: skip
+    before = fleet.fallbacks("no_prefill_pod")
+    assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
+    assert fleet.fallbacks("no_prefill_pod") == before + 1
+    restarts = fleet.metric("router", "neuronfleet:router_peer_restarts", role="prefill")
+    fleet.start("prefill")
+    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="prefill") == 1,
+               what="the router to re-add the restarted prefill pod")  # fmt: skip
+    assert fleet.metric("router", "neuronfleet:router_peer_restarts", role="prefill") == restarts + 1
+    imported = fleet.imported_bytes()
+    assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]
+    assert fleet.imported_bytes() > imported
+    wait_until(fleet.all_leases_free, what="every staging region to be free again")
+
+
+def test_with_no_decode_pod_left_the_client_gets_a_clear_503(fleet):
+    from openai import APIStatusError
+
+    fleet.kill("decode-a")
+    fleet.kill("decode-b")
+    with pytest.raises(APIStatusError) as e:
+        ask(fleet, QUESTIONS[0])
+    assert e.value.status_code == 503 and "no decode pod could serve the request" in str(e.value)
