@@ -12,7 +12,7 @@ measured. It reports, per setup, the streams' inter-token latency p50/p99 (gaps 
 their tokens/s, the long prompts' time to first token, and the ratio of the p99s (target: disaggregated at
 most half of unified's). Results go to bench/results/disagg_interference.json.
 
-    .venv/bin/python bench/disagg_interference.py [--streams 4] [--long-tokens 1500] [--long-interval 2]
+    .venv/bin/python bench/disagg_interference.py [--streams 4] [--long-tokens 1000] [--long-interval 4]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -84,6 +84,7 @@ async def start(setup: str, opts: argparse.Namespace) -> tuple[str, list[subproc
         await wait_ready(f"http://127.0.0.1:{port}/ready", proc)
     peers = ["--prefill", f"http://127.0.0.1:{prefill}", "--decode", f"http://127.0.0.1:{decode}"]
     router_args = ["--role", "router", "--port", str(router), *common, *peers]
+    router_args += ["--local-prefill-below", str(opts.local_prefill_below)]
     procs.append(spawn(router_args, "interference_router.log"))
     await wait_ready(f"http://127.0.0.1:{router}/ready", procs[-1])
     return f"http://127.0.0.1:{router}", procs
@@ -141,6 +142,7 @@ async def measure(base: str, opts: argparse.Namespace, prompts: list[str]) -> di
         "itl_p50_ms": 1000 * percentile(gaps, 50),
         "itl_p99_ms": 1000 * percentile(gaps, 99),
         "itl_max_ms": 1000 * (gaps[-1] if gaps else float("nan")),
+        "stream_ttft_p50_ms": 1000 * percentile(sorted(r.ttft for r in measured), 50),
         "long_prompts": len(ttfts),
         "long_ttft_p50_ms": 1000 * percentile(ttfts, 50),
         "long_ttft_max_ms": 1000 * (ttfts[-1] if ttfts else float("nan")),
@@ -151,11 +153,14 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--long-tokens", type=int, default=1500)
-    ap.add_argument("--long-interval", type=float, default=2.0)
+    ap.add_argument("--long-tokens", type=int, default=1000)
+    ap.add_argument("--long-interval", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument(
+        "--local-prefill-below", type=int, default=256, help="the router's: short prompts prefill on decode"
+    )
     ap.add_argument("--dtype", default="bfloat16")
     opts = ap.parse_args()
     if not (MODEL / "model.safetensors").is_file():

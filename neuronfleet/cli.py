@@ -200,6 +200,7 @@ def _serve_router(args: argparse.Namespace) -> int:
     backend = RemoteBackend(
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
+        local_prefill_below=args.local_prefill_below,
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = args.served_model_name or Path(args.model).name
@@ -339,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--peer-probe-interval", type=float, default=2.0, help="router: seconds between peer health probes"
+    )
+    srv.add_argument(
+        "--local-prefill-below",
+        type=int,
+        default=0,
+        help="router: prompts shorter than this many tokens are prefilled on their decode pod, without a "
+        "handoff (0: every prompt goes to a prefill pod)",
     )
     srv.add_argument(
         "--peer-timeout",

@@ -171,7 +171,9 @@ class DecodeRole:
     async def _take_kv(self, lease_id, rid: str, ids: list[int], kv_state) -> bool:
         """Import the handed-over KV cache into a free slot; False (counted, logged) when the request must
         prefill here instead. `kv_state` is what the router learned from the prefill pod: "ready", or
-        {"failed": reason, "detail": ...}."""
+        {"failed": reason, "detail": ...}; or "local" for a prompt the router sends no prefill pod (short)."""
+        if kv_state == "local":
+            return False
         if isinstance(kv_state, dict):
             reason = str(kv_state.get("failed"))
             self.metrics.fallback(reason if reason in FALLBACK_REASONS else "transfer_failed", rid,

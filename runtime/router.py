@@ -200,10 +200,12 @@ class RemoteBackend:
         kv_timeout: float = 30.0,
         peer_timeout: float = 60.0,
         busy_timeout: float = 30.0,
+        local_prefill_below: int = 0,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream before it counts as failed; `busy_timeout`: how long a request waits for a
-        decode pod with room when all are full."""
+        decode pod with room when all are full; prompts shorter than `local_prefill_below` tokens are
+        prefilled on their decode pod (a handoff costs more than it saves for them)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
@@ -212,6 +214,7 @@ class RemoteBackend:
         self.headers = {"Authorization": f"Bearer {token}"}
         self.probe_interval, self.kv_timeout = probe_interval, kv_timeout
         self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
+        self.local_prefill_below = local_prefill_below
         self.error: BaseException | None = None
         self.alive = True
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
@@ -428,8 +431,11 @@ class RemoteBackend:
         s = self._client()
         decode.in_flight += 1
         try:
-            lease = await self._reserve(decode, rid, len(ids))
-            kv = await self._push(rid, ids, lease)
+            if len(ids) < self.local_prefill_below:  # short: no lease, no push
+                lease, kv = {"lease": None}, "local"
+            else:
+                lease = await self._reserve(decode, rid, len(ids))
+                kv = await self._push(rid, ids, lease)
             body = {
                 "lease": lease["lease"],
                 "request": rid,

@@ -37,7 +37,8 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
             leases = LeasePool(decode_agent, count=2, layers=c.num_layers, kv_heads=c.num_kv_heads,
                                head_dim=c.head_dim, max_tokens=256, dtype=de.engine.runner.dtype)  # fmt: skip
             decode_app, prefill_app = web.Application(), web.Application()
-            decode_app.add_routes(DecodeRole(de, decode_agent, leases, TOKEN, wait_seconds=2.0).routes())
+            decode_role = DecodeRole(de, decode_agent, leases, TOKEN, wait_seconds=2.0)
+            decode_app.add_routes(decode_role.routes())
             prefill_app.add_routes(PrefillRole(pe, prefill_agent, TOKEN).routes())
             async with (
                 TestClient(TestServer(decode_app)) as decode,
@@ -112,6 +113,13 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
                     }
                 )
                 assert not imported and tokens == want[1]
+                # a short prompt the router prefills on the decode pod (--local-prefill-below): no lease
+                fallbacks = de_metrics_total(decode_role)
+                tokens, imported = await stream(
+                    {"lease": None, "request": "r10", "prompt_ids": prompts[0], "params": {"max_tokens": 16},
+                     "kv": "local"}
+                )  # fmt: skip
+                assert not imported and tokens == want[0] and de_metrics_total(decode_role) == fallbacks
             await decode_agent.stop()
             await prefill_agent.stop()
 
@@ -210,6 +218,12 @@ def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path)
     assert run.returncode == 2 and "needs at least one --prefill and one --decode peer URL" in run.stderr
     run = subprocess.run([*base, "--decode", "http://127.0.0.1:1"], capture_output=True, text=True)
     assert run.returncode == 2 and "needs the model's internal token" in run.stderr
+
+
+def de_metrics_total(role: DecodeRole) -> float:
+    """Fallbacks the decode role counted, all reasons."""
+    samples = [s for m in role.metrics.fallbacks.collect() for s in m.samples]
+    return sum(s.value for s in samples if s.name.endswith("_total"))
 
 
 def dns(url: str) -> str:
