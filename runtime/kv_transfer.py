@@ -144,8 +144,7 @@ class _Link:
                 header, payload = item
                 header["checksum"] = checksum(payload)  # here, not on the event loop: it overlaps sending
                 encoded = json.dumps(header).encode()
-                self.sock.sendall(HEADER.pack(len(encoded)) + encoded)
-                self.sock.sendall(payload)
+                _send_all(self.sock, [HEADER.pack(len(encoded)) + encoded, payload])
         except OSError as e:
             self._broken(str(e))
 
@@ -177,13 +176,36 @@ class _Link:
             self.pending.popleft().finish(reason)
 
 
+def _send_all(sock: socket.socket, buffers: list) -> None:
+    """Send the buffers in order with as few calls as the kernel allows (header and payload in one)."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent and views:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
+
+
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from the socket: MSG_WAITALL lets the kernel fill it in one call (one wake-up, one turn of
+    the GIL) unless a signal or the receive timeout (SO_RCVTIMEO: EAGAIN, an OSError) cuts it short."""
     got = 0
     while got < len(view):
-        n = sock.recv_into(view[got:])
+        n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
         if n == 0:
             raise ConnectionError("the writer closed the connection")
         got += n
+
+
+def _stall_limit(sock: socket.socket, seconds: float) -> None:
+    """The kernel's receive timeout (0: none); unlike settimeout it keeps the socket blocking, so MSG_WAITALL
+    still fills a payload in one call."""
+    whole = int(seconds)
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    )
 
 
 def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
@@ -216,11 +238,11 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
                 checks.put((header, None, problem, None))
                 continue
             target = region.view[header["offset"] : header["offset"] + header["nbytes"]]
-            sock.settimeout(agent.stall_seconds)  # a writer that stalls mid-payload loses its connection
+            _stall_limit(sock, agent.stall_seconds)  # a writer stalling mid-payload loses its connection
             try:
                 _recv_into(sock, target)
             finally:
-                sock.settimeout(None)
+                _stall_limit(sock, 0)
                 with agent._lock:
                     region.receiving -= 1
             checks.put((header, target, "", region))
@@ -314,6 +336,8 @@ class TcpAgent:
                     conn, _ = listener.accept()
                 except OSError:
                     return  # stopped
+                # replies are small: without this, Nagle holds each behind the writer's delayed ACK (40 ms)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._accepted.add(conn)
                 threading.Thread(target=_receive, args=(self, conn, loop), daemon=True).start()
 
