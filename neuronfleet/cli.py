@@ -80,7 +80,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_crd(args: argparse.Namespace) -> int:
     from neuronfleet.operator.crd import write_crd
 
-    print(f"wrote {write_crd(Path(args.out))}", file=sys.stderr)
+    for out in args.out or ["crds", "charts/neuronfleet/crds"]:
+        print(f"wrote {write_crd(Path(out))}", file=sys.stderr)
     return 0
 
 
@@ -121,6 +122,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    import secrets
+
     import yaml
 
     from neuronfleet.operator.builders import Owner, build_all, compile_hash
@@ -139,7 +142,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
             namespace=args.namespace or meta.get("namespace") or "default",
             uid=meta.get("uid", "00000000-0000-0000-0000-000000000000"),
         )
-        documents += build_all(owner, spec, serving_hash=compile_hash(spec))  # as once compiled
+        # as once compiled; a disaggregated model's internal token as the operator would make it
+        documents += build_all(owner, spec, compile_hash(spec), internal_token=secrets.token_urlsafe(32))
 
     class Dumper(yaml.SafeDumper):  # multi-line strings (scripts, JSON) as literal blocks
         pass
@@ -159,6 +163,10 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
     kopf_args = [a for a in args.kopf_args if a != "--"]
     if not any(a in ("-A", "--all-namespaces") or a.startswith(("-n", "--namespace")) for a in kopf_args):
         kopf_args.append("--all-namespaces")
@@ -372,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(func=_cmd_compile)
 
     crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
-    crd.add_argument("--out", default="crds", help="folder to write into (default: crds)")
+    crd.add_argument(
+        "--out",
+        action="append",
+        help="folder to write into; repeat (default: crds and charts/neuronfleet/crds)",
+    )
     crd.set_defaults(func=_cmd_crd)
 
     val = sub.add_parser(
@@ -392,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
         "operator", help="run the NeuronModel controller (kopf); other options go to kopf run"
     )
     opr.add_argument("--kubeconfig", help="kubeconfig of the cluster (default: KUBECONFIG, else in-cluster)")
+    opr.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port")
+    opr.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
     opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
     opr.set_defaults(func=_cmd_operator)
     return parser

@@ -73,6 +73,7 @@ BUILTIN = [
     Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("status", "scale"), ("rs",)),
     Resource("batch", "v1", "jobs", "Job", True, ("status",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("status",), ("pdb",)),
+    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, (), ("netpol",)),
     Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource("events.k8s.io", "v1", "events", "Event", True, (), ("ev",)),
@@ -320,6 +321,7 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
         self.last_revision = 0
         self.history: dict[tuple[str, str, str], list[tuple[int, str, dict]]] = defaultdict(list)
         self.changed = asyncio.Condition()
+        self.audit_log: str | None = None  # a file: one JSON line per resource request (user, verb, resource)
         for resource in BUILTIN:
             self.register(resource)
         for name in PRECREATED_NAMESPACES:
@@ -548,6 +550,7 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
             raise error(404, "NotFound", f"the server could not find the requested resource ({sub})")
         method = request.method.value.upper()
         params = dict(request.params)
+        self._audit(raw, kind, sub, method, request.name, params)
         ns = request.namespace if kind.namespaced else None
         if kind.namespaced is False and request.namespace:
             raise error(404, "NotFound", f"{kind.plural} is not namespaced")
@@ -583,6 +586,22 @@ class EmulatedAPIServer(kmock.KubernetesScaffold):
                 )
             return self._json({"kind": f"{kind.kind}List", "apiVersion": kind.api_version, "items": items})
         raise error(405, "MethodNotAllowed", f"{method} is not supported on this path")
+
+    def _audit(self, raw, kind: Resource, sub: str | None, method: str, name: str | None, params) -> None:
+        """Who did what to which resource, in RBAC's words (the token names the user), like an audit log."""
+        if self.audit_log is None:
+            return
+        if method == "GET":
+            verb = "watch" if params.get("watch") in ("true", "1") else "get" if name else "list"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+            verb = verb or ("delete" if name else "deletecollection")
+        user = raw.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "anonymous"
+        resource = f"{kind.plural}/{sub}" if sub else kind.plural
+        with open(self.audit_log, "a") as f:
+            f.write(
+                json.dumps({"user": user, "verb": verb, "group": kind.group, "resource": resource}) + "\n"
+            )
 
     @staticmethod
     def _json(payload: Any, status: int = 200) -> aiohttp.web.Response:
@@ -1064,8 +1083,11 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
     }
 
 
-async def run(host: str, port: int, kubeconfig_path: str | None, ready_file: str | None) -> None:
+async def run(
+    host: str, port: int, kubeconfig_path: str | None, ready_file: str | None, audit_log: str | None = None
+) -> None:
     server = EmulatedAPIServer()
+    server.audit_log = audit_log
     _, listener = await server.serve(host, port)
     bound = listener.sockets[0].getsockname()[1]
     url = f"http://{host}:{bound}"
@@ -1089,9 +1111,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the server here")
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
+    parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(args.host, args.port, args.kubeconfig, args.ready_file))
+        asyncio.run(run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log))
 
 
 if __name__ == "__main__":

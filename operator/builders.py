@@ -2,13 +2,16 @@
 
 `build_all` returns, for one model: the compile-cache PVC (unless an existing claim is named), the runtime
 ConfigMap, the compile Job for the model's compile hash, and, once that hash has compiled, a Deployment per
-serving role (unified | prefill + decode + router), the public Service, headless Services per role and
-PodDisruptionBudgets. Every object carries `app.kubernetes.io/*` labels, neuronfleet's own
+serving role (unified | prefill + decode + router), the public Service, headless Services per role,
+PodDisruptionBudgets, and for a disaggregated model the Secret holding its internal token (created once, with
+a token the caller generates) and, when asked for, a NetworkPolicy that lets only the model's own pods reach
+its prefill and decode pods. Every object carries `app.kubernetes.io/*` labels, neuronfleet's own
 (`neuronfleet.dev/model`, `role`, `compile-hash`) and an ownerReference to the NeuronModel.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass
@@ -20,7 +23,9 @@ from .spec import API_VERSION, KIND, NeuronModelSpec
 LABEL_PREFIX = "neuronfleet.dev"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so (NEURON.md)
-RUN_AS_USER = 1000
+RUN_AS_USER = 10001  # the images' own user (Dockerfile)
+KV_PORT = 7000  # decode pods' KV receiver (prefill pods connect to it at the pod's IP)
+INTERNAL_TOKEN_DIR = "/var/run/neuronfleet/internal"  # the internal token Secret, mounted read-only
 GRACE_SECONDS = 30  # `neuronfleet serve --grace-period` default: requests in flight finish within it
 
 
@@ -154,14 +159,20 @@ def build_config_map(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[st
     }
 
 
-def _security(read_only_root: bool) -> dict[str, Any]:
+def _security(read_only_root: bool, efa: bool = False) -> dict[str, Any]:
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if efa:
+        # IPC_LOCK only: libfabric's EFA provider pins the memory it registers for RDMA, which needs
+        # CAP_IPC_LOCK unless the node lifts the memlock limit (AWS, "Manage EFA devices on Amazon EKS",
+        # and the aws-efa-k8s-device-plugin's example pods; libfabric's fi_efa(7)).
+        capabilities["add"] = ["IPC_LOCK"]
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "readOnlyRootFilesystem": read_only_root,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -266,14 +277,31 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     port = spec.serving.port
     container = engines.serve_container(spec, role, chash, port)
     command = list(container.command)
+    ours = spec.engine == "embedded" or role == "router"
+    env = _env(spec, container.env)
+    ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    volumes, mounts = _volumes(owner, spec, cache_read_only=True)
+    transport = spec.serving.kvTransfer.transport
     if role == "router":
         command += ["--prefill", f"dns://{owner.name}-prefill:{port}"]
         command += ["--decode", f"dns://{owner.name}-decode:{port}"]
-    volumes, mounts = _volumes(owner, spec, cache_read_only=True)
+    if ours and role in ("prefill", "decode"):
+        command += ["--kv-transport", transport]
+    if ours and role == "decode":  # prefill pods send KV caches to the pod's own IP
+        command += ["--kv-port", str(KV_PORT)]
+        env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
+    if ours and role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
+        command += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token"]
+        volumes.append(
+            {"name": "internal-token",
+             "secret": {"secretName": internal_secret_name(owner), "defaultMode": 0o440}}
+        )  # fmt: skip
+        mounts.append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True})
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     neuron = role != "router" and spec.neuron.instanceType != "cpu"
-    ours = spec.engine == "embedded" or role == "router"
+    efa = role in ("prefill", "decode") and transport == "efa" and spec.serving.kvTransfer.efaInterfaces > 0
     health, ready = ("/health", "/ready") if ours else ("/health", "/health")
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -292,15 +320,15 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
                 "name": "server",
                 "image": container.image,
                 "command": command,
-                "env": _env(spec, container.env),
-                "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+                "env": env,
+                "ports": ports,
                 "resources": _resources(spec, role),
                 "volumeMounts": mounts,
                 # model loads take minutes on Neuron: up to an hour to start, then strict liveness
                 "startupProbe": probe(health, 10, 360),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
-                "securityContext": _security(read_only_root=ours),
+                "securityContext": _security(read_only_root=ours, efa=efa),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
@@ -378,13 +406,52 @@ def build_pdb(owner: Owner, role: str, replicas: int) -> dict[str, Any] | None:
     }
 
 
+def internal_secret_name(owner: Owner) -> str:
+    return f"{owner.name}-internal"
+
+
+def build_internal_secret(owner: Owner, token: str) -> dict[str, Any]:
+    """The per-model token of the prefill, decode and router pods' internal endpoints (created once)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(owner, internal_secret_name(owner), "internal-token"),
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_network_policy(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any]:
+    """Only this model's own pods (router, prefill, decode) reach its prefill and decode pods: their internal
+    endpoints and the KV port. The public endpoint (router or unified pods) stays reachable."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(owner, f"{owner.name}-internal", "internal"),
+        "spec": {
+            "podSelector": {
+                "matchLabels": {f"{LABEL_PREFIX}/model": owner.name},
+                "matchExpressions": [
+                    {"key": f"{LABEL_PREFIX}/role", "operator": "In", "values": ["prefill", "decode"]}
+                ],
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {f"{LABEL_PREFIX}/model": owner.name}}}]}],
+        },
+    }
+
+
 def endpoint(owner: Owner, spec: NeuronModelSpec) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc:{spec.serving.port}"
 
 
-def build_all(owner: Owner, spec: NeuronModelSpec, serving_hash: str | None = None) -> list[dict[str, Any]]:
+def build_all(
+    owner: Owner, spec: NeuronModelSpec, serving_hash: str | None = None, internal_token: str | None = None
+) -> list[dict[str, Any]]:
     """Every object of a model. Serving objects use `serving_hash`: the hash whose artifacts exist (the
-    current one once it compiled; the previous one while a new one compiles); none until the first compile."""
+    current one once it compiled; the previous one while a new one compiles); none until the first compile.
+    `internal_token`: a fresh random token for a disaggregated model's Secret (the operator creates the Secret
+    once and never changes it, so only the first pass's token is used)."""
     chash = compile_hash(spec)
     objects = [
         build_pvc(owner, spec),
@@ -396,4 +463,9 @@ def build_all(owner: Owner, spec: NeuronModelSpec, serving_hash: str | None = No
             objects.append(build_deployment(owner, spec, role, replicas, serving_hash))
             objects.append(build_pdb(owner, role, replicas))
         objects.extend(build_services(owner, spec))
+    if spec.serving.mode == "disaggregated":
+        if internal_token is not None:
+            objects.append(build_internal_secret(owner, internal_token))
+        if spec.serving.networkPolicy:
+            objects.append(build_network_policy(owner, spec))
     return [o for o in objects if o is not None]

@@ -15,6 +15,7 @@ compiled artifacts.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 
@@ -36,6 +37,11 @@ IMAGES = {
         "neuron",
     ): "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:0.1.0-neuronx-py312-sdk2.33.0-ubuntu24.04",
 }
+
+# The chart's runtimeImages: the operator's deployment may name other images for our own runtime.
+for _target in ("cpu", "neuron"):
+    if os.environ.get(f"NEURONFLEET_RUNTIME_IMAGE_{_target.upper()}"):
+        IMAGES[("embedded", _target)] = os.environ[f"NEURONFLEET_RUNTIME_IMAGE_{_target.upper()}"]
 
 CACHE_MOUNT = "/var/lib/neuronfleet/cache"  # the compile cache volume in every pod
 CONFIG_MOUNT = "/etc/neuronfleet"  # the runtime ConfigMap

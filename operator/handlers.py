@@ -34,6 +34,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{spec.GROUP}/kopf"
     settings.watching.server_timeout = 60
     settings.networking.request_timeout = 30
+    # no watching of CRDs and namespaces at run time: the chart installs our CRD before the operator starts,
+    # and the operator needs no cluster-wide permission beyond its own resources (RBAC_RULES)
+    settings.scanning.disabled = True
 
 
 @kopf.on.cleanup()

@@ -26,11 +26,13 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
     ("", "persistentvolumeclaims"): ("get", "create"),  # created only (reconcile.CREATE_ONLY)
+    ("", "secrets"): ("get", "create"),  # the internal token: created once, never changed
     ("", "configmaps"): ("get", "create", "patch"),
     ("", "services"): ("get", "create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "patch"),
     ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only; list and watch: kopf's
     ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
+    ("networking.k8s.io", "networkpolicies"): ("get", "create", "patch"),
     ("", "events"): ("create",),
     ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
 }
@@ -42,6 +44,8 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "Deployment": ("apps", "v1", "deployments"),
     "Job": ("batch", "v1", "jobs"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "Secret": ("", "v1", "secrets"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 

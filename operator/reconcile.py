@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, validation
+from . import builders, metrics, validation
 from .kube import Kube, KubeError
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
 FAILURE_REASONS = {"Invalid", "CompileFailed", "ReplicasUnavailable"}
-CREATE_ONLY = {"Job", "PersistentVolumeClaim"}  # their specs are immutable: created, never patched
+# created, never patched: Jobs' and claims' specs are immutable; the Secret's token is made once
+CREATE_ONLY = {"Job", "PersistentVolumeClaim", "Secret"}
 
 
 def now() -> str:
@@ -217,10 +219,19 @@ async def reconcile(
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     async with _locks.setdefault(key, asyncio.Lock()):
-        fresh = await kube.get(body["kind"], *key)  # the latest state, not the triggering event's
-        if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-            return {}
-        return await _reconcile_locked(kube, fresh, emit)
+        with metrics.RECONCILE_SECONDS.time():
+            try:
+                fresh = await kube.get(body["kind"], *key)  # the latest state, not the triggering event's
+                if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                    metrics.model_phase(*key, None)
+                    return {}
+                status = await _reconcile_locked(kube, fresh, emit)
+            except Exception:
+                metrics.RECONCILES.labels("error").inc()
+                raise
+        metrics.RECONCILES.labels("ok").inc()
+        metrics.model_phase(*key, status.get("phase"))
+        return status
 
 
 async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
@@ -243,7 +254,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             serving = chash
             job_name = builders.compile_job_name(owner, chash)
             report = compile_report(await kube.list("Pod", owner.namespace, f"job-name={job_name}"))
-        for obj in builders.build_all(owner, spec, serving):
+        for obj in builders.build_all(owner, spec, serving, internal_token=secrets.token_urlsafe(32)):
             await apply(kube, obj)
         if serving is not None:
             for role, replicas in builders.serving_roles(spec).items():

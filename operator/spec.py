@@ -237,6 +237,11 @@ class Serving(Spec):
     router: Router = section(Router, "The public endpoint of a disaggregated model.")
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
     port: int = Field(8000, description="HTTP port of the serving pods and the Service.", ge=1, le=65535)
+    networkPolicy: bool = Field(
+        False,
+        description="Mode disaggregated: a NetworkPolicy lets only this model's own pods reach its prefill "
+        "and decode pods (internal endpoints, KV port).",
+    )
 
 
 @rules(

@@ -112,7 +112,9 @@ def test_disaggregated_roles_get_efa_headless_services_and_a_router():
         assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuroncore"] == "32"
     router = container(deps["router"])
     assert "aws.amazon.com/neuroncore" not in router["resources"]["limits"]
-    assert router["command"][-4:] == ["--prefill", "dns://m-prefill:8000", "--decode", "dns://m-decode:8000"]
+    cmd = router["command"]
+    assert cmd[cmd.index("--prefill") + 1] == "dns://m-prefill:8000"
+    assert cmd[cmd.index("--decode") + 1] == "dns://m-decode:8000"
     assert "nodeSelector" not in deps["router"]["spec"]["template"]["spec"]
     services = {s["metadata"]["name"]: s for s in objs["Service"]}
     assert services["m"]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
@@ -228,3 +230,53 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
         text=True,
     )
     assert run.returncode == 1 and "tensorParallel 3 is not a documented degree" in run.stderr
+
+
+def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
+    """The embedded engine's prefill, decode and router pods read the model's internal token from a file
+    mounted from the Secret the operator creates (never env, never a plain field); decode pods advertise their
+    pod IP for KV; EFA pods add IPC_LOCK and nothing else; the optional NetworkPolicy admits only the model's
+    own pods to prefill and decode pods."""
+    import base64
+
+    spec = sample("qwen2.5-7b-sglang-trn2-disaggregated.yaml").model_copy(update={"engine": "embedded"})
+    serving = spec.serving.model_copy(update={"networkPolicy": True})
+    spec = spec.model_copy(update={"serving": serving})
+    objs = by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec), internal_token="t0k3n"))
+    (secret,) = objs["Secret"]
+    assert secret["metadata"]["name"] == "m-internal"
+    assert base64.b64decode(secret["data"]["token"]).decode() == "t0k3n"
+    deps = {d["metadata"]["labels"]["neuronfleet.dev/role"]: d for d in objs["Deployment"]}
+    for role, dep in deps.items():
+        pod = dep["spec"]["template"]["spec"]
+        c = container(dep)
+        assert (
+            c["command"][c["command"].index("--internal-token-file") + 1]
+            == "/var/run/neuronfleet/internal/token"
+        )
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "internal-token"]
+        assert volume["secret"]["secretName"] == "m-internal"
+        assert "t0k3n" not in json.dumps(dep)  # the token itself is only in the Secret
+        caps = c["securityContext"]["capabilities"]
+        assert caps["drop"] == ["ALL"]
+        assert caps.get("add", []) == (["IPC_LOCK"] if role in ("prefill", "decode") else []), role
+        assert (
+            c["securityContext"]["readOnlyRootFilesystem"]
+            and not c["securityContext"]["allowPrivilegeEscalation"]
+        )
+    decode = container(deps["decode"])
+    assert decode["command"][decode["command"].index("--kv-port") + 1] == str(builders.KV_PORT)
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in decode["env"]
+    (policy,) = objs["NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]}
+    ]
+    for version in KUBERNETES_VERSIONS:
+        for obj in (secret, policy, *deps.values()):
+            kubernetes_validate.validate(obj, version, strict=True)
+    # a unified model has neither, and no token without a caller's
+    unified = by_kind(
+        builders.build_all(OWNER, sample("llama-3.1-8b-embedded-inf2.yaml"), "h", internal_token="x")
+    )
+    assert "Secret" not in unified and "NetworkPolicy" not in unified

@@ -16,8 +16,11 @@ import pytest
 import yaml
 from test_apiserver import KUBECTL, kubectl
 
+from neuronfleet.operator.kube import RBAC_RULES
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+OPERATOR_USER = "neuronfleet-operator"
 
 pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
@@ -49,21 +52,27 @@ def cluster(tmp_path):
     api = {"state": tmp_path}
     server_cmd = [sys.executable, "-P", "-m", "neuronfleet.operator.apiserver"]
     server_cmd += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--ready-file", str(tmp_path / "url")]
+    server_cmd += ["--audit-log", str(tmp_path / "audit.jsonl")]
     server = start(server_cmd, tmp_path / "apiserver.log")
     wait_for("the API server", lambda: (tmp_path / "url").exists() and (tmp_path / "url").read_text())
+    # the operator gets its own user (token), so the audit log tells its calls from kubectl's
+    config = yaml.safe_load((tmp_path / "kubeconfig").read_text())
+    config["users"][0]["user"]["token"] = OPERATOR_USER
+    (tmp_path / "operator-kubeconfig").write_text(yaml.safe_dump(config))
     kubectl(api, "apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
     operators: list[subprocess.Popen] = []
 
-    def run_operator() -> subprocess.Popen:
+    def run_operator(extra: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
         operators.append(
             start(
                 [
                     shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
                     "operator",
                     "--kubeconfig",
-                    str(tmp_path / "kubeconfig"),
+                    str(tmp_path / "operator-kubeconfig"),
                     "--standalone",
                     "--verbose",
+                    *extra,
                 ],
                 tmp_path / f"operator-{len(operators)}.log",
             )
@@ -76,6 +85,12 @@ def cluster(tmp_path):
         if proc.poll() is None:
             stop(proc)
     stop(server)
+    # least privilege, observed: every call the operator (kopf and our client) made is in RBAC_RULES, which
+    # the chart's RBAC equals (tests/test_chart.py)
+    calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
+    declared = {(g, r, v) for (g, r), verbs in RBAC_RULES.items() for v in verbs}
+    assert used and used <= declared, sorted(used - declared)
 
 
 def get(api, *args: str) -> dict | None:
@@ -282,3 +297,55 @@ def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     )
     assert condition(model, "Degraded")["status"] == "True"
     assert items(api, "deployments") == []
+
+
+def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(cluster, tmp_path):
+    """Prefill, decode and router Deployments read one token from the Secret the operator creates once (a
+    later reconcile or spec change leaves it alone); the NetworkPolicy fences the internal pods; the operator
+    serves its own metrics."""
+    import socket
+    import urllib.request
+
+    api = cluster
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    operators = api["run_operator"]
+    proc = operators(["--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+    obj = yaml.safe_load(SAMPLE.read_text())
+    obj["metadata"]["namespace"] = "default"
+    obj["spec"]["serving"] = {
+        "mode": "disaggregated",
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 2},
+        "kvTransfer": {"transport": "tcp"},
+        "networkPolicy": True,
+    }
+    kubectl(api, "apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    job = wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    secret = wait_for("the token Secret", lambda: get(api, "secret", "llama-3-1-8b-internal"))
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
+    compile_pod(api, job, {"bytes": 1})
+    mark_job(api, job)
+    for role in ("prefill", "decode", "router"):
+        dep = wait_for(role, lambda r=role: get(api, "deployment", f"llama-3-1-8b-{r}"))
+        volumes = dep["spec"]["template"]["spec"]["volumes"]
+        assert {"secretName": "llama-3-1-8b-internal", "defaultMode": 0o440} in [
+            v.get("secret") for v in volumes
+        ]
+    policy = get(api, "networkpolicy", "llama-3-1-8b-internal")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    obj["spec"]["neuron"]["batchSize"] = 4  # a change: everything else is patched, the Secret is not
+    kubectl(api, "apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2)
+    after = get(api, "secret", "llama-3-1-8b-internal")
+    assert after["data"] == secret["data"]
+    assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'neuronfleet_operator_reconciles_total{outcome="ok"}' in text
+    import re
+
+    by_phase = dict(re.findall(r'^neuronfleet_operator_models\{phase="(\w+)"\} (\S+)$', text, re.M))
+    assert sum(float(v) for v in by_phase.values()) == 1 and "Compiling" in by_phase  # one model, now past it
+    assert proc.poll() is None

@@ -1,0 +1,76 @@
+# neuronfleet images, one Dockerfile with three targets (README "Container images"):
+#   docker build --target operator       -t ghcr.io/neuronfleet/operator:0.1.0 .
+#   docker build --target runtime-cpu    -t ghcr.io/neuronfleet/runtime-cpu:0.1.0 .
+#   docker build --target runtime-neuron -t ghcr.io/neuronfleet/runtime-neuron:0.1.0 \
+#       --build-arg NEURON_SDK_VERSION=2.26.1 .
+# Every base is pinned by tag; Python packages are pinned by constraints.txt. No secrets are built in (model
+# tokens come from Kubernetes Secrets at run time), and there is no HEALTHCHECK: Kubernetes probes do that.
+# Every image runs as the unprivileged user 10001 (the operator's pods and the model pods it creates run with
+# runAsNonRoot and a read-only root filesystem).
+
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# The AWS Neuron SDK release of the runtime-neuron image; its base is the Neuron deep learning container for
+# PyTorch inference of that release (NxDI is in it up to SDK 2.31).
+ARG NEURON_SDK_VERSION=2.26.1
+ARG NEURON_TORCH_VERSION=2.8.0
+ARG NEURON_PYTHON=py311
+ARG NEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-inference-neuronx:${NEURON_TORCH_VERSION}-neuronx-${NEURON_PYTHON}-sdk${NEURON_SDK_VERSION}-ubuntu22.04
+# Where the CPU build of the pinned torch comes from (the default index has only CUDA builds for Linux).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# ---- operator: the kopf operator, no model code --------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS operator
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY constraints.txt pyproject.toml README.md ./
+COPY neuronfleet/ neuronfleet/
+COPY operator/ operator/
+COPY runtime/ runtime/
+COPY crds/ crds/
+RUN pip install -c constraints.txt kopf aiohttp pydantic PyYAML common-expression-language prometheus-client \
+    && pip install --no-deps . \
+    && rm -rf /src
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
+USER 10001:10001
+WORKDIR /
+ENTRYPOINT ["neuronfleet"]
+CMD ["operator", "--standalone", "--all-namespaces"]
+
+# ---- runtime-cpu: our runtime on CPU (routers, instanceType cpu, the local mode) --------------------------
+FROM ${PYTHON_IMAGE} AS runtime-cpu
+ARG TORCH_INDEX_URL
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY constraints.txt pyproject.toml README.md ./
+COPY neuronfleet/ neuronfleet/
+COPY operator/ operator/
+COPY runtime/ runtime/
+COPY crds/ crds/
+RUN pip install -c constraints.txt --extra-index-url "${TORCH_INDEX_URL}" . && rm -rf /src
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
+USER 10001:10001
+WORKDIR /
+ENTRYPOINT ["neuronfleet"]
+CMD ["serve", "--help"]
+
+# ---- runtime-neuron: our runtime on Neuron devices (NxDI from the base image) ----------------------------
+FROM ${NEURON_BASE_IMAGE} AS runtime-neuron
+ARG NEURON_SDK_VERSION
+LABEL dev.neuronfleet.neuron-sdk="${NEURON_SDK_VERSION}"
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY constraints.txt pyproject.toml README.md ./
+COPY neuronfleet/ neuronfleet/
+COPY operator/ operator/
+COPY runtime/ runtime/
+COPY crds/ crds/
+# torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies
+RUN pip install --no-deps . \
+    && pip install -c constraints.txt aiohttp prometheus-client pydantic PyYAML safetensors tokenizers jinja2 \
+       xxhash \
+    && rm -rf /src
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
+USER 10001:10001
+WORKDIR /
+ENTRYPOINT ["neuronfleet"]
+CMD ["serve", "--help"]

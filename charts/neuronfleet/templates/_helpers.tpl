@@ -1,0 +1,71 @@
+{{/* The release's full name, at most 63 characters. */}}
+{{- define "neuronfleet.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the operator pod. */}}
+{{- define "neuronfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Labels on every object of the chart. */}}
+{{- define "neuronfleet.labels" -}}
+{{ include "neuronfleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "neuronfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "neuronfleet.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name: name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's permissions: exactly the (API group, resource, verbs) of neuronfleet.operator.kube.RBAC_RULES,
+the one table the operator's API module is checked against (tests/test_chart.py compares the two).
+*/}}
+{{- define "neuronfleet.rules" -}}
+- apiGroups: ["neuronfleet.dev"]
+  resources: ["neuronmodels"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["neuronfleet.dev"]
+  resources: ["neuronmodels/status"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end -}}

@@ -1,0 +1,203 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk, Helm's Go SDK): lint clean in strict mode,
+every object valid Kubernetes (kubernetes-validate, strict, oldest and newest supported versions) for several
+value sets, RBAC exactly the operator's declared API calls (kube.RBAC_RULES) in cluster and namespaced mode,
+the CRD in crds/ exactly the generated one, the app version the package's, bad values refused by the schema;
+and the Dockerfile's structure (targets, pinned bases, non-root users)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import helm_python as helm  # helm-python-sdk, installed by scripts/setup.sh
+import kubernetes_validate
+import pytest
+import yaml
+
+import neuronfleet
+from neuronfleet.operator import crd, kube
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "neuronfleet"
+KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports (Chart.yaml kubeVersion)
+
+VALUE_SETS = {
+    "defaults": {},
+    "namespaced": {"watch": {"mode": "namespaces", "namespaces": ["team-a", "team-b"]}},
+    "monitoring": {
+        "metrics": {"port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": 0},
+    },
+    "custom-images": {
+        "image": {"repository": "registry.example.com/ml/neuronfleet-operator", "tag": "0.1.0-rc1"},
+        "runtimeImages": {"cpu": "registry.example.com/ml/runtime-cpu:0.1.0", "neuron": "r.example.com/n:1"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "serviceAccount": {"create": False, "name": "existing-sa"},
+        "logLevel": "debug",
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+    },
+}
+
+
+def render(values: dict) -> list[dict]:
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values, name="nf", namespace="neuronfleet-system", is_install=True)
+    return [
+        doc
+        for path, text in sorted(manifests.items())
+        if path.endswith((".yaml", ".yml"))
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def kinds(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def rule_set(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def declared() -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for (group, resource), verbs in kube.RBAC_RULES.items() for verb in verbs}
+
+
+def test_the_chart_lints_clean_in_strict_mode():
+    for values in VALUE_SETS.values():
+        report = helm.lint(str(CHART), values, strict=True, kube_version="v1.31.0")
+        problems = [m for m in report["messages"] if m["severity"] >= 2] + report.get("errors", [])
+        assert not problems, problems
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_every_rendered_object_is_valid_kubernetes(name, version):
+    objects = render(VALUE_SETS[name])
+    assert kinds(objects, "Deployment")
+    for obj in objects:
+        if (
+            obj["apiVersion"] == "monitoring.coreos.com/v1"
+        ):  # the Prometheus Operator's CRD: not in the schemas
+            assert obj["spec"]["endpoints"][0]["port"] == "metrics"
+            continue
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_operator_pod_is_locked_down():
+    (deployment,) = kinds(render({}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and not security["privileged"]
+    assert container["image"] == f"ghcr.io/neuronfleet/operator:{neuronfleet.__version__}"
+    assert container["livenessProbe"]["httpGet"]["port"] == "health" and container["readinessProbe"]
+    assert container["resources"]["limits"]["memory"]
+    assert "--all-namespaces" in container["args"] and "--standalone" in container["args"]
+
+
+def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace():
+    objects = render({})
+    (role,) = kinds(objects, "ClusterRole")
+    assert rule_set(role["rules"]) == declared()
+    assert not any(
+        "*" in x for rule in role["rules"] for x in rule["apiGroups"] + rule["resources"] + rule["verbs"]
+    )
+    (binding,) = kinds(objects, "ClusterRoleBinding")
+    (account,) = kinds(objects, "ServiceAccount")
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+
+    objects = render(VALUE_SETS["namespaced"])
+    assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
+    roles = kinds(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert all(rule_set(r["rules"]) == declared() for r in roles)
+    assert sorted(b["metadata"]["namespace"] for b in kinds(objects, "RoleBinding")) == ["team-a", "team-b"]
+    (deployment,) = kinds(objects, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+def test_value_sets_reach_the_objects():
+    objects = render(VALUE_SETS["monitoring"])
+    (monitor,) = kinds(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    (service,) = kinds(objects, "Service")
+    assert service["spec"]["ports"][0]["port"] == 9090
+    (pdb,) = kinds(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 0
+    objects = render(VALUE_SETS["custom-images"])
+    assert not kinds(objects, "ServiceAccount")
+    (deployment,) = kinds(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example.com/ml/neuronfleet-operator:0.1.0-rc1"
+    assert pod["serviceAccountName"] == "existing-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NEURONFLEET_RUNTIME_IMAGE_CPU"] == "registry.example.com/ml/runtime-cpu:0.1.0"
+    assert "--verbose" in container["args"]
+
+
+@pytest.mark.parametrize(
+    "values, complaint",
+    [
+        ({"watch": {"mode": "everywhere"}}, "mode"),
+        ({"watch": {"mode": "namespaces", "namespaces": []}}, "namespaces"),
+        ({"watch": {"mode": "cluster", "namespaces": ["a"]}}, "namespaces"),
+        ({"metrics": {"port": 70000}}, "port"),
+        ({"replicaCount": 2}, "replicaCount"),
+        ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"serviceAccount": {"create": "yes"}}, "create"),
+    ],
+)
+def test_values_that_break_the_schema_are_refused(values, complaint):
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError) as e:
+        chart.validate_schema(chart.merge_values(values))
+    assert complaint in str(e.value)
+    with pytest.raises(helm.HelmError):
+        render(values)
+
+
+def test_chart_version_crd_and_notes_follow_the_code():
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["appVersion"] == neuronfleet.__version__ == meta["version"]
+    assert (CHART / "crds" / crd.CRD_FILE).read_text() == crd.render_crd(), (
+        "charts/neuronfleet/crds/ differs from the generated CRD: run `neuronfleet crd`"
+    )
+    with helm.Chart.load(str(CHART)) as chart:
+        notes = chart.render({}, name="nf", namespace="ops")["neuronfleet/templates/NOTES.txt"]
+    assert "kubectl -n ops rollout status deployment/nf-neuronfleet" in notes
+
+
+def test_the_dockerfile_builds_three_pinned_non_root_targets():
+    text = (ROOT / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    targets = {}
+    for stage in stages:
+        head, _, body = stage.partition("\n")
+        base, _, name = head.partition(" AS ")
+        targets[name.strip()] = (base.strip(), body)
+    assert set(targets) == {"operator", "runtime-cpu", "runtime-neuron"}
+    for name, (base, body) in targets.items():
+        resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+        resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], resolved)
+        image, _, tag = resolved.rpartition(":")
+        assert image and tag and tag != "latest" and "/" not in tag, (name, resolved)
+        users = re.findall(r"^USER (\S+)", body, re.M)
+        assert users and users[-1].split(":")[0] not in ("root", "0"), (name, users)
+        assert "HEALTHCHECK" not in body
+    assert "NEURON_SDK_VERSION" in args and "sdk${NEURON_SDK_VERSION}" in args["NEURON_BASE_IMAGE"]
+    assert not re.search(r"(?i)(token|password|secret)\s*=", text)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "models", "tests"} <= set(ignored)
