@@ -73,7 +73,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.compile_artifacts import compile_artifacts
 
-    compile_artifacts(Path(args.config), Path(args.out), log=lambda m: print(m, file=sys.stderr))
+    compile_artifacts(
+        Path(args.config),
+        Path(args.out),
+        log=lambda m: print(m, file=sys.stderr),
+        model_mount=args.model_mount,
+    )
     return 0
 
 
@@ -172,6 +177,21 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         kopf_args.append("--all-namespaces")
     kopf_main(args=["run", "-m", "neuronfleet.operator.handlers", *kopf_args], standalone_mode=False)
     return 0
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    from neuronfleet.operator import local
+
+    state = Path(args.state)
+    try:
+        if args.command == "up":
+            return local.up(state, args.detach)
+        if args.command == "down":
+            return local.down(state)
+        return local.status(state)
+    except local.LocalError as e:
+        print(f"neuronfleet: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _internal_token(args: argparse.Namespace) -> str:
@@ -377,6 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", required=True, help="compile.json written by the operator (runtime ConfigMap)"
     )
     cmp.add_argument("--out", required=True, help="artifacts/<hash>/ on the compile cache volume")
+    cmp.add_argument(
+        "--model-mount",
+        default="/var/lib/neuronfleet/model",
+        help="where a pvc:// model's claim is mounted (the operator passes it)",
+    )
     cmp.set_defaults(func=_cmd_compile)
 
     crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
@@ -408,6 +433,17 @@ def build_parser() -> argparse.ArgumentParser:
     opr.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
     opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
     opr.set_defaults(func=_cmd_operator)
+
+    for name, text in (
+        ("up", "local mode: emulated API server + process kubelet + operator on this machine"),
+        ("down", "stop everything `neuronfleet up` started (deletes nothing)"),
+        ("status", "local mode's models, pods, endpoints and log files"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--state", default=".neuronfleet", help="state folder (default: .neuronfleet)")
+        if name == "up":
+            cmd.add_argument("--detach", action="store_true", help="return once everything runs")
+        cmd.set_defaults(func=_cmd_local)
     return parser
 
 

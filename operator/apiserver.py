@@ -27,9 +27,11 @@ import itertools
 import json
 import re
 import secrets
+import signal
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -1084,10 +1086,23 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
 
 
 async def run(
-    host: str, port: int, kubeconfig_path: str | None, ready_file: str | None, audit_log: str | None = None
+    host: str,
+    port: int,
+    kubeconfig_path: str | None,
+    ready_file: str | None,
+    audit_log: str | None = None,
+    kubelet_state: str | None = None,
 ) -> None:
     server = EmulatedAPIServer()
     server.audit_log = audit_log
+    kubelet = None
+    if kubelet_state:  # local mode: this process also runs the pods
+        from .kubelet import ProcessKubelet
+
+        kubelet = asyncio.get_running_loop().create_task(ProcessKubelet(server, Path(kubelet_state)).run())
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     _, listener = await server.serve(host, port)
     bound = listener.sockets[0].getsockname()[1]
     url = f"http://{host}:{bound}"
@@ -1100,7 +1115,11 @@ async def run(
         with open(ready_file, "w") as f:
             f.write(url)
     print(f"emulated Kubernetes API server on {url}", flush=True)
-    await asyncio.Event().wait()
+    await stop.wait()
+    if kubelet is not None:  # stops every pod process it started
+        kubelet.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await kubelet
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1112,9 +1131,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the server here")
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
+    parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
     args = parser.parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log))
+    if args.kubelet_state:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(
+        run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log, args.kubelet_state)
+    )
 
 
 if __name__ == "__main__":

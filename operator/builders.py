@@ -285,6 +285,8 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     if role == "router":
         command += ["--prefill", f"dns://{owner.name}-prefill:{port}"]
         command += ["--decode", f"dns://{owner.name}-decode:{port}"]
+    if ours:  # clients name the model as the NeuronModel is named
+        command += ["--served-model-name", owner.name]
     if ours and role in ("prefill", "decode"):
         command += ["--kv-transport", transport]
     if ours and role == "decode":  # prefill pods send KV caches to the pod's own IP
@@ -441,7 +443,14 @@ def build_network_policy(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any]:
     }
 
 
-def endpoint(owner: Owner, spec: NeuronModelSpec) -> str:
+def endpoint(owner: Owner, spec: NeuronModelSpec, service: dict[str, Any] | None = None) -> str:
+    """The model's URL: the address the Service publishes in status.loadBalancer.ingress when it has one (a
+    load balancer, or local mode's proxy on this machine), else its in-cluster DNS name."""
+    for ingress in ((service or {}).get("status") or {}).get("loadBalancer", {}).get("ingress") or []:
+        host = ingress.get("ip") or ingress.get("hostname")
+        ports = [p["port"] for p in ingress.get("ports") or [] if p.get("port")]
+        if host:
+            return f"http://{host}:{ports[0] if ports else spec.serving.port}"
     return f"http://{owner.name}.{owner.namespace}.svc:{spec.serving.port}"
 
 

@@ -213,5 +213,7 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     if spec.engine == "embedded":
         out = artifacts_dir(compile_hash)
         command = ["neuronfleet", "compile", "--config", f"{CONFIG_MOUNT}/compile.json", "--out", out]
+        if spec.model.uri.startswith("pvc://"):
+            command += ["--model-mount", MODEL_MOUNT]
         return Container(image_for(spec), command)
     return Container(image_for(spec), ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])

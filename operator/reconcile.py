@@ -266,7 +266,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 )
                 ready = (dep or {}).get("status", {}).get("readyReplicas", 0) if current else 0
                 roles[role] = (replicas, ready or 0)
-    endpoint = builders.endpoint(owner, spec) if spec is not None else None
+    service = await kube.get("Service", owner.namespace, owner.name) if serving is not None else None
+    endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, report=report, endpoint=endpoint, at=now(),

@@ -52,12 +52,12 @@ def load_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def resolve_source(uri: str, revision: str | None, work: Path) -> Path:
-    """A local folder or .gguf file for the model URI."""
+def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT) -> Path:
+    """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`)."""
     if uri.startswith("file://"):
         path = Path(uri.removeprefix("file://"))
     elif uri.startswith("pvc://"):
-        path = Path(MODEL_MOUNT) / uri.removeprefix("pvc://").split("/", 1)[1]
+        path = Path(model_mount) / uri.removeprefix("pvc://").split("/", 1)[1]
     elif uri.startswith("hf://"):
         try:
             from huggingface_hub import snapshot_download
@@ -123,7 +123,9 @@ def report(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def compile_artifacts(config_path: Path, out: Path, log=print) -> dict[str, Any]:
+def compile_artifacts(
+    config_path: Path, out: Path, log=print, model_mount: str = MODEL_MOUNT
+) -> dict[str, Any]:
     """Produce `out` (artifacts/<hash>/) from the config; returns the manifest (a cache hit at once)."""
     out = Path(out)
     manifest_path = out / "manifest.json"
@@ -146,7 +148,9 @@ def compile_artifacts(config_path: Path, out: Path, log=print) -> dict[str, Any]
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        source = resolve_source(config["model"]["uri"], config["model"].get("revision"), staging / "download")
+        source = resolve_source(
+            config["model"]["uri"], config["model"].get("revision"), staging / "download", model_mount
+        )
         convert(source, staging / "model", config)
         shutil.rmtree(staging / "download", ignore_errors=True)
         (staging / "compile.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -18,10 +18,12 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -37,12 +39,27 @@ log = logging.getLogger(__name__)
 FAILS_TO_DROP = 3  # consecutive failed probes or requests that take a peer out of rotation
 
 
+def _local_hosts() -> dict[str, list[str]]:
+    """Local mode's name service: the process kubelet's hosts file ("name:port" -> ["host:port", ...])."""
+    path = os.environ.get("NEURONFLEET_HOSTS_FILE")
+    if not path:
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def resolve_peers(specs: Sequence[str]) -> list[str]:
     """Peer URLs: http://host:port as given; dns://name:port becomes one URL per address the name resolves to
-    (every pod behind a headless Service). A name that does not resolve contributes none."""
+    (every pod behind a headless Service; in local mode, per the kubelet's hosts file). A name that does not
+    resolve contributes none."""
     out: list[str] = []
+    local = _local_hosts()
     for spec in specs:
-        if spec.startswith("dns://"):
+        if spec.startswith("dns://") and spec.removeprefix("dns://") in local:
+            out += [f"http://{a}" for a in local[spec.removeprefix("dns://")] if f"http://{a}" not in out]
+        elif spec.startswith("dns://"):
             host, _, port = spec.removeprefix("dns://").rpartition(":")
             try:
                 infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
@@ -216,7 +233,7 @@ class RemoteBackend:
         self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
         self.local_prefill_below = local_prefill_below
         self.error: BaseException | None = None
-        self.alive = True
+        self.running = True
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
         self.retries: Counter | None = None
@@ -226,6 +243,12 @@ class RemoteBackend:
         self._prober: asyncio.Task | None = None
 
     # ---- the backend surface the HTTP server uses ----
+
+    @property
+    def alive(self) -> bool:
+        """Ready to serve: some decode pod is in rotation (until then the router's /ready says no, so the
+        Service sends it nothing)."""
+        return self.running and self.decode.healthy > 0
 
     @property
     def num_requests(self) -> int:
@@ -278,7 +301,7 @@ class RemoteBackend:
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
 
     def shutdown(self) -> None:
-        self.alive = False
+        self.running = False
         if self._prober is not None:
             self._prober.cancel()
 
@@ -312,7 +335,7 @@ class RemoteBackend:
         peers.probed(url, status)
 
     async def _probe_forever(self) -> None:
-        while self.alive:
+        while self.running:
             await asyncio.sleep(self.probe_interval)
             try:
                 await self._refresh()
@@ -361,6 +384,9 @@ class RemoteBackend:
         try:
             while True:
                 candidates = self.decode.ranked(exclude=tried)
+                if not candidates and not tried:  # none known yet: look again before giving up
+                    await self._refresh()
+                    candidates = self.decode.ranked(exclude=tried)
                 if not candidates:
                     why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
                     raise NoPeerAvailable(f"no decode pod could serve the request: {why}")

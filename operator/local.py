@@ -1,0 +1,207 @@
+"""Local mode's commands (`neuronfleet up | down | status`): the whole fleet on this machine, no cluster.
+
+`up` starts two processes and records them in the state folder: the emulated API server with the process
+kubelet (`apiserver --kubelet-state`), with the NeuronModel CRD installed and a `local-models` claim in
+namespace default that holds SmolLM2-135M-Instruct (the local samples' model), and the operator. It writes
+`STATE/kubeconfig` and prints the kubectl commands to use. `down` stops what `up` started (the kubelet stops
+every pod process) and deletes nothing else. `status` lists models, pods and their log files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from . import crd
+
+MODEL_FILE = "smollm2-135m-instruct.gguf"  # on the local-models claim (crds/samples/*-local-cpu*.yaml)
+
+
+class LocalError(RuntimeError):
+    """Local mode cannot do what was asked; the message says why and what to do."""
+
+
+def _pids(state: Path) -> dict[str, int]:
+    path = state / "pids.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _request(url: str, method: str = "GET", body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _api(state: Path) -> str:
+    url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
+    if not url:
+        raise LocalError(f"no local fleet in {state}: run `neuronfleet up --state {state}` first")
+    return url
+
+
+def up(state: Path, detach: bool, say=print) -> int:
+    state = state.resolve()
+    running = {name: pid for name, pid in _pids(state).items() if _alive(pid)}
+    if running:
+        raise LocalError(
+            f"a local fleet already runs from {state} (pids {sorted(running.values())}); "
+            f"`neuronfleet down --state {state}` stops it"
+        )
+    started = time.monotonic()
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    (state / "url").unlink(missing_ok=True)
+    say(f"[up] state folder {state}")
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "neuronfleet.operator.apiserver",
+            "--kubeconfig",
+            str(state / "kubeconfig"),
+            "--ready-file",
+            str(state / "url"),
+            "--kubelet-state",
+            str(state / "node"),
+        ],
+        stdout=open(state / "logs" / "apiserver.log", "ab"),  # noqa: SIM115 (the child's, for its life)
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pids = {"apiserver": api.pid}
+    (state / "pids.json").write_text(json.dumps(pids))
+    deadline = time.monotonic() + 60
+    while not ((state / "url").is_file() and (state / "url").read_text()):
+        if api.poll() is not None or time.monotonic() > deadline:
+            raise LocalError(f"the emulated API server did not start; see {state / 'logs' / 'apiserver.log'}")
+        time.sleep(0.1)
+    url = _api(state)
+    say(f"[up] emulated API server and process kubelet on {url} ({time.monotonic() - started:.1f} s)")
+    _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "POST", crd.build_crd())
+    _local_models(url, state)
+    say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
+    operator = subprocess.Popen(
+        [
+            shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
+            "operator",
+            "--kubeconfig",
+            str(state / "kubeconfig"),
+            "--standalone",
+            "--all-namespaces",
+        ],
+        stdout=open(state / "logs" / "operator.log", "ab"),  # noqa: SIM115 (the child's, for its life)
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pids["operator"] = operator.pid
+    (state / "pids.json").write_text(json.dumps(pids))
+    say(f"[up] operator started (log {state / 'logs' / 'operator.log'})")
+    k = f"kubectl --kubeconfig {state / 'kubeconfig'} --cache-dir {state / 'kubectl-cache'}"
+    say("[up] ready. Try:")
+    say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
+    say(f"  {k} get neuronmodels -w")
+    say(f"  neuronfleet status --state {state}")
+    if detach:
+        return 0
+    say("[up] running in the foreground; Ctrl-C stops everything")
+    try:
+        while api.poll() is None and operator.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    down(state, say)
+    return 0
+
+
+def _local_models(url: str, state: Path) -> None:
+    """The claim the local samples read their model from, holding the SmolLM2 GGUF file."""
+    from neuronfleet.runtime.gguf_import import default_gguf_path
+
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "local-models", "namespace": "default"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    try:
+        _request(f"{url}/api/v1/namespaces/default/persistentvolumeclaims", "POST", claim)
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise
+    folder = state / "node" / "volumes" / "default" / "local-models"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / MODEL_FILE
+    if not target.exists():
+        target.symlink_to(default_gguf_path())
+
+
+def down(state: Path, say=print) -> int:
+    state = state.resolve()
+    pids = _pids(state)
+    if not pids:
+        say(f"[down] nothing runs from {state}")
+        return 0
+    for name in ("operator", "apiserver"):  # the operator first; the API server's kubelet stops the pods
+        pid = pids.get(name)
+        if pid is None or not _alive(pid):
+            continue
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.1)
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            _reap(pid)
+        say(f"[down] {name} (pid {pid}) stopped")
+    (state / "pids.json").unlink(missing_ok=True)
+    (state / "url").unlink(missing_ok=True)
+    return 0
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def status(state: Path, say=print) -> int:
+    state = state.resolve()
+    url = _api(state)
+    models = _request(f"{url}/apis/neuronfleet.dev/v1alpha1/neuronmodels")["items"]
+    pods = _request(f"{url}/api/v1/pods")["items"]
+    say(f"local fleet in {state}: API server {url}, kubeconfig {state / 'kubeconfig'}")
+    say("models:")
+    for m in models:
+        s = m.get("status") or {}
+        name = f"{m['metadata']['namespace']}/{m['metadata']['name']}"
+        say(f"  {name}: {s.get('phase', '-')} {s.get('endpoint', '')}")
+    say("pods:")
+    for p in pods:
+        s = p.get("status") or {}
+        c = (s.get("containerStatuses") or [{}])[0]
+        name = f"{p['metadata']['namespace']}_{p['metadata']['name']}"
+        ready, restarts = c.get("ready", False), c.get("restartCount", 0)
+        log_file = state / "node" / "logs" / f"{name}.log"
+        say(f"  {name}: {s.get('phase', '-')} ready={ready} restarts={restarts} log {log_file}")
+    return 0

@@ -1,0 +1,221 @@
+"""Local mode end to end (`neuronfleet up`): the real operator, the emulated API server with the process
+kubelet, the real runtime, the real model and the real `kubectl`. For the unified and the disaggregated local
+samples: apply, the compile Job runs the real compile, the model goes Ready, its endpoint answers a chat
+request exactly as the runtime does offline on the compiled weights; a killed serving process is restarted
+and traffic continues; a change of what is compiled rolls with no failed request; deleting the NeuronModel
+stops its processes; `neuronfleet down` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from test_apiserver import KUBECTL
+
+from neuronfleet.runtime.engine import Engine
+from neuronfleet.runtime.sampling_params import SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+QUESTION = "What is the capital of France?"
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed"),
+]
+
+
+def neuronfleet(*args: str) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "neuronfleet")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=120)
+
+
+class Local:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        cmd = [KUBECTL, "--kubeconfig", str(self.state / "kubeconfig"), "--cache-dir", str(self.state / "kc")]
+        run = subprocess.run([*cmd, *args], input=stdin, capture_output=True, text=True, timeout=60)
+        if check:
+            assert run.returncode == 0, run.stderr
+        return run
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait(self, what: str, check, timeout: float = 180.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.5)
+        logs = "\n".join(p.read_text()[-3000:] for p in (self.state / "logs").glob("*.log"))
+        pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+    def phase(self, name: str) -> str:
+        return (self.get("nm", name).get("status") or {}).get("phase", "")
+
+    def pods(self, selector: str) -> list[dict]:
+        return self.get("pods", "-l", selector)["items"]
+
+    def pids(self) -> list[int]:
+        """Every pod process the kubelet started that still runs."""
+        out = []
+        for pid_file in (self.state / "node" / "pods").glob("*/pid"):
+            pid = int(pid_file.read_text())
+            try:
+                os.kill(pid, 0)
+                out.append(pid)
+            except ProcessLookupError:
+                pass
+        return out
+
+
+def chat(endpoint: str, model: str, max_tokens: int = 16) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": max_tokens,
+            "temperature": 0}  # fmt: skip
+    req = urllib.request.Request(
+        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Connection": "close"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local")
+    started = time.monotonic()
+    run = neuronfleet("up", "--state", str(state), "--detach")
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert "kubectl --kubeconfig" in run.stdout and (state / "kubeconfig").is_file()
+    print(f"up: {time.monotonic() - started:.1f} s")
+    fleet = Local(state)
+    try:
+        yield fleet
+    finally:
+        down = neuronfleet("down", "--state", str(state))
+        assert down.returncode == 0, down.stderr
+        assert fleet.pids() == [], "a pod process outlived `neuronfleet down`"
+        assert not (state / "pids.json").exists()
+
+
+def offline_answer(local: Local, name: str) -> str:
+    """The runtime's own greedy answer on the weights the compile Job produced."""
+    status = local.get("nm", name)["status"]
+    folder = (
+        local.state / "node" / "volumes" / "default" / f"{name}-compile-cache" / status["artifacts"]["path"]
+    )
+    engine = Engine.from_model_dir(str(folder / "model"), slots=1, max_seq_len=512, prefix_reuse=False)
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
+    return engine.generate([ids], SamplingParams(max_tokens=16))[0].text
+
+
+def test_a_unified_model_compiles_serves_heals_rolls_and_goes(local):
+    t0 = time.monotonic()
+    local.kubectl("apply", "-f", str(UNIFIED))
+    local.wait("the compile Job", lambda: local.get("jobs")["items"])
+    local.wait("Ready", lambda: local.phase("smollm2") == "Ready")
+    print(f"apply -> Ready: {time.monotonic() - t0:.1f} s")
+    model = local.get("nm", "smollm2")
+    conditions = {c["type"]: c["status"] for c in model["status"]["conditions"]}
+    assert conditions["Validated"] == conditions["Compiled"] == conditions["Ready"] == "True"
+    endpoint = model["status"]["endpoint"]
+    assert endpoint.startswith("http://127.0.0.1:")
+    want = offline_answer(local, "smollm2")
+    assert chat(endpoint, "smollm2") == want
+    row = local.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
+    assert row[:2] == ["smollm2", "Ready"] and row[-2] == endpoint
+    (pod,) = local.pods("neuronfleet.dev/role=unified")
+    log = local.kubectl("logs", pod["metadata"]["name"]).stdout
+    assert "GET /ready" in log  # kubectl logs reads the pod's log file (the readiness probes' requests)
+
+    # a serving process that dies is restarted by the kubelet, and traffic continues
+    pid = int((local.state / "node" / "pods" / f"default_{pod['metadata']['name']}" / "pid").read_text())
+    os.kill(pid, 9)
+
+    def serving() -> dict:
+        return local.pods("neuronfleet.dev/role=unified")[0]["status"]["containerStatuses"][0]
+
+    local.wait("the restart", lambda: serving()["restartCount"] == 1)
+    local.wait("Ready again", lambda: serving()["ready"] and local.phase("smollm2") == "Ready")
+    assert chat(endpoint, "smollm2") == want
+
+    # a change of what is compiled: a new compile, then a roll with no failed request
+    failures: list[str] = []
+    answers: list[str] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            try:
+                answers.append(chat(endpoint, "smollm2", max_tokens=4))
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                failures.append(repr(e))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        manifest = yaml.safe_load(UNIFIED.read_text())
+        manifest["spec"]["neuron"]["batchSize"] = 2
+        old_hash = model["status"]["compileHash"]
+        t1 = time.monotonic()
+        local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+        local.wait("the roll", lambda: (
+            (m := local.get("nm", "smollm2"))["status"].get("compileHash") != old_hash
+            and m["status"]["phase"] == "Ready"
+            and all(p["metadata"]["labels"]["neuronfleet.dev/compile-hash"] != old_hash
+                    for p in local.pods("neuronfleet.dev/role=unified"))
+        ))  # fmt: skip
+        print(f"change -> rolled: {time.monotonic() - t1:.1f} s")
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join()
+    assert answers and not failures, failures[:3]
+
+    # deleting the model stops its processes
+    assert local.pids()
+    local.kubectl("delete", "nm", "smollm2", "--timeout=60s")
+    local.wait("the pods gone", lambda: local.get("pods")["items"] == [], timeout=60)
+    local.wait("the processes gone", lambda: not local.pids(), timeout=60)
+
+
+def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
+    t0 = time.monotonic()
+    local.kubectl("apply", "-f", str(DISAGGREGATED))
+    local.wait("Ready", lambda: local.phase("smollm2-pd") == "Ready")
+    print(f"apply -> Ready (disaggregated): {time.monotonic() - t0:.1f} s")
+    model = local.get("nm", "smollm2-pd")
+    assert model["status"]["replicas"] == {
+        r: {"desired": 1, "ready": 1} for r in ("prefill", "decode", "router")
+    }
+    assert chat(model["status"]["endpoint"], "smollm2-pd") == offline_answer(local, "smollm2-pd")
+    # the answer came through a KV handoff, not a fallback
+    (decode,) = local.pods("neuronfleet.dev/role=decode")
+    slices = local.get("endpointslices", "-l", "kubernetes.io/service-name=smollm2-pd-decode")["items"]
+    port = slices[0]["ports"][0]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    moved = [line for line in metrics.splitlines() if line.startswith("neuronfleet:kv_transfer_bytes_total")]
+    assert moved and float(moved[0].split()[-1]) > 0
+    assert "DevicesEnforced" not in json.dumps(decode["status"])  # cpu pods request no devices
+    secret = local.get("secret", "smollm2-pd-internal")
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "smollm2-pd"
+    local.kubectl("delete", "nm", "smollm2-pd", "--timeout=60s")
+    local.wait("the processes gone", lambda: not local.pids(), timeout=60)
