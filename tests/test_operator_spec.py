@@ -90,7 +90,11 @@ def test_samples_are_accepted_by_the_schema_and_the_checks(path):
     openapi_validate(obj, schema)
     report = validation.check(obj)
     assert report.ok, report.errors
-    assert report.fit is not None and report.fit.checked, report.fit
+    assert report.fit is not None
+    if obj["spec"]["neuron"]["instanceType"] == "cpu":  # local samples: host memory, nothing to fit
+        assert not report.fit.checked and "cpu" in report.fit.reason
+    else:
+        assert report.fit.checked, report.fit
 
 
 def base() -> dict:
