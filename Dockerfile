@@ -18,15 +18,20 @@ ARG NEURON_BASE_IMAGE=public.ecr.aws/neuron/pytorch-inference-neuronx:${NEURON_T
 # Where the CPU build of the pinned torch comes from (the default index has only CUDA builds for Linux).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-# ---- operator: the kopf operator, no model code --------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS operator
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# ---- sources: what every image installs (the package and the pins) -----------------------------------
+FROM ${PYTHON_IMAGE} AS sources
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
 COPY neuronfleet/ neuronfleet/
 COPY operator/ operator/
 COPY runtime/ runtime/
 COPY crds/ crds/
+
+# ---- operator: the kopf operator, no model code --------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS operator
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY --from=sources /src/ ./
 RUN pip install -c constraints.txt kopf aiohttp pydantic PyYAML common-expression-language prometheus-client \
     && pip install --no-deps . \
     && rm -rf /src
@@ -41,11 +46,7 @@ FROM ${PYTHON_IMAGE} AS runtime-cpu
 ARG TORCH_INDEX_URL
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY constraints.txt pyproject.toml README.md ./
-COPY neuronfleet/ neuronfleet/
-COPY operator/ operator/
-COPY runtime/ runtime/
-COPY crds/ crds/
+COPY --from=sources /src/ ./
 RUN pip install -c constraints.txt --extra-index-url "${TORCH_INDEX_URL}" . && rm -rf /src
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
 USER 10001:10001
@@ -59,11 +60,7 @@ ARG NEURON_SDK_VERSION
 LABEL dev.neuronfleet.neuron-sdk="${NEURON_SDK_VERSION}"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY constraints.txt pyproject.toml README.md ./
-COPY neuronfleet/ neuronfleet/
-COPY operator/ operator/
-COPY runtime/ runtime/
-COPY crds/ crds/
+COPY --from=sources /src/ ./
 # torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies
 RUN pip install --no-deps . \
     && pip install -c constraints.txt aiohttp prometheus-client pydantic PyYAML safetensors tokenizers jinja2 \
