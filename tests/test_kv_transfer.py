@@ -100,10 +100,11 @@ def test_corrupted_bytes_are_detected_by_the_checksum():
         _, receiver, _ = await pair()
         payload = bytes(192)
         fields = {"agent": "evil", "model": "smollm2@abc", "region": "lease-1", "offset": 0, "nbytes": 192}
-        fields |= {"dtype": "bfloat16", "shape": [3, 8, 4], "checksum": 12345, "notification": "x", "id": 0}
+        fields |= {"dtype": "bfloat16", "shape": [3, 8, 4], "to": "decode-0", "notification": "x", "id": 0}
         header = json.dumps(fields).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
-        writer.write(HEADER.pack(len(header)) + header + payload)
+        wrong = struct.pack("!Q", 12345)  # the trailer: not the payload's XXH3-64
+        writer.write(HEADER.pack(len(header)) + header + payload + wrong)
         reply = await reader.readexactly(2 + HEADER.size)
         (size,) = struct.unpack("!I", reply[2:])
         message = (await reader.readexactly(size)).decode()
