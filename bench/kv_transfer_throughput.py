@@ -9,7 +9,7 @@ blocking `sendall` per layer into a receiver that `recv_into`s a preallocated bu
 one acknowledgement at the end. Each receiver runs in its own process, as a decode pod does; the sender here.
 The two alternate; it prints GB/s of each, best and median, and the ratios.
 
-    .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 15]
+    .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 25]
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -100,7 +100,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=25)
     args = parser.parse_args()
     layers = layer_tensors(args.tokens)
     nbytes = sum(t.numel() * 2 for t in layers)
