@@ -29,6 +29,8 @@ pytestmark = pytest.mark.real_model
 TOKEN = "fleet-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUESTIONS = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
+MORE = ["Count from one to five.", "What color is the sky?", "Name a large animal.", "What is 2 + 2?",
+        "Give me a word that rhymes with cat.", "What do bees make?"]  # fmt: skip
 STORY = "Write a short story about a lighthouse keeper."
 SLOTS = 4
 
@@ -130,8 +132,8 @@ def unified(smollm2_dir) -> dict:
     """The unified engine's greedy outputs: 16 tokens for the questions, 48 for the story."""
     engine = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
     chat = lambda q: engine.tokenizer.encode_chat([{"role": "user", "content": q}])  # noqa: E731
-    outs = engine.generate([chat(q) for q in QUESTIONS], SamplingParams(max_tokens=16))
-    out = {q: (chat(q), o) for q, o in zip(QUESTIONS, outs, strict=True)}
+    outs = engine.generate([chat(q) for q in QUESTIONS + MORE], SamplingParams(max_tokens=16))
+    out = {q: (chat(q), o) for q, o in zip(QUESTIONS + MORE, outs, strict=True)}
     out[STORY] = (chat(STORY), engine.generate([chat(STORY)], SamplingParams(max_tokens=48))[0])
     return out
 
@@ -154,9 +156,10 @@ def ask(fleet: Fleet, question: str, max_tokens: int = 16) -> str:
 
 def test_the_fleet_answers_like_a_unified_server_with_kv_handed_over(fleet, want):
     before = fleet.imported_bytes()
-    with ThreadPoolExecutor(3) as pool:
-        answers = list(pool.map(lambda q: ask(fleet, q), QUESTIONS))
-    assert answers == [want[q] for q in QUESTIONS]
+    many = QUESTIONS + MORE
+    with ThreadPoolExecutor(4) as pool:  # many prompts, four at a time, over both decode pods
+        answers = list(pool.map(lambda q: ask(fleet, q), many))
+    assert answers == [want[q] for q in many]
     assert fleet.imported_bytes() > before  # the decode pods imported, not prefilled
     assert fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2
 
