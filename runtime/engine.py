@@ -298,16 +298,14 @@ class Engine:
         stream = self._streams.get(seq.request_id)
         if stream is None:  # aborted while the step ran
             return None
-        params = seq.params
-        if token in self.eos_ids and not params.ignore_eos:
-            seq.output_ids.append(token)
-            return self._finish(stream, [token], stream.text.flush(), FinishReason.STOP)
         seq.output_ids.append(token)
-        text, stopped = stream.text.add(token)
-        if stopped:
-            return self._finish(stream, [token], text, FinishReason.STOP)
-        if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.runner.max_seq_len:
-            return self._finish(stream, [token], text + stream.text.flush(), FinishReason.LENGTH)
+        text, reason = stream.text.accept(
+            token,
+            eos=token in self.eos_ids and not seq.params.ignore_eos,
+            last=len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.runner.max_seq_len,
+        )
+        if reason is not None:
+            return self._finish(stream, [token], text, reason)
         return self._output(stream, [token], text, None)
 
     def _finish(self, stream: _Stream, ids: list[int], text: str, reason: FinishReason) -> RequestOutput:

@@ -385,9 +385,6 @@ class RemoteBackend:
         try:
             while True:
                 candidates = self.decode.ranked(exclude=tried)
-                if not candidates and not tried:  # none known yet: look again before giving up
-                    await self._refresh()
-                    candidates = self.decode.ranked(exclude=tried)
                 if not candidates:
                     why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
                     raise NoPeerAvailable(f"no decode pod could serve the request: {why}")
@@ -436,22 +433,17 @@ class RemoteBackend:
     def _accept(
         self, rid: str, ids: list[int], generated: list[int], text: TextOutput, params: SamplingParams,
         token: int,
-    ) -> RequestOutput | None:  # fmt: skip
-        """One generated token as the client sees it: EOS and stop strings end the request here, exactly as
-        in a unified engine (the decode pods apply the same rules, but only to their own part)."""
+    ) -> RequestOutput:  # fmt: skip
+        """One generated token as the client sees it: EOS and stop strings end the request here, by the
+        engine's own rules (the decode pods apply them too, but only to their own part)."""
 
-        def output(piece: str, reason: FinishReason | None) -> RequestOutput:
-            return RequestOutput(request_id=rid, token_ids=[token], text=piece, finish_reason=reason,
-                                 prompt_tokens=len(ids), completion_tokens=len(generated))  # fmt: skip
-
-        if token in self.eos_ids and not params.ignore_eos:
-            return output(text.flush(), FinishReason.STOP)
-        piece, stopped = text.add(token)
-        if stopped:
-            return output(piece, FinishReason.STOP)
-        if params.max_tokens is not None and len(generated) >= params.max_tokens:
-            return output(piece + text.flush(), FinishReason.LENGTH)
-        return output(piece, None)
+        piece, reason = text.accept(
+            token,
+            eos=token in self.eos_ids and not params.ignore_eos,
+            last=params.max_tokens is not None and len(generated) >= params.max_tokens,
+        )
+        return RequestOutput(request_id=rid, token_ids=[token], text=piece, finish_reason=reason,
+                             prompt_tokens=len(ids), completion_tokens=len(generated))  # fmt: skip
 
     async def _run(self, decode: Peer, rid: str, ids: list[int], params: SamplingParams):
         """One attempt on one decode pod: yields (token or None, the pod's finish reason or None)."""

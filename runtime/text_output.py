@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .scheduler import FinishReason
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -36,6 +37,18 @@ class TextOutput:
         """The text held back, when the request ends for another reason (EOS, length)."""
         out, self.held = self.held, ""
         return out
+
+    def accept(self, token: int, *, eos: bool, last: bool) -> tuple[str, FinishReason | None]:
+        """One generated token as the client sees it, and whether it ends the request: an EOS token (`eos`:
+        one that is not ignored) or a completed stop string as STOP, the length limit (`last`) as LENGTH."""
+        if eos:
+            return self.flush(), FinishReason.STOP
+        text, stopped = self.add(token)
+        if stopped:
+            return text, FinishReason.STOP
+        if last:
+            return text + self.flush(), FinishReason.LENGTH
+        return text, None
 
 
 def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
