@@ -37,6 +37,8 @@ from typing import Any
 
 import aiohttp
 
+from .apiserver import error, now
+
 log = logging.getLogger(__name__)
 
 PORT_FLAGS = ("--port", "--kv-port")
@@ -268,7 +270,7 @@ class ProcessKubelet:
                         "message": "the pod's process exited 0",
                     }
                 ]
-                new["completionTime"] = _now()
+                new["completionTime"] = now()
             elif failed > limit:
                 last = next(p for p in reversed(pods) if (p.get("status") or {}).get("phase") == "Failed")
                 message = _termination(last)
@@ -289,7 +291,7 @@ class ProcessKubelet:
                     {"job-name": job["metadata"]["name"], "controller-uid": job_uid},
                 )
                 new["active"] = 1
-                new.setdefault("startTime", status.get("startTime") or _now())
+                new.setdefault("startTime", status.get("startTime") or now())
             await self.patch_status("batch", "v1", "jobs", job, new)
 
     async def sync_deployments(self) -> None:
@@ -435,7 +437,7 @@ class ProcessKubelet:
         delay = 1.0
         while not pod.stopping:
             with open(pod.log_path, "ab") as out:
-                pod.started_at = _now()
+                pod.started_at = now()
                 pod.process = await asyncio.create_subprocess_exec(
                     *command,
                     stdout=out,
@@ -687,8 +689,6 @@ class ProcessKubelet:
     def pod_log(self, namespace: str, name: str) -> str:
         path = self.state / "logs" / f"{namespace}_{name}.log"
         if not path.is_file():
-            from .apiserver import error
-
             raise error(404, "NotFound", f'no log for pod "{name}" in namespace "{namespace}"')
         return path.read_text(errors="replace")
 
@@ -706,9 +706,3 @@ def _termination(pod: dict[str, Any]) -> str:
         if terminated:
             return terminated.get("message") or f"exit code {terminated.get('exitCode')}"
     return "no termination message"
-
-
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
