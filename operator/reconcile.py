@@ -194,22 +194,20 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
 
 
-async def apply(kube: Kube, obj: dict[str, Any]) -> str:
-    """Create the object, or patch it back to what the operator wants; 'created' | 'patched' | 'unchanged'."""
+async def apply(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create the object, or patch it back to what the operator wants; returns it as the cluster holds it."""
     meta = obj["metadata"]
     existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])
     if existing is None:
         try:
-            await kube.create(obj)
-            return "created"
+            return await kube.create(obj)
         except KubeError as e:
             if e.status != 409:  # created meanwhile by a concurrent pass: compare below
                 raise
             existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])
     if obj["kind"] in CREATE_ONLY or existing is None or is_subset(obj, existing):
-        return "unchanged"
-    await kube.patch(obj["kind"], meta["namespace"], meta["name"], obj)
-    return "patched"
+        return existing or obj
+    return await kube.patch(obj["kind"], meta["namespace"], meta["name"], obj)
 
 
 async def reconcile(
@@ -247,6 +245,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     report = None
     serving = old.get("compileHash") if old.get("artifacts") else None
     roles: dict[str, tuple[int, int]] = {}
+    service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     if spec is not None and not errors:
         assert chash is not None
         job = job_state(await kube.get("Job", owner.namespace, builders.compile_job_name(owner, chash)))
@@ -255,7 +254,9 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             job_name = builders.compile_job_name(owner, chash)
             report = compile_report(await kube.list("Pod", owner.namespace, f"job-name={job_name}"))
         for obj in builders.build_all(owner, spec, serving, internal_token=secrets.token_urlsafe(32)):
-            await apply(kube, obj)
+            applied = await apply(kube, obj)
+            if obj["kind"] == "Service" and obj["metadata"]["name"] == owner.name:
+                service = applied  # the public one: its published address is the endpoint
         if serving is not None:
             for role, replicas in builders.serving_roles(spec).items():
                 dep = await kube.get("Deployment", owner.namespace, builders.deployment_name(owner, role))
@@ -266,7 +267,6 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 )
                 ready = (dep or {}).get("status", {}).get("readyReplicas", 0) if current else 0
                 roles[role] = (replicas, ready or 0)
-    service = await kube.get("Service", owner.namespace, owner.name) if serving is not None else None
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
