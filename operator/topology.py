@@ -1,10 +1,24 @@
 """Neuron instance topology and well-known model shapes: the one table of each that validation and the
 manifest builders read.
 
-Sources: AWS Neuron documentation as collected in shared/NEURON.md ("Instance topology", "Kubernetes"):
-devices per instance, NeuronCores per device (v2 on Inf2/Trn1; v3 on Trn2, 8 physical = 4 logical at
-LNC=2), device memory, documented tensor-parallel degrees, device counts the Neuron scheduler extension
-accepts (trn1.32xlarge/trn1n.32xlarge: 1, 4, 8 or 16), EFA interfaces.
+Public sources: the AWS Neuron SDK documentation (https://awsdocs-neuron.readthedocs-hosted.com, pages
+named below, as of SDK 2.26-2.29):
+- Inf2: up to twelve Inferentia2 chips, two NeuronCore-v2 and 32 GiB of device memory per chip
+  (general/arch/neuron-hardware/inferentia2.html; chips per size, 1/1/6/12, in inf2-arch.html).
+- Trn1/Trn1n: 1 (trn1.2xlarge) or 16 Trainium chips, two NeuronCore-v2 and 32 GiB per chip; EFA
+  800 Gbps on trn1.32xlarge, 1600 Gbps on trn1n.32xlarge (general/arch/neuron-hardware/trn1-arch.html,
+  trainium.html); 8 EFA devices on trn1.32xlarge, 16 on trn1n.32xlarge
+  (frameworks/torch/torch-neuronx/setup-trn1-multi-node-execution.html).
+- Trn2: eight physical NeuronCore-v3 and 96 GiB per Trainium2 chip, 16 chips in trn2.48xlarge and
+  trn2u.48xlarge (nki/arch/trainium2_arch.html); logical NeuronCores, LNC=2 by default on Trn2, so a pod
+  sees 4 cores per chip (general/arch/neuron-features/logical-neuroncore-config.html).
+- Devices per pod: the Neuron scheduler extension requires 1, 4, 8 or all 16 devices on trn1.32xlarge
+  and trn1n.32xlarge, any contiguous set on Inf2 (containers/tutorials/k8s-neuron-scheduler.html).
+- Tensor-parallel degrees (no single published list; these are ours): Trn1's follow from the scheduler
+  extension's device counts (one core, or 1/4/8/16 devices = 2/8/16/32 cores); Inf2's and Trn2's are powers of
+  two (plus all 24 cores of inf2.48xlarge), each limited at validation to the cores the instance has.
+- The compile target family: Inf2 and Trn1 share NeuronCore-v2 (one compiled artifact serves both); Trn2's
+  NeuronCore-v3 needs its own.
 """
 
 from __future__ import annotations
