@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from neuronfleet.contract import SERVE_PORT
+
 GROUP = "neuronfleet.dev"
 VERSION = "v1alpha1"
 KIND = "NeuronModel"
@@ -236,7 +238,9 @@ class Serving(Spec):
     decode: RoleSpec | None = Field(None, description="Decode pods (mode disaggregated).")
     router: Router = section(Router, "The public endpoint of a disaggregated model.")
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
-    port: int = Field(8000, description="HTTP port of the serving pods and the Service.", ge=1, le=65535)
+    port: int = Field(
+        SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535
+    )
     networkPolicy: bool = Field(
         False,
         description="Mode disaggregated: a NetworkPolicy lets only this model's own pods reach its prefill "
