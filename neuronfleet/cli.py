@@ -379,20 +379,21 @@ def main(argv: list[str] | None = None) -> int:
         args.kopf_args = [*unknown, *args.kopf_args]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    from neuronfleet.runtime.kv_transfer import TransportUnavailable
-    from neuronfleet.runtime.model_config import ModelLoadError
-    from neuronfleet.runtime.sampling_params import InvalidRequest
-
     try:
         return args.func(args)
-    except (
-        ModelLoadError,
-        InvalidRequest,
-        ValueError,
-        TransportUnavailable,
-    ) as e:  # CompileError: a ValueError
+    except Exception as e:
+        if not isinstance(e, _usage_errors()):
+            raise
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What commands raise for bad input or a setup this machine cannot run: ValueError (ModelLoadError,
+    InvalidRequest and CompileError are ValueErrors) and, once a command loaded the KV transport, its
+    TransportUnavailable (looked up, not imported: each command imports only what it runs)."""
+    transfer = sys.modules.get("neuronfleet.runtime.kv_transfer")
+    return (ValueError, transfer.TransportUnavailable) if transfer is not None else (ValueError,)
 
 
 if __name__ == "__main__":
