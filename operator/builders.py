@@ -66,8 +66,8 @@ def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
 
 
 def compile_hash(spec: NeuronModelSpec) -> str:
-    """Canonical hash of the compile identity (DESIGN.md section 3): model and revision, engine and image,
-    the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
+    """Canonical hash of the compile identity (DESIGN.md section 3): model, revision and tokenizer, engine and
+    image, the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
     identity = {
@@ -81,6 +81,8 @@ def compile_hash(spec: NeuronModelSpec) -> str:
         "quantization": n.quantization,
         "overrides": n.overrides,
     }
+    if spec.model.tokenizer:  # only when set: the hashes of models without one stay as they were
+        identity["tokenizer"] = spec.model.tokenizer
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -98,7 +98,12 @@ class ModelSource(Spec):
         pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
     )
     revision: str | None = Field(None, description="Revision (branch, tag or commit) for hf:// models.")
-    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
+    tokenizer: str | None = Field(
+        None,
+        description="Where the tokenizer is when it differs from the model's (a folder: file:///path, "
+        "pvc://claim/path or hf://org/name); the compile puts its tokenizer files beside the weights.",
+        pattern=r"^(hf://[^/\s]+/[^/\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
+    )
     secretRef: SecretKeyRef | None = Field(
         None, description="Secret with the token to download the model (e.g. a Hugging Face token)."
     )
@@ -201,10 +206,9 @@ class RoleSpec(Spec):
 
 
 class Router(Spec):
+    """The router sends each request to the least loaded healthy decode pod (docs/disaggregation.md)."""
+
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
-    policy: Literal["least-loaded", "round-robin"] = Field(
-        "least-loaded", description="How the router picks decode pods."
-    )
 
 
 class KVTransfer(Spec):
@@ -261,6 +265,8 @@ class Serving(Spec):
     ),
 )
 class Autoscaling(Spec):
+    """Accepted and checked, not acted on yet: `neuronfleet validate` and the status say so."""
+
     enabled: bool = Field(False, description="Scale the serving replicas between min and max.")
     provider: Literal["builtin", "hpa", "keda"] = Field("builtin", description="Who scales.")
     min: int = Field(1, description="Fewest replicas (per role).", ge=0, le=1000)
@@ -270,6 +276,11 @@ class Autoscaling(Spec):
     )
     target: float = Field(0.75, description="Target value of the metric per replica.", gt=0)
     scaleToZero: bool = Field(False, description="Allow zero replicas when idle (needs min 0).")
+
+
+AUTOSCALING_NOT_ACTED_ON = (
+    "autoscaling is accepted but not acted on yet: the replicas stay as serving.*.replicas say"
+)
 
 
 class Scheduling(Spec):
@@ -306,7 +317,7 @@ class NeuronModelSpec(Spec):
 # ---- status ----------------------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Compiling", "Deploying", "Ready", "Degraded", "Failed"]
-ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded"]
+ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded", "AutoscalingActive"]
 
 
 class Condition(BaseModel):

@@ -55,8 +55,11 @@ def load_config(path: Path) -> CompileConfig:
         raise CompileError(f"compile config {path} is not what the operator writes: {problems}") from None
 
 
-def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT) -> Path:
-    """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`)."""
+def resolve_source(
+    uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT, files: tuple[str, ...] = ()
+) -> Path:
+    """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`); from the
+    Hub only `files` when given."""
     if uri.startswith("file://"):
         path = Path(uri.removeprefix("file://"))
     elif uri.startswith("pvc://"):
@@ -68,7 +71,13 @@ def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str 
             raise CompileError("hf:// models need huggingface_hub in the runtime image") from None
         token = os.environ.get(HF_TOKEN_ENVS[0])  # from the NeuronModel's secretRef, never from the spec
         path = Path(
-            snapshot_download(uri.removeprefix("hf://"), revision=revision, token=token, cache_dir=work)
+            snapshot_download(
+                uri.removeprefix("hf://"),
+                revision=revision,
+                token=token,
+                cache_dir=work,
+                allow_patterns=list(files) or None,
+            )
         )
     else:
         raise CompileError(f"model source {uri} is not supported by the embedded engine's compile yet")
@@ -77,8 +86,9 @@ def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str 
     return path
 
 
-def convert(source: Path, out: Path, config: CompileConfig) -> None:
-    """Weights to safetensors in the target dtype, tokenizer and config beside them, then a full load."""
+def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | None = None) -> None:
+    """Weights to safetensors in the target dtype, tokenizer (the model's, or `tokenizer`'s files when
+    given) and config beside them, then a full load."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -105,6 +115,12 @@ def convert(source: Path, out: Path, config: CompileConfig) -> None:
                 shutil.copy2(source / name, out / name)
     else:
         raise CompileError(f"{source} is neither a Hugging Face model folder nor a .gguf file")
+    if tokenizer is not None:
+        if not (tokenizer / "tokenizer.json").is_file():
+            raise CompileError(f"tokenizer {config.model.tokenizer} holds no tokenizer.json")
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copy2(tokenizer / name, out / name)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
     ModelRunner(
         out, slots=1, max_seq_len=config.sequenceLength, dtype=dtype,
@@ -146,7 +162,12 @@ def compile_artifacts(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         source = resolve_source(config.model.uri, config.model.revision, staging / "download", model_mount)
-        convert(source, staging / "model", config)
+        tokenizer = None
+        if config.model.tokenizer:
+            tokenizer = resolve_source(
+                config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES
+            )
+        convert(source, staging / "model", config, tokenizer)
         shutil.rmtree(staging / "download", ignore_errors=True)
         (staging / "compile.json").write_text(config.to_json())
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -126,7 +126,8 @@ def test_the_operator_starts_and_reconciles_with_only_the_operator_images_packag
             conditions = {c["type"]: c for c in (model.get("status") or {}).get("conditions") or []}
             return conditions if conditions.get("Validated", {}).get("status") == "True" else None
 
-        wait_for("the model's status", validated, procs, logs)
+        conditions = wait_for("the model's status", validated, procs, logs)
+        assert conditions["AutoscalingActive"]["reason"] == "NotImplemented"  # the sample enables it
         jobs = json.loads(kubectl("get", "jobs", "-n", "inference", "-o", "json").stdout)["items"]
         assert [j["metadata"]["name"].split("-compile-")[0] for j in jobs] == ["llama-3-1-8b"]
     finally:
