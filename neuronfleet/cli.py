@@ -1,4 +1,5 @@
-"""The `neuronfleet` command line (DESIGN.md section 11): parses arguments and calls into the packages."""
+"""The `neuronfleet` command line: parses arguments and calls into the packages (each command imports only
+what it runs)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so (NEURON.md)
+NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so
 RUN_AS_USER = 10001  # the images' own user (Dockerfile)
 
 
@@ -66,8 +66,8 @@ def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
 
 
 def compile_hash(spec: NeuronModelSpec) -> str:
-    """Canonical hash of the compile identity (DESIGN.md section 3): model, revision and tokenizer, engine and
-    image, the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
+    """Canonical hash of the compile identity: model, revision and tokenizer, engine and image, the shapes
+    fixed at compile time, the platform family, logical cores and compiler settings."""
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
     identity = {

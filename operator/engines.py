@@ -1,6 +1,5 @@
 """Engines: a pure mapping from a NeuronModel spec to each serving engine's image, command, arguments and
-environment, following that engine's documented contract (shared/NEURON.md), including where it finds the
-compiled artifacts.
+environment, following that engine's documented contract, including where it finds the compiled artifacts.
 
 - embedded: neuronfleet's own runtime (`neuronfleet serve`; on Neuron its NxDI backend), artifacts = the
   folder `neuronfleet compile` wrote.

@@ -4,7 +4,7 @@ These models are the single source of truth: the CRD's openAPIV3Schema is genera
 and the operator parses objects with them. A rule that spans fields is declared once with `rule(...)`: its
 CEL expression goes into the CRD's `x-kubernetes-validations` (the API server enforces it) and its Python
 twin runs when a model is parsed here (so `neuronfleet validate` and the operator refuse the same things).
-Field names are the public contract of DESIGN.md section 2.
+Field names are the public contract: users' manifests and the samples use them.
 """
 
 from __future__ import annotations
