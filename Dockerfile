@@ -22,6 +22,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 FROM ${PYTHON_IMAGE} AS sources
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
+COPY docker/ docker/
 COPY neuronfleet/ neuronfleet/
 COPY operator/ operator/
 COPY runtime/ runtime/
@@ -32,7 +33,7 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY --from=sources /src/ ./
-RUN pip install -c constraints.txt kopf aiohttp pydantic PyYAML common-expression-language prometheus-client \
+RUN pip install -c constraints.txt -r docker/operator-requirements.txt \
     && pip install --no-deps . \
     && rm -rf /src
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet

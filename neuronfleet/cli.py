@@ -1,10 +1,13 @@
-"""The `neuronfleet` command line (DESIGN.md section 11): parses arguments and calls into the packages."""
+"""The `neuronfleet` command line: parses arguments and calls into the packages (each command imports only
+what it runs)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from neuronfleet.contract import INTERNAL_TOKEN_ENV, MODEL_MOUNT, add_serve_arguments
 
 EXIT_USAGE = 2
 
@@ -109,6 +112,7 @@ def _load_manifests(paths: list[str]) -> list[tuple[str, dict]]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from neuronfleet.operator.spec import AUTOSCALING_NOT_ACTED_ON
     from neuronfleet.operator.validation import check
 
     refused = 0
@@ -118,6 +122,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         if report.ok:
             fit = f"; fit: {report.fit.reason}" if report.fit else ""
             print(f"ok      {where} {name}{fit}")
+            if (obj.get("spec") or {}).get("autoscaling", {}).get("enabled"):
+                print(f"  note: {AUTOSCALING_NOT_ACTED_ON}")
         else:
             refused += 1
             print(f"refused {where} {name}")
@@ -197,13 +203,13 @@ def _cmd_local(args: argparse.Namespace) -> int:
 def _internal_token(args: argparse.Namespace) -> str:
     import os
 
-    token = os.environ.get("NEURONFLEET_INTERNAL_TOKEN", "")
+    token = os.environ.get(INTERNAL_TOKEN_ENV, "")
     if args.internal_token_file:
         token = Path(args.internal_token_file).read_text().strip()
     if not token:
         raise ValueError(
             f"--role {args.role} needs the model's internal token: --internal-token-file FILE (mounted from "
-            "a Secret) or NEURONFLEET_INTERNAL_TOKEN"
+            f"a Secret) or {INTERNAL_TOKEN_ENV}"
         )
     return token
 
@@ -288,17 +294,6 @@ def _role_setup(args: argparse.Namespace):
     return build
 
 
-def _buckets(text: str) -> list[int]:
-    """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected token lengths like 128,512, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"bucket lengths must be positive integers, got {text!r}")
-    return sorted(set(values))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronfleet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -323,73 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
 
     srv = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and TGI APIs, metrics)")
-    srv.add_argument("--model", required=True, help="Hugging Face-format model folder")
-    srv.add_argument("--role", choices=["unified", "prefill", "decode", "router"], default="unified")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--slots", type=int, default=8, help="static batch: requests decoded together")
-    srv.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per slot")
-    srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    srv.add_argument(
-        "--prefill-buckets", type=_buckets, help="prompt length buckets, e.g. 128,512 (default: derived)"
-    )
-    srv.add_argument(
-        "--decode-buckets", type=_buckets, help="KV length buckets for decode; the largest is --max-seq-len"
-    )
-    srv.add_argument(
-        "--no-prefix-reuse",
-        dest="prefix_reuse",
-        action="store_false",
-        help="prefill every prompt whole, even when its slot's cache already holds its first tokens",
-    )
-    srv.add_argument(
-        "--prefill", action="append", help="router: a prefill peer URL (http://host:port); repeat"
-    )
-    srv.add_argument("--decode", action="append", help="router: a decode peer URL (http://host:port); repeat")
-    srv.add_argument(
-        "--kv-transport", choices=["tcp", "efa"], default="tcp", help="prefill/decode KV transport"
-    )
-    srv.add_argument("--kv-port", type=int, default=0, help="decode: port of the KV receiver (0: a free one)")
-    srv.add_argument("--kv-leases", type=int, help="decode: concurrent KV handoffs (default: --slots)")
-    srv.add_argument(
-        "--kv-wait",
-        type=float,
-        default=30.0,
-        help="seconds a handoff may take: the router's wait for a prefill and its push, the prefill pod's "
-        "for the decode pod's acknowledgements, the decode pod's for the bytes (then it prefills itself)",
-    )
-    srv.add_argument(
-        "--kv-lease-ttl", type=float, default=60.0, help="decode: seconds a KV lease lives unless used"
-    )
-    srv.add_argument(
-        "--kv-advertise",
-        help="decode: HOST[:PORT] that prefill pods should send KV caches to (default: $POD_IP, else --host; "
-        "the port defaults to --kv-port)",
-    )
-    srv.add_argument(
-        "--peer-probe-interval", type=float, default=2.0, help="router: seconds between peer health probes"
-    )
-    srv.add_argument(
-        "--local-prefill-below",
-        type=int,
-        default=0,
-        help="router: prompts shorter than this many tokens are prefilled on their decode pod, without a "
-        "handoff (0: every prompt goes to a prefill pod)",
-    )
-    srv.add_argument(
-        "--peer-timeout",
-        type=float,
-        default=60.0,
-        help="router: seconds of silence from a decode pod before its request moves to another",
-    )
-    srv.add_argument(
-        "--internal-token-file",
-        help="prefill/decode: the model's internal token (else NEURONFLEET_INTERNAL_TOKEN)",
-    )
-    srv.add_argument("--max-waiting", type=int, default=256, help="bound of the waiting queue")
-    srv.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    srv.add_argument("--grace-period", type=float, default=30.0, help="seconds to finish requests on SIGTERM")
-    srv.add_argument("--served-model-name", help="model name in the APIs (default: the folder's name)")
+    add_serve_arguments(srv)  # one flag per ServeConfig field
     srv.set_defaults(func=_cmd_serve)
 
     cmp = sub.add_parser("compile", help="what the compile Job runs: a model into artifacts/<hash>/, once")
@@ -399,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", required=True, help="artifacts/<hash>/ on the compile cache volume")
     cmp.add_argument(
         "--model-mount",
-        default="/var/lib/neuronfleet/model",
+        default=MODEL_MOUNT,
         help="where a pvc:// model's claim is mounted (the operator passes it)",
     )
     cmp.set_defaults(func=_cmd_compile)
@@ -454,20 +383,21 @@ def main(argv: list[str] | None = None) -> int:
         args.kopf_args = [*unknown, *args.kopf_args]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    from neuronfleet.runtime.kv_transfer import TransportUnavailable
-    from neuronfleet.runtime.model_config import ModelLoadError
-    from neuronfleet.runtime.sampling_params import InvalidRequest
-
     try:
         return args.func(args)
-    except (
-        ModelLoadError,
-        InvalidRequest,
-        ValueError,
-        TransportUnavailable,
-    ) as e:  # CompileError: a ValueError
+    except Exception as e:
+        if not isinstance(e, _usage_errors()):
+            raise
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What commands raise for bad input or a setup this machine cannot run: ValueError (ModelLoadError,
+    InvalidRequest and CompileError are ValueErrors) and, once a command loaded the KV transport, its
+    TransportUnavailable (looked up, not imported: each command imports only what it runs)."""
+    transfer = sys.modules.get("neuronfleet.runtime.kv_transfer")
+    return (ValueError, transfer.TransportUnavailable) if transfer is not None else (ValueError,)
 
 
 if __name__ == "__main__":

@@ -17,16 +17,30 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.contract import (
+    CACHE_MOUNT,
+    COMPILE_CONFIG_FILE,
+    CONFIG_MOUNT,
+    GRACE_PERIOD,
+    HF_TOKEN_ENVS,
+    INTERNAL_TOKEN_DIR,
+    INTERNAL_TOKEN_FILE,
+    KV_PORT,
+    MODEL_MOUNT,
+    POD_IP_ENV,
+    CompileBuckets,
+    CompileConfig,
+    CompileModel,
+    ServeConfig,
+)
+
 from . import engines, topology, validation
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so (NEURON.md)
+NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so
 RUN_AS_USER = 10001  # the images' own user (Dockerfile)
-KV_PORT = 7000  # decode pods' KV receiver (prefill pods connect to it at the pod's IP)
-INTERNAL_TOKEN_DIR = "/var/run/neuronfleet/internal"  # the internal token Secret, mounted read-only
-GRACE_SECONDS = 30  # `neuronfleet serve --grace-period` default: requests in flight finish within it
 
 
 @dataclass(frozen=True)
@@ -52,8 +66,8 @@ def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
 
 
 def compile_hash(spec: NeuronModelSpec) -> str:
-    """Canonical hash of the compile identity (DESIGN.md section 3): model and revision, engine and image,
-    the shapes fixed at compile time, the platform family, logical cores and compiler settings."""
+    """Canonical hash of the compile identity: model, revision and tokenizer, engine and image, the shapes
+    fixed at compile time, the platform family, logical cores and compiler settings."""
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
     identity = {
@@ -67,6 +81,8 @@ def compile_hash(spec: NeuronModelSpec) -> str:
         "quantization": n.quantization,
         "overrides": n.overrides,
     }
+    if spec.model.tokenizer:  # only when set: the hashes of models without one stay as they were
+        identity["tokenizer"] = spec.model.tokenizer
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -130,17 +146,22 @@ def build_pvc(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any] | None:
     }
 
 
-def compile_config(spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
-    """What `neuronfleet compile --config` reads: the model, its shapes and where to record them."""
+def compile_config(spec: NeuronModelSpec, chash: str) -> CompileConfig:
+    """What `neuronfleet compile --config` reads: the model and the shapes to compile it for."""
     n = spec.neuron
-    return {
-        "compileHash": chash,
-        "engine": spec.engine,
-        "model": {"uri": spec.model.uri, "revision": spec.model.revision, "tokenizer": spec.model.tokenizer},
-        "instanceType": n.instanceType,
-        **compiled_shapes(spec),
-        "neuronConfig": engines.nxdi_neuron_config(spec),
-    }
+    return CompileConfig(
+        compileHash=chash,
+        engine=spec.engine,
+        model=CompileModel(uri=spec.model.uri, revision=spec.model.revision, tokenizer=spec.model.tokenizer),
+        instanceType=n.instanceType,
+        tensorParallel=n.tensorParallel,
+        batchSize=n.batchSize,
+        sequenceLength=n.sequenceLength,
+        maxInputLength=n.maxInputLength,
+        dtype=n.dtype,
+        buckets=CompileBuckets(context=n.buckets.context, generation=n.buckets.generation),
+        neuronConfig=engines.nxdi_neuron_config(spec),
+    )
 
 
 def config_map_name(owner: Owner) -> str:
@@ -153,7 +174,7 @@ def build_config_map(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[st
         "kind": "ConfigMap",
         "metadata": metadata(owner, config_map_name(owner), "config", chash),
         "data": {
-            "compile.json": json.dumps(compile_config(spec, chash), indent=2, sort_keys=True),
+            COMPILE_CONFIG_FILE: compile_config(spec, chash).to_json(),
             **engines.compile_files(spec, chash),
         },
     }
@@ -181,7 +202,7 @@ def _env(spec: NeuronModelSpec, extra: dict[str, str]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(extra.items())]
     ref = spec.model.secretRef
     if ref is not None:  # the token comes from the Secret, never from a plain field
-        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        for name in HF_TOKEN_ENVS:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env
 
@@ -193,14 +214,14 @@ def _volumes(owner: Owner, spec: NeuronModelSpec, cache_read_only: bool) -> tupl
         {"name": "tmp", "emptyDir": {}},
     ]
     mounts = [
-        {"name": "cache", "mountPath": engines.CACHE_MOUNT, "readOnly": cache_read_only},
-        {"name": "config", "mountPath": engines.CONFIG_MOUNT, "readOnly": True},
+        {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": cache_read_only},
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": engines.MODEL_MOUNT, "readOnly": True})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -273,28 +294,36 @@ def _resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
+def serve_config(owner: Owner, spec: NeuronModelSpec, role: str, chash: str) -> ServeConfig:
+    """Our runtime's serve options for a role's pods: the spec's (`engines.serve_config`), plus the model's
+    name, its peers, the KV transport and port, and the internal token's file."""
+    port, transport = spec.serving.port, spec.serving.kvTransfer.transport
+    pod: dict[str, Any] = {"served_model_name": owner.name}  # clients name the model as the NeuronModel
+    if role == "router":
+        pod["prefill"] = [f"dns://{owner.name}-prefill:{port}"]
+        pod["decode"] = [f"dns://{owner.name}-decode:{port}"]
+    if role in ("prefill", "decode"):
+        pod["kv_transport"] = transport
+    if role == "decode":  # prefill pods send KV caches to the pod's own IP
+        pod["kv_port"] = KV_PORT
+    if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
+        pod["internal_token_file"] = INTERNAL_TOKEN_FILE
+    return engines.serve_config(spec, role, chash, port).model_copy(update=pod)
+
+
 def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict:
     port = spec.serving.port
-    container = engines.serve_container(spec, role, chash, port)
-    command = list(container.command)
     ours = spec.engine == "embedded" or role == "router"
+    config = serve_config(owner, spec, role, chash) if ours else None
+    container = engines.serve_container(spec, role, chash, port, config)
     env = _env(spec, container.env)
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     volumes, mounts = _volumes(owner, spec, cache_read_only=True)
     transport = spec.serving.kvTransfer.transport
-    if role == "router":
-        command += ["--prefill", f"dns://{owner.name}-prefill:{port}"]
-        command += ["--decode", f"dns://{owner.name}-decode:{port}"]
-    if ours:  # clients name the model as the NeuronModel is named
-        command += ["--served-model-name", owner.name]
-    if ours and role in ("prefill", "decode"):
-        command += ["--kv-transport", transport]
-    if ours and role == "decode":  # prefill pods send KV caches to the pod's own IP
-        command += ["--kv-port", str(KV_PORT)]
-        env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    if ours and role == "decode":
+        env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
-    if ours and role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
-        command += ["--internal-token-file", f"{INTERNAL_TOKEN_DIR}/token"]
+    if ours and role in ("prefill", "decode", "router"):
         volumes.append(
             {"name": "internal-token",
              "secret": {"secretName": internal_secret_name(owner), "defaultMode": 0o440}}
@@ -316,12 +345,13 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
 
     pod_spec: dict[str, Any] = {
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
-        "terminationGracePeriodSeconds": GRACE_SECONDS + 15,
+        # requests in flight finish within the grace period, then the process exits
+        "terminationGracePeriodSeconds": int(config.grace_period if config else GRACE_PERIOD) + 15,
         "containers": [
             {
                 "name": "server",
                 "image": container.image,
-                "command": command,
+                "command": container.command,
                 "env": env,
                 "ports": ports,
                 "resources": _resources(spec, role),

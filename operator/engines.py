@@ -1,6 +1,5 @@
 """Engines: a pure mapping from a NeuronModel spec to each serving engine's image, command, arguments and
-environment, following that engine's documented contract (shared/NEURON.md), including where it finds the
-compiled artifacts.
+environment, following that engine's documented contract, including where it finds the compiled artifacts.
 
 - embedded: neuronfleet's own runtime (`neuronfleet serve`; on Neuron its NxDI backend), artifacts = the
   folder `neuronfleet compile` wrote.
@@ -19,9 +18,18 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from .spec import NeuronModelSpec
+from neuronfleet import __version__
+from neuronfleet.contract import (
+    CACHE_MOUNT,
+    COMPILE_CONFIG_FILE,
+    CONFIG_MOUNT,
+    MODEL_MOUNT,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    ServeConfig,
+)
 
-__version__ = "0.1.0"
+from .spec import NeuronModelSpec
 
 # Default images, pinned (a spec's `image` overrides). Our own are built from the repository's Dockerfile.
 IMAGES = {
@@ -42,10 +50,6 @@ IMAGES = {
 for _target in ("cpu", "neuron"):
     if os.environ.get(f"NEURONFLEET_RUNTIME_IMAGE_{_target.upper()}"):
         IMAGES[("embedded", _target)] = os.environ[f"NEURONFLEET_RUNTIME_IMAGE_{_target.upper()}"]
-
-CACHE_MOUNT = "/var/lib/neuronfleet/cache"  # the compile cache volume in every pod
-CONFIG_MOUNT = "/etc/neuronfleet"  # the runtime ConfigMap
-MODEL_MOUNT = "/var/lib/neuronfleet/model"  # pvc:// models
 
 
 @dataclass
@@ -108,31 +112,34 @@ def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
     return {**config, **n.overrides}
 
 
-def serve_container(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> Container:
-    """The serving container of a role (unified, prefill, decode or router)."""
+def serve_config(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> ServeConfig:
+    """Our runtime's serve options for a role that follow from the spec alone (the pod's own are added by
+    the caller): the compiled model, the port, and for the engine roles the compiled shapes."""
+    n = spec.neuron
+    model = f"{artifacts_dir(compile_hash)}/model"
+    config = ServeConfig(model=model, role=role, host="0.0.0.0", port=port)  # type: ignore[arg-type]
+    if role == "router":
+        return config
+    shapes: dict = {"slots": n.batchSize, "max_seq_len": n.sequenceLength}
+    if n.buckets.context:
+        shapes["prefill_buckets"] = list(n.buckets.context)
+    if n.buckets.generation:
+        shapes["decode_buckets"] = list(n.buckets.generation)
+    return config.model_copy(update=shapes)
+
+
+def serve_container(
+    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None = None
+) -> Container:
+    """The serving container of a role (unified, prefill, decode or router). For our runtime (the embedded
+    engine, and every engine's router) `config` is the role's serve options (default: `serve_config`)."""
     n, artifacts = spec.neuron, artifacts_dir(compile_hash)
     image = image_for(spec)
     if spec.engine == "embedded" or role == "router":
-        command = [
-            "neuronfleet",
-            "serve",
-            "--model",
-            f"{artifacts}/model",
-            "--role",
-            role,
-            "--host",
-            "0.0.0.0",
-        ]
-        command += ["--port", str(port)]
-        if role != "router":
-            command += ["--slots", str(n.batchSize), "--max-seq-len", str(n.sequenceLength)]
-            if n.buckets.context:
-                command += ["--prefill-buckets", _buckets(n.buckets.context)]
-            if n.buckets.generation:
-                command += ["--decode-buckets", _buckets(n.buckets.generation)]
+        config = config or serve_config(spec, role, compile_hash, port)
         if spec.engine != "embedded":  # the router is ours whatever the engine
             image = image_for(spec.model_copy(update={"engine": "embedded", "image": None}))
-        return Container(image, command)
+        return Container(image, ["neuronfleet", "serve", *config.to_args()])
     if spec.engine == "vllm":
         command = ["vllm", "serve", model_reference(spec), "--host", "0.0.0.0", "--port", str(port)]
         command += ["--tensor-parallel-size", str(n.tensorParallel), "--max-num-seqs", str(n.batchSize)]
@@ -196,7 +203,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
     files["compile.sh"] = (
         "#!/bin/sh\nset -eu\n"
         f"OUT={out}\n"
-        'LOG="${TERMINATION_LOG:-/dev/termination-log}"  # the termination message the operator reads\n'
+        f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"  # the termination message the operator reads\n'
         'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; '
         'sed \'s/}$/, "cacheHit": true}/\' "$OUT/manifest.json" > "$LOG" || true; exit 0; fi\n'
         'mkdir -p "$OUT"\n'
@@ -212,7 +219,8 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """What the compile Job runs: `neuronfleet compile` for our engine, else the engine's own compile."""
     if spec.engine == "embedded":
         out = artifacts_dir(compile_hash)
-        command = ["neuronfleet", "compile", "--config", f"{CONFIG_MOUNT}/compile.json", "--out", out]
+        config = f"{CONFIG_MOUNT}/{COMPILE_CONFIG_FILE}"
+        command = ["neuronfleet", "compile", "--config", config, "--out", out]
         if spec.model.uri.startswith("pvc://"):
             command += ["--model-mount", MODEL_MOUNT]
         return Container(image_for(spec), command)

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import builders, metrics, validation
 from .kube import Kube, KubeError
+from .spec import AUTOSCALING_NOT_ACTED_ON
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
 FAILURE_REASONS = {"Invalid", "CompileFailed", "ReplicasUnavailable"}
@@ -172,6 +173,13 @@ def compute_status(
     return status
 
 
+def autoscaling_condition(old: list[dict], generation: int, at: str) -> dict:
+    """AutoscalingActive=False for a spec that enables autoscaling: nothing scales the replicas yet."""
+    return condition(
+        old, "AutoscalingActive", False, "NotImplemented", AUTOSCALING_NOT_ACTED_ON, generation, at
+    )
+
+
 def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(event type, reason, message) for every condition whose status changed."""
     before = {c["type"]: c["status"] for c in old.get("conditions") or []}
@@ -272,6 +280,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, report=report, endpoint=endpoint, at=now(),
     )  # fmt: skip
+    if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
+        status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
     if status_changed(old, status):
         for event in transitions(old, status):
             emit(*event)

@@ -4,7 +4,7 @@ These models are the single source of truth: the CRD's openAPIV3Schema is genera
 and the operator parses objects with them. A rule that spans fields is declared once with `rule(...)`: its
 CEL expression goes into the CRD's `x-kubernetes-validations` (the API server enforces it) and its Python
 twin runs when a model is parsed here (so `neuronfleet validate` and the operator refuse the same things).
-Field names are the public contract of DESIGN.md section 2.
+Field names are the public contract: users' manifests and the samples use them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from neuronfleet.contract import SERVE_PORT
 
 GROUP = "neuronfleet.dev"
 VERSION = "v1alpha1"
@@ -96,7 +98,12 @@ class ModelSource(Spec):
         pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
     )
     revision: str | None = Field(None, description="Revision (branch, tag or commit) for hf:// models.")
-    tokenizer: str | None = Field(None, description="Tokenizer location when it differs from the model's.")
+    tokenizer: str | None = Field(
+        None,
+        description="Where the tokenizer is when it differs from the model's (a folder: file:///path, "
+        "pvc://claim/path or hf://org/name); the compile puts its tokenizer files beside the weights.",
+        pattern=r"^(hf://[^/\s]+/[^/\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
+    )
     secretRef: SecretKeyRef | None = Field(
         None, description="Secret with the token to download the model (e.g. a Hugging Face token)."
     )
@@ -199,10 +206,9 @@ class RoleSpec(Spec):
 
 
 class Router(Spec):
+    """The router sends each request to the least loaded healthy decode pod (docs/disaggregation.md)."""
+
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
-    policy: Literal["least-loaded", "round-robin"] = Field(
-        "least-loaded", description="How the router picks decode pods."
-    )
 
 
 class KVTransfer(Spec):
@@ -236,7 +242,9 @@ class Serving(Spec):
     decode: RoleSpec | None = Field(None, description="Decode pods (mode disaggregated).")
     router: Router = section(Router, "The public endpoint of a disaggregated model.")
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
-    port: int = Field(8000, description="HTTP port of the serving pods and the Service.", ge=1, le=65535)
+    port: int = Field(
+        SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535
+    )
     networkPolicy: bool = Field(
         False,
         description="Mode disaggregated: a NetworkPolicy lets only this model's own pods reach its prefill "
@@ -257,6 +265,8 @@ class Serving(Spec):
     ),
 )
 class Autoscaling(Spec):
+    """Accepted and checked, not acted on yet: `neuronfleet validate` and the status say so."""
+
     enabled: bool = Field(False, description="Scale the serving replicas between min and max.")
     provider: Literal["builtin", "hpa", "keda"] = Field("builtin", description="Who scales.")
     min: int = Field(1, description="Fewest replicas (per role).", ge=0, le=1000)
@@ -266,6 +276,11 @@ class Autoscaling(Spec):
     )
     target: float = Field(0.75, description="Target value of the metric per replica.", gt=0)
     scaleToZero: bool = Field(False, description="Allow zero replicas when idle (needs min 0).")
+
+
+AUTOSCALING_NOT_ACTED_ON = (
+    "autoscaling is accepted but not acted on yet: the replicas stay as serving.*.replicas say"
+)
 
 
 class Scheduling(Spec):
@@ -302,7 +317,7 @@ class NeuronModelSpec(Spec):
 # ---- status ----------------------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Compiling", "Deploying", "Ready", "Degraded", "Failed"]
-ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded"]
+ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded", "AutoscalingActive"]
 
 
 class Condition(BaseModel):

@@ -177,6 +177,11 @@ def validate(spec: NeuronModelSpec) -> Report:
             )
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
+    if spec.model.tokenizer and spec.engine != "embedded":
+        r.errors.append(
+            f"model.tokenizer is applied by the embedded engine's compile, not engine {spec.engine}; remove "
+            "it, or put the tokenizer files beside the model's weights"
+        )
     for kind, buckets, limit, name in (
         ("context", n.buckets.context, n.maxInputLength, "maxInputLength"),
         ("generation", n.buckets.generation, n.sequenceLength, "sequenceLength"),

@@ -21,10 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINATION_LOG = (
-    "/dev/termination-log"  # Kubernetes shows its content as the container's termination message
+from pydantic import ValidationError
+
+from neuronfleet.contract import (
+    HF_TOKEN_ENVS,
+    MODEL_MOUNT,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    CompileConfig,
 )
-MODEL_MOUNT = "/var/lib/neuronfleet/model"  # where serving and compile pods mount pvc:// models
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -37,23 +43,23 @@ class CompileError(ValueError):
     """The compile cannot run: a bad config or a model source that is missing or unsupported."""
 
 
-def load_config(path: Path) -> dict[str, Any]:
+def load_config(path: Path) -> CompileConfig:
     try:
-        config = json.loads(Path(path).read_text())
+        return CompileConfig.model_validate_json(Path(path).read_text())
     except FileNotFoundError:
         raise CompileError(f"compile config {path} does not exist") from None
-    except ValueError as e:
-        raise CompileError(f"compile config {path} is not JSON: {e}") from None
-    missing = [
-        k for k in ("compileHash", "model", "dtype", "sequenceLength", "maxInputLength") if k not in config
-    ]
-    if missing:
-        raise CompileError(f"compile config {path} lacks {', '.join(missing)} (written by the operator)")
-    return config
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'the file'}: {err['msg']}" for err in e.errors()
+        )
+        raise CompileError(f"compile config {path} is not what the operator writes: {problems}") from None
 
 
-def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT) -> Path:
-    """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`)."""
+def resolve_source(
+    uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT, files: tuple[str, ...] = ()
+) -> Path:
+    """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`); from the
+    Hub only `files` when given."""
     if uri.startswith("file://"):
         path = Path(uri.removeprefix("file://"))
     elif uri.startswith("pvc://"):
@@ -63,9 +69,15 @@ def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str 
             from huggingface_hub import snapshot_download
         except ImportError:
             raise CompileError("hf:// models need huggingface_hub in the runtime image") from None
-        token = os.environ.get("HF_TOKEN")  # from the NeuronModel's secretRef, never from the spec
+        token = os.environ.get(HF_TOKEN_ENVS[0])  # from the NeuronModel's secretRef, never from the spec
         path = Path(
-            snapshot_download(uri.removeprefix("hf://"), revision=revision, token=token, cache_dir=work)
+            snapshot_download(
+                uri.removeprefix("hf://"),
+                revision=revision,
+                token=token,
+                cache_dir=work,
+                allow_patterns=list(files) or None,
+            )
         )
     else:
         raise CompileError(f"model source {uri} is not supported by the embedded engine's compile yet")
@@ -74,20 +86,16 @@ def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str 
     return path
 
 
-def _buckets(config: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
-    buckets = config.get("buckets") or {}
-    return buckets.get("context") or None, buckets.get("generation") or None
-
-
-def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
-    """Weights to safetensors in the target dtype, tokenizer and config beside them, then a full load."""
+def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | None = None) -> None:
+    """Weights to safetensors in the target dtype, tokenizer (the model's, or `tokenizer`'s files when
+    given) and config beside them, then a full load."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from .gguf_import import import_gguf
     from .model_runner import ModelRunner
 
-    dtype = config["dtype"]
+    dtype = config.dtype
     out.mkdir(parents=True)
     if source.is_file() and source.suffix == ".gguf":
         import_gguf(source, out, dtype=dtype)
@@ -107,17 +115,22 @@ def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
                 shutil.copy2(source / name, out / name)
     else:
         raise CompileError(f"{source} is neither a Hugging Face model folder nor a .gguf file")
-    context, generation = _buckets(config)
+    if tokenizer is not None:
+        if not (tokenizer / "tokenizer.json").is_file():
+            raise CompileError(f"tokenizer {config.model.tokenizer} holds no tokenizer.json")
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copy2(tokenizer / name, out / name)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
     ModelRunner(
-        out, slots=1, max_seq_len=int(config["sequenceLength"]), dtype=dtype,
-        prefill_buckets=context, decode_buckets=generation,
+        out, slots=1, max_seq_len=config.sequenceLength, dtype=dtype,
+        prefill_buckets=config.buckets.context or None, decode_buckets=config.buckets.generation or None,
     )  # fmt: skip
 
 
 def report(manifest: dict[str, Any]) -> dict[str, Any]:
     """Leave the manifest as the container's termination message, where the operator reads it."""
-    path = Path(os.environ.get("NEURONFLEET_TERMINATION_LOG", TERMINATION_LOG))
+    path = Path(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG))
     if path.parent.is_dir() and os.access(path.parent if not path.exists() else path, os.W_OK):
         path.write_text(json.dumps(manifest))
     return manifest
@@ -133,12 +146,12 @@ def compile_artifacts(
         log(f"cache hit: {out} is complete")
         return report({**json.loads(manifest_path.read_text()), "cacheHit": True})
     config = load_config(config_path)
-    if config.get("instanceType", "cpu") != "cpu":
+    if config.instanceType != "cpu":
         try:
             import neuronx_distributed_inference  # noqa: F401
         except ImportError:
             raise CompileError(
-                f"instanceType {config['instanceType']} compiles with NxDI, which this image lacks; run the "
+                f"instanceType {config.instanceType} compiles with NxDI, which this image lacks; run the "
                 "runtime-neuron image (AWS Neuron SDK) for Neuron targets"
             ) from None
         raise CompileError(
@@ -148,12 +161,15 @@ def compile_artifacts(
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        source = resolve_source(
-            config["model"]["uri"], config["model"].get("revision"), staging / "download", model_mount
-        )
-        convert(source, staging / "model", config)
+        source = resolve_source(config.model.uri, config.model.revision, staging / "download", model_mount)
+        tokenizer = None
+        if config.model.tokenizer:
+            tokenizer = resolve_source(
+                config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES
+            )
+        convert(source, staging / "model", config, tokenizer)
         shutil.rmtree(staging / "download", ignore_errors=True)
-        (staging / "compile.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        (staging / "compile.json").write_text(config.to_json())
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():  # an incomplete folder from an interrupted compile
             shutil.rmtree(out)
@@ -163,8 +179,8 @@ def compile_artifacts(
         raise
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     manifest = {
-        "compileHash": config["compileHash"],
-        "engine": config.get("engine", "embedded"),
+        "compileHash": config.compileHash,
+        "engine": config.engine,
         "bytes": size,
         "seconds": round(time.monotonic() - started, 3),
         "compiledAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -172,5 +188,5 @@ def compile_artifacts(
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.rename(manifest_path)  # last: the folder is complete from here on
-    log(f"compiled {config['model']['uri']} into {out} ({size} bytes)")
+    log(f"compiled {config.model.uri} into {out} ({size} bytes)")
     return report({**manifest, "cacheHit": False})

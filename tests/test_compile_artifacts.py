@@ -91,3 +91,30 @@ def test_buckets_that_do_not_fit_the_lengths_are_refused(tmp_path):
     with pytest.raises(ValueError, match="largest decode bucket must equal max_seq_len"):
         compile_artifacts(tmp_path / "compile.json", tmp_path / "out", log=lambda m: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_from_elsewhere_replaces_the_models(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    model = make_tiny_llama(tmp_path / "src")
+    (model / "tokenizer.json").write_text("{}")  # the model's own, to be replaced
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1}, unk_token="<unk>")).save(
+        str(tokenizer / "tokenizer.json")
+    )
+    write_config(
+        tmp_path / "compile.json",
+        f"file://{model}",
+        model={"uri": f"file://{model}", "tokenizer": f"file://{tokenizer}"},
+    )
+    out = tmp_path / "artifacts" / "abc123"
+    compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)
+    assert (out / "model" / "tokenizer.json").read_text() == (tokenizer / "tokenizer.json").read_text()
+    write_config(
+        tmp_path / "compile.json",
+        f"file://{model}",
+        model={"uri": f"file://{model}", "tokenizer": f"file://{model}/none"},
+    )
+    with pytest.raises(CompileError, match=f"model source file://{model}/none not found"):
+        compile_artifacts(tmp_path / "compile.json", tmp_path / "other", log=lambda m: None)

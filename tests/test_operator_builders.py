@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
 from neuronfleet.operator import builders, engines, validation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert pod["terminationGracePeriodSeconds"] > builders.GRACE_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > GRACE_PERIOD
     sc = c["securityContext"]
     assert (
         sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
@@ -158,17 +159,17 @@ def test_compile_job_writes_the_hashes_folder_and_finishes_at_once_on_a_cache_hi
     assert job["metadata"]["name"] == f"m-compile-{chash[:10]}"
     assert job["spec"]["backoffLimit"] == 2
     c = job["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["/bin/sh", f"{engines.CONFIG_MOUNT}/compile.sh"]
+    assert c["command"] == ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"]
     assert "PersistentVolumeClaim" not in objs  # an existing claim is named
     cache = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache")
     assert cache["persistentVolumeClaim"]["claimName"] == "neuron-artifacts"
     # the script itself: a cache hit exits 0 without running the compile step
-    script = objs["ConfigMap"][0]["data"]["compile.sh"].replace(engines.CACHE_MOUNT, str(tmp_path))
+    script = objs["ConfigMap"][0]["data"]["compile.sh"].replace(CACHE_MOUNT, str(tmp_path))
     out = tmp_path / "artifacts" / chash
     out.mkdir(parents=True)
     (out / "manifest.json").write_text(json.dumps({"engine": "tgi", "compileHash": chash}) + "\n")
     log = tmp_path / "termination-log"
-    env = {"PATH": "/usr/bin:/bin", "TERMINATION_LOG": str(log)}
+    env = {"PATH": "/usr/bin:/bin", TERMINATION_LOG_ENV: str(log)}
     run = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and "cache hit" in run.stdout
     assert json.loads(log.read_text()) == {"engine": "tgi", "compileHash": chash, "cacheHit": True}
@@ -265,7 +266,7 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
             and not c["securityContext"]["allowPrivilegeEscalation"]
         )
     decode = container(deps["decode"])
-    assert decode["command"][decode["command"].index("--kv-port") + 1] == str(builders.KV_PORT)
+    assert decode["command"][decode["command"].index("--kv-port") + 1] == str(KV_PORT)
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in decode["env"]
     (policy,) = objs["NetworkPolicy"]
     assert policy["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from neuronfleet.operator import crd, spec, validation
+from neuronfleet.operator import builders, crd, spec, validation
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -213,10 +213,24 @@ def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
     assert f"ok      {path}#1 llama-3-1-8b" in run.stdout
     assert f"refused {path}#2 llama-3-1-8b" in run.stdout
     assert "spec.neuron.batchSize: Input should be greater than or equal to 1" in run.stdout
+    assert run.stdout.count(f"note: {spec.AUTOSCALING_NOT_ACTED_ON}") == 1  # the accepted one enables it
     ok = subprocess.run(
         [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", *map(str, SAMPLES)], capture_output=True
     )
     assert ok.returncode == 0
+
+
+def test_a_tokenizer_elsewhere_is_the_embedded_engines_and_changes_what_is_compiled():
+    obj = edited(lambda s: s["model"].update(tokenizer="pvc://models/tokenizers/llama-3"))
+    parsed, errors = validation.parse(obj)
+    assert not errors and validation.validate(parsed).ok
+    assert builders.compile_hash(parsed) != builders.compile_hash(validation.parse(base())[0])
+    assert builders.compile_config(parsed, "h").model.tokenizer == "pvc://models/tokenizers/llama-3"
+    vllm, _ = validation.parse(load(ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml"))
+    vllm = vllm.model_copy(update={"model": vllm.model.model_copy(update={"tokenizer": "file:///tok"})})
+    assert (
+        "model.tokenizer is applied by the embedded engine's compile" in validation.validate(vllm).errors[0]
+    )
 
 
 def test_spec_defaults_fill_every_section():

@@ -1,0 +1,222 @@
+"""The contract between the operator and the runtime: what the operator renders into a pod and what the
+runtime's commands parse back, typed once.
+
+- `ServeConfig`: every option of `neuronfleet serve`. The operator builds one per serving role and renders
+  it with `to_args()`; the serve command's flags are generated from its fields (`add_serve_arguments`), so
+  a field without a flag, or a flag without a field, cannot exist.
+- `CompileConfig`: compile.json, which the operator writes into the runtime ConfigMap and
+  `neuronfleet compile` reads.
+- Where pods find things (mount paths), the environment variables both sides name, and the defaults both
+  sides rely on.
+
+Only pydantic and the standard library: the operator's image has no runtime packages, the runtime's no
+operator packages, and both import this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---- where pods find things --------------------------------------------------------------------------------
+
+CACHE_MOUNT = "/var/lib/neuronfleet/cache"  # the compile cache volume: artifacts/<hash>/ in every pod
+CONFIG_MOUNT = "/etc/neuronfleet"  # the runtime ConfigMap (compile.json, engines' compile scripts)
+COMPILE_CONFIG_FILE = "compile.json"  # the ConfigMap's key, a file under CONFIG_MOUNT
+MODEL_MOUNT = "/var/lib/neuronfleet/model"  # a pvc:// model's claim, read-only
+INTERNAL_TOKEN_DIR = "/var/run/neuronfleet/internal"  # the internal token Secret, read-only
+INTERNAL_TOKEN_FILE = f"{INTERNAL_TOKEN_DIR}/token"
+
+# ---- environment variables ---------------------------------------------------------------------------------
+
+TERMINATION_LOG_ENV = "NEURONFLEET_TERMINATION_LOG"  # where a compile leaves its manifest (default below)
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the termination message
+INTERNAL_TOKEN_ENV = "NEURONFLEET_INTERNAL_TOKEN"  # the internal token, when no token file is given
+POD_IP_ENV = "POD_IP"  # a decode pod's own address (the downward API), advertised to prefill pods
+HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # a model's download token, from its secretRef
+
+# ---- defaults both sides rely on ---------------------------------------------------------------------------
+
+SERVE_PORT = 8000  # HTTP port of the serving pods
+KV_PORT = 7000  # decode pods' KV receiver when the operator runs them
+GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after SIGTERM
+
+Role = Literal["unified", "prefill", "decode", "router"]
+ServeDType = Literal["float32", "bfloat16", "float16"]
+CompileDType = Literal["bfloat16", "float16", "float32"]
+
+
+def parse_buckets(text: str) -> list[int]:
+    """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token lengths like 128,512, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"bucket lengths must be positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _flag(default: Any, help: str, **flag: Any) -> Any:
+    """A serve option: its default, its help text and, where the flag is not `--<field-name>`, its spelling
+    (`flag="--no-prefix-reuse"` for a switch that turns a default-true field off)."""
+    return Field(default, description=help, json_schema_extra=flag or None)
+
+
+class ServeConfig(BaseModel):
+    """`neuronfleet serve`: field names are the parsed options' names (`args.<field>`), flags are
+    `--field-name`. Fields are in the order the operator renders them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = _flag(..., "Hugging Face-format model folder")
+    role: Role = _flag("unified", "what this process serves: one model, a role of a disaggregated one")
+    host: str = _flag("127.0.0.1", "address to listen on")
+    port: int = _flag(SERVE_PORT, "HTTP port")
+    slots: int = _flag(8, "static batch: requests decoded together")
+    max_seq_len: int = _flag(2048, "prompt + generated tokens per slot")
+    prefill_buckets: list[int] | None = _flag(None, "prompt length buckets, e.g. 128,512 (default: derived)")
+    decode_buckets: list[int] | None = _flag(
+        None, "KV length buckets for decode; the largest is --max-seq-len"
+    )
+    prefill: list[str] | None = _flag(None, "router: a prefill peer URL (http://host:port); repeat")
+    decode: list[str] | None = _flag(None, "router: a decode peer URL (http://host:port); repeat")
+    served_model_name: str | None = _flag(None, "model name in the APIs (default: the folder's name)")
+    kv_transport: Literal["tcp", "efa"] = _flag("tcp", "prefill/decode KV transport")
+    kv_port: int = _flag(0, "decode: port of the KV receiver (0: a free one)")
+    internal_token_file: str | None = _flag(
+        None, f"prefill/decode: the model's internal token (else {INTERNAL_TOKEN_ENV})"
+    )
+    dtype: ServeDType = _flag("float32", "weights and activations")
+    prefix_reuse: bool = _flag(
+        True,
+        "prefill every prompt whole, even when its slot's cache already holds its first tokens",
+        flag="--no-prefix-reuse",
+    )
+    kv_leases: int | None = _flag(None, "decode: concurrent KV handoffs (default: --slots)")
+    kv_wait: float = _flag(
+        30.0,
+        "seconds a handoff may take: the router's wait for a prefill and its push, the prefill pod's for the "
+        "decode pod's acknowledgements, the decode pod's for the bytes (then it prefills itself)",
+    )
+    kv_lease_ttl: float = _flag(60.0, "decode: seconds a KV lease lives unless used")
+    kv_advertise: str | None = _flag(
+        None,
+        f"decode: HOST[:PORT] that prefill pods should send KV caches to (default: ${POD_IP_ENV}, else "
+        "--host; the port defaults to --kv-port)",
+    )
+    peer_probe_interval: float = _flag(2.0, "router: seconds between peer health probes")
+    local_prefill_below: int = _flag(
+        0,
+        "router: prompts shorter than this many tokens are prefilled on their decode pod, without a handoff "
+        "(0: every prompt goes to a prefill pod)",
+    )
+    peer_timeout: float = _flag(
+        60.0, "router: seconds of silence from a decode pod before its request moves to another"
+    )
+    max_waiting: int = _flag(256, "bound of the waiting queue")
+    max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
+    grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
+
+    def to_args(self) -> list[str]:
+        """The command-line options of this configuration: `model` and every field that was set."""
+        out: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name not in self.model_fields_set and name != "model":
+                continue
+            flag = _spelling(name)
+            if isinstance(value, bool):
+                if value != _default(name):
+                    out.append(flag)
+            elif value is None:
+                continue
+            elif name in ("prefill_buckets", "decode_buckets"):
+                out += [flag, ",".join(map(str, value))]
+            elif isinstance(value, list):
+                for item in value:
+                    out += [flag, str(item)]
+            else:
+                out += [flag, str(value)]
+        return out
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> ServeConfig:
+        """The configuration a parsed serve command line holds."""
+        return cls(**{name: getattr(args, name) for name in cls.model_fields})
+
+
+def _default(name: str) -> Any:
+    return ServeConfig.model_fields[name].default
+
+
+def _spelling(name: str) -> str:
+    extra = ServeConfig.model_fields[name].json_schema_extra or {}
+    return extra.get("flag") or f"--{name.replace('_', '-')}"  # type: ignore[union-attr,return-value]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `neuronfleet serve`, one per ServeConfig field (dest = the field's name)."""
+    for name, field in ServeConfig.model_fields.items():
+        kwargs: dict[str, Any] = {"dest": name, "help": field.description}
+        annotation = field.annotation
+        if get_origin(annotation) in (Union, types.UnionType):  # X | None
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        if field.is_required():
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = field.default
+        if annotation is bool:
+            kwargs["action"] = "store_false" if field.default else "store_true"
+        elif get_origin(annotation) is Literal:
+            kwargs["choices"] = list(get_args(annotation))
+        elif annotation == list[int]:
+            kwargs["type"] = parse_buckets
+        elif annotation == list[str]:
+            kwargs["action"] = "append"
+        else:
+            kwargs["type"] = annotation
+        parser.add_argument(_spelling(name), **kwargs)
+
+
+# ---- compile.json ------------------------------------------------------------------------------------------
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CompileModel(_Wire):
+    uri: str = Field(description="Where the weights are (the NeuronModel's model.uri).")
+    revision: str | None = Field(None, description="Revision for hf:// models.")
+    tokenizer: str | None = Field(None, description="A folder whose tokenizer files replace the model's.")
+
+
+class CompileBuckets(_Wire):
+    context: list[int] = Field(default_factory=list, description="Prompt length buckets; empty: derived.")
+    generation: list[int] = Field(default_factory=list, description="KV length buckets; empty: derived.")
+
+
+class CompileConfig(_Wire):
+    """compile.json: what `neuronfleet compile --config` compiles, as the operator wrote it (field names as
+    in the file, which are the NeuronModel's)."""
+
+    compileHash: str = Field(description="The spec's compile hash: artifacts/<compileHash>/.")
+    engine: str = Field("embedded", description="The serving engine.")
+    model: CompileModel
+    instanceType: str = Field("cpu", description="The target: cpu, or a Neuron instance type.")
+    tensorParallel: int = Field(1, ge=1)
+    batchSize: int = Field(ge=1)
+    sequenceLength: int = Field(ge=1)
+    maxInputLength: int = Field(ge=1)
+    dtype: CompileDType
+    buckets: CompileBuckets = Field(default_factory=CompileBuckets)
+    neuronConfig: dict[str, Any] = Field(
+        default_factory=dict, description="NxDI NeuronConfig fields for the spec's shapes."
+    )
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)

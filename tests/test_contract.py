@@ -1,0 +1,106 @@
+"""The operator <-> runtime contract (neuronfleet/contract.py): what the operator renders, the runtime parses
+back into the same configuration: every serving role's command line of every sample through the real
+`neuronfleet serve` parser, and compile.json through `neuronfleet compile`'s reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from neuronfleet import contract
+from neuronfleet.cli import build_parser
+from neuronfleet.contract import CompileConfig, ServeConfig
+from neuronfleet.operator import builders, validation
+from neuronfleet.runtime.compile_artifacts import CompileError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+
+
+def parsed(path: Path):
+    spec, errors = validation.parse(yaml.safe_load(path.read_text()))
+    assert not errors
+    return spec
+
+
+def serve_subparser():
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command")  # type: ignore[union-attr]
+    return sub.choices["serve"]
+
+
+def test_every_serve_option_is_a_field_and_every_field_a_serve_option():
+    dests = {a.dest for a in serve_subparser()._actions if a.dest != "help"}
+    assert dests == set(ServeConfig.model_fields)
+
+
+def test_the_serve_parsers_defaults_are_the_configurations_defaults():
+    args = build_parser().parse_args(["serve", "--model", "/m"])
+    assert ServeConfig.from_namespace(args) == ServeConfig(model="/m")
+    assert ServeConfig(model="/m").to_args() == ["--model", "/m"]
+
+
+def test_every_option_renders_and_parses_back():
+    config = ServeConfig(
+        model="/m", role="decode", host="0.0.0.0", port=9000, slots=3, max_seq_len=128,
+        prefill_buckets=[16, 64], decode_buckets=[32, 128], prefill=["http://a:1", "http://b:2"],
+        decode=["dns://d:3"], served_model_name="x", kv_transport="efa", kv_port=7001,
+        internal_token_file="/t", dtype="bfloat16", prefix_reuse=False, kv_leases=2, kv_wait=1.5,
+        kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
+        peer_timeout=5.0, max_waiting=3, max_body_bytes=1000, grace_period=2.0,
+    )  # fmt: skip
+    assert set(config.model_fields_set) == set(ServeConfig.model_fields)  # nothing left at its default
+    args = build_parser().parse_args(["serve", *config.to_args()])
+    assert ServeConfig.from_namespace(args) == config
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_the_operators_serve_commands_parse_into_the_configuration_it_rendered(path):
+    spec = parsed(path)
+    chash = builders.compile_hash(spec)
+    deployments = {
+        o["metadata"]["labels"]["neuronfleet.dev/role"]: o
+        for o in builders.build_all(OWNER, spec, serving_hash=chash)
+        if o["kind"] == "Deployment"
+    }
+    ours = [r for r in builders.serving_roles(spec) if spec.engine == "embedded" or r == "router"]
+    assert ours or spec.engine != "embedded"
+    for role in ours:
+        rendered = builders.serve_config(OWNER, spec, role, chash)
+        command = deployments[role]["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:2] == ["neuronfleet", "serve"]
+        args = build_parser().parse_args(command[1:])
+        assert ServeConfig.from_namespace(args) == rendered, role
+        assert args.role == role and args.served_model_name == "m"
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_the_operators_compile_json_is_what_the_compile_reads(path, tmp_path):
+    spec = parsed(path)
+    chash = builders.compile_hash(spec)
+    config_map = builders.build_config_map(OWNER, spec, chash)
+    (tmp_path / contract.COMPILE_CONFIG_FILE).write_text(config_map["data"][contract.COMPILE_CONFIG_FILE])
+    read = load_config(tmp_path / contract.COMPILE_CONFIG_FILE)
+    assert read == builders.compile_config(spec, chash)
+    assert read.compileHash == chash and read.model.uri == spec.model.uri
+    assert read.sequenceLength == spec.neuron.sequenceLength
+    assert read.buckets.context == spec.neuron.buckets.context
+
+
+def test_a_compile_json_the_operator_did_not_write_is_refused_naming_the_field(tmp_path):
+    good = CompileConfig.model_validate(
+        {"compileHash": "h", "model": {"uri": "file:///m"}, "batchSize": 1, "sequenceLength": 64,
+         "maxInputLength": 32, "dtype": "float32"}
+    )  # fmt: skip
+    path = tmp_path / "compile.json"
+    path.write_text(good.to_json().replace('"sequenceLength"', '"seqLen"'))
+    with pytest.raises(CompileError, match=r"sequenceLength: Field required.*seqLen: Extra inputs"):
+        load_config(path)
+    path.write_text("{")
+    with pytest.raises(CompileError, match="is not what the operator writes"):
+        load_config(path)
+    with pytest.raises(CompileError, match="does not exist"):
+        load_config(tmp_path / "absent.json")
