@@ -212,14 +212,17 @@ def _serve_router(args: argparse.Namespace) -> int:
     """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers."""
     import asyncio
     import logging
+    import os
 
     from neuronfleet.runtime.engine import Limits
     from neuronfleet.runtime.model_config import load_model_config
-    from neuronfleet.runtime.router import RemoteBackend
+    from neuronfleet.runtime.router import PEER_HOSTS_ENV, RemoteBackend
     from neuronfleet.runtime.server import RuntimeServer, serve
     from neuronfleet.runtime.tokenizer import Tokenizer
 
     token = _internal_token(args)
+    if args.peer_hosts_file:
+        os.environ[PEER_HOSTS_ENV] = args.peer_hosts_file
     config = load_model_config(Path(args.model))
     tokenizer = Tokenizer(args.model, config.eos_token_ids)
     max_prompt = (args.prefill_buckets or [args.max_seq_len])[-1]
@@ -381,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="router: seconds of silence from a decode pod before its request moves to another",
+    )
+    srv.add_argument(
+        "--peer-hosts-file",
+        help="router: a static name -> addresses map for environments without cluster DNS (JSON: "
+        '{"name:port": ["host:port", ...]}), looked up before DNS for dns:// peers and read again at each '
+        "resolution (else NEURONFLEET_PEER_HOSTS_FILE)",
     )
     srv.add_argument(
         "--internal-token-file",

@@ -14,8 +14,8 @@ what a node's kubelet and the built-in controllers would, with local processes.
   pod's status (condition `DevicesEnforced` False), not enforced.
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
-  model's endpoint); a headless Service's name resolves through the hosts file our runtime reads
-  (`NEURONFLEET_HOSTS_FILE`: "name:port" -> the ready pods' "host:port").
+  model's endpoint); there is no cluster DNS, so Service names map to the ready pods' "host:port" in a
+  hosts file each pod's runtime reads as its static peer map (`NEURONFLEET_PEER_HOSTS_FILE`).
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ class ProcessKubelet:
             **os.environ,
             **self._env(pod, container, mounts),
             "NEURONFLEET_TERMINATION_LOG": str(folder / "termination-log"),
-            "NEURONFLEET_HOSTS_FILE": str(self.hosts_file),
+            "NEURONFLEET_PEER_HOSTS_FILE": str(self.hosts_file),
             "HOME": str(folder),
         }
         local.tasks.append(asyncio.get_running_loop().create_task(self._supervise(local, command, env)))
