@@ -25,6 +25,7 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY neuronfleet/ neuronfleet/
 COPY operator/ operator/
 COPY runtime/ runtime/
+COPY localcluster/ localcluster/
 COPY crds/ crds/
 
 # ---- operator: the kopf operator, no model code --------------------------------------------------------

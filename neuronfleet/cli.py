@@ -180,7 +180,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
-    from neuronfleet.operator import local
+    from neuronfleet.localcluster import local
 
     state = Path(args.state)
     try:
