@@ -26,6 +26,7 @@ COPY docker/ docker/
 COPY neuronfleet/ neuronfleet/
 COPY operator/ operator/
 COPY runtime/ runtime/
+COPY localcluster/ localcluster/
 COPY crds/ crds/
 
 # ---- operator: the kopf operator, no model code --------------------------------------------------------

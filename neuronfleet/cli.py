@@ -186,7 +186,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
-    from neuronfleet.operator import local
+    from neuronfleet.localcluster import local
 
     state = Path(args.state)
     try:
@@ -218,14 +218,17 @@ def _serve_router(args: argparse.Namespace) -> int:
     """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers."""
     import asyncio
     import logging
+    import os
 
     from neuronfleet.runtime.engine import Limits
     from neuronfleet.runtime.model_config import load_model_config
-    from neuronfleet.runtime.router import RemoteBackend
+    from neuronfleet.runtime.router import PEER_HOSTS_ENV, RemoteBackend
     from neuronfleet.runtime.server import RuntimeServer, serve
     from neuronfleet.runtime.tokenizer import Tokenizer
 
     token = _internal_token(args)
+    if args.peer_hosts_file:
+        os.environ[PEER_HOSTS_ENV] = args.peer_hosts_file
     config = load_model_config(Path(args.model))
     tokenizer = Tokenizer(args.model, config.eos_token_ids)
     max_prompt = (args.prefill_buckets or [args.max_seq_len])[-1]

@@ -35,6 +35,7 @@ INTERNAL_TOKEN_FILE = f"{INTERNAL_TOKEN_DIR}/token"
 TERMINATION_LOG_ENV = "NEURONFLEET_TERMINATION_LOG"  # where a compile leaves its manifest (default below)
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the termination message
 INTERNAL_TOKEN_ENV = "NEURONFLEET_INTERNAL_TOKEN"  # the internal token, when no token file is given
+PEER_HOSTS_FILE_ENV = "NEURONFLEET_PEER_HOSTS_FILE"  # the router's --peer-hosts-file, when not given
 POD_IP_ENV = "POD_IP"  # a decode pod's own address (the downward API), advertised to prefill pods
 HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # a model's download token, from its secretRef
 
@@ -116,6 +117,12 @@ class ServeConfig(BaseModel):
     )
     peer_timeout: float = _flag(
         60.0, "router: seconds of silence from a decode pod before its request moves to another"
+    )
+    peer_hosts_file: str | None = _flag(
+        None,
+        "router: a static name -> addresses map for environments without cluster DNS (JSON: "
+        '{"name:port": ["host:port", ...]}), looked up before DNS for dns:// peers and read again at each '
+        f"resolution (else {PEER_HOSTS_FILE_ENV})",
     )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")

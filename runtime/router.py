@@ -39,9 +39,13 @@ log = logging.getLogger(__name__)
 FAILS_TO_DROP = 3  # consecutive failed probes or requests that take a peer out of rotation
 
 
-def _local_hosts() -> dict[str, list[str]]:
-    """Local mode's name service: the process kubelet's hosts file ("name:port" -> ["host:port", ...])."""
-    path = os.environ.get("NEURONFLEET_HOSTS_FILE")
+PEER_HOSTS_ENV = "NEURONFLEET_PEER_HOSTS_FILE"  # `neuronfleet serve --peer-hosts-file` sets it
+
+
+def _static_hosts() -> dict[str, list[str]]:
+    """The static peer map, for environments without cluster DNS: a JSON file ("name:port" -> ["host:port",
+    ...]) named by $NEURONFLEET_PEER_HOSTS_FILE, read at each resolution (it may change)."""
+    path = os.environ.get(PEER_HOSTS_ENV)
     if not path:
         return {}
     try:
@@ -52,13 +56,13 @@ def _local_hosts() -> dict[str, list[str]]:
 
 def resolve_peers(specs: Sequence[str]) -> list[str]:
     """Peer URLs: http://host:port as given; dns://name:port becomes one URL per address the name resolves to
-    (every pod behind a headless Service; in local mode, per the kubelet's hosts file). A name that does not
-    resolve contributes none."""
+    (every pod behind a headless Service), the static peer map first. A name that does not resolve
+    contributes none."""
     out: list[str] = []
-    local = _local_hosts()
+    static = _static_hosts()
     for spec in specs:
-        if spec.startswith("dns://") and spec.removeprefix("dns://") in local:
-            out += [f"http://{a}" for a in local[spec.removeprefix("dns://")] if f"http://{a}" not in out]
+        if spec.startswith("dns://") and spec.removeprefix("dns://") in static:
+            out += [f"http://{a}" for a in static[spec.removeprefix("dns://")] if f"http://{a}" not in out]
         elif spec.startswith("dns://"):
             host, _, port = spec.removeprefix("dns://").rpartition(":")
             try:

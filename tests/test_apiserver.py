@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is n
 def api(tmp_path_factory):
     state = tmp_path_factory.mktemp("apiserver")
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "neuronfleet.operator.apiserver",
+        [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver",
          "--kubeconfig", str(state / "kubeconfig"), "--ready-file", str(state / "url")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuronfleet.operator.kubelet import LocalPod, ProcessKubelet, map_path, rewrite_command, template_hash
+from neuronfleet.localcluster.kubelet import template_hash
+from neuronfleet.localcluster.processes import LocalPod, map_path, pod_status, rewrite_command
 
 
 def test_ports_hosts_and_mounted_paths_are_mapped():
@@ -31,15 +32,10 @@ def test_a_new_template_is_a_new_hash():
 
 
 def test_device_requests_are_recorded_not_enforced(tmp_path):
-    class Server:  # the kubelet only reads `objects` and sets `pod_log` here
-        def __init__(self) -> None:
-            self.objects: dict = {}
-
-    kubelet = ProcessKubelet(Server(), tmp_path)
     limits = {"aws.amazon.com/neuroncore": "8", "vpc.amazonaws.com/efa": "1", "memory": "1Gi"}
     pod = {"spec": {"containers": [{"name": "server", "image": "img", "resources": {"limits": limits}}]}}
     local = LocalPod("ns", "p", "uid", tmp_path, tmp_path / "log", {}, {}, restart_always=True)
-    status = kubelet._pod_status(pod, local)
+    status = pod_status(pod, local)
     (devices,) = [c for c in status["conditions"] if c["type"] == "DevicesEnforced"]
     assert devices["status"] == "False" and "aws.amazon.com/neuroncore=8" in devices["message"]
     assert "vpc.amazonaws.com/efa=1" in devices["message"] and "memory" not in devices["message"]

@@ -50,7 +50,7 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 30) -> obj
 @pytest.fixture()
 def cluster(tmp_path):
     api = {"state": tmp_path}
-    server_cmd = [sys.executable, "-P", "-m", "neuronfleet.operator.apiserver"]
+    server_cmd = [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver"]
     server_cmd += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--ready-file", str(tmp_path / "url")]
     server_cmd += ["--audit-log", str(tmp_path / "audit.jsonl")]
     server = start(server_cmd, tmp_path / "apiserver.log")

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import crd
+from neuronfleet.operator import crd
 
 MODEL_FILE = "smollm2-135m-instruct.gguf"  # on the local-models claim (crds/samples/*-local-cpu*.yaml)
 
@@ -77,7 +77,7 @@ def up(state: Path, detach: bool, say=print) -> int:
             sys.executable,
             "-P",
             "-m",
-            "neuronfleet.operator.apiserver",
+            "neuronfleet.localcluster.apiserver",
             "--kubeconfig",
             str(state / "kubeconfig"),
             "--ready-file",

@@ -1,0 +1,423 @@
+"""The emulated Kubernetes API server's HTTP face, for tests and the local mode: URL routing, discovery, the
+OpenAPI v3 index kubectl reads, request bodies (JSON, YAML), watch streams, Status errors and an audit log, on
+aiohttp, over the object store (`store`) and the semantics (`semantics`).
+
+What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
+when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
+(label and field selectors), WATCH (from a resourceVersion, with timeouts); PUT, merge patch, JSON patch,
+strategic merge patch (lists of named items merged by name) and apply patches (as merges); the status and
+scale subresources kept apart from the main resource; finalizers and deletionTimestamp; ownerReference
+garbage collection (background or orphan); namespaces that must exist; CustomResourceDefinitions that add
+resources, whose openAPIV3Schema is enforced on create and update (defaults applied, unknown fields pruned or
+refused under fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evaluated as CEL);
+server-side tables (`kubectl get` columns, a CRD's additionalPrinterColumns).
+
+What it does not: authentication and authorization (every request is admitted), admission webhooks, field
+managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them).
+
+`python -m neuronfleet.localcluster.apiserver` runs it (with `--kubelet-state`, the process kubelet too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+
+from .semantics import ApiError, Resource, scale_view, table
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-neuronfleet-emulated",
+    "platform": "linux/amd64",
+}
+
+
+@dataclass
+class ResourcePath:
+    """What a resource URL names: /api/v1/namespaces/NS/pods/NAME/log is ("", "v1", "pods", NS, NAME,
+    "log")."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+    @classmethod
+    def parse(cls, path: str) -> ResourcePath | None:
+        """None for a path that names no resource (discovery, /version...). /api/v1/namespaces/x is the
+        namespace x, not the namespaced path of x."""
+        segs = [s for s in path.split("/") if s]
+        if segs[:1] == ["api"] and len(segs) >= 2:
+            group, version, rest = "", segs[1], segs[2:]
+        elif segs[:1] == ["apis"] and len(segs) >= 3:
+            group, version, rest = segs[1], segs[2], segs[3:]
+        else:
+            return None
+        ns = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+            ns, rest = rest[1], rest[2:]
+        if not rest:
+            return None
+        plural, name, sub = [*rest, None, None][:3]
+        return cls(group, version, plural, ns, name, sub)
+
+
+class EmulatedAPIServer:
+    """Answers Kubernetes REST requests from a store; `pod_logs(namespace, name)` (None: no log) backs
+    `kubectl logs` where something runs the pods."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        pod_logs: Callable[[str, str], str | None] | None = None,
+        audit_log: str | None = None,
+    ) -> None:
+        self.store = store or Store()
+        self.pod_logs = pod_logs
+        self.audit_log = audit_log  # a file: one JSON line per resource request (user, verb, resource)
+
+    async def serve(
+        self, host: str = "127.0.0.1", port: int = 0
+    ) -> tuple[aiohttp.web.Server, asyncio.Server]:
+        """Listen on host:port (0: a free port); returns the low-level server and the listening socket."""
+        handler = aiohttp.web.Server(self)
+        listener = await asyncio.get_running_loop().create_server(handler, host, port)
+        return handler, listener
+
+    async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """One request; refusals become Status objects, and a bug here answers 500 and the server goes on."""
+        await request.read()
+        try:
+            return await self._handle(request)
+        except ApiError as e:
+            return self._json(e.status(), status=e.code)
+        except Exception as e:
+            log.exception("emulated API server: internal error")
+            failure = ApiError(500, "InternalError", f"internal error: {e!r}")
+            return self._json(failure.status(), status=500)
+
+    # ---- discovery (legacy lists) and the OpenAPI v3 index kubectl reads for server-side validation ----
+
+    def _group_versions(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = defaultdict(list)
+        for g, v, _ in self.store.kinds:
+            if g and v not in out[g]:
+                out[g].append(v)
+        return out
+
+    def _apis(self) -> dict[str, Any]:
+        def entry(group: str, versions: list[str]) -> dict[str, Any]:
+            gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+            return {"name": group, "versions": gvs, "preferredVersion": gvs[0]}
+
+        groups = [entry(g, vs) for g, vs in sorted(self._group_versions().items())]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def _group(self, group: str) -> dict[str, Any]:
+        versions = self._group_versions().get(group)
+        if not versions:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource (group {group})"
+            )
+        gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": gvs,
+            "preferredVersion": gvs[0],
+        }
+
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
+        kinds = [r for (g, v, _), r in sorted(self.store.kinds.items()) if (g, v) == (group, version)]
+        if not kinds:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({group}/{version})"
+            )
+        resources = []
+        for r in kinds:
+            main = {
+                "name": r.plural,
+                "singularName": r.kind.lower(),
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+            }
+            main["verbs"] = VERBS
+            if r.short_names:
+                main["shortNames"] = list(r.short_names)
+            if r.categories:
+                main["categories"] = list(r.categories)
+            resources.append(main)
+            for sub in r.subresources:
+                resources.append(
+                    {
+                        "name": f"{r.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": r.namespaced,
+                        "kind": "Scale" if sub == "scale" else r.kind,
+                        "verbs": ["get"] if sub == "log" else ["get", "patch", "update"],
+                    }
+                )
+        gv = f"{group}/{version}" if group else version
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+    def _openapi(self, path: str) -> dict[str, Any]:
+        """/openapi/v3: an index of group versions; /openapi/v3/<gv>: for each kind, a PATCH operation
+        declaring the fieldValidation parameter, which is how kubectl learns it may validate server-side."""
+        if path == "/openapi/v3":
+            index = {}
+            for g, v in {(g, v) for g, v, _ in self.store.kinds}:
+                prefix = f"apis/{g}/{v}" if g else f"api/{v}"
+                index[prefix] = {"serverRelativeURL": f"/openapi/v3/{prefix}?hash={self.store.last_revision}"}
+            return {"paths": index}
+        prefix = path.removeprefix("/openapi/v3/")
+        parts = prefix.split("/")
+        group, version = (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("", parts[-1])
+        kinds = [r for (g, v, _), r in self.store.kinds.items() if (g, v) == (group, version)]
+        if not kinds:
+            raise ApiError(404, "NotFound", f"no OpenAPI document for {prefix}")
+        param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+        paths = {}
+        for r in kinds:
+            scope = (
+                f"/{prefix}/namespaces/{{namespace}}/{r.plural}" if r.namespaced else f"/{prefix}/{r.plural}"
+            )
+            gvk = {"group": group, "version": version, "kind": r.kind}
+            op = {"parameters": [param], "x-kubernetes-group-version-kind": gvk, "responses": {}}
+            paths[scope] = {"post": op}
+            paths[f"{scope}/{{name}}"] = {"patch": op, "put": op}
+        return {
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": SERVER_VERSION["gitVersion"]},
+            "paths": paths,
+        }
+
+    # ---- resources ----
+
+    async def _handle(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        path = request.path
+        if path.startswith("/openapi/v3"):
+            return self._json(self._openapi(path))
+        if path == "/openapi/v2":
+            raise ApiError(404, "NotFound", "this emulated API server publishes OpenAPI v3 only")
+        segs = [s for s in path.split("/") if s]
+        if path == "/version":
+            return self._json(SERVER_VERSION)
+        if segs == ["api"]:
+            return self._json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        if segs == ["apis"]:
+            return self._json(self._apis())
+        if len(segs) == 2 and segs[0] == "apis":
+            return self._json(self._group(segs[1]))
+        if len(segs) == 2 and segs[0] == "api":
+            return self._json(self._resource_list("", segs[1]))
+        if len(segs) == 3 and segs[0] == "apis":
+            return self._json(self._resource_list(segs[1], segs[2]))
+        target = ResourcePath.parse(path)
+        if target is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+        kind = self.store.kind(target.group, target.version, target.plural)
+        name, sub = target.name, target.subresource
+        if sub and sub not in kind.subresources:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({sub})")
+        method = request.method.upper()
+        params = dict(request.query)
+        self._audit(request, kind, sub, method, name, params)
+        ns = target.namespace if kind.namespaced else None
+        if not kind.namespaced and target.namespace:
+            raise ApiError(404, "NotFound", f"{kind.plural} is not namespaced")
+        store, accept = self.store, request.headers.get("Accept", "")
+        if params.get("watch") in ("true", "1"):
+            return await self._watch(request, kind, ns, name, params)
+        if method == "GET" and name is None:
+            items = store.select(kind, ns, params)
+            if "as=Table" in accept:
+                return self._json(table(kind, items, store.last_revision))
+            meta = {"resourceVersion": str(store.last_revision)}
+            return self._json(
+                {"apiVersion": kind.api_version, "kind": f"{kind.kind}List", "metadata": meta, "items": items}
+            )
+        if method == "GET" and sub == "log":
+            text = self.pod_logs(ns or "", name) if self.pod_logs else None
+            if text is None:
+                raise ApiError(404, "NotFound", f'no log for pod "{name}" in namespace "{ns}"')
+            return aiohttp.web.Response(text=text)
+        if method == "GET":
+            obj = store.get(kind, ns, name)
+            if sub == "scale":
+                return self._json(scale_view(obj))
+            return self._json(table(kind, [obj], store.last_revision) if "as=Table" in accept else obj)
+        body = await self._body(request)
+        if method == "POST" and name is None:
+            return self._json(await store.create(kind, ns, body, params), status=201)
+        if method == "PUT":
+            return self._json(await store.replace(kind, ns, name, body, sub, params))
+        if method == "PATCH":
+            content_type = request.headers.get("Content-Type", "application/merge-patch+json").split(";")[0]
+            return self._json(await store.patch(kind, ns, name, body, content_type, sub, params))
+        if method == "DELETE" and name is not None:
+            policy = params.get("propagationPolicy") or (body or {}).get("propagationPolicy") or "Background"
+            return self._json(await store.delete(kind, ns, name, policy))
+        if method == "DELETE":
+            items = store.select(kind, ns, params)
+            for o in items:
+                await store.delete(
+                    kind, ns or o["metadata"].get("namespace"), o["metadata"]["name"], "Background"
+                )
+            return self._json({"kind": f"{kind.kind}List", "apiVersion": kind.api_version, "items": items})
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on this path")
+
+    async def _watch(self, request, kind: Resource, ns: str | None, name: str | None, params: dict[str, str]):
+        """A stream of JSON lines ({"type", "object"}) until the timeout or the client leaves."""
+        timeout = float(params.get("timeoutSeconds") or 1800)
+        events = self.store.watch(kind, ns, name, params, timeout)  # selectors are checked before the stream
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            async for event, obj in events:
+                await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            await events.aclose()
+        return response
+
+    def _audit(self, request, kind: Resource, sub: str | None, method: str, name: str | None, params) -> None:
+        """Who did what to which resource, in RBAC's words (the token names the user), like an audit log."""
+        if self.audit_log is None:
+            return
+        if method == "GET":
+            verb = "watch" if params.get("watch") in ("true", "1") else "get" if name else "list"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
+            verb = verb or ("delete" if name else "deletecollection")
+        user = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "anonymous"
+        resource = f"{kind.plural}/{sub}" if sub else kind.plural
+        with open(self.audit_log, "a") as f:
+            f.write(
+                json.dumps({"user": user, "verb": verb, "group": kind.group, "resource": resource}) + "\n"
+            )
+
+    @staticmethod
+    def _json(payload: Any, status: int = 200) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(payload, status=status)
+
+    @staticmethod
+    async def _body(request: aiohttp.web.BaseRequest) -> Any:
+        content_type = request.headers.get("Content-Type", "")
+        if "protobuf" in content_type:
+            raise ApiError(
+                415, "UnsupportedMediaType",
+                "this emulated API server reads JSON and YAML only, not protobuf; send the object as a "
+                "manifest (kubectl apply -f FILE) instead of a typed kubectl create",
+            )  # fmt: skip
+        text = await request.text()
+        if not text:
+            return None
+        try:
+            if "yaml" in content_type:
+                import yaml
+
+                return yaml.safe_load(text)
+            return json.loads(text)
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"the request body does not parse: {e}") from None
+
+
+def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
+    """A kubeconfig for kubectl and kopf that points at the emulated server (no credentials needed)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "neuronfleet-local", "cluster": {"server": server_url}}],
+        "users": [{"name": "neuronfleet-local", "user": {"token": "emulated"}}],
+        "contexts": [
+            {
+                "name": "neuronfleet-local",
+                "context": {
+                    "cluster": "neuronfleet-local",
+                    "user": "neuronfleet-local",
+                    "namespace": namespace,
+                },
+            }
+        ],
+        "current-context": "neuronfleet-local",
+    }
+
+
+async def run(
+    host: str,
+    port: int,
+    kubeconfig_path: str | None,
+    ready_file: str | None,
+    audit_log: str | None = None,
+    kubelet_state: str | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
+    process it started on the way out)."""
+    from .kubelet import ProcessKubelet
+    from .store import ClusterClient
+
+    store = Store()
+    kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
+    server = EmulatedAPIServer(store, pod_logs=kubelet.pod_log if kubelet else None, audit_log=audit_log)
+    running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    _, listener = await server.serve(host, port)
+    bound = listener.sockets[0].getsockname()[1]
+    url = f"http://{host}:{bound}"
+    if kubeconfig_path:
+        import yaml
+
+        with open(kubeconfig_path, "w") as f:
+            yaml.safe_dump(kubeconfig(url), f)
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(url)
+    print(f"emulated Kubernetes API server on {url}", flush=True)
+    await stop.wait()
+    if running is not None:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="An emulated Kubernetes API server (neuronfleet).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the server here")
+    parser.add_argument("--ready-file", help="write the server's URL here once it listens")
+    parser.add_argument("--audit-log", help="append one JSON line per resource request here")
+    parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
+    args = parser.parse_args(argv)
+    if args.kubelet_state:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(
+        run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log, args.kubelet_state)
+    )
+
+
+if __name__ == "__main__":
+    main()

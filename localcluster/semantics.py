@@ -1,0 +1,523 @@
+"""Kubernetes API semantics without I/O: the kinds the emulated API server knows, error bodies (Status),
+patches (JSON, merge, strategic merge, apply), label and field selectors, a custom resource's schema
+(defaults, pruning, validation with CEL rules), a CRD's resources, server-side tables, the scale view and
+timestamps.
+
+Everything here is a function of its arguments; the store and the HTTP server build on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import jsonschema
+
+
+@dataclass
+class Resource:
+    """One served kind: where it lives in the API and what its objects look like."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    subresources: tuple[str, ...] = ()
+    short_names: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
+    printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    categories: tuple[str, ...] = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+BUILTIN = [
+    Resource("", "v1", "namespaces", "Namespace", False, ("status",), ("ns",)),
+    Resource("", "v1", "pods", "Pod", True, ("status", "log"), ("po",)),
+    Resource("", "v1", "services", "Service", True, ("status",), ("svc",)),
+    Resource("", "v1", "endpoints", "Endpoints", True, (), ("ep",)),
+    Resource("", "v1", "configmaps", "ConfigMap", True, (), ("cm",)),
+    Resource("", "v1", "secrets", "Secret", True),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount", True, (), ("sa",)),
+    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("status",), ("pvc",)),
+    Resource("", "v1", "events", "Event", True, (), ("ev",)),
+    Resource("apps", "v1", "deployments", "Deployment", True, ("status", "scale"), ("deploy",)),
+    Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("status", "scale"), ("rs",)),
+    Resource("batch", "v1", "jobs", "Job", True, ("status",)),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("status",), ("pdb",)),
+    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, (), ("netpol",)),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
+    Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
+    Resource("events.k8s.io", "v1", "events", "Event", True, (), ("ev",)),
+    Resource(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        ("status",),
+        ("crd", "crds"),
+    ),
+]
+PRECREATED_NAMESPACES = ("default", "kube-system", "kube-public")
+
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+# ---- errors and times ------------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A refusal as the API server words it: HTTP code, reason, message and details of a Status object."""
+
+    def __init__(self, code: int, reason: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> dict[str, Any]:
+        """The Status object the API server answers with."""
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
+        }
+
+
+def not_found(kind: Resource, name: str | None) -> ApiError:
+    group = kind.group or ""
+    return ApiError(
+        404, "NotFound", f'{kind.plural}{"." + group if group else ""} "{name}" not found',
+        name=name, group=group, kind=kind.plural,
+    )  # fmt: skip
+
+
+def now() -> str:
+    """The current time as Kubernetes writes timestamps (RFC 3339, seconds, UTC)."""
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def age(timestamp: str | None) -> str:
+    """How kubectl shows the time since a timestamp: 5s, 3m, 2h, 4d."""
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    seconds = int((datetime.datetime.now(tz=datetime.UTC) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+# ---- patches ---------------------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null deletes, everything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A merge patch in which lists of objects that carry a `name` (containers, env, ports, volumes...)
+    merge item by item on that name, as Kubernetes' strategic merge does for those fields."""
+    if isinstance(patch, dict) and isinstance(target, dict):
+        out = dict(target)
+        for key, value in patch.items():
+            if key.startswith("$"):  # directives ($patch, $retainKeys...): not modelled
+                continue
+            out[key] = None if value is None else strategic_merge_patch(target.get(key), value)
+            if value is None:
+                out.pop(key)
+        return out
+    named = (
+        isinstance(patch, list)
+        and isinstance(target, list)
+        and all(isinstance(i, dict) and "name" in i for i in [*patch, *target])
+    )
+    if named:
+        by_name = {i["name"]: i for i in target}
+        order = [i["name"] for i in target]
+        for item in patch:
+            if item.get("$patch") == "delete":
+                by_name.pop(item["name"], None)
+                continue
+            if item["name"] not in by_name:
+                order.append(item["name"])
+            by_name[item["name"]] = strategic_merge_patch(by_name.get(item["name"], {}), item)
+        return [by_name[n] for n in order if n in by_name]
+    return copy.deepcopy(patch)
+
+
+def apply_patch(kind: Resource, old: dict[str, Any], body: Any, content_type: str) -> tuple[Any, str | None]:
+    """The object after a patch of this content type, and the resourceVersion the patch expects (if any);
+    apply patches are merges (no field managers)."""
+    if content_type == JSON_PATCH:
+        try:
+            return jsonpatch.apply_patch(old, body), None
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+            raise ApiError(422, "Invalid", f"the JSON patch does not apply: {e}") from None
+    expected_rv = (
+        ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+    )
+    if content_type in (MERGE_PATCH, APPLY_PATCH):
+        return merge_patch(old, body), expected_rv
+    if content_type == STRATEGIC_MERGE_PATCH:
+        if kind.schema is not None:
+            raise ApiError(
+                415, "UnsupportedMediaType", "strategic merge patch is not supported for custom resources"
+            )
+        return strategic_merge_patch(old, body), expected_rv
+    raise ApiError(415, "UnsupportedMediaType", f"the patch type {content_type} is not supported")
+
+
+def spec_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether anything but metadata and status differs (what bumps metadata.generation)."""
+    strip = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
+    return strip(old) != strip(new)
+
+
+# ---- selectors -------------------------------------------------------------------------------------------
+
+_SELECTOR_TERM = re.compile(
+    r"^\s*(?P<neg>!)?\s*(?P<key>[A-Za-z0-9_./-]+)\s*"
+    r"(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*)|\s+(?P<setop>in|notin)\s*\((?P<values>[^)]*)\))?\s*$"
+)
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, current = [], 0, ""
+    for ch in selector:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        terms.append(current)
+    return terms
+
+
+def label_matcher(selector: str | None):
+    """A predicate for a label selector (=, ==, !=, in, notin, key, !key); 400 when it does not parse."""
+    checks = []
+    for term in _split_terms(selector or ""):
+        m = _SELECTOR_TERM.match(term)
+        if not m:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term.strip()!r}")
+        key, neg = m["key"], bool(m["neg"])
+        if m["op"]:
+            value, equal = m["value"], m["op"] != "!="
+            checks.append(lambda labels, k=key, v=value, e=equal: (labels.get(k) == v) == e)
+        elif m["setop"]:
+            values = {v.strip() for v in m["values"].split(",")}
+            inside = m["setop"] == "in"
+            checks.append(lambda labels, k=key, vs=values, i=inside: (k in labels and labels[k] in vs) == i)
+        else:
+            checks.append(lambda labels, k=key, n=neg: (k in labels) != n)
+    return lambda labels: all(c(labels) for c in checks)
+
+
+def field_matcher(selector: str | None):
+    """A predicate for a field selector on dotted paths (metadata.name=x, status.phase!=Running)."""
+    checks = []
+    for term in _split_terms(selector or ""):
+        m = re.match(r"^\s*([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*?)\s*$", term)
+        if not m:
+            raise ApiError(400, "BadRequest", f"unable to parse field selector: {term.strip()!r}")
+        path, op, value = m.groups()
+        checks.append(lambda obj, p=path, v=value, e=op != "!=": (str(dig(obj, p.split("."))) == v) == e)
+    return lambda obj: all(c(obj) for c in checks)
+
+
+def object_matcher(params: dict[str, str]):
+    """A predicate for the request's labelSelector and fieldSelector together."""
+    labels, fields = label_matcher(params.get("labelSelector")), field_matcher(params.get("fieldSelector"))
+    return lambda obj: labels(obj["metadata"].get("labels") or {}) and fields(obj)
+
+
+def dig(obj: Any, path: list[str]) -> Any:
+    """The value at a path of keys; "" where the path ends early or the value is null."""
+    for part in path:
+        if not isinstance(obj, dict):
+            return ""
+        obj = obj.get(part, "")
+    return "" if obj is None else obj
+
+
+def json_path(obj: dict[str, Any], path: str) -> Any:
+    """A printer column's simple JSONPath (.status.phase); None when absent."""
+    value = dig(obj, [p for p in path.strip(".").split(".") if p])
+    return None if value == "" else value
+
+
+# ---- schemas ---------------------------------------------------------------------------------------------
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """Fill in the schema's defaults where fields are absent (recursively, defaults included)."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                obj[name] = apply_defaults(obj[name], sub)
+    elif isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for name in obj:
+            obj[name] = apply_defaults(obj[name], schema["additionalProperties"])
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in obj]
+    return obj
+
+
+def prune(obj: Any, schema: dict[str, Any], path: str, unknown: list[str]) -> Any:
+    """Drop fields the schema does not declare (recording their paths), unless it preserves them."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return obj
+    if isinstance(obj, dict) and "properties" in schema:
+        out = {}
+        for name, value in obj.items():
+            if name in schema["properties"]:
+                out[name] = prune(value, schema["properties"][name], f"{path}.{name}", unknown)
+            else:
+                unknown.append(f"{path}.{name}")
+        return out
+    if isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return {k: prune(v, schema["additionalProperties"], f"{path}.{k}", unknown) for k, v in obj.items()}
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [prune(v, schema["items"], f"{path}[{i}]", unknown) for i, v in enumerate(obj)]
+    return obj
+
+
+def cel_violations(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Evaluate x-kubernetes-validations (CEL, with `self` bound to the node) throughout the object."""
+    import cel
+
+    out = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        try:
+            ok = cel.evaluate(rule["rule"], {"self": obj})
+        except Exception as e:  # a rule that cannot evaluate refuses, as the API server does
+            ok, rule = False, {**rule, "message": f"{rule.get('message', rule['rule'])} ({e})"}
+        if ok is not True:
+            out.append(f"{path or '<root>'}: Invalid value: {rule.get('message') or rule['rule']}")
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj:
+                out += cel_violations(obj[name], sub, f"{path}.{name}" if path else name)
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            out += cel_violations(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def schema_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The schema's complaints ("path: Invalid value: why"), then, when it has none, its CEL rules'."""
+    validator = jsonschema.Draft4Validator(schema)  # OpenAPI v3.0 bounds (boolean exclusiveMinimum)
+    errors = []
+    for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in e.absolute_path) or "<root>"
+        errors.append(f"{where}: Invalid value: {e.message}")
+    return errors or cel_violations(obj, schema, "")
+
+
+def admit(kind: Resource, obj: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
+    """Schema enforcement for custom resources: defaults, pruning (or Strict refusal), validation."""
+    if kind.schema is None:
+        return obj
+    meta = obj.get("metadata")
+    unknown: list[str] = []
+    obj = prune(apply_defaults(obj, kind.schema), kind.schema, "", unknown)
+    obj["metadata"] = meta
+    obj.setdefault("apiVersion", kind.api_version)
+    obj.setdefault("kind", kind.kind)
+    name = (meta or {}).get("name")
+    if unknown and params.get("fieldValidation") == "Strict":
+        fields = ", ".join(f'unknown field "{u.lstrip(".")}"' for u in unknown)
+        raise ApiError(422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: {fields}')
+    errors = schema_errors({k: v for k, v in obj.items() if k != "metadata"}, kind.schema)
+    if errors:
+        causes = []
+        for e in errors:
+            where, _, message = e.partition(": ")
+            causes.append({"reason": "FieldValueInvalid", "field": where, "message": message})
+        raise ApiError(
+            422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: ' + "; ".join(errors),
+            name=name, group=kind.group, kind=kind.kind, causes=causes,
+        )  # fmt: skip
+    return obj
+
+
+# ---- custom resource definitions -------------------------------------------------------------------------
+
+
+def crd_resources(crd: dict[str, Any]) -> list[Resource]:
+    """The kinds a CustomResourceDefinition serves (one per served version)."""
+    spec = crd["spec"]
+    names = spec["names"]
+    out = []
+    for version in spec.get("versions", []):
+        if not version.get("served", True):
+            continue
+        out.append(
+            Resource(
+                group=spec["group"],
+                version=version["name"],
+                plural=names["plural"],
+                kind=names["kind"],
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                subresources=tuple(version.get("subresources", {})),
+                short_names=tuple(names.get("shortNames", [])),
+                schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+                printer_columns=version.get("additionalPrinterColumns", []),
+                categories=tuple(names.get("categories", [])),
+            )
+        )
+    return out
+
+
+def established(crd: dict[str, Any]) -> dict[str, Any]:
+    """A well-formed CRD with the status the API server gives it (names accepted, established); 422 if its
+    name is not `<plural>.<group>`."""
+    spec = crd.get("spec") or {}
+    try:
+        expected = f"{spec['names']['plural']}.{spec['group']}"
+    except (KeyError, TypeError):
+        raise ApiError(
+            422, "Invalid", "CustomResourceDefinition is invalid: spec.names and spec.group are required"
+        ) from None
+    if crd["metadata"]["name"] != expected:
+        raise ApiError(
+            422, "Invalid", f"CustomResourceDefinition is invalid: metadata.name must be {expected}"
+        )
+    crd["status"] = {
+        "acceptedNames": spec["names"],
+        "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
+        "conditions": [
+            {"type": t, "status": "True", "reason": "Emulated", "lastTransitionTime": now()}
+            for t in ("NamesAccepted", "Established")
+        ],
+    }
+    return crd
+
+
+# ---- views: scale and tables -----------------------------------------------------------------------------
+
+
+def scale_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """The scale subresource of an object with spec.replicas."""
+    return {
+        "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")},
+        "spec": {"replicas": dig(obj, ["spec", "replicas"]) or 0},
+        "status": {"replicas": dig(obj, ["status", "replicas"]) or 0},
+    }
+
+
+def table(kind: Resource, items: list[dict[str, Any]], resource_version: int) -> dict[str, Any]:
+    """A server-side Table (what `kubectl get` prints): Name, the kind's columns, Age."""
+    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
+    extra = kind.printer_columns or builtin_columns(kind)
+    columns += [
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": "",
+            "description": c.get("description", ""),
+        }
+        for c in extra
+    ]
+    with_age = not any(c["name"] == "Age" for c in extra)
+    if with_age:
+        columns.append({"name": "Age", "type": "string", "format": "", "description": "Age"})
+    rows = []
+    for obj in items:
+        cells: list[Any] = [obj["metadata"]["name"]]
+        for c in extra:
+            value = c["fn"](obj) if "fn" in c else json_path(obj, c["jsonPath"])
+            if c.get("type") == "date":
+                value = age(value)
+            cells.append("" if value is None else value)
+        if with_age:
+            cells.append(age(obj["metadata"].get("creationTimestamp")))
+        partial = {
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": obj["metadata"],
+        }
+        rows.append({"cells": cells, "object": partial})
+    return {
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "Table",
+        "metadata": {"resourceVersion": str(resource_version)},
+        "columnDefinitions": columns,
+        "rows": rows,
+    }
+
+
+def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
+    """kubectl's columns for the built-in kinds we serve (each a jsonPath or a function of the object)."""
+
+    def statuses(o):
+        return dig(o, ["status", "containerStatuses"]) or []
+
+    def ready_pods(o):
+        ready = sum(bool(s.get("ready")) for s in statuses(o))
+        return f"{ready}/{len(dig(o, ['spec', 'containers']) or [])}"
+
+    def ready_replicas(o):
+        return f"{dig(o, ['status', 'readyReplicas']) or 0}/{dig(o, ['spec', 'replicas']) or 0}"
+
+    def restarts(o):
+        return sum(s.get("restartCount", 0) for s in statuses(o))
+
+    def job_status(o):
+        done = [c["type"] for c in dig(o, ["status", "conditions"]) or [] if c.get("status") == "True"]
+        return done[0] if done else "Running"
+
+    def completions(o):
+        return f"{dig(o, ['status', 'succeeded']) or 0}/{dig(o, ['spec', 'completions']) or 1}"
+
+    columns = {
+        "pods": [
+            {"name": "Ready", "fn": ready_pods},
+            {"name": "Status", "jsonPath": ".status.phase"},
+            {"name": "Restarts", "type": "integer", "fn": restarts},
+        ],
+        "deployments": [
+            {"name": "Ready", "fn": ready_replicas},
+            {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas"},
+            {"name": "Available", "type": "integer", "jsonPath": ".status.availableReplicas"},
+        ],
+        "jobs": [{"name": "Status", "fn": job_status}, {"name": "Completions", "fn": completions}],
+        "services": [
+            {"name": "Type", "jsonPath": ".spec.type"},
+            {"name": "Cluster-IP", "jsonPath": ".spec.clusterIP"},
+        ],
+        "persistentvolumeclaims": [{"name": "Status", "jsonPath": ".status.phase"}],
+    }
+    return columns.get(kind.plural, [])
