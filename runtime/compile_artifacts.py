@@ -74,9 +74,10 @@ def resolve_source(uri: str, revision: str | None, work: Path, model_mount: str 
     return path
 
 
-def _buckets(config: dict[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+def _buckets(config: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The context and generation buckets asked for (empty: derived from the sequence length)."""
     buckets = config.get("buckets") or {}
-    return buckets.get("context") or None, buckets.get("generation") or None
+    return buckets.get("context") or [], buckets.get("generation") or []
 
 
 def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
@@ -84,6 +85,7 @@ def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
+    from .config import RuntimeConfig
     from .gguf_import import import_gguf
     from .model_runner import ModelRunner
 
@@ -109,10 +111,11 @@ def convert(source: Path, out: Path, config: dict[str, Any]) -> None:
         raise CompileError(f"{source} is neither a Hugging Face model folder nor a .gguf file")
     context, generation = _buckets(config)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
-    ModelRunner(
-        out, slots=1, max_seq_len=int(config["sequenceLength"]), dtype=dtype,
-        prefill_buckets=context, decode_buckets=generation,
+    runtime = RuntimeConfig(
+        slots=1, max_seq_len=int(config["sequenceLength"]), dtype=dtype, prefill_buckets=context,
+        decode_buckets=generation,
     )  # fmt: skip
+    ModelRunner(out, runtime)
 
 
 def report(manifest: dict[str, Any]) -> dict[str, Any]:
