@@ -132,7 +132,7 @@ class Engine:
         slot = free[0]
         self.runner.sampler.start(slot, params or SamplingParams(), token_ids)
         try:
-            (first,), _ = self._run_step([slot], [list(token_ids)], [], [], [])
+            ((first,), _), _ = self._run_step([slot], [list(token_ids)], [], [], [])
             return first, self.runner.export_kv(slot, len(token_ids))
         finally:
             self.runner.sampler.release(slot)
