@@ -26,6 +26,7 @@ import torch
 from prompts import QUESTIONS  # bench/prompts.py: the script folder is on sys.path
 from transformers import AutoModelForCausalLM
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
 from neuronfleet.runtime.sampling_params import SamplingParams
@@ -46,7 +47,7 @@ def count_until_eos(tokens: list[int], eos: set[int]) -> int:
 
 
 def run_ours(model_dir: Path, dtype: str, prompts: list[list[int]], c: int, max_tokens: int, max_len: int):
-    engine = Engine.from_model_dir(str(model_dir), slots=c, max_seq_len=max_len, dtype=dtype)
+    engine = Engine.from_model_dir(str(model_dir), RuntimeConfig(slots=c, max_seq_len=max_len, dtype=dtype))
     engine.generate(prompts[:c], SamplingParams(max_tokens=4))  # warm-up
     engine.stats.__init__()
     start = time.perf_counter()
@@ -110,7 +111,7 @@ def main() -> None:
 
     # Both sides read the same float32 folder and cast to the benchmark dtype in memory.
     model_dir = ensure_model(args.model, "float32")
-    engine_probe = Engine.from_model_dir(str(model_dir), slots=1, max_seq_len=64)
+    engine_probe = Engine.from_model_dir(str(model_dir), RuntimeConfig(slots=1, max_seq_len=64))
     tok = engine_probe.tokenizer
     eos = set(engine_probe.eos_ids)
     del engine_probe

@@ -22,10 +22,13 @@ def _cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.config import RuntimeConfig
     from neuronfleet.runtime.engine import Engine
     from neuronfleet.runtime.sampling_params import SamplingParams
 
-    engine = Engine.from_model_dir(args.model, slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    engine = Engine.from_model_dir(
+        args.model, RuntimeConfig(slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = (
         engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
@@ -40,28 +43,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.role == "router":  # before the engine's imports: a router loads no torch
+        return _serve_router(args)
     import asyncio
     import logging
 
     from neuronfleet.runtime.engine import AsyncEngine, Engine
     from neuronfleet.runtime.server import RuntimeServer, serve
 
-    if args.role == "router":
-        return _serve_router(args)
-    role_setup = _role_setup(args) if args.role in ("prefill", "decode") else None
+    config = _runtime_config(args)
+    role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = AsyncEngine(
-        lambda: Engine.from_model_dir(
-            args.model,
-            slots=args.slots,
-            max_seq_len=args.max_seq_len,
-            dtype=args.dtype,
-            max_waiting=args.max_waiting,
-            prefill_buckets=args.prefill_buckets,
-            decode_buckets=args.decode_buckets,
-            prefix_reuse=args.prefix_reuse,
-        )
-    )
+    engine = AsyncEngine(lambda: Engine.from_model_dir(args.model, config))
     server = RuntimeServer(
         engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
     )
@@ -214,13 +207,25 @@ def _internal_token(args: argparse.Namespace) -> str:
     return token
 
 
+def _runtime_config(args: argparse.Namespace):
+    """The serve flags' one RuntimeConfig, validated here (a bad flag fails before anything loads)."""
+    from neuronfleet.runtime.config import RuntimeConfig
+
+    return RuntimeConfig(
+        slots=args.slots, max_seq_len=args.max_seq_len, prefill_buckets=args.prefill_buckets or (),
+        decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
+        max_waiting=args.max_waiting,
+    )  # fmt: skip
+
+
 def _serve_router(args: argparse.Namespace) -> int:
-    """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers."""
+    """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers.
+    Imports no torch (the router's image needs none)."""
     import asyncio
     import logging
     import os
 
-    from neuronfleet.runtime.engine import Limits
+    from neuronfleet.runtime.backend import Limits
     from neuronfleet.runtime.model_config import load_model_config
     from neuronfleet.runtime.router import PEER_HOSTS_ENV, RemoteBackend
     from neuronfleet.runtime.server import RuntimeServer, serve
@@ -229,11 +234,11 @@ def _serve_router(args: argparse.Namespace) -> int:
     token = _internal_token(args)
     if args.peer_hosts_file:
         os.environ[PEER_HOSTS_ENV] = args.peer_hosts_file
-    config = load_model_config(Path(args.model))
-    tokenizer = Tokenizer(args.model, config.eos_token_ids)
-    max_prompt = (args.prefill_buckets or [args.max_seq_len])[-1]
-    limits = Limits(args.max_seq_len, min(max_prompt, args.max_seq_len), args.slots, args.dtype, "remote")
-    eos = frozenset(config.eos_token_ids) | tokenizer.eos_token_ids
+    model = load_model_config(Path(args.model))
+    config = _runtime_config(args).check_model(model)
+    tokenizer = Tokenizer(args.model, model.eos_token_ids)
+    limits = Limits(config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote")
+    eos = frozenset(model.eos_token_ids) | tokenizer.eos_token_ids
     backend = RemoteBackend(
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
@@ -241,21 +246,19 @@ def _serve_router(args: argparse.Namespace) -> int:
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = args.served_model_name or Path(args.model).name
-    server = RuntimeServer(  # type: ignore[arg-type]
-        backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start]
-    )
-    backend.register_metrics(server.metrics.registry, name)
+    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
 
 
-def _role_setup(args: argparse.Namespace):
+def _role_setup(args: argparse.Namespace, config):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
     NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
     import os
     import secrets
 
-    from neuronfleet.runtime.kv_transfer import make_agent
+    from neuronfleet.runtime.kv_transfer import TransportUnavailable, make_agent
+    from neuronfleet.runtime.model_config import load_model_config
 
     token = _internal_token(args)
     model_id = args.served_model_name or Path(args.model).name
@@ -269,11 +272,15 @@ def _role_setup(args: argparse.Namespace):
             "--kv-advertise HOST or the POD_IP environment variable"
         )
     identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
-    agent = make_agent(  # a writer stalled mid-payload loses its connection after twice its own deadline
-        args.kv_transport, identity, model_id, args.host, advertise=advertise, stall_seconds=2 * args.kv_wait
-    )
+    try:  # a writer stalled mid-payload loses its connection after twice its own deadline
+        agent = make_agent(args.kv_transport, identity, model_id, args.host, advertise=advertise,
+                           stall_seconds=2 * args.kv_wait)  # fmt: skip
+    except TransportUnavailable as e:  # a usage error, reported as main() reports a bad flag
+        raise ValueError(str(e)) from None
 
     def build(engine, registry):
+        import torch
+
         from neuronfleet.runtime.leases import LeasePool
         from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
 
@@ -284,11 +291,11 @@ def _role_setup(args: argparse.Namespace):
         async def start_agent(app) -> None:
             await agent.start(args.kv_port)
 
-        runner = engine.engine.runner
-        c = runner.config
+        c = load_model_config(args.model)
         leases = LeasePool(
-            agent, count=args.kv_leases or args.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim, max_tokens=runner.max_prompt_len, dtype=runner.dtype, ttl=args.kv_lease_ttl,
+            agent, count=args.kv_leases or config.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim, max_tokens=config.max_prompt_len, dtype=getattr(torch, config.dtype),
+            ttl=args.kv_lease_ttl,
         )  # fmt: skip
         metrics = KVMetrics(registry, model_id, leases)
         role = DecodeRole(engine, agent, leases, token, wait_seconds=args.kv_wait, metrics=metrics)
@@ -388,19 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)
-    except Exception as e:
-        if not isinstance(e, _usage_errors()):
-            raise
+    except ValueError as e:  # ModelLoadError, InvalidRequest, CompileError, a bad setting: all ValueErrors
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-
-
-def _usage_errors() -> tuple[type[Exception], ...]:
-    """What commands raise for bad input or a setup this machine cannot run: ValueError (ModelLoadError,
-    InvalidRequest and CompileError are ValueErrors) and, once a command loaded the KV transport, its
-    TransportUnavailable (looked up, not imported: each command imports only what it runs)."""
-    transfer = sys.modules.get("neuronfleet.runtime.kv_transfer")
-    return (ValueError, transfer.TransportUnavailable) if transfer is not None else (ValueError,)
 
 
 if __name__ == "__main__":

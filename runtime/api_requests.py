@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .sampling_params import InvalidRequest, SamplingParams
+from .errors import InvalidRequest
+from .sampling_params import SamplingParams
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()

@@ -92,6 +92,7 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
     import torch
     from safetensors.torch import load_file, save_file
 
+    from .config import RuntimeConfig
     from .gguf_import import import_gguf
     from .model_runner import ModelRunner
 
@@ -122,10 +123,11 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out / name)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
-    ModelRunner(
-        out, slots=1, max_seq_len=config.sequenceLength, dtype=dtype,
-        prefill_buckets=config.buckets.context or None, decode_buckets=config.buckets.generation or None,
+    runtime = RuntimeConfig(
+        slots=1, max_seq_len=config.sequenceLength, dtype=dtype, prefill_buckets=config.buckets.context,
+        decode_buckets=config.buckets.generation,
     )  # fmt: skip
+    ModelRunner(out, runtime)
 
 
 def report(manifest: dict[str, Any]) -> dict[str, Any]:

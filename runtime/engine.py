@@ -16,65 +16,24 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
+from .backend import FinishReason, Limits, RequestOutput, check_fits
+from .config import RuntimeConfig
+from .engine_metrics import StepMetrics, StepReport
+from .errors import EngineFailed, InvalidRequest, QueueFull, RequestFailed, queue_full_message
 from .model_runner import ModelRunner
-from .sampling_params import InvalidRequest, SamplingParams
-from .scheduler import FinishReason, QueueFull, Scheduler, queue_full_message
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
 from .scheduler import Sequence as Seq
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "AsyncEngine",
-    "Engine",
-    "EngineFailed",
-    "EngineStats",
-    "FinishReason",
-    "Limits",
-    "QueueFull",
-    "RequestFailed",
-    "RequestOutput",
-    "StepReport",
-]
-
-
-class RequestFailed(RuntimeError):
-    """One request failed inside the engine; the engine and the other requests go on."""
-
-
-class EngineFailed(RuntimeError):
-    """The engine itself failed (a model step raised) or has shut down; no request can run."""
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request: new tokens and text, and the finish reason once finished."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None  # set (with finish_reason ABORT) when this request failed inside the engine
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def absorb(self, later: RequestOutput) -> None:
-        """Fold a later output of the same request into this one (for callers that want the whole answer)."""
-        self.token_ids += later.token_ids
-        self.text += later.text
-        self.finish_reason = later.finish_reason
-        self.error = later.error
-        self.prompt_tokens, self.completion_tokens = later.prompt_tokens, later.completion_tokens
 
 
 @dataclass
@@ -85,29 +44,6 @@ class EngineStats:
     prefill_calls: int = 0  # steps that admitted requests
     model_seconds: float = 0.0  # inside the model runner (forward + sampling)
     step_seconds: float = 0.0  # whole steps
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a backend accepts and holds: for /v1/models, /info and request checks."""
-
-    max_seq_len: int
-    max_prompt_len: int
-    slots: int
-    dtype: str
-    device: str
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one engine step did, for observers such as the server's metrics (called on the engine thread)."""
-
-    prefill_requests: int  # requests admitted (prefilled) in this step
-    decode_requests: int  # requests that decoded one token
-    seconds: float  # the whole step
-    queue_seconds: list[float] = field(default_factory=list)  # arrival to admission, per admitted request
-    prompt_tokens: int = 0  # of the admitted requests
-    reused_prompt_tokens: int = 0  # of those, found in their slots' caches and not prefilled again
 
 
 @dataclass(eq=False)
@@ -121,38 +57,24 @@ class _Stream:
 class Engine:
     """Synchronous continuous-batching engine over one model runner."""
 
-    def __init__(
-        self,
-        runner: ModelRunner,
-        tokenizer: Tokenizer,
-        *,
-        max_prefill_tokens: int | None = None,
-        max_waiting: int = 1024,
-    ) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
-        self.eos_ids = frozenset(runner.config.eos_token_ids) | tokenizer.eos_token_ids
-        self.scheduler = Scheduler(
-            runner.slots,
-            runner.max_seq_len,
-            runner.prefill_buckets,
-            max_prefill_tokens=max_prefill_tokens,
-            max_waiting=max_waiting,
+        self.config = config = runner.config
+        self.limits = Limits(
+            config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, runner.device.type
         )
+        self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
+        self.scheduler = Scheduler(config)
         self.stats = EngineStats()
         self.step_observers: list[Callable[[StepReport], None]] = []
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
 
     @classmethod
-    def from_model_dir(cls, model_dir: str, *, slots: int = 8, max_seq_len: int = 2048, **kw) -> Engine:
-        runner_kw = {
-            k: kw.pop(k)
-            for k in ("prefill_buckets", "decode_buckets", "dtype", "device", "prefix_reuse")
-            if k in kw
-        }
-        runner = ModelRunner(model_dir, slots=slots, max_seq_len=max_seq_len, **runner_kw)
-        return cls(runner, Tokenizer(model_dir, runner.config.eos_token_ids), **kw)
+    def from_model_dir(cls, model_dir: str, config: RuntimeConfig | None = None) -> Engine:
+        runner = ModelRunner(model_dir, config or RuntimeConfig())
+        return cls(runner, Tokenizer(model_dir, runner.model_config.eos_token_ids))
 
     # ---- requests ------------------------------------------------------------------------------------------
 
@@ -162,11 +84,11 @@ class Engine:
         """Tokenize and check a request without queueing it; raises InvalidRequest when it can never fit."""
         params = params or SamplingParams()
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        vocab = self.runner.config.vocab_size
+        vocab = self.runner.model_config.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequest(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
-        max_tokens = self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        max_tokens = check_fits(self.limits, len(prompt_ids), params.max_tokens)
         return Seq(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=prompt_ids,
@@ -197,7 +119,7 @@ class Engine:
             return None
         seq = self.scheduler.abort(request_id) or stream.seq
         if seq.slot is not None:
-            self.runner.release_slot(seq.slot)
+            self.runner.sampler.release(seq.slot)
         return self._output(stream, [], "", FinishReason.ABORT)
 
     def prefill_and_export(self, token_ids: Sequence[int], params: SamplingParams | None = None):
@@ -208,12 +130,12 @@ class Engine:
         if not free:
             raise QueueFull(queue_full_message(self.scheduler.num_slots, self.scheduler.max_waiting))
         slot = free[0]
-        self.runner.start_slot(slot, params or SamplingParams(), token_ids)
+        self.runner.sampler.start(slot, params or SamplingParams(), token_ids)
         try:
-            (first,) = self.runner.prefill([slot], [list(token_ids)])
+            ((first,), _), _ = self._run_step([slot], [list(token_ids)], [], [], [])
             return first, self.runner.export_kv(slot, len(token_ids))
         finally:
-            self.runner.release_slot(slot)
+            self.runner.sampler.release(slot)
 
     def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
         """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so
@@ -223,7 +145,8 @@ class Engine:
         if not free:
             return None
         slot = free[-1]  # the highest free slot: low ones stay free for new requests
-        self.runner.import_kv(slot, kv, token_ids)
+        self.runner.import_kv(slot, kv, len(token_ids))
+        self.scheduler.prefixes.holds(slot, token_ids)
         return slot
 
     def has_work(self) -> bool:
@@ -238,26 +161,24 @@ class Engine:
         request with an error output and leaves the others running; a failing model call raises.
         """
         start = time.perf_counter()
-        for src, dst, seq in self.scheduler.compact(self.runner.batch_buckets):
+        for src, dst, seq in self.scheduler.compact():
             self.runner.move_slot(src, dst, seq.num_tokens)
-        plan = self.scheduler.schedule(self.runner.reusable_prefix)
+        plan = self.scheduler.schedule()
         outputs: list[RequestOutput | None] = []
         prefill = []
         for seq in plan.prefill:
             try:
-                self.runner.start_slot(seq.slot, seq.params, seq.prompt_ids)
+                self.runner.sampler.start(seq.slot, seq.params, seq.prompt_ids)
                 prefill.append(seq)
             except Exception as e:
                 outputs.append(self._fail(seq, e))
-        prefixes = self.runner.plan_prefixes([s.slot for s in prefill], [s.prompt_ids for s in prefill])
         t0 = time.perf_counter()
-        first_tokens, next_tokens = self.runner.step(
+        (first_tokens, next_tokens), prefixes = self._run_step(
             [s.slot for s in prefill],
             [s.prompt_ids for s in prefill],
             [s.slot for s in plan.decode],
             [s.output_ids[-1] for s in plan.decode],
             [s.num_tokens - 1 for s in plan.decode],
-            prefixes,
         )
         self.stats.model_seconds += time.perf_counter() - t0
         self.stats.prefill_calls += bool(prefill)
@@ -285,6 +206,22 @@ class Engine:
             observer(report)
         return [o for o in outputs if o is not None]
 
+    def _run_step(
+        self, prefill_slots: list[int], prompts: list[list[int]], decode_slots: list[int], tokens: list[int],
+        positions: list[int],
+    ) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]:  # fmt: skip
+        """Run one step on the runner with the prefixes the slots' caches offer, and book what it wrote.
+        Returns the new tokens (prefill, decode) and the prefixes reused."""
+        cache = self.scheduler.prefixes
+        prefixes = cache.plan(prefill_slots, prompts)
+        try:
+            new = self.runner.step(prefill_slots, prompts, decode_slots, tokens, positions, prefixes)
+        except BaseException:
+            cache.forget_all()
+            raise
+        cache.stepped(prefill_slots, prompts, decode_slots, tokens, positions)
+        return new, prefixes
+
     def _fail(self, seq: Seq, error: Exception) -> RequestOutput | None:
         """End one request that failed inside the engine; its slot is freed, the others go on."""
         log.exception("request %s failed", seq.request_id, exc_info=error)
@@ -302,7 +239,7 @@ class Engine:
         text, reason = stream.text.accept(
             token,
             eos=token in self.eos_ids and not seq.params.ignore_eos,
-            last=len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.runner.max_seq_len,
+            last=len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.config.max_seq_len,
         )
         if reason is not None:
             return self._finish(stream, [token], text, reason)
@@ -311,7 +248,7 @@ class Engine:
     def _finish(self, stream: _Stream, ids: list[int], text: str, reason: FinishReason) -> RequestOutput:
         seq = stream.seq
         self.scheduler.finish(seq, reason)
-        self.runner.release_slot(seq.slot)
+        self.runner.sampler.release(seq.slot)
         del self._streams[seq.request_id]
         return self._output(stream, ids, text, reason)
 
@@ -468,7 +405,7 @@ class AsyncEngine:
         for rid in list(self._queues):
             self._deliver(rid, EngineFailed(f"the engine failed: {error!r}"))
 
-    # ---- what an HTTP server needs of its backend (a router's remote backend offers the same) ----
+    # ---- the Backend surface (runtime.backend) the HTTP server serves from ----
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -480,13 +417,12 @@ class AsyncEngine:
 
     @property
     def limits(self) -> Limits:
-        r = self.engine.runner
-        return Limits(r.max_seq_len, r.max_prompt_len, r.slots, r.dtype_name, r.device.type)
+        return self.engine.limits
 
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
         """(name, help, read) of the gauges that describe this backend's load."""
-        sched, runner = self.engine.scheduler, self.engine.runner
-        capacity = runner.slots * runner.max_seq_len
+        sched, config = self.engine.scheduler, self.engine.config
+        capacity = config.slots * config.max_seq_len
         return [
             ("vllm:num_requests_running", "Requests in slots.", lambda: len(sched.running)),
             ("vllm:num_requests_waiting", "Requests waiting for a slot.", lambda: self.num_pending),
@@ -498,13 +434,14 @@ class AsyncEngine:
             (
                 "neuronfleet:slots_busy",
                 "Slots holding a request.",
-                lambda: runner.slots - sched.num_free_slots,
+                lambda: config.slots - sched.num_free_slots,
             ),
         ]
 
-    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
-        """Called on the engine thread after every step."""
-        self.engine.step_observers.append(observer)
+    def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
+        """The engine's step metrics, observed on the engine thread after every step."""
+        metrics = StepMetrics(registry, model_name, self.engine.config.slots)
+        self.engine.step_observers.append(metrics.observe)
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run fn(engine) on the engine's thread between two steps (the runner is not thread-safe), and

@@ -157,9 +157,6 @@ class _Metadata:
             raise ModelImportError(f"The GGUF file has no `{key}` metadata, which a Llama model needs.")
         return self._fields[key].contents()
 
-    def keys_with_prefix(self, prefix: str) -> list[str]:
-        return [key for key in self._fields if key.startswith(prefix)]
-
 
 def _f32(value: float) -> float:
     """A float32 metadata value as the shortest decimal that reads back to it (9.9999997e-06 -> 1e-05)."""

@@ -52,15 +52,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
 
-    @property
-    def num_parameters(self) -> int:
-        """Parameter count, from the shapes (embeddings counted once when tied)."""
-        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        per_layer = attn + mlp + 2 * self.hidden_size
-        embed = self.vocab_size * self.hidden_size
-        return self.num_layers * per_layer + embed * (1 if self.tie_word_embeddings else 2) + self.hidden_size
-
 
 def _ids(value: object) -> tuple[int, ...]:
     if value is None:

@@ -23,10 +23,11 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .engine import AsyncEngine, EngineFailed, QueueFull
+from .engine import AsyncEngine
+from .errors import EngineFailed, InvalidRequest, QueueFull
 from .kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
 from .leases import LeasePool, NoRegionFree
-from .sampling_params import InvalidRequest, SamplingParams
+from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

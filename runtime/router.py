@@ -1,5 +1,5 @@
 """The router role: the model's public endpoint when prefill and decode run in separate pods. It offers the
-HTTP server the same backend surface as a local engine (tokenizer, limits, generate...), and runs each
+HTTP server the same `Backend` surface as a local engine (tokenizer, limits, generate...), and runs each
 request as the exchange of docs/disaggregation.md: reserve a KV lease on a decode pod, have a prefill pod
 run the prompt and push its KV cache into it, then stream the decode pod's tokens.
 
@@ -28,9 +28,9 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .engine import EngineFailed, Limits, RequestOutput
-from .sampling_params import InvalidRequest, SamplingParams
-from .scheduler import FinishReason
+from .backend import FinishReason, Limits, RequestOutput, check_fits
+from .errors import EngineFailed, Unavailable
+from .sampling_params import SamplingParams
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
 
@@ -172,18 +172,20 @@ class PeerSet:
         return sum(p.healthy for p in self.peers.values())
 
 
-class PeerBusy(RuntimeError):
+class PeerFailed(Exception):
+    """A decode pod failed this attempt (an error answer, a broken stream): the request moves to another."""
+
+
+class PeerBusy(PeerFailed):
     """The decode pod has no staging region or slot free now (503); another may, or this one soon."""
 
 
-class StreamBroken(RuntimeError):
+class StreamBroken(PeerFailed):
     """The decode pod's stream ended before its request finished."""
 
 
-class NoPeerAvailable(EngineFailed):
+class NoPeerAvailable(Unavailable):
     """No decode pod could serve the request (answered as 503)."""
-
-    http_status = 503
 
 
 class PeerRefused(EngineFailed):
@@ -202,7 +204,7 @@ async def _refusal(r: aiohttp.ClientResponse, step: str) -> None:
         raise PeerBusy(f"{step} answered 503: {error}")
     if 400 <= r.status < 500 and r.status != 401:
         raise PeerRefused(f"{step} refused the request ({r.status}): {error}")
-    raise RuntimeError(f"{step} answered {r.status}: {error}")
+    raise PeerFailed(f"{step} answered {r.status}: {error}")
 
 
 class RemoteBackend:
@@ -264,9 +266,6 @@ class RemoteBackend:
 
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
         return [("vllm:num_requests_running", "Requests routed and not finished.", lambda: self.in_flight)]
-
-    def add_step_observer(self, observer) -> None:
-        """A router takes no engine steps."""
 
     def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
         """The router's own metrics: its queue by step, healthy peers and restarts by role, retries."""
@@ -348,23 +347,6 @@ class RemoteBackend:
 
     # ---- requests ----
 
-    def _check(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequest("the prompt is empty; send at least one token", "prompt")
-        if len(ids) > self.limits.max_prompt_len:
-            raise InvalidRequest(
-                f"the prompt has {len(ids)} tokens; the longest this deployment accepts is "
-                f"{self.limits.max_prompt_len}",
-                "prompt",
-            )
-        room = self.limits.max_seq_len - len(ids)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise InvalidRequest(
-                f"max_tokens {params.max_tokens} plus the prompt's {len(ids)} tokens exceeds the slot length "
-                f"{self.limits.max_seq_len}; at most {room} new tokens fit",
-                "max_tokens",
-            )
-
     def _retried(self, kind: str) -> None:
         if self.retries is not None:
             self.retries.labels(**self._labels, kind=kind).inc()
@@ -374,7 +356,7 @@ class RemoteBackend:
     ) -> AsyncIterator[RequestOutput]:
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check(ids, params)
+        check_fits(self.limits, len(ids), params.max_tokens)
         rid = request_id or f"route-{next(self._ids)}"
         stale = time.monotonic() - self._resolved_at > self.probe_interval  # no probe loop (tests), or old
         if stale or not self.prefill.peers or not self.decode.peers:  # or a role not found yet: look again
@@ -423,7 +405,7 @@ class RemoteBackend:
                         await asyncio.sleep(0.25)  # every pod is full: wait for room, within bounds
                         tried.clear()
                         failures.clear()
-                except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as e:
+                except (aiohttp.ClientError, OSError, TimeoutError, PeerFailed) as e:
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
                     self.decode.failed(peer.url, str(e))
                     kind = "resume" if generated else "retry"
@@ -478,7 +460,7 @@ class RemoteBackend:
                             continue
                         item = json.loads(line)
                         if item.get("error"):
-                            raise RuntimeError(f"the request failed on the decode pod: {item['error']}")
+                            raise PeerFailed(f"the request failed on the decode pod: {item['error']}")
                         tokens, reason = item["token_ids"], item.get("finish_reason")
                         for i, token in enumerate(tokens):
                             yield token, reason if i == len(tokens) - 1 else None

@@ -5,13 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
-class InvalidRequest(ValueError):
-    """A request the engine refuses; the message names the field, the value and the allowed range."""
-
-    def __init__(self, message: str, field_name: str | None = None) -> None:
-        super().__init__(message)
-        self.field_name = field_name
+from .errors import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The runtime's HTTP server (aiohttp) over the async engine.
+"""The runtime's HTTP server (aiohttp) over a `Backend` (the local engine, or the router's remote backend).
 
 OpenAI: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`; TGI: `POST /generate`,
 `POST /generate_stream`, `POST /` (TGI's compat route), `GET /info`; `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus, vLLM's metric names). Streams are server-sent events. Bad input gets a 4xx in the
-API's own error format; a full queue gets 429 (OpenAI) or 503 (TGI) with Retry-After.
+API's own error format (a `ServingError` carries its status per API); a full queue gets 429 (OpenAI) or 503
+(TGI) with Retry-After.
 """
 
 from __future__ import annotations
@@ -28,33 +29,26 @@ from prometheus_client import (
 )
 
 from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
-from .engine import AsyncEngine, EngineFailed, RequestFailed, RequestOutput, StepReport
-from .sampling_params import InvalidRequest
-from .scheduler import QueueFull
+from .backend import Backend, RequestOutput
+from .engine_metrics import LATENCY_BUCKETS
+from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = "1"
 
 
-class BodyTooLarge(InvalidRequest):
-    """The request body is over the configured limit (413)."""
-
-
-class Draining(QueueFull):
-    """The server is shutting down and takes no new requests (503)."""
-
-
 class Metrics:
-    """Prometheus metrics named as vLLM names them, plus neuronfleet's own."""
+    """Prometheus metrics of the requests served, named as vLLM names them, plus neuronfleet's own; the
+    backend's load gauges and its own metrics in the same registry."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, backend: Backend, model_name: str) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         names = list(labels)
-        for name, doc, read in engine.load_gauges():
+        for name, doc, read in backend.load_gauges():
             Gauge(name, doc, names, registry=self.registry).labels(**labels).set_function(read)
-        buckets = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+        buckets = LATENCY_BUCKETS
 
         def histogram(name: str, doc: str):
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(**labels)
@@ -68,59 +62,25 @@ class Metrics:
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
-        self.prefix_queries = counter(
-            "vllm:prefix_cache_queries", "Prompt tokens of admitted requests, looked up in the slots' caches."
-        )
-        self.prefix_hits = counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in a slot's cache (a reused prefix), not prefilled.",
-        )
         self.success = Counter(
             "vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=self.registry
         )
         self.rejected = Counter(
             "neuronfleet:requests_rejected", "Requests refused.", [*names, "reason"], registry=self.registry
         )
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time from arrival to a slot.")
-        self.occupancy = Histogram(
-            "neuronfleet:batch_occupancy",
-            "Share of the static batch's slots that ran in a step.",
-            names,
-            buckets=(0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0),
-            registry=self.registry,
-        ).labels(**labels)
-        self.step_time = Histogram(
-            "neuronfleet:step_duration_seconds",
-            "Engine step time; kind=prefill for steps that admitted requests (their decode rows ride along), "
-            "kind=decode for decode-only steps.",
-            [*names, "kind"],
-            buckets=buckets,
-            registry=self.registry,
-        )
         self.labels = labels
-        self.slots = engine.limits.slots
-        engine.add_step_observer(self.observe_step)
-
-    def observe_step(self, report: StepReport) -> None:
-        """Called on the engine thread after every step."""
-        for seconds in report.queue_seconds:
-            self.queue_time.observe(seconds)
-        self.prefix_queries.inc(report.prompt_tokens)
-        self.prefix_hits.inc(report.reused_prompt_tokens)
-        self.occupancy.observe((report.prefill_requests + report.decode_requests) / self.slots)
-        kind = "prefill" if report.prefill_requests else "decode"
-        self.step_time.labels(**self.labels, kind=kind).observe(report.seconds)
+        backend.register_metrics(self.registry, model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class RuntimeServer:
-    """Routes HTTP requests to the async engine."""
+    """Routes HTTP requests to the backend."""
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        backend: Backend,
         model_name: str,
         *,
         max_body_bytes: int = 1 << 20,
@@ -129,10 +89,10 @@ class RuntimeServer:
     ) -> None:
         """`extra_routes`: a role's internal endpoints (runtime.roles); `on_startup`: what they start."""
         self.extra_routes, self.on_startup = list(extra_routes), list(on_startup)
-        self.engine = engine
+        self.backend = backend
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
-        self.metrics = Metrics(engine, model_name)
+        self.metrics = Metrics(backend, model_name)
         self.draining = False
         self.created = int(time.time())
 
@@ -183,12 +143,12 @@ class RuntimeServer:
     async def health(self, request: web.Request) -> web.Response:
         """Liveness: 200 while the process can serve (also while draining); 503 once the engine has failed,
         so that a liveness probe restarts the pod."""
-        if self.engine.error is not None:
-            return web.json_response({"status": f"engine failed: {self.engine.error!r}"}, status=503)
+        if self.backend.error is not None:
+            return web.json_response({"status": f"engine failed: {self.backend.error!r}"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        ok = self.engine.alive and not self.draining
+        ok = self.backend.alive and not self.draining
         reason = "ready" if ok else ("draining" if self.draining else "engine failed")
         return web.json_response({"ready": ok, "status": reason}, status=200 if ok else 503)
 
@@ -196,7 +156,7 @@ class RuntimeServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
-        limits = self.engine.limits
+        limits = self.backend.limits
         return web.json_response(
             {
                 "object": "list",
@@ -213,7 +173,7 @@ class RuntimeServer:
         )
 
     async def info(self, request: web.Request) -> web.Response:
-        limits = self.engine.limits
+        limits = self.backend.limits
         return web.json_response(
             {
                 "model_id": self.model_name,
@@ -249,14 +209,14 @@ class RuntimeServer:
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         if parsed.messages is not None:
-            return self.engine.tokenizer.encode_chat(parsed.messages)
+            return self.backend.tokenizer.encode_chat(parsed.messages)
         return parsed.prompt  # type: ignore[return-value]
 
     async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
         """Start a request; InvalidRequest and QueueFull are raised before anything is sent."""
         if self.draining:
             raise Draining("the server is shutting down and takes no new requests; send it elsewhere")
-        gen = self.engine.generate(self._prompt(parsed), parsed.params)
+        gen = self.backend.generate(self._prompt(parsed), parsed.params)
         start = time.monotonic()
         try:
             first = await anext(gen)  # raises before the response starts when the request is refused
@@ -315,24 +275,13 @@ class RuntimeServer:
             headers=headers,
         )
 
-    def _refusal(self, error: Exception, tgi: bool) -> web.Response:
+    def _refusal(self, error: ServingError, tgi: bool) -> web.Response:
         """The response for a request refused or failed before its answer started."""
-        if isinstance(error, BodyTooLarge):
-            status, reason = 413, "body_too_large"
-        elif isinstance(error, InvalidRequest):
-            status, reason = (422 if tgi else 400), "invalid"
-        elif isinstance(error, Draining):
-            status, reason = 503, "draining"
-        elif isinstance(error, QueueFull):
-            status, reason = (503 if tgi else 429), "queue_full"
-        elif getattr(error, "http_status", 500) == 503:  # e.g. a router with no peer that can serve
-            status, reason = 503, "unavailable"
-        else:
-            status, reason = 500, "failed"
-        self.metrics.rejected.labels(**self.metrics.labels, reason=reason).inc()
+        status = error.http_status(tgi)
+        self.metrics.rejected.labels(**self.metrics.labels, reason=error.reason).inc()
         if tgi:
             return self._tgi_error(status, str(error))
-        return self._openai_error(status, str(error), getattr(error, "field_name", None))
+        return self._openai_error(status, str(error), error.field_name)
 
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
@@ -344,7 +293,7 @@ class RuntimeServer:
                     404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model"
                 )
             outputs = await self._stream(parsed)
-        except (InvalidRequest, QueueFull, EngineFailed, RequestFailed) as e:
+        except ServingError as e:
             return self._refusal(e, tgi=False)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -352,7 +301,7 @@ class RuntimeServer:
             return await self._openai_sse(request, outputs, rid, created, chat, parsed.include_usage)
         try:
             result = await self._collect(outputs)
-        except (EngineFailed, RequestFailed) as e:
+        except ServingError as e:
             return self._refusal(e, tgi=False)
         usage = {
             "prompt_tokens": result.prompt_tokens,
@@ -427,7 +376,7 @@ class RuntimeServer:
                         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
                     if out.text or reason:
                         await resp.write(chunk([choice]))
-        except (EngineFailed, RequestFailed) as e:  # the stream has started: the error is its last event
+        except ServingError as e:  # the stream has started: the error is its last event
             err = {"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}}
             await resp.write(f"data: {json.dumps(err)}\n\n".encode())
         if include_usage and last is not None:
@@ -459,7 +408,7 @@ class RuntimeServer:
             parsed = parse_tgi_generate(await self._body(request))
             stream = parsed.stream if force_stream is None else force_stream
             return parsed, stream, await self._stream(parsed)
-        except (InvalidRequest, QueueFull, EngineFailed, RequestFailed) as e:
+        except ServingError as e:
             return self._refusal(e, tgi=True), None, None
 
     async def _tgi_complete(self, request: web.Request, compat: bool) -> web.StreamResponse:
@@ -470,16 +419,16 @@ class RuntimeServer:
             return await self._tgi_sse(request, parsed, outputs)
         try:
             result = await self._collect(outputs)
-        except (EngineFailed, RequestFailed) as e:
+        except ServingError as e:
             return self._refusal(e, tgi=True)
-        eos = self.engine.eos_ids
+        eos = self.backend.eos_ids
         finish = _tgi_finish_reason(result.finish_reason, result.token_ids, eos)
         body = {"generated_text": result.text}
         if parsed.details:
             tokens = [
                 {
                     "id": t,
-                    "text": self.engine.tokenizer.decode([t], skip_special_tokens=False),
+                    "text": self.backend.tokenizer.decode([t], skip_special_tokens=False),
                     "logprob": None,
                     "special": t in eos,
                 }
@@ -497,7 +446,7 @@ class RuntimeServer:
     async def _tgi_sse(self, request: web.Request, parsed: ParsedRequest, outputs) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        eos = self.engine.eos_ids
+        eos = self.backend.eos_ids
         text, tokens = [], []
         try:
             async with contextlib.aclosing(outputs):
@@ -524,7 +473,7 @@ class RuntimeServer:
                             "seed": parsed.params.seed,
                         }
                     await resp.write(f"data:{json.dumps(event, ensure_ascii=False)}\n\n".encode())
-        except (EngineFailed, RequestFailed) as e:  # the stream has started: the error is its last event
+        except ServingError as e:  # the stream has started: the error is its last event
             await resp.write(f"data:{json.dumps({'error': str(e), 'error_type': 'generation'})}\n\n".encode())
         await resp.write_eof()
         return resp
@@ -558,12 +507,12 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
     server.draining = True
     log.info("draining: finishing requests in flight for up to %.0f s", grace_period)
     deadline = loop.time() + grace_period
-    while server.engine.num_requests:
+    while server.backend.num_requests:
         if loop.time() >= deadline:
             log.warning("grace period over; ending the requests still in flight")
             break
         await asyncio.sleep(0.05)
-    server.engine.shutdown()
+    server.backend.shutdown()
     await runner.cleanup()
 
 

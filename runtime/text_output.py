@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .scheduler import FinishReason
+from .backend import FinishReason
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -13,6 +13,7 @@ from conftest import make_tiny_llama
 from safetensors.torch import load_file
 
 from neuronfleet.runtime.compile_artifacts import CompileError, compile_artifacts
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.model_runner import ModelRunner
 
 
@@ -42,7 +43,7 @@ def test_compile_converts_validates_and_marks_complete_then_hits_the_cache(tmp_p
     weights = load_file(str(next((out / "model").glob("*.safetensors"))))
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
     assert json.loads((out / "model" / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    ModelRunner(out / "model", slots=1, max_seq_len=64, dtype="bfloat16")  # what serving pods load
+    ModelRunner(out / "model", RuntimeConfig(slots=1, max_seq_len=64, dtype="bfloat16"))  # as serving pods
     assert not list(out.parent.glob(".*partial*"))  # no staging left behind
     stamp = (out / "manifest.json").stat().st_mtime_ns
     again = compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)

@@ -21,6 +21,7 @@ from kv_faults import FaultPlan, FaultyProxy
 from prometheus_client.parser import text_string_to_metric_families
 from test_server import free_port, post, running_server
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.sampling_params import SamplingParams
 
@@ -130,7 +131,9 @@ def fleet(smollm2_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def unified(smollm2_dir) -> dict:
     """The unified engine's greedy outputs: 16 tokens for the questions, 48 for the story."""
-    engine = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    engine = Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+    )
     chat = lambda q: engine.tokenizer.encode_chat([{"role": "user", "content": q}])  # noqa: E731
     outs = engine.generate([chat(q) for q in QUESTIONS + MORE], SamplingParams(max_tokens=16))
     out = {q: (chat(q), o) for q, o in zip(QUESTIONS + MORE, outs, strict=True)}

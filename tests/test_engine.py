@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from neuronfleet.runtime.backend import FinishReason
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import AsyncEngine, Engine
-from neuronfleet.runtime.sampling_params import InvalidRequest, SamplingParams
-from neuronfleet.runtime.scheduler import FinishReason
+from neuronfleet.runtime.errors import InvalidRequest
+from neuronfleet.runtime.sampling_params import SamplingParams
 from neuronfleet.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 pytestmark = pytest.mark.real_model
@@ -27,7 +29,9 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir) -> Engine:
-    return Engine.from_model_dir(str(smollm2_dir), slots=4, max_seq_len=256, prefill_buckets=[32, 64, 128])
+    return Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=4, max_seq_len=256, prefill_buckets=[32, 64, 128])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +108,7 @@ def test_max_tokens_and_slot_length_finish_with_length(engine, prompts):
     assert 100 < len(prompt) <= 128
     out = engine.generate([prompt], SamplingParams(ignore_eos=True))[0]
     assert out.finish_reason == FinishReason.LENGTH
-    assert len(prompt) + len(out.token_ids) == engine.runner.max_seq_len
+    assert len(prompt) + len(out.token_ids) == engine.config.max_seq_len
 
 
 def test_stop_strings_cut_the_text_and_are_never_emitted(engine, prompts):
@@ -202,11 +206,11 @@ def test_cancelling_a_stream_frees_its_slot(engine, prompts):
                 if len(got) == 3:
                     break  # the client goes away
             for _ in range(100):
-                if engine.scheduler.num_free_slots == engine.runner.slots and not engine.has_work():
+                if engine.scheduler.num_free_slots == engine.config.slots and not engine.has_work():
                     break
                 await asyncio.sleep(0.02)
-            assert engine.scheduler.num_free_slots == engine.runner.slots
-            assert not engine.runner.samplers
+            assert engine.scheduler.num_free_slots == engine.config.slots
+            assert not engine.runner.sampler.slots
             # the engine still serves afterwards, and concurrent streams finish
             results = await asyncio.gather(*(collect(aengine, p) for p in prompts[:6]))
             return results

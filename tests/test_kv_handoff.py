@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import torch
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.kv_transfer import Descriptor, TcpAgent
 from neuronfleet.runtime.sampling_params import SamplingParams
@@ -17,16 +18,16 @@ QUESTIONS = ["What is the capital of France?", "Name three fruits that are red."
 
 @pytest.fixture(scope="module")
 def engines(smollm2_dir):
-    make = lambda **kw: Engine.from_model_dir(str(smollm2_dir), max_seq_len=256, **kw)  # noqa: E731
+    make = lambda **kw: Engine.from_model_dir(str(smollm2_dir), RuntimeConfig(max_seq_len=256, **kw))  # noqa: E731
     return make(slots=2), make(slots=4), make(slots=1, prefix_reuse=False)
 
 
 async def hand_over(prefill: Engine, ids: list[int]) -> torch.Tensor:
     """Prefill on one engine, send each layer's KV to a receiver agent, return what arrived."""
     runner = prefill.runner
-    runner.start_slot(0, SamplingParams(), ids)
-    runner.prefill([0], [ids])
-    c = runner.config
+    assert prefill.scheduler.free_slots()[0] == 0  # prefill_and_export runs it in slot 0, which keeps it
+    prefill.prefill_and_export(ids)
+    c = runner.model_config
     region = torch.zeros((c.num_layers, 2, c.num_kv_heads, len(ids), c.head_dim), dtype=runner.dtype)
     receiver = TcpAgent("decode-0", "smollm2")
     receiver.register_memory("lease-1", region)
@@ -68,10 +69,10 @@ def test_decode_after_a_kv_handoff_equals_the_unified_engine(engines):
 
 def test_kv_that_does_not_fit_the_slot_is_refused(engines):
     _, decode, _ = engines
-    c = decode.runner.config
+    c = decode.runner.model_config
     wrong = torch.zeros((c.num_layers, 2, c.num_kv_heads, 5, c.head_dim), dtype=torch.float16)
     with pytest.raises(ValueError, match="does not fit"):
-        decode.runner.import_kv(3, wrong, [1, 2, 3, 4, 5])
+        decode.runner.import_kv(3, wrong, 5)
 
 
 @pytest.mark.real_model
@@ -88,7 +89,7 @@ def test_prefill_and_decode_engines_hand_over_through_their_own_threads(engines)
     async def main():
         with AsyncEngine(lambda: prefill) as p, AsyncEngine(lambda: decode) as d:
             first, kv = await p.call(lambda e: e.prefill_and_export(ids))
-            c = prefill.runner.config
+            c = prefill.runner.model_config
             region = torch.zeros_like(kv)
             receiver, sender = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
             receiver.register_memory("lease-2", region)

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from test_apiserver import KUBECTL
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.sampling_params import SamplingParams
 
@@ -128,7 +129,9 @@ def offline_answer(local: Local, name: str) -> str:
     folder = (
         local.state / "node" / "volumes" / "default" / f"{name}-compile-cache" / status["artifacts"]["path"]
     )
-    engine = Engine.from_model_dir(str(folder / "model"), slots=1, max_seq_len=512, prefix_reuse=False)
+    engine = Engine.from_model_dir(
+        str(folder / "model"), RuntimeConfig(slots=1, max_seq_len=512, prefix_reuse=False)
+    )
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
     return engine.generate([ids], SamplingParams(max_tokens=16))[0].text
 

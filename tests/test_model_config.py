@@ -8,6 +8,7 @@ import shutil
 import pytest
 from conftest import make_tiny_llama
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.model_config import ModelLoadError, load_model_config, parse_model_config
 from neuronfleet.runtime.model_runner import ModelRunner
 
@@ -84,16 +85,10 @@ def test_missing_folder_files_and_tensors_are_named(tmp_path):
     cfg["num_hidden_layers"] = 3  # the checkpoint has only two layers
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"lack tensor 'model.layers.2.input_layernorm.weight'"):
-        ModelRunner(model, slots=1, max_seq_len=32)
+        ModelRunner(model, RuntimeConfig(slots=1, max_seq_len=32))
 
 
-def test_runner_refuses_bad_settings(tmp_path):
+def test_runner_refuses_settings_the_model_cannot_serve(tmp_path):
     model = make_tiny_llama(tmp_path)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        ModelRunner(model, slots=1, max_seq_len=4096)
-    with pytest.raises(ValueError, match="dtype 'int8' is not supported"):
-        ModelRunner(model, slots=1, max_seq_len=32, dtype="int8")
-    with pytest.raises(ValueError, match="slots must be at least 1"):
-        ModelRunner(model, slots=0, max_seq_len=32)
-    with pytest.raises(ValueError, match="prefill buckets"):
-        ModelRunner(model, slots=1, max_seq_len=32, prefill_buckets=[16, 64])
+        ModelRunner(model, RuntimeConfig(slots=1, max_seq_len=4096))

@@ -7,7 +7,10 @@ import torch
 from conftest import make_tiny_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
+from neuronfleet.runtime.config import RuntimeConfig
+from neuronfleet.runtime.llama import PrefillBatch
 from neuronfleet.runtime.model_runner import ModelRunner
+from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE, PrefixCache
 from neuronfleet.runtime.sampling_params import SamplingParams
 
 LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation order
@@ -32,29 +35,64 @@ def reference_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def our_greedy(runner: ModelRunner, slot: int, ids: list[int], n: int) -> list[int]:
-    runner.start_slot(slot, SamplingParams(), ids)
+class Slots:
+    """The runner as the engine drives it: each step reuses the prefixes the slots' caches hold (planned by
+    the prefix cache, which then books what the step wrote)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.cache = PrefixCache(runner.config.slots, runner.config.prefix_reuse)
+
+    def start(self, slot: int, ids: list[int]) -> None:
+        self.runner.sampler.start(slot, SamplingParams(), ids)
+
+    def step(self, prefill_slots, prompts, decode_slots, tokens, positions) -> tuple[list[int], list[int]]:
+        prefixes = self.cache.plan(prefill_slots, prompts)
+        new = self.runner.step(prefill_slots, prompts, decode_slots, tokens, positions, prefixes)
+        self.cache.stepped(prefill_slots, prompts, decode_slots, tokens, positions)
+        return new
+
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        return self.step(slots, prompts, [], [], [])[0]
+
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> list[int]:
+        return self.step([], [], slots, tokens, positions)[1]
+
+    def prefill_logits(self, tokens: torch.Tensor, last_index: torch.Tensor, slot_ids: torch.Tensor):
+        """tokens [P, T] (right-padded to bucket T), last_index [P], slot_ids [P] -> logits [P, vocab]."""
+        return self.runner.model.forward(PrefillBatch(tokens, last_index, slot_ids), None)[0]
+
+    def decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """tokens [B], positions [B] for slots 0..B-1 over cache length bucket `length` -> logits [B, V]."""
+        model = self.runner.model
+        return model.forward(None, model.decode_batch(tokens, positions, length, None))[1]
+
+
+def make_slots(model_dir, **settings) -> Slots:
+    return Slots(ModelRunner(model_dir, RuntimeConfig(**settings)))
+
+
+def our_greedy(runner: Slots, slot: int, ids: list[int], n: int) -> list[int]:
+    runner.start(slot, ids)
     out = runner.prefill([slot], [ids])
     while len(out) < n:
         out += runner.decode([slot], [out[-1]], [len(ids) + len(out) - 1])
-    runner.release_slot(slot)
+    runner.runner.sampler.release(slot)
     return out
 
 
-def our_logits_by_decoding(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
+def our_logits_by_decoding(runner: Slots, ids: list[int]) -> torch.Tensor:
     """Logits for every position: prefill the first token, then feed the rest one decode step at a time."""
-    rows = [runner.forward_prefill(torch.tensor([ids[:1]]), torch.tensor([0]), torch.tensor([0]))[0]]
+    rows = [runner.prefill_logits(torch.tensor([ids[:1]]), torch.tensor([0]), torch.tensor([0]))[0]]
     for pos in range(1, len(ids)):
-        rows.append(runner.forward_decode(torch.tensor([ids[pos]]), torch.tensor([pos]), 64)[0])
+        rows.append(runner.decode_logits(torch.tensor([ids[pos]]), torch.tensor([pos]), 64)[0])
     return torch.stack(rows)
 
 
-def assert_logits_match(
-    runner: ModelRunner, ids: list[int], ref: torch.Tensor, bucket: int, slot: int
-) -> None:
+def assert_logits_match(runner: Slots, ids: list[int], ref: torch.Tensor, bucket: int, slot: int) -> None:
     """Our prefill logits (prompt padded to `bucket`) and every decode step's logits equal `ref`."""
     padded = torch.tensor([ids + [0] * (bucket - len(ids))])
-    prefill = runner.forward_prefill(padded, torch.tensor([len(ids) - 1]), torch.tensor([slot]))
+    prefill = runner.prefill_logits(padded, torch.tensor([len(ids) - 1]), torch.tensor([slot]))
     torch.testing.assert_close(prefill[0], ref[-1], atol=LOGIT_ATOL, rtol=0)
     torch.testing.assert_close(our_logits_by_decoding(runner, ids), ref, atol=LOGIT_ATOL, rtol=0)
 
@@ -84,7 +122,7 @@ def test_tiny_llama_logits_match_transformers(tmp_path, overrides):
     model_dir = make_tiny_llama(tmp_path, **overrides)
     ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
     ref = reference_logits(model_dir, ids)
-    runner = ModelRunner(model_dir, slots=2, max_seq_len=64, prefill_buckets=[16, 64], decode_buckets=[64])
+    runner = make_slots(model_dir, slots=2, max_seq_len=64, prefill_buckets=[16, 64], decode_buckets=[64])
     assert_logits_match(runner, ids, ref, bucket=16, slot=1)
 
 
@@ -96,13 +134,13 @@ def test_half_precision_logits_match_transformers_within_their_precision(tmp_pat
     model_dir = make_tiny_llama(tmp_path)
     ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
     ref = reference_logits(model_dir, ids)
-    runner = ModelRunner(
+    runner = make_slots(
         model_dir, slots=4, max_seq_len=64, prefill_buckets=[16], decode_buckets=[64], dtype=dtype
     )
     one_by_one = our_logits_by_decoding(runner, ids).float()  # single-row steps
     torch.testing.assert_close(one_by_one, ref, atol=atol, rtol=0)
     padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)  # three rows at once
-    together = runner.forward_prefill(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
+    together = runner.prefill_logits(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
     torch.testing.assert_close(together.float(), ref[-1].expand(3, -1), atol=atol, rtol=0)
     torch.testing.assert_close(together[0].float(), one_by_one[-1], atol=atol / 2, rtol=0)
 
@@ -110,7 +148,7 @@ def test_half_precision_logits_match_transformers_within_their_precision(tmp_pat
 def test_tiny_llama_greedy_tokens_match_transformers(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=3)
     ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 32])
+    runner = make_slots(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 32])
     for slot, ids in enumerate(
         [[1, 2, 3], [1, 450, 33, 21, 8, 9, 10, 11, 12, 13], [1, *list(range(100, 125))]]
     ):
@@ -123,7 +161,7 @@ def test_sliding_window_matches_transformers_mistral(tmp_path):
     )
     ids = list(range(3, 23))
     ref = reference_logits(model_dir, ids)
-    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[32, 64], decode_buckets=[64])
+    runner = make_slots(model_dir, slots=1, max_seq_len=64, prefill_buckets=[32, 64], decode_buckets=[64])
     assert_logits_match(runner, ids, ref, bucket=32, slot=0)
 
 
@@ -133,7 +171,7 @@ def test_smollm2_matches_transformers(smollm2_dir):
 
     tok = Tokenizer(smollm2_dir)
     ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(smollm2_dir, slots=2, max_seq_len=256, prefill_buckets=[64, 128])
+    runner = make_slots(smollm2_dir, slots=2, max_seq_len=256, prefill_buckets=[64, 128])
     prompts = [
         tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}]),
         tok.encode("The three primary colors are"),
@@ -143,7 +181,7 @@ def test_smollm2_matches_transformers(smollm2_dir):
         with torch.no_grad():
             ref = ref_model(torch.tensor([ids])).logits[0, -1]
         padded = torch.tensor([ids + [0] * (128 - len(ids))])
-        ours = runner.forward_prefill(padded, torch.tensor([len(ids) - 1]), torch.tensor([0]))[0]
+        ours = runner.prefill_logits(padded, torch.tensor([len(ids) - 1]), torch.tensor([0]))[0]
         torch.testing.assert_close(ours, ref, atol=2e-3, rtol=0)
         assert our_greedy(runner, 1, ids, 24) == reference_greedy(ref_model, ids, 24)
 
@@ -152,11 +190,11 @@ def test_fused_prefill_and_decode_step_equals_separate_passes(tmp_path):
     """Prefilling new prompts in the same pass as other slots' decode changes neither's logits."""
     model_dir = make_tiny_llama(tmp_path, seed=5)
     ref_model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(model_dir, slots=4, max_seq_len=64, prefill_buckets=[8, 16])
+    runner = make_slots(model_dir, slots=4, max_seq_len=64, prefill_buckets=[8, 16])
 
     old, new = [1, 5, 9, 13, 200], [1, 300, 301, 302, 17, 18, 19, 20, 21]
     for slot, ids in ((0, old), (2, new)):
-        runner.start_slot(slot, SamplingParams(), ids)
+        runner.start(slot, ids)
     first_old = runner.prefill([0], [old])[0]
     # slot 2 is prefilled while slot 0 decodes its second token, in one pass
     (first_new,), (second_old,) = runner.step([2], [new], [0], [first_old], [len(old)])
@@ -176,20 +214,20 @@ def test_prompts_reusing_a_slots_cached_prefix_match_transformers(tmp_path, arch
     extra = {"sliding_window": 12} if architecture == "mistral" else {}
     model_dir = make_tiny_llama(tmp_path, seed=7, architecture=architecture, **extra)
     ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    runner = make_slots(model_dir, slots=4, max_seq_len=128, prefill_buckets=[8, 16, 48])
     shared = [1, *range(40, 80)]  # 41 tokens: more than one cache block
     first = our_greedy(runner, 0, [*shared, 7, 8], 6)
     assert first == reference_greedy(ref_model, [*shared, 7, 8], 6)
     # slot 0 now holds shared + [7, 8] + 5 generated tokens: the next prompt reuses the 41 shared ones
     follow = [*shared, 9, 10, 11]
-    assert runner.reusable_prefix(0, follow) == len(shared)
-    assert runner.reusable_prefix(1, follow) == 0  # never used
+    assert runner.cache.reusable(0, follow) == len(shared)
+    assert runner.cache.reusable(1, follow) == 0  # never used
     assert our_greedy(runner, 0, follow, 8) == reference_greedy(ref_model, follow, 8)
     # one prefill group: slot 0 reuses (a prompt that is the held one plus more), slot 1 starts from scratch
     again, fresh = [*follow, 99, 98], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13]
     for slot, ids in ((0, again), (1, fresh)):
-        runner.start_slot(slot, SamplingParams(), ids)
-    assert runner.reusable_prefix(0, again) == len(follow)
+        runner.start(slot, ids)
+    assert runner.cache.reusable(0, again) == len(follow)
     got = runner.prefill([0, 1], [again, fresh])
     assert got == [reference_greedy(ref_model, again, 1)[0], reference_greedy(ref_model, fresh, 1)[0]]
 
@@ -197,39 +235,37 @@ def test_prompts_reusing_a_slots_cached_prefix_match_transformers(tmp_path, arch
 def test_a_prefix_held_by_another_slot_is_copied_and_matches_transformers(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=11)
     ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(model_dir, slots=3, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    runner = make_slots(model_dir, slots=3, max_seq_len=128, prefill_buckets=[8, 16, 48])
     shared = [1, *range(60, 100)]  # 41 tokens
     base = [*shared, 5]
     assert our_greedy(runner, 0, base, 4) == reference_greedy(ref_model, base, 4)
     a, b = [*shared, 7, 8, 9], [*shared, 10, 11]
     # a goes into slot 1 and b into slot 2, in one group: both copy the shared 41 tokens from slot 0
-    assert runner.plan_prefixes([1, 2], [a, b]) == [(0, len(shared)), (0, len(shared))]
+    assert runner.cache.plan([1, 2], [a, b]) == [(0, len(shared)), (0, len(shared))]
     for slot, ids in ((1, a), (2, b)):
-        runner.start_slot(slot, SamplingParams(), ids)
+        runner.start(slot, ids)
     first = runner.prefill([1, 2], [a, b])
     assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
     out = runner.decode([1, 2], first, [len(a), len(b)])
     assert out == [reference_greedy(ref_model, a, 2)[1], reference_greedy(ref_model, b, 2)[1]]
     # a slot that this group writes into is never another prompt's source: slot 0 is written by the first
-    assert runner.plan_prefixes([0, 1], [[9, 9, 9], [*base, 3]]) == [(0, 0), (1, len(shared))]
+    assert runner.cache.plan([0, 1], [[9, 9, 9], [*base, 3]]) == [(0, 0), (1, len(shared))]
 
 
 def test_prefix_reuse_off_prefills_everything(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=7)
-    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32], prefix_reuse=False)
+    runner = make_slots(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32], prefix_reuse=False)
     ids = list(range(1, 20))
     our_greedy(runner, 0, ids, 3)
-    assert runner.reusable_prefix(0, ids) == 0
+    assert runner.cache.reusable(0, ids) == 0
 
 
 def test_a_short_or_whole_common_prefix_is_not_reused(tmp_path):
     """Fewer than MIN_PREFIX_REUSE common tokens are prefilled again, and a prompt's last token always is."""
-    from neuronfleet.runtime.model_runner import MIN_PREFIX_REUSE
-
     model_dir = make_tiny_llama(tmp_path, seed=7)
-    runner = ModelRunner(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32])
+    runner = make_slots(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32])
     ids = list(range(1, 21))
     our_greedy(runner, 0, ids, 3)
-    assert runner.reusable_prefix(0, ids) == len(ids) - 1
-    assert runner.reusable_prefix(0, [*ids[: MIN_PREFIX_REUSE - 1], 250, 251]) == 0
-    assert runner.reusable_prefix(0, [*ids[:MIN_PREFIX_REUSE], 250]) == MIN_PREFIX_REUSE
+    assert runner.cache.reusable(0, ids) == len(ids) - 1
+    assert runner.cache.reusable(0, [*ids[: MIN_PREFIX_REUSE - 1], 250, 251]) == 0
+    assert runner.cache.reusable(0, [*ids[:MIN_PREFIX_REUSE], 250]) == MIN_PREFIX_REUSE

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "docker" / "operator-requirements.txt"
-APISERVER_MODULE = "neuronfleet.operator.apiserver"  # the emulated API server, run from the dev environment
+APISERVER_MODULE = "neuronfleet.localcluster.apiserver"  # run from the dev environment
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
 MODEL_CODE = ("torch", "numpy", "xxhash", "safetensors", "tokenizers", "gguf", "neuronfleet.runtime")

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import AsyncEngine, Engine
 from neuronfleet.runtime.kv_transfer import TcpAgent
 from neuronfleet.runtime.leases import LeasePool
@@ -23,7 +24,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.mark.real_model
 def test_router_path_over_the_internal_endpoints(smollm2_dir):
-    make = lambda slots, **kw: Engine.from_model_dir(str(smollm2_dir), slots=slots, max_seq_len=256, **kw)  # noqa: E731
+    def make(slots: int, **kw) -> Engine:
+        return Engine.from_model_dir(str(smollm2_dir), RuntimeConfig(slots=slots, max_seq_len=256, **kw))
+
     unified = make(1, prefix_reuse=False)
     questions = ["What is the capital of France?", "Name a green vegetable."]
     prompts = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
@@ -31,7 +34,7 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
 
     async def main():
         with AsyncEngine(lambda: make(2)) as pe, AsyncEngine(lambda: make(4)) as de:
-            c = de.engine.runner.config
+            c = de.engine.runner.model_config
             decode_agent, prefill_agent = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
             await decode_agent.start()
             leases = LeasePool(decode_agent, count=2, layers=c.num_layers, kv_heads=c.num_kv_heads,
@@ -136,7 +139,9 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
 
     (tmp_path / "token").write_text(TOKEN + "\n")
     options = ("--slots", "2", "--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
-    unified = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    unified = Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+    )
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].token_ids
     with (
@@ -173,7 +178,9 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
 
     (tmp_path / "token").write_text(TOKEN)
     common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
-    unified = Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=256, prefix_reuse=False)
+    unified = Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+    )
     questions = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
     chats = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
     want = [o.text for o in unified.generate(chats, SamplingParams(max_tokens=16))]

@@ -7,13 +7,22 @@ import sys
 
 import pytest
 
-from neuronfleet.runtime.sampling_params import InvalidRequest, SamplingParams
-from neuronfleet.runtime.scheduler import FinishReason, QueueFull, Scheduler, Sequence
+from neuronfleet.runtime.backend import FinishReason, Limits, check_fits
+from neuronfleet.runtime.config import RuntimeConfig
+from neuronfleet.runtime.errors import InvalidRequest, QueueFull
+from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.scheduler import Scheduler, Sequence
 
 
 def seq(rid: str, prompt_len: int, max_tokens: int = 8) -> Sequence:
     return Sequence(
         request_id=rid, prompt_ids=[1] * prompt_len, params=SamplingParams(), max_tokens=max_tokens
+    )
+
+
+def scheduler(slots: int, max_seq_len: int, prefill_buckets: list[int], **kw) -> Scheduler:
+    return Scheduler(
+        RuntimeConfig(slots=slots, max_seq_len=max_seq_len, prefill_buckets=prefill_buckets, **kw)
     )
 
 
@@ -23,7 +32,7 @@ def test_scheduler_imports_no_torch():
 
 
 def test_admits_into_lowest_free_slots_and_reuses_released_ones():
-    s = Scheduler(num_slots=3, max_seq_len=64, prefill_buckets=[16, 32])
+    s = scheduler(3, 64, [16, 32])
     seqs = [seq(f"r{i}", 4) for i in range(5)]
     for x in seqs:
         s.add(x)
@@ -40,7 +49,7 @@ def test_admits_into_lowest_free_slots_and_reuses_released_ones():
 
 
 def test_prefill_group_respects_token_budget_in_padded_tokens():
-    s = Scheduler(num_slots=8, max_seq_len=256, prefill_buckets=[16, 64, 128], max_prefill_tokens=128)
+    s = scheduler(8, 256, [16, 64, 128], max_prefill_tokens=128)
     for i, n in enumerate([10, 12, 60, 5]):
         s.add(seq(f"r{i}", n))
     first = s.schedule().prefill
@@ -50,19 +59,23 @@ def test_prefill_group_respects_token_budget_in_padded_tokens():
 
 
 def test_refuses_requests_that_can_never_fit_with_the_limits_in_the_message():
-    s = Scheduler(num_slots=2, max_seq_len=100, prefill_buckets=[32, 64])
+    limits = Limits(max_seq_len=100, max_prompt_len=64, slots=2, dtype="float32", device="cpu")
     with pytest.raises(InvalidRequest, match=r"65 tokens.*longest this deployment accepts is 64"):
-        s.check_fits(65, None)
+        check_fits(limits, 65, None)
     with pytest.raises(InvalidRequest, match=r"max_tokens 50 .* slot length 100; at most 40 new tokens fit"):
-        s.check_fits(60, 50)
+        check_fits(limits, 60, 50)
     with pytest.raises(InvalidRequest, match="empty"):
-        s.check_fits(0, None)
-    assert s.check_fits(60, None) == 40
-    assert s.check_fits(60, 40) == 40
+        check_fits(limits, 0, None)
+    assert check_fits(limits, 60, None) == 40
+    assert check_fits(limits, 60, 40) == 40
+    whole = Limits(max_seq_len=64, max_prompt_len=64, slots=2, dtype="float32", device="cpu")
+    with pytest.raises(InvalidRequest, match="64 tokens and leaves no room to generate") as info:
+        check_fits(whole, 64, None)
+    assert info.value.field_name == "prompt"
 
 
 def test_abort_waiting_and_running_and_queue_bound():
-    s = Scheduler(num_slots=1, max_seq_len=64, prefill_buckets=[16], max_waiting=2)
+    s = scheduler(1, 64, [16], max_waiting=2)
     a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
     for x in (a, b, c):  # a takes the free slot at the next step; b and c wait
         s.add(x)
@@ -96,42 +109,38 @@ def test_sampling_params_refuse_out_of_range_values_naming_the_field():
 
 
 def test_admits_into_the_free_slot_whose_cache_holds_the_longest_prefix():
-    s = Scheduler(num_slots=4, max_seq_len=64, prefill_buckets=[16, 32])
-    held = {
-        0: [],
-        1: [1, 2, 3, 4],
-        2: [1, 2, 3, 4, 5, 6],
-        3: [1, 2, 3, 4, 5, 6],
-    }  # what each slot's cache holds
+    s = scheduler(4, 64, [16, 32])
+    for slot, held in (
+        (1, range(1, 11)),
+        (2, range(1, 13)),
+        (3, range(1, 13)),
+    ):  # what each slot's cache holds
+        s.prefixes.holds(slot, list(held))
 
-    def reusable(slot: int, prompt: list[int]) -> int:
-        n = 0
-        while n < min(len(held[slot]), len(prompt) - 1) and held[slot][n] == prompt[n]:
-            n += 1
-        return n
-
-    a = Sequence(request_id="a", prompt_ids=[1, 2, 3, 4, 5, 6, 7], params=SamplingParams(), max_tokens=4)
+    a = Sequence(request_id="a", prompt_ids=list(range(1, 14)), params=SamplingParams(), max_tokens=4)
     b = Sequence(request_id="b", prompt_ids=[9, 9, 9], params=SamplingParams(), max_tokens=4)
-    c = Sequence(request_id="c", prompt_ids=[1, 2, 3, 4, 8], params=SamplingParams(), max_tokens=4)
+    c = Sequence(request_id="c", prompt_ids=[*range(1, 11), 99], params=SamplingParams(), max_tokens=4)
     for x in (a, b, c):
         s.add(x)
-    plan = s.schedule(reusable)
-    # a: slots 2 and 3 both hold 6 of its tokens -> the lower; b: nothing anywhere -> lowest free (0);
-    # c: slot 1 and slot 3 hold 4 -> the lower, 1
+    plan = s.schedule()
+    # a: slots 2 and 3 both hold 12 of its tokens -> the lower; b: nothing anywhere -> lowest free (0);
+    # c: slot 1 and slot 3 hold 10 -> the lower, 1
     assert [(x.request_id, x.slot) for x in plan.prefill] == [("a", 2), ("b", 0), ("c", 1)]
     assert s.num_free_slots == 1
 
 
 def test_compaction_moves_running_sequences_below_the_batch_bucket_that_holds_them():
-    s = Scheduler(num_slots=8, max_seq_len=64, prefill_buckets=[16])
+    s = scheduler(8, 64, [16])
     seqs = [seq(f"r{i}", 4) for i in range(8)]
     for x in seqs:
         s.add(x)
     s.schedule()
     for i in (0, 1, 3, 4, 5):  # three left, in slots 2, 6 and 7: bucket 4 holds them
         s.finish(seqs[i], FinishReason.STOP)
-    moves = s.compact([1, 2, 4, 8])
+    s.prefixes.holds(7, [1, 1, 1, 1, 5])  # r7's prompt, and a position beyond it
+    moves = s.compact()
     assert [(src, dst, x.request_id) for src, dst, x in moves] == [(7, 0, "r7"), (6, 1, "r6")]
     assert sorted(s.running) == [0, 1, 2] and seqs[7].slot == 0 and seqs[6].slot == 1
-    assert s.compact([1, 2, 4, 8]) == []  # nothing left to move
+    assert s.prefixes.held[0] == [1, 1, 1, 1]  # the destination holds what the source held of r7
+    assert s.compact() == []  # nothing left to move
     assert s.num_free_slots == 5

@@ -86,10 +86,13 @@ def small_server(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def offline(smollm2_dir):
+    from neuronfleet.runtime.config import RuntimeConfig
     from neuronfleet.runtime.engine import Engine
 
     # Every prompt prefilled whole: the server's answers, which reuse cached prefixes, must equal these.
-    return Engine.from_model_dir(str(smollm2_dir), slots=1, max_seq_len=512, prefix_reuse=False)
+    return Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=512, prefix_reuse=False)
+    )
 
 
 def post(base: str, path: str, body: bytes | dict, headers: dict | None = None):

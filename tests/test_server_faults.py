@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import AsyncEngine, Engine
 from neuronfleet.runtime.server import RuntimeServer
 
@@ -19,7 +20,9 @@ POISONED_SEED = 13
 @pytest.fixture
 def engine(smollm2_dir):
     async_engine = AsyncEngine(
-        lambda: Engine.from_model_dir(str(smollm2_dir), slots=2, max_seq_len=64, dtype="bfloat16")
+        lambda: Engine.from_model_dir(
+            str(smollm2_dir), RuntimeConfig(slots=2, max_seq_len=64, dtype="bfloat16")
+        )
     )
     yield async_engine
     async_engine.shutdown()
@@ -34,15 +37,15 @@ def run_with_client(server: RuntimeServer, scenario) -> None:
 
 
 def test_one_failing_request_leaves_the_engine_and_other_requests_running(engine, monkeypatch):
-    runner = engine.engine.runner
-    start_slot = runner.start_slot
+    sampler = engine.engine.runner.sampler
+    start_slot = sampler.start
 
     def start_slot_failing_for_one_seed(slot, params, prompt_ids):  # an injected per-request fault
         if params.seed == POISONED_SEED:
             raise ValueError("injected fault in this request's sampler")
         return start_slot(slot, params, prompt_ids)
 
-    monkeypatch.setattr(runner, "start_slot", start_slot_failing_for_one_seed)
+    monkeypatch.setattr(sampler, "start", start_slot_failing_for_one_seed)
     server = RuntimeServer(engine, "smollm2")
 
     async def scenario(client):

@@ -1,0 +1,109 @@
+"""The runtime's serving configuration, decided once (pure; no torch): slots, lengths, buckets, dtype, prefix
+reuse and queue bounds. `RuntimeConfig` validates the settings in its constructor and derives what is left
+unset (the length buckets, the prefill token budget); `check_model` checks it against the model it serves.
+The scheduler and the model runner both take it as it is, and read nothing back from each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .model_config import ModelConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
+DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
+
+
+def default_length_buckets(max_len: int, smallest: int = 64, per_octave: int = 2) -> list[int]:
+    """`per_octave` evenly spaced lengths per doubling from `smallest`, up to `max_len` (the last bucket).
+
+    With 2 per octave (64, 96, 128, 192, ...) padding wastes under a third; with 4 (16, 20, 24, 28, 32, 40,
+    ...) under a fifth. The number of shapes (graphs to compile on Neuron) stays logarithmic in `max_len`.
+    """
+    buckets, b = [], smallest
+    while b < max_len:
+        buckets += [n for n in (b + b * k // per_octave for k in range(per_octave)) if n < max_len]
+        b *= 2
+    return [*buckets, max_len]
+
+
+def pick_bucket(buckets: Sequence[int], n: int) -> int:
+    """The smallest bucket that holds `n`."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How one engine serves: built once from the command line (or a test), validated, then handed down.
+
+    Unset buckets (empty) are derived from `max_seq_len`: prefill is compute-bound, so padding costs in
+    proportion and its buckets are fine (4 per octave from 16); decode reads the cache, coarser is fine (2 per
+    octave from 64). The largest decode bucket is `max_seq_len`; the largest prefill bucket is the longest
+    prompt accepted.
+    """
+
+    slots: int = 8
+    max_seq_len: int = 2048
+    prefill_buckets: Sequence[int] = ()  # as given (empty: derived); a sorted tuple once constructed
+    decode_buckets: Sequence[int] = ()
+    dtype: str = "float32"
+    device: str = "cpu"
+    prefix_reuse: bool = True
+    max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
+    max_waiting: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots must be at least 1, got {self.slots} (--slots)")
+        if self.max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be at least 1, got {self.max_seq_len} (--max-seq-len)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
+        prefill = self._buckets(self.prefill_buckets, "prefill", smallest=16, per_octave=4)
+        decode = self._buckets(self.decode_buckets, "decode", smallest=64, per_octave=2)
+        if decode[-1] != self.max_seq_len:
+            raise ValueError(
+                f"the largest decode bucket must equal max_seq_len ({self.max_seq_len}), got {decode[-1]} "
+                "(--decode-buckets)"
+            )
+        object.__setattr__(self, "prefill_buckets", prefill)
+        object.__setattr__(self, "decode_buckets", decode)
+        budget = max(self.max_prefill_tokens or DEFAULT_PREFILL_TOKENS, prefill[-1])
+        object.__setattr__(self, "max_prefill_tokens", budget)
+
+    def _buckets(self, given: Sequence[int], kind: str, smallest: int, per_octave: int) -> tuple[int, ...]:
+        if not given:
+            return tuple(default_length_buckets(self.max_seq_len, smallest, per_octave))
+        out = tuple(sorted({int(b) for b in given}))
+        if out[0] < 1 or out[-1] > self.max_seq_len:
+            raise ValueError(
+                f"{kind} buckets {list(given)} must be between 1 and max_seq_len ({self.max_seq_len}) "
+                f"(--{kind}-buckets)"
+            )
+        return out
+
+    def check_model(self, model: ModelConfig) -> RuntimeConfig:
+        """Refuse settings the model cannot serve; returns self."""
+        if self.max_seq_len > model.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} must be between 1 and the model's "
+                f"max_position_embeddings ({model.max_position_embeddings}) (--max-seq-len)"
+            )
+        return self
+
+    @property
+    def max_prompt_len(self) -> int:
+        """The longest prompt accepted: the largest prefill bucket."""
+        return self.prefill_buckets[-1]
+
+    @property
+    def batch_buckets(self) -> list[int]:
+        """Decode batch sizes: powers of two below the slot count, and the slot count."""
+        return [b for b in BATCH_BUCKETS if b < self.slots] + [self.slots]

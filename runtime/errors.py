@@ -1,0 +1,66 @@
+"""The errors a request can meet while it is served (pure): one base class that carries the HTTP status.
+
+The server answers any `ServingError` with its `status`, or `tgi_status` on the TGI routes, where the two APIs
+differ (an invalid request: OpenAI 400, TGI 422; a full queue: OpenAI 429, TGI 503), and counts it as
+`reason` in `neuronfleet:requests_rejected`. Anything else that escapes is a bug: logged and answered 500.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """A request refused or failed; the subclass says how the APIs answer it."""
+
+    status = 500
+    tgi_status: int | None = None  # None: the same as `status`
+    reason = "failed"
+    field_name: str | None = None  # the request field at fault, for OpenAI's `param`
+
+    def http_status(self, tgi: bool) -> int:
+        return self.tgi_status if tgi and self.tgi_status is not None else self.status
+
+
+class InvalidRequest(ServingError, ValueError):
+    """A request the engine refuses; the message names the field, the value and the allowed range."""
+
+    status, tgi_status, reason = 400, 422, "invalid"
+
+    def __init__(self, message: str, field_name: str | None = None) -> None:
+        super().__init__(message)
+        self.field_name = field_name
+
+
+class BodyTooLarge(InvalidRequest):
+    """The request body is over the configured limit."""
+
+    status, tgi_status, reason = 413, 413, "body_too_large"
+
+
+class QueueFull(ServingError):
+    """The waiting queue is at its bound; retry later."""
+
+    status, tgi_status, reason = 429, 503, "queue_full"
+
+
+class Draining(QueueFull):
+    """The server is shutting down and takes no new requests."""
+
+    status, tgi_status, reason = 503, 503, "draining"
+
+
+class RequestFailed(ServingError):
+    """One request failed inside the engine; the engine and the other requests go on."""
+
+
+class EngineFailed(ServingError):
+    """The engine itself failed (a model step raised) or has shut down; no request can run."""
+
+
+class Unavailable(EngineFailed):
+    """No pod could serve the request now (a router without a decode pod that answers)."""
+
+    status, tgi_status, reason = 503, 503, "unavailable"
+
+
+def queue_full_message(slots: int, max_waiting: int) -> str:
+    return f"all {slots} slots are busy and the waiting queue holds {max_waiting} requests; retry later"

@@ -1,0 +1,383 @@
+"""The Llama-family model on torch: weights, the static KV cache and one forward pass (its device code).
+
+It owns the model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU), its weights
+(loaded from Hugging Face safetensors and fused per layer), and the static KV cache
+`[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in blocks). `forward` takes
+a prefill group (prompts padded to a length bucket, written into given slots) and/or a decode batch (one token
+for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
+(bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a
+scratch column that idle slots and padding write to, so a pass never touches a position it does not own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from .model_config import ModelConfig, ModelLoadError
+
+KV_BLOCK = (
+    32  # positions per KV cache block: the cache is [layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]
+)
+
+
+class Linear:
+    """y = x W^T + b, on CPU with the fastest kernel torch has for the shape.
+
+    In bfloat16/float16 the weight is also packed once, at load, into oneDNN's blocked layout: torch's matmul
+    would otherwise repack it on every call, which costs a quarter of a decode step. A single row (a decode
+    step of one request) instead takes torch's own matrix-vector kernel on the plain weight, about 1.5x faster
+    than oneDNN for one row; torch routes low-precision matmuls to oneDNN while it is enabled, so it is
+    switched off around that call (the engine steps the model on one thread). Both kernels accumulate in
+    float32. The plain copy doubles these weights' memory on CPU, the price of that single-stream speed.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.bias = bias
+        self.weight = weight
+        self.packed = None
+        if (
+            weight.device.type == "cpu"
+            and weight.dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available()
+        ):
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+            except RuntimeError:  # e.g. float16 on a CPU without AVX512-FP16: the plain kernels serve
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[0] == 1:
+            torch._C._set_mkldnn_enabled(False)
+            try:
+                return F.linear(x, self.weight, self.bias)
+            finally:
+                torch._C._set_mkldnn_enabled(True)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: Linear  # [hidden, heads * head_dim]
+    post_norm: torch.Tensor
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: Linear  # [vocab, hidden]; the embedding itself when tied
+
+
+def load_weights(
+    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> ModelWeights:
+    """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = f.get_tensor(name)
+
+    def take(name: str, required: bool = True) -> torch.Tensor | None:
+        t = tensors.pop(name, None)
+        if t is None:
+            if required:
+                raise ModelLoadError(f"weights in {model_dir} lack tensor {name!r}")
+            return None
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
+        return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        ab, mb = config.attention_bias, config.mlp_bias
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=Linear(
+                    cat(*(take(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                    cat(*(take(p + f"self_attn.{n}_proj.bias", ab) for n in "qkv")) if ab else None,
+                ),
+                o=Linear(take(p + "self_attn.o_proj.weight"), take(p + "self_attn.o_proj.bias", False)),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=Linear(
+                    cat(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")),
+                    cat(take(p + "mlp.gate_proj.bias", mb), take(p + "mlp.up_proj.bias", mb)) if mb else None,
+                ),
+                down=Linear(take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", False)),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", required=False)
+    if lm_head is None:
+        raise ModelLoadError(
+            f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
+        )
+    expected = (config.vocab_size, config.hidden_size)
+    if tuple(embed.shape) != expected:
+        raise ModelLoadError(f"embedding shape {tuple(embed.shape)} does not match config.json's {expected}")
+    return ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=Linear(lm_head))
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies, with linear or Llama 3 style scaling."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    s = config.rope_scaling
+    if s.rope_type == "linear":
+        inv = inv / s.factor
+    elif s.rope_type == "llama3":
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor
+        )
+        scaled = torch.where(wavelen > low_wavelen, inv / s.factor, inv)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv = torch.where(mid, (1 - smooth) * inv / s.factor + smooth * inv, scaled)
+    return inv.to(torch.float32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] rotated with the half-split (rotate_half) convention of Hugging Face Llama."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@dataclass
+class PrefillBatch:
+    """A prefill group: prompts right-padded to one length bucket, and the slots they go into.
+
+    With `positions`, each row is the rest of a prompt whose first tokens' keys and values are already in its
+    slot (a reused prefix): row p holds tokens at positions positions[p]; its padding points at the scratch
+    column. Without, every row starts at position 0.
+    """
+
+    tokens: torch.Tensor  # [P, T]
+    last_index: torch.Tensor  # [P]: each row's last real token, as an index into the row
+    slot_ids: torch.Tensor  # [P]
+    positions: torch.Tensor | None = None  # [P, T]
+
+
+@dataclass
+class DecodeBatch:
+    """One decode step for slots 0..B-1 (B a batch bucket) over a cache length bucket."""
+
+    tokens: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]; idle slots: the scratch column
+    length: int
+    rows: torch.Tensor | None  # the slots whose logits are wanted (all when None)
+    slot_idx: torch.Tensor  # [B] = arange(B)
+    block: torch.Tensor  # [B]: the cache block and the offset in it of each row's position
+    offset: torch.Tensor
+    cos: torch.Tensor  # [B, 1, D]
+    sin: torch.Tensor
+    mask: torch.Tensor  # [B, 1, 1, L] additive
+
+
+class LlamaModel:
+    """The weights, the rotary tables and the static KV cache of `slots` slots of `max_seq_len` positions."""
+
+    def __init__(
+        self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:  # fmt: skip
+        self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
+        self.dtype, self.device = dtype, device
+        self.weights = load_weights(model_dir, config, dtype, device)
+        # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write), in blocks.
+        self.kv_blocks = -(-(max_seq_len + 1) // KV_BLOCK)
+        shape = (config.num_layers, 2, self.kv_blocks, slots, config.num_kv_heads, KV_BLOCK, config.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+        positions = torch.arange(max_seq_len + 1, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(config))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos().to(dtype).to(device)
+        self.rope_sin = emb.sin().to(dtype).to(device)
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
+
+    def _split_heads(self, qkv: torch.Tensor, *lead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[N, (H + 2 KV) D] -> q [*lead, H, D], k and v [*lead, KV, D]."""
+        c = self.config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        return (
+            q.view(*lead, c.num_heads, c.head_dim),
+            k.view(*lead, c.num_kv_heads, c.head_dim),
+            v.view(*lead, c.num_kv_heads, c.head_dim),
+        )
+
+    def _prefill_attention(self, layer: int, qkv: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+        """Causal attention within each padded prompt; writes its keys/values to cache positions [0, T)."""
+        if batch.positions is not None:
+            return self._prefill_after_prefix(layer, qkv, batch)
+        p, t = batch.tokens.shape
+        cos, sin = self.rope_cos[:t, None, :], self.rope_sin[:t, None, :]  # [T, 1, D]
+        q, k, v = self._split_heads(qkv, p, t)
+        q = apply_rope(q, cos, sin).transpose(1, 2)  # [P, H, T, D]
+        k = apply_rope(k, cos, sin).transpose(1, 2)  # [P, KV, T, D]
+        v = v.transpose(1, 2)
+        # Whole blocks: the padding past the prompt lands on positions the slot writes before it reads them.
+        n = -(-t // KV_BLOCK)
+        for i, x in ((0, k), (1, v)):
+            blocks = F.pad(x, (0, 0, 0, n * KV_BLOCK - t)).view(p, x.shape[1], n, KV_BLOCK, -1)
+            self.kv_cache[layer, i, :n].index_copy_(1, batch.slot_ids, blocks.transpose(0, 2).transpose(1, 2))
+        window = self.config.sliding_window
+        if window is not None and window < t:
+            i = torch.arange(t, device=self.device)
+            allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return attn.transpose(1, 2).reshape(p * t, -1)
+
+    def _prefill_after_prefix(self, layer: int, qkv: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+        """Prompts' remaining tokens at their own positions, attending to the slot's cached prefix and to
+        each other causally; their keys/values go into the cache first, then the fused kernel reads it."""
+        c = self.config
+        p, t = batch.tokens.shape
+        positions = batch.positions  # [P, T]
+        cos, sin = self.rope_cos[positions][:, :, None, :], self.rope_sin[positions][:, :, None, :]
+        q, k, v = self._split_heads(qkv, p, t)
+        q = apply_rope(q, cos, sin).transpose(1, 2)  # [P, H, T, D]
+        block, offset, slots = positions // KV_BLOCK, positions % KV_BLOCK, batch.slot_ids[:, None]
+        self.kv_cache[layer, 0, block, slots, :, offset] = apply_rope(k, cos, sin)  # [P, T, KV, D]
+        self.kv_cache[layer, 1, block, slots, :, offset] = v
+        real = positions.masked_fill(positions == self.max_seq_len, 0)  # padding attends like position 0
+        n = int(real.max()) // KV_BLOCK + 1
+        keys = self.kv_cache[layer, 0, :n, batch.slot_ids].permute(1, 2, 0, 3, 4).flatten(2, 3)
+        values = self.kv_cache[layer, 1, :n, batch.slot_ids].permute(1, 2, 0, 3, 4).flatten(2, 3)
+        span = torch.arange(n * KV_BLOCK, device=self.device)
+        allowed = span[None, None, :] <= real[:, :, None]  # [P, T, L]
+        if c.sliding_window is not None:
+            allowed &= span[None, None, :] > real[:, :, None] - c.sliding_window
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None], enable_gqa=True)
+        return attn.transpose(1, 2).reshape(p * t, -1)
+
+    def _decode_attention(self, layer: int, qkv: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+        """One new token per slot 0..B-1 against that slot's cache, over the length bucket."""
+        c = self.config
+        b = batch.tokens.shape[0]
+        heads, kv_heads = c.num_heads, c.num_kv_heads
+        qk, v = qkv.split(((heads + kv_heads) * c.head_dim, kv_heads * c.head_dim), dim=-1)
+        qk = apply_rope(qk.reshape(b, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = v.view(b, kv_heads, c.head_dim)
+        cache_k, cache_v = self.kv_cache[layer, 0], self.kv_cache[layer, 1]  # [blocks, slots, KV, BLOCK, D]
+        cache_k[batch.block, batch.slot_idx, :, batch.offset] = k
+        cache_v[batch.block, batch.slot_idx, :, batch.offset] = v
+        # The query heads that share a KV head act as that head's "query positions" (one query per head).
+        kv, group, n, length = (
+            c.num_kv_heads,
+            c.num_heads // c.num_kv_heads,
+            batch.length // KV_BLOCK,
+            batch.length,
+        )
+        if b == self.slots:
+            # The first n blocks of all slots are contiguous [n, slots * KV, BLOCK, D] batches of matrices:
+            # two batched matmuls read them in place, at about twice the speed of the fused attention kernel.
+            keys = cache_k[:n].view(n, b * kv, KV_BLOCK, c.head_dim)
+            values = cache_v[:n].view(n, b * kv, KV_BLOCK, c.head_dim)
+            q = q.reshape(1, b * kv, group, c.head_dim).expand(n, -1, -1, -1)
+            scores = torch.matmul(q, keys.transpose(-1, -2))  # [n, B * KV, G, BLOCK]
+            scores = scores.permute(1, 2, 0, 3).reshape(b, kv, group, length)
+            probs = torch.softmax(scores.float() * (c.head_dim**-0.5) + batch.mask, dim=-1).to(values.dtype)
+            probs = probs.view(b * kv, group, n, KV_BLOCK).permute(2, 0, 1, 3)  # [n, B * KV, G, BLOCK]
+            return torch.matmul(probs, values).sum(0).view(b, -1)
+        # Fewer rows than slots: those blocks are strided batches, which matmul would copy (slowly) anyway, so
+        # gather them into [B, KV, L, D] (small at small B) for the fused kernel.
+        keys = cache_k[:n, :b].permute(1, 2, 0, 3, 4).reshape(b, kv, length, c.head_dim)
+        values = cache_v[:n, :b].permute(1, 2, 0, 3, 4).reshape(b, kv, length, c.head_dim)
+        return F.scaled_dot_product_attention(
+            q.view(b, kv, group, c.head_dim), keys, values, attn_mask=batch.mask
+        ).reshape(b, -1)
+
+    def decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows) -> DecodeBatch:
+        c = self.config
+        length = -(-length // KV_BLOCK) * KV_BLOCK  # whole cache blocks
+        span = torch.arange(length, device=self.device)
+        allowed = span[None, :] <= positions[:, None]
+        if c.sliding_window is not None:
+            allowed &= span[None, :] > positions[:, None] - c.sliding_window
+        # The in-place path adds the mask to float32 scores; the fused kernel wants the query's dtype.
+        mask_dtype = torch.float32 if tokens.shape[0] == self.slots else self.dtype
+        mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=self.device).masked_fill(
+            ~allowed, float("-inf")
+        )
+        return DecodeBatch(
+            tokens=tokens,
+            positions=positions,
+            length=length,
+            rows=rows,
+            slot_idx=torch.arange(tokens.shape[0], device=self.device),
+            block=positions // KV_BLOCK,
+            offset=positions % KV_BLOCK,
+            cos=self.rope_cos[positions][:, None, :],  # [B, 1, D]
+            sin=self.rope_sin[positions][:, None, :],
+            mask=mask[:, None, None, :],  # [B, 1, 1, L]
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self, prefill: PrefillBatch | None, decode: DecodeBatch | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One pass over the layers for a prefill group and/or a decode batch -> (prefill, decode) logits.
+
+        Both ride through the same weight reads: every projection runs on the rows of both at once (decode on
+        CPU and Neuron is bound by reading the weights), and only attention is split by kind.
+        """
+        c, w = self.config, self.weights
+        n_pre = prefill.tokens.numel() if prefill else 0
+        parts = []
+        if prefill:
+            parts.append(F.embedding(prefill.tokens.reshape(-1), w.embed))
+        if decode:
+            parts.append(F.embedding(decode.tokens, w.embed))
+        x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
+        for i, layer in enumerate(w.layers):
+            qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
+            attn = []
+            if prefill:
+                attn.append(self._prefill_attention(i, qkv[:n_pre], prefill))
+            if decode:
+                attn.append(self._decode_attention(i, qkv[n_pre:], decode))
+            x = x + layer.o(torch.cat(attn) if len(attn) > 1 else attn[0])
+            x = self._mlp(x, layer)
+        last = []  # only the rows whose next token is wanted go through the norm and the LM head
+        if prefill:
+            p, t = prefill.tokens.shape
+            last.append(x[:n_pre].view(p, t, -1)[torch.arange(p, device=self.device), prefill.last_index])
+        if decode:
+            rows = x[n_pre:]
+            last.append(rows if decode.rows is None else rows.index_select(0, decode.rows))
+        logits = w.lm_head(rms_norm(torch.cat(last), w.norm, c.rms_norm_eps)).float()
+        n_first = last[0].shape[0]
+        if prefill and decode:
+            return logits[:n_first], logits[n_first:]
+        return (logits, None) if prefill else (None, logits)

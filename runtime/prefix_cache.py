@@ -1,0 +1,76 @@
+"""Which tokens each slot's KV cache holds, and which prompts can reuse them (pure Python; no torch).
+
+A slot keeps what it holds after its request ends. A prompt that starts with tokens some slot holds (a chat
+template's preamble, a shared system prompt, a conversation's earlier turns) skips prefilling them: read in
+place when it is the prompt's own slot (the scheduler prefers such a slot), else copied from that slot first,
+which costs far less than computing them. The scheduler owns this bookkeeping; the engine tells it what each
+step wrote, and the model runner only executes the copies it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MIN_PREFIX_REUSE = 8  # tokens: a shorter common prefix is prefilled again
+
+
+class PrefixCache:
+    """Per slot, the tokens at cache positions 0, 1, ..."""
+
+    def __init__(self, slots: int, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.held: list[list[int]] = [[] for _ in range(slots)]
+
+    def reusable(self, slot: int, prompt_ids: Sequence[int]) -> int:
+        """How many leading tokens of a prompt the slot's own cache already holds: the longest common prefix
+        with what the slot last held, less the prompt's last token (its logits are needed), and none when
+        shorter than MIN_PREFIX_REUSE (not worth a scattered prefill)."""
+        if not self.enabled:
+            return 0
+        held = self.held[slot]
+        n, limit = 0, min(len(held), len(prompt_ids) - 1)
+        while n < limit and held[n] == prompt_ids[n]:
+            n += 1
+        return n if n >= MIN_PREFIX_REUSE else 0
+
+    def plan(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+        """For a prefill group: per prompt, the slot whose cache holds its longest prefix and that prefix's
+        length (0: prefill it all). The prompt's own slot wins ties (no copy); slots this group writes into
+        are never another prompt's source."""
+        targets = set(slots)
+        sources = [s for s in range(len(self.held)) if s not in targets]
+        plan = []
+        for slot, ids in zip(slots, prompts, strict=True):
+            best = (slot, self.reusable(slot, ids))
+            for other in sources:
+                n = self.reusable(other, ids)
+                if n > best[1]:
+                    best = (other, n)
+            plan.append(best)
+        return plan
+
+    def holds(self, slot: int, token_ids: Sequence[int]) -> None:
+        """The slot's cache now holds these tokens (a prefill, or keys and values imported from elsewhere)."""
+        self.held[slot] = list(token_ids)
+
+    def copied(self, src: int, dst: int, length: int) -> None:
+        """Positions [0, length) of slot src were copied into slot dst."""
+        self.held[dst] = self.held[src][:length]
+
+    def stepped(
+        self, prefill_slots: Sequence[int], prompts: Sequence[Sequence[int]], decode_slots: Sequence[int],
+        tokens: Sequence[int], positions: Sequence[int],
+    ) -> None:  # fmt: skip
+        """A step prefilled these prompts and wrote each decode slot's token at its position."""
+        for slot, ids in zip(prefill_slots, prompts, strict=True):
+            self.holds(slot, ids)
+        for slot, token, position in zip(decode_slots, tokens, positions, strict=True):
+            held = self.held[slot]
+            if len(held) == position:
+                held.append(token)
+            else:  # not the continuation of what the slot holds: trust none of it
+                held.clear()
+
+    def forget_all(self) -> None:
+        """A step failed: what the cache holds is unknown now."""
+        self.held = [[] for _ in self.held]

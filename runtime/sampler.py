@@ -1,0 +1,91 @@
+"""Sampling the next token of each slot's request (torch): greedy, or temperature with top-k and top-p from
+the request's own seeded generator, and the repetition penalty over its prompt and output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class SlotSampler:
+    """Per-slot sampling state: the request's parameters and its own (seeded, reproducible) generator."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    history: list[int] = field(default_factory=list)  # prompt + output ids, for the repetition penalty
+
+
+class Sampler:
+    """The sampling state of every slot that holds a request."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, SlotSampler] = {}
+
+    def start(self, slot: int, params: SamplingParams, prompt_ids: Sequence[int]) -> None:
+        """Set up a slot's sampler before its prefill."""
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                generator.manual_seed(params.seed)
+            else:
+                generator.seed()
+        history = list(prompt_ids) if params.repetition_penalty != 1.0 else []
+        self.slots[slot] = SlotSampler(params=params, generator=generator, history=history)
+
+    def release(self, slot: int) -> None:
+        self.slots.pop(slot, None)
+
+    def move(self, src: int, dst: int) -> None:
+        """A running request moved from slot src to slot dst."""
+        sampler = self.slots.pop(src, None)
+        if sampler is not None:
+            self.slots[dst] = sampler
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, slots: Sequence[int]) -> list[int]:
+        """One next token per row of `logits` [N, vocab], row i belonging to `slots[i]`."""
+        samplers = [self.slots[s] for s in slots]
+        for row, s in enumerate(samplers):
+            if s.params.repetition_penalty != 1.0 and s.history:
+                ids = torch.tensor(sorted(set(s.history)), dtype=torch.long, device=logits.device)
+                seen = logits[row, ids]
+                pen = s.params.repetition_penalty
+                logits[row, ids] = torch.where(seen > 0, seen / pen, seen * pen)
+        out = logits.argmax(dim=-1)
+        rows = [i for i, s in enumerate(samplers) if not s.params.greedy]
+        if rows:
+            out[rows] = self._sample_rows(logits[rows], [samplers[i] for i in rows])
+        tokens = out.tolist()
+        for row, s in enumerate(samplers):
+            if s.params.repetition_penalty != 1.0:
+                s.history.append(tokens[row])
+        return tokens
+
+    @staticmethod
+    def _sample_rows(logits: torch.Tensor, samplers: list[SlotSampler]) -> torch.Tensor:
+        """Sample one token per row [R, vocab] by inverse CDF: one uniform draw from each request's own
+        generator, so a seeded request samples the same tokens whatever else runs in its batch."""
+        temps = torch.tensor([s.params.temperature for s in samplers], device=logits.device)
+        logits = logits.float() / temps[:, None]
+        for row, s in enumerate(samplers):
+            p = s.params
+            if 0 < p.top_k < logits.shape[-1]:
+                kth = torch.topk(logits[row], p.top_k).values[-1]
+                logits[row] = logits[row].masked_fill(logits[row] < kth, float("-inf"))
+            if p.top_p < 1.0:
+                sorted_logits, order = torch.sort(logits[row], descending=True)
+                probs = sorted_logits.softmax(-1)
+                drop = probs.cumsum(-1) - probs > p.top_p  # keep the smallest prefix reaching top_p
+                logits[row] = logits[row].masked_fill(
+                    torch.zeros_like(drop).scatter(0, order, drop), float("-inf")
+                )
+        cdf = logits.softmax(-1).cumsum(-1)
+        uniform = torch.cat([torch.rand(1, generator=s.generator) for s in samplers]).to(cdf.device)
+        picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return picks.clamp_(max=logits.shape[-1] - 1)

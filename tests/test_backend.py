@@ -1,0 +1,119 @@
+"""The backend surface the HTTP server serves from: one request check, errors that carry their HTTP status,
+and a router process that imports no torch."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from neuronfleet.runtime.backend import Limits, check_fits
+from neuronfleet.runtime.errors import (
+    BodyTooLarge,
+    Draining,
+    EngineFailed,
+    InvalidRequest,
+    QueueFull,
+    RequestFailed,
+    Unavailable,
+)
+from neuronfleet.runtime.router import RemoteBackend
+
+LIMITS = Limits(max_seq_len=64, max_prompt_len=64, slots=1, dtype="float32", device="remote")
+
+
+def test_backend_errors_and_the_server_import_no_torch():
+    code = (
+        "import sys, neuronfleet.runtime.backend, neuronfleet.runtime.errors, neuronfleet.runtime.server, "
+        "neuronfleet.runtime.router; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
+
+
+def test_each_error_carries_its_status_per_api():
+    """OpenAI and TGI answer some errors differently; the server reads the status from the error alone."""
+    cases = [
+        (InvalidRequest("x"), 400, 422, "invalid"),
+        (BodyTooLarge("x"), 413, 413, "body_too_large"),
+        (QueueFull("x"), 429, 503, "queue_full"),
+        (Draining("x"), 503, 503, "draining"),
+        (RequestFailed("x"), 500, 500, "failed"),
+        (EngineFailed("x"), 500, 500, "failed"),
+        (Unavailable("x"), 503, 503, "unavailable"),
+    ]
+    for error, openai, tgi, reason in cases:
+        assert (error.http_status(tgi=False), error.http_status(tgi=True), error.reason) == (
+            openai,
+            tgi,
+            reason,
+        )
+    assert isinstance(InvalidRequest("x"), ValueError)  # the command line reports it as a usage error
+
+
+def test_check_fits_refuses_a_prompt_that_leaves_no_room_to_generate():
+    assert check_fits(LIMITS, 63, None) == 1
+    with pytest.raises(
+        InvalidRequest, match="64 tokens and leaves no room to generate within the slot length 64"
+    ):
+        check_fits(LIMITS, 64, None)
+
+
+def test_the_router_refuses_a_prompt_that_leaves_no_room_before_any_peer_is_asked():
+    """The same check as the engine's: a router never sends its peers a request they would refuse."""
+    unreachable = ["http://127.0.0.1:9"]
+    backend = RemoteBackend(None, frozenset(), LIMITS, unreachable, unreachable, "token")  # type: ignore[arg-type]
+
+    async def first_output(prompt_len: int):
+        return await anext(backend.generate(list(range(1, prompt_len + 1))))
+
+    with pytest.raises(InvalidRequest, match="leaves no room to generate") as info:
+        asyncio.run(first_output(64))
+    assert info.value.field_name == "prompt" and not backend.decode.peers  # refused before looking for peers
+    with pytest.raises(InvalidRequest, match="longest this deployment accepts is 64"):
+        asyncio.run(first_output(65))
+
+
+ROUTER = """
+import os, signal, sys, threading, time, urllib.request
+
+from neuronfleet.cli import main
+
+def report_once_serving():
+    while True:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.2)
+    heavy = sorted(m for m in ("torch", "safetensors") if m in sys.modules)
+    print("IMPORTED", ",".join(heavy) or "-", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=report_once_serving, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.real_model
+def test_a_started_router_has_not_imported_torch(smollm2_dir, tmp_path):
+    """`neuronfleet serve --role router` as the operator starts it, serving: torch is not in its modules."""
+    from test_server import free_port
+
+    (tmp_path / "token").write_text("s3cret")
+    port = free_port()
+    args = [
+        *("serve", "--role", "router", "--model", str(smollm2_dir), "--port", str(port)),
+        *("--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9"),
+        *("--internal-token-file", str(tmp_path / "token"), "--max-seq-len", "256", "--grace-period", "1"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", ROUTER.format(port=port), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr
