@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+from support import CEILING, neuronfleet_command
 
 
 def neuronfleet(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-P", "-m", "neuronfleet.cli", *args], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*neuronfleet_command(), *args], capture_output=True, text=True, timeout=CEILING)
 
 
 @pytest.mark.real_model

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import torch
-from conftest import make_tiny_llama
 from safetensors.torch import load_file
+from support import make_tiny_llama
 
 from neuronfleet.runtime.compile_artifacts import CompileError, compile_artifacts
 from neuronfleet.runtime.config import RuntimeConfig

@@ -9,17 +9,14 @@ crosses it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kv_faults import FaultPlan, FaultyProxy
-from prometheus_client.parser import text_string_to_metric_families
-from test_server import free_port, post, running_server
+from support import CEILING, HTTP_TIMEOUT, Fleet, free_port, get_json, post
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
@@ -36,70 +33,37 @@ STORY = "Write a short story about a lighthouse keeper."
 SLOTS = 4
 
 
-class Fleet:
-    """The pods, their ports (fixed, so a pod restarts where its peers expect it) and the fault plan."""
+class FaultyFleet(Fleet):
+    """Router, one prefill pod and two decode pods whose KV addresses are fault-injecting proxies sharing one
+    fault plan."""
 
     def __init__(self, model_dir, tmp_path) -> None:
-        self.model_dir, self.stack = model_dir, contextlib.ExitStack()
         (tmp_path / "token").write_text(TOKEN)
-        self.common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
-                       "--kv-wait", "2")  # fmt: skip
+        # --kv-wait: how long a handoff may take before the decode pod prefills itself (a stalled transfer
+        # costs that, and twice that until its staging region is free); a loaded machine needs seconds
+        common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), "--kv-wait", "10")
+        super().__init__(model_dir, tmp_path, common)
         self.plan = FaultPlan()
-        self.pods: dict[str, tuple[str, object]] = {}
-        self.options: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.proxies: dict[str, FaultyProxy] = {}
         for name in ("decode-a", "decode-b"):
             kv_port = free_port()
             proxy = self.proxies[name] = FaultyProxy(name, kv_port, self.plan)
-            self.options[name] = (free_port(), (
-                "--role", "decode", "--slots", str(SLOTS), "--kv-port", str(kv_port),
-                "--kv-advertise", f"127.0.0.1:{proxy.port}", "--kv-lease-ttl", "4",
-            ))  # fmt: skip
-        self.options["prefill"] = (free_port(), ("--role", "prefill", "--slots", "2"))
-        for name in self.options:
-            self.start(name)
+            self.add(name, "--role", "decode", "--slots", str(SLOTS), "--kv-port", str(kv_port),
+                     "--kv-advertise", f"127.0.0.1:{proxy.port}", "--kv-lease-ttl", "4")  # fmt: skip
+        self.add("prefill", "--role", "prefill", "--slots", "2")
         decode = [x for n in ("decode-a", "decode-b") for x in ("--decode", self.url(n))]
-        self.options["router"] = (free_port(), (
-            "--role", "router", "--prefill", self.url("prefill"), *decode, "--peer-probe-interval", "0.3",
-            "--peer-timeout", "20",
-        ))  # fmt: skip
+        self.router = self.add("router", "--role", "router", "--prefill", self.url("prefill"), *decode,
+                               "--peer-probe-interval", "0.3", "--peer-timeout", "20")  # fmt: skip
+        self.start("decode-a", "decode-b", "prefill")
         self.start("router")
-        self.router = self.url("router")
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.options[name][0]}"
-
-    def start(self, name: str) -> None:
-        port, options = self.options[name]
-        server = running_server(self.model_dir, *options, *self.common, port=port)
-        self.pods[name] = self.stack.enter_context(server)
-
-    def kill(self, name: str) -> None:
-        proc = self.pods[name][1]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
 
     def close(self) -> None:
         for proxy in self.proxies.values():
             proxy.close()
-        self.stack.close()
+        super().close()
 
     def status(self, name: str) -> dict:
-        req = urllib.request.Request(self.url(name) + "/internal/status", headers=AUTH)
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
-
-    def metric(self, names: str | tuple[str, ...], sample: str, **labels: str) -> float:
-        """A sample summed over pods (e.g. both decode pods)."""
-        total = 0.0
-        for name in (names,) if isinstance(names, str) else names:
-            with urllib.request.urlopen(self.url(name) + "/metrics", timeout=10) as r:
-                text = r.read().decode()
-            for family in text_string_to_metric_families(text):
-                for s in family.samples:
-                    if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-                        total += s.value
-        return total
+        return get_json(self.url(name) + "/internal/status", AUTH)
 
     def fallbacks(self, reason: str) -> float:
         return self.metric(("decode-a", "decode-b"), "neuronfleet:kv_fallbacks_total", reason=reason)
@@ -110,18 +74,17 @@ class Fleet:
     def all_leases_free(self) -> bool:
         return all(self.status(n)["leases_free"] == SLOTS for n in ("decode-a", "decode-b"))
 
+    def healthy_peers(self, role: str) -> float:
+        return self.metric("router", "neuronfleet:router_peers_healthy", role=role)
 
-def wait_until(check, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or check}")
-        time.sleep(0.1)
+    def wait_until(self, predicate, what: str) -> None:
+        """Wait while the router lives (it probes its peers, so it makes progress)."""
+        self.servers["router"].wait_until(predicate, what)
 
 
 @pytest.fixture(scope="module")
 def fleet(smollm2_dir, tmp_path_factory):
-    f = Fleet(smollm2_dir, tmp_path_factory.mktemp("fleet"))
+    f = FaultyFleet(smollm2_dir, tmp_path_factory.mktemp("fleet"))
     try:
         yield f
     finally:
@@ -146,7 +109,7 @@ def want(unified) -> dict[str, str]:
     return {q: out.text for q, (_, out) in unified.items()}
 
 
-def ask(fleet: Fleet, question: str, max_tokens: int = 16) -> str:
+def ask(fleet: FaultyFleet, question: str, max_tokens: int = 16) -> str:
     from openai import OpenAI
 
     client = OpenAI(base_url=fleet.router + "/v1", api_key="unused", max_retries=0)
@@ -179,7 +142,7 @@ def test_a_broken_kv_transfer_falls_back_to_prefill_on_the_decode_pod(fleet, wan
     for proxy in fleet.proxies.values():
         proxy.release()
     # nothing stays held: a region that a stalled payload was landing in is free once the receiver gives up
-    wait_until(fleet.all_leases_free, what="every staging region to be free again")
+    fleet.wait_until(fleet.all_leases_free, what="every staging region to be free again")
     assert fleet.metric(("decode-a", "decode-b"), "neuronfleet:kv_leases_active") == 0
     assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]  # and the next handoff works
 
@@ -190,10 +153,11 @@ def test_an_expired_lease_refuses_late_writes_and_the_request_still_completes(fl
     ids, expected = unified[QUESTIONS[2]]
     decode, prefill = fleet.url("decode-a"), fleet.url("prefill")
     expiries = fleet.metric("decode-a", "neuronfleet:kv_lease_expiries")
+    reserved = time.monotonic()
     code, lease, _ = post(decode, "/internal/reserve", {"request": "gone", "prompt_tokens": len(ids)}, AUTH)
     assert code == 200 and fleet.status("decode-a")["leases_free"] == SLOTS - 1
-    time.sleep(4.5)  # the lease's ttl is 4 s
-    assert fleet.status("decode-a")["leases_free"] == SLOTS
+    fleet.wait_until(lambda: fleet.status("decode-a")["leases_free"] == SLOTS, "the lease to expire")
+    assert time.monotonic() - reserved >= 4  # the lease's ttl
     assert fleet.metric("decode-a", "neuronfleet:kv_lease_expiries") == expiries + 1
     push = {"request": "gone", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
     code, body, _ = post(prefill, "/internal/prefill", push, AUTH)
@@ -201,7 +165,7 @@ def test_an_expired_lease_refuses_late_writes_and_the_request_still_completes(fl
     before = fleet.fallbacks("lease_expired")
     body = {"lease": lease["lease"], "request": "gone", "prompt_ids": ids, "params": {"max_tokens": 16}}
     req = urllib.request.Request(decode + "/internal/decode", data=json.dumps(body).encode(), headers=AUTH)
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=CEILING) as r:
         lines = [json.loads(x) for x in r.read().splitlines()]
     assert [t for line in lines for t in line["token_ids"]] == expected.token_ids
     assert not lines[-1]["imported"]
@@ -220,7 +184,7 @@ def test_the_internal_endpoints_answer_401_without_the_token_and_change_nothing(
             req = urllib.request.Request(fleet.url(name) + path, data=data if method == "POST" else None,
                                          headers=headers, method=method)  # fmt: skip
             with pytest.raises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen(req, timeout=10)
+                urllib.request.urlopen(req, timeout=HTTP_TIMEOUT)
             assert e.value.code == 401, (name, path, headers)
     assert fleet.status("decode-a")["leases_free"] == free
 
@@ -240,12 +204,12 @@ def test_a_decode_pod_that_dies_before_streaming_is_replaced_and_comes_back(flee
     assert len(killed) == 1
     assert fleet.metric("router", "neuronfleet:router_retries_total", kind="retry") == retries + 1
     fleet.proxies[killed[0]].release()
-    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 1,
+    fleet.wait_until(lambda: fleet.healthy_peers("decode") == 1,
                what="the router to drop the dead decode pod")  # fmt: skip
     assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]  # served by the other pod meanwhile
     restarts = fleet.metric("router", "neuronfleet:router_peer_restarts", role="decode")
     fleet.start(killed[0])
-    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2,
+    fleet.wait_until(lambda: fleet.healthy_peers("decode") == 2,
                what="the router to re-add the restarted decode pod")  # fmt: skip
     assert fleet.metric("router", "neuronfleet:router_peer_restarts", role="decode") == restarts + 1
 
@@ -270,7 +234,7 @@ def test_a_decode_pod_that_dies_mid_stream_is_resumed_on_another_as_one_stream(f
     assert "".join(pieces) == want[STORY]
     assert fleet.metric("router", "neuronfleet:router_retries_total", kind="resume") == resumes + 1
     fleet.start(victim)
-    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="decode") == 2,
+    fleet.wait_until(lambda: fleet.healthy_peers("decode") == 2,
                what="the router to re-add the restarted decode pod")  # fmt: skip
 
 
@@ -283,20 +247,20 @@ def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want):
     assert fleet.fallbacks("prefill_failed") == before + 1
     for proxy in fleet.proxies.values():
         proxy.release()
-    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="prefill") == 0,
+    fleet.wait_until(lambda: fleet.healthy_peers("prefill") == 0,
                what="the router to drop the dead prefill pod")  # fmt: skip
     before = fleet.fallbacks("no_prefill_pod")
     assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
     assert fleet.fallbacks("no_prefill_pod") == before + 1
     restarts = fleet.metric("router", "neuronfleet:router_peer_restarts", role="prefill")
     fleet.start("prefill")
-    wait_until(lambda: fleet.metric("router", "neuronfleet:router_peers_healthy", role="prefill") == 1,
+    fleet.wait_until(lambda: fleet.healthy_peers("prefill") == 1,
                what="the router to re-add the restarted prefill pod")  # fmt: skip
     assert fleet.metric("router", "neuronfleet:router_peer_restarts", role="prefill") == restarts + 1
     imported = fleet.imported_bytes()
     assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]
     assert fleet.imported_bytes() > imported
-    wait_until(fleet.all_leases_free, what="every staging region to be free again")
+    fleet.wait_until(fleet.all_leases_free, what="every staging region to be free again")
 
 
 def test_with_no_decode_pod_left_the_client_gets_a_clear_503(fleet):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support import wait_until_async
 
 from neuronfleet.runtime.backend import FinishReason
 from neuronfleet.runtime.config import RuntimeConfig
@@ -205,11 +206,10 @@ def test_cancelling_a_stream_frees_its_slot(engine, prompts):
                 got.append(out)
                 if len(got) == 3:
                     break  # the client goes away
-            for _ in range(100):
-                if engine.scheduler.num_free_slots == engine.config.slots and not engine.has_work():
-                    break
-                await asyncio.sleep(0.02)
-            assert engine.scheduler.num_free_slots == engine.config.slots
+            await wait_until_async(
+                lambda: engine.scheduler.num_free_slots == engine.config.slots and not engine.has_work(),
+                "the slot to be free",
+            )
             assert not engine.runner.sampler.slots
             # the engine still serves afterwards, and concurrent streams finish
             results = await asyncio.gather(*(collect(aengine, p) for p in prompts[:6]))

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import torch
+from support import CEILING
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
@@ -40,9 +41,9 @@ async def hand_over(prefill: Engine, ids: list[int]) -> torch.Tensor:
         kv = runner.export_kv(0, len(ids), layer)
         transfers.append(sender.write_nowait(receiver.metadata(), kv, where, f"r1:{layer}"))
     for t in transfers:
-        await t.wait(timeout=30)
+        await t.wait(timeout=CEILING)
     for layer in range(c.num_layers):
-        await receiver.wait_notification(f"r1:{layer}", timeout=5)
+        await receiver.wait_notification(f"r1:{layer}", timeout=CEILING)
     await sender.stop()
     await receiver.stop()
     assert torch.equal(region, runner.export_kv(0, len(ids)))

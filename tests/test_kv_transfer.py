@@ -10,6 +10,7 @@ import struct
 
 import pytest
 import torch
+from support import CEILING
 
 from neuronfleet.runtime.kv_transfer import (
     HEADER,
@@ -44,7 +45,7 @@ def test_a_write_lands_in_place_and_notifies_after_verification():
             receiver.metadata(), layer, Descriptor("lease-1", nbytes, nbytes), "req-7:layer-1"
         )
         assert sender.poll(t) == "done" and t.nbytes == nbytes
-        assert await receiver.wait_notification("req-7:layer-1", timeout=5) == "prefill-0"
+        assert await receiver.wait_notification("req-7:layer-1", timeout=CEILING) == "prefill-0"
         assert torch.equal(target[1], layer) and torch.count_nonzero(target[0]) == 0
         # many writes over one connection, each notified once
         for i in range(20):

@@ -4,9 +4,11 @@ late write is refused and nothing stays pinned; a full pool refuses clearly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import torch
+from support import wait_until_async
 
 from neuronfleet.runtime.kv_transfer import Descriptor, IntegrityError, TcpAgent
 from neuronfleet.runtime.leases import LeasePool, NoRegionFree
@@ -83,24 +85,20 @@ def test_a_region_whose_payload_is_still_landing_is_not_leased_again_until_it_en
         raw = json.dumps(header).encode()
         stalled = socket.create_connection(("127.0.0.1", receiver.port))
         stalled.sendall(HEADER.pack(len(raw)) + raw + b"\0" * 40)  # 40 of the 96 bytes, then nothing
-        for _ in range(100):
-            if receiver.regions[lease.region].receiving:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: receiver.regions[lease.region].receiving, "the payload to arrive")
         leases.release(lease.lease_id)
         assert lease.region not in receiver.regions  # refused to writers from now on
         with pytest.raises(NoRegionFree):  # but its memory is still being written into
             leases.reserve("r2", tokens=5)
         started = time.monotonic()
-        while time.monotonic() - started < 5:
-            await asyncio.sleep(0.1)
-            try:
-                again = leases.reserve("r2", tokens=5)
-                break
-            except NoRegionFree:
-                continue
-        else:
-            pytest.fail("the region never came back after the stalled writer was cut off")
+
+        def reserve_again():
+            with contextlib.suppress(NoRegionFree):
+                return leases.reserve("r2", tokens=5)
+
+        again = await wait_until_async(
+            reserve_again, "the region to come back after the stalled writer was cut off"
+        )
         assert again.lease_id != lease.lease_id and time.monotonic() - started >= 0.3
         stalled.close()
         await receiver.stop()

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import make_tiny_llama
+from support import make_tiny_llama
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.model_config import ModelLoadError, load_model_config, parse_model_config

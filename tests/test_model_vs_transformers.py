@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from support import make_tiny_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from neuronfleet.runtime.config import RuntimeConfig

@@ -5,16 +5,12 @@ corrected; deletion removes the children; a restarted operator creates no duplic
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from test_apiserver import KUBECTL, kubectl
+from support import HTTP_TIMEOUT, ApiServer, Process, free_port, neuronfleet_command
 
 from neuronfleet.operator.kube import RBAC_RULES
 
@@ -22,69 +18,47 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
 OPERATOR_USER = "neuronfleet-operator"
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
 
+class Cluster:
+    """The emulated API server with the CRD installed and an audit log, kubectl, and operators run against it
+    as their own user (so that the audit log tells their calls from kubectl's)."""
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.api = ApiServer(state, "--audit-log", str(state / "audit.jsonl"))
+        self.kubectl = self.api.kubectl
+        config = yaml.safe_load((state / "kubeconfig").read_text())
+        config["users"][0]["user"]["token"] = OPERATOR_USER
+        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
+        self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
+        self.operators: list[Process] = []
 
+    def run_operator(self, *extra: str) -> Process:
+        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(self.state / "operator-kubeconfig")]
+        log = self.state / f"operator-{len(self.operators)}.log"
+        self.operators.append(Process([*args, "--standalone", "--verbose", *extra], log))
+        return self.operators[-1]
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    def wait_for(self, what: str, check: Callable[[], object]) -> object:
+        """Wait while the newest operator lives and works."""
+        return self.operators[-1].wait_until(check, what)
 
+    def wait_for_resume(self) -> None:
+        """Until the newest operator's resume handler has run (kopf logs its success)."""
+        log = self.operators[-1].log
+        self.wait_for("the resume handler", lambda: "Handler 'on_model' succeeded" in log.read_text())
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 30) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    def stop(self) -> None:
+        for proc in self.operators:
+            proc.stop()
+        self.api.stop()
 
 
 @pytest.fixture()
 def cluster(tmp_path):
-    api = {"state": tmp_path}
-    server_cmd = [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver"]
-    server_cmd += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--ready-file", str(tmp_path / "url")]
-    server_cmd += ["--audit-log", str(tmp_path / "audit.jsonl")]
-    server = start(server_cmd, tmp_path / "apiserver.log")
-    wait_for("the API server", lambda: (tmp_path / "url").exists() and (tmp_path / "url").read_text())
-    # the operator gets its own user (token), so the audit log tells its calls from kubectl's
-    config = yaml.safe_load((tmp_path / "kubeconfig").read_text())
-    config["users"][0]["user"]["token"] = OPERATOR_USER
-    (tmp_path / "operator-kubeconfig").write_text(yaml.safe_dump(config))
-    kubectl(api, "apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
-    operators: list[subprocess.Popen] = []
-
-    def run_operator(extra: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
-        operators.append(
-            start(
-                [
-                    shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
-                    "operator",
-                    "--kubeconfig",
-                    str(tmp_path / "operator-kubeconfig"),
-                    "--standalone",
-                    "--verbose",
-                    *extra,
-                ],
-                tmp_path / f"operator-{len(operators)}.log",
-            )
-        )
-        return operators[-1]
-
-    api["run_operator"] = run_operator
+    api = Cluster(tmp_path)
     yield api
-    for proc in operators:
-        if proc.poll() is None:
-            stop(proc)
-    stop(server)
+    api.stop()
     # least privilege, observed: every call the operator (kopf and our client) made is in RBAC_RULES, which
     # the chart's RBAC equals (tests/test_chart.py)
     calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
@@ -94,8 +68,7 @@ def cluster(tmp_path):
 
 
 def get(api, *args: str) -> dict | None:
-    run = kubectl(api, "get", *args, "-o", "json", check=False)
-    return json.loads(run.stdout) if run.returncode == 0 else None
+    return api.kubectl.get(*args)
 
 
 def items(api, kind: str) -> list[dict]:
@@ -116,7 +89,7 @@ def compile_pod(api, job: str, manifest: dict) -> None:
         "metadata": meta,
         "spec": {"restartPolicy": "Never", "containers": containers},
     }
-    kubectl(api, "apply", "-f", "-", stdin=json.dumps(pod))
+    api.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps(manifest)}
     status = {
         "phase": "Succeeded",
@@ -127,7 +100,7 @@ def compile_pod(api, job: str, manifest: dict) -> None:
 
 def patch_status(api, kind: str, name: str, status: dict) -> None:
     patch = json.dumps({"status": status})
-    kubectl(api, "patch", kind, name, "--subresource", "status", "--type", "merge", "-p", patch)
+    api.kubectl("patch", kind, name, "--subresource", "status", "--type", "merge", "-p", patch)
 
 
 def mark_job(api, name: str, outcome: str = "Complete") -> None:
@@ -157,13 +130,13 @@ def manifest(**neuron) -> str:
 
 def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     api = cluster
-    operator = api["run_operator"]()
-    kubectl(api, "apply", "-f", "-", stdin=manifest())
+    operator = api.run_operator()
+    api.kubectl("apply", "-f", "-", stdin=manifest())
     # 1. the compile Job (and its cache and config) appear; nothing serves yet
-    jobs = wait_for("the compile Job", lambda: items(api, "jobs"))
+    jobs = api.wait_for("the compile Job", lambda: items(api, "jobs"))
     assert len(jobs) == 1 and items(api, "deployments") == []
     first_job = jobs[0]["metadata"]["name"]
-    model = wait_for(
+    model = api.wait_for(
         "status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status", {}).get("phase") and m
     )
     assert model["status"]["phase"] == "Compiling"
@@ -173,7 +146,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     # 2. the compile completes: Deployment, Service and PDB appear, pointing at the compiled hash
     compile_pod(api, first_job, {"bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False})
     mark_job(api, first_job)
-    dep = wait_for("the Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    dep = api.wait_for("the Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
     chash = dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"]
     assert first_job.endswith(chash[:10])
     container = dep["spec"]["template"]["spec"]["containers"][0]
@@ -184,7 +157,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     assert dep["metadata"]["ownerReferences"][0]["uid"] == owner_uid
     # 3. pods become ready: Ready, with the printer columns filled
     mark_ready(api, "llama-3-1-8b-unified", 2)
-    wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    api.wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
     model = get(api, "nm", "llama-3-1-8b")
     assert model["status"]["artifacts"] == {
         "path": f"artifacts/{chash}/", "bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False
@@ -192,27 +165,27 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     assert condition(model, "Compiled")["reason"] == "Compiled"
     assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2}}
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
-    row = kubectl(api, "get", "neuronmodels").stdout.splitlines()[1].split()
+    row = api.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
     assert row[:6] == ["llama-3-1-8b", "Ready", "embedded", "inf2.48xlarge", "8", "2/2"]
     assert row[6] == "http://llama-3-1-8b.default.svc:8000"
-    events = kubectl(api, "get", "events", "-o", "json").stdout
+    events = api.kubectl("get", "events", "-o", "json").stdout
     assert "AllReplicasReady" in events and "Compiled" in events
     # 4. drift: a hand edit of the Deployment is put back
-    kubectl(
-        api, "patch", "deployment", "llama-3-1-8b-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}'
+    api.kubectl(
+        "patch", "deployment", "llama-3-1-8b-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}'
     )
-    wait_for(
+    api.wait_for(
         "drift corrected", lambda: get(api, "deployment", "llama-3-1-8b-unified")["spec"]["replicas"] == 2
     )
     # 5. a restarted operator makes no writes and no duplicates
-    stop(operator)
+    operator.stop()
     before = {
         o["metadata"]["name"]: o["metadata"]["resourceVersion"]
         for k in ("jobs", "deployments", "services", "configmaps")
         for o in items(api, k)
     }
-    operator = api["run_operator"]()
-    time.sleep(4)  # the resume handler has run by now
+    operator = api.run_operator()
+    api.wait_for_resume()
     after = {
         o["metadata"]["name"]: o["metadata"]["resourceVersion"]
         for k in ("jobs", "deployments", "services", "configmaps")
@@ -220,13 +193,15 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     }
     assert after == before
     # 6. a spec change that alters the hash compiles first while the old pods keep serving, then rolls
-    kubectl(api, "apply", "-f", "-", stdin=manifest(batchSize=4))
-    jobs = wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2 and items(api, "jobs"))
+    api.kubectl("apply", "-f", "-", stdin=manifest(batchSize=4))
+    jobs = api.wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2 and items(api, "jobs"))
     second_job = next(j["metadata"]["name"] for j in jobs if j["metadata"]["name"] != first_job)
-    time.sleep(1)
+    model = api.wait_for("the status of the new generation", lambda: (
+        (m := get(api, "nm", "llama-3-1-8b"))["status"]["observedGeneration"] == m["metadata"]["generation"]
+        and m
+    ))  # fmt: skip
     dep = get(api, "deployment", "llama-3-1-8b-unified")
     assert dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"] == chash  # still the old artifacts
-    model = get(api, "nm", "llama-3-1-8b")
     assert (
         condition(model, "Compiled")["status"] == "False"
         and condition(model, "Progressing")["status"] == "True"
@@ -234,7 +209,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     compile_pod(api, second_job, {"bytes": 99, "cacheHit": True})  # another model compiled it before
     mark_job(api, second_job)
     new_hash = second_job.rsplit("-", 1)[1]
-    wait_for(
+    api.wait_for(
         "the roll",
         lambda: get(api, "deployment", "llama-3-1-8b-unified")["metadata"]["labels"][
             "neuronfleet.dev/compile-hash"
@@ -246,7 +221,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         ]
     )
     assert cmd[cmd.index("--slots") + 1] == "4"
-    model = wait_for(
+    model = api.wait_for(
         "CacheHit",
         lambda: (
             (m := get(api, "nm", "llama-3-1-8b")) and condition(m, "Compiled")["reason"] == "CacheHit" and m
@@ -254,18 +229,18 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     )
     assert model["status"]["artifacts"]["cacheHit"] is True
     # 7. deleting the NeuronModel removes every child
-    kubectl(api, "delete", "nm", "llama-3-1-8b", "--timeout=30s")
+    api.kubectl("delete", "nm", "llama-3-1-8b", "--timeout=10m")
     for kind in ("jobs", "deployments", "services", "configmaps", "pvc", "pdb"):
-        wait_for(f"{kind} gone", lambda k=kind: items(api, k) == [])
+        api.wait_for(f"{kind} gone", lambda k=kind: items(api, k) == [])
 
 
 def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
     api = cluster
-    api["run_operator"]()
-    kubectl(
-        api, "apply", "-f", "-", stdin=manifest(tensorParallel=3)
+    api.run_operator()
+    api.kubectl(
+        "apply", "-f", "-", stdin=manifest(tensorParallel=3)
     )  # the schema allows it; the topology not
-    model = wait_for("status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status") and m)
+    model = api.wait_for("status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status") and m)
     assert model["status"]["phase"] == "Failed"
     validated = condition(model, "Validated")
     assert (
@@ -273,20 +248,20 @@ def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
         and "tensorParallel 3 is not a documented degree" in validated["message"]
     )
     assert items(api, "jobs") == [] and items(api, "deployments") == []
-    assert "Invalid" in kubectl(api, "get", "events", "-o", "json").stdout
+    assert "Invalid" in api.kubectl("get", "events", "-o", "json").stdout
 
 
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     api = cluster
-    operator = api["run_operator"]()
-    kubectl(api, "apply", "-f", "-", stdin=manifest())
-    job = wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
-    stop(operator)  # restarted while compiling: no second Job
-    api["run_operator"]()
-    time.sleep(3)
+    operator = api.run_operator()
+    api.kubectl("apply", "-f", "-", stdin=manifest())
+    job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    operator.stop()  # restarted while compiling: no second Job
+    api.run_operator()
+    api.wait_for_resume()
     assert [j["metadata"]["name"] for j in items(api, "jobs")] == [job]
     mark_job(api, job, "Failed")
-    model = wait_for(
+    model = api.wait_for(
         "Failed", lambda: (m := get(api, "nm", "llama-3-1-8b"))["status"].get("phase") == "Failed" and m
     )
     compiled = condition(model, "Compiled")
@@ -303,15 +278,11 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     """Prefill, decode and router Deployments read one token from the Secret the operator creates once (a
     later reconcile or spec change leaves it alone); the NetworkPolicy fences the internal pods; the operator
     serves its own metrics."""
-    import socket
     import urllib.request
 
     api = cluster
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    operators = api["run_operator"]
-    proc = operators(["--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+    port = free_port()
+    proc = api.run_operator("--metrics-port", str(port), "--metrics-host", "127.0.0.1")
     obj = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"]["namespace"] = "default"
     obj["spec"]["serving"] = {
@@ -321,14 +292,14 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
         "kvTransfer": {"transport": "tcp"},
         "networkPolicy": True,
     }
-    kubectl(api, "apply", "-f", "-", stdin=yaml.safe_dump(obj))
-    job = wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
-    secret = wait_for("the token Secret", lambda: get(api, "secret", "llama-3-1-8b-internal"))
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    secret = api.wait_for("the token Secret", lambda: get(api, "secret", "llama-3-1-8b-internal"))
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
     compile_pod(api, job, {"bytes": 1})
     mark_job(api, job)
     for role in ("prefill", "decode", "router"):
-        dep = wait_for(role, lambda r=role: get(api, "deployment", f"llama-3-1-8b-{r}"))
+        dep = api.wait_for(role, lambda r=role: get(api, "deployment", f"llama-3-1-8b-{r}"))
         volumes = dep["spec"]["template"]["spec"]["volumes"]
         assert {"secretName": "llama-3-1-8b-internal", "defaultMode": 0o440} in [
             v.get("secret") for v in volumes
@@ -336,12 +307,12 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     policy = get(api, "networkpolicy", "llama-3-1-8b-internal")
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     obj["spec"]["neuron"]["batchSize"] = 4  # a change: everything else is patched, the Secret is not
-    kubectl(api, "apply", "-f", "-", stdin=yaml.safe_dump(obj))
-    wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2)
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    api.wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2)
     after = get(api, "secret", "llama-3-1-8b-internal")
     assert after["data"] == secret["data"]
     assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=HTTP_TIMEOUT) as r:
         text = r.read().decode()
     assert 'neuronfleet_operator_reconciles_total{outcome="ok"}' in text
     import re

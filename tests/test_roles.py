@@ -10,6 +10,7 @@ import json
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from support import CEILING, neuronfleet_command, post, running_server
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import AsyncEngine, Engine
@@ -135,8 +136,6 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
     receiver started with the server; a handoff through them decodes the unified tokens; 401 without it."""
     import urllib.request
 
-    from test_server import post, running_server
-
     (tmp_path / "token").write_text(TOKEN + "\n")
     options = ("--slots", "2", "--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
     unified = Engine.from_model_dir(
@@ -161,7 +160,7 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
         req = urllib.request.Request(
             decode + "/internal/decode", data=body.encode(), headers=AUTH, method="POST"
         )
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=CEILING) as r:
             lines = [json.loads(x) for x in r.read().splitlines()]
         assert [t for line in lines for t in line["token_ids"]] == want and lines[-1]["imported"]
 
@@ -174,7 +173,6 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
-    from test_server import running_server
 
     (tmp_path / "token").write_text(TOKEN)
     common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
@@ -205,20 +203,9 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
 
 def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path):
     import subprocess
-    import sys
 
     (tmp_path / "token").write_text(TOKEN)
-    base = [
-        sys.executable,
-        "-P",
-        "-m",
-        "neuronfleet.cli",
-        "serve",
-        "--model",
-        str(smollm2_dir),
-        "--role",
-        "router",
-    ]
+    base = [*neuronfleet_command(), "serve", "--model", str(smollm2_dir), "--role", "router"]
     run = subprocess.run(
         [*base, "--internal-token-file", str(tmp_path / "token")], capture_output=True, text=True
     )

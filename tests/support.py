@@ -1,0 +1,405 @@
+"""What the tests share: free ports, waiting on readiness and progress (never on a short fixed budget),
+processes started and stopped with their output in a log file, `neuronfleet serve` servers and fleets of them,
+HTTP reads of their endpoints, the real kubectl, and tiny random Llama checkpoints.
+
+Waits hold on a loaded machine: `wait_until` keeps waiting while its `progress` moves (a process that uses
+CPU time or writes its log), fails at once when the thing it waits on died (with its log's tail), and gives up
+only after a generous ceiling."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CEILING = 600.0  # the longest any single wait may take (pytest's own per-test timeout is the same)
+PATIENCE = 120.0  # how long a wait with a progress signal tolerates no progress at all
+HTTP_TIMEOUT = 120.0  # a read of /metrics, /health, /ready or a status endpoint on a loaded machine
+KUBECTL_HELP = (
+    "kubectl is needed by the tests that drive the emulated API server and local mode, and is not on PATH. "
+    "Install it from https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/ (a single static binary, "
+    "e.g. into /usr/bin/kubectl); Debian 12 has no kubectl package."
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- waiting ----------------------------------------------------------------------------------------------
+
+
+class Died(AssertionError):
+    """What a progress signal raises when the thing waited on cannot make progress any more."""
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    what: str,
+    *,
+    progress: Callable[[], Any] | None = None,
+    patience: float = PATIENCE,
+    ceiling: float = CEILING,
+    interval: float = 0.1,
+    diagnose: Callable[[], str] | None = None,
+) -> Any:
+    """Poll `predicate` until it returns something truthy, and return that. While `progress()` returns a
+    changing value the wait goes on (up to `ceiling` seconds); with no change for `patience` seconds it fails.
+    Without `progress`, the wait lasts up to `ceiling`. `progress` may raise `Died` to fail at once;
+    `diagnose` adds context (e.g. logs) to the failure message."""
+    started = time.monotonic()
+    last_progress, last_value = started, progress() if progress else None
+    while True:
+        value = predicate()
+        if value:
+            return value
+        now = time.monotonic()
+        if progress is not None:
+            current = progress()
+            if current != last_value:
+                last_progress, last_value = now, current
+        stalled = progress is not None and now - last_progress > patience
+        if stalled or now - started > ceiling:
+            why = f"no progress for {patience:.0f} s" if stalled else f"still not there after {ceiling:.0f} s"
+            pytest.fail(f"timed out waiting for {what} ({why})" + (f"\n{diagnose()}" if diagnose else ""))
+        time.sleep(interval)
+
+
+async def wait_until_async(predicate: Callable[[], Any], what: str, *, ceiling: float = CEILING) -> Any:
+    """`wait_until` for tests inside an event loop (the loop keeps running while it waits)."""
+    import asyncio
+
+    started = time.monotonic()
+    while not (value := predicate()):
+        if time.monotonic() - started > ceiling:
+            pytest.fail(f"timed out waiting for {what} (still not there after {ceiling:.0f} s)")
+        await asyncio.sleep(0.01)
+    return value
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process used so far (user + system), from /proc; 0 where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+# ---- processes --------------------------------------------------------------------------------------------
+
+
+class Process:
+    """A subprocess whose stdout and stderr go to a log file (never a pipe nobody reads, which would block it
+    once full)."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.args, self.log = args, log
+        with log.open("w") as out:
+            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def output(self) -> str:
+        return tail(self.log, 1 << 20)
+
+    def died(self) -> str:
+        return (
+            f"{Path(self.args[0]).name} exited with {self.popen.returncode}; its log ends:\n{tail(self.log)}"
+        )
+
+    def progress(self) -> tuple[float, int]:
+        """CPU time used and log bytes written: they move while the process works; `Died` once it exited."""
+        if self.popen.poll() is not None:
+            raise Died(self.died())
+        return cpu_seconds(self.pid), self.log.stat().st_size if self.log.exists() else 0
+
+    def wait_until(self, predicate: Callable[[], Any], what: str, **kw: Any) -> Any:
+        """Wait for `predicate` while this process lives and makes progress."""
+        return wait_until(predicate, what, progress=self.progress, diagnose=lambda: tail(self.log), **kw)
+
+    def wait(self) -> int:
+        """Its exit status, however long it takes while it works (then killed)."""
+        try:
+            exited = lambda: self.popen.poll() is not None  # noqa: E731
+            wait_until(exited, f"{Path(self.args[0]).name} to exit", progress=self.cpu)
+        finally:
+            if self.popen.poll() is None:
+                self.popen.kill()
+        return self.popen.wait()
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL, and reaped."""
+        self.signal(signal.SIGKILL)
+        self.popen.wait()
+
+    def stop(self) -> int:
+        """SIGTERM, and the exit status once it exits (SIGKILL when it stops progressing)."""
+        self.signal(signal.SIGTERM)
+        return self.wait()
+
+
+def neuronfleet_command() -> list[str]:
+    """The command line a user types: `neuronfleet` from this environment, without the repository root on
+    sys.path (-P; operator/ would shadow the standard library's)."""
+    return [sys.executable, "-P", "-m", "neuronfleet.cli"]
+
+
+# ---- HTTP -------------------------------------------------------------------------------------------------
+
+
+def http_status(url: str, headers: dict | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=HTTP_TIMEOUT):
+            return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def get_json(url: str, headers: dict | None = None) -> Any:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers or {}), timeout=HTTP_TIMEOUT
+    ) as r:
+        return json.loads(r.read())
+
+
+def post(base: str, path: str, body: bytes | dict, headers: dict | None = None):
+    """(status, JSON body, headers) of a POST; errors are answers too."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(
+        base + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=CEILING) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def metrics_text(base: str) -> str:
+    with urllib.request.urlopen(base + "/metrics", timeout=HTTP_TIMEOUT) as r:
+        return r.read().decode()
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """One sample's value from /metrics, summed over the series matching `labels` (0 when none exists yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text(base)):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+# ---- servers and fleets -----------------------------------------------------------------------------------
+
+
+class Server(Process):
+    """`neuronfleet serve` as a user starts it, on 127.0.0.1 and `port`."""
+
+    def __init__(self, model_dir: Path | str, options: tuple[str, ...], port: int, log: Path) -> None:
+        self.port, self.base = port, f"http://127.0.0.1:{port}"
+        args = [*neuronfleet_command(), "serve", "--model", str(model_dir), "--port", str(port)]
+        super().__init__([*args, "--served-model-name", "smollm2", *options], log)
+
+    def ready(self) -> bool:
+        try:
+            return http_status(self.base + "/ready") == 200
+        except OSError:  # not listening yet (the model is loading)
+            return False
+
+    def wait_ready(self) -> None:
+        self.wait_until(self.ready, f"the server on port {self.port} to be ready")
+
+    def stop_cleanly(self) -> None:
+        """SIGTERM drains and exits 0 (a server the test killed with SIGKILL is let be)."""
+        rc = self.stop()
+        if rc != -signal.SIGKILL:
+            assert rc == 0, self.output()
+
+
+@contextlib.contextmanager
+def running_server(model_dir, *options: str, port: int | None = None) -> Iterator[tuple[str, Server]]:
+    """A ready server, yielded as (base URL, Server); SIGTERM stops it (exit 0), unless the test killed it."""
+    with tempfile.TemporaryDirectory(prefix="neuronfleet-serve-") as logs:
+        server = Server(model_dir, options, port or free_port(), Path(logs) / "serve.log")
+        try:
+            server.wait_ready()
+            yield server.base, server
+        finally:
+            server.stop_cleanly()
+
+
+class Fleet:
+    """Named servers on fixed ports (a server restarts where its peers expect it), started, killed and
+    restarted by name; closing stops them all."""
+
+    def __init__(self, model_dir: Path | str, logs: Path, common: tuple[str, ...] = ()) -> None:
+        self.model_dir, self.logs, self.common = model_dir, logs, common
+        self.options: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self.servers: dict[str, Server] = {}
+        self.stack = contextlib.ExitStack()
+
+    def add(self, name: str, *options: str) -> str:
+        """Declare a server (its port is chosen now) and return its URL; `start` runs it."""
+        self.options[name] = (free_port(), options)
+        return self.url(name)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.options[name][0]}"
+
+    def start(self, *names: str) -> None:
+        """Start the servers (all at once: they load their models in parallel); wait until they are ready."""
+        for name in names:
+            port, options = self.options[name]
+            log = self.logs / f"{name}.log"
+            if log.exists():
+                log.rename(self.logs / f"{name}.{time.monotonic_ns()}.log")
+            self.servers[name] = Server(self.model_dir, (*options, *self.common), port, log)
+            self.stack.callback(self.servers[name].stop_cleanly)
+        for name in names:
+            self.servers[name].wait_ready()
+
+    def kill(self, name: str) -> None:
+        self.servers[name].kill()
+
+    def metric(self, names: str | tuple[str, ...], sample: str, **labels: str) -> float:
+        """A sample summed over servers (e.g. both decode pods)."""
+        return sum(
+            metric(self.url(n), sample, **labels) for n in ((names,) if isinstance(names, str) else names)
+        )
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+# ---- kubectl ----------------------------------------------------------------------------------------------
+
+
+def kubectl_path() -> str:
+    """The real kubectl; a test that needs it fails (not skips) when it is missing, saying how to get it."""
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.fail(KUBECTL_HELP)
+    return path
+
+
+class Kubectl:
+    """kubectl against one kubeconfig, with its own cache directory (never the user's home)."""
+
+    def __init__(self, kubeconfig: Path, cache_dir: Path) -> None:
+        self.kubeconfig, self.cache_dir = kubeconfig, cache_dir
+
+    def __call__(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        cmd = [
+            kubectl_path(),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--cache-dir",
+            str(self.cache_dir),
+            *args,
+        ]
+        run = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=CEILING)
+        if check and run.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {run.stderr}")
+        return run
+
+    def get(self, *args: str) -> dict | None:
+        """The object(s) as JSON, or None when kubectl cannot get them."""
+        run = self("get", *args, "-o", "json", check=False)
+        return json.loads(run.stdout) if run.returncode == 0 else None
+
+
+class ApiServer:
+    """The emulated Kubernetes API server as a process, serving; `kubectl` is pointed at it. Its state (the
+    kubeconfig, kubectl's cache, the log) lives in `state`."""
+
+    def __init__(self, state: Path, *extra: str) -> None:
+        self.state = state
+        args = [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver"]
+        args += ["--kubeconfig", str(state / "kubeconfig"), "--ready-file", str(state / "url"), *extra]
+        self.process = Process(args, state / "apiserver.log")
+        url_file = state / "url"
+        self.url: str = self.process.wait_until(
+            lambda: url_file.exists() and url_file.read_text(), "the API server to serve"
+        )
+        self.kubectl = Kubectl(state / "kubeconfig", state / "cache")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+# ---- models -----------------------------------------------------------------------------------------------
+
+
+def make_tiny_llama(out: Path, seed: int = 0, architecture: str = "llama", **overrides) -> Path:
+    """A tiny random Llama (or Mistral) checkpoint saved by transformers as safetensors."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[architecture]
+    settings = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**settings)).eval()
+    with torch.no_grad():  # larger weights than the default init so that logits differ clearly
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(out)
+    return out
