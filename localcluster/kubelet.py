@@ -28,6 +28,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
+
 from .processes import (
     POD_IP,
     LocalPod,
@@ -46,8 +48,6 @@ log = logging.getLogger(__name__)
 
 SLICE_SERVICE, SLICE_MANAGER = "kubernetes.io/service-name", "endpointslice.kubernetes.io/managed-by"
 MANAGER = "process-kubelet.neuronfleet.dev"
-PEER_HOSTS_ENV = "NEURONFLEET_PEER_HOSTS_FILE"  # read by `neuronfleet serve` (its --peer-hosts-file)
-TERMINATION_LOG_ENV = "NEURONFLEET_TERMINATION_LOG"
 SYNC_INTERVAL = 0.5  # seconds between syncs when nothing changes
 
 
@@ -337,7 +337,7 @@ class ProcessKubelet:
             **os.environ,
             **self._env(pod, container, mounts),
             TERMINATION_LOG_ENV: str(folder / "termination-log"),
-            PEER_HOSTS_ENV: str(self.hosts_file),
+            PEER_HOSTS_FILE_ENV: str(self.hosts_file),
             "HOME": str(folder),
         }
         loop = asyncio.get_running_loop()

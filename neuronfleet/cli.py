@@ -225,15 +225,16 @@ def _serve_router(args: argparse.Namespace) -> int:
     import logging
     import os
 
+    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.backend import Limits
     from neuronfleet.runtime.model_config import load_model_config
-    from neuronfleet.runtime.router import PEER_HOSTS_ENV, RemoteBackend
+    from neuronfleet.runtime.router import RemoteBackend
     from neuronfleet.runtime.server import RuntimeServer, serve
     from neuronfleet.runtime.tokenizer import Tokenizer
 
     token = _internal_token(args)
     if args.peer_hosts_file:
-        os.environ[PEER_HOSTS_ENV] = args.peer_hosts_file
+        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     model = load_model_config(Path(args.model))
     config = _runtime_config(args).check_model(model)
     tokenizer = Tokenizer(args.model, model.eos_token_ids)
@@ -257,19 +258,20 @@ def _role_setup(args: argparse.Namespace, config):
     import os
     import secrets
 
+    from neuronfleet.contract import POD_IP_ENV
     from neuronfleet.runtime.kv_transfer import TransportUnavailable, make_agent
     from neuronfleet.runtime.model_config import load_model_config
 
     token = _internal_token(args)
     model_id = args.served_model_name or Path(args.model).name
     advertise = None
-    if args.kv_advertise or os.environ.get("POD_IP"):
-        host, _, port = (args.kv_advertise or os.environ["POD_IP"]).partition(":")
+    if args.kv_advertise or os.environ.get(POD_IP_ENV):
+        host, _, port = (args.kv_advertise or os.environ[POD_IP_ENV]).partition(":")
         advertise = (host, int(port) if port else None)
     elif args.host in ("0.0.0.0", "::"):
         raise ValueError(
             f"--role {args.role} listening on {args.host} needs the address prefill pods reach it at: "
-            "--kv-advertise HOST or the POD_IP environment variable"
+            f"--kv-advertise HOST or the {POD_IP_ENV} environment variable"
         )
     identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
     try:  # a writer stalled mid-payload loses its connection after twice its own deadline

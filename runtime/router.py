@@ -28,6 +28,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from neuronfleet.contract import PEER_HOSTS_FILE_ENV
+
 from .backend import FinishReason, Limits, RequestOutput, check_fits
 from .errors import EngineFailed, Unavailable
 from .sampling_params import SamplingParams
@@ -39,13 +41,10 @@ log = logging.getLogger(__name__)
 FAILS_TO_DROP = 3  # consecutive failed probes or requests that take a peer out of rotation
 
 
-PEER_HOSTS_ENV = "NEURONFLEET_PEER_HOSTS_FILE"  # `neuronfleet serve --peer-hosts-file` sets it
-
-
 def _static_hosts() -> dict[str, list[str]]:
     """The static peer map, for environments without cluster DNS: a JSON file ("name:port" -> ["host:port",
     ...]) named by $NEURONFLEET_PEER_HOSTS_FILE, read at each resolution (it may change)."""
-    path = os.environ.get(PEER_HOSTS_ENV)
+    path = os.environ.get(PEER_HOSTS_FILE_ENV)
     if not path:
         return {}
     try:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 from neuronfleet.cli import build_parser
-from neuronfleet.runtime.router import PEER_HOSTS_ENV, resolve_peers
+from neuronfleet.contract import PEER_HOSTS_FILE_ENV
+from neuronfleet.runtime.router import resolve_peers
 
 
 def test_dns_peers_resolve_through_the_static_map_first(tmp_path, monkeypatch):
     hosts = tmp_path / "hosts.json"
     hosts.write_text(json.dumps({"decode.default:8000": ["127.0.0.1:41000", "127.0.0.1:41001"]}))
-    monkeypatch.setenv(PEER_HOSTS_ENV, str(hosts))
+    monkeypatch.setenv(PEER_HOSTS_FILE_ENV, str(hosts))
     assert resolve_peers(["dns://decode.default:8000"]) == [
         "http://127.0.0.1:41000",
         "http://127.0.0.1:41001",
