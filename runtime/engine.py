@@ -17,9 +17,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from prometheus_client import CollectorRegistry
 
 from .backend import FinishReason, Limits, RequestOutput, check_fits
@@ -32,6 +31,9 @@ from .scheduler import Scheduler
 from .scheduler import Sequence as Seq
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the engine itself holds no tensors: the runner does
+    import torch
 
 log = logging.getLogger(__name__)
 
