@@ -13,42 +13,39 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"neuronfleet": "neuronfleet", "operator": "neuronfleet/operator", "runtime": "neuronfleet/runtime",
-            "localcluster": "neuronfleet/localcluster"}  # fmt: skip
+CONTRACTS = ROOT / ".importlinter"
+FOLDERS = {  # folder in the repository -> where it is installed
+    "neuronfleet": "neuronfleet",
+    "operator": "neuronfleet/operator",
+    "runtime": "neuronfleet/runtime",
+    "localcluster": "neuronfleet/localcluster",
+}
 
 
-def _installed_layout(into: Path) -> Path:
-    for folder, target in PACKAGES.items():
+def installed_layout(into: Path) -> Path:
+    for folder, target in FOLDERS.items():
         shutil.copytree(ROOT / folder, into / target, ignore=shutil.ignore_patterns("__pycache__"))
     return into
 
 
-def lint_imports(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
-    layout = _installed_layout(tmp_path / "src")
-    env = {**os.environ, "PYTHONPATH": str(layout)}
+def lint_imports(layout: Path) -> subprocess.CompletedProcess:
     lint = Path(sys.executable).parent / "lint-imports"
-    return subprocess.run(
-        [str(lint), "--config", str(config), "--no-cache"], cwd=layout, env=env, capture_output=True, text=True
-    )
+    env = {**os.environ, "PYTHONPATH": str(layout)}
+    command = [str(lint), "--config", str(CONTRACTS), "--no-cache"]
+    return subprocess.run(command, cwd=layout, env=env, capture_output=True, text=True)
 
 
 def test_the_import_contracts_hold(tmp_path):
-    run = lint_imports(tmp_path, ROOT / ".importlinter")
+    run = lint_imports(installed_layout(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 broken" in run.stdout
 
 
 def test_a_broken_layer_is_caught(tmp_path):
     """The check can fail: an operator module that imports the runtime breaks its contract."""
-    run_ok = tmp_path / "ok"
-    layout = _installed_layout(run_ok / "src")
-    bad = layout / "neuronfleet" / "operator" / "topology.py"
-    bad.write_text(bad.read_text() + "\nfrom neuronfleet.runtime import scheduler  # noqa\n")
-    env = {**os.environ, "PYTHONPATH": str(layout)}
-    lint = Path(sys.executable).parent / "lint-imports"
-    run = subprocess.run(
-        [str(lint), "--config", str(ROOT / ".importlinter"), "--no-cache"],
-        cwd=layout, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    layout = installed_layout(tmp_path)
+    topology = layout / "neuronfleet" / "operator" / "topology.py"
+    topology.write_text(topology.read_text() + "\nfrom neuronfleet.runtime import scheduler  # noqa\n")
+    run = lint_imports(layout)
     assert run.returncode != 0
     assert "neuronfleet.operator.topology -> neuronfleet.runtime.scheduler" in run.stdout
