@@ -7,17 +7,16 @@ and the Dockerfile's structure (targets, pinned bases, non-root users)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import helm_python as helm  # helm-python-sdk, installed by scripts/setup.sh
 import kubernetes_validate
 import pytest
 import yaml
+from support import ROOT
 
 import neuronfleet
 from neuronfleet.operator import crd, kube
 
-ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "neuronfleet"
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports (Chart.yaml kubeVersion)
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT
+
 CONTRACTS = ROOT / ".importlinter"
 FOLDERS = {  # folder in the repository -> where it is installed
     "neuronfleet": "neuronfleet",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import ROOT
 
 from neuronfleet import contract
 from neuronfleet.cli import build_parser
@@ -15,7 +16,6 @@ from neuronfleet.contract import CompileConfig, ServeConfig
 from neuronfleet.operator import builders, validation
 from neuronfleet.runtime.compile_artifacts import CompileError, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 

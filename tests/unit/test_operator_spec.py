@@ -12,10 +12,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from support import ROOT
 
 from neuronfleet.operator import builders, crd, spec, validation
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 KUBERNETES_VERSION = "1.37.0"  # the pinned version manifests are validated against (kubernetes-validate)
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ApiServer, Process, free_port, neuronfleet_command
+from support import HTTP_TIMEOUT, ROOT, ApiServer, Process, free_port, neuronfleet_command
 
 from neuronfleet.operator.kube import RBAC_RULES
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
 OPERATOR_USER = "neuronfleet-operator"
 
@@ -60,7 +59,7 @@ def cluster(tmp_path):
     yield api
     api.stop()
     # least privilege, observed: every call the operator (kopf and our client) made is in RBAC_RULES, which
-    # the chart's RBAC equals (tests/test_chart.py)
+    # the chart's RBAC equals (tests/unit/test_chart.py)
     calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
     declared = {(g, r, v) for (g, r), verbs in RBAC_RULES.items() for v in verbs}

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, Kubectl, metrics_text, wait_until
+from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, metrics_text, wait_until
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.sampling_params import SamplingParams
 
-ROOT = Path(__file__).resolve().parent.parent
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
 QUESTION = "What is the capital of France?"

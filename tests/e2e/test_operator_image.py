@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "docker" / "operator-requirements.txt"
 APISERVER_MODULE = "neuronfleet.localcluster.apiserver"  # run from the dev environment
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ApiServer
+from support import HTTP_TIMEOUT, ROOT, ApiServer
 
-ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
 SAMPLE = ROOT / "crds" / "samples" / "mistral-7b-tgi-inf2.yaml"
 

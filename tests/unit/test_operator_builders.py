@@ -12,11 +12,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
 from neuronfleet.operator import builders, engines, validation
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
