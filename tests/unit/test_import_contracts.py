@@ -6,6 +6,7 @@ mapped by pyproject (`neuronfleet.operator` is `operator/`), so the sources are 
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -50,3 +51,20 @@ def test_a_broken_layer_is_caught(tmp_path):
     run = lint_imports(layout)
     assert run.returncode != 0
     assert "neuronfleet.operator.topology -> neuronfleet.runtime.scheduler" in run.stdout
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through tests/support.py (and the fault proxy tests/kv_faults.py), never through
+    each other."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in names
+                if n.split(".")[0].startswith(("test_", "conftest"))
+            ]
+    assert not offenders, offenders
