@@ -31,6 +31,8 @@ MORE = ["Count from one to five.", "What color is the sky?", "Name a large anima
         "Give me a word that rhymes with cat.", "What do bees make?"]  # fmt: skip
 STORY = "Write a short story about a lighthouse keeper."
 SLOTS = 4
+KV_WAIT = 20  # seconds; long enough for a handoff on a loaded machine, short enough for the stall to end
+LEASE_TTL = 30  # seconds a lease lives unused; long enough for a prefill and its push on a loaded machine
 
 
 class FaultyFleet(Fleet):
@@ -40,8 +42,9 @@ class FaultyFleet(Fleet):
     def __init__(self, model_dir, tmp_path) -> None:
         (tmp_path / "token").write_text(TOKEN)
         # --kv-wait: how long a handoff may take before the decode pod prefills itself (a stalled transfer
-        # costs that, and twice that until its staging region is free); a loaded machine needs seconds
-        common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), "--kv-wait", "10")
+        # costs that, and twice that until its staging region is free); a loaded machine needs many seconds
+        common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
+                  "--kv-wait", str(KV_WAIT))  # fmt: skip
         super().__init__(model_dir, tmp_path, common)
         self.plan = FaultPlan()
         self.proxies: dict[str, FaultyProxy] = {}
@@ -49,7 +52,8 @@ class FaultyFleet(Fleet):
             kv_port = free_port()
             proxy = self.proxies[name] = FaultyProxy(name, kv_port, self.plan)
             self.add(name, "--role", "decode", "--slots", str(SLOTS), "--kv-port", str(kv_port),
-                     "--kv-advertise", f"127.0.0.1:{proxy.port}", "--kv-lease-ttl", "4")  # fmt: skip
+                     "--kv-advertise", f"127.0.0.1:{proxy.port}",
+                     "--kv-lease-ttl", str(LEASE_TTL))  # fmt: skip
         self.add("prefill", "--role", "prefill", "--slots", "2")
         decode = [x for n in ("decode-a", "decode-b") for x in ("--decode", self.url(n))]
         self.router = self.add("router", "--role", "router", "--prefill", self.url("prefill"), *decode,
@@ -157,7 +161,7 @@ def test_an_expired_lease_refuses_late_writes_and_the_request_still_completes(fl
     code, lease, _ = post(decode, "/internal/reserve", {"request": "gone", "prompt_tokens": len(ids)}, AUTH)
     assert code == 200 and fleet.status("decode-a")["leases_free"] == SLOTS - 1
     fleet.wait_until(lambda: fleet.status("decode-a")["leases_free"] == SLOTS, "the lease to expire")
-    assert time.monotonic() - reserved >= 4  # the lease's ttl
+    assert time.monotonic() - reserved >= LEASE_TTL
     assert fleet.metric("decode-a", "neuronfleet:kv_lease_expiries") == expiries + 1
     push = {"request": "gone", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
     code, body, _ = post(prefill, "/internal/prefill", push, AUTH)
