@@ -116,7 +116,9 @@ class ServeConfig(BaseModel):
         "(0: every prompt goes to a prefill pod)",
     )
     peer_timeout: float = _flag(
-        60.0, "router: seconds of silence from a decode pod before its request moves to another"
+        60.0,
+        "router: seconds of silence from a decode pod before its request moves to another, and the longest a "
+        "peer may take to answer a status probe",
     )
     peer_hosts_file: str | None = _flag(
         None,

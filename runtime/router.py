@@ -225,8 +225,9 @@ class RemoteBackend:
         local_prefill_below: int = 0,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
-        a decode pod's stream before it counts as failed; `busy_timeout`: how long a request waits for a
-        decode pod with room when all are full; prompts shorter than `local_prefill_below` tokens are
+        a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
+        peer is slow, not gone: refused connections fail at once); `busy_timeout`: how long a request waits
+        for a decode pod with room when all are full; prompts shorter than `local_prefill_below` tokens are
         prefilled on their decode pod (a handoff costs more than it saves for them)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
@@ -328,7 +329,7 @@ class RemoteBackend:
         await asyncio.gather(*probes)
 
     async def _probe(self, peers: PeerSet, url: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, self.probe_interval))
+        timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
         try:
             async with self._client().get(f"{url}/internal/status", timeout=timeout) as r:
                 status = await r.json() if r.status == 200 else None
