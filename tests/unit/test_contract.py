@@ -50,7 +50,7 @@ def test_every_option_renders_and_parses_back():
         decode=["dns://d:3"], served_model_name="x", kv_transport="efa", kv_port=7001,
         internal_token_file="/t", dtype="bfloat16", prefix_reuse=False, kv_leases=2, kv_wait=1.5,
         kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
-        peer_timeout=5.0, max_waiting=3, max_body_bytes=1000, grace_period=2.0,
+        peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_body_bytes=1000, grace_period=2.0,
     )  # fmt: skip
     assert set(config.model_fields_set) == set(ServeConfig.model_fields)  # nothing left at its default
     args = build_parser().parse_args(["serve", *config.to_args()])
