@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from neuronfleet.contract import INTERNAL_TOKEN_ENV, MODEL_MOUNT, add_serve_arguments
+from neuronfleet.contract import INTERNAL_TOKEN_ENV, MODEL_MOUNT, ServeConfig, add_serve_arguments
 
 EXIT_USAGE = 2
 
@@ -42,7 +42,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
+def _cmd_serve(parsed: argparse.Namespace) -> int:
+    args = ServeConfig.from_namespace(parsed)  # the contract the operator rendered, validated
     if args.role == "router":  # before the engine's imports: a router loads no torch
         return _serve_router(args)
     import asyncio
@@ -193,7 +194,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _internal_token(args: argparse.Namespace) -> str:
+def _internal_token(args: ServeConfig) -> str:
     import os
 
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
@@ -207,7 +208,7 @@ def _internal_token(args: argparse.Namespace) -> str:
     return token
 
 
-def _runtime_config(args: argparse.Namespace):
+def _runtime_config(args: ServeConfig):
     """The serve flags' one RuntimeConfig, validated here (a bad flag fails before anything loads)."""
     from neuronfleet.runtime.config import RuntimeConfig
 
@@ -218,7 +219,7 @@ def _runtime_config(args: argparse.Namespace):
     )  # fmt: skip
 
 
-def _serve_router(args: argparse.Namespace) -> int:
+def _serve_router(args: ServeConfig) -> int:
     """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers.
     Imports no torch (the router's image needs none)."""
     import asyncio
@@ -252,7 +253,7 @@ def _serve_router(args: argparse.Namespace) -> int:
     return 0
 
 
-def _role_setup(args: argparse.Namespace, config):
+def _role_setup(args: ServeConfig, config):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
     NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
     import os
