@@ -1,24 +1,97 @@
-"""The kopf handlers: thin triggers of the one reconcile path (`reconcile.reconcile`).
+"""The operator's triggers of the one reconcile path (`reconcile.reconcile`): kopf's handlers for the
+NeuronModels, and the operator's own caches (`cache.Cache`) for their children.
 
-A NeuronModel is reconciled when it is created, changed or found at start-up (resume), when one of its
-compile Jobs or Deployments changes (so status follows the children), and every RESYNC_SECONDS (drift).
-Deletion needs no handler: every child carries an ownerReference, and the garbage collector removes them.
+A NeuronModel is reconciled when it is created, changed or found at start-up (kopf: create, update, resume),
+and when one of its children (labelled neuronfleet.dev/model) is added, changed or deleted by anyone but the
+operator itself (the caches' watches: a deleted Service comes back as soon as the watch reports it).
+Reconciles read the caches, not the API server; a rare cache-only pass over every model (RESYNC_SECONDS)
+is the safety net for a change no watch reported.
+
+No finalizer: deletion never needs the operator. Every child carries an ownerReference to its NeuronModel
+(controller, blockOwnerDeletion), so the API server's garbage collector deletes them when the model goes;
+nothing outside the owner references (no external resource, no shared file) needs cleaning. kopf adds its
+finalizer only for delete handlers, timers and daemons, and there are none here, so a model is deleted at once
+even with the operator stopped or uninstalled.
+
+Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then stops
+the caches and the trigger workers (waiting for a reconcile in flight) before it closes the HTTP session.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import sys
 from typing import Any
 
 import kopf
 
-from . import builders, kube, spec
+from . import kube, spec
+from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
 from .reconcile import reconcile
 
-RESYNC_SECONDS = 30.0
-CHILD_LABELS = {f"{builders.LABEL_PREFIX}/model": kopf.PRESENT}
+RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
+WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
+RETRY_SECONDS = 10.0  # a failed child-triggered reconcile is tried again after this long
+
+log = logging.getLogger(__name__)
+
+
+class Triggers:
+    """Models to reconcile because a child changed: a queue of (namespace, name), each at most once in it,
+    worked by WORKERS tasks; and the periodic cache-only pass."""
+
+    def __init__(self, client: kube.Kube, cache: Cache) -> None:
+        self.client, self.cache = client, cache
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()
+        self._tasks: list[asyncio.Task] = []
+
+    def child_changed(self, event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        model = (meta.get("labels") or {}).get(CHILD_LABEL)
+        if model and obj.get("kind") != spec.KIND:
+            self.enqueue((meta.get("namespace", ""), model))
+
+    def enqueue(self, key: tuple[str, str]) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]
+        self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            body = await self.cache.get(spec.KIND, *key)
+            if body is None:
+                continue  # the model is gone; its children go with it
+            try:
+                await reconcile_and_report(self.client, body, log)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
+                asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(RESYNC_SECONDS)
+            for model in self.cache.models():
+                self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+
 
 _client: kube.Kube | None = None
+_triggers: Triggers | None = None
 
 
 def client() -> kube.Kube:
@@ -28,55 +101,45 @@ def client() -> kube.Kube:
     return _client
 
 
+async def reconcile_and_report(client: kube.Kube, body: dict[str, Any], logger: logging.Logger) -> None:
+    """One pass; the events it reports are posted once it is done."""
+    events: list[tuple[str, str, str]] = []
+    try:
+        await reconcile(client, body, lambda *event: events.append(event))
+    finally:
+        for type_, reason, message in events:
+            logger.info("%s %s: %s", type_, reason, message)
+            with contextlib.suppress(kube.KubeError):  # an event that cannot be posted is only lost
+                await client.post_event(body, type_, reason, message)
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.posting.level = logging.INFO  # transitions become Kubernetes events
-    settings.persistence.finalizer = f"{spec.GROUP}/kopf"
-    settings.watching.server_timeout = 60
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _triggers
+    settings.posting.enabled = False  # the operator posts its own events (reconcile_and_report)
+    settings.watching.server_timeout = WATCH_SECONDS
     settings.networking.request_timeout = 30
     # no watching of CRDs and namespaces at run time: the chart installs our CRD before the operator starts,
     # and the operator needs no cluster-wide permission beyond its own resources (RBAC_RULES)
     settings.scanning.disabled = True
+    cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.child_changed(event, obj))
+    _triggers = triggers = Triggers(client(), cache)
+    client().cache = cache
+    cache.start()
+    _triggers.start()
 
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
+    if _triggers is not None:
+        await _triggers.stop()
+        await _triggers.cache.stop()
     if _client is not None:
         await _client.close()
-
-
-def _emitter(body: Any, logger: logging.Logger):
-    def emit(kind: str, reason: str, message: str) -> None:
-        (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message or reason)
-        logger.info("%s %s: %s", kind, reason, message)
-
-    return emit
 
 
 @kopf.on.resume(spec.GROUP, spec.VERSION, spec.PLURAL)
 @kopf.on.create(spec.GROUP, spec.VERSION, spec.PLURAL)
 @kopf.on.update(spec.GROUP, spec.VERSION, spec.PLURAL)
 async def on_model(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    await reconcile(client(), dict(body), _emitter(body, logger))
-
-
-@kopf.timer(spec.GROUP, spec.VERSION, spec.PLURAL, interval=RESYNC_SECONDS, idle=RESYNC_SECONDS)
-async def resync(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    await reconcile(client(), dict(body), _emitter(body, logger))
-
-
-async def _owner_changed(body: kopf.Body, logger: logging.Logger) -> None:
-    owner_name = body["metadata"]["labels"][f"{builders.LABEL_PREFIX}/model"]
-    owner = await client().get(spec.KIND, body["metadata"]["namespace"], owner_name)
-    if owner is not None:
-        await reconcile(client(), owner, _emitter(owner, logger))
-
-
-@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
-async def on_job(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    await _owner_changed(body, logger)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-async def on_deployment(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    await _owner_changed(body, logger)
+    await reconcile_and_report(client(), dict(body), logger)

@@ -1,41 +1,56 @@
-"""The operator's one door to the Kubernetes API: reading, creating, patching and deleting objects, and the
-NeuronModel status subresource, over aiohttp with credentials from a kubeconfig or the pod's service account.
+"""The operator's one door to the Kubernetes API: reading, creating, patching and deleting objects, the
+NeuronModel status subresource, Events, and the LISTs and WATCHes behind the operator's caches, over aiohttp
+with credentials from a kubeconfig or the pod's service account.
 
 Every call the operator makes is declared in RBAC_RULES (API group, resource, verbs); `Kube` refuses any
 other, so the chart's RBAC can be derived from this table and checked against it.
+
+Reads of a kind the attached `cache.Cache` watches are answered from it (no request); requests are bounded:
+at most MAX_IN_FLIGHT at once and QPS per second on average (bursts of BURST), like client-go's client-side
+rate limiter (https://pkg.go.dev/k8s.io/client-go/rest#Config: QPS, Burst).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime
+import json
 import os
 import ssl
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import yaml
 
 from . import spec
 
+if TYPE_CHECKING:
+    from .cache import Cache
+
 # (API group, resource) -> verbs the operator uses. The chart's RBAC is exactly this (plus kopf's own).
 RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
-    ("", "persistentvolumeclaims"): ("get", "create"),  # created only (reconcile.CREATE_ONLY)
-    ("", "secrets"): ("get", "create"),  # the internal token: created once, never changed
-    ("", "configmaps"): ("get", "create", "patch"),
-    ("", "services"): ("get", "create", "patch"),
+    # children: list and watch feed the operator's caches (cache.py); get only on a create's 409 AlreadyExists
+    ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),  # created only (CREATE_ONLY)
+    ("", "secrets"): ("get", "list", "watch", "create"),  # the internal token: created once, never changed
+    ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
+    ("", "services"): ("get", "list", "watch", "create", "patch"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "patch"),
-    ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only; list and watch: kopf's
-    ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
-    ("networking.k8s.io", "networkpolicies"): ("get", "create", "patch"),
+    ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only
+    ("policy", "poddisruptionbudgets"): ("get", "list", "watch", "create", "patch"),
+    ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch"),
     ("", "events"): ("create",),
     ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
 }
+MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
+QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
 API_VERSIONS = {  # kind -> (group, version, resource)
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "ConfigMap": ("", "v1", "configmaps"),
@@ -46,6 +61,7 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "Secret": ("", "v1", "secrets"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+    "Event": ("", "v1", "events"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 
@@ -119,20 +135,44 @@ def object_path(
     return base + (f"/{name}" if name else "")
 
 
+class RateLimit:
+    """A token bucket: `take` returns at once while tokens are left, else when the next one is due."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self._tokens, self._at = float(burst), None
+
+    async def take(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            elapsed = 0.0 if self._at is None else now - self._at
+            self._tokens, self._at = min(self.burst, self._tokens + elapsed * self.qps), now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            await asyncio.sleep((1 - self._tokens) / self.qps)
+
+
 class Kube:
-    """An async client limited to the operator's declared calls (RBAC_RULES)."""
+    """An async client limited to the operator's declared calls (RBAC_RULES); reads come from `cache` for the
+    kinds it watches."""
 
     def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials
+        self.cache: Cache | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._rate = RateLimit(QPS, BURST)
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             headers = {"Accept": "application/json"}
             if self.credentials.token:
                 headers["Authorization"] = f"Bearer {self.credentials.token}"
-            connector = aiohttp.TCPConnector(ssl=self.credentials.ssl_context)
-            self._session = aiohttp.ClientSession(headers=headers, connector=connector)
+            connector = aiohttp.TCPConnector(ssl=self.credentials.ssl_context, limit=MAX_IN_FLIGHT + 32)
+            # a watch event is one line holding a whole object: room for large ones
+            self._session = aiohttp.ClientSession(headers=headers, connector=connector, read_bufsize=1 << 22)
         return self._session
 
     async def close(self) -> None:
@@ -149,15 +189,22 @@ class Kube:
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
         session = await self.session()
         headers = {"Content-Type": content_type} if body is not None else {}
-        async with session.request(
-            method, self.credentials.server + path, json=body, headers=headers
-        ) as response:
-            payload = await response.json(content_type=None)
-            if response.status >= 400:
-                raise KubeError(response.status, (payload or {}).get("message", str(payload)))
-            return payload
+        async with self._in_flight:
+            await self._rate.take()
+            async with session.request(
+                method, self.credentials.server + path, json=body, headers=headers
+            ) as response:
+                payload = await response.json(content_type=None)
+                if response.status >= 400:
+                    raise KubeError(response.status, (payload or {}).get("message", str(payload)))
+        if self.cache is not None and isinstance(payload, dict) and method in ("POST", "PATCH"):
+            self.cache.stored(payload)  # the operator's own write, cached at once
+        return payload
 
-    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict[str, Any] | None:
+        """The object, or None; from the cache where it watches the kind, unless `live`."""
+        if not live and self.cache is not None and self._cached(kind, namespace):
+            return await self.cache.get(kind, namespace, name)
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "get")
         try:
@@ -167,11 +214,59 @@ class Kube:
                 return None
             raise
 
+    def _cached(self, kind: str, namespace: str | None) -> bool:
+        return self.cache is not None and self.cache.watches(kind, namespace)
+
     async def list(self, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        group, _, resource = API_VERSIONS[kind]
+        self._allowed(group, resource, "list")
+        if self.cache is not None and self._cached(kind, namespace):
+            cached = await self.cache.list(kind, namespace, label_selector)
+            if cached is not None:
+                return cached
+        return (await self.list_all(kind, namespace, label_selector))[0]
+
+    async def list_all(
+        self, kind: str, namespace: str | None, label_selector: str
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A live LIST (in one namespace, or all): the items, each with its kind, and the list's
+        resourceVersion, from which a watch continues."""
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "list")
-        path = object_path(group, version, resource, namespace) + "?labelSelector=" + quote(label_selector)
-        return (await self._call("GET", path))["items"]
+        path = object_path(group, version, resource, namespace)
+        if label_selector:
+            path += "?labelSelector=" + quote(label_selector)
+        payload = await self._call("GET", path)
+        api_version = f"{group}/{version}" if group else version
+        items = [{"apiVersion": api_version, "kind": kind, **o} for o in payload.get("items") or []]
+        return items, (payload.get("metadata") or {}).get("resourceVersion")
+
+    async def watch(
+        self, kind: str, namespace: str | None, label_selector: str, resource_version: str, timeout: float
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) of each change after `resource_version` until the server ends the request after
+        `timeout` seconds; type ERROR carries a Status (410: the resourceVersion is too old)."""
+        group, version, resource = API_VERSIONS[kind]
+        self._allowed(group, resource, "watch")
+        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(int(timeout))}
+        query["allowWatchBookmarks"] = "true"
+        if label_selector:
+            query["labelSelector"] = label_selector
+        path = object_path(group, version, resource, namespace) + "?" + urlencode(query)
+        session = await self.session()
+        await self._rate.take()
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 60)
+        async with session.get(self.credentials.server + path, timeout=limit) as response:
+            if response.status >= 400:
+                payload = await response.json(content_type=None)
+                if response.status == 410:
+                    yield "ERROR", payload
+                    return
+                raise KubeError(response.status, (payload or {}).get("message", str(payload)))
+            async for line in response.content:
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         group, version, resource = API_VERSIONS[obj["kind"]]
@@ -189,3 +284,30 @@ class Kube:
         self._allowed(spec.GROUP, f"{spec.PLURAL}/status", "patch")
         path = object_path(spec.GROUP, spec.VERSION, spec.PLURAL, namespace, name) + "/status"
         return await self._call("PATCH", path, {"status": status}, "application/merge-patch+json")
+
+    async def post_event(self, about: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about an object (https://kubernetes.io/docs/reference/kubernetes-api/
+        cluster-resources/event-v1/): type Normal or Warning, a reason, a message."""
+        meta = about["metadata"]
+        at = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": about.get("apiVersion", spec.API_VERSION),
+                "kind": about.get("kind", spec.KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": (message or reason)[:1024],
+            "source": {"component": "neuronfleet-operator"},
+            "reportingComponent": "neuronfleet-operator",
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+        }
+        await self.create(event)

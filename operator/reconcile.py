@@ -10,6 +10,7 @@ while the Deployments keep serving the previous hash, then they roll to the new 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import secrets
 from collections.abc import Callable
@@ -17,7 +18,14 @@ from typing import Any
 
 from . import builders, metrics, validation
 from .kube import Kube, KubeError
-from .status import autoscaling_condition, compile_report, compute_status, job_state, transitions
+from .status import (
+    autoscaling_condition,
+    compile_report,
+    compute_status,
+    job_state,
+    transitions,
+    with_conflicts,
+)
 
 # created, never patched: Jobs' and claims' specs are immutable; the Secret's token is made once
 CREATE_ONLY = {"Job", "PersistentVolumeClaim", "Secret"}
@@ -48,44 +56,127 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 # ---- the shell -------------------------------------------------------------------------------------------
 
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
+_conflicts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("conflicts", default=None)
+
+
+def _controller(obj: dict[str, Any]) -> dict[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
+def foreign_owner(desired: dict[str, Any], existing: dict[str, Any]) -> str | None:
+    """Who controls `existing` when it is not the owner `desired` names (None when it is ours): a controller
+    ownerReference with another uid, or none at all (made by hand or by another tool). The operator never
+    patches such an object: two owners patching one object fight for ever."""
+    ours = _controller(desired)
+    if ours is None:
+        return None
+    theirs = _controller(existing)
+    if theirs is not None:
+        if theirs.get("uid") == ours.get("uid"):
+            return None
+        return f"{theirs.get('kind')} {theirs.get('name')} (uid {theirs.get('uid')})"
+    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("uid") == ours.get("uid") for r in refs):
+        return None
+    return "no NeuronModel (it has no controller reference: made by hand or by another tool)"
 
 
 async def apply(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
-    """Create the object, or patch it back to what the operator wants; returns it as the cluster holds it."""
+    """Create the object, or patch it back to what the operator wants; returns it as the cluster holds it.
+    An object of that name controlled by another owner is left as it is and reported (a Conflict condition
+    on the model, see `reconcile`)."""
     meta = obj["metadata"]
-    existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])
+    existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])  # from the cache
     if existing is None:
         try:
             return await kube.create(obj)
         except KubeError as e:
-            if e.status != 409:  # created meanwhile by a concurrent pass: compare below
+            if e.status != 409:  # exists already (the cache had not seen it yet): compare below
                 raise
-            existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])
+            existing = await kube.get(obj["kind"], meta["namespace"], meta["name"], live=True)
+    if existing is not None and (owner := foreign_owner(obj, existing)):
+        found = _conflicts.get()
+        if found is not None:
+            found.append(f"{obj['kind']} {meta['name']} is controlled by {owner}; it is left as it is")
+        return existing
     if obj["kind"] in CREATE_ONLY or existing is None or is_subset(obj, existing):
         return existing or obj
     return await kube.patch(obj["kind"], meta["namespace"], meta["name"], obj)
 
 
+class _Pass:
+    """The client one reconcile pass uses: `kube` itself, except that the status it writes carries the
+    pass's Conflict condition (so that one write holds the whole status)."""
+
+    def __init__(self, kube: Kube, old: dict[str, Any], conflicts: list[str], generation: int) -> None:
+        self._kube, self._old, self._conflicts, self._generation = kube, old, conflicts, generation
+        self.written: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.written = with_conflicts(status, self._old, self._conflicts, self._generation, now())
+        return await self._kube.patch_status(namespace, name, self.written)
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
 async def reconcile(
     kube: Kube, body: dict[str, Any], emit: Callable[[str, str, str], None]
 ) -> dict[str, Any]:
-    """Bring one NeuronModel's children to what its spec asks for and write its status; returns the status."""
+    """Bring one NeuronModel's children to what its spec asks for and write its status; returns the status.
+    Reads come from the operator's caches (kube.Kube answers them); `body` (the trigger's copy) is used when
+    it is newer than the cached one."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     async with _locks.setdefault(key, asyncio.Lock()):
         with metrics.RECONCILE_SECONDS.time():
             try:
                 fresh = await kube.get(body["kind"], *key)  # the latest state, not the triggering event's
+                if fresh is not None and _generation(body) > _generation(fresh):
+                    fresh = body
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     metrics.model_phase(*key, None)
                     return {}
-                status = await _reconcile_locked(kube, fresh, emit)
+                status = await _reconcile_with_conflicts(kube, fresh, emit)
             except Exception:
                 metrics.RECONCILES.labels("error").inc()
                 raise
         metrics.RECONCILES.labels("ok").inc()
         metrics.model_phase(*key, status.get("phase"))
         return status
+
+
+def _generation(body: dict[str, Any]) -> int:
+    return body["metadata"].get("generation", 1)
+
+
+async def _reconcile_with_conflicts(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
+    """One pass, collecting the objects another owner controls; a change in them is written and announced."""
+    old = body.get("status") or {}
+    conflicts: list[str] = []
+    one_pass = _Pass(kube, old, conflicts, _generation(body))
+    token = _conflicts.set(conflicts)
+    try:
+        status = await _reconcile_locked(one_pass, body, emit)  # type: ignore[arg-type]
+    finally:
+        _conflicts.reset(token)
+    if not status:
+        return status
+    status = one_pass.written or with_conflicts(status, old, conflicts, _generation(body), now())
+    before, after = _condition(old, "Conflict"), _condition(status, "Conflict")
+    if (before or {}).get("message") != (after or {}).get("message"):
+        if one_pass.written is None:
+            await kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
+        if after is not None:
+            emit("Warning", "Conflict", after["message"])
+        else:
+            emit("Normal", "ConflictResolved", "no object of this model is controlled by another owner")
+    return status
 
 
 async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:

@@ -160,3 +160,17 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
                 ("Warning" if bad and c["status"] != "Unknown" else "Normal", c["reason"], c["message"])
             )
     return out
+
+
+def with_conflicts(
+    status: dict[str, Any], old: dict[str, Any], conflicts: list[str], generation: int, at: str
+) -> dict[str, Any]:
+    """The status with a `Conflict=True` condition naming each object another owner controls (the operator
+    leaves those alone), or without any Conflict condition when there is none; `old` is the previous status
+    (the condition keeps its lastTransitionTime)."""
+    conds = [c for c in status.get("conditions") or [] if c.get("type") != "Conflict"]
+    if conflicts:
+        message = "; ".join(sorted(set(conflicts)))
+        previous = old.get("conditions") or []
+        conds.append(condition(previous, "Conflict", True, "OwnedElsewhere", message, generation, at))
+    return {**status, "conditions": conds}
