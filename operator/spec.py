@@ -317,7 +317,9 @@ class NeuronModelSpec(Spec):
 # ---- status ----------------------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Compiling", "Deploying", "Ready", "Degraded", "Failed"]
-ConditionType = Literal["Validated", "Compiled", "Ready", "Progressing", "Degraded", "AutoscalingActive"]
+ConditionType = Literal[
+    "Validated", "Compiled", "Ready", "Progressing", "Degraded", "AutoscalingActive", "Conflict"
+]
 
 
 class Condition(BaseModel):
