@@ -1,0 +1,61 @@
+"""The pure parts of the operator's ownership rule and caches: who controls an object (never patch
+another owner's), the Conflict condition, the label selectors the cache answers itself, the namespaces it
+watches."""
+
+from __future__ import annotations
+
+from neuronfleet.operator.cache import selector_matcher, watch_namespaces
+from neuronfleet.operator.reconcile import foreign_owner
+from neuronfleet.operator.status import with_conflicts
+
+
+def owned(uid: str | None, controller: bool = True, name: str = "col") -> dict:
+    refs = (
+        [] if uid is None else [{"kind": "NeuronModel", "name": name, "uid": uid, "controller": controller}]
+    )
+    return {"kind": "Service", "metadata": {"name": "col-prefill", "ownerReferences": refs}}
+
+
+def test_an_object_controlled_by_another_model_or_by_nobody_is_foreign():
+    ours = owned("u-1", name="col-prefill")
+    assert foreign_owner(ours, owned("u-1", name="col-prefill")) is None
+    assert foreign_owner(ours, owned("u-2", name="col")) == "NeuronModel col (uid u-2)"
+    assert "no NeuronModel" in foreign_owner(ours, owned(None))
+    # our reference without the controller flag (e.g. added by hand) is still ours
+    assert foreign_owner(ours, owned("u-1", controller=False, name="col-prefill")) is None
+    # an object built without an owner (neuronfleet render, no cluster) has no one to conflict with
+    assert foreign_owner(owned(None), owned("u-2")) is None
+
+
+def test_the_conflict_condition_names_the_objects_and_keeps_its_transition_time():
+    status = {"phase": "Ready", "conditions": [{"type": "Ready", "status": "True"}]}
+    first = with_conflicts(status, {}, ["Service a is controlled by NeuronModel b"], 3, "t1")
+    conflict = first["conditions"][-1]
+    assert conflict["type"] == "Conflict" and conflict["status"] == "True"
+    assert conflict["message"] == "Service a is controlled by NeuronModel b"
+    assert conflict["lastTransitionTime"] == "t1" and conflict["observedGeneration"] == 3
+    again = with_conflicts(status, first, ["Service a is controlled by NeuronModel b"], 3, "t2")
+    assert again["conditions"][-1]["lastTransitionTime"] == "t1"
+    assert [c["type"] for c in with_conflicts(first, first, [], 3, "t3")["conditions"]] == ["Ready"]
+    assert status["conditions"] == [{"type": "Ready", "status": "True"}]  # the input is not changed
+
+
+def test_equality_selectors_are_answered_from_the_cache_and_set_based_ones_are_not():
+    labels = {"neuronfleet.dev/model": "m1", "job-name": "m1-compile-abc"}
+    assert selector_matcher("neuronfleet.dev/model")(labels)
+    assert not selector_matcher("!neuronfleet.dev/model")(labels)
+    assert selector_matcher("neuronfleet.dev/model=m1,job-name==m1-compile-abc")(labels)
+    assert not selector_matcher("neuronfleet.dev/model=m2")(labels)
+    assert selector_matcher("neuronfleet.dev/model!=m2")(labels)
+    assert selector_matcher("")(labels)
+    assert selector_matcher("env in (a,b)") is None and selector_matcher("a notin (b)") is None
+
+
+def test_the_cache_watches_the_namespaces_kopf_was_given_or_the_whole_cluster():
+    assert watch_namespaces(["neuronfleet", "operator", "--all-namespaces"]) is None
+    assert watch_namespaces(["x", "--standalone", "-A"]) is None
+    assert watch_namespaces(["x", "--standalone"]) is None
+    assert watch_namespaces(["x", "--namespace=team-a", "--namespace", "team-b", "-n", "c", "-nd"]) == [
+        "team-a", "team-b", "c", "d",
+    ]  # fmt: skip
+    assert watch_namespaces(["x", "--namespace=team-*"]) is None  # a glob: no single watch follows it
