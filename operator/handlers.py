@@ -20,11 +20,11 @@ the caches and the trigger workers (waiting for a reconcile in flight) before it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 from typing import Any
 
+import aiohttp
 import kopf
 
 from . import kube, spec
@@ -109,8 +109,10 @@ async def reconcile_and_report(client: kube.Kube, body: dict[str, Any], logger: 
     finally:
         for type_, reason, message in events:
             logger.info("%s %s: %s", type_, reason, message)
-            with contextlib.suppress(kube.KubeError):  # an event that cannot be posted is only lost
+            try:
                 await client.post_event(body, type_, reason, message)
+            except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                logger.warning("the event %s could not be posted: %r", reason, e)  # only the event is lost
 
 
 @kopf.on.startup()
