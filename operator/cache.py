@@ -187,6 +187,13 @@ class Cache:
         self._objects[kind][key] = obj
         self._written[(kind, *key)] = resource_version(obj)
 
+    def forget(self, obj: dict[str, Any]) -> None:
+        """An object the operator deleted: gone from the cache at once (its watch event confirms it)."""
+        kind, meta = obj.get("kind", ""), obj["metadata"]
+        if kind in self._objects:
+            self._objects[kind].pop((meta.get("namespace", ""), meta["name"]), None)
+            self._written.pop((kind, meta.get("namespace", ""), meta["name"]), None)
+
     # ---- reading ----
 
     def _covers(self, ns: str | None) -> bool:

@@ -197,8 +197,11 @@ class Kube:
                 payload = await response.json(content_type=None)
                 if response.status >= 400:
                     raise KubeError(response.status, (payload or {}).get("message", str(payload)))
-        if self.cache is not None and isinstance(payload, dict) and method in ("POST", "PATCH"):
-            self.cache.stored(payload)  # the operator's own write, cached at once
+        if self.cache is not None and isinstance(payload, dict) and "metadata" in payload:
+            if method in ("POST", "PATCH"):
+                self.cache.stored(payload)  # the operator's own write, cached at once
+            elif method == "DELETE" and not payload["metadata"].get("finalizers"):
+                self.cache.forget(payload)  # gone (an object with finalizers stays until they are done)
         return payload
 
     async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict[str, Any] | None:
