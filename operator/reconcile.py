@@ -18,6 +18,7 @@ from typing import Any
 
 from . import builders, metrics, validation
 from .kube import Kube, KubeError
+from .spec import KIND
 from .status import (
     autoscaling_condition,
     compile_report,
@@ -118,6 +119,8 @@ class _Pass:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.written = with_conflicts(status, self._old, self._conflicts, self._generation, now())
+        if not status_changed(self._old, self.written):  # only the Conflict condition made it look new
+            return await self._kube.get(KIND, namespace, name) or {}
         return await self._kube.patch_status(namespace, name, self.written)
 
 
@@ -137,7 +140,9 @@ async def reconcile(
         with metrics.RECONCILE_SECONDS.time():
             try:
                 fresh = await kube.get(body["kind"], *key)  # the latest state, not the triggering event's
-                if fresh is not None and _generation(body) > _generation(fresh):
+                if fresh is None:  # kopf's watch may be ahead of the cache's: ask the API server
+                    fresh = await kube.get(body["kind"], *key, live=True)
+                elif _generation(body) > _generation(fresh):
                     fresh = body
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     metrics.model_phase(*key, None)
