@@ -25,23 +25,27 @@ import hashlib
 import json
 import logging
 import os
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
+from . import podlogs
+from .probes import Prober, Target
 from .processes import (
     POD_IP,
     LocalPod,
     free_port,
+    kill,
     map_path,
     pod_status,
-    probe_readiness,
     rewrite_command,
     stop,
     supervise,
 )
-from .semantics import now
+from .semantics import ApiError, now
 from .store import ClusterClient
 
 log = logging.getLogger(__name__)
@@ -169,10 +173,9 @@ class ProcessKubelet:
     async def sync_jobs(self) -> None:
         for job in self.cluster.list("batch", "v1", "jobs"):
             status = job.get("status") or {}
-            if any(
-                c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                for c in status.get("conditions", [])
-            ):
+            finished = _finished_at(job)
+            if finished is not None:
+                await self._expire(job, finished)
                 continue
             pods = self.pods_of(job)
             phases = [(p.get("status") or {}).get("phase") for p in pods]
@@ -187,9 +190,12 @@ class ProcessKubelet:
                         "status": "True",
                         "reason": "Completed",
                         "message": "the pod's process exited 0",
+                        "lastProbeTime": now(),
+                        "lastTransitionTime": now(),
                     }
                 ]
                 new["completionTime"] = now()
+                new["active"] = 0
             elif failed > limit:
                 last = next(p for p in reversed(pods) if (p.get("status") or {}).get("phase") == "Failed")
                 message = _termination(last)
@@ -199,14 +205,34 @@ class ProcessKubelet:
                         "status": "True",
                         "reason": "BackoffLimitExceeded",
                         "message": f"{failed} pods failed; the last: {message}"[:1000],
+                        "lastProbeTime": now(),
+                        "lastTransitionTime": now(),
                     }
                 ]
+                new["active"] = 0
             elif active == 0:
-                labels = {"job-name": job["metadata"]["name"], "controller-uid": job["metadata"]["uid"]}
+                # the Job controller's pod labels (pkg/controller/job/job_controller.go; the API server puts
+                # them on the template too): `kubectl logs job/NAME` finds the pod by the Job's selector
+                name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+                labels = {"job-name": name, "controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                          "batch.kubernetes.io/controller-uid": uid}  # fmt: skip
                 await self.create_pod(job, "Job", job["spec"]["template"], labels)
                 new["active"] = 1
                 new.setdefault("startTime", status.get("startTime") or now())
             await self.patch_status("batch", "v1", "jobs", job, new)
+
+    async def _expire(self, job: dict[str, Any], finished: float) -> None:
+        """The TTL-after-finished controller (pkg/controller/ttlafterfinished): a finished Job with
+        `spec.ttlSecondsAfterFinished` is deleted that long after it finished (the time of its Complete or
+        Failed condition), its pods with it (the garbage collector deletes them by their owner reference)."""
+        ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
+        if ttl is None or time.time() < finished + ttl:
+            return
+        meta = job["metadata"]
+        log.info("job %s/%s: finished %.0f s ago, ttl %s s: deleted", meta["namespace"], meta["name"],
+                 time.time() - finished, ttl)  # fmt: skip
+        with contextlib.suppress(Exception):  # deleted meanwhile
+            await self.cluster.delete("batch", "v1", "jobs", meta["namespace"], meta["name"])
 
     async def sync_deployments(self) -> None:
         for dep in self.cluster.list("apps", "v1", "deployments"):
@@ -325,10 +351,11 @@ class ProcessKubelet:
             name=meta["name"],
             uid=meta["uid"],
             folder=folder,
-            log_path=self.state / "logs" / f"{meta['namespace']}_{meta['name']}.log",
+            log_dir=self.state / "logs" / f"{meta['namespace']}_{meta['name']}",
             ports=ports,
             port_numbers=numbers,
-            restart_always=spec.get("restartPolicy", "Always") == "Always",
+            restart_policy=spec.get("restartPolicy", "Always"),
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
         )
         command = rewrite_command(
             [*container.get("command", []), *container.get("args", [])], numbers, mounts
@@ -340,10 +367,21 @@ class ProcessKubelet:
             PEER_HOSTS_FILE_ENV: str(self.hosts_file),
             "HOME": str(folder),
         }
+        local.prober = Prober(
+            container,
+            Target(
+                running=lambda: local.running,
+                instance=lambda: local.instance,
+                started_at=lambda: local.started_mono,
+                port=local.ports.get,
+                host=POD_IP,
+                kill=lambda why: kill(local, why),
+                changed=self.cluster.wake,
+            ),
+        )
+        local.prober.start()
         loop = asyncio.get_running_loop()
         local.tasks.append(loop.create_task(supervise(local, command, env, self.cluster.wake)))
-        probe = container.get("readinessProbe")
-        local.tasks.append(loop.create_task(probe_readiness(local, probe, self.cluster.wake)))
         log.info("pod %s/%s: %s", local.namespace, local.name, " ".join(command))
         return local
 
@@ -474,10 +512,33 @@ class ProcessKubelet:
 
     # ---- logs ----
 
-    def pod_log(self, namespace: str, name: str) -> str | None:
-        """What the pod's process wrote (stdout and stderr), or None if it never ran here."""
-        path = self.state / "logs" / f"{namespace}_{name}.log"
-        return path.read_text(errors="replace") if path.is_file() else None
+    def pod_log(self, namespace: str, name: str, query: dict[str, str]) -> AsyncIterator[bytes]:
+        """`kubectl logs`: the container's log under the request's PodLogOptions (`podlogs`), from the current
+        instance or, with `previous`, the one before; refused as the kubelet words it
+        (pkg/kubelet/kubelet_pods.go, validateContainerLogStatus) and the API server checks the container
+        (pkg/registry/core/pod/strategy.go, LogLocation). Checked before the first byte is sent."""
+        pod = self.cluster.get("", "v1", "pods", namespace, name)
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        options = podlogs.LogOptions.from_query(query)
+        container = pod["spec"]["containers"][0]["name"]
+        if options.container and options.container != container:
+            raise ApiError(400, "BadRequest", f"container {options.container} is not valid for pod {name}")
+        local = self.pods.get(pod["metadata"]["uid"])
+        if options.previous:
+            if local is None or local.last_state is None:
+                what = f'previous terminated container "{container}" in pod "{name}" not found'
+                raise ApiError(400, "BadRequest", what)
+            return podlogs.follow(local.log_file(local.last_instance), options, lambda: False)
+        if local is None or local.instance < 0:
+            raise ApiError(
+                400, "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )  # fmt: skip
+        instance = local.instance
+        return podlogs.follow(
+            local.log_file(instance), options, lambda: local.instance == instance and local.writing
+        )
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -485,6 +546,16 @@ def _ready(pod: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions", [])
     )
+
+
+def _finished_at(job: dict[str, Any]) -> float | None:
+    """When a Job finished (its Complete or Failed condition's lastTransitionTime, as the TTL controller reads
+    it), in seconds since the epoch; None while it runs."""
+    for c in (job.get("status") or {}).get("conditions", []):
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
+            stamp = c.get("lastTransitionTime") or (job.get("status") or {}).get("completionTime")
+            return podlogs.parse_time(stamp) / 1e9 if stamp else 0.0
+    return None
 
 
 def _termination(pod: dict[str, Any]) -> str:
