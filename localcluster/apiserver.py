@@ -308,7 +308,10 @@ class EmulatedAPIServer:
         await response.prepare(request)
         try:
             async for chunk in chunks:
-                await response.write(chunk)
+                if request.transport is None or request.transport.is_closing():
+                    break  # the client left
+                if chunk:
+                    await response.write(chunk)
         except ConnectionResetError:
             pass  # the client left
         finally:

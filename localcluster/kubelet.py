@@ -2,13 +2,15 @@
 it does what a node's kubelet and the built-in controllers would, with local processes.
 
 - PersistentVolumeClaims become folders under the state folder (Bound).
-- Jobs get a pod at a time until one succeeds or `backoffLimit` pods failed (Complete / Failed conditions).
+- Jobs get a pod at a time until one succeeds or `backoffLimit` pods failed (Complete / Failed conditions);
+  a finished Job with `ttlSecondsAfterFinished` is deleted that long after (the TTL-after-finished
+  controller), its pods by garbage collection.
 - Deployments get `replicas` pods of their current template, rolled one extra pod at a time: an old pod goes
   only once a new one is ready; a pod whose process dies is restarted (counted); scaling follows replicas.
 - Pods run their container's command as a local process (`processes`): ports mapped, volume mounts mapped to
-  local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), readiness
-  from the readiness probe, logs in files that `kubectl logs` reads (`pod_log`), the termination message
-  from `NEURONFLEET_TERMINATION_LOG`.
+  local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), probes at
+  their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
+  reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`.
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
   model's endpoint). There is no cluster DNS: every Service name (`name`, `name.ns`, `name.ns.svc`, with its
@@ -173,9 +175,8 @@ class ProcessKubelet:
     async def sync_jobs(self) -> None:
         for job in self.cluster.list("batch", "v1", "jobs"):
             status = job.get("status") or {}
-            finished = _finished_at(job)
-            if finished is not None:
-                await self._expire(job, finished)
+            if _finished(job):
+                await self._expire(job)
                 continue
             pods = self.pods_of(job)
             phases = [(p.get("status") or {}).get("phase") for p in pods]
@@ -221,12 +222,14 @@ class ProcessKubelet:
                 new.setdefault("startTime", status.get("startTime") or now())
             await self.patch_status("batch", "v1", "jobs", job, new)
 
-    async def _expire(self, job: dict[str, Any], finished: float) -> None:
+    async def _expire(self, job: dict[str, Any]) -> None:
         """The TTL-after-finished controller (pkg/controller/ttlafterfinished): a finished Job with
         `spec.ttlSecondsAfterFinished` is deleted that long after it finished (the time of its Complete or
-        Failed condition), its pods with it (the garbage collector deletes them by their owner reference)."""
+        Failed condition; without one, never), its pods with it (the garbage collector deletes them by their
+        owner reference)."""
         ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
-        if ttl is None or time.time() < finished + ttl:
+        finished = _finished_at(job)
+        if ttl is None or finished is None or time.time() < finished + ttl:
             return
         meta = job["metadata"]
         log.info("job %s/%s: finished %.0f s ago, ttl %s s: deleted", meta["namespace"], meta["name"],
@@ -351,7 +354,9 @@ class ProcessKubelet:
             name=meta["name"],
             uid=meta["uid"],
             folder=folder,
-            log_dir=self.state / "logs" / f"{meta['namespace']}_{meta['name']}",
+            log_dir=self.state
+            / "logs"
+            / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",  # as /var/log/pods
             ports=ports,
             port_numbers=numbers,
             restart_policy=spec.get("restartPolicy", "Always"),
@@ -548,13 +553,23 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
+def _finished(job: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions", [])
+    )
+
+
 def _finished_at(job: dict[str, Any]) -> float | None:
-    """When a Job finished (its Complete or Failed condition's lastTransitionTime, as the TTL controller reads
-    it), in seconds since the epoch; None while it runs."""
+    """When a Job finished, in seconds since the epoch: the lastTransitionTime of its Complete or Failed
+    condition, as the TTL controller reads it (jobFinishTime); None while it runs or where no time is set."""
     for c in (job.get("status") or {}).get("conditions", []):
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
-            stamp = c.get("lastTransitionTime") or (job.get("status") or {}).get("completionTime")
-            return podlogs.parse_time(stamp) / 1e9 if stamp else 0.0
+        if (
+            c.get("type") in ("Complete", "Failed")
+            and c.get("status") == "True"
+            and c.get("lastTransitionTime")
+        ):
+            return podlogs.parse_time(c["lastTransitionTime"]) / 1e9
     return None
 
 

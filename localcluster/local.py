@@ -237,6 +237,7 @@ def status(state: Path, say=print) -> int:
         c = (s.get("containerStatuses") or [{}])[0]
         name = f"{p['metadata']['namespace']}_{p['metadata']['name']}"
         ready, restarts = c.get("ready", False), c.get("restartCount", 0)
-        log_file = state / "node" / "logs" / name  # one CRI log file per container instance
+        # one CRI log file per container instance (kubectl logs reads them)
+        log_file = state / "node" / "logs" / f"{name}_{p['metadata']['uid']}"
         say(f"  {name}: {s.get('phase', '-')} ready={ready} restarts={restarts} logs {log_file}")
     return 0

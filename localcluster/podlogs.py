@@ -182,8 +182,9 @@ async def copy_lines(reader: asyncio.StreamReader, stream: str, out: BinaryIO) -
 
 
 async def follow(path: Path, options: LogOptions, writing: Callable[[], bool]) -> AsyncIterator[bytes]:
-    """The log under the options, then what is appended while `writing()` holds (the container instance
-    runs and its streams are open); ends after the last line once it no longer does."""
+    """The log under the options, then (following) what is appended while `writing()` holds (the container
+    instance runs and its streams are open), ending after the last line once it no longer does; while
+    following, an empty chunk now and then."""
     with path.open("rb") as f:
         data = f.read()
         out, used = select(data, options)
@@ -201,8 +202,7 @@ async def follow(path: Path, options: LogOptions, writing: Callable[[], bool]) -
             f.seek(-len(rest), 1)
             entries = [e for e in (parse_line(line) for line in lines) if e is not None]
             out, left = render(entries, LogOptions(**{**options.__dict__, "limit": left}))
-            if out:
-                yield out
+            yield out  # empty when nothing came: the reader looks whether its client is still there
             if done:
                 return
             await asyncio.sleep(FOLLOW_POLL)

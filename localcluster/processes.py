@@ -186,13 +186,14 @@ async def supervise(
         delay = min(delay * 2, 10.0)
 
 
-async def kill(pod: LocalPod, why: str) -> None:
+async def kill(pod: LocalPod, why: str = "") -> None:
     """Stop the current instance (SIGTERM to its process group, SIGKILL after the grace period); the
-    supervisor then restarts it or not, as the restart policy says."""
+    supervisor then restarts it or not, as the restart policy says. `why` (a probe failed) is logged."""
     proc = pod.process
     if proc is None or proc.returncode is not None:
         return
-    log.warning("pod %s/%s: %s", pod.namespace, pod.name, why)
+    if why:
+        log.warning("pod %s/%s: %s", pod.namespace, pod.name, why)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -206,7 +207,7 @@ async def kill(pod: LocalPod, why: str) -> None:
 async def stop(pod: LocalPod) -> None:
     """Stop the pod for good: its process (gracefully), its supervisor and probes."""
     pod.stopping = True
-    await kill(pod, "stopping")
+    await kill(pod)
     if pod.prober is not None:
         await pod.prober.close()
     for task in pod.tasks:

@@ -521,7 +521,7 @@ def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
     def restarts(o):  # "2 (5s ago)" once a container restarted, as printPod writes it
         count = sum(s.get("restartCount", 0) for s in statuses(o))
         last = max((dig(s, ["lastState", "terminated", "finishedAt"]) or "" for s in statuses(o)), default="")
-        return f"{count} ({age(last)} ago)" if last else str(count)
+        return f"{count} ({age(last)} ago)" if last else count
 
     def job_status(o):
         done = [c["type"] for c in dig(o, ["status", "conditions"]) or [] if c.get("status") == "True"]

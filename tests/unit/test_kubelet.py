@@ -202,3 +202,5 @@ def test_a_job_finishes_when_its_condition_says():
         }
     }
     assert _finished_at(failed) == 5.0
+    untimed = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    assert _finished_at(untimed) is None  # the TTL controller never deletes a Job it cannot date
