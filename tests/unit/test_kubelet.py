@@ -1,7 +1,6 @@
 """The process kubelet's pure parts: how a container's command and paths become a local process's, what a
 pod's status says (Neuron device requests recorded, not enforced; terminated reasons, the previous instance),
-how `kubectl get pods` prints it, how logs are written and read back under PodLogOptions, and how probe
-results follow their thresholds."""
+how logs are written and read back under PodLogOptions, and how probe results follow their thresholds."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from neuronfleet.localcluster.podlogs import (
 )
 from neuronfleet.localcluster.probes import Probe, Streak
 from neuronfleet.localcluster.processes import LocalPod, exit_status, map_path, pod_status, rewrite_command
-from neuronfleet.localcluster.semantics import ApiError, pod_status_reason
+from neuronfleet.localcluster.semantics import ApiError
 
 POD = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "server", "image": "img"}]}}
 
@@ -61,11 +60,7 @@ def test_device_requests_are_recorded_not_enforced(tmp_path):
     assert status["phase"] == "Pending" and status["containerStatuses"][0]["restartCount"] == 0
 
 
-# ---- pod status and how kubectl prints it ----
-
-
-def with_status(status: dict) -> dict:
-    return {**POD, "status": status}
+# ---- pod status (tests/e2e/test_kubelet_pods.py checks how kubectl prints it) ----
 
 
 @pytest.mark.parametrize(("code", "phase", "reason"), [(0, "Succeeded", "Completed"), (3, "Failed", "Error")])
@@ -76,7 +71,6 @@ def test_a_finished_container_is_completed_or_error_as_the_kubelet_says(tmp_path
     terminated = status["containerStatuses"][0]["state"]["terminated"]
     assert status["phase"] == phase
     assert (terminated["exitCode"], terminated["reason"], terminated["message"]) == (code, reason, "why")
-    assert pod_status_reason(with_status(status)) == reason  # kubectl get pods: STATUS
 
 
 def test_a_restarted_container_keeps_its_count_and_last_state(tmp_path):
@@ -94,20 +88,6 @@ def test_a_restarted_container_keeps_its_count_and_last_state(tmp_path):
         "back-off 2s restarting failed container=server pod=p_ns(uid)"
         in container["state"]["waiting"]["message"]
     )
-    assert pod_status_reason(with_status(status)) == "CrashLoopBackOff"
-
-
-def test_kubectl_status_column_follows_the_printer():
-    running = {"phase": "Running", "containerStatuses": [{"ready": True, "state": {"running": {}}}]}
-    assert pod_status_reason(with_status(running)) == "Running"
-    assert pod_status_reason(with_status({"phase": "Pending"})) == "Pending"
-    signal = {
-        "phase": "Failed",
-        "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "signal": 9}}}],
-    }
-    assert pod_status_reason(with_status(signal)) == "Signal:9"
-    deleted = {**with_status(running), "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
-    assert pod_status_reason(deleted) == "Terminating"
 
 
 def test_a_signal_is_reported_as_the_runtime_does():
