@@ -67,9 +67,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def up(state: Path, detach: bool, say=print) -> int:
-    """Start the fleet. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP (or until the API server or
-    the operator exits), then stops everything it started, as `down` does; a failed start stops what it
-    started too."""
+    """Start the fleet. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP (0), or until the API server
+    or the operator exits (1), then stops everything it started, as `down` does; a failed start stops what
+    it started too."""
     state = state.resolve()
     running = {name: pid for name, pid in _pids(state).items() if _alive(pid)}
     if running:
@@ -89,16 +89,18 @@ def up(state: Path, detach: bool, say=print) -> int:
                 for pid in pids.values():
                     _reap(pid)
                 time.sleep(0.5)
-            say("[up] a process of the fleet exited; stopping the rest")
+            say("[up] a process of the fleet exited (see its log); stopping the rest")
+            code = 1
         except KeyboardInterrupt as e:
             say(f"[up] {e.args[0] if e.args else 'SIGINT'}: stopping")
+            code = 0
         except BaseException:
             _hold(previous)
             down(state, say)
             raise
         _hold(previous)
         down(state, say)
-        return 0
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

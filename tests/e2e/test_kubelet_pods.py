@@ -43,8 +43,8 @@ if runs == 1:
     raise SystemExit(1)
 time.sleep(3600)
 """
-# an HTTP server with an access log on stderr: /startup fails for its first 2 s, /health fails once a file
-# `sick` exists in its folder, /ready always answers
+# an HTTP server that logs each request with its own clock ("<seconds> <path> <code>"): /startup fails for
+# its first 2 s, /health fails once a file `sick` exists in its folder, /ready always answers
 WEB = """
 import http.server, os, sys, time
 began = time.monotonic()
@@ -55,8 +55,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             code = 503
         if self.path == "/health" and os.path.exists("sick"):
             code = 500
+        print(f"{time.time():.6f} {self.path} {code}", flush=True)
         self.send_response(code)
         self.end_headers()
+    def log_message(self, *args):
+        pass
 port = int(sys.argv[sys.argv.index("--port") + 1])
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
@@ -255,13 +258,10 @@ def test_probes_run_at_their_declared_periods_and_liveness_restarts(node):
     name = pod["metadata"]["name"]
     node.wait("the web pod ready", lambda: state(node.get("pod", name)).get("ready"))
 
-    def requests() -> list[tuple[float, str, int]]:
-        out = []
-        for when, line in stamped(node.logs(name, "--timestamps").stdout):
-            match = re.search(r'"GET (/\w+) HTTP/1.1" (\d+)', line)
-            if match:
-                out.append((when, match[1], int(match[2])))
-        return out
+    def requests(*args: str) -> list[tuple[float, str, int]]:
+        """(when, path, status) of each request the pod served, by the server's own clock."""
+        lines = [line.split() for line in node.logs(name, *args).stdout.splitlines()]
+        return [(float(when), path, int(code)) for when, path, code in lines]
 
     node.wait("six readiness probes", lambda: sum(p == "/ready" for _, p, _ in requests()) >= 6)
     seen = requests()
@@ -284,14 +284,14 @@ def test_probes_run_at_their_declared_periods_and_liveness_restarts(node):
     node.wait("the liveness restart", lambda: state(node.get("pod", name)).get("restartCount") == 1)
     terminated = state(node.get("pod", name))["lastState"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (143, "Error")
-    failures = [line for line in node.logs(name, "--previous").stdout.splitlines() if "/health" in line]
-    assert failures[-2:] and all('"GET /health HTTP/1.1" 500' in line for line in failures[-2:])
+    health = [code for _, path, code in requests("--previous") if path == "/health"]
+    assert health[-2:] == [500, 500]  # killed after failureThreshold failures in a row
     (node.folder(pod) / "sick").unlink()
     node.wait("ready again", lambda: state(node.get("pod", name)).get("ready"))
 
 
 def test_a_finished_job_is_deleted_after_its_ttl_with_its_pods(node):
-    ttl = 4
+    ttl = 8
     node.apply(job("short", "print('done')", ttlSecondsAfterFinished=ttl))
     pod = node.pod("job-name=short")
     done = node.wait(
@@ -326,14 +326,24 @@ def test_deleting_an_owner_deletes_its_dependents_and_their_processes(node, casc
     node.wait("the process gone", lambda: not alive(pid))
 
 
-def test_kubectl_logs_job_picks_the_jobs_pod(node):
-    node.apply(job("named", "print('from the job')"))
-    spec = node.get("job", "named")["spec"]
+@pytest.mark.parametrize("selector", ["manual", "defaulted"])
+def test_kubectl_logs_job_picks_the_jobs_pod(node, selector):
+    """`kubectl logs job/NAME` lists pods by the Job's spec.selector: the pods carry the template's labels.
+    A manual selector works on any API server; a defaulted one needs the API server to default it (batch/v1
+    Job strategy: batch.kubernetes.io/controller-uid) and the template's labels."""
+    name = f"named-{selector}"
+    manifest = job(name, f"print('from {name}')")
+    if selector == "manual":
+        manifest["spec"]["manualSelector"] = True
+        manifest["spec"]["selector"] = {"matchLabels": {"picked": name}}
+        manifest["spec"]["template"]["metadata"] = {"labels": {"picked": name}}
+    node.apply(manifest)
+    spec = node.get("job", name)["spec"]
     if "selector" not in spec:
-        pytest.skip("this API server does not default a Job's spec.selector yet (the apiserver branch does)")
-    node.apply(deployment("decoy", container("import time; print('decoy', flush=True); time.sleep(3600)")))
-    node.wait("the Job complete", lambda: node.get("job", "named")["status"].get("succeeded") == 1)
-    assert node.logs("job/named").stdout == "from the job\n"
-    labels = node.pod("job-name=named")["metadata"]["labels"]
-    assert spec["selector"]["matchLabels"].items() <= labels.items()  # the pod carries the template's labels
-    node.kubectl("delete", "deployment", "decoy")
+        pytest.skip("this API server does not default a Job's spec.selector (the apiserver branch does)")
+    node.apply(deployment(f"decoy-{selector}", container("import time; print('decoy'); time.sleep(3600)")))
+    node.wait("the Job complete", lambda: node.get("job", name)["status"].get("succeeded") == 1)
+    assert node.logs(f"job/{name}").stdout == f"from {name}\n"
+    labels = node.pod(f"job-name={name}")["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    node.kubectl("delete", "deployment", f"decoy-{selector}")
