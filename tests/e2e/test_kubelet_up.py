@@ -23,6 +23,11 @@ def alive(pid: int) -> bool:
     return True
 
 
+def run_status(state: Path) -> subprocess.CompletedProcess:
+    command = [*neuronfleet_command(), "status", "--state", str(state)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=CEILING)
+
+
 SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 SLEEPER = {
     "apiVersion": "apps/v1",
@@ -53,6 +58,10 @@ def test_up_in_the_foreground_stops_all_it_started_on(sig, tmp_path):
         up.wait_until(lambda: pid_files() and pid_files()[0].read_text(), "the pod's process")
         pod = int(pid_files()[0].read_text())
         assert alive(pod)
+        listed = run_status(state)
+        assert listed.returncode == 0, listed.stderr
+        (line,) = [line for line in listed.stdout.splitlines() if "default_sleeper-" in line]
+        assert (Path(line.split(" logs ")[1]) / "0.log").is_file()  # where the pod's log is, as it says
 
         up.signal(sig)
         assert up.wait() == 0, up.output()
@@ -63,12 +72,7 @@ def test_up_in_the_foreground_stops_all_it_started_on(sig, tmp_path):
     assert not left, f"still running after {sig.name}: {left}\n{up.output()}"
     assert f"{sig.name}: stopping" in up.output()
     assert not (state / "pids.json").exists() and not (state / "url").exists()
-    status = subprocess.run(
-        [*neuronfleet_command(), "status", "--state", str(state)],
-        capture_output=True,
-        text=True,
-        timeout=CEILING,
-    )
+    status = run_status(state)
     assert status.returncode != 0 and "no local fleet" in status.stderr + status.stdout
 
 
