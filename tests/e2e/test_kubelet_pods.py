@@ -347,3 +347,34 @@ def test_kubectl_logs_job_picks_the_jobs_pod(node, selector):
     labels = node.pod(f"job-name={name}")["metadata"]["labels"]
     assert spec["selector"]["matchLabels"].items() <= labels.items()
     node.kubectl("delete", "deployment", f"decoy-{selector}")
+
+
+def test_a_follower_that_leaves_is_let_go(node):
+    """`kubectl logs -f` ends on the server side when its client leaves, not only when the container exits:
+    the API server's process then holds the log file open once (the kubelet writing it), not twice."""
+    # two lines, then silence: nothing written to the gone client tells the server it left
+    ticker = container("import time; print('tick'); print('tick', flush=True); time.sleep(3600)")
+    node.apply(deployment("ticker", ticker))
+    pod = node.pod("app=ticker")
+    name = pod["metadata"]["name"]
+    node.wait("the ticker running", lambda: "running" in state(node.get("pod", name)).get("state", {}))
+    log = next((node.state / "node" / "logs").glob(f"default_{name}_*/0.log"))
+
+    def opened() -> int:
+        fds = Path(f"/proc/{node.api.process.pid}/fd")
+        return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(log.resolve()))
+
+    followed = node.state / "ticks.txt"
+    with followed.open("w") as out:
+        follower = subprocess.Popen(
+            [kubectl_path(), "--kubeconfig", str(node.kubectl.kubeconfig), "--cache-dir",
+             str(node.kubectl.cache_dir), "logs", "-f", name], stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        node.wait("ticks followed", lambda: followed.read_text().count("tick") >= 2)
+        assert opened() == 2  # the kubelet writing, the follower reading
+    finally:
+        follower.kill()
+        follower.wait()
+    node.wait("the follower let go", lambda: opened() == 1)
+    node.kubectl("delete", "deployment", "ticker")
