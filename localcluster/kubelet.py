@@ -330,7 +330,7 @@ class ProcessKubelet:
 
     async def _start(self, pod: dict[str, Any]) -> LocalPod:
         meta, spec = pod["metadata"], pod["spec"]
-        folder = self.state / "pods" / f"{meta['namespace']}_{meta['name']}"
+        folder = self.state / "pods" / f"{meta['namespace']}_{meta['name']}"  # logs: as /var/log/pods
         folder.mkdir(parents=True, exist_ok=True)
         container = spec["containers"][0]
         ports: dict[str, int] = {}
@@ -354,9 +354,7 @@ class ProcessKubelet:
             name=meta["name"],
             uid=meta["uid"],
             folder=folder,
-            log_dir=self.state
-            / "logs"
-            / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",  # as /var/log/pods
+            log_dir=self.state / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
             ports=ports,
             port_numbers=numbers,
             restart_policy=spec.get("restartPolicy", "Always"),

@@ -155,12 +155,14 @@ async def supervise(
                 asyncio.ensure_future(copy_lines(pod.process.stdout, "stdout", out)),
                 asyncio.ensure_future(copy_lines(pod.process.stderr, "stderr", out)),
             ]
-            code = exit_status(await pod.process.wait())
-            # what a child left holding the streams may still write; the instance's log ends soon after
-            _, pending = await asyncio.wait(copies, timeout=2.0)
-            for copy in pending:
-                copy.cancel()
-        pod.writing = False
+            try:
+                code = exit_status(await pod.process.wait())
+                # what a child left holding the streams may still write; the instance's log ends soon after
+                await asyncio.wait(copies, timeout=2.0)
+            finally:
+                for copy in copies:
+                    copy.cancel()
+                pod.writing = False  # followers of this instance's log end (also when stopped for good)
         pod.exit_code, pod.finished_at = code, now()
         termination = pod.folder / "termination-log"
         pod.message = termination.read_text() if termination.is_file() else ""
