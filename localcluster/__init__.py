@@ -5,6 +5,7 @@
 - `apiserver`: the emulated API server's HTTP face (`python -m neuronfleet.localcluster.apiserver`).
 - `processes`: one pod as a local process (command rewriting, supervision, restarts, status).
 - `probes`: a container's startup, readiness and liveness probes at their declared periods and thresholds.
+- `events`: Events as the kubelet and controllers record them (repeats counted).
 - `podlogs`: pod logs in the CRI format, read back under `kubectl logs`' options (follow, tail, since...).
 - `kubelet`: the process kubelet (claims, Jobs and their TTL, Deployments, pods, Services) over a
   `ClusterClient`.

@@ -11,6 +11,7 @@ it does what a node's kubelet and the built-in controllers would, with local pro
   local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), probes at
   their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
   reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`.
+- What happens is recorded as Events, in the kubelet's and the Job controller's words (`events`).
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
   model's endpoint). There is no cluster DNS: every Service name (`name`, `name.ns`, `name.ns.svc`, with its
@@ -34,7 +35,8 @@ from typing import Any
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
-from . import podlogs
+from . import jobs, podlogs
+from .events import Recorder, reference
 from .probes import Prober, Target
 from .processes import (
     POD_IP,
@@ -80,6 +82,8 @@ class ProcessKubelet:
         ] = {}  # service uid:port -> (server, port)
         self.backends: dict[str, list[tuple[str, int]]] = {}  # service uid:port -> ready (host, port)
         self.hosts_file = self.state / "hosts.json"
+        self.events = Recorder(cluster, "kubelet")
+        self.job_events = Recorder(cluster, "job-controller")
         self._turn = 0
         for sub in ("volumes", "pods", "logs"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
@@ -102,6 +106,8 @@ class ProcessKubelet:
         """Stop every process and proxy this kubelet started."""
         await asyncio.gather(*(stop(p) for p in list(self.pods.values())))
         self.pods.clear()
+        await self.events.settle()
+        await self.job_events.settle()
         for proxy, _ in self.proxies.values():
             proxy.close()
         self.proxies.clear()
@@ -150,7 +156,8 @@ class ProcessKubelet:
 
     async def create_pod(
         self, owner: dict[str, Any], kind: str, template: dict[str, Any], extra_labels: dict
-    ) -> None:
+    ) -> str:
+        """Create a pod of the owner's template; its name."""
         meta = owner["metadata"]
         labels = {**(template.get("metadata") or {}).get("labels", {}), **extra_labels}
         owner_ref = {"apiVersion": owner["apiVersion"], "kind": kind, "name": meta["name"],
@@ -166,7 +173,7 @@ class ProcessKubelet:
             },
             "spec": {**template["spec"], "nodeName": "local"},
         }
-        await self.cluster.create("", "v1", "pods", meta["namespace"], pod)
+        return (await self.cluster.create("", "v1", "pods", meta["namespace"], pod))["metadata"]["name"]
 
     async def delete_pod(self, pod: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
@@ -175,7 +182,7 @@ class ProcessKubelet:
     async def sync_jobs(self) -> None:
         for job in self.cluster.list("batch", "v1", "jobs"):
             status = job.get("status") or {}
-            if _finished(job):
+            if jobs.finished(job):
                 await self._expire(job)
                 continue
             pods = self.pods_of(job)
@@ -185,55 +192,34 @@ class ProcessKubelet:
             new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed}
             limit = (job.get("spec") or {}).get("backoffLimit", 6)
             if succeeded:
-                new["conditions"] = [
-                    {
-                        "type": "Complete",
-                        "status": "True",
-                        "reason": "Completed",
-                        "message": "the pod's process exited 0",
-                        "lastProbeTime": now(),
-                        "lastTransitionTime": now(),
-                    }
-                ]
-                new["completionTime"] = now()
-                new["active"] = 0
+                new["conditions"] = [jobs.condition("Complete", "Completed", "the pod's process exited 0")]
+                new["completionTime"], new["active"] = now(), 0
+                self.job_events.record(reference(job), "Normal", "Completed", "Job completed")
             elif failed > limit:
                 last = next(p for p in reversed(pods) if (p.get("status") or {}).get("phase") == "Failed")
-                message = _termination(last)
-                new["conditions"] = [
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": f"{failed} pods failed; the last: {message}"[:1000],
-                        "lastProbeTime": now(),
-                        "lastTransitionTime": now(),
-                    }
-                ]
-                new["active"] = 0
+                why = f"{failed} pods failed; the last: {jobs.termination(last)}"
+                new["conditions"], new["active"] = [jobs.condition("Failed", "BackoffLimitExceeded", why)], 0
+                what = "Job has reached the specified backoff limit"
+                self.job_events.record(reference(job), "Warning", "BackoffLimitExceeded", what)
             elif active == 0:
-                # the Job controller's pod labels (pkg/controller/job/job_controller.go; the API server puts
-                # them on the template too): `kubectl logs job/NAME` finds the pod by the Job's selector
-                name, uid = job["metadata"]["name"], job["metadata"]["uid"]
-                labels = {"job-name": name, "controller-uid": uid, "batch.kubernetes.io/job-name": name,
-                          "batch.kubernetes.io/controller-uid": uid}  # fmt: skip
-                await self.create_pod(job, "Job", job["spec"]["template"], labels)
+                template = job["spec"]["template"]
+                created = await self.create_pod(job, "Job", template, jobs.pod_labels(job))
+                self.job_events.record(
+                    reference(job), "Normal", "SuccessfulCreate", f"Created pod: {created}"
+                )
                 new["active"] = 1
                 new.setdefault("startTime", status.get("startTime") or now())
             await self.patch_status("batch", "v1", "jobs", job, new)
 
     async def _expire(self, job: dict[str, Any]) -> None:
-        """The TTL-after-finished controller (pkg/controller/ttlafterfinished): a finished Job with
-        `spec.ttlSecondsAfterFinished` is deleted that long after it finished (the time of its Complete or
-        Failed condition; without one, never), its pods with it (the garbage collector deletes them by their
-        owner reference)."""
-        ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
-        finished = _finished_at(job)
-        if ttl is None or finished is None or time.time() < finished + ttl:
+        """The TTL-after-finished controller: a finished Job with `spec.ttlSecondsAfterFinished` is deleted
+        that long after it finished (`jobs.expired`), its pods with it (the garbage collector deletes them by
+        their owner reference)."""
+        if not jobs.expired(job, time.time()):
             return
         meta = job["metadata"]
-        log.info("job %s/%s: finished %.0f s ago, ttl %s s: deleted", meta["namespace"], meta["name"],
-                 time.time() - finished, ttl)  # fmt: skip
+        log.info("job %s/%s: finished, ttl %s s: deleted", meta["namespace"], meta["name"],
+                 job["spec"]["ttlSecondsAfterFinished"])  # fmt: skip
         with contextlib.suppress(Exception):  # deleted meanwhile
             await self.cluster.delete("batch", "v1", "jobs", meta["namespace"], meta["name"])
 
@@ -282,7 +268,11 @@ class ProcessKubelet:
             for backends in self.backends.values():
                 backends[:] = [b for b in backends if b[1] not in gone.port_numbers.values()]
             gone.stopping = True
-            asyncio.get_running_loop().create_task(stop(gone))
+            asyncio.get_running_loop().create_task(self._retire(gone))
+
+    async def _retire(self, gone: LocalPod) -> None:
+        await stop(gone)
+        self.events.forget(gone.uid)
 
     def _volumes(self, pod: dict[str, Any], folder: Path) -> dict[str, Path]:
         ns = pod["metadata"]["namespace"]
@@ -359,7 +349,10 @@ class ProcessKubelet:
             port_numbers=numbers,
             restart_policy=spec.get("restartPolicy", "Always"),
             grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
+            container=container["name"],
         )
+        involved = reference(pod, f"spec.containers{{{container['name']}}}")
+        local.event = lambda type_, reason, message: self.events.record(involved, type_, reason, message)
         command = rewrite_command(
             [*container.get("command", []), *container.get("args", [])], numbers, mounts
         )
@@ -380,6 +373,8 @@ class ProcessKubelet:
                 host=POD_IP,
                 kill=lambda why: kill(local, why),
                 changed=self.cluster.wake,
+                container=container["name"],
+                event=local.event,
             ),
         )
         local.prober.start()
@@ -549,31 +544,3 @@ def _ready(pod: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions", [])
     )
-
-
-def _finished(job: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions", [])
-    )
-
-
-def _finished_at(job: dict[str, Any]) -> float | None:
-    """When a Job finished, in seconds since the epoch: the lastTransitionTime of its Complete or Failed
-    condition, as the TTL controller reads it (jobFinishTime); None while it runs or where no time is set."""
-    for c in (job.get("status") or {}).get("conditions", []):
-        if (
-            c.get("type") in ("Complete", "Failed")
-            and c.get("status") == "True"
-            and c.get("lastTransitionTime")
-        ):
-            return podlogs.parse_time(c["lastTransitionTime"]) / 1e9
-    return None
-
-
-def _termination(pod: dict[str, Any]) -> str:
-    for s in (pod.get("status") or {}).get("containerStatuses", []):
-        terminated = (s.get("state") or {}).get("terminated")
-        if terminated:
-            return terminated.get("message") or f"exit code {terminated.get('exitCode')}"
-    return "no termination message"

@@ -24,6 +24,7 @@ import aiohttp
 
 USER_AGENT = "kube-probe/1.32"  # what the kubelet sends (pkg/probe/http/request.go)
 KINDS = ("startup", "readiness", "liveness")
+CLIENT_TIMEOUT = "Client.Timeout exceeded while awaiting headers"  # Go's net/http, in a timed-out probe
 
 
 @dataclass
@@ -82,6 +83,8 @@ class Target:
     host: str
     kill: Callable[[str], Awaitable[None]]  # stop the instance, saying why
     changed: Callable[[], None]
+    container: str = "main"
+    event: Callable[[str, str, str], None] = lambda type_, reason, message: None  # records an Event
 
 
 class Prober:
@@ -163,9 +166,11 @@ class Prober:
         if time.monotonic() - target.started_at() < probe.initial_delay:
             return
         instance = target.instance()
-        ok = await self._check(probe)
+        ok, output = await self._check(probe)
         if target.instance() != instance:
             return  # the instance changed while the check ran
+        if not ok:  # every failed check is an event (the recorder counts repeats): prober.go
+            target.event("Warning", "Unhealthy", f"{probe.kind.capitalize()} probe failed: {output}")
         before = streak.result
         result = streak.record(ok)
         if probe.kind == "startup" and result:
@@ -176,43 +181,53 @@ class Prober:
             self._ready = bool(result)
             target.changed()
         elif probe.kind in ("liveness", "startup") and result is False and before is not False:
-            what = "liveness" if probe.kind == "liveness" else "startup"
-            await target.kill(f"container failed {what} probe, will be restarted")
+            await target.kill(f"Container {target.container} failed {probe.kind} probe, will be restarted")
 
-    async def _check(self, probe: Probe) -> bool:
-        action = probe.action
+    async def _check(self, probe: Probe) -> tuple[bool, str]:
+        """The check's result and, when it failed, why, in the kubelet's words (pkg/probe/http/http.go:
+        "HTTP probe failed with statuscode: N"; Go's error for a failed request)."""
+        action, url = probe.action, ""
         try:
             if "httpGet" in action:
                 get = action["httpGet"]
                 port = self.target.port(str(get["port"]))
                 if port is None:
-                    return False
+                    return False, f"unknown port {get['port']!r}"
                 headers = {h["name"]: h["value"] for h in get.get("httpHeaders", [])}
                 url = f"http://{self.target.host}:{port}{get.get('path', '/')}"
                 assert self._session is not None
                 timeout = aiohttp.ClientTimeout(total=probe.timeout)
                 async with self._session.get(url, headers=headers, timeout=timeout) as r:
-                    return 200 <= r.status < 400
+                    ok = 200 <= r.status < 400
+                    return ok, "" if ok else f"HTTP probe failed with statuscode: {r.status}"
             if "tcpSocket" in action:
                 port = self.target.port(str(action["tcpSocket"]["port"]))
                 if port is None:
-                    return False
+                    return False, f"unknown port {action['tcpSocket']['port']!r}"
+                url = f"{self.target.host}:{port}"
                 opening = asyncio.open_connection(self.target.host, port)
                 _, writer = await asyncio.wait_for(opening, probe.timeout)
                 writer.close()
-                return True
+                return True, ""
             if "exec" in action:
+                command = action["exec"]["command"]
                 process = await asyncio.create_subprocess_exec(
-                    *action["exec"]["command"],
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
+                    *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
                 )
                 try:
-                    return await asyncio.wait_for(process.wait(), probe.timeout) == 0
+                    out, _ = await asyncio.wait_for(process.communicate(), probe.timeout)
                 except TimeoutError:
                     process.kill()
                     await process.wait()
-                    return False
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
-        return False  # grpc: not supported here, counted as failing
+                    return False, f"command {command!r} timed out"
+                return process.returncode == 0, out.decode(errors="replace").strip()
+        except TimeoutError:
+            if url.startswith("http"):
+                return False, f'Get "{url}": context deadline exceeded ({CLIENT_TIMEOUT})'
+            return False, f"dial tcp {url}: i/o timeout"
+        except (aiohttp.ClientError, OSError) as e:
+            refused = isinstance(e, ConnectionRefusedError) or "Connect call failed" in str(e)
+            address = url.split("/")[2] if url.startswith("http") else url
+            why = f"dial tcp {address}: connect: connection refused" if refused else str(e)
+            return False, f'Get "{url}": {why}' if url.startswith("http") else why
+        return False, "grpc probes are not supported by the local kubelet"

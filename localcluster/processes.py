@@ -90,6 +90,8 @@ class LocalPod:
     last_instance: int = -1  # and its number
     backoff: float = 0.0  # > 0: waiting this long to restart (CrashLoopBackOff)
     prober: Any = None  # its `probes.Prober`
+    container: str = "main"  # the container's name
+    event: Callable[[str, str, str], None] = lambda type_, reason, message: None  # records an Event
     tasks: list[asyncio.Task] = field(default_factory=list)
     stopping: bool = False
 
@@ -149,6 +151,8 @@ async def supervise(
                 start_new_session=True,
             )
             (pod.folder / "pid").write_text(str(pod.process.pid))
+            pod.event("Normal", "Created", f"Created container {pod.container}")
+            pod.event("Normal", "Started", f"Started container {pod.container}")
             changed()
             assert pod.process.stdout is not None and pod.process.stderr is not None
             copies = [
@@ -182,6 +186,8 @@ async def supervise(
             "pod %s/%s exited %s; restarting (%d)", pod.namespace, pod.name, pod.exit_code, pod.restarts
         )
         pod.backoff = delay
+        pod.event("Warning", "BackOff", f"Back-off restarting failed container {pod.container} in pod "
+                  f"{pod.name}_{pod.namespace}({pod.uid})")  # fmt: skip
         changed()
         await asyncio.sleep(delay)
         pod.backoff = 0.0
@@ -190,12 +196,14 @@ async def supervise(
 
 async def kill(pod: LocalPod, why: str = "") -> None:
     """Stop the current instance (SIGTERM to its process group, SIGKILL after the grace period); the
-    supervisor then restarts it or not, as the restart policy says. `why` (a probe failed) is logged."""
+    supervisor then restarts it or not, as the restart policy says. `why` (a probe failed) is logged and
+    recorded (event Killing)."""
     proc = pod.process
     if proc is None or proc.returncode is not None:
         return
     if why:
         log.warning("pod %s/%s: %s", pod.namespace, pod.name, why)
+    pod.event("Normal", "Killing", why or f"Stopping container {pod.container}")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:

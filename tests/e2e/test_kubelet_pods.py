@@ -146,6 +146,12 @@ def stamped(text: str) -> list[tuple[float, str]]:
     return out
 
 
+def events(node: Node, name: str) -> dict[str, dict]:
+    """The Events about an object, by reason (`kubectl get events -o json`)."""
+    items = node.get("events")["items"]
+    return {e["reason"]: e for e in items if e["involvedObject"]["name"] == name}
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -177,6 +183,15 @@ def test_logs_follow_tail_since_timestamps_limit_and_completed(node):
 
     node.wait("the Job complete", lambda: node.get("job", "counter")["status"].get("succeeded") == 1)
     assert pod_row(node, name)[1:4] == ["0/1", "Completed", "0"]
+    # what the Job controller and the kubelet say, in their words
+    about_job = {r: (e["type"], e["message"]) for r, e in events(node, "counter").items()}
+    assert about_job == {"SuccessfulCreate": ("Normal", f"Created pod: {name}"),
+                         "Completed": ("Normal", "Job completed")}  # fmt: skip
+    about_pod = {
+        r: (e["type"], e["message"], e["source"]["component"]) for r, e in events(node, name).items()
+    }
+    assert about_pod == {"Created": ("Normal", "Created container main", "kubelet"),
+                         "Started": ("Normal", "Started container main", "kubelet")}  # fmt: skip
     terminated = state(node.get("pod", name))["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
 
@@ -233,6 +248,11 @@ def test_a_restarted_container_keeps_its_previous_log_and_last_state(node):
     assert terminated["finishedAt"] and terminated["startedAt"]
     assert node.logs(name, "--previous").stdout == "run 1\n"
     node.wait("the second run's line", lambda: node.logs(name).stdout == "run 2\n")
+    backoff = events(node, name)["BackOff"]
+    uid = node.get("pod", name)["metadata"]["uid"]
+    assert backoff["type"] == "Warning"
+    assert backoff["message"] == f"Back-off restarting failed container main in pod {name}_default({uid})"
+    assert events(node, name)["Started"]["count"] == 2  # each instance, counted on one event
     row = pod_row(node, name)
     assert row[2] == "Running" and row[3] == "1" and re.fullmatch(r"\(\d+[smh]", row[4]) and row[5] == "ago)"
 
@@ -288,6 +308,18 @@ def test_probes_run_at_their_declared_periods_and_liveness_restarts(node):
     assert health[-2:] == [500, 500]  # killed after failureThreshold failures in a row
     (node.folder(pod) / "sick").unlink()
     node.wait("ready again", lambda: state(node.get("pod", name)).get("ready"))
+    said = {
+        (e["reason"], e["message"]): e
+        for e in node.get("events")["items"]
+        if e["involvedObject"]["name"] == name
+    }
+    startup = said[("Unhealthy", "Startup probe failed: HTTP probe failed with statuscode: 503")]
+    assert startup["type"] == "Warning" and startup["count"] >= 1
+    liveness = said[("Unhealthy", "Liveness probe failed: HTTP probe failed with statuscode: 500")]
+    assert liveness["type"] == "Warning" and liveness["count"] == 2
+    assert said[("Killing", "Container main failed liveness probe, will be restarted")]["type"] == "Normal"
+    described = node.kubectl("describe", "pod", name).stdout  # kubectl describe lists them by field selector
+    assert "Liveness probe failed: HTTP probe failed with statuscode: 500" in described
 
 
 def test_a_finished_job_is_deleted_after_its_ttl_with_its_pods(node):

@@ -4,11 +4,14 @@ how logs are written and read back under PodLogOptions, and how probe results fo
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from neuronfleet.localcluster.kubelet import _finished_at, template_hash
+from neuronfleet.localcluster.events import Recorder, reference
+from neuronfleet.localcluster.jobs import expired, finished_at
+from neuronfleet.localcluster.kubelet import template_hash
 from neuronfleet.localcluster.podlogs import (
     LogOptions,
     cri_line,
@@ -20,6 +23,7 @@ from neuronfleet.localcluster.podlogs import (
 from neuronfleet.localcluster.probes import Probe, Streak
 from neuronfleet.localcluster.processes import LocalPod, exit_status, map_path, pod_status, rewrite_command
 from neuronfleet.localcluster.semantics import ApiError
+from neuronfleet.localcluster.store import ClusterClient, Store
 
 POD = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "server", "image": "img"}]}}
 
@@ -171,16 +175,54 @@ def test_a_probe_result_moves_only_after_its_thresholds():
     ]  # fmt: skip
 
 
+def test_a_finished_job_expires_after_its_ttl():
+    done = [{"type": "Failed", "status": "True", "lastTransitionTime": "1970-01-01T00:01:40Z"}]
+    job = {"spec": {"ttlSecondsAfterFinished": 30}, "status": {"conditions": done}}
+    assert not expired(job, 129.9) and expired(job, 130.0)
+    assert not expired({"spec": {}, "status": {"conditions": done}}, 1e12)  # no TTL: kept
+    assert not expired({"spec": {"ttlSecondsAfterFinished": 0}, "status": {}}, 1e12)  # still running
+
+
 def test_a_job_finishes_when_its_condition_says():
     job = {"status": {"conditions": [{"type": "Complete", "status": "True",
                                       "lastTransitionTime": "1970-01-01T00:01:40Z"}]}}  # fmt: skip
-    assert _finished_at(job) == 100.0
-    assert _finished_at({"status": {"active": 1}}) is None
+    assert finished_at(job) == 100.0
+    assert finished_at({"status": {"active": 1}}) is None
     failed = {
         "status": {
             "conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "1970-01-01T00:00:05Z"}]
         }
     }
-    assert _finished_at(failed) == 5.0
+    assert finished_at(failed) == 5.0
     untimed = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    assert _finished_at(untimed) is None  # the TTL controller never deletes a Job it cannot date
+    assert finished_at(untimed) is None  # the TTL controller never deletes a Job it cannot date
+
+
+def test_repeated_events_are_counted_on_one_event():
+    async def scenario() -> list[dict]:
+        cluster = ClusterClient(Store())
+        pod = await cluster.create("", "v1", "pods", "default", {"metadata": {"name": "p"}, "spec": {}})
+        recorder = Recorder(cluster, "kubelet")
+        involved = reference(pod, "spec.containers{main}")
+        for _ in range(3):
+            recorder.record(
+                involved,
+                "Warning",
+                "Unhealthy",
+                "Readiness probe failed: HTTP probe failed with statuscode: 503",
+            )
+            await recorder.settle()
+        recorder.record(involved, "Normal", "Started", "Started container main")
+        await recorder.settle()
+        return cluster.list("", "v1", "events")
+
+    events = {e["reason"]: e for e in asyncio.run(scenario())}
+    assert set(events) == {"Unhealthy", "Started"}
+    unhealthy = events["Unhealthy"]
+    assert (unhealthy["type"], unhealthy["count"], unhealthy["source"]) == (
+        "Warning",
+        3,
+        {"component": "kubelet", "host": "local"},
+    )
+    assert unhealthy["involvedObject"]["fieldPath"] == "spec.containers{main}"
+    assert unhealthy["involvedObject"]["kind"] == "Pod" and events["Started"]["count"] == 1
