@@ -20,7 +20,7 @@ from neuronfleet.localcluster.podlogs import (
     parse_time,
     select,
 )
-from neuronfleet.localcluster.probes import Probe, Streak
+from neuronfleet.localcluster.probes import Probe, Prober, Streak, Target
 from neuronfleet.localcluster.processes import LocalPod, exit_status, map_path, pod_status, rewrite_command
 from neuronfleet.localcluster.semantics import ApiError
 from neuronfleet.localcluster.store import ClusterClient, Store
@@ -226,3 +226,32 @@ def test_repeated_events_are_counted_on_one_event():
     )
     assert unhealthy["involvedObject"]["fieldPath"] == "spec.containers{main}"
     assert unhealthy["involvedObject"]["kind"] == "Pod" and events["Started"]["count"] == 1
+
+
+def test_a_refused_probe_says_so_in_the_kubelets_words():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def nothing(_why: str) -> None:
+        return None
+
+    async def scenario() -> tuple[tuple[bool, str], tuple[bool, str]]:
+        target = Target(
+            lambda: True, lambda: 0, lambda: 0.0, lambda name: port, "127.0.0.1", nothing, lambda: None
+        )
+        prober = Prober({}, target)
+        prober.start()
+        try:
+            http = await prober._check(Probe("readiness", {"httpGet": {"path": "/ready", "port": "http"}}))
+            tcp = await prober._check(Probe("liveness", {"tcpSocket": {"port": "http"}}))
+        finally:
+            await prober.close()
+        return http, tcp
+
+    http, tcp = asyncio.run(scenario())
+    where = f"127.0.0.1:{port}"
+    assert http == (False, f'Get "http://{where}/ready": dial tcp {where}: connect: connection refused')
+    assert tcp == (False, f"dial tcp {where}: connect: connection refused")
