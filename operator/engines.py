@@ -118,6 +118,8 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
                    f"or use {use}")  # fmt: skip
     if n.logicalCores is not None:
         out.append(f"neuron.logicalCores: {where} has no setting for it; remove it or use {use}")
+    if engine == "tgi" and spec.model.revision:
+        out.append(f"model.revision: neuronfleet passes no revision to {where}; remove it or use {use}")
     if engine == "sglang" and "maxInputLength" in n.model_fields_set:
         out.append(
             "neuron.maxInputLength: SGLang bounds prompts by the context length only (--context-length, "
@@ -238,7 +240,8 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
         files["compile_vllm.py"] = (
             "from vllm import LLM\n\n"
             f"LLM(\n    model={model_reference(spec)!r},\n    tensor_parallel_size={n.tensorParallel},\n"
-            f"    max_num_seqs={n.batchSize},\n    max_model_len={n.sequenceLength},\n    device='neuron',\n"
+            f"    max_num_seqs={n.batchSize},\n    max_model_len={n.sequenceLength},\n"
+            f"    dtype={n.dtype!r},\n    revision={spec.model.revision!r},\n    device='neuron',\n"
             f"    additional_config={ {'neuron_config': nxdi_neuron_config(spec)}!r},\n)\n"
         )
         step = f'NEURON_COMPILED_ARTIFACTS="$OUT/model" python {CONFIG_MOUNT}/compile_vllm.py'

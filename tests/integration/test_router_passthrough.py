@@ -104,3 +104,15 @@ def test_the_router_reports_the_shapes_it_was_given_like_the_unified_pod(fleet):
     keys = ("model_dtype", "max_input_tokens", "max_total_tokens", "max_concurrent_requests")
     assert {k: router[k] for k in keys} == {k: unified[k] for k in keys}
     assert (unified["max_input_tokens"], unified["max_total_tokens"]) == (256, 512)
+
+
+def test_an_unknown_model_is_a_404_through_the_router_as_from_a_unified_pod(fleet):
+    from openai import NotFoundError, OpenAI
+
+    bodies = []
+    for name in ("unified", "router"):
+        client = OpenAI(base_url=fleet.url(name) + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(NotFoundError) as e:
+            client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+        bodies.append(e.value.body)
+    assert bodies[0] == bodies[1] and bodies[0]["param"] == "model"

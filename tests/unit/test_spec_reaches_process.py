@@ -12,6 +12,7 @@ A field an engine has no setting for must be refused by validation (never droppe
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import subprocess
@@ -198,6 +199,19 @@ def check_vllm(c: dict, spec, name: str, role: str) -> None:
         assert json.loads(args.kv_transfer_config)["kv_role"] == kv_role
 
 
+def check_vllm_compile(objects: list[dict], spec) -> None:
+    """The compile Job's `LLM(...)` call (vllm.LLM takes the engine arguments as keywords): the same shapes
+    as the serving pods', or the artifacts would not be the ones they load."""
+    script = next(o["data"]["compile_vllm.py"] for o in objects if "compile_vllm.py" in o.get("data", {}))
+    call = next(n for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Call) and n.func.id == "LLM")
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    n = spec.neuron
+    assert kw["model"] == spec.model.uri.removeprefix("hf://") and kw["revision"] == spec.model.revision
+    assert (kw["tensor_parallel_size"], kw["max_num_seqs"]) == (n.tensorParallel, n.batchSize)
+    assert (kw["max_model_len"], kw["dtype"]) == (n.sequenceLength, n.dtype)
+    check_neuron_config(kw["additional_config"]["neuron_config"], spec)
+
+
 def check_sglang(c: dict, spec, name: str, role: str) -> None:
     n = spec.neuron
     assert c["command"][:3] == ["python", "-m", "sglang.launch_server"]
@@ -229,6 +243,29 @@ def check_tgi(c: dict, spec) -> None:
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
+    check_every_role(path)
+
+
+@pytest.mark.parametrize(
+    ("base", "neuron"),
+    [
+        ("llama-3.3-70b-vllm-trn2.yaml", {"revision": "v1", "quantization": "fp8", "dtype": "float16",
+         "overrides": {"fused_qkv": True},
+         "buckets": {"context": [1024, 12288], "generation": [4096, 16384]}}),
+        ("llama-3.1-70b-vllm-trn1-disaggregated.yaml", {"revision": "v2", "quantization": "int8"}),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
+        ("mistral-7b-tgi-inf2.yaml", {"dtype": "float16", "maxInputLength": 1024}),
+        ("smollm2-135m-local-cpu-disaggregated.yaml", {"dtype": "float32", "maxInputLength": 200,
+         "buckets": {"context": [64, 200], "generation": [256, 512]}}),
+    ],
+)  # fmt: skip
+def test_fields_the_samples_leave_at_their_defaults_reach_the_process_too(base, neuron, tmp_path):
+    path = tmp_path / base
+    path.write_text(yaml.safe_dump(spec_with(base, **neuron)))
+    check_every_role(path)
+
+
+def check_every_role(path: Path) -> None:
     obj, spec = manifest(path)
     name = obj["metadata"]["name"]
     objects = render(path)
@@ -248,6 +285,8 @@ def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
             check_tgi(c, spec)
     if spec.engine == "embedded":
         check_compile_config(objects, spec)
+    if spec.engine == "vllm":
+        check_vllm_compile(objects, spec)
 
 
 def test_the_local_samples_serve_what_they_ask_for():
@@ -260,7 +299,10 @@ def test_the_local_samples_serve_what_they_ask_for():
 
 
 def spec_with(base: str, **neuron) -> dict:
+    """A sample with some neuron fields changed (`revision` goes to spec.model)."""
     obj = yaml.safe_load((ROOT / "crds" / "samples" / base).read_text())
+    if "revision" in neuron:
+        obj["spec"]["model"]["revision"] = neuron.pop("revision")
     obj["spec"]["neuron"].update(neuron)
     return obj
 
@@ -279,6 +321,8 @@ def spec_with(base: str, **neuron) -> dict:
          r"neuron.quantization fp8: SGLang-Neuron has no setting for it"),
         ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"overrides": {"fused_qkv": True}},
          r"neuron.overrides are NxDI NeuronConfig fields, which SGLang-Neuron does not read"),
+        ("mistral-7b-tgi-inf2.yaml", {"revision": "v1"},
+         r"model.revision: neuronfleet passes no revision to TGI's Neuron export"),
         ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"logicalCores": 2},
          r"neuron.logicalCores: SGLang-Neuron has no setting for it"),
     ],
