@@ -16,9 +16,9 @@ refused by `unsupported` (called by validation), never dropped. The flags are th
 - vLLM 0.11.0 (the vllm-neuron plugin's): https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html
   (--tensor-parallel-size, --max-num-seqs, --max-model-len, --dtype, --served-model-name, --revision, --port,
   --additional-config, --kv-transfer-config).
-- TGI 3.3.6, Neuron backend: https://huggingface.co/docs/text-generation-inference/reference/launcher and
-  https://huggingface.co/docs/optimum-neuron/guides/neuronx_tgi (HF_NUM_CORES, HF_AUTO_CAST_TYPE and the
-  MAX_* variables, which must equal the export's shapes).
+- TGI 3.3.6, Neuron backend: backends/neuron/server/text_generation_server/tgi_env.py at tag v3.3.6 of
+  github.com/huggingface/text-generation-inference (HF_NUM_CORES, HF_AUTO_CAST_TYPE and the MAX_* variables,
+  which must equal the export's shapes; `--model-id`). Its launcher has no served-model-name option.
 - SGLang at sglang-neuron 0.1.0's pinned commit: https://docs.sglang.io/advanced_features/server_arguments.html
   (--tp-size, --max-running-requests, --context-length, --dtype, --served-model-name, --revision,
   --disaggregation-mode, --disaggregation-transfer-backend).

@@ -107,7 +107,7 @@ def tgi_parser() -> argparse.ArgumentParser:
     return p
 
 
-TGI_ENV = {  # optimum-neuron's TGI: https://huggingface.co/docs/optimum-neuron/guides/neuronx_tgi
+TGI_ENV = {  # TGI v3.3.6 backends/neuron/server/text_generation_server/tgi_env.py, and PORT (the launcher's)
     "HF_NUM_CORES", "HF_AUTO_CAST_TYPE", "MAX_BATCH_SIZE", "MAX_TOTAL_TOKENS", "MAX_INPUT_TOKENS",
     "MAX_BATCH_PREFILL_TOKENS", "PORT",
 }  # fmt: skip
