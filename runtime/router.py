@@ -192,12 +192,11 @@ class PeerRefused(ServingError):
     the peer's status in its API's format (an invalid request: OpenAI 400, TGI 422), the peer's message and
     the field at fault, as a unified pod would answer, never a 500 (which clients retry)."""
 
-    reason = "invalid"
-
     def __init__(self, status: int, message: str, field_name: str | None = None) -> None:
         super().__init__(message)
         self.status, self.field_name = status, field_name
         self.tgi_status = 422 if status == 400 else status
+        self.reason = "body_too_large" if status == 413 else "invalid"  # as the unified server counts them
 
 
 PASSED_THROUGH = (400, 413, 422)  # a peer's refusals of the request itself: the client's to see and fix
