@@ -213,7 +213,8 @@ def _runtime_config(args: ServeConfig):
     from neuronfleet.runtime.config import RuntimeConfig
 
     return RuntimeConfig(
-        slots=args.slots, max_seq_len=args.max_seq_len, prefill_buckets=args.prefill_buckets or (),
+        slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
+        prefill_buckets=args.prefill_buckets or (),
         decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
         max_waiting=args.max_waiting,
     )  # fmt: skip

@@ -315,7 +315,7 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     port = spec.serving.port
     ours = spec.engine == "embedded" or role == "router"
     config = serve_config(owner, spec, role, chash) if ours else None
-    container = engines.serve_container(spec, role, chash, port, config)
+    container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
     env = _env(spec, container.env)
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     volumes, mounts = _volumes(owner, spec, cache_read_only=True)
