@@ -166,7 +166,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             if live and (
                 unwanted or old.get("phase") != "Ready" or old.get("observedGeneration") != generation
             ):
-                await _delete_stale(kube, owner, objects, ours, chash)
+                await _delete_stale(kube, owner, objects, ours, chash if serving == chash else None)
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
@@ -183,10 +183,14 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
 
 
 async def _delete_stale(
-    kube: Kube, owner: builders.Owner, wanted: list[dict[str, Any]], deployments: list[dict], chash: str
+    kube: Kube,
+    owner: builders.Owner,
+    wanted: list[dict[str, Any]],
+    deployments: list[dict],
+    rolled: str | None,
 ) -> None:
-    """Once the public Service serves the wanted set: delete the other sets' objects, those of roles no
-    longer in the spec, and superseded compile Jobs."""
+    """Once the public Service serves the wanted set: delete the other sets' objects and those of roles no
+    longer in the spec; once the spec's own hash (`rolled`) serves, the compile Jobs of other hashes."""
     ns, label = owner.namespace, f"{builders.LABEL_PREFIX}/model={owner.name}"
     observed = [{**d, "kind": "Deployment"} for d in deployments]
     for kind in ("Service", "PodDisruptionBudget"):
@@ -197,5 +201,6 @@ async def _delete_stale(
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     for kind, name in rollout.stale(observed, keep, owner.uid or ""):
         await kube.delete(kind, ns, name)
-    for name in rollout.superseded_jobs(await kube.list("Job", ns, label), chash, owner.uid or ""):
-        await kube.delete("Job", ns, name)
+    if rolled is not None:
+        for name in rollout.superseded_jobs(await kube.list("Job", ns, label), rolled, owner.uid or ""):
+            await kube.delete("Job", ns, name)

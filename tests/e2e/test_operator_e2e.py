@@ -112,12 +112,17 @@ def mark_job(api, name: str, outcome: str = "Complete") -> None:
 
 
 def mark_ready(api, deployment: str, replicas: int) -> None:
-    patch_status(
-        api,
-        "deployment",
-        deployment,
-        {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas},
-    )
+    """What the Deployment controller writes once its latest spec has rolled out and every pod is ready."""
+    generation = get(api, "deployment", deployment)["metadata"]["generation"]
+    status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+    patch_status(api, "deployment", deployment, {**status, "observedGeneration": generation})
+
+
+def role_deployment(api, role: str) -> dict | None:
+    """The one Deployment of a role (a disaggregated set's names carry its revision)."""
+    found = get(api, "deployments", "-l", f"neuronfleet.dev/role={role}")["items"]
+    assert len(found) <= 1, [d["metadata"]["name"] for d in found]
+    return found[0] if found else None
 
 
 def manifest(**neuron) -> str:
@@ -162,13 +167,16 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         "path": f"artifacts/{chash}/", "bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False
     }  # fmt: skip
     assert condition(model, "Compiled")["reason"] == "Compiled"
-    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2}}
+    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2, "reached": 2}}
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     row = api.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
     assert row[:6] == ["llama-3-1-8b", "Ready", "embedded", "inf2.48xlarge", "8", "2/2"]
     assert row[6] == "http://llama-3-1-8b.default.svc:8000"
-    events = api.kubectl("get", "events", "-o", "json").stdout
-    assert "AllReplicasReady" in events and "Compiled" in events
+    events = {(e["type"], e["reason"]): e["message"] for e in items(api, "events")}
+    assert events[("Normal", "CompileStarted")].startswith(f"compiling {chash}")
+    assert events[("Normal", "Compiled")] == f"artifacts/{chash}/ is complete"
+    assert events[("Normal", "RolledOut")] == f"2/2 pods ready; serving artifacts/{chash}/"
+    assert not [e for e in events if e[0] == "Warning"], events
     # 4. drift: a hand edit of the Deployment is put back
     api.kubectl(
         "patch", "deployment", "llama-3-1-8b-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}'
@@ -191,7 +199,9 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         for o in items(api, k)
     }
     assert after == before
-    # 6. a spec change that alters the hash compiles first while the old pods keep serving, then rolls
+    # 6. a spec change that alters the hash compiles first while the Deployment stays exactly as it is (never
+    # the old artifacts with the new arguments), then rolls once
+    before_change = get(api, "deployment", "llama-3-1-8b-unified")
     api.kubectl("apply", "-f", "-", stdin=manifest(batchSize=4))
     jobs = api.wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2 and items(api, "jobs"))
     second_job = next(j["metadata"]["name"] for j in jobs if j["metadata"]["name"] != first_job)
@@ -201,6 +211,8 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     ))  # fmt: skip
     dep = get(api, "deployment", "llama-3-1-8b-unified")
     assert dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"] == chash  # still the old artifacts
+    assert dep["metadata"]["resourceVersion"] == before_change["metadata"]["resourceVersion"]  # untouched
+    assert model["status"]["phase"] == "Rolling"  # not Ready: the change is not served yet
     assert (
         condition(model, "Compiled")["status"] == "False"
         and condition(model, "Progressing")["status"] == "True"
@@ -220,6 +232,14 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         ]
     )
     assert cmd[cmd.index("--slots") + 1] == "4"
+    rolled = get(api, "deployment", "llama-3-1-8b-unified")
+    assert rolled["metadata"]["generation"] == before_change["metadata"]["generation"] + 1  # one roll
+    mark_ready(api, "llama-3-1-8b-unified", 2)
+    api.wait_for("Ready again", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    # the superseded hash's compile Job goes once the new hash serves
+    api.wait_for(
+        "the old Job gone", lambda: [j["metadata"]["name"] for j in items(api, "jobs")] == [second_job]
+    )
     model = api.wait_for(
         "CacheHit",
         lambda: (
@@ -247,7 +267,9 @@ def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
         and "tensorParallel 3 is not a documented degree" in validated["message"]
     )
     assert items(api, "jobs") == [] and items(api, "deployments") == []
-    assert "Invalid" in api.kubectl("get", "events", "-o", "json").stdout
+    events = [(e["type"], e["reason"], e["message"]) for e in items(api, "events")]
+    assert [e[:2] for e in events] == [("Warning", "Refused")] and "tensorParallel 3" in events[0][2]
+    assert condition(model, "Progressing")["status"] == "False"  # a refused model does not claim progress
 
 
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
@@ -270,7 +292,22 @@ def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
         and "by the test" in compiled["message"]
     )
     assert condition(model, "Degraded")["status"] == "True"
+    assert condition(model, "Progressing")["status"] == "False"
     assert items(api, "deployments") == []
+    events = {(e["type"], e["reason"]) for e in items(api, "events")}
+    assert ("Warning", "CompileFailed") in events and ("Normal", "CompileStarted") in events
+    # a failed compile stays failed on its own; a retry annotation (documented in the README) compiles again
+    uid = items(api, "jobs")[0]["metadata"]["uid"]
+    api.kubectl("annotate", "neuronmodel", "llama-3-1-8b", "neuronfleet.dev/retry=first")
+    api.wait_for(
+        "a new compile Job", lambda: [j["metadata"]["uid"] for j in items(api, "jobs")] not in ([uid], [])
+    )
+    (retried,) = items(api, "jobs")
+    assert retried["metadata"]["name"] == job
+    assert retried["metadata"]["annotations"]["neuronfleet.dev/attempt"].endswith("/first")
+    api.wait_for("Compiling again", lambda: get(api, "nm", "llama-3-1-8b")["status"]["phase"] == "Compiling")
+    reasons = [e["reason"] for e in items(api, "events")]
+    assert "CompileRetried" in reasons
 
 
 def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(cluster, tmp_path):
@@ -298,7 +335,7 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     compile_pod(api, job, {"bytes": 1})
     mark_job(api, job)
     for role in ("prefill", "decode", "router"):
-        dep = api.wait_for(role, lambda r=role: get(api, "deployment", f"llama-3-1-8b-{r}"))
+        dep = api.wait_for(role, lambda r=role: role_deployment(api, r))
         volumes = dep["spec"]["template"]["spec"]["volumes"]
         assert {"secretName": "llama-3-1-8b-internal", "defaultMode": 0o440} in [
             v.get("secret") for v in volumes
