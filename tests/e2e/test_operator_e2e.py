@@ -356,3 +356,73 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     by_phase = dict(re.findall(r'^neuronfleet_operator_models\{phase="(\w+)"\} (\S+)$', text, re.M))
     assert sum(float(v) for v in by_phase.values()) == 1 and "Compiling" in by_phase  # one model, now past it
     assert proc.poll() is None
+
+
+def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_one(cluster):
+    """unified -> disaggregated -> unified at one compile hash: the new set appears beside the old one (its
+    Secret before its pods), the public Service keeps selecting the old set until every Deployment of the new
+    one has rolled out, then moves, and only then are the old set's objects (Deployments, headless Services,
+    PDBs, and going back to unified the internal Secret and NetworkPolicy) deleted."""
+    api = cluster
+    api.run_operator()
+    obj = yaml.safe_load(SAMPLE.read_text())
+    obj["metadata"]["namespace"] = "default"
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    compile_pod(api, job, {"bytes": 1})
+    mark_job(api, job)
+    api.wait_for("the unified Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    mark_ready(api, "llama-3-1-8b-unified", 2)
+    api.wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    unified = get(api, "service", "llama-3-1-8b")["spec"]["selector"]
+    assert unified["neuronfleet.dev/role"] == "unified"
+
+    def selector() -> dict:
+        return get(api, "service", "llama-3-1-8b")["spec"]["selector"]
+
+    # unified -> disaggregated
+    obj["spec"]["serving"] = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                              "kvTransfer": {"transport": "tcp"}, "networkPolicy": True}  # fmt: skip
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    roles = ("prefill", "decode", "router")
+    deps = api.wait_for("the new set", lambda: (d := {r: role_deployment(api, r) for r in roles}) and all(
+        d.values()) and d)  # fmt: skip
+    secret = get(api, "secret", "llama-3-1-8b-internal")
+    assert all(
+        secret["metadata"]["creationTimestamp"] <= d["metadata"]["creationTimestamp"] for d in deps.values()
+    )
+    rev = deps["router"]["metadata"]["labels"]["neuronfleet.dev/set"]
+    assert {d["metadata"]["name"] for d in deps.values()} == {f"llama-3-1-8b-{r}-{rev}" for r in deps}
+    assert get(api, "service", f"llama-3-1-8b-prefill-{rev}")["spec"]["clusterIP"] == "None"
+    model = get(api, "nm", "llama-3-1-8b")
+    assert model["status"]["phase"] == "Rolling" and selector() == unified  # the old set still serves
+    assert get(api, "deployment", "llama-3-1-8b-unified") is not None
+    for role in ("prefill", "decode"):
+        mark_ready(api, deps[role]["metadata"]["name"], 1)
+    api.wait_for("the status", lambda: get(api, "nm", "llama-3-1-8b")["status"]["replicas"].get(
+        "prefill", {}).get("ready") == 1)  # fmt: skip
+    assert selector() == unified  # the router is not ready: the Service has not moved
+    mark_ready(api, deps["router"]["metadata"]["name"], 1)
+    api.wait_for("the Service moved", lambda: selector()["neuronfleet.dev/set"] == rev)
+    assert selector()["neuronfleet.dev/role"] == "router"
+    api.wait_for("the unified set gone", lambda: get(api, "deployment", "llama-3-1-8b-unified") is None
+                 and get(api, "pdb", "llama-3-1-8b-unified") is None)  # fmt: skip
+    api.wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    # disaggregated -> unified: the same, the other way
+    obj["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    api.wait_for("the unified Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    assert selector()["neuronfleet.dev/set"] == rev
+    mark_ready(api, "llama-3-1-8b-unified", 1)
+    api.wait_for("the Service moved back", lambda: selector()["neuronfleet.dev/set"] == "unified")
+    api.wait_for(
+        "the disaggregated set gone",
+        lambda: not any(role_deployment(api, r) for r in roles),
+    )
+    api.wait_for("its Services, Secret and NetworkPolicy gone", lambda: (
+        [s["metadata"]["name"] for s in items(api, "services")] == ["llama-3-1-8b"]
+        and get(api, "secret", "llama-3-1-8b-internal") is None
+        and get(api, "networkpolicy", "llama-3-1-8b-internal") is None
+    ))  # fmt: skip
+    events = [(e["type"], e["reason"]) for e in items(api, "events")]
+    assert ("Normal", "Rolling") in events and not [e for e in events if e[0] == "Warning"], events
