@@ -248,6 +248,11 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
         "PersistentVolumeClaim", "ConfigMap", "Job", "Deployment", "PodDisruptionBudget", "Service"
     ]  # fmt: skip
     assert {d["metadata"]["namespace"] for d in docs} == {"prod"}
+    # applicable as they are: no ownerReference to an owner that does not exist (the garbage collector would
+    # delete such an object at once), and each valid Kubernetes
+    assert not [d["metadata"]["name"] for d in docs if "ownerReferences" in d["metadata"]]
+    for d in docs:
+        kubernetes_validate.validate(d, KUBERNETES_VERSIONS[-1], strict=True)
     bad = yaml.safe_load(path.read_text())
     bad["spec"]["neuron"]["tensorParallel"] = 3
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
