@@ -106,6 +106,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     stored = old.get("servingSpec")
     roles: dict[str, tuple[int, int]] = {}
     rolled_out = live = serving_now = False
+    drain_until = old.get("drainUntil")
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     if spec is not None and not errors:
         assert chash is not None
@@ -166,12 +167,18 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             if live and (
                 unwanted or old.get("phase") != "Ready" or old.get("observedGeneration") != generation
             ):
-                await _delete_stale(kube, owner, objects, ours, chash if serving == chash else None)
+                rolled = chash if serving == chash else None
+                drain_until = await _delete_stale(kube, owner, objects, ours, rolled, drain_until)
+                if drain_until:  # come back when the retired pods have drained
+                    delay = rollout.seconds_until(drain_until, now()) + 1
+                    asyncio.get_running_loop().call_later(
+                        delay, lambda: asyncio.ensure_future(reconcile(kube, body, emit))
+                    )
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        serving_spec=stored, endpoint=endpoint, at=now(),
+        serving_spec=stored, drain_until=drain_until, endpoint=endpoint, at=now(),
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
@@ -188,9 +195,11 @@ async def _delete_stale(
     wanted: list[dict[str, Any]],
     deployments: list[dict],
     rolled: str | None,
-) -> None:
+    drain_until: str | None,
+) -> str | None:
     """Once the public Service serves the wanted set: delete the other sets' objects and those of roles no
-    longer in the spec; once the spec's own hash (`rolled`) serves, the compile Jobs of other hashes."""
+    longer in the spec, entry pods first (`rollout.retire`); once the spec's own hash (`rolled`) serves, the
+    compile Jobs of other hashes. Returns until when retired entry pods drain."""
     ns, label = owner.namespace, f"{builders.LABEL_PREFIX}/model={owner.name}"
     observed = [{**d, "kind": "Deployment"} for d in deployments]
     for kind in ("Service", "PodDisruptionBudget"):
@@ -199,8 +208,11 @@ async def _delete_stale(
         found = await kube.get(kind, ns, builders.internal_secret_name(owner))
         observed += [{**found, "kind": kind}] if found else []
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
-    for kind, name in rollout.stale(observed, keep, owner.uid or ""):
+    stale = rollout.stale(observed, keep, owner.uid or "")
+    delete, drain_until = rollout.retire(stale, observed, drain_until, now())
+    for kind, name in delete:
         await kube.delete(kind, ns, name)
     if rolled is not None:
         for name in rollout.superseded_jobs(await kube.list("Job", ns, label), rolled, owner.uid or ""):
             await kube.delete("Job", ns, name)
+    return drain_until

@@ -12,7 +12,9 @@ go: the rollout's decisions, as pure functions of the spec, the status and what 
   router names only its own set's Services, so no router pairs a prefill of one hash with a decode of
   another. A mode switch (unified <-> disaggregated) is a new set too.
 - The public Service keeps selecting the set it serves until the new set is ready (`public_target`); then it
-  moves, and only then are the objects of other sets and of roles no longer in the spec deleted (`stale`).
+  moves, and only then are the objects of other sets and of roles no longer in the spec deleted (`stale`),
+  their entry first (`retire`): the old routers (or unified pods) drain the requests they hold, for their
+  termination grace period, before the prefill and decode pods those requests use are deleted.
 - A failed compile Job is replaced when a later attempt is asked for (`retry_due`): the spec changed (a new
   generation) or `kubectl annotate neuronmodel NAME neuronfleet.dev/retry=<anything new>`; superseded hashes'
   Jobs are deleted (`superseded_jobs`).
@@ -20,6 +22,7 @@ go: the rollout's decisions, as pure functions of the spec, the status and what 
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -111,6 +114,49 @@ def stale(observed: list[dict[str, Any]], keep: set[tuple[str, str]], uid: str) 
         if obj["kind"] in STALE_KINDS and key not in keep and owned_by(obj, uid):
             out.append(key)
     return sorted(out)
+
+
+ENTRY_ROLES = ("router", "unified")  # the pods a public Service selects
+
+
+def _time(value: str) -> datetime.datetime:
+    return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+def retire(
+    stale_keys: list[tuple[str, str]], observed: list[dict[str, Any]], drain_until: str | None, now: str
+) -> tuple[list[tuple[str, str]], str | None]:
+    """(what to delete now, until when the entry pods drain) of the stale objects: the stale entry
+    Deployments (and their PDBs) first, then, once their pods' termination grace period has passed, the
+    rest; a pass during the drain deletes nothing."""
+    by_key = {(o["kind"], o["metadata"]["name"]): o for o in observed}
+    entries = [
+        k for k in stale_keys
+        if k[0] == "Deployment"
+        and by_key[k]["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/role") in ENTRY_ROLES
+    ]  # fmt: skip
+    if entries:
+        grace = max(
+            by_key[k]
+            .get("spec", {})
+            .get("template", {})
+            .get("spec", {})
+            .get("terminationGracePeriodSeconds", 30)
+            for k in entries
+        )
+        until = _time(now) + datetime.timedelta(seconds=grace)
+        names = {name for _, name in entries}
+        now_keys = [
+            k for k in stale_keys if k in entries or (k[0] == "PodDisruptionBudget" and k[1] in names)
+        ]
+        return now_keys, until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if drain_until and _time(now) < _time(drain_until):
+        return [], drain_until
+    return list(stale_keys), None
+
+
+def seconds_until(when: str, now: str) -> float:
+    return max(0.0, (_time(when) - _time(now)).total_seconds())
 
 
 def superseded_jobs(jobs: list[dict[str, Any]], chash: str, uid: str) -> list[str]:

@@ -379,6 +379,11 @@ class NeuronModelStatus(BaseModel):
     replicas: dict[str, RoleReplicas] = Field(default_factory=dict, description="Per role: desired, ready.")
     readyReplicas: str | None = Field(None, description="Ready/desired serving pods, e.g. 2/2 (for kubectl).")
     endpoint: str | None = Field(None, description="In-cluster URL of the model's OpenAI/TGI endpoint.")
+    drainUntil: str | None = Field(
+        None,
+        description="Until when the pods of a set the Service left finish their requests (RFC 3339); "
+        "its other objects are deleted after.",
+    )
     servingSpec: dict[str, Any] | None = Field(
         None,
         description="The model, engine, image and neuron sections of the spec compiled as compileHash: the "

@@ -83,6 +83,7 @@ def compute_status(
     serving_now: bool = False,  # some set answers (its pods are ready): a change rolls, not deploys
     report: dict[str, Any] | None = None,  # the compile pod's manifest, when it left one
     serving_spec: dict[str, Any] | None = None,  # the compiled sections of serving_hash's spec
+    drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -177,6 +178,7 @@ def compute_status(
         status["endpoint"] = endpoint
         if serving_spec is not None:
             status["servingSpec"] = serving_spec
+        status["drainUntil"] = drain_until  # None (null) clears it
     return status
 
 

@@ -212,3 +212,41 @@ def test_validate_refuses_the_name_with_the_maximum_length():
     obj["metadata"]["name"] = "m" * 62
     (error,) = validation.check(obj).errors
     assert f"at most {names.max_model_name()} fit" in error and "its compile Job" in error
+
+
+def entry(kind: str, name: str, role: str, grace: int = 45) -> dict:
+    o = obj(kind, name)
+    o["metadata"]["labels"] = {"neuronfleet.dev/role": role}
+    o["spec"] = {"template": {"spec": {"terminationGracePeriodSeconds": grace}}}
+    return o
+
+
+OLD_SET = [
+    entry("Deployment", "m-router-r1", "router"),
+    entry("Deployment", "m-prefill-r1", "prefill"),
+    entry("Deployment", "m-decode-r1", "decode"),
+    obj("Service", "m-prefill-r1"),
+    obj("PodDisruptionBudget", "m-router-r1"),
+]
+OLD_KEYS = sorted((o["kind"], o["metadata"]["name"]) for o in OLD_SET)
+T0, DRAINED = "2026-11-30T01:00:00Z", "2026-11-30T01:00:45Z"
+
+# name, stale objects, drain until (before), now, deleted now, drain until (after)
+RETIRE = [
+    ("the old router goes first, with its PDB; its peers wait for it to drain", OLD_SET, None, T0,
+     [("Deployment", "m-router-r1"), ("PodDisruptionBudget", "m-router-r1")], DRAINED),
+    ("while it drains nothing else goes", OLD_SET[1:4], DRAINED, "2026-11-30T01:00:30Z", [], DRAINED),
+    ("then the rest", OLD_SET[1:4], DRAINED, DRAINED,
+     [("Deployment", "m-decode-r1"), ("Deployment", "m-prefill-r1"), ("Service", "m-prefill-r1")], None),
+    ("an old unified Deployment is an entry too", [entry("Deployment", "m-unified", "unified", 10)], None, T0,
+     [("Deployment", "m-unified")], "2026-11-30T01:00:10Z"),
+    ("nothing entry-like: all at once", [obj("Secret", "m-internal")], None, T0,
+     [("Secret", "m-internal")], None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("objs", "before", "now", "deleted", "after"), [c[1:] for c in RETIRE],
+                         ids=[c[0] for c in RETIRE])  # fmt: skip
+def test_a_retired_set_goes_entry_first_then_the_rest_after_the_drain(objs, before, now, deleted, after):
+    keys = sorted((o["kind"], o["metadata"]["name"]) for o in objs)
+    assert rollout.retire(keys, objs, before, now) == (deleted, after)
