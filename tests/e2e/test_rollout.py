@@ -58,6 +58,10 @@ class Local:
         """The role of each Deployment."""
         return [d["metadata"]["labels"]["neuronfleet.dev/role"] for d in self.get("deployments")["items"]]
 
+    def serving_set(self) -> str:
+        """The set the public Service selects."""
+        return self.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/set"]
+
     def ready_at(self, generation: int) -> bool:
         """The model's status has seen this generation and says Ready."""
         status = self.model().get("status") or {}
@@ -162,23 +166,39 @@ def test_every_change_rolls_once_with_no_failed_request(local):
         selector = local.get("service", NAME)["spec"]["selector"]
         assert selector["neuronfleet.dev/role"] == "router"
         assert sorted(local.roles()) == ["decode", "prefill", "router"]
+        first_set = local.serving_set()
 
-        # 3. disaggregated -> unified
+        # 3. a compile change while disaggregated: a new version-isolated set (back to batchSize 4, whose
+        # artifacts exist: a cache hit), whose router names only its own set's prefill and decode Services
+        t0 = time.monotonic()
+        manifest["spec"]["neuron"]["batchSize"] = 4
+        local.apply(manifest)
+        local.wait("the new set serves", lambda: local.ready_at(4) and local.serving_set() != first_set)
+        local.wait("the old set gone", lambda: len(local.roles()) == 3)
+        timings["batchSize 2 -> 4 disaggregated (cache hit, new set)"] = time.monotonic() - t0
+        assert local.model()["status"]["compileHash"] == first_hash
+        (router,) = local.get("deployments", "-l", "neuronfleet.dev/role=router")["items"]
+        new_set = router["metadata"]["labels"]["neuronfleet.dev/set"]
+        cmd = router["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert cmd[cmd.index("--prefill") + 1] == f"dns://{NAME}-prefill-{new_set}:8000"
+        assert cmd[cmd.index("--decode") + 1] == f"dns://{NAME}-decode-{new_set}:8000"
+
+        # 4. disaggregated -> unified
         t0 = time.monotonic()
         manifest["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
         local.apply(manifest)
-        local.wait("unified and Ready", lambda: local.ready_at(4)
+        local.wait("unified and Ready", lambda: local.ready_at(5)
                    and local.roles() == ["unified"])  # fmt: skip
         timings["disaggregated -> unified"] = time.monotonic() - t0
         assert local.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
         assert local.get("secret", "-l", f"neuronfleet.dev/model={NAME}")["items"] == []
 
-        # 4. a change that needs no compile rolls at once (no Job)
+        # 5. a change that needs no compile rolls at once (no Job)
         t0 = time.monotonic()
         jobs = {j["metadata"]["name"] for j in local.get("jobs")["items"]}
         manifest["spec"]["serving"]["unified"]["replicas"] = 2
         local.apply(manifest)
-        local.wait("two replicas ready", lambda: local.ready_at(5)
+        local.wait("two replicas ready", lambda: local.ready_at(6)
                    and local.model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
         timings["replicas 1 -> 2"] = time.monotonic() - t0
         assert {j["metadata"]["name"] for j in local.get("jobs")["items"]} <= jobs
