@@ -209,6 +209,14 @@ def test_every_change_rolls_once_with_no_failed_request(local):
         traffic.thread.join()
         templates.thread.join()
     print("timings:", {k: f"{v:.1f} s" for k, v in timings.items()}, f"answers: {traffic.answers}")
+    # every disaggregated set was made once and never rolled: one template per Deployment, one compile hash
+    # for its prefill, decode and router
+    sets: dict[str, set] = {}
+    for name, generation, chash, _ in templates.seen:
+        if not name.endswith("-unified"):
+            assert generation == 1, (name, templates.of(name))
+            sets.setdefault(name.rsplit("-", 1)[1], set()).add(chash)
+    assert len(sets) == 2 and all(len(hashes) == 1 for hashes in sets.values()), sets
     assert traffic.answers > 0 and not traffic.failures, traffic.failures[:5]
     # events: progress as Normal, no Warning on the way
     events = [e for e in local.get("events")["items"] if e["involvedObject"]["kind"] == "NeuronModel"]
