@@ -26,13 +26,16 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
     ("", "persistentvolumeclaims"): ("get", "create"),  # created only (reconcile.CREATE_ONLY)
-    ("", "secrets"): ("get", "create"),  # the internal token: created once, never changed
+    # delete (reconcile: rollout.stale, rollout.superseded_jobs, rollout.retry_due): another serving set's
+    # objects once the public Service left it, those of roles no longer in the spec, superseded and retried
+    # compile Jobs; list: finding a model's Deployments, Services and PDBs of other sets
+    ("", "secrets"): ("get", "create", "delete"),  # the internal token: created once, never changed
     ("", "configmaps"): ("get", "create", "patch"),
-    ("", "services"): ("get", "create", "patch"),
-    ("apps", "deployments"): ("get", "list", "watch", "create", "patch"),
-    ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only; list and watch: kopf's
-    ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
-    ("networking.k8s.io", "networkpolicies"): ("get", "create", "patch"),
+    ("", "services"): ("get", "list", "create", "patch", "delete"),
+    ("apps", "deployments"): ("get", "list", "watch", "create", "patch", "delete"),
+    ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),  # list and watch: kopf's and ours
+    ("policy", "poddisruptionbudgets"): ("get", "list", "create", "patch", "delete"),
+    ("networking.k8s.io", "networkpolicies"): ("get", "create", "patch", "delete"),
     ("", "events"): ("create",),
     ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
 }
@@ -184,6 +187,21 @@ class Kube:
         self._allowed(group, resource, "patch")
         path = object_path(group, version, resource, namespace, name)
         return await self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete an object, its dependents in the background (the garbage collector; Jobs would orphan
+        their pods by default: https://kubernetes.io/docs/concepts/workloads/controllers/job/#job-termination-and-cleanup);
+        False when it was gone already."""
+        group, version, resource = API_VERSIONS[kind]
+        self._allowed(group, resource, "delete")
+        path = object_path(group, version, resource, namespace, name) + "?propagationPolicy=Background"
+        try:
+            await self._call("DELETE", path)
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self._allowed(spec.GROUP, f"{spec.PLURAL}/status", "patch")

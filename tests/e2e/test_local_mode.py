@@ -217,7 +217,9 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     assert (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"]) == ("bfloat16", 384, 512)
     # the answer came through a KV handoff, not a fallback
     (decode,) = local.pods("neuronfleet.dev/role=decode")
-    slices = local.get("endpointslices", "-l", "kubernetes.io/service-name=smollm2-pd-decode")["items"]
+    (svc,) = local.get("services", "-l", "neuronfleet.dev/role=decode")["items"]  # the set's own Service
+    service_name = svc["metadata"]["name"]
+    slices = local.get("endpointslices", "-l", f"kubernetes.io/service-name={service_name}")["items"]
     port = slices[0]["ports"][0]["port"]
     metrics = metrics_text(f"http://127.0.0.1:{port}")
     moved = [line for line in metrics.splitlines() if line.startswith("neuronfleet:kv_transfer_bytes_total")]

@@ -69,7 +69,7 @@ def test_the_operators_serve_commands_parse_into_the_configuration_it_rendered(p
     ours = [r for r in builders.serving_roles(spec) if spec.engine == "embedded" or r == "router"]
     assert ours or spec.engine != "embedded"
     for role in ours:
-        rendered = builders.serve_config(OWNER, spec, role, chash)
+        rendered = builders.serve_config(OWNER, spec, role, chash, builders.serving_set(spec, chash))
         command = deployments[role]["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[:2] == ["neuronfleet", "serve"]
         args = build_parser().parse_args(command[1:])
