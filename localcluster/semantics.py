@@ -479,6 +479,32 @@ def table(kind: Resource, items: list[dict[str, Any]], resource_version: int) ->
     }
 
 
+def pod_status_reason(pod: dict[str, Any]) -> str:
+    """A pod's STATUS in `kubectl get pods`: the phase, unless a container says more (waiting reason such as
+    CrashLoopBackOff, terminated reason Completed or Error), Terminating once deleted (printPod in
+    pkg/printers/internalversion/printers.go, Kubernetes 1.32; no init containers here)."""
+    status = pod.get("status") or {}
+    reason = status.get("reason") or status.get("phase") or ""
+    running = False
+    for c in reversed(status.get("containerStatuses") or []):
+        state = c.get("state") or {}
+        waiting, terminated = state.get("waiting"), state.get("terminated")
+        if waiting and waiting.get("reason"):
+            reason = waiting["reason"]
+        elif terminated is not None:
+            reason = terminated.get("reason") or (
+                f"Signal:{terminated['signal']}" if terminated.get("signal")
+                else f"ExitCode:{terminated.get('exitCode', 0)}"
+            )  # fmt: skip
+        elif c.get("ready") and "running" in state:
+            running = True
+    if reason == "Completed" and running:
+        reason = "Running"
+    if pod["metadata"].get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed"):
+        reason = "Terminating"
+    return reason
+
+
 def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
     """kubectl's columns for the built-in kinds we serve (each a jsonPath or a function of the object)."""
 
@@ -492,8 +518,10 @@ def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
     def ready_replicas(o):
         return f"{dig(o, ['status', 'readyReplicas']) or 0}/{dig(o, ['spec', 'replicas']) or 0}"
 
-    def restarts(o):
-        return sum(s.get("restartCount", 0) for s in statuses(o))
+    def restarts(o):  # "2 (5s ago)" once a container restarted, as printPod writes it
+        count = sum(s.get("restartCount", 0) for s in statuses(o))
+        last = max((dig(s, ["lastState", "terminated", "finishedAt"]) or "" for s in statuses(o)), default="")
+        return f"{count} ({age(last)} ago)" if last else count
 
     def job_status(o):
         done = [c["type"] for c in dig(o, ["status", "conditions"]) or [] if c.get("status") == "True"]
@@ -505,8 +533,8 @@ def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
     columns = {
         "pods": [
             {"name": "Ready", "fn": ready_pods},
-            {"name": "Status", "jsonPath": ".status.phase"},
-            {"name": "Restarts", "type": "integer", "fn": restarts},
+            {"name": "Status", "fn": pod_status_reason},
+            {"name": "Restarts", "type": "string", "fn": restarts},
         ],
         "deployments": [
             {"name": "Ready", "fn": ready_replicas},

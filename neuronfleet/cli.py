@@ -132,20 +132,22 @@ def _cmd_render(args: argparse.Namespace) -> int:
     import yaml
 
     from neuronfleet.operator.builders import Owner, build_all, compile_hash
-    from neuronfleet.operator.validation import parse, validate
+    from neuronfleet.operator.validation import check, parse
 
     documents = []
     for where, obj in _load_manifests([args.file]):
-        spec, errors = parse(obj)
-        errors = errors or validate(spec).errors  # type: ignore[arg-type]
-        if errors:
+        spec, _ = parse(obj)
+        errors = check(obj).errors
+        if errors or spec is None:
             print(f"refused {where}:", *errors, sep="\n  - ", file=sys.stderr)
             return 1
         meta = obj.get("metadata") or {}
+        # no uid unless the manifest has the live object's: an ownerReference to an owner that does not
+        # exist would have the garbage collector delete the object at once
         owner = Owner(
             name=meta.get("name", "model"),
             namespace=args.namespace or meta.get("namespace") or "default",
-            uid=meta.get("uid", "00000000-0000-0000-0000-000000000000"),
+            uid=meta.get("uid"),
         )
         # as once compiled; a disaggregated model's internal token as the operator would make it
         documents += build_all(owner, spec, compile_hash(spec), internal_token=secrets.token_urlsafe(32))
@@ -213,7 +215,8 @@ def _runtime_config(args: ServeConfig):
     from neuronfleet.runtime.config import RuntimeConfig
 
     return RuntimeConfig(
-        slots=args.slots, max_seq_len=args.max_seq_len, prefill_buckets=args.prefill_buckets or (),
+        slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
+        prefill_buckets=args.prefill_buckets or (),
         decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
         max_waiting=args.max_waiting,
     )  # fmt: skip

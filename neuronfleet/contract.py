@@ -79,6 +79,11 @@ class ServeConfig(BaseModel):
     port: int = _flag(SERVE_PORT, "HTTP port")
     slots: int = _flag(8, "static batch: requests decoded together")
     max_seq_len: int = _flag(2048, "prompt + generated tokens per slot")
+    max_input_len: int | None = _flag(
+        None,
+        "longest prompt in tokens, the largest prefill bucket (default: the largest --prefill-buckets, else "
+        "--max-seq-len)",
+    )
     prefill_buckets: list[int] | None = _flag(None, "prompt length buckets, e.g. 128,512 (default: derived)")
     decode_buckets: list[int] | None = _flag(
         None, "KV length buckets for decode; the largest is --max-seq-len"

@@ -1,12 +1,16 @@
 """Pure builders of the Kubernetes objects a NeuronModel owns, as plain dicts, and its compile hash.
 
-`build_all` returns, for one model: the compile-cache PVC (unless an existing claim is named), the runtime
-ConfigMap, the compile Job for the model's compile hash, and, once that hash has compiled, a Deployment per
-serving role (unified | prefill + decode + router), the public Service, headless Services per role,
-PodDisruptionBudgets, and for a disaggregated model the Secret holding its internal token (created once, with
-a token the caller generates) and, when asked for, a NetworkPolicy that lets only the model's own pods reach
-its prefill and decode pods. Every object carries `app.kubernetes.io/*` labels, neuronfleet's own
-(`neuronfleet.dev/model`, `role`, `compile-hash`) and an ownerReference to the NeuronModel.
+`build_all` returns, for one model, in the order they must exist (what a pod mounts before the pod): the
+compile-cache PVC (unless an existing claim is named), the runtime ConfigMap, for a disaggregated model the
+Secret holding its internal token (created once, with a token the caller generates) and, when asked for, a
+NetworkPolicy that lets only the model's own pods reach its prefill and decode pods, the compile Job for the
+model's compile hash (unless it has compiled), and, once a hash has compiled, the serving set: one
+Deployment `NAME-unified`, rolled in place, or a version-isolated disaggregated set (prefill, decode and
+router Deployments and the prefill and decode headless Services, all named `NAME-<role>-<revision>`, the
+router naming only its own set's Services), PodDisruptionBudgets, and the public Service, whose selector
+(`neuronfleet.dev/set`) names the set it serves. Every object carries `app.kubernetes.io/*` labels,
+neuronfleet's own (`neuronfleet.dev/model`, `role`, `compile-hash`, `set`) and, when the owner's uid is
+known, an ownerReference to the NeuronModel (`neuronfleet render` knows none and writes none).
 """
 
 from __future__ import annotations
@@ -34,13 +38,16 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, topology, validation
+from . import engines, names, topology, validation
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so
 RUN_AS_USER = 10001  # the images' own user (Dockerfile)
+UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, rolled in place)
+ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
+COMPILE_JOB_TTL = 3600  # seconds a finished compile Job stays (ttlSecondsAfterFinished) for its logs
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class Owner:
 
     name: str
     namespace: str
-    uid: str
+    uid: str | None = None  # None: not known (render), so no ownerReference
 
 
 def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
@@ -87,7 +94,9 @@ def compile_hash(spec: NeuronModelSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def labels(owner: Owner, component: str, chash: str | None = None) -> dict[str, str]:
+def labels(
+    owner: Owner, component: str, chash: str | None = None, serving_set: str | None = None
+) -> dict[str, str]:
     out = {
         "app.kubernetes.io/name": "neuronmodel",
         "app.kubernetes.io/instance": owner.name,
@@ -99,19 +108,28 @@ def labels(owner: Owner, component: str, chash: str | None = None) -> dict[str, 
     }
     if chash:
         out[f"{LABEL_PREFIX}/compile-hash"] = chash
+    if serving_set:
+        out[f"{LABEL_PREFIX}/set"] = serving_set
     return out
 
 
-def selector(owner: Owner, component: str) -> dict[str, str]:
-    return {f"{LABEL_PREFIX}/model": owner.name, f"{LABEL_PREFIX}/role": component}
+def selector(owner: Owner, component: str, serving_set: str | None = None) -> dict[str, str]:
+    out = {f"{LABEL_PREFIX}/model": owner.name, f"{LABEL_PREFIX}/role": component}
+    if serving_set:
+        out[f"{LABEL_PREFIX}/set"] = serving_set
+    return out
 
 
-def metadata(owner: Owner, name: str, component: str, chash: str | None = None) -> dict[str, Any]:
-    return {
+def metadata(
+    owner: Owner, name: str, component: str, chash: str | None = None, serving_set: str | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
         "name": name,
         "namespace": owner.namespace,
-        "labels": labels(owner, component, chash),
-        "ownerReferences": [
+        "labels": labels(owner, component, chash, serving_set),
+    }
+    if owner.uid:  # a reference to an owner that does not exist would be garbage-collected at once
+        meta["ownerReferences"] = [
             {
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -120,12 +138,12 @@ def metadata(owner: Owner, name: str, component: str, chash: str | None = None) 
                 "controller": True,
                 "blockOwnerDeletion": True,
             }
-        ],
-    }
+        ]
+    return meta
 
 
 def cache_claim_name(owner: Owner, spec: NeuronModelSpec) -> str:
-    return spec.compile.cache.claimName or f"{owner.name}-compile-cache"
+    return spec.compile.cache.claimName or names.cache_claim(owner.name)
 
 
 def build_pvc(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any] | None:
@@ -165,7 +183,7 @@ def compile_config(spec: NeuronModelSpec, chash: str) -> CompileConfig:
 
 
 def config_map_name(owner: Owner) -> str:
-    return f"{owner.name}-runtime"
+    return names.config_map(owner.name)
 
 
 def build_config_map(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
@@ -198,26 +216,39 @@ def _security(read_only_root: bool, efa: bool = False) -> dict[str, Any]:
     }
 
 
-def _env(spec: NeuronModelSpec, extra: dict[str, str]) -> list[dict[str, Any]]:
+def reads_hub_when_serving(spec: NeuronModelSpec, role: str) -> bool:
+    """Whether a role's pods download from the Hugging Face Hub at start, so need the model's token. Ours
+    (embedded, every router) and TGI serve the compiled folder only; vLLM and SGLang are given the Hub id
+    (`engines.model_reference`) and load its config and tokenizer from the Hub (vLLM: `vllm serve <model>`
+    "Hugging Face model name or path", docs.vllm.ai/en/stable/cli/serve.html; SGLang: `--model-path`
+    "local folder or a Hugging Face repo ID", docs.sglang.ai/advanced_features/server_arguments.html)."""
+    return role != "router" and spec.engine in ("vllm", "sglang") and spec.model.uri.startswith("hf://")
+
+
+def _env(spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(extra.items())]
     ref = spec.model.secretRef
-    if ref is not None:  # the token comes from the Secret, never from a plain field
+    if ref is not None and hub_token:  # the token comes from the Secret, never from a plain field
         for name in HF_TOKEN_ENVS:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env
 
 
-def _volumes(owner: Owner, spec: NeuronModelSpec, cache_read_only: bool) -> tuple[list, list]:
-    volumes = [
+def _volumes(owner: Owner, spec: NeuronModelSpec, compiling: bool) -> tuple[list, list]:
+    """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
+    pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
+    never touches running pods)."""
+    volumes: list[dict[str, Any]] = [
         {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec)}},
-        {"name": "config", "configMap": {"name": config_map_name(owner)}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    mounts = [
-        {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": cache_read_only},
-        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+    mounts: list[dict[str, Any]] = [
+        {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if compiling:
+        volumes.insert(1, {"name": "config", "configMap": {"name": config_map_name(owner)}})
+        mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -226,12 +257,14 @@ def _volumes(owner: Owner, spec: NeuronModelSpec, cache_read_only: bool) -> tupl
 
 
 def compile_job_name(owner: Owner, chash: str) -> str:
-    return f"{owner.name}-compile-{chash[:10]}"
+    return names.compile_job(owner.name, chash)
 
 
-def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
+def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: str = "") -> dict[str, Any]:
+    """The compile Job of a hash. `attempt` (the generation and retry request it was made for) is kept as
+    an annotation: a failed Job is replaced when a later attempt is asked for (`rollout.retry_due`)."""
     container = engines.compile_container(spec, chash)
-    volumes, mounts = _volumes(owner, spec, cache_read_only=False)
+    volumes, mounts = _volumes(owner, spec, compiling=True)
     resources = spec.compile.resources
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -241,7 +274,7 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[s
                 "name": "compile",
                 "image": container.image,
                 "command": container.command,
-                "env": _env(spec, container.env),
+                "env": _env(spec, container.env, hub_token=True),
                 "volumeMounts": mounts,
                 "resources": {k: v for k, v in resources.model_dump().items() if v},
                 "securityContext": _security(read_only_root=spec.engine == "embedded"),
@@ -252,14 +285,20 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[s
     }
     if spec.compile.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.compile.nodeSelector)
+    meta = metadata(owner, compile_job_name(owner, chash), "compile", chash)
+    if attempt:
+        meta["annotations"] = {ATTEMPT_ANNOTATION: attempt}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(owner, compile_job_name(owner, chash), "compile", chash),
+        "metadata": meta,
         "spec": {
             "backoffLimit": spec.compile.backoffLimit,
             "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
-            "ttlSecondsAfterFinished": 86400,
+            # finished Jobs go after an hour (https://kubernetes.io/docs/concepts/workloads/controllers/
+            # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again, and
+            # a failed one is tried again then (the source may have been fixed: the operator cannot see it)
+            "ttlSecondsAfterFinished": COMPILE_JOB_TTL,
             "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
         },
     }
@@ -274,8 +313,22 @@ def serving_roles(spec: NeuronModelSpec) -> dict[str, int]:
     return {"prefill": s.prefill.replicas, "decode": s.decode.replicas, "router": s.router.replicas}
 
 
-def deployment_name(owner: Owner, role: str) -> str:
-    return f"{owner.name}-{role}"
+def serving_set(spec: NeuronModelSpec, chash: str) -> str:
+    """The `set` label of a model's serving pods at a compile hash: `unified`, or for a disaggregated model
+    the revision its prefill, decode and router pods share (compile hash, port and KV transport: what pairs
+    them), so a router only ever names prefill and decode pods of its own set."""
+    if spec.serving.mode == "unified":
+        return UNIFIED_SET
+    kv = spec.serving.kvTransfer
+    return names.revision(chash, spec.serving.port, kv.transport, kv.efaInterfaces)
+
+
+def _set_suffix(serving_set_name: str | None) -> str | None:
+    return None if serving_set_name in (None, UNIFIED_SET) else serving_set_name
+
+
+def deployment_name(owner: Owner, role: str, serving_set_name: str | None = None) -> str:
+    return names.deployment(owner.name, role, _set_suffix(serving_set_name))
 
 
 def _resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
@@ -294,14 +347,17 @@ def _resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def serve_config(owner: Owner, spec: NeuronModelSpec, role: str, chash: str) -> ServeConfig:
+def serve_config(
+    owner: Owner, spec: NeuronModelSpec, role: str, chash: str, serving_set_name: str | None = None
+) -> ServeConfig:
     """Our runtime's serve options for a role's pods: the spec's (`engines.serve_config`), plus the model's
-    name, its peers, the KV transport and port, and the internal token's file."""
+    name, its peers (its own set's headless Services), the KV transport and port, and the internal token's
+    file."""
     port, transport = spec.serving.port, spec.serving.kvTransfer.transport
     pod: dict[str, Any] = {"served_model_name": owner.name}  # clients name the model as the NeuronModel
     if role == "router":
-        pod["prefill"] = [f"dns://{owner.name}-prefill:{port}"]
-        pod["decode"] = [f"dns://{owner.name}-decode:{port}"]
+        pod["prefill"] = [f"dns://{deployment_name(owner, 'prefill', serving_set_name)}:{port}"]
+        pod["decode"] = [f"dns://{deployment_name(owner, 'decode', serving_set_name)}:{port}"]
     if role in ("prefill", "decode"):
         pod["kv_transport"] = transport
     if role == "decode":  # prefill pods send KV caches to the pod's own IP
@@ -314,11 +370,12 @@ def serve_config(owner: Owner, spec: NeuronModelSpec, role: str, chash: str) -> 
 def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict:
     port = spec.serving.port
     ours = spec.engine == "embedded" or role == "router"
-    config = serve_config(owner, spec, role, chash) if ours else None
-    container = engines.serve_container(spec, role, chash, port, config)
-    env = _env(spec, container.env)
+    pods_set = serving_set(spec, chash)
+    config = serve_config(owner, spec, role, chash, pods_set) if ours else None
+    container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
+    env = _env(spec, container.env, hub_token=reads_hub_when_serving(spec, role))
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    volumes, mounts = _volumes(owner, spec, cache_read_only=True)
+    volumes, mounts = _volumes(owner, spec, compiling=False)
     transport = spec.serving.kvTransfer.transport
     if ours and role == "decode":
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
@@ -382,15 +439,18 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
         pod_spec["affinity"] = dict(sched.affinity)
     if sched.priorityClassName:
         pod_spec["priorityClassName"] = sched.priorityClassName
+    # a unified Deployment keeps its selector (immutable) and rolls in place; a disaggregated set's
+    # Deployments select only their own set's pods, beside another set's during a switch
+    match = selector(owner, role, _set_suffix(pods_set))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(owner, deployment_name(owner, role), role, chash),
+        "metadata": metadata(owner, deployment_name(owner, role, pods_set), role, chash, pods_set),
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": selector(owner, role)},
+            "selector": {"matchLabels": match},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": labels(owner, role, chash)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels(owner, role, chash, pods_set)}, "spec": pod_spec},
         },
     }
 
@@ -399,47 +459,63 @@ def public_role(spec: NeuronModelSpec) -> str:
     return "unified" if spec.serving.mode == "unified" else "router"
 
 
-def build_services(owner: Owner, spec: NeuronModelSpec) -> list[dict[str, Any]]:
+def public_selector(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, str]:
+    """The public Service's selector for the serving set of `spec` at `chash`: always the same three keys
+    (model, role, set), so a merge patch replaces every value when the Service moves to another set."""
+    return {**selector(owner, public_role(spec)), f"{LABEL_PREFIX}/set": serving_set(spec, chash)}
+
+
+def build_public_service(owner: Owner, spec: NeuronModelSpec, target: dict[str, str]) -> dict[str, Any]:
+    """The model's Service; `target`: the selector of the set it serves (`public_selector`)."""
     port = spec.serving.port
     ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
-    public = {
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(owner, owner.name, "endpoint"),
-        "spec": {"type": "ClusterIP", "selector": selector(owner, public_role(spec)), "ports": ports},
+        "spec": {"type": "ClusterIP", "selector": dict(target), "ports": ports},
     }
-    out = [public]
-    if spec.serving.mode == "disaggregated":  # the router finds its peers through DNS
-        for role in ("prefill", "decode"):
-            out.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": metadata(owner, f"{owner.name}-{role}", role),
-                    "spec": {
-                        "clusterIP": "None",
-                        "publishNotReadyAddresses": False,
-                        "selector": selector(owner, role),
-                        "ports": ports,
-                    },
-                }
-            )
-    return out
 
 
-def build_pdb(owner: Owner, role: str, replicas: int) -> dict[str, Any] | None:
+def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list[dict[str, Any]]:
+    """A disaggregated set's headless prefill and decode Services: its router finds its peers through DNS."""
+    if spec.serving.mode != "disaggregated":
+        return []
+    port, pods_set = spec.serving.port, serving_set(spec, chash)
+    ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(owner, deployment_name(owner, role, pods_set), role, chash, pods_set),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": False,
+                "selector": selector(owner, role, pods_set),
+                "ports": ports,
+            },
+        }
+        for role in ("prefill", "decode")
+    ]
+
+
+def build_pdb(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict | None:
     if replicas < 2:
         return None
+    pods_set = serving_set(spec, chash)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": metadata(owner, f"{owner.name}-{role}", role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner, role)}},
+        "metadata": metadata(owner, deployment_name(owner, role, pods_set), role, chash, pods_set),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(owner, role, _set_suffix(pods_set))},
+        },
     }
 
 
 def internal_secret_name(owner: Owner) -> str:
-    return f"{owner.name}-internal"
+    return names.internal(owner.name)
 
 
 def build_internal_secret(owner: Owner, token: str) -> dict[str, Any]:
@@ -459,7 +535,7 @@ def build_network_policy(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(owner, f"{owner.name}-internal", "internal"),
+        "metadata": metadata(owner, internal_secret_name(owner), "internal"),
         "spec": {
             "podSelector": {
                 "matchLabels": {f"{LABEL_PREFIX}/model": owner.name},
@@ -484,27 +560,47 @@ def endpoint(owner: Owner, spec: NeuronModelSpec, service: dict[str, Any] | None
     return f"http://{owner.name}.{owner.namespace}.svc:{spec.serving.port}"
 
 
-def build_all(
-    owner: Owner, spec: NeuronModelSpec, serving_hash: str | None = None, internal_token: str | None = None
+def build_serving(
+    owner: Owner, spec: NeuronModelSpec, chash: str, public: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every object of a model. Serving objects use `serving_hash`: the hash whose artifacts exist (the
-    current one once it compiled; the previous one while a new one compiles); none until the first compile.
-    `internal_token`: a fresh random token for a disaggregated model's Secret (the operator creates the Secret
-    once and never changes it, so only the first pass's token is used)."""
+    """The serving set of `spec` at the compiled hash `chash` (peer Services, Deployments, PDBs), then the
+    public Service, selecting `public` (default: this set)."""
+    objects: list[dict[str, Any] | None] = [*build_peer_services(owner, spec, chash)]
+    for role, replicas in serving_roles(spec).items():
+        objects.append(build_deployment(owner, spec, role, replicas, chash))
+        objects.append(build_pdb(owner, spec, role, replicas, chash))
+    objects.append(build_public_service(owner, spec, public or public_selector(owner, spec, chash)))
+    return [o for o in objects if o is not None]
+
+
+def build_all(
+    owner: Owner,
+    spec: NeuronModelSpec,
+    serving_hash: str | None = None,
+    internal_token: str | None = None,
+    *,
+    serving_spec: NeuronModelSpec | None = None,
+    public: dict[str, str] | None = None,
+    compile_job: bool = True,
+    attempt: str = "",
+) -> list[dict[str, Any]]:
+    """Every object of a model, in the order they must exist. The compile Job (unless `compile_job` is False:
+    its hash has compiled) is the spec's; the serving set is built from `serving_spec` (default: `spec`; the
+    spec that compiled `serving_hash`, while another compiles: `rollout.serving_spec`) at `serving_hash`,
+    the hash whose artifacts exist; none until the first compile. `public`: the selector the public Service
+    keeps (default: the serving set's). `internal_token`: a fresh random token for a disaggregated model's
+    Secret (the operator creates the Secret once and never changes it, so only the first pass's token is
+    used)."""
     chash = compile_hash(spec)
-    objects = [
-        build_pvc(owner, spec),
-        build_config_map(owner, spec, chash),
-        build_compile_job(owner, spec, chash),
-    ]
-    if serving_hash is not None:
-        for role, replicas in serving_roles(spec).items():
-            objects.append(build_deployment(owner, spec, role, replicas, serving_hash))
-            objects.append(build_pdb(owner, role, replicas))
-        objects.extend(build_services(owner, spec))
-    if spec.serving.mode == "disaggregated":
+    serving = serving_spec or spec
+    objects: list[dict[str, Any] | None] = [build_pvc(owner, spec), build_config_map(owner, spec, chash)]
+    if serving.serving.mode == "disaggregated":  # before the pods that mount the Secret
         if internal_token is not None:
             objects.append(build_internal_secret(owner, internal_token))
-        if spec.serving.networkPolicy:
-            objects.append(build_network_policy(owner, spec))
+        if serving.serving.networkPolicy:
+            objects.append(build_network_policy(owner, serving))
+    if compile_job:
+        objects.append(build_compile_job(owner, spec, chash, attempt))
+    if serving_hash is not None:
+        objects.extend(build_serving(owner, serving, serving_hash, public))
     return [o for o in objects if o is not None]

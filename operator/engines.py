@@ -9,6 +9,19 @@ environment, following that engine's documented contract, including where it fin
   MAX_INPUT_TOKENS, MAX_BATCH_PREFILL_TOKENS, which must match the compiled model; `--model-id` the export.
 - sglang: SGLang-Neuron (`SGLANG_PLATFORM=neuron python -m sglang.launch_server`), P/D with
   `--disaggregation-mode` over NIXL; compiled graphs cached in NEURON_COMPILE_CACHE_URL.
+
+Every spec field meant for the runtime reaches each role's command, environment or compile config
+(tests/unit/test_spec_reaches_process.py checks it for every sample); a field an engine has no setting for is
+refused by `unsupported` (called by validation), never dropped. The flags are those of the pinned images:
+- vLLM 0.11.0 (the vllm-neuron plugin's): https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html
+  (--tensor-parallel-size, --max-num-seqs, --max-model-len, --dtype, --served-model-name, --revision, --port,
+  --additional-config, --kv-transfer-config).
+- TGI 3.3.6, Neuron backend: backends/neuron/server/text_generation_server/tgi_env.py at tag v3.3.6 of
+  github.com/huggingface/text-generation-inference (HF_NUM_CORES, HF_AUTO_CAST_TYPE and the MAX_* variables,
+  which must equal the export's shapes; `--model-id`). Its launcher has no served-model-name option.
+- SGLang at sglang-neuron 0.1.0's pinned commit: https://docs.sglang.io/advanced_features/server_arguments.html
+  (--tp-size, --max-running-requests, --context-length, --dtype, --served-model-name, --revision,
+  --disaggregation-mode, --disaggregation-transfer-backend).
 """
 
 from __future__ import annotations
@@ -88,6 +101,33 @@ def _buckets(values: list[int]) -> str:
     return ",".join(map(str, values))
 
 
+def unsupported(spec: NeuronModelSpec) -> list[str]:
+    """Spec fields the engine has no setting for (empty: every field reaches the engine). The embedded engine
+    and vLLM take every field (NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides)."""
+    n, engine, out = spec.neuron, spec.engine, []
+    if engine not in ("tgi", "sglang"):
+        return out
+    where = {"tgi": "TGI's Neuron export (optimum-neuron)", "sglang": "SGLang-Neuron"}[engine]
+    use = "engine embedded or vllm"
+    if n.quantization != "none":
+        out.append(f"neuron.quantization {n.quantization}: {where} has no setting for it; use none or {use}")
+    if n.buckets.context or n.buckets.generation:
+        out.append(f"neuron.buckets: {where} compiles its own length buckets; remove them or use {use}")
+    if n.overrides:
+        out.append(f"neuron.overrides are NxDI NeuronConfig fields, which {where} does not read; remove them "
+                   f"or use {use}")  # fmt: skip
+    if n.logicalCores is not None:
+        out.append(f"neuron.logicalCores: {where} has no setting for it; remove it or use {use}")
+    if engine == "tgi" and spec.model.revision:
+        out.append(f"model.revision: neuronfleet passes no revision to {where}; remove it or use {use}")
+    if engine == "sglang" and "maxInputLength" in n.model_fields_set:
+        out.append(
+            "neuron.maxInputLength: SGLang bounds prompts by the context length only (--context-length, "
+            f"neuron.sequenceLength {n.sequenceLength}); remove maxInputLength or use {use}"
+        )
+    return out
+
+
 def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
     """NxDI NeuronConfig fields for the spec's shapes (vLLM's `neuron_config`), overrides last."""
     n = spec.neuron
@@ -114,25 +154,25 @@ def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
 
 def serve_config(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> ServeConfig:
     """Our runtime's serve options for a role that follow from the spec alone (the pod's own are added by
-    the caller): the compiled model, the port, and for the engine roles the compiled shapes."""
+    the caller): the compiled model, the port, and the compiled shapes (slots, lengths, buckets, dtype), for
+    every role: the router checks requests against the same limits and reports them (`/info`)."""
     n = spec.neuron
-    model = f"{artifacts_dir(compile_hash)}/model"
-    config = ServeConfig(model=model, role=role, host="0.0.0.0", port=port)  # type: ignore[arg-type]
-    if role == "router":
-        return config
-    shapes: dict = {"slots": n.batchSize, "max_seq_len": n.sequenceLength}
+    shapes: dict = {"slots": n.batchSize, "max_seq_len": n.sequenceLength, "max_input_len": n.maxInputLength}
     if n.buckets.context:
         shapes["prefill_buckets"] = list(n.buckets.context)
     if n.buckets.generation:
         shapes["decode_buckets"] = list(n.buckets.generation)
-    return config.model_copy(update=shapes)
+    model = f"{artifacts_dir(compile_hash)}/model"
+    return ServeConfig(model=model, role=role, host="0.0.0.0", port=port, dtype=n.dtype, **shapes)  # type: ignore[arg-type]
 
 
 def serve_container(
-    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None = None
-) -> Container:
+    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None = None,
+    served_name: str | None = None,
+) -> Container:  # fmt: skip
     """The serving container of a role (unified, prefill, decode or router). For our runtime (the embedded
-    engine, and every engine's router) `config` is the role's serve options (default: `serve_config`)."""
+    engine, and every engine's router) `config` is the role's serve options (default: `serve_config`); the
+    other engines name the model `served_name` in their APIs (default: their own choice)."""
     n, artifacts = spec.neuron, artifacts_dir(compile_hash)
     image = image_for(spec)
     if spec.engine == "embedded" or role == "router":
@@ -143,7 +183,9 @@ def serve_container(
     if spec.engine == "vllm":
         command = ["vllm", "serve", model_reference(spec), "--host", "0.0.0.0", "--port", str(port)]
         command += ["--tensor-parallel-size", str(n.tensorParallel), "--max-num-seqs", str(n.batchSize)]
-        command += ["--max-model-len", str(n.sequenceLength), "--device", "neuron"]
+        command += ["--max-model-len", str(n.sequenceLength), "--dtype", n.dtype, "--device", "neuron"]
+        if served_name:
+            command += ["--served-model-name", served_name]
         command += ["--additional-config", json.dumps({"neuron_config": nxdi_neuron_config(spec)})]
         if spec.model.revision:
             command += ["--revision", spec.model.revision]
@@ -168,6 +210,11 @@ def serve_container(
     command = ["python", "-m", "sglang.launch_server", "--model-path", model_reference(spec)]
     command += ["--host", "0.0.0.0", "--port", str(port), "--tp-size", str(n.tensorParallel)]
     command += ["--max-running-requests", str(n.batchSize), "--context-length", str(n.sequenceLength)]
+    command += ["--dtype", n.dtype]
+    if served_name:
+        command += ["--served-model-name", served_name]
+    if spec.model.revision:
+        command += ["--revision", spec.model.revision]
     if role in ("prefill", "decode"):
         command += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
     env = {"SGLANG_PLATFORM": "neuron", "NEURON_COMPILE_CACHE_URL": f"{artifacts}/neuron-cache"}
@@ -193,7 +240,8 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
         files["compile_vllm.py"] = (
             "from vllm import LLM\n\n"
             f"LLM(\n    model={model_reference(spec)!r},\n    tensor_parallel_size={n.tensorParallel},\n"
-            f"    max_num_seqs={n.batchSize},\n    max_model_len={n.sequenceLength},\n    device='neuron',\n"
+            f"    max_num_seqs={n.batchSize},\n    max_model_len={n.sequenceLength},\n"
+            f"    dtype={n.dtype!r},\n    revision={spec.model.revision!r},\n    device='neuron',\n"
             f"    additional_config={ {'neuron_config': nxdi_neuron_config(spec)}!r},\n)\n"
         )
         step = f'NEURON_COMPILED_ARTIFACTS="$OUT/model" python {CONFIG_MOUNT}/compile_vllm.py'

@@ -37,15 +37,24 @@ if TYPE_CHECKING:
 RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
-    # children: list and watch feed the operator's caches (cache.py); get only on a create's 409 AlreadyExists
+    # list and watch: the operator's caches (cache.py); get: only on a create's 409 AlreadyExists
     ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),  # created only (CREATE_ONLY)
-    ("", "secrets"): ("get", "list", "watch", "create"),  # the internal token: created once, never changed
+    # delete (reconcile: rollout.stale, rollout.superseded_jobs, rollout.retry_due): another serving set's
+    # objects once the public Service left it, those of roles no longer in the spec, superseded and retried
+    # compile Jobs
+    ("", "secrets"): (
+        "get",
+        "list",
+        "watch",
+        "create",
+        "delete",
+    ),  # the internal token: made once, never changed
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
-    ("", "services"): ("get", "list", "watch", "create", "patch"),
-    ("apps", "deployments"): ("get", "list", "watch", "create", "patch"),
-    ("batch", "jobs"): ("get", "list", "watch", "create"),  # created only
-    ("policy", "poddisruptionbudgets"): ("get", "list", "watch", "create", "patch"),
-    ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch"),
+    ("", "services"): ("get", "list", "watch", "create", "patch", "delete"),
+    ("apps", "deployments"): ("get", "list", "watch", "create", "patch", "delete"),
+    ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
+    ("policy", "poddisruptionbudgets"): ("get", "list", "watch", "create", "patch", "delete"),
+    ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "events"): ("create",),
     ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
 }
@@ -282,6 +291,21 @@ class Kube:
         self._allowed(group, resource, "patch")
         path = object_path(group, version, resource, namespace, name)
         return await self._call("PATCH", path, patch, "application/merge-patch+json")
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete an object, its dependents in the background (the garbage collector; Jobs would orphan
+        their pods by default: https://kubernetes.io/docs/concepts/workloads/controllers/job/#job-termination-and-cleanup);
+        False when it was gone already."""
+        group, version, resource = API_VERSIONS[kind]
+        self._allowed(group, resource, "delete")
+        path = object_path(group, version, resource, namespace, name) + "?propagationPolicy=Background"
+        try:
+            await self._call("DELETE", path)
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self._allowed(spec.GROUP, f"{spec.PLURAL}/status", "patch")

@@ -3,8 +3,11 @@ observe -> status. The planning (builders) and the status (status.py) are pure f
 thin shell that reads and writes through `kube.Kube`.
 
 Compile once: the compile Job for the spec's compile hash is created first; serving Deployments point at a
-hash only after its Job succeeded (artifacts/<hash>/ exists). A spec change that alters the hash compiles
-while the Deployments keep serving the previous hash, then they roll to the new one.
+hash only after its Job succeeded (artifacts/<hash>/ exists), and are built from the spec that compiled it
+(`rollout.serving_spec`): a spec change that alters the hash compiles while the Deployments stay exactly as
+they are, then they roll once. A new serving set (a disaggregated set of another revision, or a mode switch)
+is created beside the one that serves; the public Service moves when the new one is ready; then the old one
+is deleted (`rollout`). Apply order: what pods mount (ConfigMap, Secret) before the pods.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, metrics, validation
+from . import builders, metrics, names, rollout, validation
 from .kube import Kube, KubeError
 from .spec import KIND
 from .status import (
@@ -188,41 +191,90 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     meta = body["metadata"]
     old = body.get("status") or {}
     owner = builders.Owner(meta["name"], meta["namespace"], meta["uid"])
-    generation = meta.get("generation", 1)
+    ns, generation = owner.namespace, meta.get("generation", 1)
     spec, errors = validation.parse(body)
     if spec is not None:
-        errors = validation.validate(spec).errors
+        errors = names.name_errors(owner.name) + validation.validate(spec).errors
     chash = builders.compile_hash(spec) if spec is not None else None
     job: tuple[str, str] = ("absent", "")
     report = None
     serving = old.get("compileHash") if old.get("artifacts") else None
+    stored = old.get("servingSpec")
     roles: dict[str, tuple[int, int]] = {}
+    rolled_out = live = serving_now = False
+    drain_until = old.get("drainUntil")
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     if spec is not None and not errors:
         assert chash is not None
-        job = job_state(await kube.get("Job", owner.namespace, builders.compile_job_name(owner, chash)))
-        if job[0] == "succeeded":
-            serving = chash
+        compiled = serving == chash  # remembered in status: its Job may be gone (ttlSecondsAfterFinished)
+        if compiled:
+            job, report = ("succeeded", ""), old.get("artifacts")
+        else:
             job_name = builders.compile_job_name(owner, chash)
-            report = compile_report(await kube.list("Pod", owner.namespace, f"job-name={job_name}"))
-        for obj in builders.build_all(owner, spec, serving, internal_token=secrets.token_urlsafe(32)):
+            job_obj = await kube.get("Job", ns, job_name)
+            job = job_state(job_obj)
+            wanted = rollout.attempt(generation, meta.get("annotations"))
+            if rollout.retry_due(job_obj, job[0], wanted):
+                await kube.delete("Job", ns, job_name)
+                emit("Normal", "CompileRetried", f"compiling {chash} again (attempt {wanted}): {job[1]}")
+                job = ("absent", "")
+            if job[0] == "succeeded":
+                serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
+                report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
+        serving_spec = rollout.serving_spec(spec, stored, chash, serving)
+        stored = rollout.stored_sections(spec, stored, chash, serving)
+        objects = builders.build_all(
+            owner, spec, serving, internal_token=secrets.token_urlsafe(32), serving_spec=serving_spec,
+            compile_job=serving != chash, attempt=rollout.attempt(generation, meta.get("annotations")),
+        )  # fmt: skip
+        public = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == owner.name) \
+            if serving is not None else None  # fmt: skip
+        deployments: dict[str, dict[str, Any]] = {}
+        for obj in objects:
+            if obj is public:
+                continue  # last: it moves to the new set only once that set is ready
             applied = await apply(kube, obj)
-            if obj["kind"] == "Service" and obj["metadata"]["name"] == owner.name:
-                service = applied  # the public one: its published address is the endpoint
-        if serving is not None:
-            for role, replicas in builders.serving_roles(spec).items():
-                dep = await kube.get("Deployment", owner.namespace, builders.deployment_name(owner, role))
-                current = (
-                    dep is not None
-                    and dep["metadata"].get("labels", {}).get(f"{builders.LABEL_PREFIX}/compile-hash")
-                    == serving
-                )
-                ready = (dep or {}).get("status", {}).get("readyReplicas", 0) if current else 0
-                roles[role] = (replicas, ready or 0)
+            if obj["kind"] == "Deployment":
+                deployments[obj["metadata"]["name"]] = applied
+        if serving is not None and public is not None:
+            rolled_out = True
+            for role, replicas in builders.serving_roles(serving_spec).items():
+                name = builders.deployment_name(owner, role, builders.serving_set(serving_spec, serving))
+                ready, done = rollout.deployment_progress(deployments.get(name), serving)
+                roles[role] = (replicas, ready)
+                rolled_out = rolled_out and done
+            model_label = f"{builders.LABEL_PREFIX}/model={owner.name}"
+            ours = [
+                d for d in await kube.list("Deployment", ns, model_label) if rollout.owned_by(d, owner.uid)
+            ]
+            ours = [deployments.get(d["metadata"]["name"], d) for d in ours]
+            existing = await kube.get("Service", ns, owner.name)
+            current = (existing or {}).get("spec", {}).get("selector") if existing and rollout.owned_by(
+                existing, owner.uid) else None  # fmt: skip
+            target = public["spec"]["selector"]
+            chosen = rollout.public_target(current, target, rolled_out, ours)
+            public["spec"]["selector"] = chosen
+            service = await apply(kube, public)
+            live = chosen == target
+            serving_now = any(
+                rollout.selects(chosen, d) and (d.get("status") or {}).get("readyReplicas") for d in ours
+            )
+            unwanted = any(d["metadata"]["name"] not in deployments for d in ours)
+            if live and (
+                unwanted or old.get("phase") != "Ready" or old.get("observedGeneration") != generation
+            ):
+                rolled = chash if serving == chash else None
+                drain_until = await _delete_stale(kube, owner, objects, ours, rolled, drain_until)
+                if drain_until:  # come back when the retired pods have drained
+                    delay = rollout.seconds_until(drain_until, now()) + 1
+                    asyncio.get_running_loop().call_later(
+                        delay, lambda: asyncio.ensure_future(reconcile(kube, body, emit))
+                    )
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
-        job=job, roles=roles, report=report, endpoint=endpoint, at=now(),
+        job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
+        serving_spec=stored, drain_until=drain_until, endpoint=endpoint, at=now(),
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
@@ -231,3 +283,32 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             emit(*event)
         await kube.patch_status(owner.namespace, owner.name, status)
     return status
+
+
+async def _delete_stale(
+    kube: Kube,
+    owner: builders.Owner,
+    wanted: list[dict[str, Any]],
+    deployments: list[dict],
+    rolled: str | None,
+    drain_until: str | None,
+) -> str | None:
+    """Once the public Service serves the wanted set: delete the other sets' objects and those of roles no
+    longer in the spec, entry pods first (`rollout.retire`); once the spec's own hash (`rolled`) serves, the
+    compile Jobs of other hashes. Returns until when retired entry pods drain."""
+    ns, label = owner.namespace, f"{builders.LABEL_PREFIX}/model={owner.name}"
+    observed = [{**d, "kind": "Deployment"} for d in deployments]
+    for kind in ("Service", "PodDisruptionBudget"):
+        observed += [{**o, "kind": kind} for o in await kube.list(kind, ns, label)]
+    for kind in ("Secret", "NetworkPolicy"):  # one each, by name: no need to list Secrets
+        found = await kube.get(kind, ns, builders.internal_secret_name(owner))
+        observed += [{**found, "kind": kind}] if found else []
+    keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+    stale = rollout.stale(observed, keep, owner.uid or "")
+    delete, drain_until = rollout.retire(stale, observed, drain_until, now())
+    for kind, name in delete:
+        await kube.delete(kind, ns, name)
+    if rolled is not None:
+        for name in rollout.superseded_jobs(await kube.list("Job", ns, label), rolled, owner.uid or ""):
+            await kube.delete("Job", ns, name)
+    return drain_until

@@ -45,8 +45,16 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class Rule:
     """A cross-field rule: a CEL expression for the API server and the same check in Python."""
 
-    def __init__(self, cel: str, message: str, check: Callable[[Any], bool]) -> None:
-        self.cel, self.message, self.check = cel, message, check
+    def __init__(
+        self,
+        cel: str,
+        message: str,
+        check: Callable[[Any], bool],
+        explain: Callable[[Any], str] | None = None,
+    ) -> None:
+        """`message` is the API server's (static); `explain`, when given, words the Python twin's refusal
+        with the values at hand (naming a default the user did not set)."""
+        self.cel, self.message, self.check, self.explain = cel, message, check, explain
 
 
 def rules(*declared: Rule):
@@ -69,7 +77,7 @@ class Spec(BaseModel):
     def _check_rules(self):
         for r in type(self).__rules__:
             if not r.check(self):
-                raise ValueError(r.message)
+                raise ValueError(r.explain(self) if r.explain else r.message)
         return self
 
 
@@ -125,11 +133,27 @@ class Buckets(Spec):
     )
 
 
+def valued(section: BaseModel, name: str) -> str:
+    """`neuron.NAME VALUE`, or `neuron.NAME (default VALUE, not set)` when the user left it to the default:
+    a refusal caused by a default must say so."""
+    value = getattr(section, name)
+    return (
+        f"neuron.{name} {value}"
+        if name in section.model_fields_set
+        else f"neuron.{name} (default {value}, not set)"
+    )
+
+
 @rules(
     Rule(
         "self.maxInputLength < self.sequenceLength",
-        "neuron.maxInputLength must be below neuron.sequenceLength (room is needed to generate)",
+        "neuron.maxInputLength (default 3072) must be below neuron.sequenceLength (default 4096): room is "
+        "needed to generate",
         lambda s: s.maxInputLength < s.sequenceLength,
+        lambda s: (
+            f"{valued(s, 'maxInputLength')} must be below {valued(s, 'sequenceLength')} (room is needed "
+            f"to generate); set neuron.maxInputLength below {s.sequenceLength}"
+        ),
     ),
     Rule(
         "self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
@@ -316,7 +340,7 @@ class NeuronModelSpec(Spec):
 
 # ---- status ----------------------------------------------------------------------------------------------
 
-Phase = Literal["Pending", "Compiling", "Deploying", "Ready", "Degraded", "Failed"]
+Phase = Literal["Pending", "Compiling", "Deploying", "Rolling", "Ready", "Degraded", "Failed"]
 ConditionType = Literal[
     "Validated", "Compiled", "Ready", "Progressing", "Degraded", "AutoscalingActive", "Conflict"
 ]
@@ -341,6 +365,11 @@ class Artifacts(BaseModel):
 class RoleReplicas(BaseModel):
     desired: int = 0
     ready: int = 0
+    reached: int = Field(
+        0,
+        description="Most pods ready at once since this role's set went live (at most desired): Degraded "
+        "while fewer are ready.",
+    )
 
 
 class NeuronModelStatus(BaseModel):
@@ -352,6 +381,18 @@ class NeuronModelStatus(BaseModel):
     replicas: dict[str, RoleReplicas] = Field(default_factory=dict, description="Per role: desired, ready.")
     readyReplicas: str | None = Field(None, description="Ready/desired serving pods, e.g. 2/2 (for kubectl).")
     endpoint: str | None = Field(None, description="In-cluster URL of the model's OpenAI/TGI endpoint.")
+    drainUntil: str | None = Field(
+        None,
+        description="Until when the pods of a set the Service left finish their requests (RFC 3339); "
+        "its other objects are deleted after.",
+    )
+    servingSpec: dict[str, Any] | None = Field(
+        None,
+        description="The model, engine, image and neuron sections of the spec compiled as compileHash: the "
+        "serving pods are built from them until the next compile has finished, so a change that needs a "
+        "compile rolls once, after it.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
 
 PRINTER_COLUMNS = [

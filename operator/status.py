@@ -10,7 +10,6 @@ from typing import Any
 from .spec import AUTOSCALING_NOT_ACTED_ON
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
-FAILURE_REASONS = {"Invalid", "CompileFailed", "ReplicasUnavailable"}
 
 
 def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
@@ -58,6 +57,18 @@ def condition(
     }
 
 
+def reached(old: dict[str, Any], roles: dict[str, tuple[int, int]], live: bool) -> dict[str, int]:
+    """Per role, the most pods ready at once since the role's set went live, at most desired (kept in
+    status.replicas[role].reached): a live set with fewer ready pods than it reached is Degraded, however
+    many passes ago it lost them; a scale-up or a first deploy is not."""
+    if not live:
+        return {role: 0 for role in roles}
+    before = old.get("replicas") or {}
+    return {
+        role: min(d, max(r, (before.get(role) or {}).get("reached", 0))) for role, (d, r) in roles.items()
+    }
+
+
 def compute_status(
     *,
     old: dict[str, Any],
@@ -66,8 +77,13 @@ def compute_status(
     compile_hash: str | None,
     serving_hash: str | None,
     job: tuple[str, str],
-    roles: dict[str, tuple[int, int]],  # role -> (desired, ready)
+    roles: dict[str, tuple[int, int]],  # role -> (desired, ready) of the wanted serving set
+    rolled_out: bool = True,  # every Deployment of the wanted set runs its latest template, all ready
+    live: bool = True,  # the public Service selects the wanted set
+    serving_now: bool = False,  # some set answers (its pods are ready): a change rolls, not deploys
     report: dict[str, Any] | None = None,  # the compile pod's manifest, when it left one
+    serving_spec: dict[str, Any] | None = None,  # the compiled sections of serving_hash's spec
+    drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -76,43 +92,60 @@ def compute_status(
     state, job_message = job
     if errors:
         message = "; ".join(errors)
+        kept = [c for c in conds if c.get("type") not in ("Validated", "Progressing")]
         return {
             "phase": "Failed",
             "observedGeneration": generation,
             "compileHash": old.get("compileHash"),
             "conditions": [
                 condition(conds, "Validated", False, "Invalid", message, generation, at),
-                *(c for c in conds if c.get("type") != "Validated"),
+                *kept,
+                condition(conds, "Progressing", False, "Invalid", "the spec is refused", generation, at),
             ],
         }
     compiled = serving_hash is not None and serving_hash == compile_hash
+    failed = state == "failed" and not compiled
     if compiled and report and report.get("cacheHit"):
         compiled_cond = ("CacheHit", f"artifacts/{compile_hash}/ existed already: nothing was compiled")
     elif compiled:
         compiled_cond = ("Compiled", f"artifacts/{compile_hash}/ is complete")
-    elif state == "failed":
-        compiled_cond = ("CompileFailed", job_message)
+    elif failed:
+        compiled_cond = ("CompileFailed", f"compile of {compile_hash} failed: {job_message}")
     else:
-        compiled_cond = ("Compiling", job_message or f"compiling {compile_hash}")
+        compiled_cond = ("Compiling", f"compiling {compile_hash}: {job_message or 'the Job is starting'}")
     desired = sum(d for d, _ in roles.values())
     ready = sum(min(r, d) for d, r in roles.values())
-    all_ready = serving_hash is not None and desired > 0 and all(r >= d for d, r in roles.values())
-    was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-    degraded = state == "failed" or (was_ready and not all_ready and serving_hash is not None)
-    progressing = not compiled or not all_ready
+    high = reached(old, roles, live and serving_hash is not None)
+    lost = {role: (r, high[role]) for role, (_, r) in roles.items() if r < high[role]}
+    all_ready = serving_hash is not None and desired > 0 and rolled_out and live
+    if failed:
+        health = ("CompileFailed", compiled_cond[1])
+    elif lost:
+        health = ("ReplicasUnavailable", "pods lost: " + ", ".join(
+            f"{role} {r}/{h} ready" for role, (r, h) in sorted(lost.items())
+        ))  # fmt: skip
+    else:
+        health = ("Healthy", f"{ready}/{desired} pods ready")
+    degraded = health[0] != "Healthy"
     if serving_hash is None:
-        phase = "Failed" if state == "failed" else "Compiling"
+        phase = "Failed" if failed else "Compiling"
     elif degraded:
         phase = "Degraded"
     elif all_ready and compiled:
         phase = "Ready"
     else:
-        phase = "Deploying"
-    progress = ("Rolling", "compiling or rolling out") if progressing else ("Stable", "up to date")
-    if state == "failed":
-        health = ("CompileFailed", job_message)
+        phase = "Rolling" if serving_now else "Deploying"
+    if failed:
+        progress = ("CompileFailed", "waiting for a change or neuronfleet.dev/retry to compile again")
+    elif not compiled:
+        progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
+    elif not all_ready:
+        progress = (
+            "Recovering" if degraded else phase,
+            f"{ready}/{desired} pods of artifacts/{serving_hash}/ ready",
+        )
     else:
-        health = ("ReplicasUnavailable", f"{ready}/{desired} pods ready") if degraded else ("Healthy", "")
+        progress = ("Stable", f"serving artifacts/{serving_hash}/")
     ready_reason = "AllReplicasReady" if all_ready else ("NotCompiled" if serving_hash is None else "Waiting")
     status: dict[str, Any] = {
         "phase": phase,
@@ -124,10 +157,14 @@ def compute_status(
             condition(
                 conds, "Ready", all_ready, ready_reason, f"{ready}/{desired} pods ready", generation, at
             ),
-            condition(conds, "Progressing", progressing, *progress, generation, at),
+            condition(
+                conds, "Progressing", progress[0] != "Stable" and not failed, *progress, generation, at
+            ),
             condition(conds, "Degraded", degraded, *health, generation, at),
         ],
-        "replicas": {role: {"desired": d, "ready": min(r, d)} for role, (d, r) in roles.items()},
+        "replicas": {
+            role: {"desired": d, "ready": min(r, d), "reached": high[role]} for role, (d, r) in roles.items()
+        },
         "readyReplicas": f"{ready}/{desired}",
     }
     if serving_hash is not None:
@@ -139,6 +176,9 @@ def compute_status(
         elif (old.get("artifacts") or {}).get("path") == status["artifacts"]["path"]:
             status["artifacts"] = old["artifacts"]
         status["endpoint"] = endpoint
+        if serving_spec is not None:
+            status["servingSpec"] = serving_spec
+        status["drainUntil"] = drain_until  # None (null) clears it
     return status
 
 
@@ -150,15 +190,32 @@ def autoscaling_condition(old: list[dict], generation: int, at: str) -> dict:
 
 
 def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for every condition whose status changed."""
-    before = {c["type"]: c["status"] for c in old.get("conditions") or []}
-    out = []
+    """(event type, reason, message) for what changed: Normal for progress (compile started, compiled or a
+    cache hit, a roll started, rolled out, recovered), Warning only for problems (refused, compile failed,
+    pods lost). Every event has a message."""
+    before = {c["type"]: c for c in old.get("conditions") or []}
+    out: list[tuple[str, str, str]] = []
     for c in new.get("conditions") or []:
-        if before.get(c["type"]) != c["status"]:
-            bad = (c["type"] == "Degraded") == (c["status"] == "True")
-            out.append(
-                ("Warning" if bad and c["status"] != "Unknown" else "Normal", c["reason"], c["message"])
-            )
+        prev = before.get(c["type"]) or {}
+        changed = (prev.get("status"), prev.get("reason")) != (c["status"], c["reason"])
+        kind, status, reason, message = c["type"], c["status"], c["reason"], c.get("message") or c["reason"]
+        if kind == "Validated" and status == "False" and (changed or prev.get("message") != message):
+            out.append(("Warning", "Refused", message))
+        elif kind == "Compiled" and reason == "Compiling" and (changed or prev.get("message") != message):
+            if prev.get("message", "").split(":")[0] != message.split(":")[0]:  # a new hash, not progress
+                out.append(("Normal", "CompileStarted", message))
+        elif kind == "Compiled" and changed and reason == "CompileFailed":
+            out.append(("Warning", "CompileFailed", message))
+        elif kind == "Compiled" and changed and status == "True":
+            out.append(("Normal", reason, message))
+        elif kind == "Progressing" and changed and reason == "Rolling":
+            out.append(("Normal", "Rolling", message))
+        elif kind == "Ready" and changed and status == "True":
+            out.append(("Normal", "RolledOut", f"{message}; serving {new.get('artifacts', {}).get('path')}"))
+        elif kind == "Degraded" and changed and status == "True" and reason != "CompileFailed":
+            out.append(("Warning", reason, message))
+        elif kind == "Degraded" and changed and status == "False" and prev.get("status") == "True":
+            out.append(("Normal", "Recovered", message))
     return out
 
 

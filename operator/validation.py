@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import topology
-from .spec import NeuronModelSpec
+from . import engines, names, topology
+from .spec import NeuronModelSpec, valued
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
 
@@ -177,6 +177,7 @@ def validate(spec: NeuronModelSpec) -> Report:
             )
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
+    r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
     if spec.model.tokenizer and spec.engine != "embedded":
         r.errors.append(
             f"model.tokenizer is applied by the embedded engine's compile, not engine {spec.engine}; remove "
@@ -190,14 +191,14 @@ def validate(spec: NeuronModelSpec) -> Report:
             r.errors.append(f"neuron.buckets.{kind} must be increasing without repeats, got {buckets}")
         elif buckets and buckets[-1] != limit:
             r.errors.append(
-                f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal neuron.{name} "
-                f"({limit}), or requests that the spec accepts would fit no bucket"
+                f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal {valued(n, name)}, or "
+                "requests that the spec accepts would fit no bucket"
             )
     r.fit = estimate_fit(spec)
     if r.fit.checked and r.fit.needed_bytes_per_core > r.fit.available_bytes_per_core and inst is not None:
         r.errors.append(
-            f"the model does not fit: it needs {r.fit.reason} on {inst.name} at tensorParallel "
-            f"{n.tensorParallel}, batchSize {n.batchSize}, sequenceLength {n.sequenceLength}; try "
+            f"the model does not fit: it needs {r.fit.reason} on {inst.name} at "
+            f"{', '.join(valued(n, f) for f in ('tensorParallel', 'batchSize', 'sequenceLength'))}; try "
             f"{_suggest(spec, inst)}"
         )
     return r
@@ -231,8 +232,13 @@ def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:
 
 
 def check(obj: dict) -> Report:
-    """Parse and validate one manifest: schema errors first, then the checks of `validate`."""
+    """Parse and validate one manifest: schema errors first, then its name (`names.name_errors`: its
+    children's names must fit Kubernetes' limits), then the checks of `validate`."""
     spec, errors = parse(obj)
+    name = (obj.get("metadata") or {}).get("name")
+    errors = (names.name_errors(name) if isinstance(name, str) else []) + errors
     if spec is None:
         return Report(errors=errors)
-    return validate(spec)
+    report = validate(spec)
+    report.errors = errors + report.errors
+    return report

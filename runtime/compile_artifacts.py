@@ -124,7 +124,8 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
                 shutil.copy2(tokenizer / name, out / name)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
     runtime = RuntimeConfig(
-        slots=1, max_seq_len=config.sequenceLength, dtype=dtype, prefill_buckets=config.buckets.context,
+        slots=1, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength, dtype=dtype,
+        prefill_buckets=config.buckets.context,
         decode_buckets=config.buckets.generation,
     )  # fmt: skip
     ModelRunner(out, runtime)

@@ -41,14 +41,16 @@ def pick_bucket(buckets: Sequence[int], n: int) -> int:
 class RuntimeConfig:
     """How one engine serves: built once from the command line (or a test), validated, then handed down.
 
-    Unset buckets (empty) are derived from `max_seq_len`: prefill is compute-bound, so padding costs in
-    proportion and its buckets are fine (4 per octave from 16); decode reads the cache, coarser is fine (2 per
-    octave from 64). The largest decode bucket is `max_seq_len`; the largest prefill bucket is the longest
-    prompt accepted.
+    Unset buckets (empty) are derived: prefill is compute-bound, so padding costs in proportion and its
+    buckets are fine (4 per octave from 16, up to `max_input_len`); decode reads the cache, coarser is fine (2
+    per octave from 64, up to `max_seq_len`). The largest decode bucket is `max_seq_len`; the largest prefill
+    bucket is the longest prompt accepted, `max_input_len` when it is set (0: `max_seq_len`, or the largest
+    prefill bucket given).
     """
 
     slots: int = 8
     max_seq_len: int = 2048
+    max_input_len: int = 0  # the longest prompt; 0: the largest prefill bucket given, else max_seq_len
     prefill_buckets: Sequence[int] = ()  # as given (empty: derived); a sorted tuple once constructed
     decode_buckets: Sequence[int] = ()
     dtype: str = "float32"
@@ -62,25 +64,39 @@ class RuntimeConfig:
             raise ValueError(f"slots must be at least 1, got {self.slots} (--slots)")
         if self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be at least 1, got {self.max_seq_len} (--max-seq-len)")
+        if not 0 <= self.max_input_len <= self.max_seq_len:
+            raise ValueError(
+                f"max_input_len must be between 1 and max_seq_len ({self.max_seq_len}), got "
+                f"{self.max_input_len} (--max-input-len)"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
-        prefill = self._buckets(self.prefill_buckets, "prefill", smallest=16, per_octave=4)
-        decode = self._buckets(self.decode_buckets, "decode", smallest=64, per_octave=2)
+        prefill = self._buckets(
+            self.prefill_buckets, "prefill", 16, 4, self.max_input_len or self.max_seq_len
+        )
+        decode = self._buckets(self.decode_buckets, "decode", 64, 2, self.max_seq_len)
         if decode[-1] != self.max_seq_len:
             raise ValueError(
                 f"the largest decode bucket must equal max_seq_len ({self.max_seq_len}), got {decode[-1]} "
                 "(--decode-buckets)"
+            )
+        if self.max_input_len and prefill[-1] != self.max_input_len:
+            raise ValueError(
+                f"the largest prefill bucket must equal max_input_len ({self.max_input_len}), got "
+                f"{prefill[-1]} (--prefill-buckets), or prompts it accepts would fit no bucket"
             )
         object.__setattr__(self, "prefill_buckets", prefill)
         object.__setattr__(self, "decode_buckets", decode)
         budget = max(self.max_prefill_tokens or DEFAULT_PREFILL_TOKENS, prefill[-1])
         object.__setattr__(self, "max_prefill_tokens", budget)
 
-    def _buckets(self, given: Sequence[int], kind: str, smallest: int, per_octave: int) -> tuple[int, ...]:
+    def _buckets(
+        self, given: Sequence[int], kind: str, smallest: int, per_octave: int, limit: int
+    ) -> tuple[int, ...]:
         if not given:
-            return tuple(default_length_buckets(self.max_seq_len, smallest, per_octave))
+            return tuple(default_length_buckets(limit, smallest, per_octave))
         out = tuple(sorted({int(b) for b in given}))
         if out[0] < 1 or out[-1] > self.max_seq_len:
             raise ValueError(

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .backend import check_fits
 from .engine import AsyncEngine
 from .errors import EngineFailed, InvalidRequest, QueueFull
 from .kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
@@ -52,6 +53,8 @@ async def _json(request: web.Request) -> dict[str, Any]:
         body = await request.json()
     except ValueError:
         body = None
+    except web.HTTPRequestEntityTooLarge as e:  # say the limit (the router passes this on to its client)
+        raise web.HTTPRequestEntityTooLarge(0, 0, reason=e.text or e.reason) from None
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}),
                                  content_type="application/json")  # fmt: skip
@@ -154,9 +157,13 @@ class DecodeRole:
         _authorized(request, self.token)
         body = await _json(request)
         try:
-            lease = self.leases.reserve(str(body.get("request")), int(body.get("prompt_tokens", 0)))
+            tokens = int(body.get("prompt_tokens", 0))
+            check_fits(self.engine.limits, tokens, None)  # the refusal a unified pod gives, passed on as is
+            lease = self.leases.reserve(str(body.get("request")), tokens)
         except NoRegionFree as e:
             return web.json_response({"error": str(e)}, status=503, headers={"Retry-After": "1"})
+        except InvalidRequest as e:
+            return web.json_response({"error": str(e), "param": e.field_name}, status=400)
         except (TypeError, ValueError) as e:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(
@@ -224,8 +231,8 @@ class DecodeRole:
         outputs = self.engine.generate(ids, params, request_id=rid)
         try:  # refusals come before the first output, while an HTTP status can still say so
             first = await anext(outputs)
-        except InvalidRequest as e:
-            return web.json_response({"error": str(e)}, status=400)
+        except InvalidRequest as e:  # the router passes it on to its client as it is
+            return web.json_response({"error": str(e), "param": e.field_name}, status=400)
         except (QueueFull, EngineFailed) as e:
             return web.json_response({"error": str(e)}, status=503, headers={"Retry-After": "1"})
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})

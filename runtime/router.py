@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV
 
 from .backend import FinishReason, Limits, RequestOutput, check_fits
-from .errors import EngineFailed, Unavailable
+from .errors import ServingError, Unavailable
 from .sampling_params import SamplingParams
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
@@ -187,22 +187,36 @@ class NoPeerAvailable(Unavailable):
     """No decode pod could serve the request (answered as 503)."""
 
 
-class PeerRefused(EngineFailed):
-    """A peer refused the request itself (4xx): no other pod would take it either."""
+class PeerRefused(ServingError):
+    """A peer refused the request itself (400, 413, 422): no other pod would take it either. The client gets
+    the peer's status in its API's format (an invalid request: OpenAI 400, TGI 422), the peer's message and
+    the field at fault, as a unified pod would answer, never a 500 (which clients retry)."""
+
+    def __init__(self, status: int, message: str, field_name: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.field_name = status, field_name
+        self.tgi_status = 422 if status == 400 else status
+        self.reason = "body_too_large" if status == 413 else "invalid"  # as the unified server counts them
+
+
+PASSED_THROUGH = (400, 413, 422)  # a peer's refusals of the request itself: the client's to see and fix
 
 
 async def _refusal(r: aiohttp.ClientResponse, step: str) -> None:
-    """Raise for a peer's answer other than 200: busy (503) is worth another pod, a refusal is final."""
+    """Raise for a peer's answer other than 200: busy (503) is worth another pod, a refusal of the request
+    is final (passed through), anything else (401: a token mismatch, 404: not a pod of that role) is the
+    peer's failure."""
     if r.status == 200:
         return
     try:
-        error = (await r.json()).get("error")
-    except (ValueError, aiohttp.ContentTypeError):
-        error = await r.text()
+        body = await r.json()
+        error, param = body.get("error"), body.get("param")
+    except (ValueError, AttributeError, aiohttp.ContentTypeError):
+        error, param = await r.text(), None
     if r.status == 503:
         raise PeerBusy(f"{step} answered 503: {error}")
-    if 400 <= r.status < 500 and r.status != 401:
-        raise PeerRefused(f"{step} refused the request ({r.status}): {error}")
+    if r.status in PASSED_THROUGH:
+        raise PeerRefused(r.status, str(error), param if isinstance(param, str) else None)
     raise PeerFailed(f"{step} answered {r.status}: {error}")
 
 

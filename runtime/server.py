@@ -94,6 +94,7 @@ class RuntimeServer:
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics(backend, model_name)
         self.draining = False
+        self.in_flight = 0  # requests whose handlers run: a drain waits for them
         self.created = int(time.time())
 
     def app(self) -> web.Application:
@@ -120,6 +121,7 @@ class RuntimeServer:
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
         """Every error leaves in the API's own format: unknown routes and methods, and anything unexpected
         (logged, answered 500, and the server goes on)."""
+        self.in_flight += 1
         try:
             return await handler(request)
         except web.HTTPException as e:
@@ -131,6 +133,8 @@ class RuntimeServer:
         except Exception as e:
             log.exception("unexpected error serving %s", request.path)
             return self._error(request.path, 500, f"internal error: {type(e).__name__}: {e}", None)
+        finally:
+            self.in_flight -= 1
 
     def _error(self, path: str, status: int, message: str, param: str | None) -> web.Response:
         """An error in the format of the API that `path` belongs to."""
@@ -507,7 +511,9 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
     server.draining = True
     log.info("draining: finishing requests in flight for up to %.0f s", grace_period)
     deadline = loop.time() + grace_period
-    while server.backend.num_requests:
+    # a request counts from its handler's start (parsing, the chat template, a router's prefill) to its end,
+    # not only while the backend holds it
+    while server.backend.num_requests or server.in_flight:
         if loop.time() >= deadline:
             log.warning("grace period over; ending the requests still in flight")
             break

@@ -114,14 +114,14 @@ def local(tmp_path_factory):
 
 
 def offline_answer(local: Local, name: str) -> str:
-    """The runtime's own greedy answer on the weights the compile Job produced."""
-    status = local.get("nm", name)["status"]
-    folder = (
-        local.state / "node" / "volumes" / "default" / f"{name}-compile-cache" / status["artifacts"]["path"]
-    )
-    engine = Engine.from_model_dir(
-        str(folder / "model"), RuntimeConfig(slots=1, max_seq_len=512, prefix_reuse=False)
-    )
+    """The runtime's own greedy answer on the weights the compile Job produced, in the spec's dtype and
+    lengths (what the pods are told)."""
+    model = local.get("nm", name)
+    folder = local.state / "node" / "volumes" / "default" / f"{name}-compile-cache"
+    n = model["spec"]["neuron"]
+    config = RuntimeConfig(slots=1, max_seq_len=n["sequenceLength"], max_input_len=n["maxInputLength"],
+                           dtype=n["dtype"], prefix_reuse=False)  # fmt: skip
+    engine = Engine.from_model_dir(str(folder / model["status"]["artifacts"]["path"] / "model"), config)
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
     return engine.generate([ids], SamplingParams(max_tokens=16))[0].text
 
@@ -137,6 +137,9 @@ def test_a_unified_model_compiles_serves_heals_rolls_and_goes(local):
     assert conditions["Validated"] == conditions["Compiled"] == conditions["Ready"] == "True"
     endpoint = model["status"]["endpoint"]
     assert endpoint.startswith("http://127.0.0.1:")
+    info = json.loads(urllib.request.urlopen(endpoint + "/info", timeout=HTTP_TIMEOUT).read())
+    served = (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"])
+    assert served == ("bfloat16", 384, 512)  # the sample's dtype, maxInputLength and sequenceLength
     want = offline_answer(local, "smollm2")
     assert chat(endpoint, "smollm2") == want
     row = local.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
@@ -208,9 +211,15 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     }
     want = offline_answer(local, "smollm2-pd")
     assert chat(model["status"]["endpoint"], "smollm2-pd") == want
+    info = json.loads(
+        urllib.request.urlopen(model["status"]["endpoint"] + "/info", timeout=HTTP_TIMEOUT).read()
+    )
+    assert (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"]) == ("bfloat16", 384, 512)
     # the answer came through a KV handoff, not a fallback
     (decode,) = local.pods("neuronfleet.dev/role=decode")
-    slices = local.get("endpointslices", "-l", "kubernetes.io/service-name=smollm2-pd-decode")["items"]
+    (svc,) = local.get("services", "-l", "neuronfleet.dev/role=decode")["items"]  # the set's own Service
+    service_name = svc["metadata"]["name"]
+    slices = local.get("endpointslices", "-l", f"kubernetes.io/service-name={service_name}")["items"]
     port = slices[0]["ports"][0]["port"]
     metrics = metrics_text(f"http://127.0.0.1:{port}")
     moved = [line for line in metrics.splitlines() if line.startswith("neuronfleet:kv_transfer_bytes_total")]

@@ -112,12 +112,17 @@ def mark_job(api, name: str, outcome: str = "Complete") -> None:
 
 
 def mark_ready(api, deployment: str, replicas: int) -> None:
-    patch_status(
-        api,
-        "deployment",
-        deployment,
-        {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas},
-    )
+    """What the Deployment controller writes once its latest spec has rolled out and every pod is ready."""
+    generation = get(api, "deployment", deployment)["metadata"]["generation"]
+    status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+    patch_status(api, "deployment", deployment, {**status, "observedGeneration": generation})
+
+
+def role_deployment(api, role: str) -> dict | None:
+    """The one Deployment of a role (a disaggregated set's names carry its revision)."""
+    found = get(api, "deployments", "-l", f"neuronfleet.dev/role={role}")["items"]
+    assert len(found) <= 1, [d["metadata"]["name"] for d in found]
+    return found[0] if found else None
 
 
 def manifest(**neuron) -> str:
@@ -162,13 +167,16 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         "path": f"artifacts/{chash}/", "bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False
     }  # fmt: skip
     assert condition(model, "Compiled")["reason"] == "Compiled"
-    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2}}
+    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2, "reached": 2}}
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     row = api.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
     assert row[:6] == ["llama-3-1-8b", "Ready", "embedded", "inf2.48xlarge", "8", "2/2"]
     assert row[6] == "http://llama-3-1-8b.default.svc:8000"
-    events = api.kubectl("get", "events", "-o", "json").stdout
-    assert "AllReplicasReady" in events and "Compiled" in events
+    events = {(e["type"], e["reason"]): e["message"] for e in items(api, "events")}
+    assert events[("Normal", "CompileStarted")].startswith(f"compiling {chash}")
+    assert events[("Normal", "Compiled")] == f"artifacts/{chash}/ is complete"
+    assert events[("Normal", "RolledOut")] == f"2/2 pods ready; serving artifacts/{chash}/"
+    assert not [e for e in events if e[0] == "Warning"], events
     # 4. drift: a hand edit of the Deployment is put back
     api.kubectl(
         "patch", "deployment", "llama-3-1-8b-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}'
@@ -191,7 +199,9 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         for o in items(api, k)
     }
     assert after == before
-    # 6. a spec change that alters the hash compiles first while the old pods keep serving, then rolls
+    # 6. a spec change that alters the hash compiles first while the Deployment stays exactly as it is (never
+    # the old artifacts with the new arguments), then rolls once
+    before_change = get(api, "deployment", "llama-3-1-8b-unified")
     api.kubectl("apply", "-f", "-", stdin=manifest(batchSize=4))
     jobs = api.wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2 and items(api, "jobs"))
     second_job = next(j["metadata"]["name"] for j in jobs if j["metadata"]["name"] != first_job)
@@ -201,6 +211,8 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     ))  # fmt: skip
     dep = get(api, "deployment", "llama-3-1-8b-unified")
     assert dep["metadata"]["labels"]["neuronfleet.dev/compile-hash"] == chash  # still the old artifacts
+    assert dep["metadata"]["resourceVersion"] == before_change["metadata"]["resourceVersion"]  # untouched
+    assert model["status"]["phase"] == "Rolling"  # not Ready: the change is not served yet
     assert (
         condition(model, "Compiled")["status"] == "False"
         and condition(model, "Progressing")["status"] == "True"
@@ -220,6 +232,14 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         ]
     )
     assert cmd[cmd.index("--slots") + 1] == "4"
+    rolled = get(api, "deployment", "llama-3-1-8b-unified")
+    assert rolled["metadata"]["generation"] == before_change["metadata"]["generation"] + 1  # one roll
+    mark_ready(api, "llama-3-1-8b-unified", 2)
+    api.wait_for("Ready again", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    # the superseded hash's compile Job goes once the new hash serves
+    api.wait_for(
+        "the old Job gone", lambda: [j["metadata"]["name"] for j in items(api, "jobs")] == [second_job]
+    )
     model = api.wait_for(
         "CacheHit",
         lambda: (
@@ -247,7 +267,9 @@ def test_a_spec_that_does_not_fit_fails_validation_and_creates_nothing(cluster):
         and "tensorParallel 3 is not a documented degree" in validated["message"]
     )
     assert items(api, "jobs") == [] and items(api, "deployments") == []
-    assert "Invalid" in api.kubectl("get", "events", "-o", "json").stdout
+    events = [(e["type"], e["reason"], e["message"]) for e in items(api, "events")]
+    assert [e[:2] for e in events] == [("Warning", "Refused")] and "tensorParallel 3" in events[0][2]
+    assert condition(model, "Progressing")["status"] == "False"  # a refused model does not claim progress
 
 
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
@@ -270,7 +292,22 @@ def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
         and "by the test" in compiled["message"]
     )
     assert condition(model, "Degraded")["status"] == "True"
+    assert condition(model, "Progressing")["status"] == "False"
     assert items(api, "deployments") == []
+    events = {(e["type"], e["reason"]) for e in items(api, "events")}
+    assert ("Warning", "CompileFailed") in events and ("Normal", "CompileStarted") in events
+    # a failed compile stays failed on its own; a retry annotation (documented in the README) compiles again
+    uid = items(api, "jobs")[0]["metadata"]["uid"]
+    api.kubectl("annotate", "neuronmodel", "llama-3-1-8b", "neuronfleet.dev/retry=first")
+    api.wait_for(
+        "a new compile Job", lambda: [j["metadata"]["uid"] for j in items(api, "jobs")] not in ([uid], [])
+    )
+    (retried,) = items(api, "jobs")
+    assert retried["metadata"]["name"] == job
+    assert retried["metadata"]["annotations"]["neuronfleet.dev/attempt"].endswith("/first")
+    api.wait_for("Compiling again", lambda: get(api, "nm", "llama-3-1-8b")["status"]["phase"] == "Compiling")
+    reasons = [e["reason"] for e in items(api, "events")]
+    assert "CompileRetried" in reasons
 
 
 def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(cluster, tmp_path):
@@ -298,7 +335,7 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     compile_pod(api, job, {"bytes": 1})
     mark_job(api, job)
     for role in ("prefill", "decode", "router"):
-        dep = api.wait_for(role, lambda r=role: get(api, "deployment", f"llama-3-1-8b-{r}"))
+        dep = api.wait_for(role, lambda r=role: role_deployment(api, r))
         volumes = dep["spec"]["template"]["spec"]["volumes"]
         assert {"secretName": "llama-3-1-8b-internal", "defaultMode": 0o440} in [
             v.get("secret") for v in volumes
@@ -319,3 +356,73 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
     by_phase = dict(re.findall(r'^neuronfleet_operator_models\{phase="(\w+)"\} (\S+)$', text, re.M))
     assert sum(float(v) for v in by_phase.values()) == 1 and "Compiling" in by_phase  # one model, now past it
     assert proc.poll() is None
+
+
+def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_one(cluster):
+    """unified -> disaggregated -> unified at one compile hash: the new set appears beside the old one (its
+    Secret before its pods), the public Service keeps selecting the old set until every Deployment of the new
+    one has rolled out, then moves, and only then are the old set's objects (Deployments, headless Services,
+    PDBs, and going back to unified the internal Secret and NetworkPolicy) deleted."""
+    api = cluster
+    api.run_operator()
+    obj = yaml.safe_load(SAMPLE.read_text())
+    obj["metadata"]["namespace"] = "default"
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    compile_pod(api, job, {"bytes": 1})
+    mark_job(api, job)
+    api.wait_for("the unified Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    mark_ready(api, "llama-3-1-8b-unified", 2)
+    api.wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    unified = get(api, "service", "llama-3-1-8b")["spec"]["selector"]
+    assert unified["neuronfleet.dev/role"] == "unified"
+
+    def selector() -> dict:
+        return get(api, "service", "llama-3-1-8b")["spec"]["selector"]
+
+    # unified -> disaggregated
+    obj["spec"]["serving"] = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                              "kvTransfer": {"transport": "tcp"}, "networkPolicy": True}  # fmt: skip
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    roles = ("prefill", "decode", "router")
+    deps = api.wait_for("the new set", lambda: (d := {r: role_deployment(api, r) for r in roles}) and all(
+        d.values()) and d)  # fmt: skip
+    secret = get(api, "secret", "llama-3-1-8b-internal")
+    assert all(
+        secret["metadata"]["creationTimestamp"] <= d["metadata"]["creationTimestamp"] for d in deps.values()
+    )
+    rev = deps["router"]["metadata"]["labels"]["neuronfleet.dev/set"]
+    assert {d["metadata"]["name"] for d in deps.values()} == {f"llama-3-1-8b-{r}-{rev}" for r in deps}
+    assert get(api, "service", f"llama-3-1-8b-prefill-{rev}")["spec"]["clusterIP"] == "None"
+    model = get(api, "nm", "llama-3-1-8b")
+    assert model["status"]["phase"] == "Rolling" and selector() == unified  # the old set still serves
+    assert get(api, "deployment", "llama-3-1-8b-unified") is not None
+    for role in ("prefill", "decode"):
+        mark_ready(api, deps[role]["metadata"]["name"], 1)
+    api.wait_for("the status", lambda: get(api, "nm", "llama-3-1-8b")["status"]["replicas"].get(
+        "prefill", {}).get("ready") == 1)  # fmt: skip
+    assert selector() == unified  # the router is not ready: the Service has not moved
+    mark_ready(api, deps["router"]["metadata"]["name"], 1)
+    api.wait_for("the Service moved", lambda: selector()["neuronfleet.dev/set"] == rev)
+    assert selector()["neuronfleet.dev/role"] == "router"
+    api.wait_for("the unified set gone", lambda: get(api, "deployment", "llama-3-1-8b-unified") is None
+                 and get(api, "pdb", "llama-3-1-8b-unified") is None)  # fmt: skip
+    api.wait_for("Ready", lambda: get(api, "nm", "llama-3-1-8b")["status"].get("phase") == "Ready")
+    # disaggregated -> unified: the same, the other way
+    obj["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    api.wait_for("the unified Deployment", lambda: get(api, "deployment", "llama-3-1-8b-unified"))
+    assert selector()["neuronfleet.dev/set"] == rev
+    mark_ready(api, "llama-3-1-8b-unified", 1)
+    api.wait_for("the Service moved back", lambda: selector()["neuronfleet.dev/set"] == "unified")
+    api.wait_for(
+        "the disaggregated set gone",
+        lambda: not any(role_deployment(api, r) for r in roles),
+    )
+    api.wait_for("its Services, Secret and NetworkPolicy gone", lambda: (
+        [s["metadata"]["name"] for s in items(api, "services")] == ["llama-3-1-8b"]
+        and get(api, "secret", "llama-3-1-8b-internal") is None
+        and get(api, "networkpolicy", "llama-3-1-8b-internal") is None
+    ))  # fmt: skip
+    events = [(e["type"], e["reason"]) for e in items(api, "events")]
+    assert ("Normal", "Rolling") in events and not [e for e in events if e[0] == "Warning"], events

@@ -37,6 +37,14 @@ def test_unset_buckets_are_derived_from_max_seq_len():
     assert c.max_prefill_tokens == 2048  # the default budget, above the largest prompt bucket
 
 
+def test_max_input_len_bounds_the_prompt_and_the_derived_prefill_buckets():
+    c = RuntimeConfig(max_seq_len=512, max_input_len=384)
+    assert c.prefill_buckets == tuple(default_length_buckets(384, 16, 4)) and c.prefill_buckets[-1] == 384
+    assert c.decode_buckets[-1] == 512
+    assert c.max_prompt_len == 384
+    assert RuntimeConfig(max_seq_len=512, max_input_len=384, prefill_buckets=[128, 384]).max_prompt_len == 384
+
+
 def test_given_buckets_are_sorted_and_deduplicated_and_bound_the_prompt():
     c = RuntimeConfig(max_seq_len=256, prefill_buckets=[128, 32, 32], decode_buckets=[256, 128])
     assert c.prefill_buckets == (32, 128) and c.decode_buckets == (128, 256)
@@ -56,6 +64,14 @@ def test_given_buckets_are_sorted_and_deduplicated_and_bound_the_prompt():
             r"prefill buckets \[16, 64\] must be between 1 and max_seq_len \(32\) \(--prefill-buckets\)",
         ),
         ({"max_seq_len": 32, "decode_buckets": [0, 32]}, r"decode buckets .* between 1 and max_seq_len"),
+        (
+            {"max_seq_len": 256, "max_input_len": 300},
+            r"max_input_len must be between 1 and max_seq_len \(256\), got 300 \(--max-input-len\)",
+        ),
+        (
+            {"max_seq_len": 256, "max_input_len": 192, "prefill_buckets": [64, 128]},
+            r"largest prefill bucket must equal max_input_len \(192\), got 128 \(--prefill-buckets\)",
+        ),
         (
             {"max_seq_len": 256, "decode_buckets": [64, 128]},
             r"largest decode bucket must equal max_seq_len \(256\), got 128 \(--decode-buckets\)",

@@ -45,7 +45,7 @@ def test_the_serve_parsers_defaults_are_the_configurations_defaults():
 
 def test_every_option_renders_and_parses_back():
     config = ServeConfig(
-        model="/m", role="decode", host="0.0.0.0", port=9000, slots=3, max_seq_len=128,
+        model="/m", role="decode", host="0.0.0.0", port=9000, slots=3, max_seq_len=128, max_input_len=64,
         prefill_buckets=[16, 64], decode_buckets=[32, 128], prefill=["http://a:1", "http://b:2"],
         decode=["dns://d:3"], served_model_name="x", kv_transport="efa", kv_port=7001,
         internal_token_file="/t", dtype="bfloat16", prefix_reuse=False, kv_leases=2, kv_wait=1.5,
@@ -69,7 +69,7 @@ def test_the_operators_serve_commands_parse_into_the_configuration_it_rendered(p
     ours = [r for r in builders.serving_roles(spec) if spec.engine == "embedded" or r == "router"]
     assert ours or spec.engine != "embedded"
     for role in ours:
-        rendered = builders.serve_config(OWNER, spec, role, chash)
+        rendered = builders.serve_config(OWNER, spec, role, chash, builders.serving_set(spec, chash))
         command = deployments[role]["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[:2] == ["neuronfleet", "serve"]
         args = build_parser().parse_args(command[1:])

@@ -16,6 +16,7 @@ from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
 from neuronfleet.operator import builders, engines, validation
+from neuronfleet.operator.spec import SecretKeyRef
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
@@ -113,14 +114,32 @@ def test_disaggregated_roles_get_efa_headless_services_and_a_router():
         assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuroncore"] == "32"
     router = container(deps["router"])
     assert "aws.amazon.com/neuroncore" not in router["resources"]["limits"]
+    # a version-isolated set: every object of the set carries its revision, and the router names only
+    # its own set's headless Services
+    rev = builders.serving_set(spec, builders.compile_hash(spec))
+    assert len(rev) == 8 and {d["metadata"]["name"] for d in deps.values()} == {
+        f"m-{role}-{rev}" for role in deps
+    }
     cmd = router["command"]
-    assert cmd[cmd.index("--prefill") + 1] == "dns://m-prefill:8000"
-    assert cmd[cmd.index("--decode") + 1] == "dns://m-decode:8000"
+    assert cmd[cmd.index("--prefill") + 1] == f"dns://m-prefill-{rev}:8000"
+    assert cmd[cmd.index("--decode") + 1] == f"dns://m-decode-{rev}:8000"
     assert "nodeSelector" not in deps["router"]["spec"]["template"]["spec"]
     services = {s["metadata"]["name"]: s for s in objs["Service"]}
-    assert services["m"]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
-    assert services["m-prefill"]["spec"]["clusterIP"] == "None"
-    assert services["m-decode"]["spec"]["clusterIP"] == "None"
+    assert services["m"]["spec"]["selector"] == {
+        "neuronfleet.dev/model": "m", "neuronfleet.dev/role": "router", "neuronfleet.dev/set": rev
+    }  # fmt: skip
+    for role in ("prefill", "decode"):
+        headless = services[f"m-{role}-{rev}"]
+        assert headless["spec"]["clusterIP"] == "None"
+        assert headless["spec"]["selector"]["neuronfleet.dev/set"] == rev
+        assert deps[role]["spec"]["selector"]["matchLabels"] == headless["spec"]["selector"]
+    # another compile hash is another set: nothing of it shares a name or selects the other's pods
+    other = builders.serving_set(spec, "f" * 16)
+    assert other != rev
+    again = by_kind(builders.build_all(OWNER, spec, serving_hash="f" * 16))
+    assert not {o["metadata"]["name"] for o in again["Deployment"]} & {
+        d["metadata"]["name"] for d in deps.values()
+    }
     prefill_cmd = container(deps["prefill"])["command"]
     assert '"kv_role": "kv_producer"' in prefill_cmd[prefill_cmd.index("--kv-transfer-config") + 1]
 
@@ -175,18 +194,25 @@ def test_compile_job_writes_the_hashes_folder_and_finishes_at_once_on_a_cache_hi
     assert json.loads(log.read_text()) == {"engine": "tgi", "compileHash": chash, "cacheHit": True}
 
 
-def test_the_hugging_face_token_comes_only_from_the_secret():
-    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
-    objs = builders.build_all(OWNER, spec, serving_hash="x")
-    for obj in objs:
-        pod = obj.get("spec", {}).get("template", {}).get("spec")
-        if not pod:
-            continue
-        env = {e["name"]: e for e in pod["containers"][0]["env"]}
-        assert env["HF_TOKEN"] == {
-            "name": "HF_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
-        }
+def test_the_hugging_face_token_comes_only_from_the_secret_and_only_where_it_is_used():
+    """The compile Job downloads the model; serving pods of our runtime and TGI read only the compiled
+    folder, so get no token; vLLM and SGLang name the Hub id at serve time, so get it (not their router)."""
+    token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    for name, served_with_token in (
+        ("llama-3.1-8b-embedded-inf2.yaml", set()),
+        ("llama-3.1-70b-vllm-trn1-disaggregated.yaml", {"prefill", "decode"}),
+    ):
+        spec = sample(name)
+        spec.model.secretRef = spec.model.secretRef or SecretKeyRef(name="hf-token")
+        seen = {}
+        for obj in builders.build_all(OWNER, spec, serving_hash="x"):
+            pod = obj.get("spec", {}).get("template", {}).get("spec")
+            if pod:
+                env = {e["name"]: e for e in pod["containers"][0]["env"]}
+                seen[obj["metadata"]["labels"]["neuronfleet.dev/role"]] = env.get("HF_TOKEN")
+        assert seen.pop("compile") == token, name
+        assert {role for role, env in seen.items() if env} == served_with_token, name
+        assert all(env in (None, token) for env in seen.values())
 
 
 def test_compile_hash_changes_with_what_is_compiled_and_only_that():
@@ -222,6 +248,11 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
         "PersistentVolumeClaim", "ConfigMap", "Job", "Deployment", "PodDisruptionBudget", "Service"
     ]  # fmt: skip
     assert {d["metadata"]["namespace"] for d in docs} == {"prod"}
+    # applicable as they are: no ownerReference to an owner that does not exist (the garbage collector would
+    # delete such an object at once), and each valid Kubernetes
+    assert not [d["metadata"]["name"] for d in docs if "ownerReferences" in d["metadata"]]
+    for d in docs:
+        kubernetes_validate.validate(d, KUBERNETES_VERSIONS[-1], strict=True)
     bad = yaml.safe_load(path.read_text())
     bad["spec"]["neuron"]["tensorParallel"] = 3
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))

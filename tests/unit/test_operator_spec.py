@@ -119,7 +119,12 @@ def edited(change) -> dict:
         (lambda s: s["model"].update(uri="ftp://x/y"), "spec.model.uri: String should match pattern"),
         (
             lambda s: s["neuron"].update(maxInputLength=8192),
-            "neuron.maxInputLength must be below neuron.sequenceLength",
+            "neuron.maxInputLength 8192 must be below neuron.sequenceLength 8192",
+        ),
+        (  # a refusal caused by a default names the default
+            lambda s: (s["neuron"].pop("maxInputLength", None), s["neuron"].update(sequenceLength=2048)),
+            "neuron.maxInputLength (default 3072, not set) must be below neuron.sequenceLength 2048 (room is "
+            "needed to generate); set neuron.maxInputLength below 2048",
         ),
         (
             lambda s: s["serving"].update(mode="disaggregated"),
@@ -157,7 +162,7 @@ def edited(change) -> dict:
         ),
         (
             lambda s: s["neuron"].update(buckets={"generation": [1024, 4096]}),
-            "the largest neuron.buckets.generation bucket (4096) must equal neuron.sequenceLength (8192)",
+            "the largest neuron.buckets.generation bucket (4096) must equal neuron.sequenceLength 8192",
         ),
         (
             lambda s: s["serving"].update(mode="disaggregated", prefill={}, decode={}),

@@ -10,7 +10,6 @@ import pytest
 
 from neuronfleet.operator.status import (
     CONDITION_TYPES,
-    FAILURE_REASONS,
     compile_report,
     compute_status,
     job_state,
@@ -25,10 +24,26 @@ FAILED = ("failed", "BackoffLimitExceeded: the compile ran out of memory")
 SUCCEEDED = ("succeeded", "")
 
 
-def status(*, old=None, errors=(), serving=None, job=("absent", ""), roles=None, report=None, at=AT) -> dict:
+def status(
+    *,
+    old=None,
+    errors=(),
+    serving=None,
+    job=("absent", ""),
+    roles=None,
+    report=None,
+    at=AT,
+    rolled_out=None,
+    live=True,
+    serving_now=False,
+) -> dict:
+    roles = roles or {}
+    if rolled_out is None:  # by default: rolled out when every role has its pods ready
+        rolled_out = all(r >= d for d, r in roles.values())
     return compute_status(
         old=old or {}, generation=3, errors=list(errors), compile_hash=NEW, serving_hash=serving, job=job,
-        roles=roles or {}, report=report, endpoint=ENDPOINT, at=at,
+        roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
+        endpoint=ENDPOINT, at=at,
     )  # fmt: skip
 
 
@@ -37,20 +52,21 @@ def conditions(s: dict) -> dict[str, tuple[str, str]]:
 
 
 READY_BEFORE = status(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)})
+LOST_ALL = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 0)})
 
 # name, inputs, phase, {condition: (status, reason)}
 CASES = [
     ("a new model compiles", dict(job=("absent", "")), "Compiling",
      {"Validated": ("True", "Valid"), "Compiled": ("False", "Compiling"), "Ready": ("False", "NotCompiled"),
-      "Progressing": ("True", "Rolling"), "Degraded": ("False", "Healthy")}),
+      "Progressing": ("True", "Compiling"), "Degraded": ("False", "Healthy")}),
     ("its compile Job runs", dict(job=RUNNING), "Compiling",
      {"Compiled": ("False", "Compiling"), "Ready": ("False", "NotCompiled"),
       "Degraded": ("False", "Healthy")}),
-    ("its first compile failed", dict(job=FAILED), "Failed",
+    ("its first compile failed: nothing progresses", dict(job=FAILED), "Failed",
      {"Compiled": ("False", "CompileFailed"), "Ready": ("False", "NotCompiled"),
-      "Degraded": ("True", "CompileFailed")}),
+      "Progressing": ("False", "CompileFailed"), "Degraded": ("True", "CompileFailed")}),
     ("compiled, pods starting", dict(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 0)}), "Deploying",
-     {"Compiled": ("True", "Compiled"), "Ready": ("False", "Waiting"), "Progressing": ("True", "Rolling"),
+     {"Compiled": ("True", "Compiled"), "Ready": ("False", "Waiting"), "Progressing": ("True", "Deploying"),
       "Degraded": ("False", "Healthy")}),
     ("compiled, every pod ready", dict(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}), "Ready",
      {"Validated": ("True", "Valid"), "Compiled": ("True", "Compiled"), "Ready": ("True", "AllReplicasReady"),
@@ -61,17 +77,34 @@ CASES = [
     ("a ready model loses a pod",
      dict(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 1)}), "Degraded",
      {"Ready": ("False", "Waiting"), "Degraded": ("True", "ReplicasUnavailable"),
-      "Progressing": ("True", "Rolling")}),
+      "Progressing": ("True", "Recovering")}),
+    ("a model that lost all its pods stays Degraded on the next passes",
+     dict(old=LOST_ALL, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 0)}), "Degraded",
+     {"Ready": ("False", "Waiting"), "Degraded": ("True", "ReplicasUnavailable")}),
+    ("a scale-up is not a loss", dict(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (3, 2)},
+                                      serving_now=True), "Rolling",
+     {"Ready": ("False", "Waiting"), "Degraded": ("False", "Healthy"), "Progressing": ("True", "Rolling")}),
+    ("a scale-down is not a loss",
+     dict(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)}),
+     "Ready", {"Degraded": ("False", "Healthy")}),
     ("a pod short, never ready before", dict(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 1)}),
      "Deploying", {"Degraded": ("False", "Healthy")}),
-    ("a spec change compiles while the old hash serves", dict(old=READY_BEFORE, serving=OLD, job=RUNNING,
-                                                              roles={"unified": (2, 2)}), "Deploying",
+    ("a spec change compiles while the old hash serves: Rolling, not Ready",
+     dict(old=READY_BEFORE, serving=OLD, job=RUNNING, roles={"unified": (2, 2)}, serving_now=True), "Rolling",
      {"Compiled": ("False", "Compiling"), "Ready": ("True", "AllReplicasReady"),
-      "Progressing": ("True", "Rolling"), "Degraded": ("False", "Healthy")}),
+      "Progressing": ("True", "Compiling"), "Degraded": ("False", "Healthy")}),
     ("a spec change fails to compile while the old hash serves",
-     dict(old=READY_BEFORE, serving=OLD, job=FAILED, roles={"unified": (2, 2)}), "Degraded",
+     dict(old=READY_BEFORE, serving=OLD, job=FAILED, roles={"unified": (2, 2)}, serving_now=True), "Degraded",
      {"Compiled": ("False", "CompileFailed"), "Ready": ("True", "AllReplicasReady"),
-      "Degraded": ("True", "CompileFailed")}),
+      "Progressing": ("False", "CompileFailed"), "Degraded": ("True", "CompileFailed")}),
+    ("a new set starts while the old one serves",
+     dict(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"prefill": (1, 0), "decode": (1, 0),
+          "router": (1, 0)}, rolled_out=False, live=False, serving_now=True), "Rolling",
+     {"Ready": ("False", "Waiting"), "Progressing": ("True", "Rolling"), "Degraded": ("False", "Healthy")}),
+    ("the new set is ready but the Service has not moved yet",
+     dict(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"router": (1, 1)}, live=False,
+          serving_now=True),
+     "Rolling", {"Ready": ("False", "Waiting")}),
     ("disaggregated, one role short", dict(serving=NEW, job=SUCCEEDED,
                                            roles={"prefill": (1, 1), "decode": (2, 1), "router": (1, 1)}),
      "Deploying", {"Ready": ("False", "Waiting")}),
@@ -79,7 +112,7 @@ CASES = [
                                             roles={"prefill": (1, 1), "decode": (2, 2), "router": (1, 1)}),
      "Ready", {"Ready": ("True", "AllReplicasReady")}),
     ("an invalid spec", dict(errors=["tensorParallel 3 is not a documented degree"]), "Failed",
-     {"Validated": ("False", "Invalid")}),
+     {"Validated": ("False", "Invalid"), "Progressing": ("False", "Invalid")}),
 ]  # fmt: skip
 
 
@@ -90,8 +123,10 @@ def test_phase_and_conditions(inputs, phase, expected):
     got = conditions(s)
     assert {t: got[t] for t in expected} == expected
     assert s["observedGeneration"] == 3 and all(c["observedGeneration"] == 3 for c in s["conditions"])
-    if phase in ("Failed", "Degraded"):  # a model in trouble says why, with one of the failure reasons
-        assert {reason for _, reason in got.values()} & FAILURE_REASONS
+    assert all(c["message"] for c in s["conditions"]), "every condition says why"
+    if phase in ("Failed", "Degraded"):  # a model in trouble says why, and does not claim progress
+        assert got["Validated"][0] == "False" or got["Degraded"][0] == "True"
+        assert got["Progressing"][0] == "False" or got["Degraded"][1] == "ReplicasUnavailable"
 
 
 def test_every_condition_is_reported_in_a_fixed_order():
@@ -104,10 +139,14 @@ def test_every_condition_is_reported_in_a_fixed_order():
 COUNTS = [
     ("nothing compiled yet", dict(job=RUNNING), "0/0", {}),
     ("more ready than desired counts as desired", dict(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 3)}),
-     "2/2", {"unified": {"desired": 2, "ready": 2}}),
+     "2/2", {"unified": {"desired": 2, "ready": 2, "reached": 2}}),
     ("summed over roles", dict(serving=NEW, job=SUCCEEDED, roles={"prefill": (1, 0), "decode": (2, 1)}),
      "1/3",
-     {"prefill": {"desired": 1, "ready": 0}, "decode": {"desired": 2, "ready": 1}}),
+     {"prefill": {"desired": 1, "ready": 0, "reached": 0},
+      "decode": {"desired": 2, "ready": 1, "reached": 1}}),
+    ("a set that is not live yet has reached nothing",
+     dict(serving=NEW, job=SUCCEEDED, roles={"router": (1, 1)}, live=False), "1/1",
+     {"router": {"desired": 1, "ready": 1, "reached": 0}}),
 ]  # fmt: skip
 
 
@@ -133,13 +172,24 @@ def test_artifacts_endpoint_and_hash_appear_once_something_serves():
     assert rolling["artifacts"] == {"path": f"artifacts/{OLD}/"} and rolling["compileHash"] == OLD
 
 
+def test_the_serving_spec_is_kept_with_the_hash_it_compiled():
+    sections = {"neuron": {"batchSize": 2}}
+    served = compute_status(
+        old={}, generation=1, errors=[], compile_hash=NEW, serving_hash=NEW, job=SUCCEEDED,
+        roles={"unified": (1, 1)}, serving_spec=sections, endpoint=ENDPOINT, at=AT,
+    )  # fmt: skip
+    assert served["servingSpec"] == sections and served["compileHash"] == NEW
+    assert "servingSpec" not in status(job=RUNNING)  # nothing serves: nothing to keep
+
+
 def test_an_invalid_spec_keeps_the_last_hash_and_the_other_conditions():
     before = status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)})
     s = status(old={**before, "compileHash": NEW}, errors=["a", "b"], at=LATER)
     assert s["compileHash"] == NEW and s["observedGeneration"] == 3
-    validated, *rest = s["conditions"]
+    validated, *rest, progressing = s["conditions"]
     assert validated["message"] == "a; b" and validated["lastTransitionTime"] == LATER
-    assert rest == [c for c in before["conditions"] if c["type"] != "Validated"]
+    assert rest == [c for c in before["conditions"] if c["type"] not in ("Validated", "Progressing")]
+    assert (progressing["type"], progressing["status"]) == ("Progressing", "False")
 
 
 def test_a_condition_keeps_its_transition_time_until_its_status_changes():
@@ -151,28 +201,49 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes():
     assert times == {"Validated": AT, "Compiled": LATER, "Ready": LATER, "Progressing": LATER, "Degraded": AT}
 
 
+COMPILING = status(job=RUNNING)
+ROLLING = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"router": (1, 0)}, rolled_out=False,
+                 live=False, serving_now=True)  # fmt: skip
+NEXT = compute_status(
+    old=READY_BEFORE, generation=4, errors=[], compile_hash=OLD, serving_hash=NEW, job=RUNNING,
+    roles={"unified": (2, 2)}, serving_now=True, endpoint=ENDPOINT, at=AT,
+)  # fmt: skip
+
 # name, old status, new status, events
 EVENTS = [
     ("nothing changed", READY_BEFORE, READY_BEFORE, []),
-    ("the first status", {}, status(job=RUNNING),
-     [("Normal", "Valid", "the spec fits its instance type"),
-      ("Warning", "Compiling", "compile Job m-compile is running"),
-      ("Warning", "NotCompiled", "0/0 pods ready"), ("Normal", "Rolling", "compiling or rolling out"),
-      ("Normal", "Healthy", "")]),
-    ("ready", status(job=RUNNING), READY_BEFORE,
+    ("the first status: a compile starts", {}, COMPILING,
+     [("Normal", "CompileStarted", f"compiling {NEW}: compile Job m-compile is running")]),
+    ("still compiling: no event", COMPILING, status(old=COMPILING, job=RUNNING), []),
+    ("compiled and rolled out", COMPILING, READY_BEFORE,
      [("Normal", "Compiled", f"artifacts/{NEW}/ is complete"),
-      ("Normal", "AllReplicasReady", "2/2 pods ready"),
-      ("Warning", "Stable", "up to date")]),
-    ("degraded", READY_BEFORE,
-     status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 1)}),
-     [("Warning", "Waiting", "1/2 pods ready"), ("Normal", "Rolling", "compiling or rolling out"),
-      ("Warning", "ReplicasUnavailable", "1/2 pods ready")]),
+      ("Normal", "RolledOut", f"2/2 pods ready; serving artifacts/{NEW}/")]),
+    ("a cache hit", COMPILING, status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)},
+                                      report={"cacheHit": True}),
+     [("Normal", "CacheHit", f"artifacts/{NEW}/ existed already: nothing was compiled"),
+      ("Normal", "RolledOut", f"1/1 pods ready; serving artifacts/{NEW}/")]),
+    ("a change compiles while the old hash serves", READY_BEFORE, NEXT,
+     [("Normal", "CompileStarted", f"compiling {OLD}: compile Job m-compile is running")]),
+    ("a new set rolls", READY_BEFORE, ROLLING,
+     [("Normal", "Rolling", f"0/1 pods of artifacts/{NEW}/ ready")]),
+    ("the compile failed", COMPILING, status(old=COMPILING, job=FAILED),
+     [("Warning", "CompileFailed", f"compile of {NEW} failed: {FAILED[1]}")]),
+    ("pods lost", READY_BEFORE, LOST_ALL,
+     [("Warning", "ReplicasUnavailable", "pods lost: unified 0/2 ready")]),
+    ("pods back", LOST_ALL, status(old=LOST_ALL, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}),
+     [("Normal", "RolledOut", f"2/2 pods ready; serving artifacts/{NEW}/"),
+      ("Normal", "Recovered", "2/2 pods ready")]),
+    ("refused", READY_BEFORE,
+     status(old=READY_BEFORE, errors=["tensorParallel 3 is not a documented degree"]),
+     [("Warning", "Refused", "tensorParallel 3 is not a documented degree")]),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("old", "new", "events"), [c[1:] for c in EVENTS], ids=[c[0] for c in EVENTS])
-def test_transitions_emit_one_event_per_changed_condition(old, new, events):
-    assert transitions(old, new) == events
+def test_events_say_progress_as_normal_and_only_problems_as_warnings(old, new, events):
+    got = transitions(old, new)
+    assert got == events
+    assert all(message for _, _, message in got)
 
 
 # name, Job, state

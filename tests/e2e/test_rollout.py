@@ -1,0 +1,227 @@
+"""Every change to a NeuronModel rolls safely, in local mode (`neuronfleet up`: the emulated API server, the
+process kubelet, the real operator and runtime, the real SmolLM2 model, the real `kubectl`), under a loop of
+chat requests through the model's public endpoint: a change that needs a compile (batchSize) leaves the
+Deployment exactly as it is until the new artifacts exist, then rolls once (never the old artifacts with the
+new arguments); unified -> disaggregated and back switch the Service only when the new set answers, then
+delete the old one; a replicas change rolls at once. Not one request fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, wait_until
+
+UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+NAME = "smollm2"
+
+pytestmark = pytest.mark.real_model
+
+
+def neuronfleet(*args: str) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "neuronfleet")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
+
+
+class Local:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.kubectl = Kubectl(state / "kubeconfig", state / "kc")
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def logged_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.state / "logs").glob("*.log"))
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in (self.state / "logs").glob("*.log"))
+
+    def wait(self, what: str, check):
+        return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
+
+    def model(self) -> dict:
+        return self.get("nm", NAME)
+
+    def apply(self, manifest: dict) -> None:
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+
+    def roles(self) -> list[str]:
+        """The role of each Deployment."""
+        return [d["metadata"]["labels"]["neuronfleet.dev/role"] for d in self.get("deployments")["items"]]
+
+    def serving_set(self) -> str:
+        """The set the public Service selects."""
+        return self.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/set"]
+
+    def ready_at(self, generation: int) -> bool:
+        """The model's status has seen this generation and says Ready."""
+        status = self.model().get("status") or {}
+        return status.get("observedGeneration") == generation and status.get("phase") == "Ready"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local")
+    run = neuronfleet("up", "--state", str(state), "--detach")
+    assert run.returncode == 0, run.stderr + run.stdout
+    try:
+        yield Local(state)
+    finally:
+        down = neuronfleet("down", "--state", str(state))
+        assert down.returncode == 0, down.stderr
+
+
+class Traffic:
+    """A loop of chat requests to the endpoint, counting answers and failures."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint, self.answers, self.failures = endpoint, 0, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        while not self.stop.is_set():
+            req = urllib.request.Request(
+                self.endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json", "Connection": "close"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+                    json.loads(r.read())["choices"][0]["message"]["content"]
+                self.answers += 1
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                self.failures.append(f"{time.strftime('%H:%M:%S')} {e!r}")
+            time.sleep(0.05)
+
+
+class Templates:
+    """Every (Deployment, generation, compile hash, --slots) the cluster held, polled while changes roll."""
+
+    def __init__(self, local: Local) -> None:
+        self.local, self.seen = local, set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def poll(self) -> None:
+        for d in self.local.get("deployments")["items"]:
+            cmd = d["spec"]["template"]["spec"]["containers"][0]["command"]
+            slots = cmd[cmd.index("--slots") + 1] if "--slots" in cmd else None
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            self.seen.add((d["metadata"]["name"], d["metadata"]["generation"],
+                           labels["neuronfleet.dev/compile-hash"], slots))  # fmt: skip
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            time.sleep(0.5)
+
+    def of(self, name: str) -> list[tuple]:
+        return sorted(s[1:] for s in self.seen if s[0] == name)
+
+
+def test_every_change_rolls_once_with_no_failed_request(local):
+    manifest = yaml.safe_load(UNIFIED.read_text())
+    local.apply(manifest)
+    local.wait("Ready", lambda: local.ready_at(1))
+    endpoint = local.model()["status"]["endpoint"]
+    first_hash = local.model()["status"]["compileHash"]
+    traffic, templates = Traffic(endpoint), Templates(local)
+    traffic.thread.start()
+    templates.thread.start()
+    timings = {}
+    try:
+        # 1. a change that needs a compile: one roll, after the compile, to the new hash and its arguments
+        t0 = time.monotonic()
+        manifest["spec"]["neuron"]["batchSize"] = 2
+        local.apply(manifest)
+        local.wait("rolled to the new compile", lambda: local.ready_at(2)
+                   and local.model()["status"]["compileHash"] != first_hash)  # fmt: skip
+        timings["batchSize 4 -> 2 (compile, then roll)"] = time.monotonic() - t0
+        second_hash = local.model()["status"]["compileHash"]
+        templates.poll()
+        seen = templates.of(f"{NAME}-unified")
+        assert [(h, slots) for _, h, slots in seen] == [(first_hash, "4"), (second_hash, "2")], seen
+        assert seen[1][0] == seen[0][0] + 1  # one template change: one roll
+
+        # 2. unified -> disaggregated: the Service moves to the new set once it answers; the old one goes
+        t0 = time.monotonic()
+        manifest["spec"]["serving"] = {
+            "mode": "disaggregated",
+            "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "kvTransfer": {"transport": "tcp"},
+        }  # fmt: skip
+        local.apply(manifest)
+        local.wait("disaggregated and Ready", lambda: local.ready_at(3)
+                   and "unified" not in local.roles())  # fmt: skip
+        timings["unified -> disaggregated"] = time.monotonic() - t0
+        selector = local.get("service", NAME)["spec"]["selector"]
+        assert selector["neuronfleet.dev/role"] == "router"
+        assert sorted(local.roles()) == ["decode", "prefill", "router"]
+        first_set = local.serving_set()
+
+        # 3. a compile change while disaggregated: a new version-isolated set (back to batchSize 4, whose
+        # artifacts exist: a cache hit), whose router names only its own set's prefill and decode Services
+        t0 = time.monotonic()
+        manifest["spec"]["neuron"]["batchSize"] = 4
+        local.apply(manifest)
+        local.wait("the new set serves", lambda: local.ready_at(4) and local.serving_set() != first_set)
+        local.wait("the old set gone", lambda: len(local.roles()) == 3)
+        timings["batchSize 2 -> 4 disaggregated (cache hit, new set)"] = time.monotonic() - t0
+        assert local.model()["status"]["compileHash"] == first_hash
+        (router,) = local.get("deployments", "-l", "neuronfleet.dev/role=router")["items"]
+        new_set = router["metadata"]["labels"]["neuronfleet.dev/set"]
+        cmd = router["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert cmd[cmd.index("--prefill") + 1] == f"dns://{NAME}-prefill-{new_set}:8000"
+        assert cmd[cmd.index("--decode") + 1] == f"dns://{NAME}-decode-{new_set}:8000"
+
+        # 4. disaggregated -> unified
+        t0 = time.monotonic()
+        manifest["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
+        local.apply(manifest)
+        local.wait("unified and Ready", lambda: local.ready_at(5)
+                   and local.roles() == ["unified"])  # fmt: skip
+        timings["disaggregated -> unified"] = time.monotonic() - t0
+        assert local.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+        assert local.get("secret", "-l", f"neuronfleet.dev/model={NAME}")["items"] == []
+
+        # 5. a change that needs no compile rolls at once (no Job)
+        t0 = time.monotonic()
+        jobs = {j["metadata"]["name"] for j in local.get("jobs")["items"]}
+        manifest["spec"]["serving"]["unified"]["replicas"] = 2
+        local.apply(manifest)
+        local.wait("two replicas ready", lambda: local.ready_at(6)
+                   and local.model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
+        timings["replicas 1 -> 2"] = time.monotonic() - t0
+        assert {j["metadata"]["name"] for j in local.get("jobs")["items"]} <= jobs
+        time.sleep(1)
+    finally:
+        traffic.stop.set()
+        templates.stop.set()
+        traffic.thread.join()
+        templates.thread.join()
+    print("timings:", {k: f"{v:.1f} s" for k, v in timings.items()}, f"answers: {traffic.answers}")
+    # every disaggregated set was made once and never rolled: one template per Deployment, one compile hash
+    # for its prefill, decode and router
+    sets: dict[str, set] = {}
+    for name, generation, chash, _ in templates.seen:
+        if not name.endswith("-unified"):
+            assert generation == 1, (name, templates.of(name))
+            sets.setdefault(name.rsplit("-", 1)[1], set()).add(chash)
+    assert len(sets) == 2 and all(len(hashes) == 1 for hashes in sets.values()), sets
+    assert traffic.answers > 0 and not traffic.failures, traffic.failures[:5]
+    # events: progress as Normal, no Warning on the way
+    events = [e for e in local.get("events")["items"] if e["involvedObject"]["kind"] == "NeuronModel"]
+    assert {"CompileStarted", "Compiled", "Rolling", "RolledOut"} <= {e["reason"] for e in events}
+    warnings = [(e["reason"], e["message"]) for e in events if e["type"] == "Warning"]
+    assert not warnings, warnings
+    local.kubectl("delete", "nm", NAME, "--timeout=10m")
+    local.wait("the pods gone", lambda: local.get("pods")["items"] == [])

@@ -1,0 +1,341 @@
+"""Every spec field meant for the runtime reaches the process that serves it: each sample in crds/samples/ is
+rendered by `neuronfleet render` (the objects the operator applies), and every role's command, environment
+and compile config is read back, field by field, the way the process reads it:
+
+- our runtime (the embedded engine, and every engine's router): the real `neuronfleet serve` parser into
+  `contract.ServeConfig`, then the runtime's own `RuntimeConfig`, whose limits are what `/info` reports;
+- vLLM, TGI and SGLang: an argparse parser that knows only the flags documented for the pinned version (an
+  unknown flag fails the parse), and TGI's documented environment variables.
+
+A field an engine has no setting for must be refused by validation (never dropped): checked below too."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from support import ROOT, neuronfleet_command
+
+from neuronfleet.cli import build_parser
+from neuronfleet.contract import COMPILE_CONFIG_FILE, CompileConfig, ServeConfig
+from neuronfleet.operator import validation
+from neuronfleet.runtime.config import RuntimeConfig
+
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+ROLE_LABEL = "neuronfleet.dev/role"
+
+
+def render(path: Path) -> list[dict]:
+    out = subprocess.run(
+        [*neuronfleet_command(), "render", str(path)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def manifest(path: Path) -> tuple[dict, object]:
+    obj = yaml.safe_load(path.read_text())
+    spec, errors = validation.parse(obj)
+    assert not errors and spec is not None
+    return obj, spec
+
+
+def deployments(objects: list[dict]) -> dict[str, dict]:
+    """The serving Deployments by role (one per role: the samples render one compile hash)."""
+    out: dict[str, dict] = {}
+    for o in objects:
+        if o["kind"] == "Deployment":
+            role = o["metadata"]["labels"][ROLE_LABEL]
+            assert role not in out, f"two Deployments for role {role}"
+            out[role] = o
+    return out
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def serve_args(command: list[str]) -> ServeConfig:
+    assert command[:2] == ["neuronfleet", "serve"], command
+    return ServeConfig.from_namespace(build_parser().parse_args(command[1:]))
+
+
+# ---- the external engines' documented flags (the pinned versions of operator/engines.py) ------------------
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    """`vllm serve` flags of vLLM 0.11.0 used here (https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html)."""
+    p = argparse.ArgumentParser(prog="vllm serve", exit_on_error=False)
+    p.add_argument("model")
+    for flag in ("--host", "--revision", "--served-model-name", "--device", "--kv-transfer-config"):
+        p.add_argument(flag)
+    for flag in ("--port", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len"):
+        p.add_argument(flag, type=int)
+    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--additional-config", type=json.loads)
+    return p
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    """`python -m sglang.launch_server` flags (https://docs.sglang.io/advanced_features/server_arguments.html)."""
+    p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    for flag in (
+        "--model-path",
+        "--host",
+        "--revision",
+        "--served-model-name",
+        "--disaggregation-transfer-backend",
+    ):
+        p.add_argument(flag)
+    for flag in ("--port", "--tp-size", "--max-running-requests", "--context-length"):
+        p.add_argument(flag, type=int)
+    p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"])
+    return p
+
+
+def tgi_parser() -> argparse.ArgumentParser:
+    """text-generation-launcher flags (https://huggingface.co/docs/text-generation-inference/reference/launcher)."""
+    p = argparse.ArgumentParser(prog="text-generation-launcher", exit_on_error=False)
+    p.add_argument("--model-id", required=True)
+    return p
+
+
+TGI_ENV = {  # TGI v3.3.6 backends/neuron/server/text_generation_server/tgi_env.py, and PORT (the launcher's)
+    "HF_NUM_CORES", "HF_AUTO_CAST_TYPE", "MAX_BATCH_SIZE", "MAX_TOTAL_TOKENS", "MAX_INPUT_TOKENS",
+    "MAX_BATCH_PREFILL_TOKENS", "PORT",
+}  # fmt: skip
+
+
+def env_of(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+# ---- the checks --------------------------------------------------------------------------------------------
+
+
+def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
+    """Our runtime: every shape of the spec in the serve options, and the runtime's limits (what /info and
+    the request checks use) equal to the spec's."""
+    n = spec.neuron
+    assert config.role == role
+    assert config.port == spec.serving.port
+    assert config.served_model_name == name
+    assert config.dtype == n.dtype
+    assert config.slots == n.batchSize
+    assert config.max_seq_len == n.sequenceLength
+    assert config.max_input_len == n.maxInputLength
+    assert config.prefill_buckets == (n.buckets.context or None)
+    assert config.decode_buckets == (n.buckets.generation or None)
+    runtime = RuntimeConfig(
+        slots=config.slots,
+        max_seq_len=config.max_seq_len,
+        max_input_len=config.max_input_len or 0,
+        prefill_buckets=config.prefill_buckets or (),
+        decode_buckets=config.decode_buckets or (),
+        dtype=config.dtype,
+    )  # fmt: skip  (as `neuronfleet serve` builds it)
+    assert runtime.max_prompt_len == n.maxInputLength  # /info max_input_tokens
+    assert runtime.max_seq_len == n.sequenceLength  # /info max_total_tokens
+    assert runtime.dtype == n.dtype  # /info model_dtype
+    assert runtime.slots == n.batchSize  # /info max_concurrent_requests
+    if role != "router":
+        assert (config.kv_transport == spec.serving.kvTransfer.transport) == (role in ("prefill", "decode"))
+
+
+def check_compile_config(objects: list[dict], spec) -> None:
+    """The compile-time fields (tensor parallelism, quantization, overrides...) in compile.json, which the
+    compile Job reads for the embedded engine."""
+    n = spec.neuron
+    data = next(
+        o["data"] for o in objects if o["kind"] == "ConfigMap" and COMPILE_CONFIG_FILE in o.get("data", {})
+    )
+    c = CompileConfig.model_validate_json(data[COMPILE_CONFIG_FILE])
+    assert (c.engine, c.instanceType, c.tensorParallel) == (spec.engine, n.instanceType, n.tensorParallel)
+    assert (c.batchSize, c.sequenceLength, c.maxInputLength, c.dtype) == (
+        n.batchSize, n.sequenceLength, n.maxInputLength, n.dtype,
+    )  # fmt: skip
+    assert (c.buckets.context, c.buckets.generation) == (n.buckets.context, n.buckets.generation)
+    check_neuron_config(c.neuronConfig, spec)
+
+
+def check_neuron_config(nc: dict, spec) -> None:
+    """NxDI's NeuronConfig (field names: neuronx_distributed_inference.models.config.NeuronConfig)."""
+    n = spec.neuron
+    assert (nc["tp_degree"], nc["batch_size"], nc["seq_len"]) == (
+        n.tensorParallel,
+        n.batchSize,
+        n.sequenceLength,
+    )
+    assert (nc["max_context_length"], nc["torch_dtype"]) == (n.maxInputLength, n.dtype)
+    assert nc.get("context_encoding_buckets", []) == n.buckets.context
+    assert nc.get("token_generation_buckets", []) == n.buckets.generation
+    assert nc.get("logical_nc_config") == n.logicalCores
+    assert nc.get("quantization_dtype") == (None if n.quantization == "none" else n.quantization)
+    for key, value in n.overrides.items():
+        assert nc[key] == value
+
+
+def check_vllm(c: dict, spec, name: str, role: str) -> None:
+    n = spec.neuron
+    assert c["command"][:2] == ["vllm", "serve"]
+    args = vllm_parser().parse_args(c["command"][2:])
+    assert args.port == spec.serving.port
+    assert args.tensor_parallel_size == n.tensorParallel
+    assert args.max_num_seqs == n.batchSize
+    assert args.max_model_len == n.sequenceLength
+    assert args.dtype == n.dtype
+    assert args.served_model_name == name
+    assert args.revision == spec.model.revision
+    check_neuron_config(args.additional_config["neuron_config"], spec)
+    if role in ("prefill", "decode"):
+        kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+        assert json.loads(args.kv_transfer_config)["kv_role"] == kv_role
+
+
+def check_vllm_compile(objects: list[dict], spec) -> None:
+    """The compile Job's `LLM(...)` call (vllm.LLM takes the engine arguments as keywords): the same shapes
+    as the serving pods', or the artifacts would not be the ones they load."""
+    script = next(o["data"]["compile_vllm.py"] for o in objects if "compile_vllm.py" in o.get("data", {}))
+    call = next(n for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Call) and n.func.id == "LLM")
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    n = spec.neuron
+    assert kw["model"] == spec.model.uri.removeprefix("hf://") and kw["revision"] == spec.model.revision
+    assert (kw["tensor_parallel_size"], kw["max_num_seqs"]) == (n.tensorParallel, n.batchSize)
+    assert (kw["max_model_len"], kw["dtype"]) == (n.sequenceLength, n.dtype)
+    check_neuron_config(kw["additional_config"]["neuron_config"], spec)
+
+
+def check_sglang(c: dict, spec, name: str, role: str) -> None:
+    n = spec.neuron
+    assert c["command"][:3] == ["python", "-m", "sglang.launch_server"]
+    args = sglang_parser().parse_args(c["command"][3:])
+    assert args.port == spec.serving.port
+    assert args.tp_size == n.tensorParallel
+    assert args.max_running_requests == n.batchSize
+    assert args.context_length == n.sequenceLength
+    assert args.dtype == n.dtype
+    assert args.served_model_name == name
+    assert args.revision == spec.model.revision
+    assert args.disaggregation_mode == (role if role in ("prefill", "decode") else None)
+    assert env_of(c)["SGLANG_PLATFORM"] == "neuron"
+
+
+def check_tgi(c: dict, spec) -> None:
+    n = spec.neuron
+    assert c["command"][0] == "text-generation-launcher"
+    tgi_parser().parse_args(c["command"][1:])
+    env = env_of(c)
+    assert set(env) >= TGI_ENV
+    assert env["HF_NUM_CORES"] == str(n.tensorParallel)
+    assert env["HF_AUTO_CAST_TYPE"] == {"bfloat16": "bf16", "float16": "fp16"}[n.dtype]
+    assert env["MAX_BATCH_SIZE"] == str(n.batchSize)
+    assert env["MAX_TOTAL_TOKENS"] == str(n.sequenceLength)
+    assert env["MAX_INPUT_TOKENS"] == str(n.maxInputLength)
+    assert env["PORT"] == str(spec.serving.port)
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
+    check_every_role(path)
+
+
+@pytest.mark.parametrize(
+    ("base", "neuron"),
+    [
+        ("llama-3.3-70b-vllm-trn2.yaml", {"revision": "v1", "quantization": "fp8", "dtype": "float16",
+         "overrides": {"fused_qkv": True},
+         "buckets": {"context": [1024, 12288], "generation": [4096, 16384]}}),
+        ("llama-3.1-70b-vllm-trn1-disaggregated.yaml", {"revision": "v2", "quantization": "int8"}),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
+        ("mistral-7b-tgi-inf2.yaml", {"dtype": "float16", "maxInputLength": 1024}),
+        ("smollm2-135m-local-cpu-disaggregated.yaml", {"dtype": "float32", "maxInputLength": 200,
+         "buckets": {"context": [64, 200], "generation": [256, 512]}}),
+    ],
+)  # fmt: skip
+def test_fields_the_samples_leave_at_their_defaults_reach_the_process_too(base, neuron, tmp_path):
+    path = tmp_path / base
+    path.write_text(yaml.safe_dump(spec_with(base, **neuron)))
+    check_every_role(path)
+
+
+def check_every_role(path: Path) -> None:
+    obj, spec = manifest(path)
+    name = obj["metadata"]["name"]
+    objects = render(path)
+    by_role = deployments(objects)
+    roles = ["unified"] if spec.serving.mode == "unified" else ["prefill", "decode", "router"]
+    assert sorted(by_role) == sorted(roles)
+    for role, deployment in by_role.items():
+        c = container(deployment)
+        assert c["ports"][0]["containerPort"] == spec.serving.port
+        if spec.engine == "embedded" or role == "router":
+            check_ours(serve_args(c["command"]), spec, name, role)
+        elif spec.engine == "vllm":
+            check_vllm(c, spec, name, role)
+        elif spec.engine == "sglang":
+            check_sglang(c, spec, name, role)
+        else:
+            check_tgi(c, spec)
+    if spec.engine == "embedded":
+        check_compile_config(objects, spec)
+    if spec.engine == "vllm":
+        check_vllm_compile(objects, spec)
+
+
+def test_the_local_samples_serve_what_they_ask_for():
+    """The issue's case: the local samples ask for bfloat16 and 384 input tokens; the unified pod and every
+    role of the disaggregated one, the router too, are told so (before: float32 and 512; the router 2048)."""
+    for path in ("smollm2-135m-local-cpu.yaml", "smollm2-135m-local-cpu-disaggregated.yaml"):
+        for deployment in deployments(render(ROOT / "crds" / "samples" / path)).values():
+            config = serve_args(container(deployment)["command"])
+            assert (config.dtype, config.max_input_len, config.max_seq_len) == ("bfloat16", 384, 512)
+
+
+def spec_with(base: str, **neuron) -> dict:
+    """A sample with some neuron fields changed (`revision` goes to spec.model)."""
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / base).read_text())
+    if "revision" in neuron:
+        obj["spec"]["model"]["revision"] = neuron.pop("revision")
+    obj["spec"]["neuron"].update(neuron)
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("base", "neuron", "message"),
+    [
+        ("mistral-7b-tgi-inf2.yaml", {"quantization": "int8"},
+         r"neuron.quantization int8: TGI's Neuron export \(optimum-neuron\) has no setting for it; use none"),
+        ("mistral-7b-tgi-inf2.yaml", {"buckets": {"context": [1024, 3072]}},
+         r"neuron.buckets: TGI's Neuron export .* compiles its own length buckets"),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"maxInputLength": 4096},
+         r"neuron.maxInputLength: SGLang bounds prompts by the context length only \(--context-length, "
+         r"neuron.sequenceLength 8192\); remove maxInputLength or use engine embedded or vllm"),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"quantization": "fp8"},
+         r"neuron.quantization fp8: SGLang-Neuron has no setting for it"),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"overrides": {"fused_qkv": True}},
+         r"neuron.overrides are NxDI NeuronConfig fields, which SGLang-Neuron does not read"),
+        ("mistral-7b-tgi-inf2.yaml", {"revision": "v1"},
+         r"model.revision: neuronfleet passes no revision to TGI's Neuron export"),
+        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"logicalCores": 2},
+         r"neuron.logicalCores: SGLang-Neuron has no setting for it"),
+    ],
+)  # fmt: skip
+def test_a_field_the_engine_cannot_honour_is_refused_saying_what_works(base, neuron, message):
+    report = validation.check(spec_with(base, **neuron))
+    assert not report.ok
+    assert any(re.search(message, e) for e in report.errors), report.errors
+
+
+def test_engines_that_take_every_field_refuse_none_of_them():
+    obj = spec_with(
+        "llama-3.3-70b-vllm-trn2.yaml", quantization="fp8", overrides={"fused_qkv": True},
+        buckets={"context": [1024, 12288], "generation": [4096, 16384]},
+    )  # fmt: skip
+    assert validation.check(obj).ok, validation.check(obj).errors
