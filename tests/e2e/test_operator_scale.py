@@ -235,8 +235,9 @@ def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survi
 
 
 def test_models_whose_children_share_a_name_do_not_fight_over_it(cluster):
-    """`col` (disaggregated) has a headless Service `col-prefill`; a model `col-prefill` has a public Service
-    of that name. The first owner keeps it; the other model reports Conflict and never patches it."""
+    """`col` (disaggregated) has a headless Service `col-prefill-<revision>`; a unified model of that name has
+    a public Service of the same name. The first owner keeps it; the other model reports Conflict and never
+    patches it."""
     api = cluster
     operator = api.run_operator()
     disaggregated = {
@@ -246,34 +247,34 @@ def test_models_whose_children_share_a_name_do_not_fight_over_it(cluster):
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(model("col", **disaggregated)))
     job = api.wait_for("col's compile Job", lambda: api.items("Job", "neuronfleet.dev/model=col"))[0]
     complete(api, job["metadata"]["name"])
-    service = api.wait_for("col's Service col-prefill", lambda: api.kubectl.get("service", "col-prefill"))
+    prefill = "neuronfleet.dev/model=col,neuronfleet.dev/role=prefill"
+    service = api.wait_for("col's prefill Service", lambda: (s := api.items("Service", prefill)) and s[0])
+    taken = service["metadata"]["name"]  # col-prefill-<revision>
     col_uid = api.kubectl.get("nm", "col")["metadata"]["uid"]
-    assert service["metadata"]["ownerReferences"][0]["uid"] == col_uid
-    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(model("col-prefill")))
-    job = api.wait_for("col-prefill's Job", lambda: api.items("Job", "neuronfleet.dev/model=col-prefill"))[0]
+    assert taken.startswith("col-prefill-") and service["metadata"]["ownerReferences"][0]["uid"] == col_uid
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(model(taken)))
+    job = api.wait_for("the second model's Job", lambda: api.items("Job", f"neuronfleet.dev/model={taken}"))[
+        0
+    ]
     complete(api, job["metadata"]["name"])
-    api.wait_for("col-prefill's Deployment", lambda: api.kubectl.get("deployment", "col-prefill-unified"))
+    api.wait_for("its Deployment", lambda: api.kubectl.get("deployment", f"{taken}-unified"))
+    # every Deployment's pods become ready: both models reconcile, the second one wants its public Service
+    for dep in api.items("Deployment"):
+        replicas = dep["spec"]["replicas"]
+        status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+        path = f"{PATHS['Deployment']}/{dep['metadata']['name']}/status"
+        api.call("PATCH", path, {"status": status}, "application/merge-patch+json")
     loser = api.wait_for(
-        "col-prefill's Conflict",
-        lambda: condition(m := api.kubectl.get("nm", "col-prefill"), "Conflict") and m,
+        "the second model's Conflict", lambda: condition(m := api.kubectl.get("nm", taken), "Conflict") and m
     )
     conflict = condition(loser, "Conflict")
     assert conflict["status"] == "True"
-    assert "Service col-prefill is controlled by NeuronModel col" in conflict["message"], conflict
+    assert f"Service {taken} is controlled by NeuronModel col" in conflict["message"], conflict
     assert condition(api.kubectl.get("nm", "col"), "Conflict") is None
     events = api.kubectl("get", "events", "-o", "json").stdout
     assert '"reason": "Conflict"' in events
-    # both models reconcile again (their Deployments' status moves): the Service stays col's, untouched
-    for name in ("col-prefill-unified", "col-prefill", "col-decode", "col-router"):
-        replicas = api.kubectl.get("deployment", name)["spec"]["replicas"]
-        status = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
-        path = f"{PATHS['Deployment']}/{name}/status"
-        api.call("PATCH", path, {"status": status}, "application/merge-patch+json")
-    api.wait_for(
-        "both models to see their ready pods",
-        lambda: all(all_ready(api.kubectl.get("nm", n)) for n in ("col", "col-prefill")),
-    )
-    after = api.kubectl.get("service", "col-prefill")
+    api.wait_for("col to be Ready", lambda: all_ready(api.kubectl.get("nm", "col")))
+    after = api.kubectl.get("service", taken)
     assert after["metadata"]["ownerReferences"][0]["uid"] == col_uid
     assert after["metadata"]["resourceVersion"] == service["metadata"]["resourceVersion"]
     assert not [c for c in api.audit() if c["resource"] == "services" and c["verb"] == "patch"]
