@@ -46,12 +46,17 @@ class Triggers:
         self.client, self.cache = client, cache
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[tuple[str, str]] = set()
+        # models a child of which was deleted: read live before the pass (the garbage collector deletes the
+        # children of a deleted model, and the cache may report that before the model's own deletion)
+        self._check: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
         if model and obj.get("kind") != spec.KIND:
+            if event == "DELETED":
+                self._check.add((meta.get("namespace", ""), model))
             self.enqueue((meta.get("namespace", ""), model))
 
     def enqueue(self, key: tuple[str, str]) -> None:
@@ -72,10 +77,14 @@ class Triggers:
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
-            body = await self.cache.get(spec.KIND, *key)
-            if body is None:
-                continue  # the model is gone; its children go with it
             try:
+                if key in self._check:
+                    self._check.discard(key)
+                    body = await self.client.get(spec.KIND, *key, live=True)
+                else:
+                    body = await self.cache.get(spec.KIND, *key)
+                if body is None:
+                    continue  # the model is gone; its children go with it
                 await reconcile_and_report(self.client, body, log)
             except asyncio.CancelledError:
                 raise
