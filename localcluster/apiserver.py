@@ -182,17 +182,17 @@ class EmulatedAPIServer:
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
     def _openapi(self, request: aiohttp.web.BaseRequest) -> dict[str, Any]:
-        """/openapi/v3 (index), /openapi/v3/<group version> and /openapi/v2 (JSON only: the protobuf form
-        client-go's discovery asks for by default is answered 406)."""
+        """/openapi/v3 (index), /openapi/v3/<group version> and /openapi/v2 (JSON only). client-go's
+        discovery asks for v2 in protobuf only; that is answered 404, as by a server without v2, which kubectl
+        takes as "no schema" (a 406 would fail `kubectl apply` of a List)."""
         path, version = request.path.rstrip("/"), SERVER_VERSION["gitVersion"]
         kinds = list(self.store.kinds.values())
         if path == "/openapi/v2":
             accept = request.headers.get("Accept", "")
             if "protobuf" in accept and "json" not in accept and "*/*" not in accept:
                 raise ApiError(
-                    406, "NotAcceptable",
-                    "this emulated API server serves /openapi/v2 as application/json only",
-                )  # fmt: skip
+                    404, "NotFound", "this emulated API server serves /openapi/v2 as application/json only"
+                )
             return openapi.v2_document(kinds, version)
         if path == "/openapi/v3":
             group_versions = sorted({(g, v) for g, v, _ in self.store.kinds})
