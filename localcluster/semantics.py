@@ -530,7 +530,8 @@ def check_name(kind: Resource, name: str) -> None:
 def default_on_create(kind: Resource, obj: dict[str, Any]) -> dict[str, Any]:
     """The defaults the API server gives built-in objects on create (the object already has its uid):
     a Job's selector and pod-template labels (batch/v1 Job strategy, unless spec.manualSelector), a
-    Namespace's Active phase, a Pod's Pending phase, a Secret's Opaque type, a Service's type, port protocols and target ports."""
+    Namespace's Active phase, a Pod's Pending phase, a Secret's Opaque type, a Service's type, port
+    protocols and target ports."""
     meta = obj["metadata"]
     if (kind.group, kind.plural) == ("batch", "jobs"):
         spec = obj.setdefault("spec", {})

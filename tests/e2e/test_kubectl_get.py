@@ -74,8 +74,9 @@ def test_services_show_their_cluster_ip_and_ports(api):
         "PORT(S)": "8000/TCP,53/UDP", "SELECTOR": "app=web,role=decode",
     }  # fmt: skip
     # the address is the Service's for good: a re-apply keeps it, a change is refused as immutable
-    apply(api, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "labels": {"tier": "front"}},
-                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})  # fmt: skip
+    labelled = {"name": "web", "labels": {"tier": "front"}}
+    spec = {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    apply(api, {"apiVersion": "v1", "kind": "Service", "metadata": labelled, "spec": spec})
     assert api.kubectl("get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}").stdout == ip
     patch = json.dumps({"spec": {"clusterIP": "10.96.0.10"}})
     run = api.kubectl("patch", "svc", "web", "-p", patch, check=False)
@@ -114,10 +115,11 @@ def test_events_list_with_last_seen_type_reason_object_and_message(api):
             "OBJECT": "pod/m-unified-0",
             "MESSAGE": "Back-off restarting failed container",
         },
-    ], out  # fmt: skip  (no lastTimestamp: LAST SEEN is the first timestamp's age)
+    ], out  # no lastTimestamp: LAST SEEN is the first timestamp's age
     wide = columns(api.kubectl("get", "events", "-o", "wide").stdout)
     assert list(wide[0]) == [
-        "LAST SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST SEEN", "COUNT", "NAME"
+        "LAST SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST SEEN", "COUNT",
+        "NAME",
     ]  # fmt: skip
     assert [(r["SUBOBJECT"], r["SOURCE"], r["FIRST SEEN"], r["COUNT"], r["NAME"]) for r in wide] == [
         ("", "neuronfleet-operator", "50m", "2", "m.compile"),
