@@ -121,7 +121,8 @@ TYPES: dict[str, tuple[str, Fields, list[str]]] = {
         {
             "spec": (CORE + "PodSpec", "Specification of the desired behavior of the pod. More info: "
              f"{CONVENTIONS}#spec-and-status"),
-            "status": ("object", "Most recently observed status of the pod. This data may not be up to date. "
+            "status": (CORE + "PodStatus",
+             "Most recently observed status of the pod. This data may not be up to date. "
              f"Populated by the system. Read-only. More info: {CONVENTIONS}#spec-and-status"),
         },
         [],
@@ -182,7 +183,8 @@ TYPES: dict[str, tuple[str, Fields, list[str]]] = {
         {
             "spec": ("io.k8s.api.apps.v1.DeploymentSpec", "Specification of the desired behavior of the "
              "Deployment."),
-            "status": ("object", "Most recently observed status of the Deployment."),
+            "status": ("io.k8s.api.apps.v1.DeploymentStatus",
+             "Most recently observed status of the Deployment."),
         },
         [],
     ),
@@ -205,7 +207,8 @@ TYPES: dict[str, tuple[str, Fields, list[str]]] = {
         {
             "spec": ("io.k8s.api.batch.v1.JobSpec", "Specification of the desired behavior of a job. More "
              f"info: {CONVENTIONS}#spec-and-status"),
-            "status": ("object", f"Current status of a job. More info: {CONVENTIONS}#spec-and-status"),
+            "status": ("io.k8s.api.batch.v1.JobStatus",
+             f"Current status of a job. More info: {CONVENTIONS}#spec-and-status"),
         },
         [],
     ),
@@ -235,7 +238,8 @@ TYPES: dict[str, tuple[str, Fields, list[str]]] = {
         {
             "spec": (CORE + "ServiceSpec", "Spec defines the behavior of a service. "
              f"{CONVENTIONS}#spec-and-status"),
-            "status": ("object", "Most recently observed status of the service. Populated by the system. "
+            "status": (CORE + "ServiceStatus",
+             "Most recently observed status of the service. Populated by the system. "
              f"Read-only. More info: {CONVENTIONS}#spec-and-status"),
         },
         [],
@@ -296,10 +300,92 @@ TYPES: dict[str, tuple[str, Fields, list[str]]] = {
     CORE + "Namespace": (
         "Namespace provides a scope for Names. Use of multiple namespaces is optional.",
         {
-            "spec": ("object", "Spec defines the behavior of the Namespace. More info: "
+            "spec": (CORE + "NamespaceSpec", "Spec defines the behavior of the Namespace. More info: "
              f"{CONVENTIONS}#spec-and-status"),
-            "status": ("object", "Status describes the current status of a Namespace. More info: "
+            "status": (CORE + "NamespaceStatus",
+             "Status describes the current status of a Namespace. More info: "
              f"{CONVENTIONS}#spec-and-status"),
+        },
+        [],
+    ),
+    CORE + "PodStatus": (
+        "PodStatus represents information about the status of a pod. Status may trail the actual state of a "
+        "system, especially if the node that hosts the pod cannot contact the control plane.",
+        {
+            "conditions": ("[]object", "Current service state of pod. More info: https://kubernetes.io/docs/"
+             "concepts/workloads/pods/pod-lifecycle#pod-conditions"),
+            "containerStatuses": ("[]object", "Statuses of containers in this pod. Each container in the pod "
+             "should have at most one status in this list, and all statuses should be for containers in the "
+             "pod."),
+            "phase": ("string",
+             "The phase of a Pod is a simple, high-level summary of where the Pod is in its "
+             "lifecycle. The conditions array, the reason and message fields, and the individual container "
+             "status arrays contain more detail about the pod's status."),
+            "podIP": ("string", "podIP address allocated to the pod. Routable at least within the cluster. "
+             "Empty if not yet allocated."),
+            "startTime": ("string", "RFC 3339 date and time at which the object was acknowledged by the "
+             "Kubelet. This is before the Kubelet pulled the container image(s) for the pod."),
+        },
+        [],
+    ),
+    "io.k8s.api.apps.v1.DeploymentStatus": (
+        "DeploymentStatus is the most recently observed status of the Deployment.",
+        {
+            "availableReplicas": ("integer", "Total number of available pods (ready for at least "
+             "minReadySeconds) targeted by this deployment."),
+            "conditions": ("[]object", "Represents the latest available observations of a deployment's "
+             "current state."),
+            "observedGeneration": ("integer", "The generation observed by the deployment controller."),
+            "readyReplicas": ("integer", "readyReplicas is the number of pods targeted by this Deployment "
+             "with a Ready Condition."),
+            "replicas": ("integer", "Total number of non-terminating pods targeted by this deployment (their "
+             "labels match the selector)."),
+            "updatedReplicas": ("integer", "Total number of non-terminating pods targeted by this deployment "
+             "that have the desired template spec."),
+        },
+        [],
+    ),
+    "io.k8s.api.batch.v1.JobStatus": (
+        "JobStatus represents the current state of a Job.",
+        {
+            "active": ("integer", "The number of pending and running pods which are not terminating (without "
+             "a deletionTimestamp). The value is zero for finished jobs."),
+            "completionTime": ("string", "Represents time when the job was completed. It is not guaranteed "
+             "to be set in happens-before order across separate operations. It is represented in RFC3339 "
+             "form and is in UTC."),
+            "conditions": ("[]object", "The latest available observations of an object's current state. "
+             "When a Job fails, one of the conditions will have type \"Failed\" and status true."),
+            "failed": ("integer", "The number of pods which reached phase Failed. The value increases "
+             "monotonically."),
+            "startTime": ("string", "Represents time when the job controller started processing a job."),
+            "succeeded": ("integer", "The number of pods which reached phase Succeeded. The value increases "
+             "monotonically for a given spec."),
+        },
+        [],
+    ),
+    CORE + "ServiceStatus": (
+        "ServiceStatus represents the current status of a service.",
+        {
+            "conditions": ("[]object", "Current service state"),
+            "loadBalancer": ("object", "LoadBalancer contains the current status of the load-balancer, if "
+             "one is present."),
+        },
+        [],
+    ),
+    CORE + "NamespaceSpec": (
+        "NamespaceSpec describes the attributes on a Namespace.",
+        {
+            "finalizers": ("[]string", "Finalizers is an opaque list of values that must be empty to "
+             "permanently remove object from storage. More info: https://kubernetes.io/docs/tasks/"
+             "administer-cluster/namespaces/"),
+        },
+        [],
+    ),
+    CORE + "NamespaceStatus": (
+        "NamespaceStatus is information about the current status of a Namespace.",
+        {
+            "phase": ("string", "Phase is the current lifecycle phase of the namespace. More info: "
+             "https://kubernetes.io/docs/tasks/administer-cluster/namespaces/"),
         },
         [],
     ),
