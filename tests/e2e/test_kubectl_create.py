@@ -55,15 +55,15 @@ def test_create_namespace_secret_and_configmap(api):
         (
             ("create", "namespace", "S-Bad_Name"),
             'The Namespace "S-Bad_Name" is invalid: metadata.name: Invalid value: "S-Bad_Name": a lowercase '
-            "RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end "
-            "with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+            "RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
+            "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
         ),
         (
             ("create", "configmap", "S-Bad_Name"),
             'ConfigMap "S-Bad_Name" is invalid: metadata.name: Invalid value: "S-Bad_Name": a lowercase '
-            "RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start "
-            "and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+            "RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+            "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
         ),
     ],
