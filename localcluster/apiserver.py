@@ -35,7 +35,7 @@ import aiohttp.web
 
 from . import openapi, protobuf
 from .semantics import ApiError, Resource, scale_view
-from .store import Expired, Store
+from .store import HISTORY, Expired, Store
 from .tables import table
 
 log = logging.getLogger(__name__)
@@ -374,13 +374,14 @@ async def run(
     ready_file: str | None,
     audit_log: str | None = None,
     kubelet_state: str | None = None,
+    watch_history: int = HISTORY,
 ) -> None:
     """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
     process it started on the way out)."""
     from .kubelet import ProcessKubelet
     from .store import ClusterClient
 
-    store = Store()
+    store = Store(history=watch_history)
     kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
     server = EmulatedAPIServer(store, pod_logs=kubelet.pod_log if kubelet else None, audit_log=audit_log)
     running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
@@ -421,11 +422,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
+    parser.add_argument(
+        "--watch-history", type=int, default=HISTORY,
+        help="changes kept per kind for watches that resume from a resourceVersion (older: 410 Expired)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.kubelet_state:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(
-        run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log, args.kubelet_state)
+        run(
+            args.host,
+            args.port,
+            args.kubeconfig,
+            args.ready_file,
+            args.audit_log,
+            args.kubelet_state,
+            args.watch_history,
+        )
     )
 
 

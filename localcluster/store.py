@@ -52,9 +52,10 @@ class Expired(Exception):
 
 class _Log:
     """A kind's recent changes, (resourceVersion, event, object), in order; positions are absolute (they stay
-    valid while old entries are dropped), and at most 2 * HISTORY entries are kept."""
+    valid while old entries are dropped), and at most 2 * `keep` entries are kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = HISTORY) -> None:
+        self.keep = keep
         self.entries: list[tuple[int, str, dict[str, Any]]] = []
         self.first = 0  # the position of entries[0]
         self.compacted_rv = 0  # the resourceVersion of the newest dropped entry
@@ -65,10 +66,10 @@ class _Log:
 
     def append(self, rv: int, event: str, obj: dict[str, Any]) -> None:
         self.entries.append((rv, event, obj))
-        if len(self.entries) > 2 * HISTORY:
-            self.compacted_rv = self.entries[HISTORY - 1][0]
-            del self.entries[:HISTORY]
-            self.first += HISTORY
+        if len(self.entries) > 2 * self.keep:
+            self.compacted_rv = self.entries[self.keep - 1][0]
+            del self.entries[: self.keep]
+            self.first += self.keep
 
     def at(self, position: int) -> tuple[int, str, dict[str, Any]]:
         if position < self.first:
@@ -86,7 +87,7 @@ class _Log:
 class Store:
     """Kinds, objects and their history; every write bumps the revision and wakes the watchers."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = HISTORY) -> None:
         self.kinds: dict[KindKey, Resource] = {}
         self.kinds_revision = 0  # changes whenever a kind comes, goes or changes (the OpenAPI hash)
         self.instance = uuid.uuid4().hex[:12]  # tells this server's documents from an earlier one's
@@ -95,7 +96,7 @@ class Store:
         self._sorted: dict[KindKey, list[tuple[str, str]]] = {}  # (namespace, name) keys, while valid
         self._revision = itertools.count(1)
         self.last_revision = 0
-        self._history: dict[KindKey, _Log] = defaultdict(_Log)
+        self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history))
         self._changed = asyncio.Condition()
         self.closed = False
         for resource in BUILTIN:
