@@ -530,7 +530,7 @@ def check_name(kind: Resource, name: str) -> None:
 def default_on_create(kind: Resource, obj: dict[str, Any]) -> dict[str, Any]:
     """The defaults the API server gives built-in objects on create (the object already has its uid):
     a Job's selector and pod-template labels (batch/v1 Job strategy, unless spec.manualSelector), a
-    Namespace's Active phase, a Pod's Pending phase, a Secret's Opaque type, a Service's type, port
+    Namespace's Active phase, a Secret's Opaque type, a Service's type, port
     protocols and target ports."""
     meta = obj["metadata"]
     if (kind.group, kind.plural) == ("batch", "jobs"):
@@ -553,8 +553,6 @@ def default_on_create(kind: Resource, obj: dict[str, Any]) -> dict[str, Any]:
         spec.setdefault("suspend", False)
     elif (kind.group, kind.plural) == ("", "namespaces"):
         obj["status"] = {"phase": "Active"}
-    elif (kind.group, kind.plural) == ("", "pods"):
-        obj["status"] = {"phase": "Pending"}
     elif (kind.group, kind.plural) == ("", "secrets"):
         obj.setdefault("type", "Opaque")
     elif (kind.group, kind.plural) == ("", "services"):
