@@ -1,7 +1,10 @@
 """Local mode: a Kubernetes cluster on this machine, for tests and `neuronfleet up`.
 
-- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, tables, Status errors).
-- `store`: the objects, their history and the REST semantics of writes; `ClusterClient` for in-process use.
+- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, names, defaults, Status).
+- `tables`: what `kubectl get` prints, as server-side tables (kubectl's printers).
+- `openapi`: the OpenAPI v3 and v2 documents kubectl reads (`kubectl explain`, field validation).
+- `protobuf`: the protobuf bodies typed kubectl creates send, read as JSON.
+- `store`: the objects, their indexes and bounded history, the REST semantics of writes; `ClusterClient`.
 - `apiserver`: the emulated API server's HTTP face (`python -m neuronfleet.localcluster.apiserver`).
 - `processes`: one pod as a local process (command rewriting, supervision, readiness, status).
 - `kubelet`: the process kubelet (claims, Jobs, Deployments, pods, Services) over a `ClusterClient`.

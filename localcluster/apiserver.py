@@ -1,19 +1,25 @@
 """The emulated Kubernetes API server's HTTP face, for tests and the local mode: URL routing, discovery, the
-OpenAPI v3 index kubectl reads, request bodies (JSON, YAML), watch streams, Status errors and an audit log, on
-aiohttp, over the object store (`store`) and the semantics (`semantics`).
+OpenAPI documents (`openapi`), request bodies (JSON, YAML, the protobuf of typed kubectl creates: `protobuf`),
+tables (`tables`), watch streams, Status errors, an audit log and a clean stop, on aiohttp, over the object
+store (`store`) and the semantics (`semantics`).
 
 What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
 when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
 (label and field selectors), WATCH (from a resourceVersion, with timeouts); PUT, merge patch, JSON patch,
 strategic merge patch (lists of named items merged by name) and apply patches (as merges); the status and
-scale subresources kept apart from the main resource; finalizers and deletionTimestamp; ownerReference
-garbage collection (background or orphan); namespaces that must exist; CustomResourceDefinitions that add
-resources, whose openAPIV3Schema is enforced on create and update (defaults applied, unknown fields pruned or
-refused under fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evaluated as CEL);
-server-side tables (`kubectl get` columns, a CRD's additionalPrinterColumns).
+scale subresources kept apart from the main resource (/scale reads and writes an autoscaling/v1 Scale);
+finalizers and deletionTimestamp; ownerReference garbage collection (background or orphan); namespaces that
+must exist; names checked by the kind's DNS rule; defaults of built-in kinds (a Job's selector and pod
+labels, a Service's cluster IP from 10.96.0.0/12); CustomResourceDefinitions that add resources, whose
+openAPIV3Schema is enforced on create and update (defaults applied, unknown fields pruned or refused under
+fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evaluated as CEL); server-side
+tables on LIST, GET and every watch event (`kubectl get` columns, a CRD's additionalPrinterColumns); a
+bounded watch history (410 Expired beyond it).
 
 What it does not: authentication and authorization (every request is admitted), admission webhooks, field
-managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them).
+managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them),
+protobuf bodies of kinds other than Namespace, Secret, ConfigMap and ServiceAccount, /openapi/v2 in protobuf
+(client-go's default for it: answered 404), paged LISTs (`limit` is ignored; everything comes in one page).
 
 `python -m neuronfleet.localcluster.apiserver` runs it (with `--kubelet-state`, the process kubelet too).
 """

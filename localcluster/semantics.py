@@ -1,7 +1,7 @@
 """Kubernetes API semantics without I/O: the kinds the emulated API server knows, error bodies (Status),
 patches (JSON, merge, strategic merge, apply), label and field selectors, a custom resource's schema
-(defaults, pruning, validation with CEL rules), a CRD's resources, server-side tables, the scale view and
-timestamps.
+(defaults, pruning, validation with CEL rules), a CRD's resources, the scale view, object names and the
+defaults of built-in kinds, and timestamps.
 
 Everything here is a function of its arguments; the store and the HTTP server build on it.
 """

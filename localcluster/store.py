@@ -1,7 +1,11 @@
-"""The emulated API server's state: the registry of kinds, the objects, resourceVersions and the history of
-changes that watches replay; the REST semantics of each write (create, update, patch, delete with finalizers
-and garbage collection, the status and scale subresources kept apart); and `ClusterClient`, the small typed
-interface in-process callers (the process kubelet) use instead of HTTP.
+"""The emulated API server's state: the registry of kinds, the objects (indexed by kind, kept in
+namespace/name order for LIST), resourceVersions and the bounded history of changes that watches replay; the
+REST semantics of each write (create, update, patch, delete with finalizers and garbage collection, the status
+and scale subresources kept apart, cluster IPs allocated); and `ClusterClient`, the small typed interface
+in-process callers (the process kubelet) use instead of HTTP.
+
+Stored objects are never changed in place: every write stores a new version, so LIST answers and the history
+share them without copying.
 """
 
 from __future__ import annotations

@@ -106,3 +106,27 @@ def test_lists_come_sorted_by_namespace_and_name_and_history_is_bounded():
         await recent.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_crds_scale_subresource_reads_and_writes_its_declared_paths():
+    from neuronfleet.localcluster.semantics import crd_resources, scale_view, with_replicas
+
+    scale = {"specReplicasPath": ".spec.size", "statusReplicasPath": ".status.count",
+             "labelSelectorPath": ".status.selector"}  # fmt: skip
+    versions = [{"name": "v1", "subresources": {"status": {}, "scale": scale}}]
+    crd = {
+        "spec": {"group": "example.dev", "names": {"plural": "pools", "kind": "Pool"}, "versions": versions}
+    }
+    (pools,) = crd_resources(crd)
+    assert "scale" in pools.subresources
+    pool = {"metadata": {"name": "p", "namespace": "d", "uid": "u", "resourceVersion": "4"},
+            "spec": {"size": 2}, "status": {"count": 1, "selector": "app=p"}}  # fmt: skip
+    view = scale_view(pool, pools)
+    assert (view["kind"], view["spec"], view["status"]) == (
+        "Scale",
+        {"replicas": 2},
+        {"replicas": 1, "selector": "app=p"},
+    )
+    assert with_replicas(pool, 5, pools)["spec"] == {"size": 5} and pool["spec"] == {"size": 2}
+    with pytest.raises(ApiError, match="must be greater than or equal to 0"):
+        with_replicas(pool, -1, pools)
