@@ -527,6 +527,55 @@ def check_name(kind: Resource, name: str) -> None:
     )  # fmt: skip
 
 
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE_MESSAGE = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used "
+    "for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def label_problems(labels: dict[str, Any] | None, where: str) -> list[tuple[str, str]]:
+    """apimachinery's ValidateLabels: keys are qualified names (an optional DNS subdomain prefix and a name
+    of at most 63 characters), values at most 63 characters of the label alphabet."""
+    problems = []
+    for key, value in (labels or {}).items():
+        prefix, _, name = key.rpartition("/")
+        if (
+            (prefix and name_problems(Resource("", "", "", "", True), prefix))
+            or len(name) > 63
+            or not (_QUALIFIED_NAME.match(name))
+        ):
+            problems.append((where, f"Invalid value: {json.dumps(key)}: not a valid label key"))
+        text = value if isinstance(value, str) else json.dumps(value)
+        if len(text) > 63:
+            problems.append((where, f"Invalid value: {json.dumps(text)}: must be no more than 63 characters"))
+        if not _LABEL_VALUE.match(text):
+            problems.append((where, f"Invalid value: {json.dumps(text)}: {_LABEL_VALUE_MESSAGE}"))
+    return problems
+
+
+def check_labels(kind: Resource, obj: dict[str, Any]) -> None:
+    """422 Invalid for labels a real API server refuses: the object's own, and its pod template's (a Job
+    named past 63 characters is refused this way: its pods' job-name label cannot hold the name)."""
+    problems = label_problems(obj["metadata"].get("labels"), "metadata.labels")
+    template = dig(obj, ["spec", "template", "metadata", "labels"])
+    if kind.schema is None and isinstance(template, dict):
+        problems += label_problems(template, "spec.template.labels")
+    if not problems:
+        return
+    what = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
+    texts = [f"{field}: {message}" for field, message in problems]
+    detail = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    name = obj["metadata"].get("name")
+    causes = [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in problems]
+    raise ApiError(
+        422, "Invalid", f'{what} "{name}" is invalid: {detail}',
+        name=name, group=kind.group, kind=kind.kind, causes=causes,
+    )  # fmt: skip
+
+
 def default_on_create(kind: Resource, obj: dict[str, Any]) -> dict[str, Any]:
     """The defaults the API server gives built-in objects on create (the object already has its uid):
     a Job's selector and pod-template labels (batch/v1 Job strategy, unless spec.manualSelector), a

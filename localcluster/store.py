@@ -30,6 +30,7 @@ from .semantics import (
     Resource,
     admit,
     apply_patch,
+    check_labels,
     check_name,
     crd_resources,
     default_on_create,
@@ -294,6 +295,7 @@ class Store:
         if key[:3] == CRDS:
             self._establish(obj)
         obj = default_on_create(kind, self._new_meta(obj))
+        check_labels(kind, obj)
         if key[:3] == SERVICES:
             self._allocate_cluster_ip(obj)
         stored = self._put(key, obj)
@@ -382,6 +384,7 @@ class Store:
         meta["generation"] = old["metadata"].get("generation", 1) + spec_changed(old, new)
         if sub is None:
             new = admit(kind, new, params)
+            check_labels(kind, new)
         if new == old:
             return old  # a no-op write does not bump the resourceVersion
         if key[:3] == CRDS and sub is None:

@@ -138,3 +138,21 @@ def test_logs_of_a_job_go_to_the_jobs_pod(api):
         api.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     run = api.kubectl("logs", "job/m-compile", check=False)  # no kubelet here: the log is missing, but whose
     assert "m-compile-x" in run.stderr and "m-unified-1" not in run.stderr, run.stderr
+
+
+def test_labels_a_real_api_server_refuses_are_refused_and_so_is_a_job_named_past_63_characters(api):
+    bad = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {"a": "bad value"}}}
+    run = api.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert run.returncode != 0
+    assert (
+        'The ConfigMap "x" is invalid: metadata.labels: Invalid value: "bad value": a valid label must'
+        in (run.stderr)
+    )
+    # the Job's pods carry its name in their job-name label, whose value may hold 63 characters at most
+    name = "m" * 62 + "-compile-0123456789abcdef"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+           "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                          "containers": [{"name": "c", "image": "x"}]}}}}  # fmt: skip
+    run = api.kubectl("apply", "-f", "-", stdin=json.dumps(job), check=False)
+    assert run.returncode != 0
+    assert f'spec.template.labels: Invalid value: "{name}": must be no more than 63 characters' in run.stderr
