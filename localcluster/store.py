@@ -99,6 +99,7 @@ class Store:
         self._objects: dict[Key, dict[str, Any]] = {}
         self._by_kind: dict[KindKey, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
         self._sorted: dict[KindKey, list[tuple[str, str]]] = {}  # (namespace, name) keys, while valid
+        self._dependents: dict[str, set[Key]] = defaultdict(set)  # owner uid -> keys of its dependents
         self._revision = itertools.count(1)
         self.last_revision = 0
         self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history))
@@ -131,6 +132,7 @@ class Store:
         self.last_revision = rv
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
         kind, inner = key[:3], (key[3] or "", key[4])
+        self._index_owners(key, self._objects.get(key), None if event == "DELETED" else obj)
         if event == "DELETED":
             self._objects.pop(key, None)
             self._by_kind[kind].pop(inner, None)
@@ -142,6 +144,21 @@ class Store:
             self._by_kind[kind][inner] = obj
         self._history[kind].append(rv, event, obj)
         return copy.deepcopy(obj)
+
+    def _index_owners(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """Keep `_dependents` (owner uid -> keys of the objects that name it) up to date."""
+
+        def owners(o: dict[str, Any] | None) -> set[str]:
+            refs = (o or {}).get("metadata", {}).get("ownerReferences") or []
+            return {r["uid"] for r in refs if r.get("uid")}
+
+        before, after = owners(old), owners(new)
+        for uid in before - after:
+            self._dependents[uid].discard(key)
+            if not self._dependents[uid]:
+                del self._dependents[uid]
+        for uid in after - before:
+            self._dependents[uid].add(key)
 
     async def close(self) -> None:
         """End every watch (the server is stopping)."""
@@ -443,11 +460,7 @@ class Store:
 
     async def _collect_garbage(self, owner_uid: str) -> None:
         """Delete the dependents of a deleted owner (and theirs), as the garbage collector does."""
-        dependents = [
-            k for k, o in self._objects.items()
-            if any(r.get("uid") == owner_uid for r in o["metadata"].get("ownerReferences", []))
-        ]  # fmt: skip
-        for key in dependents:
+        for key in sorted(self._dependents.get(owner_uid, ()), key=str):
             if key not in self._objects:
                 continue
             kind = self.kinds.get(key[:3])
@@ -455,12 +468,11 @@ class Store:
                 await self.delete(kind, key[3], key[4])
 
     def _orphan(self, owner_uid: str) -> None:
-        for key, o in list(self._objects.items()):
+        for key in sorted(self._dependents.get(owner_uid, ()), key=str):
+            o = copy.deepcopy(self._objects[key])
             refs = o["metadata"].get("ownerReferences", [])
-            if any(r.get("uid") == owner_uid for r in refs):
-                o = copy.deepcopy(o)
-                o["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
-                self._put(key, o, "MODIFIED")
+            o["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
+            self._put(key, o, "MODIFIED")
 
 
 class ClusterClient:

@@ -130,3 +130,44 @@ def test_a_crds_scale_subresource_reads_and_writes_its_declared_paths():
     assert with_replicas(pool, 5, pools)["spec"] == {"size": 5} and pool["spec"] == {"size": 2}
     with pytest.raises(ApiError, match="must be greater than or equal to 0"):
         with_replicas(pool, -1, pools)
+
+
+def test_garbage_collection_follows_owner_references_through_the_owner_index():
+    async def scenario() -> None:
+        store = Store()
+
+        async def make(name: str, owner: dict | None = None) -> dict:
+            refs = [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+                     "uid": owner["metadata"]["uid"]}] if owner else []  # fmt: skip
+            return await store.create(
+                CONFIGMAPS, "default", {"metadata": {"name": name, "ownerReferences": refs}}, {}
+            )
+
+        def names() -> list[str]:
+            return [o["metadata"]["name"] for o in store.select(CONFIGMAPS, "default", {})]
+
+        root = await make("root")
+        child = await make("child", root)
+        await make("grandchild", child)
+        kept = await make("kept")
+        orphan = await make("orphan", kept)
+        await store.patch(
+            CONFIGMAPS,
+            "default",
+            "orphan",
+            {"metadata": {"ownerReferences": None}},
+            "application/merge-patch+json",
+            None,
+            {},
+        )  # fmt: skip  (no longer a dependent)
+        await store.delete(CONFIGMAPS, "default", "kept")
+        assert "orphan" in names()
+        await store.delete(CONFIGMAPS, "default", "root")  # background: the whole chain goes
+        assert names() == ["orphan"]
+        owner = await make("owner")
+        await make("dependent", owner)
+        await store.delete(CONFIGMAPS, "default", "owner", "Orphan")
+        (left,) = [o for o in store.select(CONFIGMAPS, "default", {}) if o["metadata"]["name"] == "dependent"]
+        assert left["metadata"]["ownerReferences"] == [] and orphan["metadata"]["name"] == "orphan"
+
+    asyncio.run(scenario())
