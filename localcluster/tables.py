@@ -308,6 +308,11 @@ def _secret(o: dict[str, Any]) -> list[Any]:
 def _event(o: dict[str, Any]) -> list[Any]:
     """printEvent: LAST SEEN falls back to the first timestamp, then the event time; a count of 1 for
     singletons."""
+    o = {  # events.k8s.io/v1 names (deprecated*, regarding, note) read as core/v1's, as the printer sees both
+        "firstTimestamp": o.get("deprecatedFirstTimestamp"),
+        "lastTimestamp": o.get("deprecatedLastTimestamp"),
+        "count": o.get("deprecatedCount"), "source": o.get("deprecatedSource"), **o,
+    }  # fmt: skip
     first = since(o.get("firstTimestamp")) if o.get("firstTimestamp") else since(o.get("eventTime"))
     last = since(o["lastTimestamp"]) if o.get("lastTimestamp") else first
     count = o.get("count") or 1
@@ -387,6 +392,12 @@ BUILTIN_TABLES: dict[tuple[str, str], tuple[list[dict[str, Any]], Row]] = {
     ("", "configmaps"): ([NAME, _col("Data", "string"), AGE], _configmap),
     ("", "secrets"): ([NAME, _col("Type"), _col("Data", "string"), AGE], _secret),
     ("", "events"): (
+        [_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Subobject", priority=1),
+         _col("Source", priority=1), _col("Message"), _col("First Seen", priority=1),
+         _col("Count", priority=1), _col("Name", priority=1, fmt="name")],
+        _event,
+    ),
+    ("events.k8s.io", "events"): (
         [_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Subobject", priority=1),
          _col("Source", priority=1), _col("Message"), _col("First Seen", priority=1),
          _col("Count", priority=1), _col("Name", priority=1, fmt="name")],

@@ -126,6 +126,19 @@ def test_events_list_with_last_seen_type_reason_object_and_message(api):
         ("spec.containers{server}", "", "12m", "1", "m.failed"),
     ]
     api.kubectl("delete", "events", "--all")
+    # events.k8s.io/v1 names the same things differently (regarding, note, deprecated*): the same columns
+    new = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "m.rolled"},
+           "regarding": {"kind": "NeuronModel", "name": "m"}, "type": "Normal", "reason": "RolledOut",
+           "note": "2/2 pods ready", "eventTime": ago(40).replace("Z", ".000000Z"),
+           "reportingController": "neuronfleet.dev/operator", "reportingInstance": "op-0",
+           "action": "Roll", "deprecatedLastTimestamp": ago(20)}  # fmt: skip
+    apply(api, new)
+    out = api.kubectl("get", "events.events.k8s.io").stdout
+    assert columns(out) == [
+        {"LAST SEEN": "20m", "TYPE": "Normal", "REASON": "RolledOut", "OBJECT": "neuronmodel/m",
+         "MESSAGE": "2/2 pods ready"},
+    ], out  # fmt: skip
+    api.kubectl("delete", "events.events.k8s.io", "--all")
 
 
 def test_pods_jobs_and_deployments_print_as_kubectl_prints_them(api):
