@@ -1,6 +1,7 @@
 """Local mode: a Kubernetes cluster on this machine, for tests and `neuronfleet up`.
 
-- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, names, defaults, Status).
+- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, scale, Status errors).
+- `admission`: names, labels and the defaults of built-in kinds, checked and filled in before a write.
 - `tables`: what `kubectl get` prints, as server-side tables (kubectl's printers).
 - `openapi`: the OpenAPI v3 and v2 documents kubectl reads (`kubectl explain`, field validation).
 - `protobuf`: the protobuf bodies typed kubectl creates send, read as JSON.

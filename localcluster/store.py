@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from .admission import check_labels, check_name, default_on_create
 from .semantics import (
     BUILTIN,
     MERGE_PATCH,
@@ -30,10 +31,7 @@ from .semantics import (
     Resource,
     admit,
     apply_patch,
-    check_labels,
-    check_name,
     crd_resources,
-    default_on_create,
     established,
     not_found,
     now,

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from neuronfleet.localcluster import protobuf
-from neuronfleet.localcluster.semantics import ApiError, Resource, check_name, name_problems
+from neuronfleet.localcluster.admission import check_name, name_problems
+from neuronfleet.localcluster.semantics import ApiError, Resource
 from neuronfleet.localcluster.store import Expired, Store
 from neuronfleet.localcluster.tables import human_duration
 
