@@ -166,9 +166,10 @@ def test_watch_streams_changes_after_a_resource_version(with_crd):
 def test_namespaces_must_exist_and_unreadable_typed_creates_get_a_clear_refusal(with_crd):
     run = with_crd.kubectl("apply", "-f", "-", stdin=sample(namespace="nowhere"), check=False)
     assert run.returncode != 0 and 'namespaces "nowhere" not found' in run.stderr
-    # typed creates send protobuf: namespaces, secrets and configmaps are read (test_kubectl_create.py);
+    # typed creates send protobuf: namespaces, secrets, configmaps, services, deployments and jobs are read
+    # (test_kubectl_create.py);
     # a kind whose protobuf form this server does not read is refused, saying what to do instead
-    run = with_crd.kubectl("create", "deployment", "typed", "--image=x", check=False)
+    run = with_crd.kubectl("create", "pdb", "typed", "--selector=app=x", "--min-available=1", check=False)
     assert run.returncode != 0 and "kubectl apply -f FILE" in run.stderr, run.stderr
 
 

@@ -156,3 +156,39 @@ def test_labels_a_real_api_server_refuses_are_refused_and_so_is_a_job_named_past
     run = api.kubectl("apply", "-f", "-", stdin=json.dumps(job), check=False)
     assert run.returncode != 0
     assert f'spec.template.labels: Invalid value: "{name}": must be no more than 63 characters' in run.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("deployment", "web", "--image=nginx", "--replicas=2", "--port=8080", "--", "/bin/server", "--flag"),
+        ("service", "clusterip", "svc", "--tcp=80:8080", "--tcp=53:dns"),
+        ("service", "nodeport", "np", "--tcp=80:8080", "--node-port=30080"),
+        ("job", "once", "--image=busybox", "--", "echo", "hi"),
+    ],
+)
+def test_typed_creates_store_what_kubectl_sends(api, args):
+    """What kubectl sends in protobuf is stored as the object kubectl itself renders with --dry-run=client
+    (plus the server's own fields and defaults)."""
+    if "--" in args:
+        cut = args.index("--")
+        options, command = args[:cut], args[cut:]
+    else:
+        options, command = args, ()
+    meant = json.loads(api.kubectl("create", *options, "--dry-run=client", "-o", "json", *command).stdout)
+    api.kubectl("create", *options, *command)
+    name = meant["metadata"]["name"]
+    stored = json.loads(api.kubectl("get", meant["kind"].lower(), name, "-o", "json").stdout)
+
+    def contained(want, got, path="") -> None:
+        if isinstance(want, dict):
+            for key, value in want.items():
+                if key == "creationTimestamp" and value is None:
+                    continue  # kubectl renders the unset time as null; the server sets it
+                assert key in got, f"{path}.{key} lost"
+                contained(value, got[key], f"{path}.{key}")
+        else:
+            assert want == got, f"{path}: {want!r} sent, {got!r} stored"
+
+    contained({k: v for k, v in meant.items() if k != "status"}, stored)
+    api.kubectl("delete", meant["kind"].lower(), name)

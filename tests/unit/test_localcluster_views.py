@@ -72,6 +72,10 @@ def test_a_protobuf_configmap_reads_as_its_json():
     with pytest.raises(ApiError, match="kubectl apply -f FILE") as refused:
         protobuf.decode(pod)
     assert refused.value.code == 415
+    unknown = raw + _field(9, "x")  # a field this server does not know, holding a value: refused, not dropped
+    body = protobuf.MAGIC + _field(1, _field(1, "v1") + _field(2, "ConfigMap")) + _field(2, unknown)
+    with pytest.raises(ApiError, match="field 9 is not one this server reads"):
+        protobuf.decode(body)
     with pytest.raises(ApiError, match="does not parse"):
         protobuf.decode(protobuf.MAGIC + b"\x0a\x05ab")  # a field longer than the body
 
