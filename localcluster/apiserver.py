@@ -18,7 +18,8 @@ bounded watch history (410 Expired beyond it).
 
 What it does not: authentication and authorization (every request is admitted), admission webhooks, field
 managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them),
-protobuf bodies of kinds other than Namespace, Secret, ConfigMap and ServiceAccount, /openapi/v2 in protobuf
+protobuf bodies of kinds other than Namespace, Secret, ConfigMap, ServiceAccount, Service, Deployment and
+Job (and of fields of theirs not known in `protobuf`: refused with 415, not dropped), /openapi/v2 in protobuf
 (client-go's default for it: answered 404), paged LISTs (`limit` is ignored; everything comes in one page).
 
 `python -m neuronfleet.localcluster.apiserver` runs it (with `--kubelet-state`, the process kubelet too).
