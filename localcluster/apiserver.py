@@ -33,7 +33,7 @@ import json
 import logging
 import signal
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,13 +90,13 @@ class ResourcePath:
 
 
 class EmulatedAPIServer:
-    """Answers Kubernetes REST requests from a store; `pod_logs(namespace, name)` (None: no log) backs
-    `kubectl logs` where something runs the pods."""
+    """Answers Kubernetes REST requests from a store; `pod_logs(namespace, name, query)` (the log's chunks)
+    backs `kubectl logs` where something runs the pods."""
 
     def __init__(
         self,
         store: Store | None = None,
-        pod_logs: Callable[[str, str], str | None] | None = None,
+        pod_logs: Callable[[str, str, dict[str, str]], AsyncIterator[bytes]] | None = None,
         audit_log: str | None = None,
     ) -> None:
         self.store = store or Store()
@@ -256,10 +256,7 @@ class EmulatedAPIServer:
                 {"apiVersion": kind.api_version, "kind": f"{kind.kind}List", "metadata": meta, "items": items}
             )
         if method == "GET" and sub == "log":
-            text = self.pod_logs(ns or "", name) if self.pod_logs else None
-            if text is None:
-                raise ApiError(404, "NotFound", f'no log for pod "{name}" in namespace "{ns}"')
-            return aiohttp.web.Response(text=text)
+            return await self._pod_log(request, kind, ns or "", name, params)
         if method == "GET":
             obj = store.get(kind, ns, name)
             if sub == "scale":
@@ -313,6 +310,28 @@ class EmulatedAPIServer:
             pass  # the client left
         finally:
             await events.aclose()
+        return response
+
+    async def _pod_log(self, request, kind: Resource, ns: str, name: str, params: dict[str, str]):
+        """`kubectl logs`: the node's answer to the PodLogOptions in the query (refusals come before the first
+        byte), streamed as text while it follows (`follow=true`) until the container ends or the client
+        leaves."""
+        self.store.get(kind, ns, name)  # 404 for a pod that does not exist
+        if self.pod_logs is None:
+            raise ApiError(400, "BadRequest", f'pod "{name}" has no node here (no process kubelet runs)')
+        chunks = self.pod_logs(ns, name, params)
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        try:
+            async for chunk in chunks:
+                if request.transport is None or request.transport.is_closing():
+                    break  # the client left
+                if chunk:
+                    await response.write(chunk)
+        except ConnectionResetError:
+            pass  # the client left
+        finally:
+            await chunks.aclose()
         return response
 
     def _audit(self, request, kind: Resource, sub: str | None, method: str, name: str | None, params) -> None:

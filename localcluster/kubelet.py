@@ -2,13 +2,16 @@
 it does what a node's kubelet and the built-in controllers would, with local processes.
 
 - PersistentVolumeClaims become folders under the state folder (Bound).
-- Jobs get a pod at a time until one succeeds or `backoffLimit` pods failed (Complete / Failed conditions).
+- Jobs get a pod at a time until one succeeds or `backoffLimit` pods failed (Complete / Failed conditions);
+  a finished Job with `ttlSecondsAfterFinished` is deleted that long after (the TTL-after-finished
+  controller), its pods by garbage collection.
 - Deployments get `replicas` pods of their current template, rolled one extra pod at a time: an old pod goes
   only once a new one is ready; a pod whose process dies is restarted (counted); scaling follows replicas.
 - Pods run their container's command as a local process (`processes`): ports mapped, volume mounts mapped to
-  local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), readiness
-  from the readiness probe, logs in files that `kubectl logs` reads (`pod_log`), the termination message
-  from `NEURONFLEET_TERMINATION_LOG`.
+  local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), probes at
+  their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
+  reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`.
+- What happens is recorded as Events, in the kubelet's and the Job controller's words (`events`).
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
   model's endpoint). There is no cluster DNS: every Service name (`name`, `name.ns`, `name.ns.svc`, with its
@@ -25,23 +28,28 @@ import hashlib
 import json
 import logging
 import os
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
+from . import jobs, podlogs
+from .events import Recorder, reference
+from .probes import Prober, Target
 from .processes import (
     POD_IP,
     LocalPod,
     free_port,
+    kill,
     map_path,
     pod_status,
-    probe_readiness,
     rewrite_command,
     stop,
     supervise,
 )
-from .semantics import now
+from .semantics import ApiError, now
 from .store import ClusterClient
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,8 @@ class ProcessKubelet:
         ] = {}  # service uid:port -> (server, port)
         self.backends: dict[str, list[tuple[str, int]]] = {}  # service uid:port -> ready (host, port)
         self.hosts_file = self.state / "hosts.json"
+        self.events = Recorder(cluster, "kubelet")
+        self.job_events = Recorder(cluster, "job-controller")
         self._turn = 0
         for sub in ("volumes", "pods", "logs"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
@@ -96,6 +106,8 @@ class ProcessKubelet:
         """Stop every process and proxy this kubelet started."""
         await asyncio.gather(*(stop(p) for p in list(self.pods.values())))
         self.pods.clear()
+        await self.events.settle()
+        await self.job_events.settle()
         for proxy, _ in self.proxies.values():
             proxy.close()
         self.proxies.clear()
@@ -144,7 +156,8 @@ class ProcessKubelet:
 
     async def create_pod(
         self, owner: dict[str, Any], kind: str, template: dict[str, Any], extra_labels: dict
-    ) -> None:
+    ) -> str:
+        """Create a pod of the owner's template; its name."""
         meta = owner["metadata"]
         labels = {**(template.get("metadata") or {}).get("labels", {}), **extra_labels}
         owner_ref = {"apiVersion": owner["apiVersion"], "kind": kind, "name": meta["name"],
@@ -160,7 +173,7 @@ class ProcessKubelet:
             },
             "spec": {**template["spec"], "nodeName": "local"},
         }
-        await self.cluster.create("", "v1", "pods", meta["namespace"], pod)
+        return (await self.cluster.create("", "v1", "pods", meta["namespace"], pod))["metadata"]["name"]
 
     async def delete_pod(self, pod: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
@@ -169,10 +182,8 @@ class ProcessKubelet:
     async def sync_jobs(self) -> None:
         for job in self.cluster.list("batch", "v1", "jobs"):
             status = job.get("status") or {}
-            if any(
-                c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                for c in status.get("conditions", [])
-            ):
+            if jobs.finished(job):
+                await self._expire(job)
                 continue
             pods = self.pods_of(job)
             phases = [(p.get("status") or {}).get("phase") for p in pods]
@@ -181,32 +192,36 @@ class ProcessKubelet:
             new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed}
             limit = (job.get("spec") or {}).get("backoffLimit", 6)
             if succeeded:
-                new["conditions"] = [
-                    {
-                        "type": "Complete",
-                        "status": "True",
-                        "reason": "Completed",
-                        "message": "the pod's process exited 0",
-                    }
-                ]
-                new["completionTime"] = now()
+                new["conditions"] = [jobs.condition("Complete", "Completed", "the pod's process exited 0")]
+                new["completionTime"], new["active"] = now(), 0
+                self.job_events.record(reference(job), "Normal", "Completed", "Job completed")
             elif failed > limit:
                 last = next(p for p in reversed(pods) if (p.get("status") or {}).get("phase") == "Failed")
-                message = _termination(last)
-                new["conditions"] = [
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": f"{failed} pods failed; the last: {message}"[:1000],
-                    }
-                ]
+                why = f"{failed} pods failed; the last: {jobs.termination(last)}"
+                new["conditions"], new["active"] = [jobs.condition("Failed", "BackoffLimitExceeded", why)], 0
+                what = "Job has reached the specified backoff limit"
+                self.job_events.record(reference(job), "Warning", "BackoffLimitExceeded", what)
             elif active == 0:
-                labels = {"job-name": job["metadata"]["name"], "controller-uid": job["metadata"]["uid"]}
-                await self.create_pod(job, "Job", job["spec"]["template"], labels)
+                template = job["spec"]["template"]
+                created = await self.create_pod(job, "Job", template, jobs.pod_labels(job))
+                self.job_events.record(
+                    reference(job), "Normal", "SuccessfulCreate", f"Created pod: {created}"
+                )
                 new["active"] = 1
                 new.setdefault("startTime", status.get("startTime") or now())
             await self.patch_status("batch", "v1", "jobs", job, new)
+
+    async def _expire(self, job: dict[str, Any]) -> None:
+        """The TTL-after-finished controller: a finished Job with `spec.ttlSecondsAfterFinished` is deleted
+        that long after it finished (`jobs.expired`), its pods with it (the garbage collector deletes them by
+        their owner reference)."""
+        if not jobs.expired(job, time.time()):
+            return
+        meta = job["metadata"]
+        log.info("job %s/%s: finished, ttl %s s: deleted", meta["namespace"], meta["name"],
+                 job["spec"]["ttlSecondsAfterFinished"])  # fmt: skip
+        with contextlib.suppress(Exception):  # deleted meanwhile
+            await self.cluster.delete("batch", "v1", "jobs", meta["namespace"], meta["name"])
 
     async def sync_deployments(self) -> None:
         for dep in self.cluster.list("apps", "v1", "deployments"):
@@ -253,7 +268,11 @@ class ProcessKubelet:
             for backends in self.backends.values():
                 backends[:] = [b for b in backends if b[1] not in gone.port_numbers.values()]
             gone.stopping = True
-            asyncio.get_running_loop().create_task(stop(gone))
+            asyncio.get_running_loop().create_task(self._retire(gone))
+
+    async def _retire(self, gone: LocalPod) -> None:
+        await stop(gone)
+        self.events.forget(gone.uid)
 
     def _volumes(self, pod: dict[str, Any], folder: Path) -> dict[str, Path]:
         ns = pod["metadata"]["namespace"]
@@ -301,7 +320,7 @@ class ProcessKubelet:
 
     async def _start(self, pod: dict[str, Any]) -> LocalPod:
         meta, spec = pod["metadata"], pod["spec"]
-        folder = self.state / "pods" / f"{meta['namespace']}_{meta['name']}"
+        folder = self.state / "pods" / f"{meta['namespace']}_{meta['name']}"  # logs: as /var/log/pods
         folder.mkdir(parents=True, exist_ok=True)
         container = spec["containers"][0]
         ports: dict[str, int] = {}
@@ -325,11 +344,15 @@ class ProcessKubelet:
             name=meta["name"],
             uid=meta["uid"],
             folder=folder,
-            log_path=self.state / "logs" / f"{meta['namespace']}_{meta['name']}.log",
+            log_dir=self.state / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
             ports=ports,
             port_numbers=numbers,
-            restart_always=spec.get("restartPolicy", "Always") == "Always",
+            restart_policy=spec.get("restartPolicy", "Always"),
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
+            container=container["name"],
         )
+        involved = reference(pod, f"spec.containers{{{container['name']}}}")
+        local.event = lambda type_, reason, message: self.events.record(involved, type_, reason, message)
         command = rewrite_command(
             [*container.get("command", []), *container.get("args", [])], numbers, mounts
         )
@@ -340,10 +363,23 @@ class ProcessKubelet:
             PEER_HOSTS_FILE_ENV: str(self.hosts_file),
             "HOME": str(folder),
         }
+        local.prober = Prober(
+            container,
+            Target(
+                running=lambda: local.running,
+                instance=lambda: local.instance,
+                started_at=lambda: local.started_mono,
+                port=local.ports.get,
+                host=POD_IP,
+                kill=lambda why: kill(local, why),
+                changed=self.cluster.wake,
+                container=container["name"],
+                event=local.event,
+            ),
+        )
+        local.prober.start()
         loop = asyncio.get_running_loop()
         local.tasks.append(loop.create_task(supervise(local, command, env, self.cluster.wake)))
-        probe = container.get("readinessProbe")
-        local.tasks.append(loop.create_task(probe_readiness(local, probe, self.cluster.wake)))
         log.info("pod %s/%s: %s", local.namespace, local.name, " ".join(command))
         return local
 
@@ -474,10 +510,33 @@ class ProcessKubelet:
 
     # ---- logs ----
 
-    def pod_log(self, namespace: str, name: str) -> str | None:
-        """What the pod's process wrote (stdout and stderr), or None if it never ran here."""
-        path = self.state / "logs" / f"{namespace}_{name}.log"
-        return path.read_text(errors="replace") if path.is_file() else None
+    def pod_log(self, namespace: str, name: str, query: dict[str, str]) -> AsyncIterator[bytes]:
+        """`kubectl logs`: the container's log under the request's PodLogOptions (`podlogs`), from the current
+        instance or, with `previous`, the one before; refused as the kubelet words it
+        (pkg/kubelet/kubelet_pods.go, validateContainerLogStatus) and the API server checks the container
+        (pkg/registry/core/pod/strategy.go, LogLocation). Checked before the first byte is sent."""
+        pod = self.cluster.get("", "v1", "pods", namespace, name)
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        options = podlogs.LogOptions.from_query(query)
+        container = pod["spec"]["containers"][0]["name"]
+        if options.container and options.container != container:
+            raise ApiError(400, "BadRequest", f"container {options.container} is not valid for pod {name}")
+        local = self.pods.get(pod["metadata"]["uid"])
+        if options.previous:
+            if local is None or local.last_state is None:
+                what = f'previous terminated container "{container}" in pod "{name}" not found'
+                raise ApiError(400, "BadRequest", what)
+            return podlogs.follow(local.log_file(local.last_instance), options, lambda: False)
+        if local is None or local.instance < 0:
+            raise ApiError(
+                400, "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )  # fmt: skip
+        instance = local.instance
+        return podlogs.follow(
+            local.log_file(instance), options, lambda: local.instance == instance and local.writing
+        )
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -485,11 +544,3 @@ def _ready(pod: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions", [])
     )
-
-
-def _termination(pod: dict[str, Any]) -> str:
-    for s in (pod.get("status") or {}).get("containerStatuses", []):
-        terminated = (s.get("state") or {}).get("terminated")
-        if terminated:
-            return terminated.get("message") or f"exit code {terminated.get('exitCode')}"
-    return "no termination message"

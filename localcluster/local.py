@@ -3,8 +3,9 @@
 `up` starts two processes and records them in the state folder: the emulated API server with the process
 kubelet (`apiserver --kubelet-state`), with the NeuronModel CRD installed and a `local-models` claim in
 namespace default that holds SmolLM2-135M-Instruct (the local samples' model), and the operator. It writes
-`STATE/kubeconfig` and prints the kubectl commands to use. `down` stops what `up` started (the kubelet stops
-every pod process) and deletes nothing else. `status` lists models, pods and their log files.
+`STATE/kubeconfig` and prints the kubectl commands to use; in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
+it all. `down` stops what `up` started (the kubelet stops every pod process) and deletes nothing else.
+`status` lists models, pods and their log files.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from neuronfleet.operator import crd
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # in the foreground, each stops the fleet as Ctrl-C does
 MODEL_FILE = "smollm2-135m-instruct.gguf"  # on the local-models claim (crds/samples/*-local-cpu*.yaml)
 
 
@@ -60,7 +62,14 @@ def _api(state: Path) -> str:
     return url
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def up(state: Path, detach: bool, say=print) -> int:
+    """Start the fleet. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP (0), or until the API server
+    or the operator exits (1), then stops everything it started, as `down` does; a failed start stops what
+    it started too."""
     state = state.resolve()
     running = {name: pid for name, pid in _pids(state).items() if _alive(pid)}
     if running:
@@ -68,6 +77,44 @@ def up(state: Path, detach: bool, say=print) -> int:
             f"a local fleet already runs from {state} (pids {sorted(running.values())}); "
             f"`neuronfleet down --state {state}` stops it"
         )
+    previous = {} if detach else {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    try:
+        try:
+            _start(state, say)
+            if detach:
+                return 0
+            say("[up] running in the foreground; Ctrl-C (or SIGTERM, SIGHUP) stops everything")
+            pids = _pids(state)
+            while all(_alive(pid) for pid in pids.values()):
+                for pid in pids.values():
+                    _reap(pid)
+                time.sleep(0.5)
+            say("[up] a process of the fleet exited (see its log); stopping the rest")
+            code = 1
+        except KeyboardInterrupt as e:
+            say(f"[up] {e.args[0] if e.args else 'SIGINT'}: stopping")
+            code = 0
+        except BaseException:
+            _hold(previous)
+            down(state, say)
+            raise
+        _hold(previous)
+        down(state, say)
+        return code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _hold(installed: dict) -> None:
+    """Ignore further stop signals while stopping (a second one must not cut the clean-up short)."""
+    for sig in installed:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _start(state: Path, say) -> None:
+    """Start the API server with the process kubelet, install the CRD and the models' claim, start the
+    operator; every pid goes to the state folder as soon as it exists."""
     started = time.monotonic()
     (state / "logs").mkdir(parents=True, exist_ok=True)
     (state / "url").unlink(missing_ok=True)
@@ -122,16 +169,6 @@ def up(state: Path, detach: bool, say=print) -> int:
     say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
     say(f"  {k} get neuronmodels -w")
     say(f"  neuronfleet status --state {state}")
-    if detach:
-        return 0
-    say("[up] running in the foreground; Ctrl-C stops everything")
-    try:
-        while api.poll() is None and operator.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    down(state, say)
-    return 0
 
 
 def _local_models(url: str, state: Path) -> None:
@@ -202,6 +239,7 @@ def status(state: Path, say=print) -> int:
         c = (s.get("containerStatuses") or [{}])[0]
         name = f"{p['metadata']['namespace']}_{p['metadata']['name']}"
         ready, restarts = c.get("ready", False), c.get("restartCount", 0)
-        log_file = state / "node" / "logs" / f"{name}.log"
-        say(f"  {name}: {s.get('phase', '-')} ready={ready} restarts={restarts} log {log_file}")
+        # one CRI log file per container instance (kubectl logs reads them)
+        log_file = state / "node" / "logs" / f"{name}_{p['metadata']['uid']}"
+        say(f"  {name}: {s.get('phase', '-')} ready={ready} restarts={restarts} logs {log_file}")
     return 0

@@ -1,8 +1,8 @@
 """A local pod's process, as the process kubelet runs it: the container's command rewritten for this machine
 (ports mapped to free local ports, 0.0.0.0 to 127.0.0.1, container paths to local folders, the installed
-`neuronfleet` for the image), the process supervised (restarted with a growing delay under restartPolicy
-Always, its termination message kept), its readiness probed, its stop graceful, and the pod status that
-follows from all of it.
+`neuronfleet` for the image), the process supervised (its output logged per instance with per-line times,
+restarted with a growing delay as the restart policy says, its termination message and last state kept),
+killed and stopped gracefully, and the pod status that follows from all of it (probes: `probes`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from .podlogs import LogOptions, copy_lines, select
 from .semantics import now
 
 log = logging.getLogger(__name__)
@@ -66,22 +66,32 @@ def rewrite_command(command: list[str], ports: dict[int, int], mounts: list[tupl
 
 @dataclass(eq=False)
 class LocalPod:
-    """A pod's process and what the kubelet knows of it."""
+    """A pod's process (its container's current instance) and what the kubelet knows of it."""
 
     namespace: str
     name: str
     uid: str
     folder: Path
-    log_path: Path
+    log_dir: Path  # one CRI log file per container instance: 0.log, 1.log, ...
     ports: dict[str, int]  # container port name (or number) -> local port
     port_numbers: dict[int, int]  # container port -> local port
-    restart_always: bool
+    restart_policy: str = "Always"
+    grace_seconds: float = 30.0
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
-    ready: bool = False
     exit_code: int | None = None
     message: str = ""
     started_at: str = ""
+    started_mono: float = 0.0
+    finished_at: str = ""
+    instance: int = -1  # the current instance (its log file's number); -1 before the first
+    writing: bool = False  # the current instance's streams are still being copied to its log
+    last_state: dict[str, Any] | None = None  # the previous instance's `terminated` record
+    last_instance: int = -1  # and its number
+    backoff: float = 0.0  # > 0: waiting this long to restart (CrashLoopBackOff)
+    prober: Any = None  # its `probes.Prober`
+    container: str = "main"  # the container's name
+    event: Callable[[str, str, str], None] = lambda type_, reason, message: None  # records an Event
     tasks: list[asyncio.Task] = field(default_factory=list)
     stopping: bool = False
 
@@ -89,104 +99,160 @@ class LocalPod:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
+    @property
+    def ready(self) -> bool:
+        return self.running and (self.prober.ready if self.prober is not None else True)
+
+    @property
+    def started(self) -> bool:
+        return self.running and (self.prober.started if self.prober is not None else True)
+
+    def log_file(self, instance: int) -> Path:
+        return self.log_dir / f"{instance}.log"
+
+    def restarts_after(self, exit_code: int) -> bool:
+        return self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and exit_code != 0)
+
+    def terminated(self) -> dict[str, Any]:
+        """The record of the instance that just ended (the kubelet's ContainerStateTerminated)."""
+        return {
+            "exitCode": self.exit_code,
+            "reason": "Completed" if self.exit_code == 0 else "Error",
+            "message": self.message[:4096],
+            "startedAt": self.started_at,
+            "finishedAt": self.finished_at,
+            "containerID": f"local://{self.uid}/{self.instance}",
+        }
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit code as a container runtime reports it (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
 
 async def supervise(
     pod: LocalPod, command: list[str], env: dict[str, str], changed: Callable[[], None]
 ) -> None:
-    """Run the process; restart it when it dies (restartPolicy Always), with a growing delay. `changed()` is
-    called when the pod's state moved."""
+    """Run the process, its stdout and stderr copied line by line to the instance's CRI log file; restart it
+    as the restart policy says, with a growing delay. `changed()` is called when the pod's state moved."""
     delay = 1.0
+    pod.log_dir.mkdir(parents=True, exist_ok=True)
     while not pod.stopping:
-        with open(pod.log_path, "ab") as out:
-            pod.started_at = now()
+        pod.instance += 1
+        with open(pod.log_file(pod.instance), "ab") as out:
+            pod.started_at, pod.started_mono, pod.writing = now(), time.monotonic(), True
+            pod.exit_code, pod.finished_at = None, ""
             pod.process = await asyncio.create_subprocess_exec(
                 *command,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
                 env=env,
                 cwd=pod.folder,
                 start_new_session=True,
             )
-        (pod.folder / "pid").write_text(str(pod.process.pid))
-        pod.exit_code = await pod.process.wait()
-        pod.ready = False
+            (pod.folder / "pid").write_text(str(pod.process.pid))
+            pod.event("Normal", "Created", f"Created container {pod.container}")
+            pod.event("Normal", "Started", f"Started container {pod.container}")
+            changed()
+            assert pod.process.stdout is not None and pod.process.stderr is not None
+            copies = [
+                asyncio.ensure_future(copy_lines(pod.process.stdout, "stdout", out)),
+                asyncio.ensure_future(copy_lines(pod.process.stderr, "stderr", out)),
+            ]
+            try:
+                code = exit_status(await pod.process.wait())
+                # what a child left holding the streams may still write; the instance's log ends soon after
+                await asyncio.wait(copies, timeout=2.0)
+            finally:
+                for copy in copies:
+                    copy.cancel()
+                pod.writing = False  # followers of this instance's log end (also when stopped for good)
+        pod.exit_code, pod.finished_at = code, now()
         termination = pod.folder / "termination-log"
         pod.message = termination.read_text() if termination.is_file() else ""
-        if not pod.message and pod.exit_code != 0:  # FallbackToLogsOnError
-            pod.message = pod.log_path.read_bytes()[-2048:].decode(errors="replace")
-        if pod.stopping or not pod.restart_always:
+        if not pod.message and pod.exit_code != 0:  # FallbackToLogsOnError: the log's last lines
+            data = pod.log_file(pod.instance).read_bytes()
+            if len(data) > 8192:  # the last 8 KiB, from a line's start
+                data = data[-8192:]
+                data = data[data.find(b"\n") + 1 :]
+            text, _ = select(data, LogOptions(tail=80))
+            pod.message = text[-2048:].decode(errors="replace")
+        changed()
+        if pod.stopping or not pod.restarts_after(pod.exit_code):
             return
+        pod.last_state, pod.last_instance = pod.terminated(), pod.instance
         pod.restarts += 1
         log.warning(
             "pod %s/%s exited %s; restarting (%d)", pod.namespace, pod.name, pod.exit_code, pod.restarts
         )
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 10.0)
-        pod.exit_code = None
+        pod.backoff = delay
+        pod.event("Warning", "BackOff", f"Back-off restarting failed container {pod.container} in pod "
+                  f"{pod.name}_{pod.namespace}({pod.uid})")  # fmt: skip
         changed()
+        await asyncio.sleep(delay)
+        pod.backoff = 0.0
+        delay = min(delay * 2, 10.0)
 
 
-async def probe_readiness(pod: LocalPod, probe: dict[str, Any] | None, changed: Callable[[], None]) -> None:
-    """Keep `pod.ready` true while the process runs and its readiness probe (httpGet) answers 2xx or 3xx."""
-    period = float((probe or {}).get("periodSeconds", 1))
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        while not pod.stopping:
-            ready = pod.running
-            if ready and probe and "httpGet" in probe:
-                port = pod.ports.get(str(probe["httpGet"]["port"]))
-                try:
-                    async with session.get(f"http://{POD_IP}:{port}{probe['httpGet'].get('path', '/')}") as r:
-                        ready = 200 <= r.status < 400
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    ready = False
-            if ready != pod.ready:
-                pod.ready = ready
-                changed()
-            await asyncio.sleep(min(period, 1.0))
+async def kill(pod: LocalPod, why: str = "") -> None:
+    """Stop the current instance (SIGTERM to its process group, SIGKILL after the grace period); the
+    supervisor then restarts it or not, as the restart policy says. `why` (a probe failed) is logged and
+    recorded (event Killing)."""
+    proc = pod.process
+    if proc is None or proc.returncode is not None:
+        return
+    if why:
+        log.warning("pod %s/%s: %s", pod.namespace, pod.name, why)
+    pod.event("Normal", "Killing", why or f"Stopping container {pod.container}")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), min(pod.grace_seconds, MAX_GRACE_SECONDS))
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
 
 
 async def stop(pod: LocalPod) -> None:
-    """SIGTERM to the pod's process group, SIGKILL after the grace period; its tasks end."""
+    """Stop the pod for good: its process (gracefully), its supervisor and probes."""
     pod.stopping = True
-    proc = pod.process
-    if proc is not None and proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), MAX_GRACE_SECONDS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+    await kill(pod)
+    if pod.prober is not None:
+        await pod.prober.close()
     for task in pod.tasks:
         task.cancel()
     log.info("pod %s/%s stopped", pod.namespace, pod.name)
 
 
 def pod_status(pod: dict[str, Any], local: LocalPod) -> dict[str, Any]:
-    """The pod's status from its process: phase, container state, readiness, restarts, device requests
-    (recorded, not enforced: condition DevicesEnforced False)."""
-    finished = not local.restart_always and local.exit_code is not None
+    """The pod's status from its process: phase, container state (running, waiting in ContainerCreating or
+    CrashLoopBackOff, terminated Completed/Error) and the previous instance's (`lastState`), readiness,
+    restarts, device requests (recorded, not enforced: condition DevicesEnforced False)."""
+    container = pod["spec"]["containers"][0]
+    finished = local.exit_code is not None and not local.restarts_after(local.exit_code)
     if finished:
         phase = "Succeeded" if local.exit_code == 0 else "Failed"
-        state: dict[str, Any] = {
-            "terminated": {
-                "exitCode": local.exit_code,
-                "message": local.message[:4096],
-                "reason": "Completed" if local.exit_code == 0 else "Error",
-            }
-        }
+        state: dict[str, Any] = {"terminated": local.terminated()}
     elif local.running:
         phase, state = "Running", {"running": {"startedAt": local.started_at}}
-    else:
-        phase, state = (
-            ("Running" if local.restarts else "Pending"),
-            {"waiting": {"reason": "ContainerCreating"}},
+    elif local.backoff:
+        phase = "Running"
+        message = (
+            f"back-off {local.backoff:g}s restarting failed container={container['name']} "
+            f"pod={local.name}_{local.namespace}({local.uid})"
         )
-    container = pod["spec"]["containers"][0]
+        state = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+    else:
+        phase = "Running" if local.restarts else "Pending"
+        state = {"waiting": {"reason": "ContainerCreating"}}
     limits = (container.get("resources") or {}).get("limits") or {}
     devices = {k: v for k, v in limits.items() if k in DEVICE_RESOURCES}
-    conditions = [{"type": "Ready", "status": "True" if local.ready else "False"}]
+    ready = local.ready
+    conditions = [
+        {"type": "Ready", "status": "True" if ready else "False"},
+        {"type": "ContainersReady", "status": "True" if ready else "False"},
+    ]
     if devices:
         conditions.append(
             {
@@ -197,18 +263,21 @@ def pod_status(pod: dict[str, Any], local: LocalPod) -> dict[str, Any]:
                 + ", ".join(f"{k}={v}" for k, v in sorted(devices.items())),
             }
         )
+    status = {
+        "name": container["name"],
+        "ready": ready,
+        "started": local.started,
+        "restartCount": local.restarts,
+        "image": container.get("image", ""),
+        "state": state,
+        "lastState": {"terminated": local.last_state} if local.last_state else {},
+    }
+    if local.instance >= 0:
+        status["containerID"] = f"local://{local.uid}/{local.instance}"
     return {
         "phase": phase,
         "podIP": POD_IP,
         "hostIP": POD_IP,
         "conditions": conditions,
-        "containerStatuses": [
-            {
-                "name": container["name"],
-                "ready": local.ready,
-                "restartCount": local.restarts,
-                "image": container.get("image", ""),
-                "state": state,
-            }
-        ],
+        "containerStatuses": [status],
     }

@@ -504,6 +504,13 @@ class ClusterClient:
         kind = self._store.kind(group, version, plural)
         await self._store.patch(kind, namespace, name, {"status": status}, MERGE_PATCH, "status", {})
 
+    async def patch(
+        self, group: str, version: str, plural: str, namespace: str | None, name: str, body: dict
+    ):
+        """Merge-patch the object itself (not a subresource)."""
+        kind = self._store.kind(group, version, plural)
+        await self._store.patch(kind, namespace, name, body, MERGE_PATCH, None, {})
+
     async def wait_for_change(self, timeout: float) -> None:
         """Return at the next change to any object, or after `timeout` seconds."""
         await self._store.wait_for_change(timeout)
