@@ -427,15 +427,16 @@ async def run(
             f.write(url)
     print(f"emulated Kubernetes API server on {url}", flush=True)
     await stop.wait()
-    # Stop: no new connections, every watch ends (its stream closes cleanly), requests in flight get a
-    # grace period and are then cancelled; then the kubelet stops its pods.
-    listener.close()
-    await store.close()
-    await handler.shutdown(SHUTDOWN_GRACE)
+    # Stop: the kubelet first (it stops its pods; cancelled before the store wakes its waiters, as a
+    # notify racing the cancellation of its wait left it waiting for ever), then no new connections, every
+    # watch ends (its stream closes cleanly), and requests in flight get a grace period, then are cancelled.
     if running is not None:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+    listener.close()
+    await store.close()
+    await handler.shutdown(SHUTDOWN_GRACE)
 
 
 def main(argv: list[str] | None = None) -> None:
