@@ -1,7 +1,11 @@
 """Local mode: a Kubernetes cluster on this machine, for tests and `neuronfleet up`.
 
-- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, tables, Status errors).
-- `store`: the objects, their history and the REST semantics of writes; `ClusterClient` for in-process use.
+- `semantics`: Kubernetes API semantics without I/O (patches, selectors, schemas, scale, Status errors).
+- `admission`: names, labels and the defaults of built-in kinds, checked and filled in before a write.
+- `tables`: what `kubectl get` prints, as server-side tables (kubectl's printers).
+- `openapi`: the OpenAPI v3 and v2 documents kubectl reads (`kubectl explain`, field validation).
+- `protobuf`: the protobuf bodies typed kubectl creates send, read as JSON.
+- `store`: the objects, their indexes and bounded history, the REST semantics of writes; `ClusterClient`.
 - `apiserver`: the emulated API server's HTTP face (`python -m neuronfleet.localcluster.apiserver`).
 - `processes`: one pod as a local process (command rewriting, supervision, restarts, status).
 - `probes`: a container's startup, readiness and liveness probes at their declared periods and thresholds.

@@ -1,19 +1,26 @@
 """The emulated Kubernetes API server's HTTP face, for tests and the local mode: URL routing, discovery, the
-OpenAPI v3 index kubectl reads, request bodies (JSON, YAML), watch streams, Status errors and an audit log, on
-aiohttp, over the object store (`store`) and the semantics (`semantics`).
+OpenAPI documents (`openapi`), request bodies (JSON, YAML, the protobuf of typed kubectl creates: `protobuf`),
+tables (`tables`), watch streams, Status errors, an audit log and a clean stop, on aiohttp, over the object
+store (`store`) and the semantics (`semantics`).
 
 What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
 when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
 (label and field selectors), WATCH (from a resourceVersion, with timeouts); PUT, merge patch, JSON patch,
 strategic merge patch (lists of named items merged by name) and apply patches (as merges); the status and
-scale subresources kept apart from the main resource; finalizers and deletionTimestamp; ownerReference
-garbage collection (background or orphan); namespaces that must exist; CustomResourceDefinitions that add
-resources, whose openAPIV3Schema is enforced on create and update (defaults applied, unknown fields pruned or
-refused under fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evaluated as CEL);
-server-side tables (`kubectl get` columns, a CRD's additionalPrinterColumns).
+scale subresources kept apart from the main resource (/scale reads and writes an autoscaling/v1 Scale);
+finalizers and deletionTimestamp; ownerReference garbage collection (background or orphan); namespaces that
+must exist; names checked by the kind's DNS rule; defaults of built-in kinds (a Job's selector and pod
+labels, a Service's cluster IP from 10.96.0.0/12); CustomResourceDefinitions that add resources, whose
+openAPIV3Schema is enforced on create and update (defaults applied, unknown fields pruned or refused under
+fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evaluated as CEL); server-side
+tables on LIST, GET and every watch event (`kubectl get` columns, a CRD's additionalPrinterColumns); a
+bounded watch history (410 Expired beyond it).
 
 What it does not: authentication and authorization (every request is admitted), admission webhooks, field
-managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them).
+managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them),
+protobuf bodies of kinds other than Namespace, Secret, ConfigMap, ServiceAccount, Service, Deployment and
+Job (and of fields of theirs not known in `protobuf`: refused with 415, not dropped), /openapi/v2 in protobuf
+(client-go's default for it: answered 404), paged LISTs (`limit` is ignored; everything comes in one page).
 
 `python -m neuronfleet.localcluster.apiserver` runs it (with `--kubelet-state`, the process kubelet too).
 """
@@ -33,12 +40,15 @@ from typing import Any
 
 import aiohttp.web
 
-from .semantics import ApiError, Resource, scale_view, table
-from .store import Store
+from . import openapi, protobuf
+from .semantics import ApiError, Resource, scale_view
+from .store import HISTORY, Expired, Store
+from .tables import table
 
 log = logging.getLogger(__name__)
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+SHUTDOWN_GRACE = 10.0  # seconds a request in flight may take to finish once the server is told to stop
 SERVER_VERSION = {
     "major": "1",
     "minor": "32",
@@ -178,45 +188,36 @@ class EmulatedAPIServer:
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
-    def _openapi(self, path: str) -> dict[str, Any]:
-        """/openapi/v3: an index of group versions; /openapi/v3/<gv>: for each kind, a PATCH operation
-        declaring the fieldValidation parameter, which is how kubectl learns it may validate server-side."""
+    def _openapi(self, request: aiohttp.web.BaseRequest) -> dict[str, Any]:
+        """/openapi/v3 (index), /openapi/v3/<group version> and /openapi/v2 (JSON only). client-go's
+        discovery asks for v2 in protobuf only; that is answered 404, as by a server without v2, which kubectl
+        takes as "no schema" (a 406 would fail `kubectl apply` of a List)."""
+        path, version = request.path.rstrip("/"), SERVER_VERSION["gitVersion"]
+        kinds = list(self.store.kinds.values())
+        if path == "/openapi/v2":
+            accept = request.headers.get("Accept", "")
+            if "protobuf" in accept and "json" not in accept and "*/*" not in accept:
+                raise ApiError(
+                    404, "NotFound", "this emulated API server serves /openapi/v2 as application/json only"
+                )
+            return openapi.v2_document(kinds, version)
         if path == "/openapi/v3":
-            index = {}
-            for g, v in {(g, v) for g, v, _ in self.store.kinds}:
-                prefix = f"apis/{g}/{v}" if g else f"api/{v}"
-                index[prefix] = {"serverRelativeURL": f"/openapi/v3/{prefix}?hash={self.store.last_revision}"}
-            return {"paths": index}
+            group_versions = sorted({(g, v) for g, v, _ in self.store.kinds})
+            return openapi.v3_index(group_versions, f"{self.store.instance}-{self.store.kinds_revision}")
         prefix = path.removeprefix("/openapi/v3/")
         parts = prefix.split("/")
-        group, version = (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("", parts[-1])
-        kinds = [r for (g, v, _), r in self.store.kinds.items() if (g, v) == (group, version)]
-        if not kinds:
+        group, version_ = (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("", parts[-1])
+        in_gv = [r for (g, v, _), r in sorted(self.store.kinds.items()) if (g, v) == (group, version_)]
+        if not in_gv or (parts[0] == "api" and len(parts) != 2):
             raise ApiError(404, "NotFound", f"no OpenAPI document for {prefix}")
-        param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
-        paths = {}
-        for r in kinds:
-            scope = (
-                f"/{prefix}/namespaces/{{namespace}}/{r.plural}" if r.namespaced else f"/{prefix}/{r.plural}"
-            )
-            gvk = {"group": group, "version": version, "kind": r.kind}
-            op = {"parameters": [param], "x-kubernetes-group-version-kind": gvk, "responses": {}}
-            paths[scope] = {"post": op}
-            paths[f"{scope}/{{name}}"] = {"patch": op, "put": op}
-        return {
-            "openapi": "3.0.0",
-            "info": {"title": "Kubernetes", "version": SERVER_VERSION["gitVersion"]},
-            "paths": paths,
-        }
+        return openapi.v3_document(group, version_, in_gv, version)
 
     # ---- resources ----
 
     async def _handle(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         path = request.path
-        if path.startswith("/openapi/v3"):
-            return self._json(self._openapi(path))
-        if path == "/openapi/v2":
-            raise ApiError(404, "NotFound", "this emulated API server publishes OpenAPI v3 only")
+        if path.startswith(("/openapi/v3", "/openapi/v2")):
+            return self._json(self._openapi(request))
         segs = [s for s in path.split("/") if s]
         if path == "/version":
             return self._json(SERVER_VERSION)
@@ -246,7 +247,7 @@ class EmulatedAPIServer:
         store, accept = self.store, request.headers.get("Accept", "")
         if params.get("watch") in ("true", "1"):
             return await self._watch(request, kind, ns, name, params)
-        if method == "GET" and name is None:
+        if method == "GET" and name is None and sub is None:
             items = store.select(kind, ns, params)
             if "as=Table" in accept:
                 return self._json(table(kind, items, store.last_revision))
@@ -259,16 +260,18 @@ class EmulatedAPIServer:
         if method == "GET":
             obj = store.get(kind, ns, name)
             if sub == "scale":
-                return self._json(scale_view(obj))
+                return self._json(scale_view(obj, kind))
             return self._json(table(kind, [obj], store.last_revision) if "as=Table" in accept else obj)
         body = await self._body(request)
         if method == "POST" and name is None:
             return self._json(await store.create(kind, ns, body, params), status=201)
-        if method == "PUT":
-            return self._json(await store.replace(kind, ns, name, body, sub, params))
-        if method == "PATCH":
-            content_type = request.headers.get("Content-Type", "application/merge-patch+json").split(";")[0]
-            return self._json(await store.patch(kind, ns, name, body, content_type, sub, params))
+        if method in ("PUT", "PATCH") and name is not None:
+            if method == "PUT":
+                stored = await store.replace(kind, ns, name, body, sub, params)
+            else:
+                content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+                stored = await store.patch(kind, ns, name, body, content_type.split(";")[0], sub, params)
+            return self._json(scale_view(stored, kind) if sub == "scale" else stored)
         if method == "DELETE" and name is not None:
             policy = params.get("propagationPolicy") or (body or {}).get("propagationPolicy") or "Background"
             return self._json(await store.delete(kind, ns, name, policy))
@@ -282,16 +285,29 @@ class EmulatedAPIServer:
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on this path")
 
     async def _watch(self, request, kind: Resource, ns: str | None, name: str | None, params: dict[str, str]):
-        """A stream of JSON lines ({"type", "object"}) until the timeout or the client leaves."""
+        """A stream of JSON lines ({"type", "object"}) until the timeout, the client leaves or the server
+        stops. With `Accept: ...;as=Table` each object is a Table of one row, and only the first carries the
+        column definitions (the API server's watch encoder sets NoHeaders after the first event:
+        k8s.io/apiserver pkg/endpoints/handlers/watch.go, watchEmbeddedEncoder). A resourceVersion older than
+        the history kept ends the stream with an ERROR event holding a 410 Expired Status, as the watch cache
+        answers (k8s.io/apiserver pkg/storage/cacher, "too old resource version"); clients list again."""
         timeout = float(params.get("timeoutSeconds") or 1800)
         events = self.store.watch(kind, ns, name, params, timeout)  # selectors are checked before the stream
+        as_table = "as=Table" in request.headers.get("Accept", "")
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
+        headers = True
         try:
             async for event, obj in events:
+                if as_table:
+                    obj = table(kind, [obj], obj["metadata"].get("resourceVersion", ""), headers=headers)
+                    headers = False
                 await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
+        except (Expired, ApiError) as e:
+            error = e if isinstance(e, ApiError) else ApiError(410, "Expired", str(e))
+            await response.write(json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n")
+        except ConnectionResetError:
+            pass  # the client left
         finally:
             await events.aclose()
         return response
@@ -342,11 +358,7 @@ class EmulatedAPIServer:
     async def _body(request: aiohttp.web.BaseRequest) -> Any:
         content_type = request.headers.get("Content-Type", "")
         if "protobuf" in content_type:
-            raise ApiError(
-                415, "UnsupportedMediaType",
-                "this emulated API server reads JSON and YAML only, not protobuf; send the object as a "
-                "manifest (kubectl apply -f FILE) instead of a typed kubectl create",
-            )  # fmt: skip
+            return protobuf.decode(await request.read())
         text = await request.text()
         if not text:
             return None
@@ -388,20 +400,21 @@ async def run(
     ready_file: str | None,
     audit_log: str | None = None,
     kubelet_state: str | None = None,
+    watch_history: int = HISTORY,
 ) -> None:
     """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
     process it started on the way out)."""
     from .kubelet import ProcessKubelet
     from .store import ClusterClient
 
-    store = Store()
+    store = Store(history=watch_history)
     kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
     server = EmulatedAPIServer(store, pod_logs=kubelet.pod_log if kubelet else None, audit_log=audit_log)
     running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    _, listener = await server.serve(host, port)
+    handler, listener = await server.serve(host, port)
     bound = listener.sockets[0].getsockname()[1]
     url = f"http://{host}:{bound}"
     if kubeconfig_path:
@@ -414,10 +427,16 @@ async def run(
             f.write(url)
     print(f"emulated Kubernetes API server on {url}", flush=True)
     await stop.wait()
+    # Stop: the kubelet first (it stops its pods; cancelled before the store wakes its waiters, as a
+    # notify racing the cancellation of its wait left it waiting for ever), then no new connections, every
+    # watch ends (its stream closes cleanly), and requests in flight get a grace period, then are cancelled.
     if running is not None:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+    listener.close()
+    await store.close()
+    await handler.shutdown(SHUTDOWN_GRACE)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -430,11 +449,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
+    parser.add_argument(
+        "--watch-history", type=int, default=HISTORY,
+        help="changes kept per kind for watches that resume from a resourceVersion (older: 410 Expired)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.kubelet_state:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(
-        run(args.host, args.port, args.kubeconfig, args.ready_file, args.audit_log, args.kubelet_state)
+        run(
+            args.host,
+            args.port,
+            args.kubeconfig,
+            args.ready_file,
+            args.audit_log,
+            args.kubelet_state,
+            args.watch_history,
+        )
     )
 
 

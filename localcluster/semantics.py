@@ -1,7 +1,7 @@
 """Kubernetes API semantics without I/O: the kinds the emulated API server knows, error bodies (Status),
 patches (JSON, merge, strategic merge, apply), label and field selectors, a custom resource's schema
-(defaults, pruning, validation with CEL rules), a CRD's resources, server-side tables, the scale view and
-timestamps.
+(defaults, pruning, validation with CEL rules), a CRD's resources, the scale view and timestamps. Names,
+labels and the defaults of built-in kinds are `admission`'s.
 
 Everything here is a function of its arguments; the store and the HTTP server build on it.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ class Resource:
     schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     categories: tuple[str, ...] = ()
+    scale: dict[str, Any] | None = None  # a CRD version's scale subresource (specReplicasPath...)
 
     @property
     def api_version(self) -> str:
@@ -109,18 +111,6 @@ def not_found(kind: Resource, name: str | None) -> ApiError:
 def now() -> str:
     """The current time as Kubernetes writes timestamps (RFC 3339, seconds, UTC)."""
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def age(timestamp: str | None) -> str:
-    """How kubectl shows the time since a timestamp: 5s, 3m, 2h, 4d."""
-    if not timestamp:
-        return "<unknown>"
-    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    seconds = int((datetime.datetime.now(tz=datetime.UTC) - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
 
 
 # ---- patches ---------------------------------------------------------------------------------------------
@@ -394,6 +384,7 @@ def crd_resources(crd: dict[str, Any]) -> list[Resource]:
                 schema=(version.get("schema") or {}).get("openAPIV3Schema"),
                 printer_columns=version.get("additionalPrinterColumns", []),
                 categories=tuple(names.get("categories", [])),
+                scale=(version.get("subresources") or {}).get("scale"),
             )
         )
     return out
@@ -424,128 +415,53 @@ def established(crd: dict[str, Any]) -> dict[str, Any]:
     return crd
 
 
-# ---- views: scale and tables -----------------------------------------------------------------------------
+# ---- views: scale -----------------------------------------------------------------------------------------
 
 
-def scale_view(obj: dict[str, Any]) -> dict[str, Any]:
-    """The scale subresource of an object with spec.replicas."""
+def scale_view(obj: dict[str, Any], kind: Resource | None = None) -> dict[str, Any]:
+    """The autoscaling/v1 Scale of an object: spec.replicas and status.replicas, or the paths a CRD's scale
+    subresource declares (specReplicasPath, statusReplicasPath), and the selector when one is declared."""
+    spec_path, status_path, selector_path = scale_paths(kind)
+    status: dict[str, Any] = {"replicas": json_path(obj, status_path) or 0}
+    selector = json_path(obj, selector_path) if selector_path else dig(obj, ["spec", "selector"])
+    if isinstance(selector, dict):
+        selector = ",".join(f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items()))
+    if selector:
+        status["selector"] = selector
+    meta = obj["metadata"]
     return {
         "apiVersion": "autoscaling/v1",
         "kind": "Scale",
-        "metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion")},
-        "spec": {"replicas": dig(obj, ["spec", "replicas"]) or 0},
-        "status": {"replicas": dig(obj, ["status", "replicas"]) or 0},
-    }
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                     if k in meta},
+        "spec": {"replicas": json_path(obj, spec_path) or 0},
+        "status": status,
+    }  # fmt: skip
 
 
-def table(kind: Resource, items: list[dict[str, Any]], resource_version: int) -> dict[str, Any]:
-    """A server-side Table (what `kubectl get` prints): Name, the kind's columns, Age."""
-    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
-    extra = kind.printer_columns or builtin_columns(kind)
-    columns += [
-        {
-            "name": c["name"],
-            "type": c.get("type", "string"),
-            "format": "",
-            "description": c.get("description", ""),
-        }
-        for c in extra
-    ]
-    with_age = not any(c["name"] == "Age" for c in extra)
-    if with_age:
-        columns.append({"name": "Age", "type": "string", "format": "", "description": "Age"})
-    rows = []
-    for obj in items:
-        cells: list[Any] = [obj["metadata"]["name"]]
-        for c in extra:
-            value = c["fn"](obj) if "fn" in c else json_path(obj, c["jsonPath"])
-            if c.get("type") == "date":
-                value = age(value)
-            cells.append("" if value is None else value)
-        if with_age:
-            cells.append(age(obj["metadata"].get("creationTimestamp")))
-        partial = {
-            "apiVersion": "meta.k8s.io/v1",
-            "kind": "PartialObjectMetadata",
-            "metadata": obj["metadata"],
-        }
-        rows.append({"cells": cells, "object": partial})
-    return {
-        "apiVersion": "meta.k8s.io/v1",
-        "kind": "Table",
-        "metadata": {"resourceVersion": str(resource_version)},
-        "columnDefinitions": columns,
-        "rows": rows,
-    }
+def scale_paths(kind: Resource | None) -> tuple[str, str, str | None]:
+    """Where an object keeps its desired and current replicas (and label selector) for /scale."""
+    if kind is not None and kind.scale:
+        return (
+            kind.scale.get("specReplicasPath", ".spec.replicas"),
+            kind.scale.get("statusReplicasPath", ".status.replicas"),
+            kind.scale.get("labelSelectorPath"),
+        )
+    return ".spec.replicas", ".status.replicas", None
 
 
-def pod_status_reason(pod: dict[str, Any]) -> str:
-    """A pod's STATUS in `kubectl get pods`: the phase, unless a container says more (waiting reason such as
-    CrashLoopBackOff, terminated reason Completed or Error), Terminating once deleted (printPod in
-    pkg/printers/internalversion/printers.go, Kubernetes 1.32; no init containers here)."""
-    status = pod.get("status") or {}
-    reason = status.get("reason") or status.get("phase") or ""
-    running = False
-    for c in reversed(status.get("containerStatuses") or []):
-        state = c.get("state") or {}
-        waiting, terminated = state.get("waiting"), state.get("terminated")
-        if waiting and waiting.get("reason"):
-            reason = waiting["reason"]
-        elif terminated is not None:
-            reason = terminated.get("reason") or (
-                f"Signal:{terminated['signal']}" if terminated.get("signal")
-                else f"ExitCode:{terminated.get('exitCode', 0)}"
-            )  # fmt: skip
-        elif c.get("ready") and "running" in state:
-            running = True
-    if reason == "Completed" and running:
-        reason = "Running"
-    if pod["metadata"].get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed"):
-        reason = "Terminating"
-    return reason
-
-
-def builtin_columns(kind: Resource) -> list[dict[str, Any]]:
-    """kubectl's columns for the built-in kinds we serve (each a jsonPath or a function of the object)."""
-
-    def statuses(o):
-        return dig(o, ["status", "containerStatuses"]) or []
-
-    def ready_pods(o):
-        ready = sum(bool(s.get("ready")) for s in statuses(o))
-        return f"{ready}/{len(dig(o, ['spec', 'containers']) or [])}"
-
-    def ready_replicas(o):
-        return f"{dig(o, ['status', 'readyReplicas']) or 0}/{dig(o, ['spec', 'replicas']) or 0}"
-
-    def restarts(o):  # "2 (5s ago)" once a container restarted, as printPod writes it
-        count = sum(s.get("restartCount", 0) for s in statuses(o))
-        last = max((dig(s, ["lastState", "terminated", "finishedAt"]) or "" for s in statuses(o)), default="")
-        return f"{count} ({age(last)} ago)" if last else count
-
-    def job_status(o):
-        done = [c["type"] for c in dig(o, ["status", "conditions"]) or [] if c.get("status") == "True"]
-        return done[0] if done else "Running"
-
-    def completions(o):
-        return f"{dig(o, ['status', 'succeeded']) or 0}/{dig(o, ['spec', 'completions']) or 1}"
-
-    columns = {
-        "pods": [
-            {"name": "Ready", "fn": ready_pods},
-            {"name": "Status", "fn": pod_status_reason},
-            {"name": "Restarts", "type": "string", "fn": restarts},
-        ],
-        "deployments": [
-            {"name": "Ready", "fn": ready_replicas},
-            {"name": "Up-to-date", "type": "integer", "jsonPath": ".status.updatedReplicas"},
-            {"name": "Available", "type": "integer", "jsonPath": ".status.availableReplicas"},
-        ],
-        "jobs": [{"name": "Status", "fn": job_status}, {"name": "Completions", "fn": completions}],
-        "services": [
-            {"name": "Type", "jsonPath": ".spec.type"},
-            {"name": "Cluster-IP", "jsonPath": ".spec.clusterIP"},
-        ],
-        "persistentvolumeclaims": [{"name": "Status", "jsonPath": ".status.phase"}],
-    }
-    return columns.get(kind.plural, [])
+def with_replicas(obj: dict[str, Any], replicas: Any, kind: Resource | None = None) -> dict[str, Any]:
+    """A copy of the object with its desired replicas set (a write through /scale)."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+        raise ApiError(
+            422, "Invalid",
+            f'Scale.autoscaling "{obj["metadata"]["name"]}" is invalid: spec.replicas: Invalid value: '
+            f"{json.dumps(replicas)}: must be greater than or equal to 0",
+        )  # fmt: skip
+    out = copy.deepcopy(obj)
+    node = out
+    parts = [p for p in scale_paths(kind)[0].strip(".").split(".") if p]
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = replicas
+    return out

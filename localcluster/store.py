@@ -1,14 +1,20 @@
-"""The emulated API server's state: the registry of kinds, the objects, resourceVersions and the history of
-changes that watches replay; the REST semantics of each write (create, update, patch, delete with finalizers
-and garbage collection, the status and scale subresources kept apart); and `ClusterClient`, the small typed
-interface in-process callers (the process kubelet) use instead of HTTP.
+"""The emulated API server's state: the registry of kinds, the objects (indexed by kind, kept in
+namespace/name order for LIST), resourceVersions and the bounded history of changes that watches replay; the
+REST semantics of each write (create, update, patch, delete with finalizers and garbage collection, the status
+and scale subresources kept apart, cluster IPs allocated); and `ClusterClient`, the small typed interface
+in-process callers (the process kubelet) use instead of HTTP.
+
+Stored objects are never changed in place: every write stores a new version, so LIST answers and the history
+share them without copying.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import copy
+import ipaddress
 import itertools
 import secrets
 import uuid
@@ -16,6 +22,7 @@ from collections import defaultdict
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from .admission import check_labels, check_name, default_on_create
 from .semantics import (
     BUILTIN,
     MERGE_PATCH,
@@ -25,28 +32,77 @@ from .semantics import (
     admit,
     apply_patch,
     crd_resources,
-    dig,
     established,
     not_found,
     now,
     object_matcher,
+    scale_view,
     spec_changed,
+    with_replicas,
 )
 
 Key = tuple[str, str, str, str | None, str]  # group, version, plural, namespace, name
+KindKey = tuple[str, str, str]
 CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+SERVICES = ("", "v1", "services")
+SCALE = Resource("autoscaling", "v1", "scale", "Scale", True)  # what a patch of /scale patches
+HISTORY = 5000  # events a kind keeps for watches that resume from a resourceVersion (the watch cache's job)
+
+
+class Expired(Exception):
+    """A watch asked for changes older than the history kept: the client must list again (410 Gone)."""
+
+
+class _Log:
+    """A kind's recent changes, (resourceVersion, event, object), in order; positions are absolute (they stay
+    valid while old entries are dropped), and at most 2 * `keep` entries are kept."""
+
+    def __init__(self, keep: int = HISTORY) -> None:
+        self.keep = keep
+        self.entries: list[tuple[int, str, dict[str, Any]]] = []
+        self.first = 0  # the position of entries[0]
+        self.compacted_rv = 0  # the resourceVersion of the newest dropped entry
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.entries)
+
+    def append(self, rv: int, event: str, obj: dict[str, Any]) -> None:
+        self.entries.append((rv, event, obj))
+        if len(self.entries) > 2 * self.keep:
+            self.compacted_rv = self.entries[self.keep - 1][0]
+            del self.entries[: self.keep]
+            self.first += self.keep
+
+    def at(self, position: int) -> tuple[int, str, dict[str, Any]]:
+        if position < self.first:
+            raise Expired("the watch fell behind the history kept; list again")
+        return self.entries[position - self.first]
+
+    def after(self, rv: int) -> int:
+        """The position of the first change newer than `rv`; Expired when older changes were dropped."""
+        if rv < self.compacted_rv:
+            raise Expired(f"too old resource version: {rv} ({self.compacted_rv})")
+        i = bisect.bisect_right(self.entries, rv, key=lambda e: e[0])
+        return self.first + i
 
 
 class Store:
     """Kinds, objects and their history; every write bumps the revision and wakes the watchers."""
 
-    def __init__(self) -> None:
-        self.kinds: dict[tuple[str, str, str], Resource] = {}
+    def __init__(self, history: int = HISTORY) -> None:
+        self.kinds: dict[KindKey, Resource] = {}
+        self.kinds_revision = 0  # changes whenever a kind comes, goes or changes (the OpenAPI hash)
+        self.instance = uuid.uuid4().hex[:12]  # tells this server's documents from an earlier one's
         self._objects: dict[Key, dict[str, Any]] = {}
+        self._by_kind: dict[KindKey, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
+        self._sorted: dict[KindKey, list[tuple[str, str]]] = {}  # (namespace, name) keys, while valid
+        self._dependents: dict[str, set[Key]] = defaultdict(set)  # owner uid -> keys of its dependents
         self._revision = itertools.count(1)
         self.last_revision = 0
-        self._history: dict[tuple[str, str, str], list[tuple[int, str, dict]]] = defaultdict(list)
+        self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history))
         self._changed = asyncio.Condition()
+        self.closed = False
         for resource in BUILTIN:
             self._register(resource)
         for name in PRECREATED_NAMESPACES:
@@ -56,6 +112,7 @@ class Store:
 
     def _register(self, r: Resource) -> None:
         self.kinds[(r.group, r.version, r.plural)] = r
+        self.kinds_revision += 1
 
     def kind(self, group: str, version: str, plural: str) -> Resource:
         kind = self.kinds.get((group, version, plural))
@@ -67,15 +124,44 @@ class Store:
     # ---- change notification ----
 
     def _put(self, key: Key, obj: dict[str, Any], event: str = "ADDED") -> dict[str, Any]:
+        """Record a new version of an object. Stored versions are never changed in place (a write stores a
+        new object), so the store, the history and LIST answers share them without copies."""
         rv = next(self._revision)
         self.last_revision = rv
-        obj["metadata"]["resourceVersion"] = str(rv)
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
+        kind, inner = key[:3], (key[3] or "", key[4])
+        self._index_owners(key, self._objects.get(key), None if event == "DELETED" else obj)
         if event == "DELETED":
             self._objects.pop(key, None)
+            self._by_kind[kind].pop(inner, None)
+            self._sorted.pop(kind, None)
         else:
+            if key not in self._objects:
+                self._sorted.pop(kind, None)
             self._objects[key] = obj
-        self._history[key[:3]].append((rv, event, copy.deepcopy(obj)))
+            self._by_kind[kind][inner] = obj
+        self._history[kind].append(rv, event, obj)
         return copy.deepcopy(obj)
+
+    def _index_owners(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """Keep `_dependents` (owner uid -> keys of the objects that name it) up to date."""
+
+        def owners(o: dict[str, Any] | None) -> set[str]:
+            refs = (o or {}).get("metadata", {}).get("ownerReferences") or []
+            return {r["uid"] for r in refs if r.get("uid")}
+
+        before, after = owners(old), owners(new)
+        for uid in before - after:
+            self._dependents[uid].discard(key)
+            if not self._dependents[uid]:
+                del self._dependents[uid]
+        for uid in after - before:
+            self._dependents[uid].add(key)
+
+    async def close(self) -> None:
+        """End every watch (the server is stopping)."""
+        self.closed = True
+        await self.notify()
 
     async def notify(self) -> None:
         """Wake everyone waiting for a change (watches, the kubelet)."""
@@ -96,21 +182,29 @@ class Store:
             raise not_found(kind, name)
         return copy.deepcopy(obj)
 
+    def _keys(self, kind: KindKey) -> list[tuple[str, str]]:
+        """The kind's (namespace, name) keys in order, sorted again only after an object came or went."""
+        keys = self._sorted.get(kind)
+        if keys is None:
+            keys = self._sorted[kind] = sorted(self._by_kind[kind])
+        return keys
+
     def select(self, kind: Resource, ns: str | None, params: dict[str, str]) -> list[dict[str, Any]]:
-        """The objects of a kind (in one namespace, or all) that match the request's selectors."""
+        """The objects of a kind (in one namespace, or all) that match the request's selectors, by namespace
+        and name. They are the stored versions themselves: read them, never change them."""
         wanted = object_matcher(params)
-        out = []
-        for (g, v, p, n, _), obj in sorted(self._objects.items(), key=lambda kv: (kv[0][3] or "", kv[0][4])):
-            if (g, v, p) != (kind.group, kind.version, kind.plural) or (ns is not None and n != ns):
-                continue
-            if wanted(obj):
-                out.append(copy.deepcopy(obj))
-        return out
+        kk = (kind.group, kind.version, kind.plural)
+        keys, objects = self._keys(kk), self._by_kind[kk]
+        if ns is not None:
+            lo = bisect.bisect_left(keys, (ns, ""))
+            hi = bisect.bisect_left(keys, (ns + "\0", ""))
+            keys = keys[lo:hi]
+        return [o for o in (objects[k] for k in keys) if wanted(o)]
 
     def objects_of(self, kind: Resource) -> list[dict[str, Any]]:
-        """Every object of a kind, in every namespace, oldest first."""
-        wanted = (kind.group, kind.version, kind.plural)
-        return [copy.deepcopy(o) for k, o in list(self._objects.items()) if k[:3] == wanted]
+        """Every object of a kind, in every namespace, oldest first (copies)."""
+        objects = self._by_kind[(kind.group, kind.version, kind.plural)]
+        return [copy.deepcopy(o) for o in list(objects.values())]
 
     def watch(
         self, kind: Resource, ns: str | None, name: str | None, params: dict[str, str], timeout: float
@@ -137,13 +231,16 @@ class Store:
             for obj in self.select(kind, ns, params):
                 if wanted(obj):
                     yield "ADDED", obj
-            position = len(log)
+            position = log.end
         else:
-            position = next((i for i, (rv, _, _) in enumerate(log) if rv > int(since)), len(log))
+            try:
+                position = log.after(int(since))
+            except ValueError:
+                raise ApiError(400, "BadRequest", f"invalid resource version: {since!r}") from None
         deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            while position < len(log):
-                _, event, obj = log[position]
+        while not self.closed:
+            while position < log.end:
+                _, event, obj = log.at(position)
                 position += 1
                 if wanted(obj):
                     yield event, obj
@@ -152,7 +249,8 @@ class Store:
                 return
             async with self._changed:
                 try:
-                    await asyncio.wait_for(self._changed.wait_for(lambda p=position: p < len(log)), left)
+                    ready = lambda p=position: p < log.end or self.closed  # noqa: E731
+                    await asyncio.wait_for(self._changed.wait_for(ready), left)
                 except TimeoutError:
                     return
 
@@ -188,6 +286,7 @@ class Store:
         name = meta.get("name")
         if not name:
             raise ApiError(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value")
+        check_name(kind, name)
         if kind.namespaced:
             if meta.get("namespace") and ns and meta["namespace"] != ns:
                 raise ApiError(
@@ -210,9 +309,41 @@ class Store:
         obj = admit(kind, obj, params)
         if key[:3] == CRDS:
             self._establish(obj)
-        stored = self._put(key, self._new_meta(obj))
+        obj = default_on_create(kind, self._new_meta(obj))
+        check_labels(kind, obj)
+        if key[:3] == SERVICES:
+            self._allocate_cluster_ip(obj)
+        stored = self._put(key, obj)
         await self.notify()
         return stored
+
+    def _allocate_cluster_ip(self, service: dict[str, Any]) -> None:
+        """A free address from the service range 10.96.0.0/12 (kube-apiserver's default
+        --service-cluster-ip-range), as the allocator gives one; "None" (headless) and a requested free
+        address are kept."""
+        spec = service["spec"]
+        used = {(o.get("spec") or {}).get("clusterIP") for o in self._by_kind[SERVICES].values()}
+        wanted = spec.get("clusterIP")
+        if wanted == "None" or (spec.get("type") == "ExternalName" and not wanted):
+            if wanted == "None":
+                spec["clusterIPs"] = ["None"]
+            return
+        if wanted:
+            if wanted in used:
+                raise ApiError(
+                    422, "Invalid",
+                    f'Service "{service["metadata"]["name"]}" is invalid: spec.clusterIPs: Invalid value: '
+                    f'["{wanted}"]: failed to allocate IP {wanted}: provided IP is already allocated',
+                )  # fmt: skip
+        else:
+            base = int(ipaddress.IPv4Address("10.96.0.0"))
+            while True:  # the range's first address is the kubernetes Service's; 2^20 addresses in all
+                wanted = str(ipaddress.IPv4Address(base + secrets.randbelow((1 << 20) - 2) + 2))
+                if wanted not in used:
+                    break
+        spec["clusterIP"], spec["clusterIPs"] = wanted, [wanted]
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
 
     async def replace(self, kind: Resource, ns, name, body, sub: str | None, params) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -221,7 +352,12 @@ class Store:
         return await self._write(kind, ns, name, copy.deepcopy(body), sub, params, rv)
 
     async def patch(self, kind: Resource, ns, name, body, content_type: str, sub, params) -> dict[str, Any]:
-        new, rv = apply_patch(kind, self.get(kind, ns, name), body, content_type)
+        """A patch of the object, or with sub="scale" of its Scale (the object's replicas follow)."""
+        old = self.get(kind, ns, name)
+        if sub == "scale":
+            new, rv = apply_patch(SCALE, scale_view(old, kind), body, content_type)
+        else:
+            new, rv = apply_patch(kind, old, body, content_type)
         return await self._write(kind, ns, name, new, sub, params, rv)
 
     async def _write(
@@ -245,9 +381,7 @@ class Store:
                 merged.pop("status")
             new = merged
         elif sub == "scale":
-            replicas = dig(new, ["spec", "replicas"])
-            new = copy.deepcopy(old)
-            new.setdefault("spec", {})["replicas"] = replicas
+            new = with_replicas(old, (new.get("spec") or {}).get("replicas"), kind)
         elif "status" in kind.subresources:  # the main resource keeps its status
             if "status" in old:
                 new["status"] = old["status"]
@@ -260,9 +394,12 @@ class Store:
             else:
                 meta.pop(fixed, None)
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        if key[:3] == SERVICES and sub is None:
+            self._keep_cluster_ip(old, new)
         meta["generation"] = old["metadata"].get("generation", 1) + spec_changed(old, new)
         if sub is None:
             new = admit(kind, new, params)
+            check_labels(kind, new)
         if new == old:
             return old  # a no-op write does not bump the resourceVersion
         if key[:3] == CRDS and sub is None:
@@ -274,6 +411,26 @@ class Store:
             stored = self._put(key, new, "MODIFIED")
         await self.notify()
         return stored
+
+    @staticmethod
+    def _keep_cluster_ip(old: dict[str, Any], new: dict[str, Any]) -> None:
+        """An update keeps the allocated cluster IP (the Service strategy's PatchAllocatedValues); changing
+        it is refused, as the field is immutable."""
+        before, spec = (old.get("spec") or {}), new.setdefault("spec", {})
+        if not before.get("clusterIP"):
+            return
+        if spec.get("clusterIP") in (None, ""):
+            spec["clusterIP"] = before["clusterIP"]
+            spec["clusterIPs"] = before.get("clusterIPs", [before["clusterIP"]])
+        elif spec["clusterIP"] != before["clusterIP"]:
+            raise ApiError(
+                422, "Invalid",
+                f'Service "{old["metadata"]["name"]}" is invalid: spec.clusterIPs[0]: Invalid value: '
+                f'["{spec["clusterIP"]}"]: may not change once set',
+            )  # fmt: skip
+        for field in ("ipFamilies", "ipFamilyPolicy"):
+            if field in before:
+                spec.setdefault(field, before[field])
 
     async def delete(self, kind: Resource, ns: str | None, name: str, policy: str = "Background") -> dict:
         key = self._key(kind, ns, name)
@@ -288,9 +445,10 @@ class Store:
         stored = self._put(key, obj, "DELETED")
         if key[:3] == CRDS:
             for r in crd_resources(obj):
-                for child_key in [k for k in self._objects if k[:3] == (r.group, r.version, r.plural)]:
-                    self._put(child_key, self._objects[child_key], "DELETED")
+                for ns_name, child in list(self._by_kind[(r.group, r.version, r.plural)].items()):
+                    self._put(self._key(r, ns_name[0] or None, ns_name[1]), child, "DELETED")
                 self.kinds.pop((r.group, r.version, r.plural), None)
+                self.kinds_revision += 1
         if policy == "Orphan":
             self._orphan(meta["uid"])
         else:
@@ -300,11 +458,7 @@ class Store:
 
     async def _collect_garbage(self, owner_uid: str) -> None:
         """Delete the dependents of a deleted owner (and theirs), as the garbage collector does."""
-        dependents = [
-            k for k, o in self._objects.items()
-            if any(r.get("uid") == owner_uid for r in o["metadata"].get("ownerReferences", []))
-        ]  # fmt: skip
-        for key in dependents:
+        for key in sorted(self._dependents.get(owner_uid, ()), key=str):
             if key not in self._objects:
                 continue
             kind = self.kinds.get(key[:3])
@@ -312,12 +466,11 @@ class Store:
                 await self.delete(kind, key[3], key[4])
 
     def _orphan(self, owner_uid: str) -> None:
-        for key, o in list(self._objects.items()):
+        for key in sorted(self._dependents.get(owner_uid, ()), key=str):
+            o = copy.deepcopy(self._objects[key])
             refs = o["metadata"].get("ownerReferences", [])
-            if any(r.get("uid") == owner_uid for r in refs):
-                o = copy.deepcopy(o)
-                o["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
-                self._put(key, o, "MODIFIED")
+            o["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
+            self._put(key, o, "MODIFIED")
 
 
 class ClusterClient:

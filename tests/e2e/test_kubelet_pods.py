@@ -203,7 +203,11 @@ def test_logs_follow_tail_since_timestamps_limit_and_completed(node):
     times = [when for when, _ in lines]
     assert times == sorted(times) and times[3] - times[2] > 0  # per-line times, as they were written
     four = node.logs(name, "--timestamps", "--tail=2").stdout.split()[0]
-    assert node.logs(name, f"--since-time={four}").stdout == "four\nfive\n"
+    # sinceTime travels as a metav1.Time, whole seconds: lines from the start of line four's second on
+    since = int(times[3])
+    expected = "".join(f"{text}\n" for when, text in lines if when >= since)
+    assert expected.endswith("four\nfive\n")
+    assert node.logs(name, f"--since-time={four}").stdout == expected
     assert node.logs(name, "--since=1h").stdout == "one\ntwo\nthree\nfour\nfive\n"
     node.wait("a second after the last line", lambda: time.time() > times[-1] + 2)
     assert node.logs(name, "--since=1s").stdout == ""

@@ -207,7 +207,7 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     print(f"apply -> Ready (disaggregated): {time.monotonic() - t0:.1f} s")
     model = local.get("nm", "smollm2-pd")
     assert model["status"]["replicas"] == {
-        r: {"desired": 1, "ready": 1} for r in ("prefill", "decode", "router")
+        r: {"desired": 1, "ready": 1, "reached": 1} for r in ("prefill", "decode", "router")
     }
     want = offline_answer(local, "smollm2-pd")
     assert chat(model["status"]["endpoint"], "smollm2-pd") == want

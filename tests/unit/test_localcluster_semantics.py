@@ -4,6 +4,7 @@ Status errors) and the store as in-process callers see it through `ClusterClient
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -22,9 +23,9 @@ from neuronfleet.localcluster.semantics import (
     merge_patch,
     prune,
     strategic_merge_patch,
-    table,
 )
 from neuronfleet.localcluster.store import ClusterClient, Store
+from neuronfleet.localcluster.tables import table
 
 PODS = Resource("", "v1", "pods", "Pod", True, ("status", "log"))
 SCHEMA = {
@@ -141,13 +142,16 @@ def test_tables_have_name_the_kinds_columns_and_age():
     pod = {
         "metadata": {"name": "p", "creationTimestamp": "2020-01-01T00:00:00Z"},
         "spec": {"containers": [{"name": "c"}]},
-        "status": {"phase": "Running", "containerStatuses": [{"ready": True, "restartCount": 2}]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [{"ready": True, "restartCount": 2, "state": {"running": {}}}],
+        },
     }
     out = table(PODS, [pod], 7)
-    assert [c["name"] for c in out["columnDefinitions"]] == ["Name", "Ready", "Status", "Restarts", "Age"]
-    assert out["rows"][0]["cells"][:4] == ["p", "1/1", "Running", 2] and out["rows"][0]["cells"][4].endswith(
-        "d"
-    )
+    shown = [c["name"] for c in out["columnDefinitions"] if c["priority"] == 0]  # the rest: -o wide
+    assert shown == ["Name", "Ready", "Status", "Restarts", "Age"]
+    assert out["rows"][0]["cells"][:4] == ["p", "1/1", "Running", "2"]  # restarts are text, as kubectl's
+    assert re.fullmatch(r"\d+y(\d+d)?", out["rows"][0]["cells"][4])  # past two years: years and days
     assert out["metadata"]["resourceVersion"] == "7"
 
 
