@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import kube, spec
+from . import kube, rollout, spec
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
-from .reconcile import reconcile
+from .reconcile import now, reconcile
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
 WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
@@ -64,6 +64,13 @@ class Triggers:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
+        """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
+        through the queue, so that pass reports its events and stops with the operator."""
+        if status.get("drainUntil"):
+            delay = rollout.seconds_until(status["drainUntil"], now()) + 1
+            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]
         self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
@@ -85,7 +92,8 @@ class Triggers:
                     body = await self.cache.get(spec.KIND, *key)
                 if body is None:
                     continue  # the model is gone; its children go with it
-                await reconcile_and_report(self.client, body, log)
+                status = await reconcile_and_report(self.client, body, log)
+                self.come_back(key, status)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -110,11 +118,13 @@ def client() -> kube.Kube:
     return _client
 
 
-async def reconcile_and_report(client: kube.Kube, body: dict[str, Any], logger: logging.Logger) -> None:
-    """One pass; the events it reports are posted once it is done."""
+async def reconcile_and_report(
+    client: kube.Kube, body: dict[str, Any], logger: logging.Logger
+) -> dict[str, Any]:
+    """One pass; the events it reports are posted once it is done. Returns the model's status."""
     events: list[tuple[str, str, str]] = []
     try:
-        await reconcile(client, body, lambda *event: events.append(event))
+        return await reconcile(client, body, lambda *event: events.append(event))
     finally:
         for type_, reason, message in events:
             logger.info("%s %s: %s", type_, reason, message)
@@ -153,4 +163,6 @@ async def close(**_: Any) -> None:
 @kopf.on.create(spec.GROUP, spec.VERSION, spec.PLURAL)
 @kopf.on.update(spec.GROUP, spec.VERSION, spec.PLURAL)
 async def on_model(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    await reconcile_and_report(client(), dict(body), logger)
+    status = await reconcile_and_report(client(), dict(body), logger)
+    if _triggers is not None:
+        _triggers.come_back((body["metadata"]["namespace"], body["metadata"]["name"]), status)

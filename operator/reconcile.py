@@ -264,12 +264,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 unwanted or old.get("phase") != "Ready" or old.get("observedGeneration") != generation
             ):
                 rolled = chash if serving == chash else None
+                # while retired pods drain, status.drainUntil says when to come back (the caller schedules it)
                 drain_until = await _delete_stale(kube, owner, objects, ours, rolled, drain_until)
-                if drain_until:  # come back when the retired pods have drained
-                    delay = rollout.seconds_until(drain_until, now()) + 1
-                    asyncio.get_running_loop().call_later(
-                        delay, lambda: asyncio.ensure_future(reconcile(kube, body, emit))
-                    )
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
