@@ -13,7 +13,6 @@ is deleted (`rollout`). Apply order: what pods mount (ConfigMap, Secret) before 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import datetime
 import secrets
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from typing import Any
 
 from . import builders, metrics, names, rollout, validation
 from .kube import Kube, KubeError
-from .spec import KIND
 from .status import (
     autoscaling_condition,
     compile_report,
@@ -60,7 +58,6 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
 # ---- the shell -------------------------------------------------------------------------------------------
 
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
-_conflicts: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("conflicts", default=None)
 
 
 def _controller(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -86,10 +83,10 @@ def foreign_owner(desired: dict[str, Any], existing: dict[str, Any]) -> str | No
     return "no NeuronModel (it has no controller reference: made by hand or by another tool)"
 
 
-async def apply(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+async def apply(kube: Kube, obj: dict[str, Any], conflicts: list[str]) -> dict[str, Any]:
     """Create the object, or patch it back to what the operator wants; returns it as the cluster holds it.
-    An object of that name controlled by another owner is left as it is and reported (a Conflict condition
-    on the model, see `reconcile`)."""
+    An object of that name controlled by another owner is left as it is and added to `conflicts` (the
+    model's Conflict condition)."""
     meta = obj["metadata"]
     existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])  # from the cache
     if existing is None:
@@ -100,35 +97,11 @@ async def apply(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
                 raise
             existing = await kube.get(obj["kind"], meta["namespace"], meta["name"], live=True)
     if existing is not None and (owner := foreign_owner(obj, existing)):
-        found = _conflicts.get()
-        if found is not None:
-            found.append(f"{obj['kind']} {meta['name']} is controlled by {owner}; it is left as it is")
+        conflicts.append(f"{obj['kind']} {meta['name']} is controlled by {owner}; it is left as it is")
         return existing
     if obj["kind"] in CREATE_ONLY or existing is None or is_subset(obj, existing):
         return existing or obj
     return await kube.patch(obj["kind"], meta["namespace"], meta["name"], obj)
-
-
-class _Pass:
-    """The client one reconcile pass uses: `kube` itself, except that the status it writes carries the
-    pass's Conflict condition (so that one write holds the whole status)."""
-
-    def __init__(self, kube: Kube, old: dict[str, Any], conflicts: list[str], generation: int) -> None:
-        self._kube, self._old, self._conflicts, self._generation = kube, old, conflicts, generation
-        self.written: dict[str, Any] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._kube, name)
-
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        self.written = with_conflicts(status, self._old, self._conflicts, self._generation, now())
-        if not status_changed(self._old, self.written):  # only the Conflict condition made it look new
-            return await self._kube.get(KIND, namespace, name) or {}
-        return await self._kube.patch_status(namespace, name, self.written)
-
-
-def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
 async def reconcile(
@@ -150,7 +123,7 @@ async def reconcile(
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     metrics.model_phase(*key, None)
                     return {}
-                status = await _reconcile_with_conflicts(kube, fresh, emit)
+                status = await _reconcile_locked(kube, fresh, emit)
             except Exception:
                 metrics.RECONCILES.labels("error").inc()
                 raise
@@ -161,30 +134,6 @@ async def reconcile(
 
 def _generation(body: dict[str, Any]) -> int:
     return body["metadata"].get("generation", 1)
-
-
-async def _reconcile_with_conflicts(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
-    """One pass, collecting the objects another owner controls; a change in them is written and announced."""
-    old = body.get("status") or {}
-    conflicts: list[str] = []
-    one_pass = _Pass(kube, old, conflicts, _generation(body))
-    token = _conflicts.set(conflicts)
-    try:
-        status = await _reconcile_locked(one_pass, body, emit)  # type: ignore[arg-type]
-    finally:
-        _conflicts.reset(token)
-    if not status:
-        return status
-    status = one_pass.written or with_conflicts(status, old, conflicts, _generation(body), now())
-    before, after = _condition(old, "Conflict"), _condition(status, "Conflict")
-    if (before or {}).get("message") != (after or {}).get("message"):
-        if one_pass.written is None:
-            await kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], status)
-        if after is not None:
-            emit("Warning", "Conflict", after["message"])
-        else:
-            emit("Normal", "ConflictResolved", "no object of this model is controlled by another owner")
-    return status
 
 
 async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
@@ -204,6 +153,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     rolled_out = live = serving_now = False
     drain_until = old.get("drainUntil")
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
+    conflicts: list[str] = []  # objects of this model's names that another owner controls
     if spec is not None and not errors:
         assert chash is not None
         compiled = serving == chash  # remembered in status: its Job may be gone (ttlSecondsAfterFinished)
@@ -233,7 +183,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         for obj in objects:
             if obj is public:
                 continue  # last: it moves to the new set only once that set is ready
-            applied = await apply(kube, obj)
+            applied = await apply(kube, obj, conflicts)
             if obj["kind"] == "Deployment":
                 deployments[obj["metadata"]["name"]] = applied
         if serving is not None and public is not None:
@@ -254,7 +204,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             target = public["spec"]["selector"]
             chosen = rollout.public_target(current, target, rolled_out, ours)
             public["spec"]["selector"] = chosen
-            service = await apply(kube, public)
+            service = await apply(kube, public, conflicts)
             live = chosen == target
             serving_now = any(
                 rollout.selects(chosen, d) and (d.get("status") or {}).get("readyReplicas") for d in ours
@@ -274,6 +224,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
+    status = with_conflicts(status, old, conflicts, generation, now())
     if status_changed(old, status):
         for event in transitions(old, status):
             emit(*event)

@@ -216,6 +216,10 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
             out.append(("Warning", reason, message))
         elif kind == "Degraded" and changed and status == "False" and prev.get("status") == "True":
             out.append(("Normal", "Recovered", message))
+        elif kind == "Conflict" and prev.get("message") != message:
+            out.append(("Warning", "Conflict", message))
+    if "Conflict" in before and not any(c["type"] == "Conflict" for c in new.get("conditions") or []):
+        out.append(("Normal", "ConflictResolved", "no object of this model is controlled by another owner"))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from neuronfleet.operator.cache import selector_matcher, watch_namespaces
 from neuronfleet.operator.reconcile import foreign_owner
-from neuronfleet.operator.status import with_conflicts
+from neuronfleet.operator.status import transitions, with_conflicts
 
 
 def owned(uid: str | None, controller: bool = True, name: str = "col") -> dict:
@@ -38,6 +38,32 @@ def test_the_conflict_condition_names_the_objects_and_keeps_its_transition_time(
     assert again["conditions"][-1]["lastTransitionTime"] == "t1"
     assert [c["type"] for c in with_conflicts(first, first, [], 3, "t3")["conditions"]] == ["Ready"]
     assert status["conditions"] == [{"type": "Ready", "status": "True"}]  # the input is not changed
+
+
+def test_a_conflict_is_a_warning_once_and_its_end_a_normal_event():
+    status = {
+        "phase": "Ready",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}],
+    }
+    found = with_conflicts(status, status, ["Service a is controlled by NeuronModel b"], 3, "t1")
+    assert transitions(status, found) == [("Warning", "Conflict", "Service a is controlled by NeuronModel b")]
+    assert (
+        transitions(
+            found, with_conflicts(status, found, ["Service a is controlled by NeuronModel b"], 3, "t2")
+        )
+        == []
+    )
+    worse = with_conflicts(
+        status,
+        found,
+        ["Service a is controlled by NeuronModel b", "PodDisruptionBudget c is controlled by NeuronModel b"],
+        3,
+        "t3",
+    )
+    assert [e[:2] for e in transitions(found, worse)] == [("Warning", "Conflict")]
+    assert transitions(found, with_conflicts(status, found, [], 3, "t4")) == [
+        ("Normal", "ConflictResolved", "no object of this model is controlled by another owner")
+    ]
 
 
 def test_equality_selectors_are_answered_from_the_cache_and_set_based_ones_are_not():
