@@ -147,8 +147,8 @@ def valued(section: BaseModel, name: str) -> str:
 @rules(
     Rule(
         "self.maxInputLength < self.sequenceLength",
-        "neuron.maxInputLength (default 3072) must be below neuron.sequenceLength (default 4096): room is "
-        "needed to generate",
+        "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when not set): "
+        "room is needed to generate",
         lambda s: s.maxInputLength < s.sequenceLength,
         lambda s: (
             f"{valued(s, 'maxInputLength')} must be below {valued(s, 'sequenceLength')} (room is needed "
