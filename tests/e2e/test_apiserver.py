@@ -70,7 +70,7 @@ def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with
         ({"neuron": {"instanceType": "inf2.xlarge", "tensorParallel": 0}}, "0 is less than the minimum of 1"),
         (
             {"neuron": {"instanceType": "inf2.xlarge", "maxInputLength": 5000, "sequenceLength": 4096}},
-            "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when"
+            "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when",
         ),
         (
             {"serving": {"mode": "disaggregated"}},
