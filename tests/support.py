@@ -369,6 +369,49 @@ class ApiServer:
         self.process.stop()
 
 
+OPERATOR_USER = (
+    "neuronfleet-operator"  # the token the operator's kubeconfig carries: its calls in the audit log
+)
+
+
+class OperatorCluster:
+    """The emulated API server with the CRD installed and an audit log, kubectl, and a kubeconfig for
+    operators run against it as their own user (so that the audit log tells their calls from kubectl's)."""
+
+    def __init__(self, state: Path) -> None:
+        import yaml
+
+        self.state = state
+        self.api = ApiServer(state, "--audit-log", str(state / "audit.jsonl"))
+        self.kubectl = self.api.kubectl
+        config = yaml.safe_load((state / "kubeconfig").read_text())
+        config["users"][0]["user"]["token"] = OPERATOR_USER
+        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
+        self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
+        self.operators: list[Process] = []
+
+
+class LocalCluster:
+    """A local cluster started with `neuronfleet up --state STATE`: kubectl against it, and waits that last
+    while it makes progress (its logs grow: the API server, operator, kubelet and pods all log there)."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.kubectl = Kubectl(state / "kubeconfig", state / "kc")
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def logged_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.state / "logs").glob("*.log"))
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in (self.state / "logs").glob("*.log"))
+
+    def wait(self, what: str, check):
+        return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
+
+
 # ---- models -----------------------------------------------------------------------------------------------
 
 

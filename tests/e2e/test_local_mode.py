@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, metrics_text, wait_until
+from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
@@ -37,25 +37,8 @@ def neuronfleet(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
 
 
-class Local:
-    """A local cluster started with `neuronfleet up --state STATE`: kubectl against it, and waits that last
-    while it makes progress (its logs grow: the API server, operator, kubelet and pods all log there)."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.kubectl = Kubectl(state / "kubeconfig", state / "kc")
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def logged_bytes(self) -> int:
-        return sum(p.stat().st_size for p in (self.state / "logs").glob("*.log"))
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text()[-3000:] for p in (self.state / "logs").glob("*.log"))
-
-    def wait(self, what: str, check):
-        return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
+class Local(LocalCluster):
+    """`LocalCluster` with the models' phases, pods and process ids."""
 
     def phase(self, name: str) -> str:
         return (self.get("nm", name).get("status") or {}).get("phase", "")

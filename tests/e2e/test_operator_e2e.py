@@ -6,31 +6,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, ApiServer, Process, free_port, neuronfleet_command
+from support import (
+    HTTP_TIMEOUT,
+    OPERATOR_USER,
+    ROOT,
+    OperatorCluster,
+    Process,
+    free_port,
+    neuronfleet_command,
+)
 
 from neuronfleet.operator.kube import RBAC_RULES
 
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
-OPERATOR_USER = "neuronfleet-operator"
 
 
-class Cluster:
-    """The emulated API server with the CRD installed and an audit log, kubectl, and operators run against it
-    as their own user (so that the audit log tells their calls from kubectl's)."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.api = ApiServer(state, "--audit-log", str(state / "audit.jsonl"))
-        self.kubectl = self.api.kubectl
-        config = yaml.safe_load((state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = OPERATOR_USER
-        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
-        self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
-        self.operators: list[Process] = []
+class Cluster(OperatorCluster):
+    """`OperatorCluster` with operators started, waited on and stopped as processes."""
 
     def run_operator(self, *extra: str) -> Process:
         args = [*neuronfleet_command(), "operator", "--kubeconfig", str(self.state / "operator-kubeconfig")]

@@ -12,14 +12,20 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, ApiServer, Process, neuronfleet_command, wait_until
+from support import (
+    HTTP_TIMEOUT,
+    OPERATOR_USER,
+    ROOT,
+    OperatorCluster,
+    Process,
+    neuronfleet_command,
+    wait_until,
+)
 
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
-OPERATOR_USER = "neuronfleet-operator"
 MODELS = 300
 IDLE_WINDOW = 30.0  # seconds of idle the test counts the operator's requests over
 READS_PER_MODEL_PER_5_MIN = 1  # the target
@@ -36,19 +42,9 @@ PATHS = {
 }
 
 
-class Cluster:
+class Cluster(OperatorCluster):
     """The emulated API server with the CRD and an audit log; operators run as their own user (the audit log
     tells their calls from the test's); plain HTTP for the test's own bulk calls."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.api = ApiServer(state, "--audit-log", str(state / "audit.jsonl"))
-        self.kubectl = self.api.kubectl
-        config = yaml.safe_load((state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = OPERATOR_USER
-        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
-        self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
-        self.operators: list[Process] = []
 
     def run_operator(self) -> Process:
         args = [*neuronfleet_command(), "operator", "--kubeconfig", str(self.state / "operator-kubeconfig")]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, wait_until
+from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -31,23 +31,7 @@ def neuronfleet(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
 
 
-class Local:
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.kubectl = Kubectl(state / "kubeconfig", state / "kc")
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def logged_bytes(self) -> int:
-        return sum(p.stat().st_size for p in (self.state / "logs").glob("*.log"))
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text()[-3000:] for p in (self.state / "logs").glob("*.log"))
-
-    def wait(self, what: str, check):
-        return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
-
+class Local(LocalCluster):
     def model(self) -> dict:
         return self.get("nm", NAME)
 
