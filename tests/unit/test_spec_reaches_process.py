@@ -66,7 +66,7 @@ def serve_args(command: list[str]) -> ServeConfig:
     return ServeConfig.from_namespace(build_parser().parse_args(command[1:]))
 
 
-# ---- the external engines' documented flags (the pinned versions of operator/engines.py) ------------------
+# ---- the external engines' documented flags (the pinned versions of operator/engines/) ------------------
 
 
 def vllm_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,76 @@
+"""Engines: a pure mapping from a NeuronModel spec to each serving engine's image, command, arguments and
+environment, following that engine's documented contract for its pinned version (one module per engine:
+`embedded`, `vllm`, `tgi`, `sglang`), including where it finds the compiled artifacts. Every engine's
+router is ours (`neuronfleet serve --role router`).
+
+Every spec field meant for the runtime reaches each role's command, environment or compile config
+(tests/unit/test_spec_reaches_process.py checks it for every sample); a field an engine has no setting for is
+refused by `unsupported` (called by validation), never dropped.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from neuronfleet.contract import ServeConfig
+
+from ..spec import NeuronModelSpec
+from . import embedded, sglang, tgi, vllm
+from .common import Container, artifacts_dir, model_reference, nxdi_neuron_config, serve_config
+
+ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
+
+__all__ = [
+    "ENGINES",
+    "Container",
+    "artifacts_dir",
+    "compile_container",
+    "compile_files",
+    "image_for",
+    "model_reference",
+    "nxdi_neuron_config",
+    "serve_config",
+    "serve_container",
+    "unsupported",
+]
+
+
+def image_for(spec: NeuronModelSpec) -> str:
+    return spec.image or ENGINES[spec.engine].image(spec)
+
+
+def unsupported(spec: NeuronModelSpec) -> list[str]:
+    """Spec fields the engine has no setting for (empty: every field reaches the engine)."""
+    return ENGINES[spec.engine].unsupported(spec)
+
+
+def serve_container(
+    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None = None,
+    served_name: str | None = None,
+) -> Container:  # fmt: skip
+    """The serving container of a role (unified, prefill, decode or router). For our runtime (the embedded
+    engine, and every engine's router) `config` is the role's serve options (default: `serve_config`); the
+    other engines name the model `served_name` in their APIs (default: their own choice)."""
+    if spec.engine == "embedded" or role == "router":  # the router is ours whatever the engine
+        own = spec
+        if spec.engine != "embedded":
+            own = spec.model_copy(update={"engine": "embedded", "image": None})
+        container = embedded.serve(own, role, compile_hash, port, config)
+        if spec.engine == "embedded" and spec.image:
+            container.image = spec.image
+        return container
+    container = ENGINES[spec.engine].serve(spec, role, compile_hash, port, served_name)
+    container.image = image_for(spec)
+    return container
+
+
+def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
+    """Files the compile Job reads from the runtime ConfigMap (file name -> content), beyond compile.json."""
+    return ENGINES[spec.engine].compile_files(spec, compile_hash)
+
+
+def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
+    """What the compile Job runs: `neuronfleet compile` for our engine, else the engine's own compile."""
+    container = ENGINES[spec.engine].compile_container(spec, compile_hash)
+    container.image = image_for(spec)
+    return container

@@ -1,0 +1,124 @@
+"""What every engine path shares: the container a role runs, where a compile hash's artifacts live, how an
+engine names the model, the NxDI NeuronConfig of the spec's shapes, our runtime's serve options (the
+embedded engine and every engine's router), and the compile script that wraps an engine's own compile step
+(cache hit at once, manifest written last, the termination message the operator reads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from neuronfleet import __version__
+from neuronfleet.contract import CACHE_MOUNT, MODEL_MOUNT, TERMINATION_LOG, TERMINATION_LOG_ENV, ServeConfig
+
+from ..spec import NeuronModelSpec
+
+# Our own runtime's images, built from the repository's Dockerfile; the chart's runtimeImages may name others.
+OWN_IMAGES = {
+    target: os.environ.get(f"NEURONFLEET_RUNTIME_IMAGE_{target.upper()}")
+    or f"ghcr.io/neuronfleet/runtime-{target}:{__version__}"
+    for target in ("cpu", "neuron")
+}
+
+
+@dataclass
+class Container:
+    """What a container of one role runs: image, command + args, environment (name -> value)."""
+
+    image: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def artifacts_dir(compile_hash: str) -> str:
+    return f"{CACHE_MOUNT}/artifacts/{compile_hash}"
+
+
+def own_image(spec: NeuronModelSpec) -> str:
+    return OWN_IMAGES["cpu" if spec.neuron.instanceType == "cpu" else "neuron"]
+
+
+def model_reference(spec: NeuronModelSpec) -> str:
+    """How an engine names the model: a Hub id for hf://, a mounted path for pvc:// and file://."""
+    uri = spec.model.uri
+    if uri.startswith("hf://"):
+        return uri.removeprefix("hf://")
+    if uri.startswith("pvc://"):
+        return f"{MODEL_MOUNT}/{uri.removeprefix('pvc://').split('/', 1)[1]}".rstrip("/")
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return uri  # s3:// is fetched by the compile step into the artifacts
+
+
+def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
+    """NxDI NeuronConfig fields for the spec's shapes, overrides last."""
+    n = spec.neuron
+    config = {
+        "tp_degree": n.tensorParallel,
+        "batch_size": n.batchSize,
+        "seq_len": n.sequenceLength,
+        "max_context_length": n.maxInputLength,
+        "torch_dtype": n.dtype,
+        "is_continuous_batching": True,
+        "enable_bucketing": True,
+    }
+    if n.buckets.context:
+        config["context_encoding_buckets"] = n.buckets.context
+    if n.buckets.generation:
+        config["token_generation_buckets"] = n.buckets.generation
+    if n.logicalCores is not None:
+        config["logical_nc_config"] = n.logicalCores
+    if n.quantization != "none":
+        config["quantized"] = True
+        config["quantization_dtype"] = n.quantization
+    return {**config, **n.overrides}
+
+
+def serve_config(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> ServeConfig:
+    """Our runtime's serve options for a role that follow from the spec alone (the pod's own are added by
+    the caller): the compiled model, the port, and the compiled shapes (slots, lengths, buckets, dtype), for
+    every role: the router checks requests against the same limits and reports them (`/info`)."""
+    n = spec.neuron
+    shapes: dict = {"slots": n.batchSize, "max_seq_len": n.sequenceLength, "max_input_len": n.maxInputLength}
+    if n.buckets.context:
+        shapes["prefill_buckets"] = list(n.buckets.context)
+    if n.buckets.generation:
+        shapes["decode_buckets"] = list(n.buckets.generation)
+    model = f"{artifacts_dir(compile_hash)}/model"
+    return ServeConfig(model=model, role=role, host="0.0.0.0", port=port, dtype=n.dtype, **shapes)  # type: ignore[arg-type]
+
+
+def compile_script(spec: NeuronModelSpec, compile_hash: str, step: str) -> str:
+    """compile.sh: the engine's compile `step` into artifacts/<hash>/ ($OUT), manifest.json (the completion
+    marker) written last, and an immediate exit when the manifest exists already (a cache hit)."""
+    manifest = json.dumps({"engine": spec.engine, "compileHash": compile_hash})
+    return (
+        "#!/bin/sh\nset -eu\n"
+        f"OUT={artifacts_dir(compile_hash)}\n"
+        f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"  # the termination message the operator reads\n'
+        'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; '
+        'sed \'s/}$/, "cacheHit": true}/\' "$OUT/manifest.json" > "$LOG" || true; exit 0; fi\n'
+        'mkdir -p "$OUT"\n'
+        f"{step}\n"
+        f'echo {shlex.quote(manifest)} > "$OUT/manifest.json.tmp"\n'
+        'mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"\n'
+        'sed \'s/}$/, "cacheHit": false}/\' "$OUT/manifest.json" > "$LOG" || true\n'
+    )
+
+
+def refusals_of_nxdi_fields(spec: NeuronModelSpec, where: str, use: str) -> list[str]:
+    """Refusals for the NxDI-only fields (quantization, buckets, overrides, LNC) on an engine that reads
+    none of them (`where`), suggesting `use`."""
+    n, out = spec.neuron, []
+    if n.quantization != "none":
+        out.append(f"neuron.quantization {n.quantization}: {where} has no setting for it; use none or {use}")
+    if n.buckets.context or n.buckets.generation:
+        out.append(f"neuron.buckets: {where} compiles its own length buckets; remove them or use {use}")
+    if n.overrides:
+        out.append(f"neuron.overrides are NxDI NeuronConfig fields, which {where} does not read; remove them "
+                   f"or use {use}")  # fmt: skip
+    if n.logicalCores is not None:
+        out.append(f"neuron.logicalCores: {where} has no setting for it; remove it or use {use}")
+    return out

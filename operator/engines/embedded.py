@@ -1,0 +1,36 @@
+"""The embedded engine: neuronfleet's own runtime (`neuronfleet serve`), artifacts = the folder
+`neuronfleet compile` wrote (compile.json from the runtime ConfigMap)."""
+
+from __future__ import annotations
+
+from neuronfleet.contract import COMPILE_CONFIG_FILE, CONFIG_MOUNT, MODEL_MOUNT, ServeConfig
+
+from ..spec import NeuronModelSpec
+from .common import Container, artifacts_dir, own_image, serve_config
+
+
+def image(spec: NeuronModelSpec) -> str:
+    return own_image(spec)
+
+
+def serve(
+    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None
+) -> Container:
+    config = config or serve_config(spec, role, compile_hash, port)
+    return Container(own_image(spec), ["neuronfleet", "serve", *config.to_args()])
+
+
+def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
+    return {}  # compile.json, written by the builders, is all `neuronfleet compile` reads
+
+
+def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
+    command = ["neuronfleet", "compile", "--config", f"{CONFIG_MOUNT}/{COMPILE_CONFIG_FILE}"]
+    command += ["--out", artifacts_dir(compile_hash)]
+    if spec.model.uri.startswith("pvc://"):
+        command += ["--model-mount", MODEL_MOUNT]
+    return Container(image(spec), command)
+
+
+def unsupported(spec: NeuronModelSpec) -> list[str]:
+    return []  # NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides
