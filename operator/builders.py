@@ -234,7 +234,9 @@ def _env(spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool) -> list[
     return env
 
 
-def _volumes(owner: Owner, spec: NeuronModelSpec, compiling: bool) -> tuple[list, list]:
+def _volumes(
+    owner: Owner, spec: NeuronModelSpec, compiling: bool, writable: tuple[str, ...] = ()
+) -> tuple[list, list]:
     """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
     never touches running pods)."""
@@ -253,6 +255,9 @@ def _volumes(owner: Owner, spec: NeuronModelSpec, compiling: bool) -> tuple[list
         claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    for i, path in enumerate(writable):  # what the engine writes beside /tmp (HOME, caches), root read-only
+        volumes.append({"name": f"writable-{i}", "emptyDir": {}})
+        mounts.append({"name": f"writable-{i}", "mountPath": path})
     return volumes, mounts
 
 
@@ -264,8 +269,7 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: 
     """The compile Job of a hash. `attempt` (the generation and retry request it was made for) is kept as
     an annotation: a failed Job is replaced when a later attempt is asked for (`rollout.retry_due`)."""
     container = engines.compile_container(spec, chash)
-    volumes, mounts = _volumes(owner, spec, compiling=True)
-    resources = spec.compile.resources
+    volumes, mounts = _volumes(owner, spec, compiling=True, writable=container.writable)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
@@ -276,14 +280,16 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: 
                 "command": container.command,
                 "env": _env(spec, container.env, hub_token=True),
                 "volumeMounts": mounts,
-                "resources": {k: v for k, v in resources.model_dump().items() if v},
-                "securityContext": _security(read_only_root=spec.engine == "embedded"),
+                "resources": _compile_resources(spec, container.needs_neuron),
+                "securityContext": _security(read_only_root=container.read_only_root),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": volumes,
     }
-    if spec.compile.nodeSelector:
+    if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
+        _place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), [])
+    elif spec.compile.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.compile.nodeSelector)
     meta = metadata(owner, compile_job_name(owner, chash), "compile", chash)
     if attempt:
@@ -302,6 +308,29 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: 
             "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
         },
     }
+
+
+def _compile_resources(spec: NeuronModelSpec, needs_neuron: bool) -> dict[str, Any]:
+    """The compile container's resources: the spec's, plus the serving pods' Neuron cores when the
+    engine's compile runs the model on devices."""
+    out = {k: dict(v) for k, v in spec.compile.resources.model_dump().items() if v}
+    if needs_neuron:
+        cores = str(validation.neuron_devices(spec)[1])
+        for kind in ("requests", "limits"):  # extended resources: requests equal limits
+            out.setdefault(kind, {})["aws.amazon.com/neuroncore"] = cores
+    return out
+
+
+def _place_on_neuron(
+    spec: NeuronModelSpec, pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list
+) -> None:
+    """Puts a pod that uses Neuron cores on a node of the spec's instance type: its label, the Neuron
+    taint tolerated, and the Neuron scheduler extension when it needs contiguous cores."""
+    node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
+    pod_spec["nodeSelector"] = node_selector
+    pod_spec["tolerations"] = [dict(NEURON_TAINT), *tolerations]
+    if validation.neuron_devices(spec)[1] > 1:  # contiguous cores: the Neuron scheduler extension
+        pod_spec["schedulerName"] = spec.scheduling.schedulerName or NEURON_SCHEDULER
 
 
 def serving_roles(spec: NeuronModelSpec) -> dict[str, int]:
@@ -375,7 +404,7 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
     env = _env(spec, container.env, hub_token=reads_hub_when_serving(spec, role))
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    volumes, mounts = _volumes(owner, spec, compiling=False)
+    volumes, mounts = _volumes(owner, spec, compiling=False, writable=container.writable)
     transport = spec.serving.kvTransfer.transport
     if ours and role == "decode":
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
@@ -417,24 +446,20 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
                 "startupProbe": probe(health, 10, 360),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
-                "securityContext": _security(read_only_root=ours, efa=efa),
+                "securityContext": _security(read_only_root=container.read_only_root, efa=efa),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": volumes,
     }
     sched = spec.scheduling
-    node_selector = dict(sched.nodeSelector)
-    tolerations = list(sched.tolerations)
     if neuron:
-        node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
-        tolerations.insert(0, dict(NEURON_TAINT))
-        if validation.neuron_devices(spec)[1] > 1:  # contiguous cores: the Neuron scheduler extension
-            pod_spec["schedulerName"] = sched.schedulerName or NEURON_SCHEDULER
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
+        _place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations))
+    else:
+        if sched.nodeSelector:
+            pod_spec["nodeSelector"] = dict(sched.nodeSelector)
+        if sched.tolerations:
+            pod_spec["tolerations"] = list(sched.tolerations)
     if sched.affinity:
         pod_spec["affinity"] = dict(sched.affinity)
     if sched.priorityClassName:

@@ -25,11 +25,17 @@ OWN_IMAGES = {
 
 @dataclass
 class Container:
-    """What a container of one role runs: image, command + args, environment (name -> value)."""
+    """What a container of one role runs: image, command + args, environment (name -> value); the folders it
+    writes (each an emptyDir; /tmp always is one) and whether the rest of its root can be read-only; for a
+    compile container, whether the compile needs Neuron devices (it then runs on a node of the serving
+    instance type with the serving pods' cores)."""
 
     image: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    writable: tuple[str, ...] = ()
+    read_only_root: bool = True
+    needs_neuron: bool = False
 
 
 def artifacts_dir(compile_hash: str) -> str:

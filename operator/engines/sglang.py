@@ -36,7 +36,7 @@ def serve(
         command += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
     cache = f"{artifacts_dir(compile_hash)}/neuron-cache"
     env = {"SGLANG_PLATFORM": "neuron", "NEURON_COMPILE_CACHE_URL": cache}
-    return Container(IMAGE, command, env)
+    return Container(IMAGE, command, env, read_only_root=False)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
@@ -45,7 +45,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
-    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
+    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=False)
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:

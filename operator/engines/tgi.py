@@ -38,7 +38,7 @@ def serve(
         "PORT": str(port),
     }
     command = ["text-generation-launcher", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
-    return Container(IMAGE, command, env)
+    return Container(IMAGE, command, env, read_only_root=False)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
@@ -52,7 +52,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
-    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
+    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=False)
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:

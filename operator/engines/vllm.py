@@ -38,7 +38,8 @@ def serve(
         producer = "kv_producer" if role == "prefill" else "kv_consumer"
         transfer = {"kv_connector": "NixlConnector", "kv_role": producer}
         command += ["--kv-transfer-config", json.dumps(transfer)]
-    return Container(IMAGE, command, {"NEURON_COMPILED_ARTIFACTS": f"{artifacts_dir(compile_hash)}/model"})
+    env = {"NEURON_COMPILED_ARTIFACTS": f"{artifacts_dir(compile_hash)}/model"}
+    return Container(IMAGE, command, env, read_only_root=False)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
@@ -56,7 +57,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
-    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
+    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=False)
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
