@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 from dataclasses import dataclass, field
+from typing import Literal
 
 from neuronfleet import __version__
 from neuronfleet.contract import CACHE_MOUNT, MODEL_MOUNT, TERMINATION_LOG, TERMINATION_LOG_ENV, ServeConfig
@@ -21,6 +22,32 @@ OWN_IMAGES = {
     or f"ghcr.io/neuronfleet/runtime-{target}:{__version__}"
     for target in ("cpu", "neuron")
 }
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One name the operator emits for an engine, with its meaning and the public source that documents it
+    for the pinned version: a command-line argument (`--max-model-len`), an environment variable
+    (`MAX_BATCH_SIZE`) or a config key (`override_neuron_config.tp_degree`)."""
+
+    name: str
+    kind: Literal["arg", "env", "config"]
+    meaning: str
+    source: str  # repository@tag:path, or a versioned documentation page
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """An engine's pinned version: the image and the engine/SDK versions inside it, each with its source,
+    and every name the operator emits for it."""
+
+    image: str
+    versions: dict[str, str]  # component -> version (e.g. {"vllm": "0.11.0", "neuron-sdk": "2.27.1"})
+    source: str  # where the image and its versions are published
+    facts: tuple[Fact, ...]
+
+    def fact(self, name: str) -> Fact | None:
+        return next((f for f in self.facts if f.name == name), None)
 
 
 @dataclass
