@@ -13,6 +13,9 @@ from neuronfleet.contract import CONFIG_MOUNT
 from ..spec import NeuronModelSpec
 from .common import Container, artifacts_dir, compile_script, model_reference, refusals_of_nxdi_fields
 
+# The prefill server's bootstrap port, where decode servers and the router meet it (SGLang's
+# --disaggregation-bootstrap-port; its default, to be confirmed against the pinned version's server_args.py)
+BOOTSTRAP_PORT = 8998
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:0.1.0-neuronx-py312-sdk2.33.0-ubuntu24.04"
 
 
