@@ -55,7 +55,7 @@ class Triggers:
         meta = obj.get("metadata") or {}
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
         if model and obj.get("kind") != spec.KIND:
-            if event == "DELETED":
+            if event == "DELETED" and obj.get("kind") != "Pod":  # pods go in every roll: no live read
                 self._check.add((meta.get("namespace", ""), model))
             self.enqueue((meta.get("namespace", ""), model))
 

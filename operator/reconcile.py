@@ -25,6 +25,7 @@ from .status import (
     compile_report,
     compute_status,
     job_state,
+    pod_problems,
     transitions,
     with_conflicts,
 )
@@ -154,6 +155,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     drain_until = old.get("drainUntil")
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     conflicts: list[str] = []  # objects of this model's names that another owner controls
+    failing: list[str] = []  # serving pods that will not become ready without a change
     if spec is not None and not errors:
         assert chash is not None
         compiled = serving == chash  # remembered in status: its Job may be gone (ttlSecondsAfterFinished)
@@ -198,6 +200,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 d for d in await kube.list("Deployment", ns, model_label) if rollout.owned_by(d, owner.uid)
             ]
             ours = [deployments.get(d["metadata"]["name"], d) for d in ours]
+            if not rolled_out:  # why pods are not ready, when they will not be (from the pod cache)
+                failing = pod_problems(await kube.list("Pod", ns, model_label))
             existing = await kube.get("Service", ns, owner.name)
             current = (existing or {}).get("spec", {}).get("selector") if existing and rollout.owned_by(
                 existing, owner.uid) else None  # fmt: skip
@@ -220,7 +224,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        serving_spec=stored, drain_until=drain_until, endpoint=endpoint, at=now(),
+        serving_spec=stored, drain_until=drain_until, failing=failing, endpoint=endpoint, at=now(),
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
