@@ -66,10 +66,12 @@ class Triggers:
 
     def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
         """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
-        through the queue, so that pass reports its events and stops with the operator."""
-        if status.get("drainUntil"):
-            delay = rollout.seconds_until(status["drainUntil"], now()) + 1
-            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+        and one whose compile waits to be tried again, then (status.compileRetryAt); through the queue, so
+        that pass reports its events and stops with the operator."""
+        for field in ("drainUntil", "compileRetryAt"):
+            if status.get(field):
+                delay = rollout.seconds_until(status[field], now()) + 1
+                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]

@@ -27,6 +27,18 @@ def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
     return "running", f"compile Job {job['metadata']['name']} is running"
 
 
+def compile_failure(pods: list[dict[str, Any]]) -> str:
+    """Why a failed compile Job's pods ended: the last line of the newest failed pod's termination message
+    (the compile's own error), or "" when none left one."""
+    failed = []
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode") not in (None, 0) and terminated.get("message"):
+                failed.append((terminated.get("finishedAt") or "", _last_line(terminated["message"], 400)))
+    return max(failed)[1] if failed else ""
+
+
 def compile_report(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The manifest a compile pod left as its termination message (bytes, compiledAt, cacheHit), if any."""
     for pod in pods:
@@ -144,6 +156,7 @@ def compute_status(
     report: dict[str, Any] | None = None,  # the compile pod's manifest, when it left one
     serving_spec: dict[str, Any] | None = None,  # the compiled sections of serving_hash's spec
     drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
+    retry_at: str | None = None,  # a compile whose model source was unreadable is tried again then
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     endpoint: str | None,
     at: str,
@@ -199,7 +212,9 @@ def compute_status(
         phase = "Ready"
     else:
         phase = "Rolling" if serving_now else "Deploying"
-    if failed:
+    if failed and retry_at:
+        progress = ("CompileFailed", f"the model source could not be read; compiling again at {retry_at}")
+    elif failed:
         progress = ("CompileFailed", "waiting for a change or neuronfleet.dev/retry to compile again")
     elif not compiled:
         progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
@@ -243,6 +258,7 @@ def compute_status(
         if serving_spec is not None:
             status["servingSpec"] = serving_spec
         status["drainUntil"] = drain_until  # None (null) clears it
+    status["compileRetryAt"] = retry_at if failed else None
     return status
 
 

@@ -39,6 +39,7 @@ def status(
     live=True,
     serving_now=False,
     failing=None,
+    retry_at=None,
 ) -> dict:
     roles = roles or {}
     if rolled_out is None:  # by default: rolled out when every role has its pods ready
@@ -46,7 +47,7 @@ def status(
     return compute_status(
         old=old or {}, generation=3, errors=list(errors), compile_hash=NEW, serving_hash=serving, job=job,
         roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        failing=failing, endpoint=ENDPOINT, at=at,
+        failing=failing, retry_at=retry_at, endpoint=ENDPOINT, at=at,
     )  # fmt: skip
 
 
@@ -405,3 +406,27 @@ def test_lost_pods_whose_replacements_will_not_start_say_both():
         f"pods lost: unified 1/2 ready; {problem}",
     )
     assert transitions(lost, stuck) == [("Warning", "PodsFailing", degraded["message"])]
+
+
+def test_a_failed_compile_says_the_compiles_own_error_and_when_an_unreadable_source_is_tried_again():
+    from neuronfleet.operator.status import compile_failure
+
+    def compile_pod(exit_code, message, finished):
+        terminated = {"exitCode": exit_code, "message": message, "finishedAt": finished}
+        return {"status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+
+    pods = [
+        compile_pod(1, "Traceback\nneuronfleet compile: model source unavailable: pvc://m/x: not found", AT),
+        compile_pod(1, "neuronfleet compile: model source unavailable: pvc://m/x: not found at /m/x", LATER),
+        compile_pod(0, '{"engine": "embedded"}', LATER),  # (a report, not a failure)
+    ]
+    assert (
+        compile_failure(pods) == "neuronfleet compile: model source unavailable: pvc://m/x: not found at /m/x"
+    )
+    assert compile_failure([compile_pod(0, "{}", AT)]) == ""
+    retrying = status(job=FAILED, retry_at=LATER)
+    assert retrying["compileRetryAt"] == LATER
+    assert "compiling again at " + LATER in next(
+        c["message"] for c in retrying["conditions"] if c["type"] == "Progressing"
+    )
+    assert status(job=FAILED)["compileRetryAt"] is None

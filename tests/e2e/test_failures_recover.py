@@ -1,12 +1,17 @@
-"""Pods that will not start say why, in the model's status and as a Warning event, in local mode (the real
-operator, kubelet, runtime and `kubectl`): a scale-up whose new pod finds no compiled model (its artifacts
-were removed under it) crash-loops; the old pod keeps serving, the model stays Rolling with Degraded=True
-`PodsFailing` naming the pod, its restarts and the runtime's own reason, `kubectl get events` shows the
-Warning; once the artifacts are back the pod starts and the model is Ready again with a Normal Recovered."""
+"""Failures say why and recover once their cause is gone, in local mode (the real operator, kubelet, runtime
+and `kubectl`):
+- Pods that will not start: a scale-up whose new pod finds no compiled model (its artifacts were removed
+  under it) crash-loops; the old pod keeps serving, the model stays Rolling with Degraded=True `PodsFailing`
+  naming the pod, its restarts and the runtime's own reason, `kubectl get events` shows the Warning; once the
+  artifacts are back the pod starts and the model is Ready again with a Normal Recovered.
+- A model source that is not there yet: the compile fails saying so (CompileFailed with the compile's own
+  message, status.compileRetryAt); the file is copied to the claim; the compile is tried again by itself and
+  the model becomes Ready with no change to the spec."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -27,14 +32,15 @@ def neuronfleet(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
 
 
-@pytest.fixture
-def local(tmp_path):
-    run = neuronfleet("up", "--state", str(tmp_path), "--detach")
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local")
+    run = neuronfleet("up", "--state", str(state), "--detach")
     assert run.returncode == 0, run.stderr + run.stdout
     try:
-        yield LocalCluster(tmp_path)
+        yield LocalCluster(state)
     finally:
-        down = neuronfleet("down", "--state", str(tmp_path))
+        down = neuronfleet("down", "--state", str(state))
         assert down.returncode == 0, down.stderr
 
 
@@ -85,3 +91,29 @@ def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
     assert degraded(model())["status"] == "False"
     events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
     assert any("Recovered" in line and "Normal" in line for line in events.splitlines()), events
+
+
+def condition(model: dict, type_: str) -> dict:
+    return next((c for c in (model.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_compile_whose_source_is_missing_is_tried_again_once_the_file_is_there(local):
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["metadata"]["name"] = "later"
+    manifest["spec"]["model"]["uri"] = "pvc://local-models/later/smollm2.gguf"
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", "later")  # noqa: E731
+    local.wait("CompileFailed", lambda: condition(model(), "Compiled").get("reason") == "CompileFailed")
+    status = model()["status"]
+    message = condition(model(), "Compiled")["message"]
+    assert "model source unavailable: pvc://local-models/later/smollm2.gguf: not found" in message, message
+    assert status["phase"] == "Failed" and status["compileRetryAt"], status
+    assert "compiling again at" in condition(model(), "Progressing")["message"]
+
+    models = local.state / "node" / "volumes" / "default" / "local-models"
+    (models / "later").mkdir()
+    shutil.copy(models / "smollm2-135m-instruct.gguf", models / "later" / "smollm2.gguf")
+    local.wait("Ready with no change", lambda: (model().get("status") or {}).get("phase") == "Ready")
+    assert model()["metadata"]["generation"] == 1 and model()["status"].get("compileRetryAt") is None
+    events = local.kubectl("get", "events", "--field-selector", "involvedObject.name=later").stdout
+    assert any("CompileRetried" in line and "readable now" in line for line in events.splitlines()), events
