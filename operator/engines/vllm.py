@@ -48,7 +48,9 @@ NXDI_APP = (
 )
 LNC_DOC = "aws-neuron/aws-neuron-sdk@v2.27.1:about-neuron/arch/neuron-features/logical-neuroncore-config.rst"
 VLLM_ENVS = "vllm/envs.py@v0.11.0 (VLLM_CACHE_ROOT ~/.cache/vllm, VLLM_CONFIG_ROOT ~/.config/vllm)"
-HF_ENVS = "https://huggingface.co/docs/huggingface_hub/v0.35.3/en/package_reference/environment_variables"
+HF_ENVS = (  # huggingface_hub>=0.34 comes with vLLM 0.11.0's transformers>=4.55.2 (the wheel's METADATA)
+    "https://huggingface.co/docs/huggingface_hub/v0.34.0/en/package_reference/environment_variables"
+)
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.11.0-neuronx-py312-sdk2.27.1-ubuntu24.04"
 HOME = "/home/neuronfleet"  # an emptyDir: vLLM's and the Hub's caches (~/.cache, ~/.config), root read-only
