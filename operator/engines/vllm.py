@@ -28,8 +28,8 @@ VLLM_ARGS = (
     "https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html (vllm/engine/arg_utils.py@v0.11.0)"
 )
 VLLM_SERVE = "https://docs.vllm.ai/en/v0.11.0/cli/serve.html (vllm/entrypoints/openai/cli_args.py@v0.11.0)"
-# The image installs the plugin's 0.2.2+lts branch; the copy read here is its release-0.2.x branch (0.2.0, the
-# same vLLM 0.11.0 line), the closest one published where this was checked.
+# The image installs the plugin's 0.2.2+lts branch; the copy read here was its release-0.2.x branch (0.2.0,
+# the same vLLM 0.11.0 line): the stored snapshot of the repository had no 0.2.2+lts (docs/engine-vllm.md).
 PLUGIN = "vllm-project/vllm-neuron@0.2.2+lts"
 PLUGIN_LOADER = f"{PLUGIN}:vllm_neuron/worker/neuronx_distributed_model_loader.py"
 PLUGIN_PLATFORM = f"{PLUGIN}:vllm_neuron/platform.py"
