@@ -398,8 +398,8 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
         out.append(
             f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "
             "engine vllm: vLLM bounds a prompt only by --max-model-len (neuron.sequenceLength), leaving one "
-            "token to generate, so a lower limit would not be enforced; set maxInputLength "
-            f"{n.sequenceLength - 1} or use engine embedded"
+            "token to generate, so a lower limit would not be enforced; set neuron.maxInputLength "
+            f"{n.sequenceLength - 1}"
         )
     if spec.model.uri.startswith("s3://"):
         out.append(
