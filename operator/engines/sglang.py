@@ -68,7 +68,7 @@ PINNED = Pinned(
         Fact("SGLANG_DISAGGREGATION_NIXL_BACKEND", "env", f"{NIXL_BACKEND}: NIXL over libfabric (EFA)",
              "github.com/sgl-project/sglang@43881a7:python/sglang/srt/environ.py (default UCX); " + _PD),
         Fact("HOME", "env", "a writable home: HF_HOME (~/.cache/huggingface) and torch's caches",
-             "huggingface_hub docs, package_reference/environment_variables (HF_HOME)"),
+             "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"),
     ),
 )  # fmt: skip
 

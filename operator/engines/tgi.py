@@ -82,7 +82,7 @@ PINNED = Pinned(
         Fact("MAX_BATCH_PREFILL_TOKENS", "env", "batch_size x MAX_INPUT_TOKENS (neuron_config_to_env's)",
              f"{_ENV} (neuron_config_to_env); {_TGI}:docs/source/backends/neuron.md"),
         Fact("HOME", "env", "a writable home: HF_HOME (~/.cache/huggingface) and torch's caches",
-             "huggingface_hub docs, package_reference/environment_variables (HF_HOME)"),
+             "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"),
         Fact("optimum-cli export neuron", "arg", "exports a decoder for the Neuron backend", _EXPORT),
         Fact("--model", "arg", "the checkpoint folder (or Hub id) to export", _EXPORT),
         Fact("--task", "arg", "text-generation", _EXPORT),
