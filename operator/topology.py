@@ -20,13 +20,13 @@ named below, as of SDK 2.26-2.29):
   per logical NeuronCore"). The instance type names are the Neuron driver's: trn3.48xlarge (a 16-chip server)
   and trn3p.48xlarge (a server of an UltraServer) in github.com/aws-neuron/aws-neuron-driver@9cc489ec:
   v4/neuron_dhal_v4.c (v4_platform_map; its core map has 16 devices of 8 cores). No published page gives a
-  Trn3 server's EFA interface count: 16 is taken from trn2.48xlarge, which carries the same 3,200 Gbps per
-  server (12,800 / 4) over 16 interfaces (trn2-arch.html); a real cluster must confirm it.
+  Trn3 server's EFA interface count: 16 is trn2.48xlarge's (below), which has the same 3,200 Gbps of EFA per
+  server (trn2-arch.rst; 12,800 / 4 for Trn3); a real cluster must confirm it.
 - Devices per pod: the Neuron scheduler extension requires 1, 4, 8 or all 16 devices on trn1.32xlarge
   and trn1n.32xlarge, any contiguous set on Inf2 (containers/tutorials/k8s-neuron-scheduler.html).
 - Tensor-parallel degrees (no single published list; these are ours): Trn1's follow from the scheduler
-  extension's device counts (one core, or 1/4/8/16 devices = 2/8/16/32 cores); Inf2's and Trn2's are powers of
-  two (plus all 24 cores of inf2.48xlarge), each limited at validation to the cores the instance has.
+  extension's device counts (one core, or 1/4/8/16 devices = 2/8/16/32 cores); Inf2's, Trn2's and Trn3's are
+  powers of two (plus all 24 cores of inf2.48xlarge), each limited at validation to the instance's cores.
 - The compile target family: Inf2 and Trn1 share NeuronCore-v2 (one compiled artifact serves both); Trn2's
   NeuronCore-v3 and Trn3's NeuronCore-v4 each need their own.
 - Model families (`model_type` in each model's config.json), which engines that support only some check.
