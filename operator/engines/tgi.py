@@ -178,7 +178,7 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
     """What TGI's Neuron export cannot take, each refusal saying what works."""
-    use = "engine embedded or vllm"
+    use = "engine vllm"  # the embedded engine has no Neuron backend yet (issue 15, item 6)
     out = refusals_of_nxdi_fields(spec, "TGI's Neuron export (optimum-neuron)", use)
     inst = topology.INSTANCES.get(spec.neuron.instanceType)
     if inst is not None and inst.platform not in PLATFORMS:
