@@ -151,10 +151,20 @@ def edited(change) -> dict:
             lambda s: s["neuron"].update(instanceType="cpu"),
             "tensorParallel 8 needs Neuron cores; on cpu use 1",
         ),
-        (lambda s: s.update(engine="sglang"), "engine sglang (SGLang-Neuron) runs on Trn2 instances"),
+        (
+            lambda s: s.update(engine="sglang"),
+            "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge, "
+            "trn3p.48xlarge), not inf2.48xlarge; use one of those, or engine vllm on inf2.48xlarge",
+        ),
+        (
+            lambda s: (s.update(engine="tgi"), s["neuron"].update(instanceType="trn2.48xlarge")),
+            "engine tgi (TGI 3.3.5's Neuron backend) runs on Inferentia2 and Trainium1 instances ("
+            "inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge, trn1.2xlarge, trn1.32xlarge, "
+            "trn1n.32xlarge), not trn2.48xlarge; use one of those, or engine vllm on trn2.48xlarge",
+        ),
         (
             lambda s: s["neuron"].update(logicalCores=2),
-            "neuron.logicalCores applies to Trn2 instances only",
+            "neuron.logicalCores applies to Trn2 and Trn3 instances only, not inf2.48xlarge",
         ),
         (
             lambda s: s["neuron"].update(buckets={"context": [1024, 512]}),
