@@ -5,17 +5,16 @@ name emitted here, with its source for the pinned version.
 No compile step: SGLang-Neuron 0.1.0 compiles when each server starts, "a graph runner that compiles every
 prefill and decode shape at startup, so the server never compiles while it serves"
 (github.com/sgl-project/sglang-neuron@4e24326:README.md), and documents no separate compile that a Job could
-run and the serving pods reuse. So `COMPILES` is False: no compile Job should run and no Compiled=True should
-claim one; the pods' startup (the startup probe allows an hour) includes the compile.
+run and the serving pods reuse. So `COMPILES` is False: the operator runs no compile Job, keeps no artifacts
+and says so (Compiled=False, reason NoCompileStep); the pods' startup (the startup probe allows an hour)
+includes the compile.
 """
 
 from __future__ import annotations
 
-from neuronfleet.contract import CONFIG_MOUNT
-
 from .. import topology
 from ..spec import NeuronModelSpec
-from .common import Container, Fact, Pinned, compile_script, model_reference, refusals_of_nxdi_fields
+from .common import Container, Fact, Pinned, model_reference, refusals_of_nxdi_fields
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:v0.1.0-neuron-py314-sdk-2.33.0-ubuntu26.04"
 COMPILES = False  # the graphs compile at each server's start (see above): no compile Job, no Compiled=True
@@ -96,17 +95,6 @@ def serve(
     if role == "prefill":
         command += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     return Container(IMAGE, command, env, writable=(HOME, NEURON_CACHE_DIR))
-
-
-def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
-    """Nothing is compiled ahead (COMPILES is False); until the operator skips the compile Job for such an
-    engine, its script only records the hash, and claims no compiled artifacts."""
-    step = ": # SGLang-Neuron compiles its graphs when each server starts; there is nothing to compile ahead"
-    return {"compile.sh": compile_script(spec, compile_hash, step)}
-
-
-def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
-    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:

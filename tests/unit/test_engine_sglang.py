@@ -22,6 +22,7 @@ from support import ROOT
 from neuronfleet.contract import CACHE_MOUNT, HF_TOKEN_ENVS, MODEL_MOUNT
 from neuronfleet.operator import builders, topology, validation
 from neuronfleet.operator.engines import sglang
+from neuronfleet.operator.status import compute_status, transitions
 
 SAMPLES = [p for p in sorted((ROOT / "crds" / "samples").glob("*.yaml")) if "engine: sglang" in p.read_text()]
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
@@ -141,20 +142,30 @@ def test_every_recorded_name_has_a_meaning_and_a_public_source():
         assert fact.meaning and re.search(r"github\.com/|https://", fact.source), fact
 
 
-def test_no_compile_ahead_so_nothing_points_the_servers_at_the_read_only_cache():
-    """SGLang-Neuron compiles at each server's start (COMPILES is False): its compile script does no work, and
-    no serving environment names a folder of the cache, which serving pods mount read-only (the servers write
-    their compiler caches into their own writable places instead)."""
+def test_no_compile_ahead_no_job_no_artifacts_and_a_status_that_says_so():
+    """SGLang-Neuron compiles at each server's start (COMPILES is False): the operator builds no compile Job,
+    no compile cache claim or config, mounts no artifacts into the servers, and the status claims no compile
+    (Compiled=False, NoCompileStep) while the model becomes Ready once its pods are."""
     assert sglang.COMPILES is False
     obj = load(SAMPLES[0])
     spec = spec_of(obj)
-    script = sglang.compile_files(spec, "h")["compile.sh"]
-    assert "sglang" not in script.split(": #", 1)[0] and "launch_server" not in script
+    chash = builders.compile_hash(spec)
+    kinds = [o["kind"] for o in builders.build_all(OWNER, spec, internal_token="t")]
+    assert "Job" not in kinds and "PersistentVolumeClaim" not in kinds and "ConfigMap" not in kinds, kinds
     for deployment in deployments(obj).values():
         c = container(deployment)
         assert not [v for v in env_of(c).values() if v and v.startswith(CACHE_MOUNT)]
-        cache = next(m for m in c["volumeMounts"] if m["mountPath"] == CACHE_MOUNT)
-        assert cache["readOnly"] is True
+        assert CACHE_MOUNT not in {m["mountPath"] for m in c["volumeMounts"]}
+    roles = {role: (r, r) for role, r in builders.serving_roles(spec).items()}
+    status = compute_status(
+        old={}, generation=1, errors=[], compile_hash=chash, serving_hash=chash, job=("succeeded", ""),
+        roles=roles, compile_step=False, endpoint="http://m:8000", at="2026-11-30T00:00:00Z",
+    )  # fmt: skip
+    compiled = next(c for c in status["conditions"] if c["type"] == "Compiled")
+    assert (compiled["status"], compiled["reason"]) == ("False", "NoCompileStep")
+    assert status["phase"] == "Ready" and status["artifacts"] is None
+    assert ("Normal", "RolledOut", f"{sum(r for r, _ in roles.values())}/{sum(r for r, _ in roles.values())} "
+            f"pods ready; serving revision {chash}") in transitions({}, status)  # fmt: skip
 
 
 def test_servers_keep_a_read_only_root_with_their_writable_places():
