@@ -23,6 +23,7 @@ from .common import (
     Pinned,
     artifacts_dir,
     compile_script,
+    hub_download_failure,
     model_reference,
     refusals_of_nxdi_fields,
 )
@@ -101,9 +102,13 @@ PINNED = Pinned(
 
 DOWNLOAD_SCRIPT = "tgi_download.py"
 _DOWNLOAD = (
-    "import sys\nfrom huggingface_hub import snapshot_download\n\n"
-    "snapshot_download(\n    repo_id=sys.argv[1],\n    revision=sys.argv[2] or None,\n"
-    '    local_dir=sys.argv[3],\n    ignore_patterns=["original/*", "*.pth"],\n)\n'
+    "import os\nimport sys\n\nfrom huggingface_hub import snapshot_download\n\n"
+    "MODEL = sys.argv[1]\n"
+    "try:\n"
+    "    snapshot_download(\n        repo_id=MODEL,\n        revision=sys.argv[2] or None,\n"
+    '        local_dir=sys.argv[3],\n        ignore_patterns=["original/*", "*.pth"],\n    )\n'
+    "except Exception as e:  # not found, gated, refused: the operator tries again later\n"
+    f"{hub_download_failure('    ')}"
 )
 
 
