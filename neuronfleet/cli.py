@@ -125,7 +125,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         if report.ok:
             fit = f"; fit: {report.fit.reason}" if report.fit else ""
             print(f"ok      {where} {name}{fit}")
-            if (obj.get("spec") or {}).get("autoscaling", {}).get("enabled"):
+            autoscaling = (obj.get("spec") or {}).get("autoscaling", {})
+            if autoscaling.get("enabled") and autoscaling.get("provider", "builtin") == "builtin":
                 print(f"  note: {AUTOSCALING_NOT_ACTED_ON}")
         else:
             refused += 1

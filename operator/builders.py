@@ -8,7 +8,9 @@ model's compile hash (unless it has compiled), and, once a hash has compiled, th
 Deployment `NAME-unified`, rolled in place, or a version-isolated disaggregated set (prefill, decode and
 router Deployments and the prefill and decode headless Services, all named `NAME-<role>-<revision>`, the
 router naming only its own set's Services), PodDisruptionBudgets, and the public Service, whose selector
-(`neuronfleet.dev/set`) names the set it serves. Every object carries `app.kubernetes.io/*` labels,
+(`neuronfleet.dev/set`) names the set it serves; with autoscaling by provider hpa or keda, the
+HorizontalPodAutoscaler or KEDA ScaledObject on the model's scale subresource (`scaling`). Every object
+carries `app.kubernetes.io/*` labels,
 neuronfleet's own (`neuronfleet.dev/model`, `role`, `compile-hash`, `set`) and, when the owner's uid is
 known, an ownerReference to the NeuronModel (`neuronfleet render` knows none and writes none).
 """
@@ -38,7 +40,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, names, topology, validation
+from . import engines, names, scaling, topology, validation
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -339,12 +341,8 @@ def _place_on_neuron(
 
 
 def serving_roles(spec: NeuronModelSpec) -> dict[str, int]:
-    """Role -> replicas."""
-    s = spec.serving
-    if s.mode == "unified":
-        return {"unified": s.unified.replicas}
-    assert s.prefill is not None and s.decode is not None  # the spec's rule
-    return {"prefill": s.prefill.replicas, "decode": s.decode.replicas, "router": s.router.replicas}
+    """Role -> replicas (spec.replicas, the scale subresource, mapped by `scaling.role_replicas`)."""
+    return scaling.role_replicas(spec)
 
 
 def serving_set(spec: NeuronModelSpec, chash: str) -> str:
@@ -640,4 +638,5 @@ def build_all(
         objects.append(build_compile_job(owner, spec, chash, attempt, source_retries))
     if serving_hash is not None:
         objects.extend(build_serving(owner, serving, serving_hash, public))
+    objects.append(scaling.build_autoscaler(spec, metadata(owner, owner.name, "autoscaler")))
     return [o for o in objects if o is not None]

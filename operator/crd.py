@@ -17,6 +17,15 @@ from pydantic import BaseModel
 from . import spec
 
 CRD_FILE = f"{spec.GROUP}_{spec.PLURAL}.yaml"
+# `kubectl scale`, HPA and KEDA act on spec.replicas (builders map it to the serving roles);
+# status.scaleReplicas and status.selector are what the operator observed
+# (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+# #scale-subresource, v1.32: labelSelectorPath must name a string field, the serialized selector).
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.scaleReplicas",
+    "labelSelectorPath": ".status.selector",
+}
 # Keywords a structural schema may carry (others, like title or $schema, are dropped).
 KEPT = {
     "type",
@@ -166,7 +175,7 @@ def build_crd() -> dict[str, Any]:
                     "name": spec.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": spec.PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {

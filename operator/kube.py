@@ -58,6 +58,10 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "events"): ("create",),
     # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
     ("", "pods"): ("list", "watch"),
+    # autoscaling.provider hpa or keda (scaling.build_autoscaler): made, kept as built, deleted when the
+    # provider changes; get: apply's read (these kinds are not cached)
+    ("autoscaling", "horizontalpodautoscalers"): ("get", "create", "patch", "delete"),
+    ("keda.sh", "scaledobjects"): ("get", "create", "patch", "delete"),
 }
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
@@ -72,6 +76,8 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "Secret": ("", "v1", "secrets"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     "Event": ("", "v1", "events"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 

@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, engines, metrics, names, rollout, validation
+from . import builders, engines, metrics, names, rollout, scaling, validation
 from .kube import Kube, KubeError
 from .status import (
     autoscaling_condition,
@@ -246,8 +246,19 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         serving_spec=stored, drain_until=drain_until, retry_at=retry_at, failing=failing, endpoint=endpoint,
         compile_step=compile_step, at=now(),
     )  # fmt: skip
-    if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
-        status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))
+    made = scaling.made_autoscaler(old.get("conditions") or [])  # what a former spec had made, if any
+    autoscaler = None
+    if spec is not None and not errors:  # (a refused spec keeps the old one)
+        pods = builders.selector(owner, scaling.scaled_role(spec))
+        status.update(scaling.scale_status(spec, roles, pods))
+        autoscaler = next((o for o in objects if o["kind"] in scaling.AUTOSCALER_KINDS), None)
+        if made and made != (autoscaler or {}).get("kind"):  # the provider changed: the cluster's goes
+            found = await kube.get(made, ns, owner.name)
+            if found is not None and rollout.owned_by(found, owner.uid):
+                await kube.delete(made, ns, owner.name)
+        if spec.autoscaling.enabled:
+            conds = old.get("conditions") or []
+            status["conditions"].append(autoscaling_condition(conds, generation, now(), autoscaler))
     status = with_conflicts(status, old, conflicts, generation, now())
     if status_changed(old, status):
         for event in transitions(old, status):

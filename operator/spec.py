@@ -278,6 +278,43 @@ class Serving(Spec):
     )
 
 
+class ScaleUp(Spec):
+    stabilizationSeconds: int = Field(
+        0, description="Scale up to the highest wish of this window (0: at once).", ge=0, le=3600
+    )
+
+
+class ScaleDown(Spec):
+    stabilizationSeconds: int = Field(
+        300, description="Scale down only to the highest wish of this window (seconds).", ge=0, le=3600
+    )
+
+
+@rules(Rule("self.min <= self.max", "autoscaling.prefill.min must not exceed autoscaling.prefill.max",
+            lambda s: s.min <= s.max))  # fmt: skip
+class RoleBounds(Spec):
+    min: int = Field(1, description="Fewest pods of the role.", ge=0, le=1000)
+    max: int = Field(4, description="Most pods of the role.", ge=1, le=1000)
+
+
+@rules(
+    Rule(
+        "self.min <= self.max",
+        "autoscaling.prefillDecodeRatio.min must not exceed autoscaling.prefillDecodeRatio.max",
+        lambda s: s.min <= s.max,
+    )
+)
+class RatioBounds(Spec):
+    min: float = Field(
+        description="Fewest prefill pods per decode pod (e.g. 0.25: one per four).", gt=0, le=100
+    )
+    max: float = Field(description="Most prefill pods per decode pod.", gt=0, le=100)
+
+
+AUTOSCALING_METRICS = ("queue", "occupancy", "ttft")
+DEFAULT_TARGETS = {"queue": 2.0, "occupancy": 0.75}  # per replica, when autoscaling.target is not set
+
+
 @rules(
     Rule(
         "self.min <= self.max",
@@ -289,19 +326,120 @@ class Serving(Spec):
         "autoscaling.scaleToZero needs autoscaling.min 0",
         lambda s: not s.scaleToZero or s.min == 0,
     ),
+    Rule(
+        "!self.scaleToZero || !has(self.prefill) || self.prefill.min == 0",
+        "autoscaling.scaleToZero needs autoscaling.prefill.min 0 too (or no autoscaling.prefill)",
+        lambda s: not s.scaleToZero or s.prefill is None or s.prefill.min == 0,
+    ),
+    Rule(
+        "self.metric != 'ttft' || has(self.ttftSLOMilliseconds)",
+        "autoscaling.metric ttft needs autoscaling.ttftSLOMilliseconds: the TTFT p90 to hold, in ms",
+        lambda s: s.metric != "ttft" or s.ttftSLOMilliseconds is not None,
+    ),
+    Rule(
+        "self.metric != 'ttft' || !has(self.target)",
+        "autoscaling.target is per replica for metrics queue and occupancy; metric ttft holds "
+        "autoscaling.ttftSLOMilliseconds instead: remove autoscaling.target",
+        lambda s: s.metric != "ttft" or s.target is None,
+    ),
+    Rule(
+        "self.metric != 'occupancy' || !has(self.target) || self.target <= 1.0",
+        "autoscaling.target of metric occupancy is a share of a replica's slots and KV cache: above 0, at "
+        "most 1 (e.g. 0.75)",
+        lambda s: s.metric != "occupancy" or s.target is None or s.target <= 1.0,
+    ),
+    Rule(
+        # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/horizontal-pod-autoscaler-v2/
+        # (v1.32): minReplicas "is allowed to be 0 if the alpha feature gate HPAScaleToZero is enabled"
+        "self.provider != 'hpa' || (!self.scaleToZero && self.min >= 1)",
+        "autoscaling.provider hpa cannot scale to zero (a HorizontalPodAutoscaler's minReplicas is at least "
+        "1 unless the alpha feature gate HPAScaleToZero is on): set autoscaling.min 1 or more and no "
+        "scaleToZero, or use provider keda or builtin",
+        lambda s: s.provider != "hpa" or (not s.scaleToZero and s.min >= 1),
+    ),
+    Rule(
+        "self.provider != 'keda' || has(self.prometheusAddress)",
+        "autoscaling.provider keda needs autoscaling.prometheusAddress: the Prometheus that KEDA's "
+        "prometheus trigger queries for the pods' metrics (e.g. http://prometheus.monitoring.svc:9090)",
+        lambda s: s.provider != "keda" or s.prometheusAddress is not None,
+    ),
+    Rule(
+        "!self.dryRun || self.provider == 'builtin'",
+        "autoscaling.dryRun applies to provider builtin: a HorizontalPodAutoscaler or a KEDA ScaledObject "
+        "acts as soon as it exists",
+        lambda s: not s.dryRun or s.provider == "builtin",
+    ),
 )
 class Autoscaling(Spec):
-    """Accepted and checked, not acted on yet: `neuronfleet validate` and the status say so."""
+    """Who scales the serving replicas, between which bounds, on which signal. The builtin provider is
+    accepted and checked, not acted on yet (`neuronfleet validate` and the status say so); hpa and keda are
+    acted on by the cluster once the operator has made their HorizontalPodAutoscaler or ScaledObject."""
 
     enabled: bool = Field(False, description="Scale the serving replicas between min and max.")
-    provider: Literal["builtin", "hpa", "keda"] = Field("builtin", description="Who scales.")
-    min: int = Field(1, description="Fewest replicas (per role).", ge=0, le=1000)
-    max: int = Field(4, description="Most replicas (per role).", ge=1, le=1000)
-    metric: Literal["queue", "occupancy", "ttft"] = Field(
-        "occupancy", description="Signal: waiting requests, slot occupancy, or time to first token."
+    provider: Literal["builtin", "hpa", "keda"] = Field(
+        "builtin",
+        description="Who scales: builtin (the operator, from the pods' /metrics), hpa (an autoscaling/v2 "
+        "HorizontalPodAutoscaler on the scale subresource, custom metrics from an adapter) or keda (a KEDA "
+        "ScaledObject with prometheus triggers).",
     )
-    target: float = Field(0.75, description="Target value of the metric per replica.", gt=0)
+    min: int = Field(
+        1,
+        description="Fewest replicas of the scaled role (unified, or decode when disaggregated).",
+        ge=0,
+        le=1000,
+    )
+    max: int = Field(
+        4,
+        description="Most replicas of the scaled role (unified, or decode when disaggregated).",
+        ge=1,
+        le=1000,
+    )
+    prefill: RoleBounds | None = Field(
+        None,
+        description="Mode disaggregated: bounds of the prefill pods (default: as the ratio to decode makes "
+        "them).",
+    )
+    prefillDecodeRatio: RatioBounds | None = Field(
+        None,
+        description="Mode disaggregated: bounds of prefill pods per decode pod; prefill follows decode "
+        "within them.",
+    )
+    metric: Literal["queue", "occupancy", "ttft"] = Field(
+        "occupancy",
+        description="Signal: queue (requests waiting for a slot, vllm:num_requests_waiting), occupancy (KV "
+        "cache and slot use, vllm:kv_cache_usage_perc) or ttft (time to first token p90, "
+        "vllm:time_to_first_token_seconds, against ttftSLOMilliseconds).",
+    )
+    target: float | None = Field(
+        None,
+        description="Target value of the metric per replica: waiting requests (queue, default 2) or a share "
+        "0-1 (occupancy, default 0.75); not with ttft.",
+        gt=0,
+        le=10000,
+    )
+    ttftSLOMilliseconds: int | None = Field(
+        None, description="The TTFT p90 to hold, in milliseconds (metric ttft needs it).", ge=1, le=600000
+    )
+    scaleUp: ScaleUp = section(ScaleUp, "Scale-up stabilisation.")
+    scaleDown: ScaleDown = section(ScaleDown, "Scale-down stabilisation.")
     scaleToZero: bool = Field(False, description="Allow zero replicas when idle (needs min 0).")
+    idleSeconds: int = Field(
+        300,
+        description="scaleToZero: seconds without requests before the last replica goes.",
+        ge=30,
+        le=86400,
+    )
+    onManualChange: Literal["adopt", "refuse"] = Field(
+        "adopt",
+        description="Provider builtin: a change of spec.replicas by anyone else (kubectl scale) is adopted "
+        "as the new starting point, or refused (put back, with an Event).",
+    )
+    dryRun: bool = Field(False, description="Provider builtin: record decisions in the status, act on none.")
+    prometheusAddress: str | None = Field(
+        None,
+        description="Provider keda: URL of the Prometheus that scrapes the serving and router pods.",
+        pattern=r"^https?://\S+$",
+    )
 
 
 AUTOSCALING_NOT_ACTED_ON = (
@@ -333,6 +471,13 @@ class NeuronModelSpec(Spec):
         "embedded", description="embedded (neuronfleet's runtime), or the vLLM, TGI or SGLang Neuron servers."
     )
     image: str | None = Field(None, description="Container image override for the engine.")
+    replicas: int | None = Field(
+        None,
+        description="Replicas of the scaled role, the NeuronModel's scale subresource (kubectl scale, HPA, "
+        "KEDA): unified pods, or decode pods with prefill following their ratio. Unset: serving.*.replicas.",
+        ge=0,
+        le=1000,
+    )
     neuron: NeuronSettings = Field(description="Target hardware and the shapes compiled for it.")
     compile: Compile = section(Compile, "The compile Job and its artifact cache.")
     serving: Serving = section(Serving, "Serving pods: unified or disaggregated, replicas per role.")
@@ -392,6 +537,14 @@ class NeuronModelStatus(BaseModel):
         None,
         description="When a compile that failed because its model source could not be read is tried again "
         "(RFC 3339): 30 s after the failure, doubling each time in a row, at most 10 minutes.",
+    )
+    scaleReplicas: int | None = Field(
+        None,
+        description="Pods the scaled role (unified, or decode) runs: the scale subresource's "
+        "status.replicas.",
+    )
+    selector: str | None = Field(
+        None, description="Label selector of the scaled role's pods: the scale subresource's status.selector."
     )
     servingSpec: dict[str, Any] | None = Field(
         None,

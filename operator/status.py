@@ -267,11 +267,22 @@ def compute_status(
     return status
 
 
-def autoscaling_condition(old: list[dict], generation: int, at: str) -> dict:
-    """AutoscalingActive=False for a spec that enables autoscaling: nothing scales the replicas yet."""
-    return condition(
-        old, "AutoscalingActive", False, "NotImplemented", AUTOSCALING_NOT_ACTED_ON, generation, at
+def autoscaling_condition(
+    old: list[dict], generation: int, at: str, autoscaler: dict[str, Any] | None = None
+) -> dict:
+    """For a spec that enables autoscaling: AutoscalingActive=True with the kind of the object the cluster
+    scales with (`autoscaler`: an HPA or a KEDA ScaledObject) as its reason; without one (provider builtin)
+    False: nothing scales the replicas yet."""
+    if autoscaler is None:
+        return condition(
+            old, "AutoscalingActive", False, "NotImplemented", AUTOSCALING_NOT_ACTED_ON, generation, at
+        )
+    kind, name = autoscaler["kind"], autoscaler["metadata"]["name"]
+    message = (
+        f"{kind} {name} ({autoscaler['apiVersion']}) scales spec.replicas through the scale subresource; its "
+        "own status says what it decides"
     )
+    return condition(old, "AutoscalingActive", True, kind, message, generation, at)
 
 
 def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, str]]:

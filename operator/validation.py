@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import engines, names, topology
+from . import engines, names, scaling, topology
 from .spec import NeuronModelSpec, valued
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
@@ -175,6 +175,7 @@ def validate(spec: NeuronModelSpec) -> Report:
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
+    r.errors += scaling.autoscaling_errors(spec)
     if spec.model.tokenizer and spec.engine != "embedded":
         r.errors.append(
             f"model.tokenizer is applied by the embedded engine's compile, not engine {spec.engine}; remove "

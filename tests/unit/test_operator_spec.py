@@ -56,7 +56,7 @@ def test_crd_schema_is_structural():
 
     version = crd.build_crd()["spec"]["versions"][0]
     walk(version["schema"]["openAPIV3Schema"], "")
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": crd.SCALE_SUBRESOURCE}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Phase", "Engine", "Instance", "TP", "Ready", "Endpoint", "Age"
     ]  # fmt: skip

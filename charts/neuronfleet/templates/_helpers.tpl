@@ -71,4 +71,10 @@ the one table the operator's API module is checked against (tests/test_chart.py 
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end -}}

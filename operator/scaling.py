@@ -1,0 +1,263 @@
+"""The NeuronModel's scale (pure): `spec.replicas`, what the scale subresource writes, mapped to replicas per
+serving role; the scale status (`status.scaleReplicas`, `status.selector`); the autoscaling checks that span
+sections; and the objects that let the cluster scale a model: an autoscaling/v2 HorizontalPodAutoscaler
+(`provider: hpa`) or a KEDA ScaledObject (`provider: keda`), both on the NeuronModel's scale subresource.
+
+The metric names are the runtime's (`runtime/server.py`, `runtime/engine.py`, vLLM's names). An HPA reads
+them as custom Pods metrics, which an adapter such as prometheus-adapter serves under the same names
+(docs/autoscaling.md has its rules); a ScaledObject queries Prometheus itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSpec
+
+# The runtime's metric per signal (what the pods export on /metrics).
+QUEUE_METRIC = "vllm:num_requests_waiting"  # gauge: requests waiting for a slot
+OCCUPANCY_METRIC = "vllm:kv_cache_usage_perc"  # gauge, 0-1: KV cache (slots x length) in use
+TTFT_METRIC = "vllm:time_to_first_token_seconds"  # histogram, seconds
+ENTRY_REQUESTS_METRIC = "vllm:num_requests_running"  # the router's: requests routed (held) and not finished
+TTFT_QUANTILE = 0.9
+# The name an adapter gives the TTFT p90 (a histogram has no per-pod value): docs/autoscaling.md.
+TTFT_P90_METRIC = f"{TTFT_METRIC}:p90"
+HPA_METRIC = {"queue": QUEUE_METRIC, "occupancy": OCCUPANCY_METRIC, "ttft": TTFT_P90_METRIC}
+
+# KEDA, the version whose ScaledObject CRD the objects are checked against (tests/data/keda-v2.20.2-*).
+KEDA_VERSION = "v2.20.2"
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_POLLING_SECONDS = 15  # KEDA's own default pollingInterval (ScaledObject spec, v2.20.2)
+RATE_WINDOW = "2m"  # the PromQL window of the TTFT histogram's rate
+
+
+def scaled_role(spec: NeuronModelSpec) -> str:
+    """The role spec.replicas (the scale subresource) sets: unified, or decode (prefill follows it)."""
+    return "unified" if spec.serving.mode == "unified" else "decode"
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def prefill_for(spec: NeuronModelSpec, decode: int) -> int:
+    """Prefill pods for `decode` decode pods: the ratio serving.prefill : serving.decode says, kept within
+    autoscaling.prefillDecodeRatio and autoscaling.prefill's bounds when given; none when decode is none."""
+    s, a = spec.serving, spec.autoscaling
+    assert s.prefill is not None and s.decode is not None  # mode disaggregated (the spec's rule)
+    if decode == 0:
+        return 0
+    ratio = s.prefill.replicas / s.decode.replicas if s.decode.replicas else 1.0
+    if a.prefillDecodeRatio is not None:
+        ratio = min(max(ratio, a.prefillDecodeRatio.min), a.prefillDecodeRatio.max)
+    prefill = max(1, math.ceil(decode * ratio - 1e-9))
+    if a.prefill is not None:
+        prefill = _clamp(prefill, max(1, a.prefill.min), a.prefill.max)
+    return prefill
+
+
+def role_replicas(spec: NeuronModelSpec) -> dict[str, int]:
+    """Role -> replicas: serving.*.replicas, or, when spec.replicas is set, that many unified pods, or that
+    many decode pods with prefill following (`prefill_for`); the router keeps its own count."""
+    s = spec.serving
+    if s.mode == "unified":
+        return {"unified": s.unified.replicas if spec.replicas is None else spec.replicas}
+    assert s.prefill is not None and s.decode is not None  # the spec's rule
+    if spec.replicas is None:
+        return {"prefill": s.prefill.replicas, "decode": s.decode.replicas, "router": s.router.replicas}
+    return {
+        "prefill": prefill_for(spec, spec.replicas),
+        "decode": spec.replicas,
+        "router": s.router.replicas,
+    }
+
+
+def scale_status(
+    spec: NeuronModelSpec, roles: dict[str, tuple[int, int]], pod_selector: dict[str, str]
+) -> dict[str, Any]:
+    """status.scaleReplicas (the pods the scaled role's Deployment runs in the wanted serving set; 0 before
+    one exists) and status.selector (its pods, of every set, as a label selector string)."""
+    desired, _ = roles.get(scaled_role(spec), (0, 0))
+    return {
+        "scaleReplicas": desired,
+        "selector": ",".join(f"{k}={v}" for k, v in sorted(pod_selector.items())),
+    }
+
+
+def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
+    """Refusals of autoscaling settings that depend on other sections (the rest are the spec's rules)."""
+    a, disaggregated = spec.autoscaling, spec.serving.mode == "disaggregated"
+    errors = []
+    if not disaggregated:
+        for name in ("prefill", "prefillDecodeRatio"):
+            if getattr(a, name) is not None:
+                errors.append(
+                    f"autoscaling.{name} applies to serving.mode disaggregated; this model is unified: "
+                    "remove it"
+                )
+    if not a.enabled:
+        return errors
+    if a.provider == "hpa" and spec.replicas is None:
+        errors.append(
+            "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, "
+            "and a HorizontalPodAutoscaler does nothing while it reads 0 replicas: set spec.replicas (the "
+            f"starting count, {a.min} to {a.max})"
+        )
+    if a.provider == "hpa" and a.metric == "ttft" and disaggregated:
+        errors.append(
+            "autoscaling.metric ttft with provider hpa needs serving.mode unified: a disaggregated model's "
+            "TTFT is measured by its router, not by the decode pods a HorizontalPodAutoscaler averages over; "
+            "use metric occupancy or queue, or provider keda or builtin"
+        )
+    return errors
+
+
+def target(a: Autoscaling) -> float:
+    """The signal's target per replica (ttft: the SLO in seconds)."""
+    if a.metric == "ttft":
+        assert a.ttftSLOMilliseconds is not None  # the spec's rule
+        return a.ttftSLOMilliseconds / 1000
+    return a.target if a.target is not None else DEFAULT_TARGETS[a.metric]
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes quantity for a metric value: whole numbers as they are, others in thousandths (750m)."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+def _number(value: float) -> str:
+    """A KEDA trigger's metadata value (strings only): 2, 0.75."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _target_ref(model: str) -> dict[str, str]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": model}
+
+
+def _behavior(a: Autoscaling) -> dict[str, Any]:
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": a.scaleUp.stabilizationSeconds},
+        "scaleDown": {"stabilizationWindowSeconds": a.scaleDown.stabilizationSeconds},
+    }
+
+
+def build_hpa(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any]:
+    """An autoscaling/v2 HorizontalPodAutoscaler on the NeuronModel's scale subresource (`meta`: its
+    metadata, named as the model, owned by it): one Pods metric, averaged over the pods of status.selector,
+    against the target per replica; the stabilisation windows as its behaviour."""
+    a = spec.autoscaling
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": meta,
+        "spec": {
+            "scaleTargetRef": _target_ref(meta["name"]),
+            "minReplicas": a.min,
+            "maxReplicas": a.max,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": HPA_METRIC[a.metric]},
+                        "target": {"type": "AverageValue", "averageValue": quantity(target(a))},
+                    },
+                }
+            ],
+            "behavior": _behavior(a),
+        },
+    }
+
+
+def _pods(namespace: str, deployment_prefix: str) -> str:
+    """PromQL label matchers of one role's pods (named after their Deployment: NAME-ROLE[-REV]-...)."""
+    return f'namespace="{namespace}",pod=~"{deployment_prefix}-.*"'
+
+
+def keda_triggers(spec: NeuronModelSpec, namespace: str, model: str) -> list[dict[str, Any]]:
+    """The ScaledObject's prometheus triggers: the signal (a sum over the scaled role's pods, per replica;
+    TTFT p90 at the entry, as a value), and with scaleToZero the requests the router holds (activation from
+    0)."""
+    a = spec.autoscaling
+    address = a.prometheusAddress
+    scaled = _pods(namespace, f"{model}-{scaled_role(spec)}")
+    entry = _pods(namespace, f"{model}-{'unified' if spec.serving.mode == 'unified' else 'router'}")
+    if a.metric == "ttft":
+        query = (
+            f"histogram_quantile({TTFT_QUANTILE}, sum by (le) "
+            f"(rate({TTFT_METRIC}_bucket{{{entry}}}[{RATE_WINDOW}])))"
+        )
+        signal = {"metricType": "Value"}
+    else:
+        query = f"sum({HPA_METRIC[a.metric]}{{{scaled}}})"
+        signal = {"metricType": "AverageValue"}
+    triggers = [
+        {
+            "type": "prometheus",
+            "name": a.metric,
+            **signal,
+            "metadata": {
+                "serverAddress": address,
+                "query": query,
+                "threshold": _number(target(a)),
+                "activationThreshold": "0",
+            },
+        }
+    ]
+    if a.scaleToZero:
+        router = _pods(namespace, f"{model}-router")
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": "held-requests",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": address,
+                    "query": f"sum({ENTRY_REQUESTS_METRIC}{{{router}}})",
+                    "threshold": "1",
+                    "activationThreshold": "0",
+                },
+            }
+        )
+    return triggers
+
+
+def build_scaled_object(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any]:
+    """A KEDA ScaledObject (keda.sh/v1alpha1, KEDA_VERSION) scaling the NeuronModel through its scale
+    subresource. With scaleToZero, idleReplicaCount 0 (KEDA needs it below minReplicaCount, so the least
+    active count is 1) after idleSeconds without activity (cooldownPeriod)."""
+    a = spec.autoscaling
+    body: dict[str, Any] = {
+        "scaleTargetRef": _target_ref(meta["name"]),
+        "pollingInterval": KEDA_POLLING_SECONDS,
+        "minReplicaCount": max(1, a.min) if a.scaleToZero else a.min,
+        "maxReplicaCount": a.max,
+    }
+    if a.scaleToZero:
+        body["idleReplicaCount"] = 0
+        body["cooldownPeriod"] = a.idleSeconds
+    body["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": _behavior(a)}}
+    body["triggers"] = keda_triggers(spec, meta["namespace"], meta["name"])
+    return {"apiVersion": KEDA_API_VERSION, "kind": "ScaledObject", "metadata": meta, "spec": body}
+
+
+AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
+
+
+def made_autoscaler(conditions: list[dict[str, Any]]) -> str | None:
+    """The kind of autoscaler object the operator made for the model, as its AutoscalingActive condition
+    says (its reason is the kind), so that one a changed spec no longer wants is deleted."""
+    for c in conditions:
+        if c.get("type") == "AutoscalingActive" and c.get("reason") in AUTOSCALER_KINDS:
+            return c["reason"]
+    return None
+
+
+def build_autoscaler(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The object the cluster scales the model with: an HPA, a ScaledObject, or none (builtin, disabled)."""
+    a = spec.autoscaling
+    if not a.enabled or a.provider == "builtin":
+        return None
+    return build_hpa(spec, meta) if a.provider == "hpa" else build_scaled_object(spec, meta)
