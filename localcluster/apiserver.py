@@ -176,15 +176,17 @@ class EmulatedAPIServer:
                 main["categories"] = list(r.categories)
             resources.append(main)
             for sub in r.subresources:
-                resources.append(
-                    {
-                        "name": f"{r.plural}/{sub}",
-                        "singularName": "",
-                        "namespaced": r.namespaced,
-                        "kind": "Scale" if sub == "scale" else r.kind,
-                        "verbs": ["get"] if sub == "log" else ["get", "patch", "update"],
-                    }
-                )
+                entry = {
+                    "name": f"{r.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": r.namespaced,
+                    "kind": "Scale" if sub == "scale" else r.kind,
+                    "verbs": ["get"] if sub == "log" else ["get", "patch", "update"],
+                }
+                if sub == "scale":  # another group's kind, so named with it (apiextensions-apiserver's
+                    # discovery controller, k8s v1.32: Group autoscaling, Version v1, Kind Scale)
+                    entry = {**entry, "group": "autoscaling", "version": "v1"}
+                resources.append(entry)
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 

@@ -1,0 +1,153 @@
+"""The NeuronModel's scale subresource through the real kubectl against the emulated API server: discovery,
+`kubectl scale neuronmodel` (spec.replicas), the autoscaling/v1 Scale read and written with GET, PATCH and
+PUT, its status from status.scaleReplicas and status.selector, refusals; then with the operator running, a
+scale moves the serving Deployments (decode, and prefill with it by the declared ratio) and the status the
+operator writes feeds the Scale an HPA reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from support import ROOT, OperatorCluster, Process, neuronfleet_command
+
+UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+SCALE = "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/{}/scale"
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    api = OperatorCluster(tmp_path)
+    yield api
+    for proc in api.operators:
+        proc.stop()
+    api.api.stop()
+
+
+def sample(path, name: str, **spec) -> str:
+    obj = yaml.safe_load(path.read_text())
+    obj["metadata"] = {"name": name, "namespace": "default"}
+    obj["spec"].update(spec)
+    return json.dumps(obj)
+
+
+def scale_of(kubectl, name: str) -> dict:
+    """The NeuronModel's autoscaling/v1 Scale, as GET .../scale answers."""
+    return json.loads(kubectl("get", "--raw", SCALE.format(name)).stdout)
+
+
+def test_kubectl_scale_reads_and_writes_spec_replicas_through_the_scale_subresource(cluster, tmp_path):
+    kubectl = cluster.kubectl
+    resources = json.loads(kubectl("get", "--raw", "/apis/neuronfleet.dev/v1alpha1").stdout)["resources"]
+    scale = next(r for r in resources if r["name"] == "neuronmodels/scale")
+    assert (scale["group"], scale["version"], scale["kind"]) == ("autoscaling", "v1", "Scale")
+    assert set(scale["verbs"]) >= {"get", "patch", "update"}
+
+    kubectl("apply", "-f", "-", stdin=sample(UNIFIED, "m"))
+    first = scale_of(kubectl, "m")
+    # spec.replicas unset reads as 0, as a real API server reads a missing specReplicasPath; no status yet
+    assert (first["kind"], first["apiVersion"], first["spec"], first["status"]) == (
+        "Scale", "autoscaling/v1", {"replicas": 0}, {"replicas": 0}
+    )  # fmt: skip
+
+    out = kubectl("scale", "neuronmodel", "m", "--replicas=3").stdout
+    assert out == "neuronmodel.neuronfleet.dev/m scaled\n"
+    assert kubectl("get", "nm", "m", "-o", "jsonpath={.spec.replicas}").stdout == "3"
+    generation = int(kubectl("get", "nm", "m", "-o", "jsonpath={.metadata.generation}").stdout)
+    assert generation == 2  # a spec change, as any other: the operator's update handler runs
+
+    # the status the operator writes is what the Scale reports (what an HPA reads as current and selects)
+    selector = "neuronfleet.dev/model=m,neuronfleet.dev/role=unified"
+    status = json.dumps({"status": {"scaleReplicas": 2, "selector": selector}})
+    kubectl("patch", "nm", "m", "--subresource", "status", "--type", "merge", "-p", status)
+    assert scale_of(kubectl, "m")["status"] == {"replicas": 2, "selector": selector}
+    assert scale_of(kubectl, "m")["spec"] == {"replicas": 3}
+
+    run = kubectl("scale", "nm", "m", "--current-replicas=2", "--replicas=5", check=False)
+    assert run.returncode != 0 and "Expected replicas to be 2, was 3" in run.stderr, run.stderr
+    out = kubectl("scale", "nm", "m", "--current-replicas=3", "--replicas=1").stdout
+    assert out == "neuronmodel.neuronfleet.dev/m scaled\n"
+
+    # PATCH of /scale answers with the Scale; a negative count is refused in the Scale's words
+    patch = json.dumps({"spec": {"replicas": 4}})
+    answered = json.loads(
+        kubectl(
+            "patch", "nm", "m", "--subresource", "scale", "--type", "merge", "-p", patch, "-o", "json"
+        ).stdout
+    )
+    assert (answered["kind"], answered["spec"]) == ("Scale", {"replicas": 4})
+    run = kubectl("patch", "nm", "m", "--subresource", "scale", "--type", "merge", "-p",
+                  json.dumps({"spec": {"replicas": -1}}), check=False)  # fmt: skip
+    assert run.returncode != 0 and "spec.replicas: Invalid value: -1" in run.stderr, run.stderr
+
+    # PUT: the Scale read back, changed and replaced (what an HPA's scale client does)
+    current = scale_of(kubectl, "m")
+    current["spec"]["replicas"] = 6
+    put = tmp_path / "scale.json"
+    put.write_text(json.dumps(current))
+    out = kubectl("replace", "--raw", SCALE.format("m"), "-f", str(put)).stdout
+    assert json.loads(out)["spec"] == {"replicas": 6}
+    assert kubectl("get", "nm", "m", "-o", "jsonpath={.spec.replicas}").stdout == "6"
+    # the status is the operator's alone: a scale write leaves it as it was
+    assert scale_of(kubectl, "m")["status"] == {"replicas": 2, "selector": selector}
+
+
+def finish_compile(kubectl, job: str) -> None:
+    """What the Job controller and kubelet leave of a compile that succeeded: its pod's termination message
+    (the artifacts' manifest) and the Job's Complete condition."""
+    template = kubectl.get("job", job)["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job}-x1", "labels": {**template["metadata"]["labels"], "job-name": job}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "compile", "image": "runtime"}]},
+    }
+    kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps({"bytes": 1})}
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
+    }
+    kubectl("patch", "pod", f"{job}-x1", "--subresource", "status", "--type", "merge", "-p",
+            json.dumps({"status": status}))  # fmt: skip
+    done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
+    kubectl(
+        "patch", "job", job, "--subresource", "status", "--type", "merge", "-p", json.dumps({"status": done})
+    )
+
+
+def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_status(cluster):
+    kubectl = cluster.kubectl
+    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(cluster.state / "operator-kubeconfig")]
+    cluster.operators.append(Process([*args, "--standalone", "--verbose"], cluster.state / "operator.log"))
+    operator = cluster.operators[-1]
+    obj = json.loads(sample(DISAGGREGATED, "pd", replicas=2))
+    obj["spec"]["serving"]["prefill"]["replicas"] = 1  # the declared ratio, 1 prefill : 2 decode
+    obj["spec"]["serving"]["decode"]["replicas"] = 2
+    kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    jobs = operator.wait_until(lambda: (kubectl.get("jobs") or {}).get("items"), "the compile Job")
+    selector = "neuronfleet.dev/model=pd,neuronfleet.dev/role=decode"
+    # compiling: no serving pods yet, and the Scale says so (an HPA reads 0 current replicas)
+    operator.wait_until(
+        lambda: scale_of(kubectl, "pd")["status"] == {"replicas": 0, "selector": selector}, "the scale status"
+    )
+    finish_compile(kubectl, jobs[0]["metadata"]["name"])
+
+    def replicas() -> dict[str, int]:
+        found = kubectl.get("deployments", "-l", "neuronfleet.dev/model=pd")["items"]
+        return {d["metadata"]["labels"]["neuronfleet.dev/role"]: d["spec"]["replicas"] for d in found}
+
+    operator.wait_until(lambda: replicas() == {"prefill": 1, "decode": 2, "router": 1}, "the serving set")
+    operator.wait_until(lambda: scale_of(kubectl, "pd")["status"]["replicas"] == 2, "status.scaleReplicas 2")
+    assert kubectl("scale", "nm", "pd", "--replicas=4").stdout == "neuronmodel.neuronfleet.dev/pd scaled\n"
+    operator.wait_until(lambda: replicas() == {"prefill": 2, "decode": 4, "router": 1}, "decode 4, prefill 2")
+    operator.wait_until(lambda: scale_of(kubectl, "pd")["status"]["replicas"] == 4, "status.scaleReplicas 4")
+    assert scale_of(kubectl, "pd")["status"]["selector"] == selector
+    # the selector selects the decode Deployment only
+    names = kubectl("get", "deployments", "-l", selector, "-o", "jsonpath={.items[*].metadata.name}").stdout
+    assert len(names.split()) == 1 and names.startswith("pd-decode-"), names
+    model = kubectl.get("nm", "pd")
+    assert model["status"]["replicas"]["decode"]["desired"] == 4  # the per-role map is kept as it was
+    assert model["status"]["replicas"]["prefill"]["desired"] == 2
