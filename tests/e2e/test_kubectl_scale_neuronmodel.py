@@ -2,7 +2,7 @@
 `kubectl scale neuronmodel` (spec.replicas), the autoscaling/v1 Scale read and written with GET, PATCH and
 PUT, its status from status.scaleReplicas and status.selector, refusals; then with the operator running, a
 scale moves the serving Deployments (decode, and prefill with it by the declared ratio) and the status the
-operator writes feeds the Scale an HPA reads."""
+operator writes feeds the Scale an HPA reads; provider keda's ScaledObject made and deleted."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import json
 
 import pytest
 import yaml
-from support import ROOT, OperatorCluster, Process, neuronfleet_command
+from support import OPERATOR_USER, ROOT, OperatorCluster, Process, neuronfleet_command
+
+from neuronfleet.operator.kube import RBAC_RULES
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+KEDA_CRD = ROOT / "tests" / "data" / "keda-v2.20.2-scaledobjects.yaml"  # KEDA's published CRD
 SCALE = "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/{}/scale"
 
 
@@ -151,3 +154,40 @@ def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_s
     model = kubectl.get("nm", "pd")
     assert model["status"]["replicas"]["decode"]["desired"] == 4  # the per-role map is kept as it was
     assert model["status"]["replicas"]["prefill"]["desired"] == 2
+
+
+def test_provider_keda_makes_a_scaled_object_the_cluster_accepts_and_deletes_it_when_no_longer_asked(cluster):
+    """KEDA's own CRD (tests/data, v2.20.2) installed in the emulated API server, which checks the operator's
+    ScaledObject against its schema; a change of provider deletes it; every call within RBAC_RULES."""
+    kubectl = cluster.kubectl
+    kubectl("apply", "-f", str(KEDA_CRD))
+    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(cluster.state / "operator-kubeconfig")]
+    cluster.operators.append(Process([*args, "--standalone", "--verbose"], cluster.state / "operator.log"))
+    operator = cluster.operators[-1]
+    obj = json.loads(sample(UNIFIED, "k"))
+    obj["spec"]["autoscaling"] = {
+        "enabled": True, "provider": "keda", "min": 0, "max": 3, "scaleToZero": True, "metric": "queue",
+        "prometheusAddress": "http://prometheus.monitoring.svc:9090",
+    }  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    scaled = operator.wait_until(lambda: kubectl.get("scaledobject", "k"), "the ScaledObject")
+    target = scaled["spec"]["scaleTargetRef"]
+    assert target == {"apiVersion": "neuronfleet.dev/v1alpha1", "kind": "NeuronModel", "name": "k"}
+    assert (scaled["spec"]["idleReplicaCount"], scaled["spec"]["minReplicaCount"]) == (0, 1)
+    assert scaled["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
+
+    def active() -> dict | None:
+        model = kubectl.get("nm", "k")
+        conds = {c["type"]: c for c in (model or {}).get("status", {}).get("conditions", [])}
+        return conds.get("AutoscalingActive")
+
+    condition = operator.wait_until(active, "AutoscalingActive")
+    assert (condition["status"], condition["reason"]) == ("True", "ScaledObject")
+    obj["spec"]["autoscaling"] = {"enabled": True, "provider": "builtin", "min": 1, "max": 3}
+    kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    operator.wait_until(lambda: kubectl.get("scaledobject", "k") is None, "the ScaledObject deleted")
+    operator.wait_until(lambda: (active() or {}).get("reason") == "NotImplemented", "builtin: not acted on")
+    calls = [json.loads(line) for line in (cluster.state / "audit.jsonl").read_text().splitlines()]
+    used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
+    declared = {(g, r, v) for (g, r), verbs in RBAC_RULES.items() for v in verbs}
+    assert ("keda.sh", "scaledobjects", "delete") in used and used <= declared, sorted(used - declared)
