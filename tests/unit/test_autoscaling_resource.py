@@ -7,6 +7,8 @@ for the pinned version, tests/data)."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +18,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.localcluster import semantics
-from neuronfleet.operator import builders, crd, kube, scaling, status, validation
+from neuronfleet.operator import builders, crd, kube, scaling, spec, status, validation
 
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
 KEDA_CRD = ROOT / "tests" / "data" / f"keda-{scaling.KEDA_VERSION}-scaledobjects.yaml"
@@ -417,3 +419,19 @@ def test_every_sample_still_builds_without_an_autoscaler_object():
         if (obj["spec"].get("autoscaling") or {}).get("provider", "builtin") != "builtin":
             continue
         assert not set(built(obj)) & set(scaling.AUTOSCALER_KINDS), path.name
+
+
+def test_validate_notes_not_acted_on_only_for_the_builtin_provider(tmp_path):
+    builtin = manifest(UNIFIED, enabled=True, min=1, max=3)
+    builtin["metadata"]["name"] = "b"
+    hpa = manifest(UNIFIED, replicas=1, enabled=True, provider="hpa", min=1, max=3)
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump_all([builtin, hpa]))
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("ok ") and " b;" in lines[0]
+    assert lines[1] == f"  note: {spec.AUTOSCALING_NOT_ACTED_ON}"
+    assert lines[2].startswith("ok ") and " m;" in lines[2] and len(lines) == 3
