@@ -2,7 +2,7 @@
 --peer-protocol vllm|sglang`): an OpenAI HTTP endpoint that speaks the engine's P/D protocol
 (`runtime/pd_protocols.py`) to its peers, with no model files: the engines tokenize, check and answer.
 
-Peers are found and kept as our own router does (`router.PeerSet`: URLs or DNS names of headless Services,
+Peers are found and kept as our own router does (`peers.PeerSet`: URLs or DNS names of headless Services,
 re-resolved and probed every `--peer-probe-interval` seconds, here with the engines' `GET /health`; three
 failed probes or requests take a pod out of rotation, one good probe puts it back). Failures, as for our own
 P/D (docs/disaggregation.md): a prefill server that fails (no connection, a 5xx, 408 or 429, or an answer the
@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from . import pd_protocols as pd
 from .errors import openai_error_body
-from .router import Peer, PeerSet, resolve_peers
+from .peers import Peer, PeerSet, resolve_peers
 
 log = logging.getLogger(__name__)
 

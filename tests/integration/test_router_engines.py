@@ -259,3 +259,56 @@ def test_a_stand_ins_400_reaches_the_client_as_the_same_400(fleet_of, engine):
     with pytest.raises(NotFoundError) as e:
         ask(fleet, chat=True, stream=False, model="other")
     assert "The model `other` does not exist." in e.value.message
+
+
+HARNESS = """
+import os, signal, sys, threading, time, urllib.request
+
+from neuronfleet.cli import main
+
+def report_once_serving():
+    while True:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.2)
+    model_code = ("torch", "numpy", "safetensors", "tokenizers", "transformers")
+    heavy = sorted(m for m in model_code if m in sys.modules)
+    print("IMPORTED", ",".join(heavy) or "-", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=report_once_serving, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_engine_router_loads_no_model_code_and_drains_on_sigterm(engine):
+    """Started as the operator starts it (no model, peers that do not answer), serving: no torch, tokenizer
+    or model library in its modules; SIGTERM ends it cleanly (exit 0)."""
+    import subprocess
+
+    port = free_port()
+    args = [
+        "serve",
+        "--role",
+        "router",
+        "--peer-protocol",
+        engine,
+        "--port",
+        str(port),
+        "--grace-period",
+        "1",
+        "--prefill",
+        "http://127.0.0.1:9",
+        "--decode",
+        "http://127.0.0.1:9",
+    ]
+    if engine == "sglang":
+        args += ["--bootstrap-port", "8998"]
+    run = subprocess.run([sys.executable, "-P", "-c", HARNESS.format(port=port), *args],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "IMPORTED -" in run.stdout, run.stdout + run.stderr
