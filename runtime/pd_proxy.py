@@ -353,11 +353,13 @@ class EngineRouter:
             if decode is None:
                 return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
             sent = pd.sglang_body(body, pd.bootstrap_host(prefill.url), self.bootstrap_port, pd.new_room())
-            read = self.peer_timeout if pd.streams(body) else None
+            read = (
+                self.peer_timeout if pd.streams(body) else None
+            )  # a whole answer comes after all its tokens
             loop = asyncio.get_running_loop()
             to_decode = loop.create_task(self._post(self.decode, decode, path, sent, {}, read))
-            try:
-                prefilled = await self._post(self.prefill, prefill, path, sent, {}, read)
+            try:  # a prefill server answers once the prompt is prefilled: longer silence is a failure
+                prefilled = await self._post(self.prefill, prefill, path, sent, {}, self.peer_timeout)
             except (PeerFailed, Refused, asyncio.CancelledError) as e:  # cancelled: the client left
                 await _cancel(to_decode)
                 if not isinstance(e, PeerFailed):
