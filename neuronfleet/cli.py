@@ -269,7 +269,6 @@ def _serve_engine_router(args: ServeConfig) -> int:
     """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
     import asyncio
     import logging
-    import os
 
     from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.pd_proxy import EngineRouter

@@ -1,11 +1,11 @@
-"""What the operator renders for the router of a disaggregated vLLM or SGLang model: our router speaking the
-engine's own P/D protocol (`--peer-protocol`), with no model, no compiled artifacts, no token and no shared
-memory mounted; SGLang's prefill pods reachable at their bootstrap port through the headless Service and past
-the NetworkPolicy. The embedded engine's router is unchanged (our own protocol, the model, the token)."""
+"""What the operator renders for the router of a disaggregated SGLang model (and would for vLLM, whose pinned
+image validation refuses disaggregated for now): our router speaking the engine's own P/D protocol
+(`--peer-protocol`), with no model, no compiled artifacts, no token and no shared memory mounted; SGLang's
+prefill pods reachable at their bootstrap port through the headless Service and past the NetworkPolicy. The
+embedded engine's router is unchanged (our own protocol, the model, the token)."""
 
 from __future__ import annotations
 
-import pytest
 import yaml
 from support import ROOT
 
@@ -16,14 +16,18 @@ from neuronfleet.operator.engines import sglang
 
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 SAMPLES = ROOT / "crds" / "samples"
-VLLM = "llama-3.1-70b-vllm-trn1-disaggregated.yaml"
 SGLANG = "qwen2.5-7b-sglang-trn2-disaggregated.yaml"
 EMBEDDED = "smollm2-135m-local-cpu-disaggregated.yaml"
 
 
-def rendered(name: str, network_policy: bool = False):
+def parsed(name: str):
     spec, errors = validation.parse(yaml.safe_load((SAMPLES / name).read_text()))
     assert not errors and spec is not None
+    return spec
+
+
+def rendered(name: str, network_policy: bool = False):
+    spec = parsed(name)
     if network_policy:
         spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"networkPolicy": True})})
     chash = builders.compile_hash(spec)
@@ -46,23 +50,26 @@ def serve_options(dep: dict) -> ServeConfig:
     return ServeConfig.from_namespace(build_parser().parse_args(command[1:]))
 
 
-@pytest.mark.parametrize(("name", "engine"), [(VLLM, "vllm"), (SGLANG, "sglang")])
-def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_read(name, engine):
-    spec, rev, objects = rendered(name)
+def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_read():
+    spec, rev, objects = rendered(SGLANG)
     router = deployment(objects, "router")
     config = serve_options(router)
-    assert (config.role, config.peer_protocol, config.model) == ("router", engine, None)
+    assert (config.role, config.peer_protocol, config.model) == ("router", "sglang", None)
     port = spec.serving.port
-    assert (config.prefill, config.decode) == (
-        [f"dns://m-prefill-{rev}:{port}"],
-        [f"dns://m-decode-{rev}:{port}"],
-    )
-    assert config.bootstrap_port == (sglang.BOOTSTRAP_PORT if engine == "sglang" else None)
+    peers = ([f"dns://m-prefill-{rev}:{port}"], [f"dns://m-decode-{rev}:{port}"])
+    assert (config.prefill, config.decode) == peers
+    assert config.bootstrap_port == sglang.BOOTSTRAP_PORT
     assert config.internal_token_file is None and config.served_model_name == "m"
     pod = router["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]
     assert pod["containers"][0]["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # a vLLM model's router would speak vLLM's protocol (validation refuses disaggregated vLLM for the
+    # pinned image: operator/engines/vllm.unsupported)
+    vllm = spec.model_copy(update={"engine": "vllm"})
+    config = builders.serve_config(OWNER, vllm, "router", "h", rev)
+    assert (config.peer_protocol, config.model, config.bootstrap_port) == ("vllm", None, None)
+    assert (config.prefill, config.decode) == peers
 
 
 def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():
@@ -81,10 +88,9 @@ def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():
     (rule,) = policy["spec"]["ingress"]
     assert "ports" not in rule  # every port, the bootstrap port included, for the model's own pods
     assert rule["from"] == [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]
-    *_, vllm_objects = rendered(VLLM)
-    for o in vllm_objects:
-        if o["kind"] == "Service" and o["metadata"]["name"] != "m":
-            assert [p["name"] for p in o["spec"]["ports"]] == ["http"]
+    embedded = parsed(SGLANG).model_copy(update={"engine": "embedded"})  # no bootstrap port for our pods
+    for o in builders.build_peer_services(OWNER, embedded, "h"):
+        assert [p["name"] for p in o["spec"]["ports"]] == ["http"]
 
 
 def test_the_embedded_engines_router_keeps_our_protocol_with_the_model_and_token():
