@@ -30,8 +30,9 @@ COMPLETION = {"model": MODEL, "prompt": "The capital of France is", "max_tokens"
 class EngineFleet:
     """Two prefill and two decode stand-ins of one engine and the router in front of them, as processes."""
 
-    def __init__(self, engine: str, tmp: Path) -> None:
-        self.engine, self.tmp = engine, tmp
+    def __init__(self, engine: str, tmp: Path, extra: dict[str, list[str]] | None = None) -> None:
+        """`extra`: more stand-in options by name (e.g. {"decode-a": ["--die-mid-stream"]})."""
+        self.engine, self.tmp, self.extra = engine, tmp, extra or {}
         self.processes: dict[str, Process] = {}
         self.urls: dict[str, str] = {}
         self.bootstrap_port = free_port()
@@ -50,7 +51,7 @@ class EngineFleet:
                 args += ["--side-port", str(free_port())]
             if role == "prefill" and engine == "sglang":
                 args += ["--bootstrap-port", str(self.bootstrap_port)]
-            self.processes[name] = Process(args, tmp / f"{name}.log")
+            self.processes[name] = Process([*args, *self.extra.get(name, [])], tmp / f"{name}.log")
             self.urls[name] = f"http://{host}:{port}"
         peers = [x for n, u in self.urls.items() for x in (f"--{n.split('-')[0]}", u)]
         args = [*neuronfleet_command(), "serve", "--role", "router", "--peer-protocol", engine,
@@ -99,10 +100,10 @@ def fleet_of(tmp_path):
     """Start a fleet of an engine's stand-ins; all are stopped after the test."""
     fleets: list[EngineFleet] = []
 
-    def start(engine: str) -> EngineFleet:
+    def start(engine: str, **extra: list[str]) -> EngineFleet:
         folder = tmp_path / f"{engine}-{len(fleets)}"
         folder.mkdir()
-        fleets.append(EngineFleet(engine, folder))
+        fleets.append(EngineFleet(engine, folder, {k.replace("_", "-"): v for k, v in extra.items()}))
         fleets[-1].start()
         return fleets[-1]
 
@@ -259,6 +260,44 @@ def test_a_stand_ins_400_reaches_the_client_as_the_same_400(fleet_of, engine):
     with pytest.raises(NotFoundError) as e:
         ask(fleet, chat=True, stream=False, model="other")
     assert "The model `other` does not exist." in e.value.message
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_dead_decode_server_is_retried_on_the_other_before_the_answer_starts(fleet_of, engine):
+    fleet = fleet_of(engine)
+    fleet.kill("decode-a")
+    for i in range(4):
+        _, text = ask(fleet, chat=bool(i % 2), stream=i >= 2)
+        assert text.startswith("decode-b-0 ")
+    assert fleet.requests("decode-b") and not fleet.requests("decode-a")
+
+
+def test_a_vllm_prefill_answer_without_kv_params_is_a_failed_prefill_never_a_decode_only_request(fleet_of):
+    from openai import APIStatusError
+
+    fleet = fleet_of("vllm", prefill_a=["--no-kv-params"])
+    for i in range(3):  # prefill-b gives its KV cache's whereabouts: every request goes through it
+        _, text = ask(fleet, chat=True, stream=bool(i % 2))
+        assert text.startswith("decode-")
+    decoded = [r for n in ("decode-a", "decode-b") for r in fleet.requests(n)]
+    assert len(decoded) == 3 and not any(r.get("prefilled_here") for r in decoded)
+    assert all(r["body"]["kv_transfer_params"]["remote_engine_id"] == "prefill-b-engine" for r in decoded)
+    fleet.kill("prefill-b")  # only the server without the connector is left: no request can be served right
+    with pytest.raises(APIStatusError) as e:
+        ask(fleet, chat=True, stream=False)
+    assert e.value.status_code == 503 and "answered without kv_transfer_params" in e.value.body["message"]
+    assert len([r for n in ("decode-a", "decode-b") for r in fleet.requests(n)]) == 3  # none decode-only
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_decode_server_that_dies_mid_stream_ends_the_stream_with_an_error(fleet_of, engine):
+    from openai import APIError
+
+    die = ["--die-mid-stream"]
+    fleet = fleet_of(engine, decode_a=die, decode_b=die)
+    with pytest.raises(APIError) as e:
+        ask(fleet, chat=True, stream=True)
+    assert "failed mid-stream" in e.value.message
 
 
 HARNESS = """

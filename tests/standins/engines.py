@@ -5,6 +5,7 @@ request it sends. They generate no real text: an answer's tokens are `<name>-0 <
 
     python tests/standins/engines.py --engine vllm|sglang --role prefill|decode --host H --port P --name N
         --record FILE [--side-port S] [--bootstrap-port B] [--model M] [--max-model-len L]
+        [--no-kv-params] [--die-mid-stream]
 
 Every request is appended to FILE (one JSON object a line) before it is answered: the server's name, the path,
 the X-Request-Id header, the body, and the answer (its status and JSON body, or the text it streamed).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import time
 from pathlib import Path
@@ -119,6 +121,9 @@ class StandIn:
             chunk = {"id": rid, "object": kind, "created": int(time.time()), "model": self.args.model,
                      "choices": [choice]}  # fmt: skip
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if self.args.die_mid_stream and i == 1:
+                await response.drain()
+                os._exit(1)  # the process dies mid-stream, as a pod does
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -144,8 +149,8 @@ class StandIn:
 
     def keep_blocks(self, body: dict, request_id: str | None) -> dict | None:
         asked = body.get("kv_transfer_params") or {}
-        if not asked.get("do_remote_decode"):
-            return None  # an ordinary request: nothing kept
+        if not asked.get("do_remote_decode") or self.args.no_kv_params:
+            return None  # an ordinary request (or a server started without the connector): nothing kept
         blocks = tuple(secrets.randbelow(1 << 20) for _ in range(3))
         self.blocks[blocks] = str(request_id)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
@@ -235,4 +240,12 @@ if __name__ == "__main__":
     parser.add_argument("--record", required=True)
     parser.add_argument("--model", default="m")
     parser.add_argument("--max-model-len", type=int, default=256)
+    parser.add_argument(
+        "--no-kv-params",
+        action="store_true",
+        help="vLLM prefill: answer without kv_transfer_params (a server without the connector)",
+    )
+    parser.add_argument(
+        "--die-mid-stream", action="store_true", help="exit after a streamed answer's 2nd chunk"
+    )
     asyncio.run(main(parser.parse_args()))
