@@ -16,7 +16,7 @@ from neuronfleet.operator.engines import sglang
 
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 SAMPLES = ROOT / "crds" / "samples"
-SGLANG = "qwen2.5-7b-sglang-trn2-disaggregated.yaml"
+SGLANG = "gpt-oss-120b-sglang-trn3-disaggregated.yaml"
 EMBEDDED = "smollm2-135m-local-cpu-disaggregated.yaml"
 
 
