@@ -541,9 +541,9 @@ def kind_paths(kinds: list[Resource], prefix: str, v2: bool) -> dict[str, Any]:
     """The operations on each kind's collection and item paths under prefix (kubectl finds a kind's PATCH by
     its x-kubernetes-group-version-kind and checks it takes fieldValidation)."""
     paths: dict[str, Any] = {}
-    param = {k: v for k, v in FIELD_VALIDATION.items() if k != "schema"} | {"type": "string"} if v2 else (
-        FIELD_VALIDATION
-    )  # fmt: skip
+    param = FIELD_VALIDATION
+    if v2:  # swagger 2.0: a parameter's type and keywords beside its name
+        param = {k: v for k, v in FIELD_VALIDATION.items() if k != "schema"} | FIELD_VALIDATION["schema"]
     for r in kinds:
         base = f"/{prefix}/namespaces/{{namespace}}/{r.plural}" if r.namespaced else f"/{prefix}/{r.plural}"
         gvk = {"group": r.group, "version": r.version, "kind": r.kind}
