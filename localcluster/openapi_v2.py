@@ -51,7 +51,9 @@ def _crd_v2(schema: dict[str, Any]) -> dict[str, Any]:
         out.pop("type")
     if preserve and out.get("type") == "object":
         out.pop("type")
-    nullable = {k for k, v in schema.get("properties", {}).items() if v.get("nullable") is True}
+    # the properties left (none once dropped above) that are nullable are not required
+    kept = schema.get("properties", {}) if "properties" in out else {}
+    nullable = {k for k, v in kept.items() if v.get("nullable") is True}
     additional = schema.get("additionalProperties")
     if isinstance(additional, dict) and additional.get("nullable") is True:
         out.pop("required", None)

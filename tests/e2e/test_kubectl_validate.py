@@ -166,3 +166,14 @@ def test_openapi_v2_is_served_as_the_real_handler_serves_it(api):
     assert json.loads(body)["definitions"]["io.k8s.api.core.v1.ConfigMap"]["x-kubernetes-group-version-kind"]
     status, _, body = fetch(api, {"Accept": "text/html"})
     assert status == 406 and json.loads(body)["reason"] == "NotAcceptable"
+
+
+def test_explain_from_openapi_v2_reads_the_protobuf_document(api):
+    out = api.kubectl("explain", "--output", "plaintext-openapiv2", "neuronmodel.spec.neuron").stdout
+    assert out.startswith(
+        "KIND:     NeuronModel\nVERSION:  neuronfleet.dev/v1alpha1\n\nRESOURCE: neuron <Object>\n"
+    )
+    assert "   instanceType\t<string> -required-\n" in out and "   batchSize\t<integer>\n" in out
+    out = api.kubectl("explain", "--output", "plaintext-openapiv2", "configmap.metadata").stdout
+    assert "RESOURCE: metadata <Object>\n" in out  # kubectl's v2 explain names every kind Object
+    assert "   labels\t<map[string]string>\n" in out and "   ownerReferences\t<[]Object>\n" in out
