@@ -12,8 +12,12 @@ The rules, each against a failure other autoscalers' users report:
   the load redistributed, `load / (N - k) <= target * (1 - tolerance)` (no 2 <-> 1 oscillation, Dynamo #9294);
 - a pod with missing or stale metrics freezes scale-down, never scale-up (aibrix #1032);
 - pods Pending past the deadline are reported (`Decision.stuck`), are not capacity, do not block
-  scale-down, and the role does not scale up past its serving pods again until `stuck_retry` has passed
-  (no retry loop, Dynamo #14251);
+  scale-down; while any is stuck, and for `stuck_retry` after the last one was seen, the role does not scale
+  up (no retry loop, Dynamo #14251);
+- after a scale-up, the next one waits until its pods serve and are warm, is confirmed on two ticks, and is
+  not taken while the load falls (the backlog they drain is not new demand); with a queue (the load is over
+  capacity, not by how much) a step at most doubles, as HPA's default scale-up policy;
+- scale-up and scale-down both leave loads within `tolerance` of target alone (HPA's tolerance, 0.1);
 - a just-ready pod's samples within `warmup` are not load (Dynamo #12430);
 - prefill and decode are decided together, each on its own signal, then the prefill:decode ratio is kept in
   bounds by raising the short side (never by starving one);
@@ -35,7 +39,6 @@ from .pod_metrics import PodLoad
 Signal = Literal["queue", "occupancy", "kv", "ttft", "itl"]
 SIGNALS = ("queue", "occupancy", "kv", "ttft", "itl")
 LATENCY_SIGNALS = ("ttft", "itl")  # p90 seconds, not additive: scaled by the replicas that produced them
-ROLES = ("unified", "prefill", "decode")
 PodState = Literal["pending", "starting", "ready"]
 
 
@@ -169,14 +172,14 @@ def decide(
         mine = [p for p in pods if p.role == role]
         want, info = _demand(role, mine, rp, policy, now, history, held)
         stuck[role] = int(info["stuck"])
-        if stuck[role] and role not in stuck_until:
+        if stuck[role]:  # the retry pause runs from the last tick that saw a pod stuck
             stuck_until[role] = now + policy.stuck_retry
         demands.append(Demand(now, role, want, info["load"], not (info["coming"] or info["warming"])))
         desired[role], reasons[role] = _settle(
             role, want, current[role], info, rp, policy, history, now, since, stuck_until, idle_for, held
         )
         signals[role] = info
-    stuck_until = {r: t for r, t in stuck_until.items() if t > now or stuck[r]}
+    stuck_until = {r: t for r, t in stuck_until.items() if t > now}
     if policy.ratio is not None:
         desired, reasons = _keep_ratio(desired, reasons, policy)
     window = max(policy.scale_down_window, policy.scale_up_window, policy.cold_start)
@@ -271,7 +274,6 @@ def _settle(
     """The replicas to set for one role now, and why."""
     floor = rp.min if policy.scale_to_zero and idle_for >= policy.idle and not held else max(rp.min, 1)
     want = min(max(want, floor), rp.max)
-    serving = int(info["ready"] + info["warming"] + info["stale"])
     if want > current:
         if held and current == 0:
             return want, f"requests held at the front door ({held:g}) with no replica: scale up at once"
@@ -281,15 +283,15 @@ def _settle(
                 f"demand {want} > {current}, but {rp.signal} {per:g} per replica is within the tolerance "
                 f"{policy.tolerance:g} of target {rp.target:g}"
             )
+        if info["stuck"]:  # the replicas already ask for them: asking for more would only add Pending pods
+            return current, (
+                f"demand {want} > {current}; {int(info['stuck'])} pod(s) Pending past the deadline: waiting "
+                "for capacity, not asking for more"
+            )
         if role in stuck_until and now < stuck_until[role]:
-            if current <= serving:  # the stuck pods are gone: grow back to what is serving, not past it
-                return current, (
-                    f"demand {want} > {current}, but a scale-up stayed Pending past the deadline: "
-                    f"no scale-up past the serving pods until {stuck_until[role]:g}"
-                )
-            return (
-                current,
-                f"demand {want} > {current}; {int(info['stuck'])} pod(s) Pending past the deadline",
+            return current, (
+                f"demand {want} > {current}, but a scale-up stayed Pending past the deadline: "
+                f"no scale-up past the serving pods until {stuck_until[role]:g}"
             )
         if info["coming"] or info["warming"]:
             return current, (

@@ -200,7 +200,7 @@ def test_a_scale_up_stuck_pending_is_reported_does_not_block_scale_down_and_is_n
     d = decide(busy, {"unified": 3}, p, quiet_history(700.0, 3), 700.0)
     assert d.stuck == {"unified": 1}
     assert d.desired == {"unified": 3} and not d.act  # 4 pods of work, but no retry past the stuck one
-    assert "1 pod(s) Pending past the deadline" in d.reasons["unified"]
+    assert "1 pod(s) Pending past the deadline: waiting for capacity" in d.reasons["unified"]
     assert d.history.stuck_until == {"unified": 700.0 + 1800.0}
     # the load falls: the stuck pod does not hold the scale-down (it goes first)
     calm = [ready("a", 0.3, at=1100.0), ready("b", 0.3, at=1100.0), stuck]
@@ -211,9 +211,9 @@ def test_a_scale_up_stuck_pending_is_reported_does_not_block_scale_down_and_is_n
     # the load rises again within stuck_retry: no new scale-up into the same lack of capacity
     again = decide([ready("a", 1.5, at=1200.0)], {"unified": 1}, p, down.history, 1200.0)
     assert again.desired == {"unified": 1} and not again.act
-    assert "no scale-up past the serving pods until 2500" in again.reasons["unified"]
+    assert "no scale-up past the serving pods until 2900" in again.reasons["unified"]  # 1100 + 1800
     # and after stuck_retry it is tried again, once
-    retry = decide([ready("a", 1.5, at=2600.0)], {"unified": 1}, p, again.history, 2600.0)
+    retry = decide([ready("a", 1.5, at=3000.0)], {"unified": 1}, p, again.history, 3000.0)
     assert retry.desired == {"unified": 2} and retry.act
 
 
