@@ -231,8 +231,6 @@ def _demand(
     lead = _lead(role, total, history, policy, now) if rp.signal not in LATENCY_SIGNALS else 0.0
     if lead > total:
         want = max(want, math.ceil(lead / rp.target - 1e-9))
-    if front and held > 0:
-        want = max(want, 1)  # at zero, a held request needs a pod now
     info = {
         "load": round(total, 6),
         "perReplica": round(total / max(len(ready), 1), 6)

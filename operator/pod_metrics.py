@@ -134,9 +134,6 @@ class Scrape:
     gauges: dict[str, float]
     histograms: dict[str, Histogram]
 
-    def gauge(self, name: str) -> float | None:
-        return self.gauges.get(name)
-
 
 def read(text: str, model_name: str | None = None) -> Scrape:
     """The autoscaler's gauges (summed over their other labels, e.g. a role) and histograms

@@ -248,6 +248,15 @@ def test_scale_to_zero_after_the_idle_period_and_back_at_once_on_held_requests()
     assert many.desired == {"unified": 3}  # 9 held requests on 4-slot pods at 0.75: ceil(2.25 / 0.75)
 
 
+@pytest.mark.parametrize("signal, target", [("kv", 0.8), ("ttft", 1.0), ("itl", 0.05)])
+def test_held_requests_scale_up_from_zero_whatever_the_signal(signal, target):
+    """Signals that held requests do not add to (KV use, latencies: no pod, no sample) still get one pod."""
+    roles = {"unified": RolePolicy(min=0, max=4, signal=signal, target=target)}
+    p = policy(roles=roles, scale_to_zero=True, idle=600.0)
+    assert decide([], {"unified": 0}, p, History(since=0.0), 2000.0, held=1).desired == {"unified": 1}
+    assert decide([], {"unified": 0}, p, History(since=0.0), 2000.0, held=0).desired == {"unified": 0}
+
+
 def test_without_scale_to_zero_an_idle_model_keeps_one_replica():
     d = decide([ready("a", 0.0, at=5000.0)], {"unified": 1}, policy(), quiet_history(5000.0, 0), 5000.0)
     assert d.desired == {"unified": 1}
