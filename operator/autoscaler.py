@@ -93,6 +93,10 @@ class Policy:
         if self.scale_to_zero and any(r.min for r in self.roles.values()):
             raise ValueError("scale_to_zero needs min 0 for every role")
         if self.ratio is not None:
+            if len(self.ratio) != 2:
+                raise ValueError(
+                    f"ratio {self.ratio}: expected (low, high) prefill replicas per decode replica"
+                )
             low, high = self.ratio
             if not 0 < low <= high:
                 raise ValueError(f"ratio bounds {self.ratio}: need 0 < low <= high (prefill per decode)")
@@ -157,6 +161,9 @@ def decide(
         raise ValueError(
             f"current replicas name roles {sorted(current)}; the policy has {sorted(policy.roles)}"
         )
+    negative = {role: n for role, n in current.items() if n < 0}
+    if negative:
+        raise ValueError(f"current replicas {negative} must be 0 or more")
     unknown = {p.role for p in pods} - set(policy.roles)
     if unknown:
         raise ValueError(

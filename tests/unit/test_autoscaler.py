@@ -10,6 +10,10 @@ from neuronfleet.operator.autoscaler import Demand, History, Pod, Policy, RolePo
 from neuronfleet.operator.pod_metrics import Histogram, MetricsError, PodLoad
 
 UNIFIED = {"unified": RolePolicy(min=1, max=8, signal="occupancy", target=0.75)}
+PD = {
+    "prefill": RolePolicy(min=1, max=8, signal="queue", target=2.0),
+    "decode": RolePolicy(min=1, max=8, signal="occupancy", target=0.75),
+}
 
 
 def policy(**changes) -> Policy:
@@ -44,6 +48,8 @@ def quiet_history(now: float, want: int, role: str = "unified", since: float = -
         ({"ratio": (1.0, 2.0)}, "ratio bounds apply to prefill and decode roles only"),
         ({"tolerance": 1.0}, "tolerance 1.0 must be in [0, 1)"),
         ({"idle": -1}, "idle -1 must be 0 or more seconds"),
+        ({"roles": PD, "ratio": (1.0,)}, "expected (low, high) prefill replicas per decode replica"),
+        ({"roles": PD, "ratio": (2.0, 1.0)}, "need 0 < low <= high"),
     ],
 )
 def test_a_bad_policy_says_what_is_wrong(kwargs, message):
@@ -68,6 +74,10 @@ def test_a_bad_role_policy_says_what_is_wrong(kwargs, message):
 def test_pods_of_a_role_the_policy_does_not_scale_are_refused():
     with pytest.raises(ValueError, match=r"pods of roles \['decode'\]"):
         decide([ready("d", role="decode")], {"unified": 1}, policy(), History(), 0.0)
+    with pytest.raises(ValueError, match=r"current replicas \{'unified': -1\} must be 0 or more"):
+        decide([], {"unified": -1}, policy(), History(), 0.0)
+    with pytest.raises(ValueError, match=r"current replicas name roles \['decode'\]"):
+        decide([], {"decode": 1}, policy(), History(), 0.0)
 
 
 # ---- scale-up ----
@@ -263,11 +273,6 @@ def test_without_scale_to_zero_an_idle_model_keeps_one_replica():
 
 
 # ---- prefill and decode together ----
-
-PD = {
-    "prefill": RolePolicy(min=1, max=8, signal="queue", target=2.0),
-    "decode": RolePolicy(min=1, max=8, signal="occupancy", target=0.75),
-}
 
 
 @pytest.mark.parametrize(
