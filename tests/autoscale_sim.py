@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +46,6 @@ class SimPod:
     role: str
     created: float
     ready_at: float | None  # None: stays Pending (no capacity)
-    stale_from: float | None = None  # metrics stop being scraped from then on
 
     def state(self, now: float, cold_start: float) -> str:
         if self.ready_at is None:
@@ -252,8 +250,3 @@ def steps(*points: tuple[float, float]) -> Callable[[float], float]:
         return value
 
     return rate
-
-
-def ceil_pods(rate: float, model: RoleModel, target: float) -> int:
-    """Pods a constant rate needs at a per-pod occupancy target (what a steady state should settle at)."""
-    return math.ceil(rate / (model.rate * target) - 1e-9)
