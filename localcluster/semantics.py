@@ -345,9 +345,11 @@ def admit(kind: Resource, obj: dict[str, Any], params: dict[str, str]) -> dict[s
     obj.setdefault("apiVersion", kind.api_version)
     obj.setdefault("kind", kind.kind)
     name = (meta or {}).get("name")
-    if unknown and params.get("fieldValidation") == "Strict":
+    if unknown and params.get("fieldValidation") == "Strict":  # a decoding error, as the real server words it
+        # (apiextensions-apiserver's strict decoding: 400 BadRequest, "strict decoding error: unknown field")
         fields = ", ".join(f'unknown field "{u.lstrip(".")}"' for u in unknown)
-        raise ApiError(422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: {fields}')
+        decoding = f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}'
+        raise ApiError(400, "BadRequest", f"{decoding}: strict decoding error: {fields}")
     errors = schema_errors({k: v for k, v in obj.items() if k != "metadata"}, kind.schema)
     if errors:
         causes = []

@@ -76,7 +76,11 @@ def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with
             {"serving": {"mode": "disaggregated"}},
             "mode disaggregated needs serving.prefill and serving.decode",
         ),
-        ({"neuron": {"instanceType": "inf2.xlarge", "speed": "fast"}}, 'unknown field "spec.neuron.speed"'),
+        (  # the real server's words (apiextensions-apiserver's strict decoding, kubectl apply's default)
+            {"neuron": {"instanceType": "inf2.xlarge", "speed": "fast"}},
+            'Error from server (BadRequest): error when creating "STDIN": NeuronModel in version "v1alpha1" '
+            'cannot be handled as a NeuronModel: strict decoding error: unknown field "spec.neuron.speed"',
+        ),
     ],
 )
 def test_a_bad_manifest_is_refused_by_the_schema_like_a_real_api_server(with_crd, change, message):
