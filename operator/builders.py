@@ -24,15 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronfleet.contract import (
-    CACHE_MOUNT,
     COMPILE_CONFIG_FILE,
-    CONFIG_MOUNT,
     GRACE_PERIOD,
-    HF_TOKEN_ENVS,
     INTERNAL_TOKEN_DIR,
     INTERNAL_TOKEN_FILE,
     KV_PORT,
-    MODEL_MOUNT,
     POD_IP_ENV,
     CompileBuckets,
     CompileConfig,
@@ -40,13 +36,10 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, names, scaling, topology, validation
+from . import engines, names, pod_parts, scaling, topology
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
-NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so
-RUN_AS_USER = 10001  # the images' own user (Dockerfile)
 UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, rolled in place)
 ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
 SOURCE_RETRIES_ANNOTATION = f"{LABEL_PREFIX}/source-retries"  # on a compile Job: tries after a source failed
@@ -201,68 +194,6 @@ def build_config_map(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[st
     }
 
 
-def _security(read_only_root: bool, efa: bool = False) -> dict[str, Any]:
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
-    if efa:
-        # IPC_LOCK only: libfabric's EFA provider pins the memory it registers for RDMA, which needs
-        # CAP_IPC_LOCK unless the node lifts the memlock limit (AWS, "Manage EFA devices on Amazon EKS",
-        # and the aws-efa-k8s-device-plugin's example pods; libfabric's fi_efa(7)).
-        capabilities["add"] = ["IPC_LOCK"]
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "allowPrivilegeEscalation": False,
-        "privileged": False,
-        "readOnlyRootFilesystem": read_only_root,
-        "capabilities": capabilities,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def reads_hub_when_serving(spec: NeuronModelSpec, role: str) -> bool:
-    """Whether a role's pods download from the Hugging Face Hub at start, so need the model's token. Ours
-    (embedded, every router) and TGI serve the compiled folder only; vLLM and SGLang are given the Hub id
-    (`engines.model_reference`) and load its config and tokenizer from the Hub (vLLM: `vllm serve <model>`
-    "Hugging Face model name or path", docs.vllm.ai/en/stable/cli/serve.html; SGLang: `--model-path`
-    "local folder or a Hugging Face repo ID", docs.sglang.ai/advanced_features/server_arguments.html)."""
-    return role != "router" and spec.engine in ("vllm", "sglang") and spec.model.uri.startswith("hf://")
-
-
-def _env(spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(extra.items())]
-    ref = spec.model.secretRef
-    if ref is not None and hub_token:  # the token comes from the Secret, never from a plain field
-        for name in HF_TOKEN_ENVS:
-            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    return env
-
-
-def _volumes(
-    owner: Owner, spec: NeuronModelSpec, compiling: bool, writable: tuple[str, ...] = ()
-) -> tuple[list, list]:
-    """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
-    pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
-    never touches running pods)."""
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
-    if engines.compiles(spec):  # (an engine that compiles as it starts has no artifacts to read)
-        volumes.insert(
-            0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec)}}
-        )
-        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling})
-    if compiling:
-        volumes.insert(1, {"name": "config", "configMap": {"name": config_map_name(owner)}})
-        mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
-    if spec.model.uri.startswith("pvc://"):
-        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    for i, path in enumerate(writable):  # what the engine writes beside /tmp (HOME, caches), root read-only
-        volumes.append({"name": f"writable-{i}", "emptyDir": {}})
-        mounts.append({"name": f"writable-{i}", "mountPath": path})
-    return volumes, mounts
-
-
 def compile_job_name(owner: Owner, chash: str) -> str:
     return names.compile_job(owner.name, chash)
 
@@ -274,26 +205,28 @@ def build_compile_job(
     an annotation: a failed Job is replaced when a later attempt is asked for (`rollout.retry_due`);
     `source_retries`: how many times in a row its model source was unreadable (`rollout.source_retry_at`)."""
     container = engines.compile_container(spec, chash)
-    volumes, mounts = _volumes(owner, spec, compiling=True, writable=container.writable)
+    volumes, mounts = pod_parts.volumes(
+        spec, True, cache_claim_name(owner, spec), config_map_name(owner), container.writable
+    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+        "securityContext": pod_parts.pod_security(),
         "containers": [
             {
                 "name": "compile",
                 "image": container.image,
                 "command": container.command,
-                "env": _env(spec, container.env, hub_token=True),
+                "env": pod_parts.env(spec, container.env, hub_token=True),
                 "volumeMounts": mounts,
-                "resources": _compile_resources(spec, container.needs_neuron),
-                "securityContext": _security(read_only_root=container.read_only_root),
+                "resources": pod_parts.compile_resources(spec, container.needs_neuron),
+                "securityContext": pod_parts.security(read_only_root=container.read_only_root),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": volumes,
     }
     if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
-        _place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), [])
+        pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), [])
     elif spec.compile.nodeSelector:
         pod_spec["nodeSelector"] = dict(spec.compile.nodeSelector)
     meta = metadata(owner, compile_job_name(owner, chash), "compile", chash)
@@ -317,29 +250,6 @@ def build_compile_job(
     }
 
 
-def _compile_resources(spec: NeuronModelSpec, needs_neuron: bool) -> dict[str, Any]:
-    """The compile container's resources: the spec's, plus the serving pods' Neuron cores when the
-    engine's compile runs the model on devices."""
-    out = {k: dict(v) for k, v in spec.compile.resources.model_dump().items() if v}
-    if needs_neuron:
-        cores = str(validation.neuron_devices(spec)[1])
-        for kind in ("requests", "limits"):  # extended resources: requests equal limits
-            out.setdefault(kind, {})["aws.amazon.com/neuroncore"] = cores
-    return out
-
-
-def _place_on_neuron(
-    spec: NeuronModelSpec, pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list
-) -> None:
-    """Puts a pod that uses Neuron cores on a node of the spec's instance type: its label, the Neuron
-    taint tolerated, and the Neuron scheduler extension when it needs contiguous cores."""
-    node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
-    pod_spec["nodeSelector"] = node_selector
-    pod_spec["tolerations"] = [dict(NEURON_TAINT), *tolerations]
-    if validation.neuron_devices(spec)[1] > 1:  # contiguous cores: the Neuron scheduler extension
-        pod_spec["schedulerName"] = spec.scheduling.schedulerName or NEURON_SCHEDULER
-
-
 def serving_roles(spec: NeuronModelSpec) -> dict[str, int]:
     """Role -> replicas (spec.replicas, the scale subresource, mapped by `scaling.role_replicas`)."""
     return scaling.role_replicas(spec)
@@ -361,22 +271,6 @@ def _set_suffix(serving_set_name: str | None) -> str | None:
 
 def deployment_name(owner: Owner, role: str, serving_set_name: str | None = None) -> str:
     return names.deployment(owner.name, role, _set_suffix(serving_set_name))
-
-
-def _resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
-    s = spec.serving
-    role_spec = {"unified": s.unified, "prefill": s.prefill, "decode": s.decode}.get(role)
-    requests = dict(role_spec.resources.requests) if role_spec else {"cpu": "500m", "memory": "512Mi"}
-    limits = dict(role_spec.resources.limits) if role_spec else {"memory": "1Gi"}
-    _, cores = validation.neuron_devices(spec)
-    extended: dict[str, str] = {}
-    if role != "router" and cores:
-        extended["aws.amazon.com/neuroncore"] = str(cores)
-    if role in ("prefill", "decode") and s.kvTransfer.transport == "efa" and s.kvTransfer.efaInterfaces:
-        extended["vpc.amazonaws.com/efa"] = str(s.kvTransfer.efaInterfaces)
-    requests.update(extended)  # extended resources: requests equal limits
-    limits.update(extended)
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
 def serve_config(
@@ -412,9 +306,11 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     pods_set = serving_set(spec, chash)
     config = serve_config(owner, spec, role, chash, pods_set) if ours else None
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
-    env = _env(spec, container.env, hub_token=reads_hub_when_serving(spec, role))
+    env = pod_parts.env(spec, container.env, hub_token=pod_parts.reads_hub_when_serving(spec, role))
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    volumes, mounts = _volumes(owner, spec, compiling=False, writable=container.writable)
+    volumes, mounts = pod_parts.volumes(
+        spec, False, cache_claim_name(owner, spec), config_map_name(owner), container.writable
+    )
     transport = spec.serving.kvTransfer.transport
     if ours and role == "decode":
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
@@ -442,7 +338,7 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
         }
 
     pod_spec: dict[str, Any] = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+        "securityContext": pod_parts.pod_security(),
         # requests in flight finish within the grace period, then the process exits
         "terminationGracePeriodSeconds": int(config.grace_period if config else GRACE_PERIOD) + 15,
         "containers": [
@@ -452,13 +348,13 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
                 "command": container.command,
                 "env": env,
                 "ports": ports,
-                "resources": _resources(spec, role),
+                "resources": pod_parts.serving_resources(spec, role),
                 "volumeMounts": mounts,
                 # model loads take minutes on Neuron: up to an hour to start, then strict liveness
                 "startupProbe": probe(health, 10, 360),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
-                "securityContext": _security(read_only_root=container.read_only_root, efa=efa),
+                "securityContext": pod_parts.security(read_only_root=container.read_only_root, efa=efa),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
@@ -466,7 +362,7 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
     }
     sched = spec.scheduling
     if neuron:
-        _place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations))
+        pod_parts.place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations))
     else:
         if sched.nodeSelector:
             pod_spec["nodeSelector"] = dict(sched.nodeSelector)

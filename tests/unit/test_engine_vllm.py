@@ -29,7 +29,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
-from neuronfleet.operator import builders, validation
+from neuronfleet.operator import builders, pod_parts, validation
 from neuronfleet.operator.engines import vllm
 from neuronfleet.operator.engines.common import Fact
 
@@ -247,7 +247,7 @@ def test_the_compile_job_runs_where_a_serving_pod_runs_with_its_neuron_cores(nam
     assert compile_c["resources"]["requests"]["aws.amazon.com/neuroncore"] == cores
     assert serving_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == cores
     assert job["nodeSelector"]["node.kubernetes.io/instance-type"] == spec.neuron.instanceType
-    assert builders.NEURON_TAINT in job["tolerations"]
+    assert pod_parts.NEURON_TAINT in job["tolerations"]
     assert job["schedulerName"] == serving["schedulerName"] == "my-scheduler"
     # the compile writes the cache; serving pods read it only, with a read-only root and a writable HOME
     mounts = {m["name"]: m for m in compile_c["volumeMounts"]}

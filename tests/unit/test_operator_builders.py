@@ -15,7 +15,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
-from neuronfleet.operator import builders, engines, validation
+from neuronfleet.operator import builders, engines, pod_parts, validation
 from neuronfleet.operator.spec import SecretKeyRef
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -86,7 +86,7 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert "vpc.amazonaws.com/efa" not in c["resources"]["limits"]
     assert pod["schedulerName"] == "my-scheduler"
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "inf2.48xlarge"
-    assert builders.NEURON_TAINT in pod["tolerations"]
+    assert pod_parts.NEURON_TAINT in pod["tolerations"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
