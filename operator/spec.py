@@ -546,6 +546,14 @@ class NeuronModelStatus(BaseModel):
     selector: str | None = Field(
         None, description="Label selector of the scaled role's pods: the scale subresource's status.selector."
     )
+    sourceFingerprint: str | None = Field(
+        None,
+        description="What the model source of a failed compile was when last checked (a changed one "
+        "compiles again).",
+    )
+    sourceCheckAt: str | None = Field(
+        None, description="When the model source of a failed compile is checked again (RFC 3339)."
+    )
     servingSpec: dict[str, Any] | None = Field(
         None,
         description="The model, engine, image and neuron sections of the spec compiled as compileHash: the "

@@ -14,7 +14,14 @@ import pytest
 import yaml
 from support import ROOT
 
-from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
+from neuronfleet.contract import (
+    CACHE_MOUNT,
+    CONFIG_MOUNT,
+    GRACE_PERIOD,
+    HF_TOKEN_ENVS,
+    KV_PORT,
+    TERMINATION_LOG_ENV,
+)
 from neuronfleet.operator import builders, engines, pod_parts, validation
 from neuronfleet.operator.spec import SecretKeyRef
 
@@ -329,3 +336,30 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
         builders.build_all(OWNER, sample("llama-3.1-8b-embedded-inf2.yaml"), "h", internal_token="x")
     )
     assert "Secret" not in unified and "NetworkPolicy" not in unified
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_the_source_probe_is_valid_reads_only_the_source_and_takes_the_token_only_for_the_hub(path):
+    """The Job that fingerprints a failed compile's source: strictly valid, owned, our CPU image on any node
+    (no Neuron resources or placement), the model's claim read-only for pvc://, the Hub token (from the
+    Secret) only for hf://."""
+    spec = parsed(path)
+    job = builders.build_source_probe(OWNER, spec, "abcdef0123456789")
+    kubernetes_validate.validate(job, KUBERNETES_VERSIONS[-1], strict=True)
+    assert job["metadata"]["name"] == "m-source-abcdef0123"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"][:4] == ["neuronfleet", "source-fingerprint", "--uri", spec.model.uri]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert not [k for k in c["resources"].get("limits", {}) if k.startswith(("aws.amazon.com", "vpc."))]
+    claims = [v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    if spec.model.uri.startswith("pvc://"):
+        assert claims == [
+            {"claimName": spec.model.uri.removeprefix("pvc://").split("/")[0], "readOnly": True}
+        ]
+    else:
+        assert claims == []  # not even the compile cache
+    tokens = [e for e in c["env"] if e["name"] in HF_TOKEN_ENVS]
+    assert bool(tokens) == (spec.model.uri.startswith("hf://") and spec.model.secretRef is not None)
+    assert all("valueFrom" in e for e in tokens)
