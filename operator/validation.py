@@ -118,6 +118,34 @@ def _placeable_tp(spec: NeuronModelSpec, inst: topology.Instance) -> list[int]:
     return out
 
 
+def _either(names: list[str]) -> str:
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+
+
+def _engines_that_run(spec: NeuronModelSpec) -> list[str]:
+    """The engines other than embedded that this spec's instance type and serving mode allow: those whose
+    `validate` of the same spec has no refusal of the engine itself there (such refusals begin with `engine
+    NAME`, e.g. SGLang-Neuron on a platform it does not serve, TGI disaggregated). A spec that names no KV
+    transport gets that engine's default."""
+    base = spec.model_dump(exclude_unset=True)
+    out = []
+    for engine in engines.ENGINES:
+        if engine == "embedded":
+            continue
+        other = NeuronModelSpec.model_validate({**base, "engine": engine})
+        if not any(e.startswith(f"engine {engine} ") for e in validate(other).errors):
+            out.append(engine)
+    return out
+
+
+def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
+    others = _engines_that_run(spec)
+    use = f"on {instance} use engine {_either(others)}" if others else (
+        f"no engine serves serving.mode {spec.serving.mode} on {instance}"
+    )  # fmt: skip
+    return f"{use}, or instanceType cpu for engine embedded"
+
+
 def validate(spec: NeuronModelSpec) -> Report:
     """Every refusal for a parsed spec (empty when it can be served), and the memory fit."""
     r = Report()
@@ -135,9 +163,15 @@ def validate(spec: NeuronModelSpec) -> Report:
             r.errors.append(f"quantization {n.quantization} is not available on cpu; use none")
         if n.logicalCores is not None:
             r.errors.append("neuron.logicalCores applies to Trn2 instances only; remove it")
-        if disaggregated and serving.kvTransfer.transport == "efa":
-            r.errors.append("kvTransfer.transport efa needs EFA devices; on cpu use tcp")
     else:
+        if spec.engine == "embedded":
+            named = "engine embedded" + (
+                "" if "engine" in spec.model_fields_set else " (the default, not set)"
+            )
+            r.errors.append(
+                f"{named} has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its compile "
+                f"for {inst.name} would fail); {_what_runs_on(spec, inst.name)}"
+            )
         lnc = n.logicalCores
         if lnc is not None and inst.platform != "trn2":
             r.errors.append(f"neuron.logicalCores applies to Trn2 instances only, not {inst.name}; remove it")
@@ -175,6 +209,12 @@ def validate(spec: NeuronModelSpec) -> Report:
             r.errors.append(
                 "engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE); choose one of those"
             )
+    if disaggregated and spec.engine == "embedded" and serving.kvTransfer.transport == "efa":
+        efa = f", or engine {_either(_engines_that_run(spec))} for KV transfer over EFA" if inst else ""
+        r.errors.append(
+            "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV "
+            f"caches over tcp only); use kvTransfer.transport tcp, the embedded engine's default{efa}"
+        )
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped

@@ -98,7 +98,7 @@ def test_samples_are_accepted_by_the_schema_and_the_checks(path):
 
 
 def base() -> dict:
-    return load(ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml")
+    return load(ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml")
 
 
 def edited(change) -> dict:
@@ -134,7 +134,7 @@ def edited(change) -> dict:
             lambda s: s["compile"]["cache"].update(claimName="x"),
             "name an existing claimName or a storageClassName",
         ),
-        (lambda s: s["autoscaling"].update(min=7), "autoscaling.min must not exceed autoscaling.max"),
+        (lambda s: s.update(autoscaling={"min": 7}), "autoscaling.min must not exceed autoscaling.max"),
         (
             lambda s: s["neuron"].update(tensorParallel=3),
             "tensorParallel 3 is not a documented degree on inf2.48xlarge; choose one of 1, 2, 4, 8, 24",
@@ -210,7 +210,7 @@ def test_memory_estimate_counts_weights_and_kv_cache_per_core():
 def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
     bad = edited(lambda s: s["neuron"].update(tensorParallel=3, batchSize=0))
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump_all([base(), bad]))
+    path.write_text(yaml.safe_dump_all([edited(lambda s: s.update(autoscaling={"enabled": True})), bad]))
     run = subprocess.run(
         [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path)], capture_output=True, text=True
     )
@@ -226,10 +226,12 @@ def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
 
 
 def test_a_tokenizer_elsewhere_is_the_embedded_engines_and_changes_what_is_compiled():
-    obj = edited(lambda s: s["model"].update(tokenizer="pvc://models/tokenizers/llama-3"))
+    cpu = load(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml")
+    obj = copy.deepcopy(cpu)
+    obj["spec"]["model"]["tokenizer"] = "pvc://models/tokenizers/llama-3"
     parsed, errors = validation.parse(obj)
     assert not errors and validation.validate(parsed).ok
-    assert builders.compile_hash(parsed) != builders.compile_hash(validation.parse(base())[0])
+    assert builders.compile_hash(parsed) != builders.compile_hash(validation.parse(cpu)[0])
     assert builders.compile_config(parsed, "h").model.tokenizer == "pvc://models/tokenizers/llama-3"
     vllm, _ = validation.parse(load(ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml"))
     vllm = vllm.model_copy(update={"model": vllm.model.model_copy(update={"tokenizer": "file:///tok"})})
@@ -245,3 +247,101 @@ def test_spec_defaults_fill_every_section():
     assert parsed.engine == "embedded" and parsed.serving.mode == "unified"
     assert parsed.serving.unified.replicas == 1 and parsed.compile.cache.accessModes == ["ReadWriteMany"]
     assert validation.validate(parsed).ok
+
+
+# ---- what is not built is refused up front -----------------------------------------------------------------
+
+CPU = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+CPU_DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (  # the engine the user named, on the sample's inf2.48xlarge (TGI serves there, SGLang-Neuron not)
+            lambda s: s.update(engine="embedded"),
+            "engine embedded has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its "
+            "compile for inf2.48xlarge would fail); on inf2.48xlarge use engine vllm or tgi, or instanceType "
+            "cpu for engine embedded",
+        ),
+        (  # the default engine says it is the default
+            lambda s: s.pop("engine"),
+            "engine embedded (the default, not set) has no Neuron backend yet",
+        ),
+        (  # disaggregated: TGI has no prefill/decode split, so only vLLM is named
+            lambda s: s.update(
+                engine="embedded", serving={"mode": "disaggregated", "prefill": {}, "decode": {}}
+            ),
+            "on inf2.48xlarge use engine vllm, or instanceType cpu for engine embedded",
+        ),
+        (
+            lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
+            "compile for trn1.32xlarge would fail); on trn1.32xlarge use engine vllm",
+        ),
+        (
+            lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn2.48xlarge")),
+            "compile for trn2.48xlarge would fail); on trn2.48xlarge use engine vllm",
+        ),
+    ],
+)
+def test_the_embedded_engine_on_neuron_is_refused_naming_what_runs_there(change, message):
+    report = validation.check(edited(change))
+    assert any(message in e for e in report.errors), report.errors
+
+
+def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
+    obj = load(CPU_DISAGGREGATED)
+    obj["spec"]["serving"]["kvTransfer"] = {"transport": "efa"}
+    assert validation.check(obj).errors == [
+        "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV caches "
+        "over tcp only); use kvTransfer.transport tcp, the embedded engine's default"
+    ]
+    # on a Neuron instance (refused there anyway) it names the engines that move KV caches over EFA
+    efa = {"mode": "disaggregated", "prefill": {}, "decode": {}, "kvTransfer": {"transport": "efa"}}
+    obj = edited(lambda s: s.update(engine="embedded", serving=efa))
+    obj["spec"]["neuron"]["instanceType"] = "trn1.32xlarge"
+    assert any(
+        e.endswith("the embedded engine's default, or engine vllm for KV transfer over EFA")
+        for e in validation.check(obj).errors
+    ), validation.check(obj).errors
+
+
+def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
+    """A spec without kvTransfer.transport gets its engine's default, still counted as not set; the CRD has
+    no default for it (the API server cannot make one field's default depend on another) and accepts a spec
+    without it; a spec that names its engine's default gets the same serving set as one that leaves it out."""
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    kv_schema = schema["properties"]["spec"]["properties"]["serving"]["properties"]["kvTransfer"]
+    assert "default" not in kv_schema["properties"]["transport"]
+    for path, default in (
+        (CPU_DISAGGREGATED, "tcp"),
+        (ROOT / "crds" / "samples" / "llama-3.1-70b-vllm-trn1-disaggregated.yaml", "efa"),
+        (ROOT / "crds" / "samples" / "qwen2.5-7b-sglang-trn2-disaggregated.yaml", "efa"),
+    ):
+        named = load(path)
+        left_out = copy.deepcopy(named)
+        kv = left_out["spec"]["serving"]["kvTransfer"]
+        kv.pop("transport")
+        openapi_validate(left_out, schema)
+        parsed, errors = validation.parse(left_out)
+        assert not errors and validation.validate(parsed).ok, validation.validate(parsed).errors
+        assert parsed.serving.kvTransfer.transport == default
+        assert "transport" not in parsed.serving.kvTransfer.model_fields_set
+        named["spec"]["serving"]["kvTransfer"]["transport"] = default
+        explicit = validation.parse(named)[0]
+        chash = builders.compile_hash(explicit)
+        assert builders.compile_hash(parsed) == chash
+        assert builders.serving_set(parsed, chash) == builders.serving_set(explicit, chash)
+
+
+def test_validate_command_refuses_the_embedded_engine_on_neuron(tmp_path):
+    path = tmp_path / "embedded-inf2.yaml"
+    path.write_text(yaml.safe_dump(edited(lambda s: s.update(engine="embedded"))))
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path), str(CPU)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1
+    assert f"refused {path}#1 llama-3-1-8b" in run.stdout and f"ok      {CPU}#1 smollm2" in run.stdout
+    assert "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded" in run.stdout
