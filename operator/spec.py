@@ -168,7 +168,8 @@ def valued(section: BaseModel, name: str) -> str:
 )
 class NeuronSettings(Spec):
     instanceType: InstanceType = Field(
-        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron."
+        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron "
+        "(its only instance type until its Neuron backend is built)."
     )
     tensorParallel: int = Field(
         1, description="Neuron cores (logical cores on Trn2) per replica.", ge=1, le=128
@@ -336,7 +337,9 @@ class Scheduling(Spec):
 class NeuronModelSpec(Spec):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
-        "embedded", description="embedded (neuronfleet's runtime), or the vLLM, TGI or SGLang Neuron servers."
+        "embedded",
+        description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
+        "or the vLLM, TGI or SGLang Neuron servers.",
     )
     image: str | None = Field(None, description="Container image override for the engine.")
     neuron: NeuronSettings = Field(description="Target hardware and the shapes compiled for it.")
