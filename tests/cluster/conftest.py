@@ -29,6 +29,8 @@ import pytest
 import yaml
 from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, LocalCluster, Process, free_port, wait_until
 
+from neuronfleet.operator import validation
+
 CHART = ROOT / "charts" / "neuronfleet"
 RELEASE, RELEASE_NAMESPACE = "neuronfleet", "neuronfleet-system"
 LOCAL_SAMPLES = sorted((ROOT / "crds" / "samples").glob("*-local-cpu*.yaml"))
@@ -108,7 +110,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     here = Path(__file__).parent
     s = settings(config)
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if here in item.path.parents:
             item.add_marker(pytest.mark.timeout(s.ready_timeout + GONE_TIMEOUT + CEILING))
             if s.local:
                 item.add_marker(pytest.mark.real_model)
@@ -354,9 +356,15 @@ def cluster(cluster_settings: Settings, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture()
 def applied(cluster: Cluster, sample: Path) -> Iterator[dict]:
-    """The sample, applied in its namespace (created if missing); deleted afterwards whatever happened (a
-    failed run must not leave Neuron nodes busy)."""
+    """The sample, checked as `neuronfleet validate` does (the operator would refuse it too) and applied in
+    its namespace (created if missing); deleted afterwards whatever happened (a failed run must not leave
+    Neuron nodes busy)."""
     obj = yaml.safe_load(sample.read_text())
+    report = validation.check(obj)
+    assert report.ok, f"{sample.name} is refused: {report.errors}"
+    if cluster.local and obj["spec"]["neuron"]["instanceType"] != "cpu":
+        pytest.fail(f"{sample.name}: local mode serves instanceType cpu only; give --kubeconfig of a cluster "
+                    f"with {obj['spec']['neuron']['instanceType']} nodes")  # fmt: skip
     obj["metadata"].setdefault("namespace", "default")
     namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
     if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:

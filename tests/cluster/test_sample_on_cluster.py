@@ -12,9 +12,6 @@ import time
 
 import openai
 import pytest
-import yaml
-
-from neuronfleet.operator import validation
 
 QUESTION = "What is the capital of France?"
 ROUTED = "neuronfleet:router_peers_healthy"  # the router's peers in rotation, by role
@@ -44,15 +41,9 @@ def ready(cluster, namespace: str, name: str) -> dict:
     return cluster.wait(f"{namespace}/{name} to be Ready", check, cluster.ready_timeout)
 
 
-def test_a_sample_becomes_ready_answers_and_leaves_nothing_behind(cluster, sample, applied):
+def test_a_sample_becomes_ready_answers_and_leaves_nothing_behind(cluster, applied):
     namespace, name = applied["metadata"]["namespace"], applied["metadata"]["name"]
     spec = applied["spec"]
-    if cluster.local and spec["neuron"]["instanceType"] != "cpu":
-        pytest.fail(f"{sample.name}: local mode runs instanceType cpu only; give --kubeconfig of a cluster "
-                    f"with {spec['neuron']['instanceType']} nodes")  # fmt: skip
-    report = validation.check(yaml.safe_load(sample.read_text()))
-    assert report.ok, report.errors  # `neuronfleet validate`'s checks: the operator would refuse it too
-
     t0 = time.monotonic()
     model = ready(cluster, namespace, name)
     print(f"apply -> Ready: {time.monotonic() - t0:.0f} s")
