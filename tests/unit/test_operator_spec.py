@@ -378,3 +378,12 @@ def test_the_readmes_what_runs_where_table_is_what_validation_says():
                          "serving": serving},
             })  # fmt: skip
             assert report.ok == (not cell.startswith("refused")), (engine, mode, instance, report.errors)
+
+
+def test_every_sample_the_docs_name_exists():
+    """The README and the chart's install notes name samples to apply: each is one of crds/samples/."""
+    import re
+
+    docs = [ROOT / "README.md", ROOT / "charts" / "neuronfleet" / "templates" / "NOTES.txt"]
+    named = {m for doc in docs for m in re.findall(r"crds/samples/([\w.-]+\.yaml)", doc.read_text())}
+    assert named and named <= {p.name for p in SAMPLES}, sorted(named - {p.name for p in SAMPLES})
