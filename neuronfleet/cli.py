@@ -4,10 +4,19 @@ what it runs)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
-from neuronfleet.contract import INTERNAL_TOKEN_ENV, MODEL_MOUNT, ServeConfig, add_serve_arguments
+from neuronfleet.contract import (
+    INTERNAL_TOKEN_ENV,
+    MODEL_MOUNT,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    ServeConfig,
+    add_serve_arguments,
+)
 
 EXIT_USAGE = 2
 
@@ -164,7 +173,6 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-    import os
 
     from kopf.cli import main as kopf_main
 
@@ -197,7 +205,6 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _internal_token(args: ServeConfig) -> str:
-    import os
 
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
     if args.internal_token_file:
@@ -227,7 +234,6 @@ def _serve_router(args: ServeConfig) -> int:
     Imports no torch (the router's image needs none)."""
     import asyncio
     import logging
-    import os
 
     from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.backend import Limits
@@ -259,7 +265,6 @@ def _serve_router(args: ServeConfig) -> int:
 def _role_setup(args: ServeConfig, config):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
     NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
-    import os
     import secrets
 
     from neuronfleet.contract import POD_IP_ENV
@@ -403,7 +408,19 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:  # ModelLoadError, InvalidRequest, CompileError, a bad setting: all ValueErrors
         print(f"neuronfleet: error: {e}", file=sys.stderr)
+        if args.command in ("serve", "compile"):
+            _leave_termination_message(f"neuronfleet {args.command}: {e}")
         return EXIT_USAGE
+
+
+def _leave_termination_message(message: str) -> None:
+    """In a pod, why the process stopped, as its termination message (the file Kubernetes reads, or the
+    one NEURONFLEET_TERMINATION_LOG names), which the operator shows in the model's status; nothing outside
+    a pod."""
+    path = Path(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG))
+    if TERMINATION_LOG_ENV in os.environ or path.exists():
+        with contextlib.suppress(OSError):
+            path.write_text(message[:4096] + "\n")
 
 
 if __name__ == "__main__":

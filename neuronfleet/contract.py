@@ -34,6 +34,9 @@ INTERNAL_TOKEN_FILE = f"{INTERNAL_TOKEN_DIR}/token"
 
 TERMINATION_LOG_ENV = "NEURONFLEET_TERMINATION_LOG"  # where a compile leaves its manifest (default below)
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the termination message
+# how a failed compile's termination message starts when its model source could not be read (missing file,
+# empty claim, Hub access refused): the operator tries it again later, as the source may be fixed
+SOURCE_UNAVAILABLE = "model source unavailable:"
 INTERNAL_TOKEN_ENV = "NEURONFLEET_INTERNAL_TOKEN"  # the internal token, when no token file is given
 PEER_HOSTS_FILE_ENV = "NEURONFLEET_PEER_HOSTS_FILE"  # the router's --peer-hosts-file, when not given
 POD_IP_ENV = "POD_IP"  # a decode pod's own address (the downward API), advertised to prefill pods

@@ -47,6 +47,7 @@ NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart name
 RUN_AS_USER = 10001  # the images' own user (Dockerfile)
 UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, rolled in place)
 ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
+SOURCE_RETRIES_ANNOTATION = f"{LABEL_PREFIX}/source-retries"  # on a compile Job: tries after a source failed
 COMPILE_JOB_TTL = 3600  # seconds a finished compile Job stays (ttlSecondsAfterFinished) for its logs
 
 
@@ -265,9 +266,12 @@ def compile_job_name(owner: Owner, chash: str) -> str:
     return names.compile_job(owner.name, chash)
 
 
-def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: str = "") -> dict[str, Any]:
+def build_compile_job(
+    owner: Owner, spec: NeuronModelSpec, chash: str, attempt: str = "", source_retries: int = 0
+) -> dict[str, Any]:
     """The compile Job of a hash. `attempt` (the generation and retry request it was made for) is kept as
-    an annotation: a failed Job is replaced when a later attempt is asked for (`rollout.retry_due`)."""
+    an annotation: a failed Job is replaced when a later attempt is asked for (`rollout.retry_due`);
+    `source_retries`: how many times in a row its model source was unreadable (`rollout.source_retry_at`)."""
     container = engines.compile_container(spec, chash)
     volumes, mounts = _volumes(owner, spec, compiling=True, writable=container.writable)
     pod_spec: dict[str, Any] = {
@@ -294,6 +298,8 @@ def build_compile_job(owner: Owner, spec: NeuronModelSpec, chash: str, attempt: 
     meta = metadata(owner, compile_job_name(owner, chash), "compile", chash)
     if attempt:
         meta["annotations"] = {ATTEMPT_ANNOTATION: attempt}
+    if source_retries:
+        meta.setdefault("annotations", {})[SOURCE_RETRIES_ANNOTATION] = str(source_retries)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -608,6 +614,7 @@ def build_all(
     public: dict[str, str] | None = None,
     compile_job: bool = True,
     attempt: str = "",
+    source_retries: int = 0,
 ) -> list[dict[str, Any]]:
     """Every object of a model, in the order they must exist. The compile Job (unless `compile_job` is False:
     its hash has compiled) is the spec's; the serving set is built from `serving_spec` (default: `spec`; the
@@ -625,7 +632,7 @@ def build_all(
         if serving.serving.networkPolicy:
             objects.append(build_network_policy(owner, serving))
     if compile_job:
-        objects.append(build_compile_job(owner, spec, chash, attempt))
+        objects.append(build_compile_job(owner, spec, chash, attempt, source_retries))
     if serving_hash is not None:
         objects.extend(build_serving(owner, serving, serving_hash, public))
     return [o for o in objects if o is not None]

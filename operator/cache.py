@@ -31,6 +31,7 @@ WATCH_SECONDS = 300  # one watch request's server-side timeout; it then resumes 
 RETRY_SECONDS = (1.0, 30.0)  # backoff after a failed LIST or watch: first, most
 CHILD_LABEL = "neuronfleet.dev/model"  # builders.LABEL_PREFIX + "/model"; every child carries it
 CHILD_KINDS = (
+    "Pod",  # serving pods' states (crash loops, unschedulable) and the compile pod's report
     "Job",
     "Deployment",
     "Service",

@@ -55,7 +55,7 @@ class Triggers:
         meta = obj.get("metadata") or {}
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
         if model and obj.get("kind") != spec.KIND:
-            if event == "DELETED":
+            if event == "DELETED" and obj.get("kind") != "Pod":  # pods go in every roll: no live read
                 self._check.add((meta.get("namespace", ""), model))
             self.enqueue((meta.get("namespace", ""), model))
 
@@ -66,10 +66,12 @@ class Triggers:
 
     def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
         """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
-        through the queue, so that pass reports its events and stops with the operator."""
-        if status.get("drainUntil"):
-            delay = rollout.seconds_until(status["drainUntil"], now()) + 1
-            asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+        and one whose compile waits to be tried again, then (status.compileRetryAt); through the queue, so
+        that pass reports its events and stops with the operator."""
+        for field in ("drainUntil", "compileRetryAt"):
+            if status.get(field):
+                delay = rollout.seconds_until(status[field], now()) + 1
+                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]

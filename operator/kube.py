@@ -56,7 +56,8 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("policy", "poddisruptionbudgets"): ("get", "list", "watch", "create", "patch", "delete"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "events"): ("create",),
-    ("", "pods"): ("list",),  # the compile pod's termination message: the artifacts' manifest
+    # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
+    ("", "pods"): ("list", "watch"),
 }
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)

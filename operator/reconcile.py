@@ -22,9 +22,11 @@ from . import builders, metrics, names, rollout, validation
 from .kube import Kube, KubeError
 from .status import (
     autoscaling_condition,
+    compile_failure,
     compile_report,
     compute_status,
     job_state,
+    pod_problems,
     transitions,
     with_conflicts,
 )
@@ -147,6 +149,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     chash = builders.compile_hash(spec) if spec is not None else None
     job: tuple[str, str] = ("absent", "")
     report = None
+    retry_at: str | None = None  # a compile whose model source was unreadable is tried again then
+    source_retries = 0
     serving = old.get("compileHash") if old.get("artifacts") else None
     stored = old.get("servingSpec")
     roles: dict[str, tuple[int, int]] = {}
@@ -154,6 +158,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     drain_until = old.get("drainUntil")
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     conflicts: list[str] = []  # objects of this model's names that another owner controls
+    failing: list[str] = []  # serving pods that will not become ready without a change
     if spec is not None and not errors:
         assert chash is not None
         compiled = serving == chash  # remembered in status: its Job may be gone (ttlSecondsAfterFinished)
@@ -168,6 +173,18 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 await kube.delete("Job", ns, job_name)
                 emit("Normal", "CompileRetried", f"compiling {chash} again (attempt {wanted}): {job[1]}")
                 job = ("absent", "")
+            elif job[0] == "failed":  # say why (the compile's own error), and try again if that may pass
+                failure = compile_failure(await kube.list("Pod", ns, f"job-name={job_name}"))
+                job = ("failed", f"{job[1]}; {failure}" if failure else job[1])
+                retry_at = rollout.source_retry_at(job_obj, failure)
+                if retry_at is not None and rollout.seconds_until(retry_at, now()) == 0:
+                    await kube.delete("Job", ns, job_name)
+                    source_retries = rollout.source_retries(job_obj) + 1
+                    emit("Normal", "CompileRetried", f"compiling {chash} again: the model source may be "
+                         f"readable now (try {source_retries} after: {failure})")  # fmt: skip
+                    job, retry_at = ("absent", ""), None
+            elif job[0] == "running":
+                source_retries = rollout.source_retries(job_obj)  # (the Job keeps the count it was made with)
             if job[0] == "succeeded":
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
@@ -176,6 +193,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         objects = builders.build_all(
             owner, spec, serving, internal_token=secrets.token_urlsafe(32), serving_spec=serving_spec,
             compile_job=serving != chash, attempt=rollout.attempt(generation, meta.get("annotations")),
+            source_retries=source_retries,
         )  # fmt: skip
         public = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == owner.name) \
             if serving is not None else None  # fmt: skip
@@ -198,6 +216,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 d for d in await kube.list("Deployment", ns, model_label) if rollout.owned_by(d, owner.uid)
             ]
             ours = [deployments.get(d["metadata"]["name"], d) for d in ours]
+            if not rolled_out:  # why pods are not ready, when they will not be (from the pod cache)
+                failing = pod_problems(await kube.list("Pod", ns, model_label))
             existing = await kube.get("Service", ns, owner.name)
             current = (existing or {}).get("spec", {}).get("selector") if existing and rollout.owned_by(
                 existing, owner.uid) else None  # fmt: skip
@@ -220,7 +240,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        serving_spec=stored, drain_until=drain_until, endpoint=endpoint, at=now(),
+        serving_spec=stored, drain_until=drain_until, retry_at=retry_at, failing=failing, endpoint=endpoint,
+        at=now(),
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))

@@ -17,7 +17,11 @@ go: the rollout's decisions, as pure functions of the spec, the status and what 
   termination grace period, before the prefill and decode pods those requests use are deleted.
 - A failed compile Job is replaced when a later attempt is asked for (`retry_due`): the spec changed (a new
   generation) or `kubectl annotate neuronmodel NAME neuronfleet.dev/retry=<anything new>`; superseded hashes'
-  Jobs are deleted (`superseded_jobs`).
+  Jobs are deleted (`superseded_jobs`). A compile that failed because its model source could not be read
+  (its termination message says so: contract.SOURCE_UNAVAILABLE) is tried again by itself, 30 s after it
+  failed, doubling each time in a row up to every 10 minutes (`source_retry_at`): the file may be copied,
+  the claim filled, the Hub access granted. Any other failure waits for a change, the annotation, or the
+  Job's TTL.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .builders import ATTEMPT_ANNOTATION, LABEL_PREFIX
+from neuronfleet.contract import SOURCE_UNAVAILABLE
+
+from .builders import ATTEMPT_ANNOTATION, LABEL_PREFIX, SOURCE_RETRIES_ANNOTATION
 from .spec import NeuronModelSpec
 
 COMPILE_SECTIONS = ("model", "engine", "image", "neuron")  # every input of builders.compile_hash
@@ -179,3 +185,30 @@ def retry_due(job: dict[str, Any] | None, state: str, wanted: str) -> bool:
     if job is None or state != "failed":
         return False
     return (job["metadata"].get("annotations") or {}).get(ATTEMPT_ANNOTATION, "") != wanted
+
+
+SOURCE_RETRY_SECONDS = (30.0, 600.0)  # after a compile whose model source was unreadable: first, most
+
+
+def source_retries(job: dict[str, Any] | None) -> int:
+    """How many times in a row this Job's hash was compiled again because its source was unreadable."""
+    value = ((job or {}).get("metadata", {}).get("annotations") or {}).get(SOURCE_RETRIES_ANNOTATION, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def source_retry_at(job: dict[str, Any] | None, failure: str) -> str | None:
+    """When a failed compile Job whose model source was unreadable (`failure`, its pod's termination message)
+    is tried again: SOURCE_RETRY_SECONDS[0] after it failed, doubled per try in a row, at most [1]; None for
+    any other failure, or a Job with no failure time."""
+    if job is None or SOURCE_UNAVAILABLE not in failure:
+        return None
+    failed_at = next(
+        (c.get("lastTransitionTime") for c in (job.get("status") or {}).get("conditions") or []
+         if c.get("type") == "Failed" and c.get("status") == "True"),
+        None,
+    )  # fmt: skip
+    if not failed_at:
+        return None
+    first, most = SOURCE_RETRY_SECONDS
+    delay = min(first * 2 ** source_retries(job), most)
+    return (_time(failed_at) + datetime.timedelta(seconds=delay)).strftime("%Y-%m-%dT%H:%M:%SZ")

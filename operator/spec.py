@@ -408,6 +408,11 @@ class NeuronModelStatus(BaseModel):
         description="Until when the pods of a set the Service left finish their requests (RFC 3339); "
         "its other objects are deleted after.",
     )
+    compileRetryAt: str | None = Field(
+        None,
+        description="When a compile that failed because its model source could not be read is tried again "
+        "(RFC 3339): 30 s after the failure, doubling each time in a row, at most 10 minutes.",
+    )
     servingSpec: dict[str, Any] | None = Field(
         None,
         description="The model, engine, image and neuron sections of the spec compiled as compileHash: the "

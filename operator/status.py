@@ -27,6 +27,18 @@ def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
     return "running", f"compile Job {job['metadata']['name']} is running"
 
 
+def compile_failure(pods: list[dict[str, Any]]) -> str:
+    """Why a failed compile Job's pods ended: the last line of the newest failed pod's termination message
+    (the compile's own error), or "" when none left one."""
+    failed = []
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode") not in (None, 0) and terminated.get("message"):
+                failed.append((terminated.get("finishedAt") or "", _last_line(terminated["message"], 400)))
+    return max(failed)[1] if failed else ""
+
+
 def compile_report(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The manifest a compile pod left as its termination message (bytes, compiledAt, cacheHit), if any."""
     for pod in pods:
@@ -39,6 +51,66 @@ def compile_report(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
             if isinstance(report, dict):
                 return report
     return None
+
+
+# a container waiting for one of these will not start without a change (the kubelet's reasons:
+# https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-state-waiting and
+# pkg/kubelet/images, pkg/kubelet/container/sync_result.go at v1.31)
+STUCK_REASONS = (
+    "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError",
+)  # fmt: skip
+MAX_PROBLEMS = 3  # pods named in a message; the rest are counted
+
+
+def _last_line(text: str | None, limit: int = 240) -> str:
+    """The last non-empty line of a termination message or log tail, shortened."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+def pod_problem(pod: dict[str, Any]) -> str | None:
+    """Why a serving pod that is not ready will not become ready without a change, or None: a container
+    crash-looping (with its last exit code and termination message), an image that cannot be pulled, a
+    container that cannot be created, or a pod no node can take."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if (conditions.get("Ready") or {}).get("status") == "True":
+        return None
+    name = meta.get("name", "?")
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return f"pod {name} cannot be scheduled: {_last_line(scheduled.get('message')) or 'no node fits'}"
+    for c in status.get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason not in STUCK_REASONS:
+            continue
+        if reason == "CrashLoopBackOff":
+            last = (c.get("lastState") or {}).get("terminated") or {}
+            why = _last_line(last.get("message")) or last.get("reason") or "no message"
+            return (
+                f"pod {name} is crash-looping ({c.get('restartCount', 0)} restarts; last exit code "
+                f"{last.get('exitCode', '?')}: {why})"
+            )
+        return f"pod {name}: {reason}: {_last_line(waiting.get('message')) or 'no message'}"
+    return None
+
+
+def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
+    """`pod_problem` of each serving pod (compile pods are the Job's), at most MAX_PROBLEMS named."""
+    found = [
+        p for pod in pods
+        if ((pod.get("metadata") or {}).get("labels") or {}).get("neuronfleet.dev/role") != "compile"
+        and (p := pod_problem(pod)) is not None
+    ]  # fmt: skip
+    found.sort()
+    if len(found) > MAX_PROBLEMS:
+        return [*found[:MAX_PROBLEMS], f"and {len(found) - MAX_PROBLEMS} more"]
+    return found
 
 
 def condition(
@@ -84,6 +156,8 @@ def compute_status(
     report: dict[str, Any] | None = None,  # the compile pod's manifest, when it left one
     serving_spec: dict[str, Any] | None = None,  # the compiled sections of serving_hash's spec
     drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
+    retry_at: str | None = None,  # a compile whose model source was unreadable is tried again then
+    failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -118,24 +192,29 @@ def compute_status(
     high = reached(old, roles, live and serving_hash is not None)
     lost = {role: (r, high[role]) for role, (_, r) in roles.items() if r < high[role]}
     all_ready = serving_hash is not None and desired > 0 and rolled_out and live
+    failing = (failing or []) if serving_hash is not None and not all_ready else []
     if failed:
         health = ("CompileFailed", compiled_cond[1])
-    elif lost:
-        health = ("ReplicasUnavailable", "pods lost: " + ", ".join(
+    elif lost:  # (and if their replacements will not start, why: a Warning of its own)
+        health = ("PodsFailing" if failing else "ReplicasUnavailable", "; ".join(["pods lost: " + ", ".join(
             f"{role} {r}/{h} ready" for role, (r, h) in sorted(lost.items())
-        ))  # fmt: skip
+        ), *failing]))  # fmt: skip
+    elif failing:
+        health = ("PodsFailing", "; ".join(failing))
     else:
         health = ("Healthy", f"{ready}/{desired} pods ready")
     degraded = health[0] != "Healthy"
     if serving_hash is None:
         phase = "Failed" if failed else "Compiling"
-    elif degraded:
-        phase = "Degraded"
+    elif degraded and not (health[0] == "PodsFailing" and serving_now):
+        phase = "Degraded"  # (new pods failing while the old ones serve: still Rolling, with the Warning)
     elif all_ready and compiled:
         phase = "Ready"
     else:
         phase = "Rolling" if serving_now else "Deploying"
-    if failed:
+    if failed and retry_at:
+        progress = ("CompileFailed", f"the model source could not be read; compiling again at {retry_at}")
+    elif failed:
         progress = ("CompileFailed", "waiting for a change or neuronfleet.dev/retry to compile again")
     elif not compiled:
         progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
@@ -179,6 +258,7 @@ def compute_status(
         if serving_spec is not None:
             status["servingSpec"] = serving_spec
         status["drainUntil"] = drain_until  # None (null) clears it
+    status["compileRetryAt"] = retry_at if failed else None
     return status
 
 

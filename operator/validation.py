@@ -123,27 +123,42 @@ def _either(names: list[str]) -> str:
 
 
 def _engines_that_run(spec: NeuronModelSpec) -> list[str]:
-    """The engines other than embedded that this spec's instance type and serving mode allow: those whose
-    `validate` of the same spec has no refusal of the engine itself there (such refusals begin with `engine
-    NAME`, e.g. SGLang-Neuron on a platform it does not serve, TGI disaggregated). A spec that names no KV
-    transport gets that engine's default."""
+    """The engines other than embedded that serve a spec like this one (its model, instance type, shapes and
+    serving mode) where the embedded engine cannot: those whose refusals of it are only the ones every
+    engine shares (a tensor parallelism or a fit the instance does not allow, no EFA there...). Each engine
+    is given its best chance: the spec as it is, or without what only our runtime reads (model.tokenizer) and
+    with the prompt limit left to it (maxInputLength unset, or sequenceLength - 1, which vLLM needs). A KV
+    transport the spec does not name is that engine's default."""
     base = spec.model_dump(exclude_unset=True)
-    out = []
+    bare = {**base, "model": {k: v for k, v in base["model"].items() if k != "tokenizer"}}
+    neuron = {k: v for k, v in base["neuron"].items() if k != "maxInputLength"}
+    variants = [base, {**bare, "neuron": neuron}]
+    variants.append({**bare, "neuron": {**neuron, "maxInputLength": spec.neuron.sequenceLength - 1}})
+    refusals: dict[str, set[str]] = {}
     for engine in engines.ENGINES:
         if engine == "embedded":
             continue
-        other = NeuronModelSpec.model_validate({**base, "engine": engine})
-        if not any(e.startswith(f"engine {engine} ") for e in validate(other).errors):
-            out.append(engine)
-    return out
+        found = []
+        for variant in variants:
+            try:
+                other = NeuronModelSpec.model_validate({**variant, "engine": engine})
+            except ValueError:  # pydantic's ValidationError: this variant breaks a rule of the spec
+                continue
+            found.append(set(validate(other).errors))
+        if found:
+            refusals[engine] = min(found, key=len)
+    shared = set.intersection(*refusals.values()) if refusals else set()
+    return [engine for engine, errors in refusals.items() if errors == shared]
 
 
 def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
     others = _engines_that_run(spec)
-    use = f"on {instance} use engine {_either(others)}" if others else (
-        f"no engine serves serving.mode {spec.serving.mode} on {instance}"
-    )  # fmt: skip
-    return f"{use}, or instanceType cpu for engine embedded"
+    if not others:
+        return (
+            f"no engine serves serving.mode {spec.serving.mode} on {instance} yet: change serving.mode, or "
+            "use instanceType cpu for engine embedded"
+        )
+    return f"on {instance} use engine {_either(others)}, or instanceType cpu for engine embedded"
 
 
 def validate(spec: NeuronModelSpec) -> Report:
@@ -210,7 +225,8 @@ def validate(spec: NeuronModelSpec) -> Report:
                 "engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE); choose one of those"
             )
     if disaggregated and spec.engine == "embedded" and serving.kvTransfer.transport == "efa":
-        efa = f", or engine {_either(_engines_that_run(spec))} for KV transfer over EFA" if inst else ""
+        over_efa = _engines_that_run(spec) if inst else []
+        efa = f", or engine {_either(over_efa)} for KV transfer over EFA" if over_efa else ""
         r.errors.append(
             "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV "
             f"caches over tcp only); use kvTransfer.transport tcp, the embedded engine's default{efa}"

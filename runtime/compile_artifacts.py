@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from neuronfleet.contract import (
     HF_TOKEN_ENVS,
     MODEL_MOUNT,
+    SOURCE_UNAVAILABLE,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
     CompileConfig,
@@ -41,6 +42,13 @@ TOKENIZER_FILES = (
 
 class CompileError(ValueError):
     """The compile cannot run: a bad config or a model source that is missing or unsupported."""
+
+
+class SourceUnavailable(CompileError):
+    """The model source could not be read (a missing path, a Hub error): it may be there on a later try."""
+
+    def __init__(self, uri: str, why: str) -> None:
+        super().__init__(f"{SOURCE_UNAVAILABLE} {uri}: {why}")
 
 
 def load_config(path: Path) -> CompileConfig:
@@ -70,19 +78,22 @@ def resolve_source(
         except ImportError:
             raise CompileError("hf:// models need huggingface_hub in the runtime image") from None
         token = os.environ.get(HF_TOKEN_ENVS[0])  # from the NeuronModel's secretRef, never from the spec
-        path = Path(
-            snapshot_download(
-                uri.removeprefix("hf://"),
-                revision=revision,
-                token=token,
-                cache_dir=work,
-                allow_patterns=list(files) or None,
+        try:
+            path = Path(
+                snapshot_download(
+                    uri.removeprefix("hf://"),
+                    revision=revision,
+                    token=token,
+                    cache_dir=work,
+                    allow_patterns=list(files) or None,
+                )
             )
-        )
+        except Exception as e:  # not found, gated, no network: huggingface_hub's errors say which
+            raise SourceUnavailable(uri, f"{type(e).__name__}: {e}") from None
     else:
         raise CompileError(f"model source {uri} is not supported by the embedded engine's compile yet")
     if not path.exists():
-        raise CompileError(f"model source {uri} not found at {path}")
+        raise SourceUnavailable(uri, f"not found at {path}")
     return path
 
 

@@ -34,6 +34,9 @@ class Fact:
     kind: Literal["arg", "env", "config"]
     meaning: str
     source: str  # repository@tag:path, or a versioned documentation page
+    # the values the engine takes: "flag" (a switch, no value), "int", "str", "path", "bool", "json" (an
+    # object), "int-list" (a JSON list of integers), or choices "a|b|c"; "" when not recorded
+    value: str = ""
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,10 @@ def condition(model: dict, type_: str) -> dict:
 
 
 def compile_pod(api, job: str, manifest: dict) -> None:
-    """What the kubelet leaves of a finished compile pod: its termination message, the artifacts' manifest."""
-    meta = {"name": f"{job}-x1", "labels": {"job-name": job}}
+    """What the kubelet leaves of a finished compile pod: its termination message, the artifacts' manifest;
+    labelled as the Job controller labels its pods (the template's labels and job-name)."""
+    template = json.loads(api.kubectl("get", "job", job, "-o", "json").stdout)["spec"]["template"]
+    meta = {"name": f"{job}-x1", "labels": {**template["metadata"]["labels"], "job-name": job}}
     containers = [{"name": "compile", "image": "runtime"}]
     pod = {
         "apiVersion": "v1",

@@ -72,7 +72,11 @@ def test_the_command_line_runs_it_and_reports_a_cache_hit(tmp_path):
 @pytest.mark.parametrize(
     ("uri", "extra", "message"),
     [
-        ("file:///nowhere/model", {}, "model source file:///nowhere/model not found"),
+        (
+            "file:///nowhere/model",
+            {},
+            "model source unavailable: file:///nowhere/model: not found at /nowhere",
+        ),
         ("s3://bucket/model", {}, "s3://bucket/model is not supported"),
         ("file:///tmp", {"instanceType": "inf2.xlarge"}, "compiles with NxDI, which this image lacks"),
     ],
@@ -117,5 +121,5 @@ def test_a_tokenizer_from_elsewhere_replaces_the_models(tmp_path):
         f"file://{model}",
         model={"uri": f"file://{model}", "tokenizer": f"file://{model}/none"},
     )
-    with pytest.raises(CompileError, match=f"model source file://{model}/none not found"):
+    with pytest.raises(CompileError, match=f"model source unavailable: file://{model}/none: not found"):
         compile_artifacts(tmp_path / "compile.json", tmp_path / "other", log=lambda m: None)

@@ -250,3 +250,38 @@ RETIRE = [
 def test_a_retired_set_goes_entry_first_then_the_rest_after_the_drain(objs, before, now, deleted, after):
     keys = sorted((o["kind"], o["metadata"]["name"]) for o in objs)
     assert rollout.retire(keys, objs, before, now) == (deleted, after)
+
+
+def failed_job(at: str, retries: int | None = None) -> dict:
+    annotations = {} if retries is None else {builders.SOURCE_RETRIES_ANNOTATION: str(retries)}
+    condition = {"type": "Failed", "status": "True", "lastTransitionTime": at}
+    return {
+        "metadata": {"name": "m-compile-x", "annotations": annotations},
+        "status": {"conditions": [condition]},
+    }
+
+
+UNREADABLE = "neuronfleet compile: model source unavailable: pvc://models/x.gguf: not found at /models/x.gguf"
+
+
+@pytest.mark.parametrize(
+    ("job", "failure", "at"),
+    [
+        (failed_job("2026-11-30T10:00:00Z"), UNREADABLE, "2026-11-30T10:00:30Z"),  # 30 s after the failure
+        (failed_job("2026-11-30T10:00:00Z", 1), UNREADABLE, "2026-11-30T10:01:00Z"),  # doubling in a row
+        (failed_job("2026-11-30T10:00:00Z", 3), UNREADABLE, "2026-11-30T10:04:00Z"),
+        (failed_job("2026-11-30T10:00:00Z", 9), UNREADABLE, "2026-11-30T10:10:00Z"),  # at most 10 minutes
+        (
+            failed_job("2026-11-30T10:00:00Z"),
+            "neuronfleet compile: largest decode bucket must equal ...",
+            None,
+        ),
+        (failed_job("2026-11-30T10:00:00Z"), "", None),  # no message: not known to be the source
+        (None, UNREADABLE, None),
+    ],
+    ids=["first", "second", "fourth", "capped", "other failure", "no message", "no job"],
+)
+def test_a_compile_whose_source_was_unreadable_is_tried_again_later_and_no_other(job, failure, at):
+    assert rollout.source_retry_at(job, failure) == at
+    assert rollout.source_retries(job) == int(((job or {}).get("metadata", {}).get("annotations") or {}).get(
+        builders.SOURCE_RETRIES_ANNOTATION, 0))  # fmt: skip

@@ -253,6 +253,7 @@ def test_spec_defaults_fill_every_section():
 
 CPU = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 CPU_DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
 
 
 @pytest.mark.parametrize(
@@ -268,11 +269,17 @@ CPU_DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggre
             lambda s: s.pop("engine"),
             "engine embedded (the default, not set) has no Neuron backend yet",
         ),
-        (  # disaggregated: TGI has no prefill/decode split, so only vLLM is named
-            lambda s: s.update(
-                engine="embedded", serving={"mode": "disaggregated", "prefill": {}, "decode": {}}
+        (  # disaggregated on inf2: TGI has no prefill/decode split, vLLM none at its pin, SGLang not there
+            lambda s: s.update(engine="embedded", serving=dict(DISAGGREGATED)),
+            "no engine serves serving.mode disaggregated on inf2.48xlarge yet: change serving.mode, or use "
+            "instanceType cpu for engine embedded",
+        ),
+        (  # disaggregated on trn2: SGLang-Neuron
+            lambda s: (
+                s.update(engine="embedded", serving=dict(DISAGGREGATED)),
+                s["neuron"].update(instanceType="trn2.48xlarge"),
             ),
-            "on inf2.48xlarge use engine vllm, or instanceType cpu for engine embedded",
+            "on trn2.48xlarge use engine sglang, or instanceType cpu for engine embedded",
         ),
         (
             lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
@@ -299,9 +306,9 @@ def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
     # on a Neuron instance (refused there anyway) it names the engines that move KV caches over EFA
     efa = {"mode": "disaggregated", "prefill": {}, "decode": {}, "kvTransfer": {"transport": "efa"}}
     obj = edited(lambda s: s.update(engine="embedded", serving=efa))
-    obj["spec"]["neuron"]["instanceType"] = "trn1.32xlarge"
+    obj["spec"]["neuron"]["instanceType"] = "trn2.48xlarge"
     assert any(
-        e.endswith("the embedded engine's default, or engine vllm for KV transfer over EFA")
+        e.endswith("the embedded engine's default, or engine sglang for KV transfer over EFA")
         for e in validation.check(obj).errors
     ), validation.check(obj).errors
 
@@ -315,7 +322,6 @@ def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
     assert "default" not in kv_schema["properties"]["transport"]
     for path, default in (
         (CPU_DISAGGREGATED, "tcp"),
-        (ROOT / "crds" / "samples" / "llama-3.1-70b-vllm-trn1-disaggregated.yaml", "efa"),
         (ROOT / "crds" / "samples" / "qwen2.5-7b-sglang-trn2-disaggregated.yaml", "efa"),
     ):
         named = load(path)
@@ -332,6 +338,9 @@ def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
         chash = builders.compile_hash(explicit)
         assert builders.compile_hash(parsed) == chash
         assert builders.serving_set(parsed, chash) == builders.serving_set(explicit, chash)
+    # vLLM's default is efa too (its NIXL/LIBFABRIC path), whether or not its disaggregation is accepted
+    vllm = edited(lambda s: s.update(serving={"mode": "disaggregated", "prefill": {}, "decode": {}}))
+    assert validation.parse(vllm)[0].serving.kvTransfer.transport == "efa"
 
 
 def test_validate_command_refuses_the_embedded_engine_on_neuron(tmp_path):
@@ -349,8 +358,9 @@ def test_validate_command_refuses_the_embedded_engine_on_neuron(tmp_path):
 
 def test_the_readmes_what_runs_where_table_is_what_validation_says():
     """Each cell of the README's table: "refused (...)" exactly where `neuronfleet validate` refuses that
-    engine and mode on the family's largest instance type (Llama 3.1 8B, tensor parallelism 8, 1 on cpu);
-    a family with no instance type yet is refused everywhere (the CRD's instanceType enum)."""
+    engine and mode on the family's largest instance type (Llama 3.1 8B, tensor parallelism 8, 1 on cpu, the
+    prompt limit the engine takes: the default, or sequenceLength - 1 for vLLM); a family with no instance
+    type yet is refused everywhere (the CRD's instanceType enum)."""
     text = (ROOT / "README.md").read_text()
     table = text.split("<!-- what-runs-where: begin -->")[1].split("<!-- what-runs-where: end -->")[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
@@ -368,14 +378,14 @@ def test_the_readmes_what_runs_where_table_is_what_validation_says():
                 assert cell.startswith("refused"), (engine, mode, family, cell)
                 continue
             instance = "cpu" if family == "cpu" else types[-1]
-            serving = (
-                {"mode": "disaggregated", "prefill": {}, "decode": {}} if mode == "disaggregated" else {}
-            )
+            neuron = {"instanceType": instance, "tensorParallel": 1 if family == "cpu" else 8}
+            if engine == "vllm":
+                neuron["maxInputLength"] = 4096 - 1  # the default sequenceLength - 1
+            serving = dict(DISAGGREGATED) if mode == "disaggregated" else {}
             report = validation.check({
                 "apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "m"},
                 "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine,
-                         "neuron": {"instanceType": instance, "tensorParallel": 1 if family == "cpu" else 8},
-                         "serving": serving},
+                         "neuron": neuron, "serving": serving},
             })  # fmt: skip
             assert report.ok == (not cell.startswith("refused")), (engine, mode, instance, report.errors)
 

@@ -13,6 +13,8 @@ from neuronfleet.operator.status import (
     compile_report,
     compute_status,
     job_state,
+    pod_problem,
+    pod_problems,
     transitions,
 )
 
@@ -36,6 +38,8 @@ def status(
     rolled_out=None,
     live=True,
     serving_now=False,
+    failing=None,
+    retry_at=None,
 ) -> dict:
     roles = roles or {}
     if rolled_out is None:  # by default: rolled out when every role has its pods ready
@@ -43,7 +47,7 @@ def status(
     return compute_status(
         old=old or {}, generation=3, errors=list(errors), compile_hash=NEW, serving_hash=serving, job=job,
         roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        endpoint=ENDPOINT, at=at,
+        failing=failing, retry_at=retry_at, endpoint=ENDPOINT, at=at,
     )  # fmt: skip
 
 
@@ -287,3 +291,142 @@ REPORTS = [
 @pytest.mark.parametrize(("pods", "report"), [c[1:] for c in REPORTS], ids=[c[0] for c in REPORTS])
 def test_compile_report(pods, report):
     assert compile_report(pods) == report
+
+
+# ---- pods that will not become ready ---------------------------------------------------------------------
+
+
+def pod(name="m-unified-7c9-x", role="unified", ready=False, deleting=False, phase="Running", **container):
+    """A pod as the kubelet reports it (containerStatuses as in the core/v1 API)."""
+    meta = {"name": name, "labels": {"neuronfleet.dev/role": role}}
+    if deleting:
+        meta["deletionTimestamp"] = AT
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if "scheduled" in container:
+        conditions.append(container.pop("scheduled"))
+    statuses = [{"name": "server", "restartCount": 0, "state": {"running": {}}, **container}] if container \
+        else []  # fmt: skip
+    return {
+        "metadata": meta,
+        "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses},
+    }
+
+
+CRASHING = dict(
+    restartCount=4,
+    state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+    lastState={"terminated": {"exitCode": 2, "reason": "Error", "message":
+        "Traceback...\nneuronfleet: error: model folder /var/cache/neuronfleet/artifacts/a/model "
+        "does not exist\n"}},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "observed, problem",
+    [
+        (
+            pod(**CRASHING),
+            "pod m-unified-7c9-x is crash-looping (4 restarts; last exit code 2: neuronfleet: "
+            "error: model folder /var/cache/neuronfleet/artifacts/a/model does not exist)",
+        ),
+        (
+            pod(state={"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}}),
+            'pod m-unified-7c9-x: ImagePullBackOff: Back-off pulling image "x:1"',
+        ),
+        (
+            pod(
+                scheduled={
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient aws.amazon.com/neuroncore.",
+                }
+            ),
+            "pod m-unified-7c9-x cannot be scheduled: 0/3 nodes are available: 3 Insufficient "
+            "aws.amazon.com/neuroncore.",
+        ),
+        (pod(state={"waiting": {"reason": "ContainerCreating"}}), None),  # starting: give it time
+        (pod(restartCount=1, state={"running": {}}), None),  # restarted once, running again: not stuck
+        (pod(ready=True, **CRASHING), None),  # (a ready pod is fine whatever its history)
+        (pod(deleting=True, **CRASHING), None),  # going anyway
+        (pod(phase="Succeeded"), None),
+    ],
+    ids=["crash loop", "image", "unschedulable", "creating", "restarted once", "ready", "deleting", "done"],
+)
+def test_a_pod_that_will_not_become_ready_says_why(observed, problem):
+    assert pod_problem(observed) == problem
+
+
+def test_pod_problems_skip_compile_pods_and_name_at_most_three():
+    pods = [pod(name=f"m-unified-{i}", **CRASHING) for i in range(5)] + [pod(role="compile", **CRASHING)]
+    found = pod_problems(pods)
+    assert len(found) == 4 and found[-1] == "and 2 more"
+    assert all("m-unified-" in p for p in found[:3])
+
+
+def test_pods_that_will_not_start_make_the_model_degraded_with_a_warning_that_says_why():
+    problem = pod_problem(pod(**CRASHING))
+    deploying = status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0)})
+    stuck = status(old=deploying, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0)}, failing=[problem])
+    assert stuck["phase"] == "Degraded"
+    assert conditions(stuck)["Degraded"] == ("True", "PodsFailing")
+    assert conditions(stuck)["Progressing"] == ("True", "Recovering")
+    degraded = next(c for c in stuck["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"] == problem
+    assert transitions(deploying, stuck) == [("Warning", "PodsFailing", problem)]
+    # more restarts: the message follows, but no second Warning for the same problem
+    again = status(old=stuck, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0)},
+                   failing=[problem.replace("4 restarts", "5 restarts")])  # fmt: skip
+    assert transitions(stuck, again) == []
+    # fixed: the pod became ready
+    fixed = status(old=again, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)})
+    assert fixed["phase"] == "Ready"
+    assert ("Normal", "Recovered", "1/1 pods ready") in transitions(again, fixed)
+
+
+def test_new_pods_failing_while_the_old_ones_serve_keep_the_model_rolling_with_a_warning():
+    problem = pod_problem(pod(**CRASHING))
+    ready = status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)})
+    # the Deployment rolls in place: the old pod stays ready (maxUnavailable 0), the new one crash-loops
+    rolling = status(old=ready, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1)}, rolled_out=False,
+                     serving_now=True, failing=[problem])  # fmt: skip
+    assert rolling["phase"] == "Rolling"
+    assert conditions(rolling)["Degraded"] == ("True", "PodsFailing")
+    assert ("Warning", "PodsFailing", problem) in transitions(ready, rolling)
+
+
+def test_lost_pods_whose_replacements_will_not_start_say_both():
+    problem = pod_problem(pod(**CRASHING))
+    lost = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 1)})
+    assert conditions(lost)["Degraded"] == ("True", "ReplicasUnavailable")
+    stuck = status(old=lost, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 1)}, failing=[problem])
+    degraded = next(c for c in stuck["conditions"] if c["type"] == "Degraded")
+    assert (degraded["reason"], degraded["message"]) == (
+        "PodsFailing",
+        f"pods lost: unified 1/2 ready; {problem}",
+    )
+    assert transitions(lost, stuck) == [("Warning", "PodsFailing", degraded["message"])]
+
+
+def test_a_failed_compile_says_the_compiles_own_error_and_when_an_unreadable_source_is_tried_again():
+    from neuronfleet.operator.status import compile_failure
+
+    def compile_pod(exit_code, message, finished):
+        terminated = {"exitCode": exit_code, "message": message, "finishedAt": finished}
+        return {"status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+
+    pods = [
+        compile_pod(1, "Traceback\nneuronfleet compile: model source unavailable: pvc://m/x: not found", AT),
+        compile_pod(1, "neuronfleet compile: model source unavailable: pvc://m/x: not found at /m/x", LATER),
+        compile_pod(0, '{"engine": "embedded"}', LATER),  # (a report, not a failure)
+    ]
+    assert (
+        compile_failure(pods) == "neuronfleet compile: model source unavailable: pvc://m/x: not found at /m/x"
+    )
+    assert compile_failure([compile_pod(0, "{}", AT)]) == ""
+    retrying = status(job=FAILED, retry_at=LATER)
+    assert retrying["compileRetryAt"] == LATER
+    assert "compiling again at " + LATER in next(
+        c["message"] for c in retrying["conditions"] if c["type"] == "Progressing"
+    )
+    assert status(job=FAILED)["compileRetryAt"] is None

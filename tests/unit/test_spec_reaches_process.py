@@ -70,14 +70,22 @@ def serve_args(command: list[str]) -> ServeConfig:
 
 
 def vllm_parser() -> argparse.ArgumentParser:
-    """`vllm serve` flags of vLLM 0.11.0 used here (https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html)."""
+    """`vllm serve` flags of vLLM 0.11.0 used here (https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html;
+    every emitted name with its source and values: tests/unit/test_engine_vllm.py)."""
     p = argparse.ArgumentParser(prog="vllm serve", exit_on_error=False)
     p.add_argument("model")
-    for flag in ("--host", "--revision", "--served-model-name", "--device", "--kv-transfer-config"):
+    for flag in ("--host", "--revision", "--served-model-name"):
         p.add_argument(flag)
-    for flag in ("--port", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len"):
+    for flag in (
+        "--port",
+        "--tensor-parallel-size",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--num-gpu-blocks-override",
+    ):
         p.add_argument(flag, type=int)
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--no-enable-prefix-caching", action="store_true")
     p.add_argument("--additional-config", type=json.loads)
     return p
 
@@ -182,34 +190,70 @@ def check_neuron_config(nc: dict, spec) -> None:
         assert nc[key] == value
 
 
+def vllm_neuron_config(engine: dict, override: dict) -> dict:
+    """The NxDI NeuronConfig the vllm-neuron plugin builds: its defaults from vLLM's arguments, then the
+    override (vllm-project/vllm-neuron@0.2.2+lts:vllm_neuron/worker/neuronx_distributed_model_loader.py,
+    _get_default_neuron_config and _get_neuron_config_after_override)."""
+    defaults = {
+        "tp_degree": engine["tensor_parallel_size"],
+        "batch_size": engine["max_num_seqs"],
+        "max_context_length": engine["max_model_len"],
+        "seq_len": engine["max_model_len"],
+        "torch_dtype": engine["dtype"],
+    }
+    return {**defaults, **override}
+
+
+def check_vllm_neuron_config(engine: dict, spec) -> None:
+    """Every shape reaches NxDI, through vLLM's arguments or the plugin's override_neuron_config."""
+    n = spec.neuron
+    nc = vllm_neuron_config(engine, engine["additional_config"]["override_neuron_config"])
+    assert (nc["tp_degree"], nc["batch_size"], nc["seq_len"], nc["torch_dtype"]) == (
+        n.tensorParallel, n.batchSize, n.sequenceLength, n.dtype,
+    )  # fmt: skip
+    assert nc["max_context_length"] == n.maxInputLength + 1 == n.sequenceLength  # vLLM admits maxInputLength
+    assert nc.get("context_encoding_buckets", []) == n.buckets.context
+    assert nc.get("token_generation_buckets", []) == n.buckets.generation
+    assert nc.get("logical_nc_config") == n.logicalCores
+    assert nc.get("quantization_dtype") == {"none": None, "int8": "int8", "fp8": "f8e4m3"}[n.quantization]
+    assert nc["save_sharded_checkpoint"] is True  # the artifacts hold the sharded weights serving loads
+    assert engine["enable_prefix_caching"] is False and engine["num_gpu_blocks_override"] == n.batchSize
+    for key, value in n.overrides.items():
+        assert nc[key] == value
+
+
 def check_vllm(c: dict, spec, name: str, role: str) -> None:
     n = spec.neuron
-    assert c["command"][:2] == ["vllm", "serve"]
-    args = vllm_parser().parse_args(c["command"][2:])
+    assert role == "unified"  # disaggregated vLLM is refused (tests/unit/test_engine_vllm.py)
+    assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:6] == ["vllm", "serve"]  # start guard
+    args = vllm_parser().parse_args(c["command"][6:])
     assert args.port == spec.serving.port
-    assert args.tensor_parallel_size == n.tensorParallel
-    assert args.max_num_seqs == n.batchSize
-    assert args.max_model_len == n.sequenceLength
-    assert args.dtype == n.dtype
     assert args.served_model_name == name
     assert args.revision == spec.model.revision
-    check_neuron_config(args.additional_config["neuron_config"], spec)
-    if role in ("prefill", "decode"):
-        kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
-        assert json.loads(args.kv_transfer_config)["kv_role"] == kv_role
+    engine = {
+        "tensor_parallel_size": args.tensor_parallel_size, "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len, "dtype": args.dtype, "additional_config": args.additional_config,
+        "enable_prefix_caching": not args.no_enable_prefix_caching,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override,
+    }  # fmt: skip
+    check_vllm_neuron_config(engine, spec)
+    assert env_of(c).get("NEURON_LOGICAL_NC_CONFIG") == (
+        None if n.logicalCores is None else str(n.logicalCores)
+    )
 
 
 def check_vllm_compile(objects: list[dict], spec) -> None:
-    """The compile Job's `LLM(...)` call (vllm.LLM takes the engine arguments as keywords): the same shapes
-    as the serving pods', or the artifacts would not be the ones they load."""
+    """The compile Job's `LLM(model, **ENGINE_ARGS)` (vllm.LLM takes the engine arguments as keywords): the
+    same shapes as the serving pods', or the artifacts would not be the ones they load."""
     script = next(o["data"]["compile_vllm.py"] for o in objects if "compile_vllm.py" in o.get("data", {}))
-    call = next(n for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Call) and n.func.id == "LLM")
-    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    n = spec.neuron
-    assert kw["model"] == spec.model.uri.removeprefix("hf://") and kw["revision"] == spec.model.revision
-    assert (kw["tensor_parallel_size"], kw["max_num_seqs"]) == (n.tensorParallel, n.batchSize)
-    assert (kw["max_model_len"], kw["dtype"]) == (n.sequenceLength, n.dtype)
-    check_neuron_config(kw["additional_config"]["neuron_config"], spec)
+    assigned = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(script).body
+        if isinstance(node, ast.Assign) and node.targets[0].id in ("MODEL", "REVISION", "ENGINE_ARGS")
+    }
+    assert assigned["MODEL"] == spec.model.uri.removeprefix("hf://")
+    assert assigned["REVISION"] == spec.model.revision
+    check_vllm_neuron_config(assigned["ENGINE_ARGS"], spec)
 
 
 def check_sglang(c: dict, spec, name: str, role: str) -> None:
@@ -251,8 +295,8 @@ def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
     [
         ("llama-3.3-70b-vllm-trn2.yaml", {"revision": "v1", "quantization": "fp8", "dtype": "float16",
          "overrides": {"fused_qkv": True},
-         "buckets": {"context": [1024, 12288], "generation": [4096, 16384]}}),
-        ("llama-3.1-70b-vllm-trn1-disaggregated.yaml", {"revision": "v2", "quantization": "int8"}),
+         "buckets": {"context": [1024, 16383], "generation": [4096, 16384]}}),
+        ("llama-3.1-70b-vllm-trn1.yaml", {"revision": "v2", "quantization": "int8"}),
         ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
         ("mistral-7b-tgi-inf2.yaml", {"dtype": "float16", "maxInputLength": 1024}),
         ("smollm2-135m-local-cpu-disaggregated.yaml", {"dtype": "float32", "maxInputLength": 200,
@@ -336,6 +380,6 @@ def test_a_field_the_engine_cannot_honour_is_refused_saying_what_works(base, neu
 def test_engines_that_take_every_field_refuse_none_of_them():
     obj = spec_with(
         "llama-3.3-70b-vllm-trn2.yaml", quantization="fp8", overrides={"fused_qkv": True},
-        buckets={"context": [1024, 12288], "generation": [4096, 16384]},
+        buckets={"context": [1024, 16383], "generation": [4096, 16384]},
     )  # fmt: skip
     assert validation.check(obj).ok, validation.check(obj).errors

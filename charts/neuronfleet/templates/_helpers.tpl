@@ -70,5 +70,5 @@ the one table the operator's API module is checked against (tests/test_chart.py 
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end -}}

@@ -1,0 +1,119 @@
+"""Failures say why and recover once their cause is gone, in local mode (the real operator, kubelet, runtime
+and `kubectl`):
+- Pods that will not start: a scale-up whose new pod finds no compiled model (its artifacts were removed
+  under it) crash-loops; the old pod keeps serving, the model stays Rolling with Degraded=True `PodsFailing`
+  naming the pod, its restarts and the runtime's own reason, `kubectl get events` shows the Warning; once the
+  artifacts are back the pod starts and the model is Ready again with a Normal Recovered.
+- A model source that is not there yet: the compile fails saying so (CompileFailed with the compile's own
+  message, status.compileRetryAt); the file is copied to the claim; the compile is tried again by itself and
+  the model becomes Ready with no change to the spec."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+NAME = "smollm2"
+
+pytestmark = pytest.mark.real_model
+
+
+def neuronfleet(*args: str) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "neuronfleet")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local")
+    run = neuronfleet("up", "--state", str(state), "--detach")
+    assert run.returncode == 0, run.stderr + run.stdout
+    try:
+        yield LocalCluster(state)
+    finally:
+        down = neuronfleet("down", "--state", str(state))
+        assert down.returncode == 0, down.stderr
+
+
+def degraded(model: dict) -> dict:
+    return next(
+        (c for c in (model.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"), {}
+    )
+
+
+def chat(endpoint: str) -> str:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    req = urllib.request.Request(
+        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", NAME)  # noqa: E731
+    local.wait("Ready", lambda: (model().get("status") or {}).get("phase") == "Ready")
+    status = model()["status"]
+    endpoint, chash = status["endpoint"], status["compileHash"]
+    claim = local.get("pvc", "-l", f"neuronfleet.dev/model={NAME}")["items"][0]["metadata"]["name"]
+    artifacts = local.state / "node" / "volumes" / "default" / claim / "artifacts" / chash / "model"
+    assert artifacts.is_dir(), artifacts
+    moved = artifacts.with_name("model.moved")
+    artifacts.rename(moved)  # the compiled model is gone from under the running pod
+
+    manifest["spec"]["serving"]["unified"]["replicas"] = 2
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    local.wait("Degraded PodsFailing", lambda: degraded(model()).get("reason") == "PodsFailing")
+    message = degraded(model())["message"]
+    assert f"pod {NAME}-unified-" in message and "is crash-looping" in message, message
+    assert f"artifacts/{chash}/model" in message and "does not exist" in message, message
+    assert model()["status"]["phase"] == "Rolling"  # the old pod serves on
+    assert chat(endpoint)
+    events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
+    warning = next(line for line in events.splitlines() if "PodsFailing" in line)
+    assert "Warning" in warning and "crash-looping" in warning, events
+
+    moved.rename(artifacts)  # back: the next restart starts
+    local.wait("Ready again", lambda: (model().get("status") or {}).get("phase") == "Ready"
+               and model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
+    assert degraded(model())["status"] == "False"
+    events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
+    assert any("Recovered" in line and "Normal" in line for line in events.splitlines()), events
+
+
+def condition(model: dict, type_: str) -> dict:
+    return next((c for c in (model.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_compile_whose_source_is_missing_is_tried_again_once_the_file_is_there(local):
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["metadata"]["name"] = "later"
+    manifest["spec"]["model"]["uri"] = "pvc://local-models/later/smollm2.gguf"
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", "later")  # noqa: E731
+    local.wait("CompileFailed", lambda: condition(model(), "Compiled").get("reason") == "CompileFailed")
+    status = model()["status"]
+    message = condition(model(), "Compiled")["message"]
+    assert "model source unavailable: pvc://local-models/later/smollm2.gguf: not found" in message, message
+    assert status["phase"] == "Failed" and status["compileRetryAt"], status
+    assert "compiling again at" in condition(model(), "Progressing")["message"]
+
+    models = local.state / "node" / "volumes" / "default" / "local-models"
+    (models / "later").mkdir()
+    shutil.copy(models / "smollm2-135m-instruct.gguf", models / "later" / "smollm2.gguf")
+    local.wait("Ready with no change", lambda: (model().get("status") or {}).get("phase") == "Ready")
+    assert model()["metadata"]["generation"] == 1 and model()["status"].get("compileRetryAt") is None
+    events = local.kubectl("get", "events", "--field-selector", "involvedObject.name=later").stdout
+    assert any("CompileRetried" in line and "readable now" in line for line in events.splitlines()), events
