@@ -269,6 +269,15 @@ DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             lambda s: s.pop("engine"),
             "engine embedded (the default, not set) has no Neuron backend yet",
         ),
+        (  # what only our runtime reads (a tokenizer elsewhere, a prompt limit vLLM cannot enforce) does not
+            # hide the engines that serve such a model there
+            lambda s: (
+                s.update(engine="embedded"),
+                s["model"].update(tokenizer="pvc://models/tok"),
+                s["neuron"].update(maxInputLength=6144),
+            ),
+            "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded",
+        ),
         (  # disaggregated on inf2: TGI has no prefill/decode split, vLLM none at its pin, SGLang not there
             lambda s: s.update(engine="embedded", serving=dict(DISAGGREGATED)),
             "no engine serves serving.mode disaggregated on inf2.48xlarge yet: change serving.mode, or use "
