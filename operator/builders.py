@@ -241,14 +241,13 @@ def _volumes(
     """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
     never touches running pods)."""
-    volumes: list[dict[str, Any]] = [
-        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec)}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if engines.compiles(spec):  # (an engine that compiles as it starts has no artifacts to read)
+        volumes.insert(
+            0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim_name(owner, spec)}}
+        )
+        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling})
     if compiling:
         volumes.insert(1, {"name": "config", "configMap": {"name": config_map_name(owner)}})
         mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
@@ -625,7 +624,13 @@ def build_all(
     used)."""
     chash = compile_hash(spec)
     serving = serving_spec or spec
-    objects: list[dict[str, Any] | None] = [build_pvc(owner, spec), build_config_map(owner, spec, chash)]
+    objects: list[dict[str, Any] | None] = []
+    if engines.compiles(
+        spec
+    ):  # the compile's cache and its config; an engine that compiles as it starts: none
+        objects += [build_pvc(owner, spec), build_config_map(owner, spec, chash)]
+    else:
+        compile_job = False
     if serving.serving.mode == "disaggregated":  # before the pods that mount the Secret
         if internal_token is not None:
             objects.append(build_internal_secret(owner, internal_token))

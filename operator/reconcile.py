@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, metrics, names, rollout, validation
+from . import builders, engines, metrics, names, rollout, validation
 from .kube import Kube, KubeError
 from .status import (
     autoscaling_condition,
@@ -159,10 +159,13 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     conflicts: list[str] = []  # objects of this model's names that another owner controls
     failing: list[str] = []  # serving pods that will not become ready without a change
+    compile_step = spec is None or engines.compiles(spec)
     if spec is not None and not errors:
         assert chash is not None
         compiled = serving == chash  # remembered in status: its Job may be gone (ttlSecondsAfterFinished)
-        if compiled:
+        if not compile_step:  # the engine compiles as each server starts: serve the spec's hash at once
+            serving, job = chash, ("succeeded", "")
+        elif compiled:
             job, report = ("succeeded", ""), old.get("artifacts")
         else:
             job_name = builders.compile_job_name(owner, chash)
@@ -241,7 +244,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
         serving_spec=stored, drain_until=drain_until, retry_at=retry_at, failing=failing, endpoint=endpoint,
-        at=now(),
+        compile_step=compile_step, at=now(),
     )  # fmt: skip
     if spec is not None and not errors and spec.autoscaling.enabled:  # (a refused spec keeps the old one)
         status["conditions"].append(autoscaling_condition(old.get("conditions") or [], generation, now()))

@@ -36,6 +36,8 @@ InstanceType = Literal[
     "trn1n.32xlarge",
     "trn2.48xlarge",
     "trn2u.48xlarge",
+    "trn3.48xlarge",
+    "trn3p.48xlarge",
 ]
 DType = Literal["bfloat16", "float16", "float32"]
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"  # Kubernetes resource.Quantity

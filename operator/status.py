@@ -158,6 +158,7 @@ def compute_status(
     drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
     retry_at: str | None = None,  # a compile whose model source was unreadable is tried again then
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
+    compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -179,7 +180,10 @@ def compute_status(
         }
     compiled = serving_hash is not None and serving_hash == compile_hash
     failed = state == "failed" and not compiled
-    if compiled and report and report.get("cacheHit"):
+    if not compile_step:
+        compiled_cond = ("NoCompileStep", "the engine compiles as each server starts; nothing is compiled "
+                         "ahead and no artifacts are kept")  # fmt: skip
+    elif compiled and report and report.get("cacheHit"):
         compiled_cond = ("CacheHit", f"artifacts/{compile_hash}/ existed already: nothing was compiled")
     elif compiled:
         compiled_cond = ("Compiled", f"artifacts/{compile_hash}/ is complete")
@@ -212,6 +216,7 @@ def compute_status(
         phase = "Ready"
     else:
         phase = "Rolling" if serving_now else "Deploying"
+    serves = f"artifacts/{serving_hash}/" if compile_step else f"revision {serving_hash}"
     if failed and retry_at:
         progress = ("CompileFailed", f"the model source could not be read; compiling again at {retry_at}")
     elif failed:
@@ -219,12 +224,9 @@ def compute_status(
     elif not compiled:
         progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
     elif not all_ready:
-        progress = (
-            "Recovering" if degraded else phase,
-            f"{ready}/{desired} pods of artifacts/{serving_hash}/ ready",
-        )
+        progress = ("Recovering" if degraded else phase, f"{ready}/{desired} pods of {serves} ready")
     else:
-        progress = ("Stable", f"serving artifacts/{serving_hash}/")
+        progress = ("Stable", f"serving {serves}")
     ready_reason = "AllReplicasReady" if all_ready else ("NotCompiled" if serving_hash is None else "Waiting")
     status: dict[str, Any] = {
         "phase": phase,
@@ -232,7 +234,7 @@ def compute_status(
         "compileHash": serving_hash,
         "conditions": [
             condition(conds, "Validated", True, "Valid", "the spec fits its instance type", generation, at),
-            condition(conds, "Compiled", compiled, *compiled_cond, generation, at),
+            condition(conds, "Compiled", compiled and compile_step, *compiled_cond, generation, at),
             condition(
                 conds, "Ready", all_ready, ready_reason, f"{ready}/{desired} pods ready", generation, at
             ),
@@ -246,7 +248,9 @@ def compute_status(
         },
         "readyReplicas": f"{ready}/{desired}",
     }
-    if serving_hash is not None:
+    if serving_hash is not None and not compile_step:
+        status["artifacts"] = None  # (null clears what an engine that compiled left)
+    elif serving_hash is not None:
         status["artifacts"] = {"path": f"artifacts/{serving_hash}/"}
         if compiled and report:
             status["artifacts"].update(
@@ -254,6 +258,7 @@ def compute_status(
             )
         elif (old.get("artifacts") or {}).get("path") == status["artifacts"]["path"]:
             status["artifacts"] = old["artifacts"]
+    if serving_hash is not None:
         status["endpoint"] = endpoint
         if serving_spec is not None:
             status["servingSpec"] = serving_spec
@@ -291,7 +296,8 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
         elif kind == "Progressing" and changed and reason == "Rolling":
             out.append(("Normal", "Rolling", message))
         elif kind == "Ready" and changed and status == "True":
-            out.append(("Normal", "RolledOut", f"{message}; serving {new.get('artifacts', {}).get('path')}"))
+            serves = (new.get("artifacts") or {}).get("path") or f"revision {new.get('compileHash')}"
+            out.append(("Normal", "RolledOut", f"{message}; serving {serves}"))
         elif kind == "Degraded" and changed and status == "True" and reason != "CompileFailed":
             out.append(("Warning", reason, message))
         elif kind == "Degraded" and changed and status == "False" and prev.get("status") == "True":

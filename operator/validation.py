@@ -177,7 +177,7 @@ def validate(spec: NeuronModelSpec) -> Report:
         if n.quantization != "none":
             r.errors.append(f"quantization {n.quantization} is not available on cpu; use none")
         if n.logicalCores is not None:
-            r.errors.append("neuron.logicalCores applies to Trn2 instances only; remove it")
+            r.errors.append("neuron.logicalCores applies to Trn2 and Trn3 instances only; remove it")
     else:
         if spec.engine == "embedded":
             named = "engine embedded" + (
@@ -188,8 +188,10 @@ def validate(spec: NeuronModelSpec) -> Report:
                 f"for {inst.name} would fail); {_what_runs_on(spec, inst.name)}"
             )
         lnc = n.logicalCores
-        if lnc is not None and inst.platform != "trn2":
-            r.errors.append(f"neuron.logicalCores applies to Trn2 instances only, not {inst.name}; remove it")
+        if lnc is not None and not inst.lnc_configurable:
+            r.errors.append(
+                f"neuron.logicalCores applies to Trn2 and Trn3 instances only, not {inst.name}; remove it"
+            )
         allowed = ", ".join(map(str, _placeable_tp(spec, inst)))
         if n.tensorParallel not in inst.tensor_parallel:
             r.errors.append(
@@ -218,12 +220,7 @@ def validate(spec: NeuronModelSpec) -> Report:
                     f"kvTransfer.efaInterfaces {serving.kvTransfer.efaInterfaces} exceeds the "
                     f"{inst.efa_interfaces} EFA interfaces of {inst.name}"
                 )
-        if spec.engine == "sglang" and inst.platform != "trn2":
-            r.errors.append(f"engine sglang (SGLang-Neuron) runs on Trn2 instances, not {inst.name}")
-        if spec.engine == "tgi" and n.dtype == "float32":
-            r.errors.append(
-                "engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE); choose one of those"
-            )
+        # the instances each engine runs on are the engine's own facts: engines.unsupported refuses the others
     if disaggregated and spec.engine == "embedded" and serving.kvTransfer.transport == "efa":
         over_efa = _engines_that_run(spec) if inst else []
         efa = f", or engine {_either(over_efa)} for KV transfer over EFA" if over_efa else ""

@@ -26,6 +26,7 @@ __all__ = [
     "artifacts_dir",
     "compile_container",
     "compile_files",
+    "compiles",
     "image_for",
     "model_reference",
     "nxdi_neuron_config",
@@ -33,6 +34,12 @@ __all__ = [
     "serve_container",
     "unsupported",
 ]
+
+
+def compiles(spec: NeuronModelSpec) -> bool:
+    """Whether the engine has a compile step a Job runs ahead of serving (SGLang-Neuron compiles as each
+    server starts: no Job, no artifacts, no Compiled=True)."""
+    return getattr(ENGINES[spec.engine], "COMPILES", True)
 
 
 def image_for(spec: NeuronModelSpec) -> str:
@@ -65,8 +72,9 @@ def serve_container(
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
-    """Files the compile Job reads from the runtime ConfigMap (file name -> content), beyond compile.json."""
-    return ENGINES[spec.engine].compile_files(spec, compile_hash)
+    """Files the compile Job reads from the runtime ConfigMap (file name -> content), beyond compile.json
+    (none for an engine that does not `compiles`: it has no compile Job)."""
+    return ENGINES[spec.engine].compile_files(spec, compile_hash) if compiles(spec) else {}
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:

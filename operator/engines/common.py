@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from neuronfleet import __version__
-from neuronfleet.contract import CACHE_MOUNT, MODEL_MOUNT, TERMINATION_LOG, TERMINATION_LOG_ENV, ServeConfig
+from neuronfleet.contract import (
+    CACHE_MOUNT,
+    MODEL_MOUNT,
+    SOURCE_UNAVAILABLE,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+    ServeConfig,
+)
 
 from ..spec import NeuronModelSpec
 
@@ -126,9 +133,33 @@ def serve_config(spec: NeuronModelSpec, role: str, compile_hash: str, port: int)
     return ServeConfig(model=model, role=role, host="0.0.0.0", port=port, dtype=n.dtype, **shapes)  # type: ignore[arg-type]
 
 
+def source_check(spec: NeuronModelSpec) -> str:
+    """A shell line that stops the compile when a `file://` or `pvc://` model is not there, saying so in the
+    termination message in the words the operator retries on (contract.SOURCE_UNAVAILABLE); empty for the
+    other sources (a Hub download reports its own failure: `hub_download_failure`)."""
+    if not spec.model.uri.startswith(("file://", "pvc://")):
+        return ""
+    path = model_reference(spec)
+    message = shlex.quote(f"{SOURCE_UNAVAILABLE} {spec.model.uri}: not found at {path}")
+    return f'[ -e {shlex.quote(path)} ] || {{ echo {message} | tee "$LOG" >&2; exit 1; }}\n'
+
+
+def hub_download_failure(indent: str = "") -> str:
+    """Python lines, for an `except Exception as e:` around a Hub download, that leave the failure as the
+    termination message in the words the operator retries on (contract.SOURCE_UNAVAILABLE), then exit 1."""
+    return (
+        f"{indent}message = f'{SOURCE_UNAVAILABLE} hf://{{MODEL}}: {{type(e).__name__}}: {{e}}'\n"
+        f"{indent}print(message, file=sys.stderr)\n"
+        f"{indent}with open(os.environ.get({TERMINATION_LOG_ENV!r}, {TERMINATION_LOG!r}), 'w') as log:\n"
+        f"{indent}    log.write(message[:4000])\n"
+        f"{indent}sys.exit(1)\n"
+    )
+
+
 def compile_script(spec: NeuronModelSpec, compile_hash: str, step: str) -> str:
     """compile.sh: the engine's compile `step` into artifacts/<hash>/ ($OUT), manifest.json (the completion
-    marker) written last, and an immediate exit when the manifest exists already (a cache hit)."""
+    marker) written last, and an immediate exit when the manifest exists already (a cache hit); a model
+    folder or file that is not there stops it first (`source_check`)."""
     manifest = json.dumps({"engine": spec.engine, "compileHash": compile_hash})
     return (
         "#!/bin/sh\nset -eu\n"
@@ -136,6 +167,7 @@ def compile_script(spec: NeuronModelSpec, compile_hash: str, step: str) -> str:
         f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"  # the termination message the operator reads\n'
         'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; '
         'sed \'s/}$/, "cacheHit": true}/\' "$OUT/manifest.json" > "$LOG" || true; exit 0; fi\n'
+        f"{source_check(spec)}"
         'mkdir -p "$OUT"\n'
         f"{step}\n"
         f'echo {shlex.quote(manifest)} > "$OUT/manifest.json.tmp"\n'

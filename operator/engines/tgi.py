@@ -1,10 +1,12 @@
-"""TGI's Neuron backend: `text-generation-launcher --model-id <export>`, configured by HF_NUM_CORES,
-HF_AUTO_CAST_TYPE and the MAX_* variables, which must match the compiled model; the compile is
-optimum-neuron's export (`optimum-cli export neuron`), the format the backend loads.
+"""TGI's Neuron backend: the image's entrypoint (`/tgi-entrypoint.sh`, then `text-generation-launcher`)
+serving a model that optimum-neuron exported (`optimum-cli export neuron`), configured by HF_NUM_CORES,
+HF_AUTO_CAST_TYPE and the MAX_* variables, which must equal the exported shapes; `PINNED` records every name
+emitted here, with its source for the pinned versions.
 
-Pinned: TGI 3.3.6, Neuron backend: backends/neuron/server/text_generation_server/tgi_env.py at tag v3.3.6 of
-github.com/huggingface/text-generation-inference (HF_NUM_CORES, HF_AUTO_CAST_TYPE and the MAX_* variables;
-`--model-id`). Its launcher has no served-model-name option.
+The compile Job downloads a Hub model into the cache (so the export shards its weights into the exported
+folder: serving pods need neither the Hub nor a token), then exports it on a Neuron node: optimum-neuron 0.3.0
+documents that LLMs "can only be exported on Neuron platforms, as they are tailored to fit on the actual
+devices during export" (docs/source/guides/export_model.mdx), hence `needs_neuron`.
 """
 
 from __future__ import annotations
@@ -13,22 +15,113 @@ import shlex
 
 from neuronfleet.contract import CONFIG_MOUNT
 
+from .. import topology
 from ..spec import NeuronModelSpec
-from .common import Container, artifacts_dir, compile_script, model_reference, refusals_of_nxdi_fields
+from .common import (
+    Container,
+    Fact,
+    Pinned,
+    artifacts_dir,
+    compile_script,
+    hub_download_failure,
+    model_reference,
+    refusals_of_nxdi_fields,
+)
 
-IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.6-neuron"
+IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.5-neuron"
+COMPILES = True  # the export runs in the compile Job; serving pods load its folder
+# "Trainium 1, Inferentia 2" (docs/source/backends/neuron.md); optimum-neuron 0.3.0 targets NeuronCore-v2 (its
+# NxDNeuronConfig sets no trn2 target unless asked, and this export passes none)
+PLATFORMS = ("inf2-trn1",)
 AUTO_CAST_TYPES = {"bfloat16": "bf16", "float16": "fp16"}
+# optimum-neuron 0.3.0 exports decoders of these model types only (@register_neuron_model_for_inference in
+# optimum/neuron/models/inference/auto_models.py; docs/source/package_reference/supported_models.mdx)
+MODEL_TYPES = ("granite", "llama", "mixtral", "phi3", "qwen2", "qwen3")
+# The writable places, each an emptyDir beside /tmp, the root read-only: HOME (Hugging Face's HF_HOME and
+# torch's caches default under it; the image's user has no home) and /var/tmp, where neuronx-cc keeps its
+# compile cache (optimum-neuron 0.3.0 get_neuron_cache_path: /var/tmp/neuron-compile-cache). The image puts
+# the Hub cache in /tmp (HUGGINGFACE_HUB_CACHE=/tmp in Dockerfile.neuron), the entrypoint its env file too.
+HOME = "/home/neuronfleet"
+NEURON_CACHE_DIR = "/var/tmp"
+
+_TGI = "github.com/huggingface/text-generation-inference@v3.3.5"
+_ENV = f"{_TGI}:backends/neuron/server/text_generation_server/tgi_env.py"
+_LAUNCHER = f"{_TGI}:launcher/src/main.rs (Args, clap `long, env`)"
+_EXPORT = "github.com/huggingface/optimum-neuron@v0.3.0:optimum/commands/export/neuronx.py parse_args_neuronx"
+_HUB = "github.com/huggingface/huggingface_hub (snapshot_download; huggingface_hub>=0.29,<1 in the image)"
+
+PINNED = Pinned(
+    image=IMAGE,
+    versions={
+        "text-generation-inference": "3.3.5",
+        "optimum-neuron": "0.3.0",
+        "neuron-sdk": "2.24.1",
+        "neuronx-cc": "2.19.8089.0",
+        "torch-neuronx": "2.7.0.2.8.6734",
+        "neuronx-distributed": "0.13.14393",
+    },
+    source=(
+        f"{_TGI}:docs/source/backends/neuron.md names the image 3.3.5-neuron; {_TGI}:Dockerfile.neuron "
+        "installs optimum-neuron v0.3.0 and neuronx-cc 2.19.8089.0, torch-neuronx 2.7.0.2.8.6734, "
+        "neuronx-distributed 0.13.14393 (Neuron SDK 2.24.1: github.com/aws-neuron/aws-neuron-sdk@v2.25.0:"
+        "src/helperscripts/n2-manifest.json); its backends/neuron is the same at v3.3.6 and v3.3.7"
+    ),
+    facts=(
+        Fact("/tgi-entrypoint.sh", "arg", "the image's ENTRYPOINT: tgi_entry_point.py (which does nothing "
+             "when every HF_*/MAX_* variable is set), then `exec text-generation-launcher \"$@\"`",
+             f"{_TGI}:Dockerfile.neuron, backends/neuron/tgi-entrypoint.sh, tgi_entry_point.py"),
+        Fact("--model-id", "arg", "the exported model's folder (or a Hub id)", _LAUNCHER),
+        Fact("PORT", "env", "the HTTP port the router listens on", _LAUNCHER),
+        Fact("HF_NUM_CORES", "env", "Neuron cores = the export's tp_degree (num_cores)",
+             f"{_ENV} (tgi_server_env_vars, check_env_and_neuron_config_compatibility)"),
+        Fact("HF_AUTO_CAST_TYPE", "env", "the export's auto_cast_type (bf16, fp16)",
+             f"{_ENV} (map_torch_dtype)"),
+        Fact("MAX_BATCH_SIZE", "env", "= the export's batch_size",
+             f"{_ENV} (tgi_router_env_vars); {_LAUNCHER}"),
+        Fact("MAX_TOTAL_TOKENS", "env", "= the export's sequence_length", f"{_ENV}; {_LAUNCHER}"),
+        Fact("MAX_INPUT_TOKENS", "env", "longest prompt, below sequence_length", f"{_ENV}; {_LAUNCHER}"),
+        Fact("MAX_BATCH_PREFILL_TOKENS", "env", "batch_size x MAX_INPUT_TOKENS (neuron_config_to_env's)",
+             f"{_ENV} (neuron_config_to_env); {_TGI}:docs/source/backends/neuron.md"),
+        Fact("HOME", "env", "a writable home: HF_HOME (~/.cache/huggingface) and torch's caches",
+             "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"),
+        Fact("optimum-cli export neuron", "arg", "exports a decoder for the Neuron backend", _EXPORT),
+        Fact("--model", "arg", "the checkpoint folder (or Hub id) to export", _EXPORT),
+        Fact("--task", "arg", "text-generation", _EXPORT),
+        Fact("--batch_size", "arg", "static batch (TGI's slots)", _EXPORT),
+        Fact("--sequence_length", "arg", "prompt plus generated tokens", _EXPORT),
+        Fact("--num_cores", "arg", "tensor parallelism (NeuronModelForCausalLM._export num_cores)", _EXPORT),
+        Fact("--auto_cast_type", "arg", "weights/activations type: bf16 or fp16", _EXPORT),
+        Fact("output", "arg", "the export's folder (positional)", _EXPORT),
+        Fact("snapshot_download.repo_id", "config", "the Hub model downloaded before the export", _HUB),
+        Fact("snapshot_download.revision", "config", "the Hub revision (spec.model.revision)", _HUB),
+        Fact("snapshot_download.local_dir", "config", "where the checkpoint is put for the export", _HUB),
+        Fact("snapshot_download.ignore_patterns", "config", "original/* and *.pth: not what the export loads",
+             _HUB),
+    ),
+)  # fmt: skip
+
+DOWNLOAD_SCRIPT = "tgi_download.py"
+_DOWNLOAD = (
+    "import os\nimport sys\n\nfrom huggingface_hub import snapshot_download\n\n"
+    "MODEL = sys.argv[1]\n"
+    "try:\n"
+    "    snapshot_download(\n        repo_id=MODEL,\n        revision=sys.argv[2] or None,\n"
+    '        local_dir=sys.argv[3],\n        ignore_patterns=["original/*", "*.pth"],\n    )\n'
+    "except Exception as e:  # not found, gated, refused: the operator tries again later\n"
+    f"{hub_download_failure('    ')}"
+)
 
 
 def image(spec: NeuronModelSpec) -> str:
     return IMAGE
 
 
-def serve(
-    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, served_name: str | None
-) -> Container:
+def serve_env(spec: NeuronModelSpec, port: int) -> dict[str, str]:
+    """The launcher's environment: every shape equal to the export's (TGI refuses a model whose NeuronConfig
+    differs: tgi_env.check_env_and_neuron_config_compatibility), and MAX_BATCH_PREFILL_TOKENS as the backend's
+    own default (batch_size x MAX_INPUT_TOKENS)."""
     n = spec.neuron
-    env = {
+    return {
         "HF_NUM_CORES": str(n.tensorParallel),
         "HF_AUTO_CAST_TYPE": AUTO_CAST_TYPES[n.dtype],
         "MAX_BATCH_SIZE": str(n.batchSize),
@@ -36,30 +129,88 @@ def serve(
         "MAX_INPUT_TOKENS": str(n.maxInputLength),
         "MAX_BATCH_PREFILL_TOKENS": str(n.batchSize * n.maxInputLength),
         "PORT": str(port),
+        "HOME": HOME,
     }
-    command = ["text-generation-launcher", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
-    return Container(IMAGE, command, env, read_only_root=False)
+
+
+def serve(
+    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, served_name: str | None
+) -> Container:
+    """The exported folder, read-only; TGI's launcher has no served-model-name option."""
+    command = ["/tgi-entrypoint.sh", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
+    return Container(IMAGE, command, serve_env(spec, port), writable=(HOME,))
+
+
+def export_args(spec: NeuronModelSpec, source: str, out: str) -> list[str]:
+    """`optimum-cli export neuron` for the spec's shapes, from a checkpoint folder or Hub id into `out`."""
+    n = spec.neuron
+    return [
+        "optimum-cli", "export", "neuron", "--model", source, "--task", "text-generation",
+        "--batch_size", str(n.batchSize), "--sequence_length", str(n.sequenceLength),
+        "--num_cores", str(n.tensorParallel), "--auto_cast_type", AUTO_CAST_TYPES[n.dtype], out,
+    ]  # fmt: skip
+
+
+def _shell(args: list[str]) -> str:
+    """A shell command line; words that start with $OUT are double-quoted so that the script expands them."""
+    return " ".join(f'"{a}"' if a.startswith("$OUT") else shlex.quote(a) for a in args)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
-    n = spec.neuron
-    step = (
-        f"optimum-cli export neuron --model {shlex.quote(model_reference(spec))} "
-        f"--batch_size {n.batchSize} --sequence_length {n.sequenceLength} --num_cores {n.tensorParallel} "
-        f'--auto_cast_type {AUTO_CAST_TYPES[n.dtype]} "$OUT/model"'
+    """compile.sh: a Hub model is downloaded into $OUT/checkpoint first, so the export shards its weights into
+    $OUT/model (optimum-neuron 0.3.0 keeps only a Hub reference when it exports a Hub id), then removed."""
+    if not spec.model.uri.startswith("hf://"):
+        step = _shell(export_args(spec, model_reference(spec), "$OUT/model"))
+        return {"compile.sh": compile_script(spec, compile_hash, step)}
+    download = ["python3", f"{CONFIG_MOUNT}/{DOWNLOAD_SCRIPT}", model_reference(spec)]
+    download.append(spec.model.revision or "")
+    step = "\n".join(
+        (
+            _shell([*download, "$OUT/checkpoint"]),
+            _shell(export_args(spec, "$OUT/checkpoint", "$OUT/model")),
+            _shell(["rm", "-rf", "$OUT/checkpoint"]),
+        )
     )
-    return {"compile.sh": compile_script(spec, compile_hash, step)}
+    return {DOWNLOAD_SCRIPT: _DOWNLOAD, "compile.sh": compile_script(spec, compile_hash, step)}
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
-    return Container(IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=False)
+    return Container(
+        IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], {"HOME": HOME}, writable=(HOME, NEURON_CACHE_DIR),
+        needs_neuron=True,
+    )  # fmt: skip
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
-    use = "engine embedded or vllm"
+    """What TGI's Neuron export cannot take, each refusal saying what works."""
+    use = "engine vllm"  # the embedded engine has no Neuron backend yet (issue 15, item 6)
     out = refusals_of_nxdi_fields(spec, "TGI's Neuron export (optimum-neuron)", use)
-    if spec.model.revision:
+    inst = topology.INSTANCES.get(spec.neuron.instanceType)
+    if inst is not None and inst.platform not in PLATFORMS:
+        names = ", ".join(name for name, i in topology.INSTANCES.items() if i.platform in PLATFORMS)
         out.append(
-            f"model.revision: neuronfleet passes no revision to TGI's Neuron export; remove it or use {use}"
+            f"engine tgi (TGI {PINNED.versions['text-generation-inference']}'s Neuron backend) runs on "
+            f"Inferentia2 and Trainium1 instances ({names}), not {inst.name}; use one of those, or engine "
+            f"vllm on {inst.name}"
+        )
+    if spec.neuron.dtype not in AUTO_CAST_TYPES:
+        out.append(
+            f"neuron.dtype {spec.neuron.dtype}: engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE, "
+            "the export's --auto_cast_type); choose one of those"
+        )
+    uri = spec.model.uri
+    if uri.startswith("s3://"):
+        out.append(
+            f"model.uri {uri}: TGI's Neuron export reads a Hub model (hf://) or a folder (pvc://, file://); "
+            "copy the model to one of those"
+        )
+    if spec.model.revision and not uri.startswith("hf://"):
+        out.append(f"model.revision applies to hf:// models only, not {uri}; remove it")
+    shape = topology.known_model(uri)
+    if shape is not None and shape.model_type not in MODEL_TYPES:
+        out.append(
+            f"model {uri} is a {shape.model_type} model, which optimum-neuron "
+            f"{PINNED.versions['optimum-neuron']} (TGI's Neuron export) cannot export; it exports "
+            f"{', '.join(MODEL_TYPES)} models, or use {use}"
         )
     return out

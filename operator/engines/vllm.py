@@ -15,7 +15,15 @@ import shlex
 from neuronfleet.contract import CONFIG_MOUNT, TERMINATION_LOG, TERMINATION_LOG_ENV
 
 from ..spec import NeuronModelSpec, valued
-from .common import Container, Fact, Pinned, artifacts_dir, compile_script, model_reference
+from .common import (
+    Container,
+    Fact,
+    Pinned,
+    artifacts_dir,
+    compile_script,
+    hub_download_failure,
+    model_reference,
+)
 
 # ---- the pinned version and its sources --------------------------------------------------------------------
 
@@ -344,15 +352,18 @@ def compile_program(spec: NeuronModelSpec, compile_hash: str) -> str:
     return (
         f'"""neuronfleet: compile of hash {compile_hash} with vLLM {PINNED.versions["vllm"]} and the Neuron '
         'plugin (operator/engines/vllm.py)."""\n\n'
-        "import os\n\nfrom huggingface_hub import snapshot_download\nfrom vllm import LLM\n\n"
+        "import os\nimport sys\n\nfrom huggingface_hub import snapshot_download\nfrom vllm import LLM\n\n"
         f"MODEL = {model_reference(spec)!r}\nREVISION = {revision!r}\nHUB = {hub!r}\n"
         f"ENGINE_ARGS = {kwargs!r}\n\n"
         "model = MODEL\n"
         "if HUB:  # the original/ folders of some Hub repos are a second copy of the weights\n"
-        "    model = snapshot_download(\n"
-        "        MODEL, revision=REVISION, local_dir=os.path.join(os.getcwd(), 'model'),\n"
-        "        ignore_patterns=['original/*'],\n"
-        "    )\n"
+        "    try:\n"
+        "        model = snapshot_download(\n"
+        "            MODEL, revision=REVISION, local_dir=os.path.join(os.getcwd(), 'model'),\n"
+        "            ignore_patterns=['original/*'],\n"
+        "        )\n"
+        "    except Exception as e:  # not found, gated, refused: the operator tries again later\n"
+        f"{hub_download_failure('        ')}"
         "LLM(model=model, **ENGINE_ARGS)\n"
     )
 

@@ -12,7 +12,7 @@ import yaml
 from support import HTTP_TIMEOUT, ROOT, ApiServer
 
 CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
-SAMPLE = ROOT / "crds" / "samples" / "mistral-7b-tgi-inf2.yaml"
+SAMPLE = ROOT / "crds" / "samples" / "llama-3.2-3b-tgi-inf2.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +50,17 @@ def with_crd(api):
 def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with_crd):
     api = with_crd
     out = api.kubectl("apply", "-f", "-", stdin=sample()).stdout
-    assert "neuronmodel.neuronfleet.dev/mistral-7b created" in out
+    assert "neuronmodel.neuronfleet.dev/llama-3-2-3b created" in out
     table = api.kubectl("get", "neuronmodels").stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "ENGINE", "INSTANCE", "TP", "READY", "ENDPOINT", "AGE"]
-    assert table[1].split()[:4] == ["mistral-7b", "tgi", "inf2.xlarge", "2"]
-    obj = json.loads(api.kubectl("get", "nm", "mistral-7b", "-o", "json").stdout)
+    assert table[1].split()[:4] == ["llama-3-2-3b", "tgi", "inf2.xlarge", "2"]
+    obj = json.loads(api.kubectl("get", "nm", "llama-3-2-3b", "-o", "json").stdout)
     meta = obj["metadata"]
     assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"] and meta["generation"] == 1
     assert obj["spec"]["serving"]["unified"]["replicas"] == 1  # defaults from the schema
     assert obj["spec"]["compile"]["backoffLimit"] == 2
     assert "configured" not in api.kubectl("apply", "-f", "-", stdin=sample()).stdout  # unchanged
-    api.kubectl("delete", "nm", "mistral-7b")
+    api.kubectl("delete", "nm", "llama-3-2-3b")
 
 
 @pytest.mark.parametrize(
@@ -83,13 +83,13 @@ def test_a_bad_manifest_is_refused_by_the_schema_like_a_real_api_server(with_crd
     run = with_crd.kubectl("apply", "-f", "-", stdin=sample(**change), check=False)
     assert run.returncode != 0
     assert message in run.stderr, run.stderr
-    assert "mistral-7b" not in with_crd.kubectl("get", "nm").stdout
+    assert "llama-3-2-3b" not in with_crd.kubectl("get", "nm").stdout
 
 
 def test_resource_versions_conflicts_generation_and_the_status_subresource(with_crd):
     api = with_crd
     api.kubectl("apply", "-f", "-", stdin=sample())
-    path = "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/mistral-7b"
+    path = "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/llama-3-2-3b"
     _, obj = http(api, "GET", path)
     stale = json.loads(json.dumps(obj))
     obj["spec"]["neuron"]["batchSize"] = 8
@@ -111,14 +111,14 @@ def test_resource_versions_conflicts_generation_and_the_status_subresource(with_
     code, after = http(api, "PATCH", path, [{"op": "replace", "path": "/spec/neuron/batchSize", "value": 2}],
                        "application/json-patch+json")  # fmt: skip
     assert code == 200 and after["spec"]["neuron"]["batchSize"] == 2 and after["metadata"]["generation"] == 3
-    api.kubectl("delete", "nm", "mistral-7b")
+    api.kubectl("delete", "nm", "llama-3-2-3b")
 
 
 def test_owner_references_are_garbage_collected_and_finalizers_hold_deletion(with_crd):
     api = with_crd
     api.kubectl("apply", "-f", "-", stdin=sample())
-    owner = json.loads(api.kubectl("get", "nm", "mistral-7b", "-o", "json").stdout)
-    ref = {"apiVersion": "neuronfleet.dev/v1alpha1", "kind": "NeuronModel", "name": "mistral-7b",
+    owner = json.loads(api.kubectl("get", "nm", "llama-3-2-3b", "-o", "json").stdout)
+    ref = {"apiVersion": "neuronfleet.dev/v1alpha1", "kind": "NeuronModel", "name": "llama-3-2-3b",
            "uid": owner["metadata"]["uid"], "controller": True}  # fmt: skip
     for name in ("child-a", "child-b"):
         cm = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -131,14 +131,14 @@ def test_owner_references_are_garbage_collected_and_finalizers_hold_deletion(wit
         "configmap/child-b"
     ]
     api.kubectl(
-        "patch", "nm", "mistral-7b", "--type", "merge", "-p", '{"metadata":{"finalizers":["x/hold"]}}'
+        "patch", "nm", "llama-3-2-3b", "--type", "merge", "-p", '{"metadata":{"finalizers":["x/hold"]}}'
     )
-    api.kubectl("delete", "nm", "mistral-7b", "--wait=false")
-    held = json.loads(api.kubectl("get", "nm", "mistral-7b", "-o", "json").stdout)
+    api.kubectl("delete", "nm", "llama-3-2-3b", "--wait=false")
+    held = json.loads(api.kubectl("get", "nm", "llama-3-2-3b", "-o", "json").stdout)
     assert held["metadata"]["deletionTimestamp"]
     assert len(api.kubectl("get", "cm", "-o", "name").stdout.split()) == 2  # the owner still exists
-    api.kubectl("patch", "nm", "mistral-7b", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}')
-    assert "mistral-7b" not in api.kubectl("get", "nm").stdout
+    api.kubectl("patch", "nm", "llama-3-2-3b", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}')
+    assert "llama-3-2-3b" not in api.kubectl("get", "nm").stdout
     assert api.kubectl("get", "cm", "-o", "name").stdout.split() == []
 
 

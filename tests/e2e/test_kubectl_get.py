@@ -16,7 +16,7 @@ import yaml
 from support import CEILING, ROOT, ApiServer, kubectl_path, wait_until
 
 CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
-SAMPLE = ROOT / "crds" / "samples" / "mistral-7b-tgi-inf2.yaml"
+SAMPLE = ROOT / "crds" / "samples" / "llama-3.2-3b-tgi-inf2.yaml"
 AGE = re.compile(r"^\d+s$")  # objects created by the test are seconds old
 
 
@@ -216,7 +216,7 @@ def test_get_watch_prints_the_crds_printer_columns_on_every_line(api):
         watch.wait_for_lines(2)  # the header and the model as listed
         for phase, ready in (("Compiling", None), ("Ready", "1/1")):
             status = {"phase": phase, "readyReplicas": ready, "endpoint": "http://m:80" if ready else None}
-            api.kubectl("patch", "nm", "mistral-7b", "--subresource", "status", "--type", "merge",
+            api.kubectl("patch", "nm", "llama-3-2-3b", "--subresource", "status", "--type", "merge",
                         "-p", json.dumps({"status": status}))  # fmt: skip
         lines = watch.wait_for_lines(4)
     finally:
@@ -224,12 +224,12 @@ def test_get_watch_prints_the_crds_printer_columns_on_every_line(api):
     assert lines[0].split() == ["NAME", "PHASE", "ENGINE", "INSTANCE", "TP", "READY", "ENDPOINT", "AGE"]
     rows = [line.split() for line in lines[1:]]  # every event prints all the columns, headers only once
     assert [r[:-1] for r in rows] == [
-        ["mistral-7b", "tgi", "inf2.xlarge", "2"],
-        ["mistral-7b", "Compiling", "tgi", "inf2.xlarge", "2"],
-        ["mistral-7b", "Ready", "tgi", "inf2.xlarge", "2", "1/1", "http://m:80"],
+        ["llama-3-2-3b", "tgi", "inf2.xlarge", "2"],
+        ["llama-3-2-3b", "Compiling", "tgi", "inf2.xlarge", "2"],
+        ["llama-3-2-3b", "Ready", "tgi", "inf2.xlarge", "2", "1/1", "http://m:80"],
     ]
     assert all(AGE.match(r[-1]) for r in rows)
-    api.kubectl("delete", "nm", "mistral-7b")
+    api.kubectl("delete", "nm", "llama-3-2-3b")
 
 
 def test_get_pods_watch_prints_pod_columns_on_every_line(api):

@@ -151,10 +151,20 @@ def edited(change) -> dict:
             lambda s: s["neuron"].update(instanceType="cpu"),
             "tensorParallel 8 needs Neuron cores; on cpu use 1",
         ),
-        (lambda s: s.update(engine="sglang"), "engine sglang (SGLang-Neuron) runs on Trn2 instances"),
+        (
+            lambda s: s.update(engine="sglang"),
+            "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge, "
+            "trn3p.48xlarge), not inf2.48xlarge; use one of those, or engine vllm on inf2.48xlarge",
+        ),
+        (
+            lambda s: (s.update(engine="tgi"), s["neuron"].update(instanceType="trn2.48xlarge")),
+            "engine tgi (TGI 3.3.5's Neuron backend) runs on Inferentia2 and Trainium1 instances ("
+            "inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge, trn1.2xlarge, trn1.32xlarge, "
+            "trn1n.32xlarge), not trn2.48xlarge; use one of those, or engine vllm on trn2.48xlarge",
+        ),
         (
             lambda s: s["neuron"].update(logicalCores=2),
-            "neuron.logicalCores applies to Trn2 instances only",
+            "neuron.logicalCores applies to Trn2 and Trn3 instances only, not inf2.48xlarge",
         ),
         (
             lambda s: s["neuron"].update(buckets={"context": [1024, 512]}),
@@ -283,12 +293,12 @@ DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             "no engine serves serving.mode disaggregated on inf2.48xlarge yet: change serving.mode, or use "
             "instanceType cpu for engine embedded",
         ),
-        (  # disaggregated on trn2: SGLang-Neuron
+        (  # disaggregated on trn3: SGLang-Neuron
             lambda s: (
                 s.update(engine="embedded", serving=dict(DISAGGREGATED)),
-                s["neuron"].update(instanceType="trn2.48xlarge"),
+                s["neuron"].update(instanceType="trn3.48xlarge"),
             ),
-            "on trn2.48xlarge use engine sglang, or instanceType cpu for engine embedded",
+            "on trn3.48xlarge use engine sglang, or instanceType cpu for engine embedded",
         ),
         (
             lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
@@ -315,7 +325,7 @@ def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
     # on a Neuron instance (refused there anyway) it names the engines that move KV caches over EFA
     efa = {"mode": "disaggregated", "prefill": {}, "decode": {}, "kvTransfer": {"transport": "efa"}}
     obj = edited(lambda s: s.update(engine="embedded", serving=efa))
-    obj["spec"]["neuron"]["instanceType"] = "trn2.48xlarge"
+    obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
     assert any(
         e.endswith("the embedded engine's default, or engine sglang for KV transfer over EFA")
         for e in validation.check(obj).errors
@@ -331,7 +341,7 @@ def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
     assert "default" not in kv_schema["properties"]["transport"]
     for path, default in (
         (CPU_DISAGGREGATED, "tcp"),
-        (ROOT / "crds" / "samples" / "qwen2.5-7b-sglang-trn2-disaggregated.yaml", "efa"),
+        (ROOT / "crds" / "samples" / "gpt-oss-120b-sglang-trn3-disaggregated.yaml", "efa"),
     ):
         named = load(path)
         left_out = copy.deepcopy(named)

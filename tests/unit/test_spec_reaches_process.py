@@ -5,7 +5,8 @@ and compile config is read back, field by field, the way the process reads it:
 - our runtime (the embedded engine, and every engine's router): the real `neuronfleet serve` parser into
   `contract.ServeConfig`, then the runtime's own `RuntimeConfig`, whose limits are what `/info` reports;
 - vLLM, TGI and SGLang: an argparse parser that knows only the flags documented for the pinned version (an
-  unknown flag fails the parse), and TGI's documented environment variables.
+  unknown flag fails the parse), and TGI's documented environment variables (the names and their sources are
+  each engine module's PINNED; tests/unit/test_engine_tgi.py and test_engine_sglang.py check them in depth).
 
 A field an engine has no setting for must be refused by validation (never dropped): checked below too."""
 
@@ -15,6 +16,7 @@ import argparse
 import ast
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -23,8 +25,9 @@ import yaml
 from support import ROOT, neuronfleet_command
 
 from neuronfleet.cli import build_parser
-from neuronfleet.contract import COMPILE_CONFIG_FILE, CompileConfig, ServeConfig
+from neuronfleet.contract import COMPILE_CONFIG_FILE, HF_TOKEN_ENVS, CompileConfig, ServeConfig
 from neuronfleet.operator import validation
+from neuronfleet.operator.engines import sglang, tgi
 from neuronfleet.runtime.config import RuntimeConfig
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -91,7 +94,8 @@ def vllm_parser() -> argparse.ArgumentParser:
 
 
 def sglang_parser() -> argparse.ArgumentParser:
-    """`python -m sglang.launch_server` flags (https://docs.sglang.io/advanced_features/server_arguments.html)."""
+    """`python -m sglang.launch_server` flags (SGLang's ServerArgs at the image's commit 43881a7:
+    https://docs.sglang.io/advanced_features/server_arguments.html)."""
     p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
     for flag in (
         "--model-path",
@@ -101,7 +105,9 @@ def sglang_parser() -> argparse.ArgumentParser:
         "--disaggregation-transfer-backend",
     ):
         p.add_argument(flag)
-    for flag in ("--port", "--tp-size", "--max-running-requests", "--context-length"):
+    for flag in (
+        "--port", "--tp-size", "--max-running-requests", "--context-length", "--disaggregation-bootstrap-port"
+    ):  # fmt: skip
         p.add_argument(flag, type=int)
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"])
@@ -109,16 +115,20 @@ def sglang_parser() -> argparse.ArgumentParser:
 
 
 def tgi_parser() -> argparse.ArgumentParser:
-    """text-generation-launcher flags (https://huggingface.co/docs/text-generation-inference/reference/launcher)."""
+    """text-generation-launcher flags (TGI v3.3.5 launcher/src/main.rs), after the image's entrypoint."""
     p = argparse.ArgumentParser(prog="text-generation-launcher", exit_on_error=False)
     p.add_argument("--model-id", required=True)
     return p
 
 
-TGI_ENV = {  # TGI v3.3.6 backends/neuron/server/text_generation_server/tgi_env.py, and PORT (the launcher's)
+TGI_ENV = {  # TGI v3.3.5 backends/neuron/server/text_generation_server/tgi_env.py, and PORT (the launcher's)
     "HF_NUM_CORES", "HF_AUTO_CAST_TYPE", "MAX_BATCH_SIZE", "MAX_TOTAL_TOKENS", "MAX_INPUT_TOKENS",
     "MAX_BATCH_PREFILL_TOKENS", "PORT",
 }  # fmt: skip
+
+
+def pinned_names(pinned, kind: str) -> set[str]:
+    return {f.name for f in pinned.facts if f.kind == kind}
 
 
 def env_of(c: dict) -> dict[str, str]:
@@ -268,21 +278,40 @@ def check_sglang(c: dict, spec, name: str, role: str) -> None:
     assert args.served_model_name == name
     assert args.revision == spec.model.revision
     assert args.disaggregation_mode == (role if role in ("prefill", "decode") else None)
+    assert args.disaggregation_bootstrap_port == (sglang.BOOTSTRAP_PORT if role == "prefill" else None)
     assert env_of(c)["SGLANG_PLATFORM"] == "neuron"
+    assert {e["name"] for e in c["env"]} - set(HF_TOKEN_ENVS) <= pinned_names(sglang.PINNED, "env")
 
 
 def check_tgi(c: dict, spec) -> None:
     n = spec.neuron
-    assert c["command"][0] == "text-generation-launcher"
+    assert c["command"][0] == "/tgi-entrypoint.sh"  # the image's entrypoint, which runs the launcher
     tgi_parser().parse_args(c["command"][1:])
     env = env_of(c)
     assert set(env) >= TGI_ENV
+    assert set(env) <= pinned_names(tgi.PINNED, "env")
     assert env["HF_NUM_CORES"] == str(n.tensorParallel)
     assert env["HF_AUTO_CAST_TYPE"] == {"bfloat16": "bf16", "float16": "fp16"}[n.dtype]
     assert env["MAX_BATCH_SIZE"] == str(n.batchSize)
     assert env["MAX_TOTAL_TOKENS"] == str(n.sequenceLength)
     assert env["MAX_INPUT_TOKENS"] == str(n.maxInputLength)
     assert env["PORT"] == str(spec.serving.port)
+
+
+def check_tgi_compile(objects: list[dict], spec) -> None:
+    """The compile Job's steps (compile.sh): a Hub model is downloaded at the spec's revision, then exported
+    with the serving pods' shapes (optimum-neuron's own parser reads them: tests/unit/test_engine_tgi.py)."""
+    script = next(o["data"]["compile.sh"] for o in objects if "compile.sh" in o.get("data", {}))
+    lines = [shlex.split(line) for line in script.splitlines()]
+    download = next(words for words in lines if words[:1] == ["python3"])
+    assert download[2:4] == [spec.model.uri.removeprefix("hf://"), spec.model.revision or ""]
+    export = next(words for words in lines if words[:3] == ["optimum-cli", "export", "neuron"])
+    flags = dict(zip(export[3:-1:2], export[4:-1:2], strict=True))
+    n = spec.neuron
+    assert flags["--model"] == download[4] and flags["--task"] == "text-generation"
+    assert (flags["--batch_size"], flags["--sequence_length"]) == (str(n.batchSize), str(n.sequenceLength))
+    assert flags["--num_cores"] == str(n.tensorParallel)
+    assert flags["--auto_cast_type"] == {"bfloat16": "bf16", "float16": "fp16"}[n.dtype]
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
@@ -297,8 +326,8 @@ def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
          "overrides": {"fused_qkv": True},
          "buckets": {"context": [1024, 16383], "generation": [4096, 16384]}}),
         ("llama-3.1-70b-vllm-trn1.yaml", {"revision": "v2", "quantization": "int8"}),
-        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
-        ("mistral-7b-tgi-inf2.yaml", {"dtype": "float16", "maxInputLength": 1024}),
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
+        ("llama-3.2-3b-tgi-inf2.yaml", {"revision": "v4", "dtype": "float16", "maxInputLength": 1024}),
         ("smollm2-135m-local-cpu-disaggregated.yaml", {"dtype": "float32", "maxInputLength": 200,
          "buckets": {"context": [64, 200], "generation": [256, 512]}}),
     ],
@@ -331,6 +360,8 @@ def check_every_role(path: Path) -> None:
         check_compile_config(objects, spec)
     if spec.engine == "vllm":
         check_vllm_compile(objects, spec)
+    if spec.engine == "tgi":
+        check_tgi_compile(objects, spec)
 
 
 def test_the_local_samples_serve_what_they_ask_for():
@@ -354,20 +385,18 @@ def spec_with(base: str, **neuron) -> dict:
 @pytest.mark.parametrize(
     ("base", "neuron", "message"),
     [
-        ("mistral-7b-tgi-inf2.yaml", {"quantization": "int8"},
+        ("llama-3.2-3b-tgi-inf2.yaml", {"quantization": "int8"},
          r"neuron.quantization int8: TGI's Neuron export \(optimum-neuron\) has no setting for it; use none"),
-        ("mistral-7b-tgi-inf2.yaml", {"buckets": {"context": [1024, 3072]}},
+        ("llama-3.2-3b-tgi-inf2.yaml", {"buckets": {"context": [1024, 3072]}},
          r"neuron.buckets: TGI's Neuron export .* compiles its own length buckets"),
-        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"maxInputLength": 4096},
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"maxInputLength": 4096},
          r"neuron.maxInputLength: SGLang bounds prompts by the context length only \(--context-length, "
-         r"neuron.sequenceLength 8192\); remove maxInputLength or use engine embedded or vllm"),
-        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"quantization": "fp8"},
+         r"neuron.sequenceLength 8192\); remove maxInputLength or use engine vllm"),
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"quantization": "fp8"},
          r"neuron.quantization fp8: SGLang-Neuron has no setting for it"),
-        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"overrides": {"fused_qkv": True}},
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"overrides": {"fused_qkv": True}},
          r"neuron.overrides are NxDI NeuronConfig fields, which SGLang-Neuron does not read"),
-        ("mistral-7b-tgi-inf2.yaml", {"revision": "v1"},
-         r"model.revision: neuronfleet passes no revision to TGI's Neuron export"),
-        ("qwen2.5-7b-sglang-trn2-disaggregated.yaml", {"logicalCores": 2},
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"logicalCores": 2},
          r"neuron.logicalCores: SGLang-Neuron has no setting for it"),
     ],
 )  # fmt: skip
