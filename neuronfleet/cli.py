@@ -235,6 +235,9 @@ def _serve_router(args: ServeConfig) -> int:
     import asyncio
     import logging
 
+    if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
+        return _serve_engine_router(args)
+
     from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.backend import Limits
     from neuronfleet.runtime.model_config import load_model_config
@@ -259,6 +262,27 @@ def _serve_router(args: ServeConfig) -> int:
     name = args.served_model_name or Path(args.model).name
     server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
+    return 0
+
+
+def _serve_engine_router(args: ServeConfig) -> int:
+    """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
+    import asyncio
+    import logging
+
+    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
+    from neuronfleet.runtime.pd_proxy import EngineRouter
+    from neuronfleet.runtime.server import serve
+
+    if args.peer_hosts_file:
+        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
+    router = EngineRouter(
+        args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
+        bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
+        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes,
+    )  # fmt: skip
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(router, args.host, args.port, args.grace_period))  # type: ignore[arg-type]
     return 0
 
 

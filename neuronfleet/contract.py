@@ -19,7 +19,7 @@ import argparse
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # ---- where pods find things --------------------------------------------------------------------------------
 
@@ -49,6 +49,9 @@ KV_PORT = 7000  # decode pods' KV receiver when the operator runs them
 GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after SIGTERM
 
 Role = Literal["unified", "prefill", "decode", "router"]
+# what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
+# protocol at the OpenAI HTTP level (runtime/pd_protocols.py)
+PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
 ServeDType = Literal["float32", "bfloat16", "float16"]
 CompileDType = Literal["bfloat16", "float16", "float32"]
 
@@ -76,7 +79,9 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = _flag(..., "Hugging Face-format model folder")
+    model: str | None = _flag(
+        None, "Hugging Face-format model folder (every role but a router with --peer-protocol vllm|sglang)"
+    )
     role: Role = _flag("unified", "what this process serves: one model, a role of a disaggregated one")
     host: str = _flag("127.0.0.1", "address to listen on")
     port: int = _flag(SERVE_PORT, "HTTP port")
@@ -93,6 +98,15 @@ class ServeConfig(BaseModel):
     )
     prefill: list[str] | None = _flag(None, "router: a prefill peer URL (http://host:port); repeat")
     decode: list[str] | None = _flag(None, "router: a decode peer URL (http://host:port); repeat")
+    peer_protocol: PeerProtocol = _flag(
+        "neuronfleet",
+        "router: what the peers speak: neuronfleet (our runtime's KV handoff), or the P/D protocol of vllm "
+        "(kv_transfer_params) or sglang (bootstrap host/port/room) at the OpenAI HTTP level, which needs no "
+        "model files (no --model)",
+    )
+    bootstrap_port: int | None = _flag(
+        None, "router, --peer-protocol sglang: the prefill servers' --disaggregation-bootstrap-port"
+    )
     served_model_name: str | None = _flag(None, "model name in the APIs (default: the folder's name)")
     kv_transport: Literal["tcp", "efa"] = _flag("tcp", "prefill/decode KV transport")
     kv_port: int = _flag(0, "decode: port of the KV receiver (0: a free one)")
@@ -137,6 +151,30 @@ class ServeConfig(BaseModel):
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
+
+    @model_validator(mode="after")
+    def _roles_need(self) -> ServeConfig:
+        """What each role needs, said clearly: a model folder, except for a router that speaks an engine's
+        protocol (it reads none); the bootstrap port exactly for sglang peers."""
+        engine_router = self.role == "router" and self.peer_protocol != "neuronfleet"
+        if self.role != "router" and self.peer_protocol != "neuronfleet":
+            raise ValueError(f"--peer-protocol {self.peer_protocol} is for --role router, not {self.role}")
+        if self.model is None and not engine_router:
+            raise ValueError(
+                f"--role {self.role} needs --model (a Hugging Face-format folder); only a router with "
+                "--peer-protocol vllm|sglang serves without one"
+            )
+        if self.model is not None and engine_router:
+            raise ValueError(
+                f"a router with --peer-protocol {self.peer_protocol} reads no model files (its peers "
+                "tokenize); remove --model"
+            )
+        if (self.peer_protocol == "sglang") != (self.bootstrap_port is not None):
+            raise ValueError(
+                "--bootstrap-port (the prefill servers' --disaggregation-bootstrap-port) is needed with "
+                f"--peer-protocol sglang, and only there (here: {self.peer_protocol})"
+            )
+        return self
 
     def to_args(self) -> list[str]:
         """The command-line options of this configuration: `model` and every field that was set."""

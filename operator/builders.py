@@ -392,6 +392,8 @@ def serve_config(
     if role == "router":
         pod["prefill"] = [f"dns://{deployment_name(owner, 'prefill', serving_set_name)}:{port}"]
         pod["decode"] = [f"dns://{deployment_name(owner, 'decode', serving_set_name)}:{port}"]
+        if _engine_router(spec, role):  # the engine's own P/D protocol: no model, no token (peers need none)
+            return engines.engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
         pod["kv_transport"] = transport
     if role == "decode":  # prefill pods send KV caches to the pod's own IP
@@ -399,6 +401,11 @@ def serve_config(
     if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
         pod["internal_token_file"] = INTERNAL_TOKEN_FILE
     return engines.serve_config(spec, role, chash, port).model_copy(update=pod)
+
+
+def _engine_router(spec: NeuronModelSpec, role: str) -> bool:
+    """A router in front of an engine's own prefill and decode servers (it mounts no artifacts or token)."""
+    return role == "router" and engines.peer_protocol(spec) != "neuronfleet"
 
 
 def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict:
@@ -422,6 +429,8 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
         mounts.append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True})
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if _engine_router(spec, role):  # no model files, no token, no shared memory: only its /tmp
+        volumes, mounts = ([x for x in xs if x["name"] == "tmp"] for xs in (volumes, mounts))
     neuron = role != "router" and spec.neuron.instanceType != "cpu"
     efa = role in ("prefill", "decode") and transport == "efa" and spec.serving.kvTransfer.efaInterfaces > 0
     health, ready = ("/health", "/ready") if ours else ("/health", "/health")
@@ -508,11 +517,18 @@ def build_public_service(owner: Owner, spec: NeuronModelSpec, target: dict[str, 
 
 
 def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list[dict[str, Any]]:
-    """A disaggregated set's headless prefill and decode Services: its router finds its peers through DNS."""
+    """A disaggregated set's headless prefill and decode Services: its router finds its peers through DNS. An
+    SGLang prefill Service also names the bootstrap port, where decode servers meet a prefill server (the
+    router sends them the prefill pod's address and that port)."""
     if spec.serving.mode != "disaggregated":
         return []
     port, pods_set = spec.serving.port, serving_set(spec, chash)
-    ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    ports = {
+        r: [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+        for r in ("prefill", "decode")
+    }
+    if boot := engines.engine_router_config(spec, port).bootstrap_port if spec.engine == "sglang" else None:
+        ports["prefill"].append({"name": "bootstrap", "port": boot, "targetPort": boot, "protocol": "TCP"})
     return [
         {
             "apiVersion": "v1",
@@ -522,7 +538,7 @@ def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list
                 "clusterIP": "None",
                 "publishNotReadyAddresses": False,
                 "selector": selector(owner, role, pods_set),
-                "ports": ports,
+                "ports": ports[role],
             },
         }
         for role in ("prefill", "decode")

@@ -64,3 +64,21 @@ class Unavailable(EngineFailed):
 
 def queue_full_message(slots: int, max_waiting: int) -> str:
     return f"all {slots} slots are busy and the waiting queue holds {max_waiting} requests; retry later"
+
+
+# OpenAI's error types by status, as its Python client names its exceptions (openai._exceptions)
+OPENAI_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "BadRequestError",
+    413: "BadRequestError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def openai_error_body(status: int, message: str, param: str | None = None) -> dict:
+    """An error in the OpenAI API's format (`error.message`, `type`, `param`, `code`)."""
+    kind = OPENAI_ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

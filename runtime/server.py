@@ -31,7 +31,7 @@ from prometheus_client import (
 from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
 from .backend import Backend, RequestOutput
 from .engine_metrics import LATENCY_BUCKETS
-from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError
+from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError, openai_error_body
 
 log = logging.getLogger(__name__)
 
@@ -272,12 +272,7 @@ class RuntimeServer:
 
     def _openai_error(self, status: int, message: str, param: str | None = None) -> web.Response:
         headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
-        kind = _OPENAI_ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
-        return web.json_response(
-            {"error": {"message": message, "type": kind, "param": param, "code": status}},
-            status=status,
-            headers=headers,
-        )
+        return web.json_response(openai_error_body(status, message, param), status=status, headers=headers)
 
     def _refusal(self, error: ServingError, tgi: bool) -> web.Response:
         """The response for a request refused or failed before its answer started."""
@@ -522,15 +517,6 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
     await runner.cleanup()
 
 
-_OPENAI_ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    405: "BadRequestError",
-    413: "BadRequestError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    503: "ServiceUnavailableError",
-}
 _TGI_ERROR_TYPES = {
     404: "not_found",
     413: "validation",

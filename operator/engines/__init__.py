@@ -1,7 +1,9 @@
 """Engines: a pure mapping from a NeuronModel spec to each serving engine's image, command, arguments and
 environment, following that engine's documented contract for its pinned version (one module per engine:
 `embedded`, `vllm`, `tgi`, `sglang`), including where it finds the compiled artifacts. Every engine's
-router is ours (`neuronfleet serve --role router`).
+router is ours (`neuronfleet serve --role router`): in front of our runtime's prefill and decode pods it
+speaks our own KV handoff; in front of vLLM's or SGLang's it speaks that engine's P/D protocol
+(`--peer-protocol`, runtime/pd_protocols.py) and reads no model files.
 
 Every spec field meant for the runtime reaches each role's command, environment or compile config
 (tests/unit/test_spec_reaches_process.py checks it for every sample); a field an engine has no setting for is
@@ -19,6 +21,8 @@ from . import embedded, sglang, tgi, vllm
 from .common import Container, artifacts_dir, model_reference, nxdi_neuron_config, serve_config
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
+# the engines whose prefill and decode servers our router reaches through their own P/D protocol
+PEER_PROTOCOLS = {"vllm": "vllm", "sglang": "sglang"}
 
 __all__ = [
     "ENGINES",
@@ -27,9 +31,11 @@ __all__ = [
     "compile_container",
     "compile_files",
     "compiles",
+    "engine_router_config",
     "image_for",
     "model_reference",
     "nxdi_neuron_config",
+    "peer_protocol",
     "serve_config",
     "serve_container",
     "unsupported",
@@ -49,6 +55,20 @@ def image_for(spec: NeuronModelSpec) -> str:
 def unsupported(spec: NeuronModelSpec) -> list[str]:
     """Spec fields the engine has no setting for (empty: every field reaches the engine)."""
     return ENGINES[spec.engine].unsupported(spec)
+
+
+def peer_protocol(spec: NeuronModelSpec) -> str:
+    """What a disaggregated model's router speaks to its prefill and decode pods."""
+    return PEER_PROTOCOLS.get(spec.engine, "neuronfleet")
+
+
+def engine_router_config(spec: NeuronModelSpec, port: int) -> ServeConfig:
+    """The serve options of a router in front of an engine's own prefill and decode servers: the protocol
+    and, for SGLang, the port the prefill servers' bootstrap server listens on. No model and no shapes: the
+    engines tokenize and check requests themselves (their refusals reach the client as they are)."""
+    protocol = peer_protocol(spec)
+    extra = {"bootstrap_port": sglang.BOOTSTRAP_PORT} if protocol == "sglang" else {}
+    return ServeConfig(role="router", host="0.0.0.0", port=port, peer_protocol=protocol, **extra)  # type: ignore[arg-type]
 
 
 def serve_container(

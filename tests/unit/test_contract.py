@@ -52,9 +52,13 @@ def test_every_option_renders_and_parses_back():
         kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
         peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_body_bytes=1000, grace_period=2.0,
     )  # fmt: skip
-    assert set(config.model_fields_set) == set(ServeConfig.model_fields)  # nothing left at its default
-    args = build_parser().parse_args(["serve", *config.to_args()])
-    assert ServeConfig.from_namespace(args) == config
+    # a router that speaks an engine's protocol: the options only it takes (it has no model)
+    engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)
+    given = config.model_fields_set | engine_router.model_fields_set
+    assert given == set(ServeConfig.model_fields)  # nothing left at its default
+    for each in (config, engine_router):
+        args = build_parser().parse_args(["serve", *each.to_args()])
+        assert ServeConfig.from_namespace(args) == each
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)

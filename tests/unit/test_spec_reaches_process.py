@@ -167,6 +167,15 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
         assert config.kv_transport == spec.serving.kvTransfer.transport
 
 
+def check_engine_router(config: ServeConfig, spec, name: str) -> None:
+    """Our router in front of vLLM's or SGLang's own servers: their P/D protocol, no model (the engines check
+    requests against the shapes themselves), the port the engine pods serve on, SGLang's bootstrap port."""
+    assert (config.role, config.peer_protocol, config.model) == ("router", spec.engine, None)
+    assert config.port == spec.serving.port and config.served_model_name == name
+    assert all(p.endswith(f":{spec.serving.port}") for p in [*config.prefill, *config.decode])
+    assert (config.bootstrap_port is not None) == (spec.engine == "sglang")
+
+
 def check_compile_config(objects: list[dict], spec) -> None:
     """The compile-time fields (tensor parallelism, quantization, overrides...) in compile.json, which the
     compile Job reads for the embedded engine."""
@@ -348,7 +357,9 @@ def check_every_role(path: Path) -> None:
     for role, deployment in by_role.items():
         c = container(deployment)
         assert c["ports"][0]["containerPort"] == spec.serving.port
-        if spec.engine == "embedded" or role == "router":
+        if role == "router" and spec.engine in ("vllm", "sglang"):
+            check_engine_router(serve_args(c["command"]), spec, name)
+        elif spec.engine == "embedded" or role == "router":
             check_ours(serve_args(c["command"]), spec, name, role)
         elif spec.engine == "vllm":
             check_vllm(c, spec, name, role)

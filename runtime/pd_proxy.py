@@ -1,0 +1,438 @@
+"""The router in front of an engine's own prefill and decode servers (`neuronfleet serve --role router
+--peer-protocol vllm|sglang`): an OpenAI HTTP endpoint that speaks the engine's P/D protocol
+(`runtime/pd_protocols.py`) to its peers, with no model files: the engines tokenize, check and answer.
+
+Peers are found and kept as our own router does (`peers.PeerSet`: URLs or DNS names of headless Services,
+re-resolved and probed every `--peer-probe-interval` seconds, here with the engines' `GET /health`; three
+failed probes or requests take a pod out of rotation, one good probe puts it back). Failures, as for our own
+P/D (docs/disaggregation.md): a prefill server that fails (no connection, a 5xx, 408 or 429, or an answer the
+protocol cannot continue from) is retried on another one; a decode server that fails before its answer
+starts is retried on another one, the exchange started over (a new prefill: the KV cache the first one kept
+was meant for the failed decode); a peer that refuses the request itself (a 4xx) is answered to the client as
+is; no server of a role left is a 503 in the OpenAI format that names each failure. Never a silently degraded
+request: a request is never sent to a decode server without its prefill. A streamed answer that breaks after
+it started cannot move (the router does not see tokens): its last event is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from . import pd_protocols as pd
+from .errors import openai_error_body
+from .peers import Peer, PeerSet, resolve_peers
+
+log = logging.getLogger(__name__)
+
+PEER_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+class PeerFailed(Exception):
+    """A peer could not serve this request (the pod's failure, not the request's)."""
+
+
+class Refused(Exception):
+    """A peer refused the request itself: its answer is the client's."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+class EngineRouter:
+    """The HTTP app and its peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
+
+    def __init__(
+        self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,
+        bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:  # fmt: skip
+        if protocol not in pd.PROTOCOLS:
+            raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
+        if not prefill or not decode:
+            raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
+        if protocol == "sglang" and bootstrap_port is None:
+            raise ValueError("--peer-protocol sglang needs --bootstrap-port (the prefill servers')")
+        resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
+        self.protocol, self.bootstrap_port, self.model_name = protocol, bootstrap_port, model_name
+        self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
+        self.probe_interval, self.peer_timeout, self.max_body_bytes = (
+            probe_interval,
+            peer_timeout,
+            max_body_bytes,
+        )
+        self.backend = self  # what serve() drains
+        self.draining, self.running = False, True
+        self.in_flight = 0  # requests whose handlers run
+        self._resolved_at = -1e9
+        self._session: aiohttp.ClientSession | None = None
+        self._prober: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        healthy = Gauge("neuronfleet:router_peers_healthy", "Peers in rotation, by role.",
+                        ["model_name", "role"], registry=self.registry)  # fmt: skip
+        for peers in (self.prefill, self.decode):
+            healthy.labels(**labels, role=peers.role).set_function(lambda p=peers: p.healthy)
+        self.retries = Counter(
+            "neuronfleet:router_retries", "Requests moved to another prefill or decode server.",
+            ["model_name", "kind"], registry=self.registry,
+        )  # fmt: skip
+        self.labels = labels
+
+    # ---- what serve() uses ----
+
+    @property
+    def num_requests(self) -> int:
+        return self.in_flight
+
+    def shutdown(self) -> None:
+        self.running = False
+        if self._prober is not None:
+            self._prober.cancel()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        app.add_routes([
+            web.get("/health", self.health), web.get("/ready", self.ready),
+            web.get("/metrics", self.metrics), web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+        ])  # fmt: skip
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._close)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every error in the OpenAI format: unknown routes, a body over the limit, anything unexpected."""
+        self.in_flight += 1
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            return self._error(e.status, e.reason)
+        except ConnectionResetError:
+            raise
+        except Exception as e:
+            log.exception("unexpected error serving %s", request.path)
+            return self._error(500, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            self.in_flight -= 1
+
+    @staticmethod
+    def _error(status: int, message: str, param: str | None = None) -> web.Response:
+        headers = {"Retry-After": "1"} if status in (429, 503) else None
+        return web.json_response(openai_error_body(status, message, param), status=status, headers=headers)
+
+    # ---- peers ----
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        return self._session
+
+    async def _start(self, app: web.Application) -> None:
+        await self._refresh()
+        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def _close(self, app: web.Application) -> None:
+        self.shutdown()
+        for task in list(self._background):
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _refresh(self) -> None:
+        loop = asyncio.get_running_loop()
+        for peers in (self.prefill, self.decode):
+            peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+        self._resolved_at = time.monotonic()
+        await asyncio.gather(
+            *(self._probe(p, url) for p in (self.prefill, self.decode) for url in list(p.peers))
+        )
+
+    async def _probe(self, peers: PeerSet, url: str) -> None:
+        """The engines' liveness endpoint: `GET /health` answers 200 while the server can serve."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
+            async with self._client().get(f"{url}/health", timeout=timeout) as r:
+                ok, why = r.status == 200, f"/health answered {r.status}"
+        except PEER_FAILURES as e:
+            ok, why = False, f"/health failed: {e or type(e).__name__}"
+        if ok:
+            peers.succeeded(url)
+        else:
+            peers.failed(url, why)
+
+    async def _probe_forever(self) -> None:
+        while self.running:
+            await asyncio.sleep(self.probe_interval)
+            try:
+                await self._refresh()
+            except Exception:  # a probe round must never end the loop
+                log.exception("probing the peers failed")
+
+    @staticmethod
+    def _pick(peers: PeerSet, tried: set[str]) -> Peer | None:
+        """The next pod to try: healthy and least loaded first, pods out of rotation last (a last resort)."""
+        candidates = peers.ranked(exclude=tried)
+        if not candidates:
+            return None
+        tried.add(candidates[0].url)
+        return candidates[0]
+
+    def _retried(self, kind: str) -> None:
+        self.retries.labels(**self.labels, kind=kind).inc()
+
+    async def _post(
+        self, peers: PeerSet, peer: Peer, path: str, body: dict, headers: dict, read_timeout: float | None
+    ) -> aiohttp.ClientResponse:
+        """POST to a peer: its response when the protocol may go on (2xx); Refused for its 4xx; PeerFailed
+        (the pod counted as failing) for anything else."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout, sock_read=read_timeout)
+        peer.in_flight += 1
+        try:
+            response = await self._client().post(
+                f"{peer.url}{path}", json=body, headers=headers, timeout=timeout
+            )
+            if response.status < 400:
+                peers.succeeded(peer.url)
+                return response
+            text = await response.read()
+            response.release()
+            if pd.passed_through(response.status):
+                ctype = response.headers.get("Content-Type", "application/json")
+                raise Refused(response.status, text, ctype)
+            raise PeerFailed(f"{peer.url} answered {response.status}: {text[:300].decode(errors='replace')}")
+        except PEER_FAILURES as e:
+            peers.failed(peer.url, str(e))
+            raise PeerFailed(f"{peer.url}: {e or type(e).__name__}") from None
+        except PeerFailed as e:
+            peers.failed(peer.url, str(e))
+            raise
+        finally:
+            peer.in_flight -= 1
+
+    # ---- endpoints ----
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Ready while some prefill and some decode server is in rotation (a request needs both)."""
+        missing = [p.role for p in (self.prefill, self.decode) if p.healthy == 0]
+        ok = not self.draining and not missing
+        status = "ready" if ok else ("draining" if self.draining else f"no {' or '.join(missing)} server")
+        return web.json_response({"ready": ok, "status": status}, status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        """The decode servers' model list (they serve the model under the name clients use)."""
+        tried: set[str] = set()
+        failures: list[str] = []
+        while (peer := self._pick(self.decode, tried)) is not None:
+            try:
+                async with self._client().get(f"{peer.url}/v1/models", timeout=aiohttp.ClientTimeout(
+                        total=self.peer_timeout)) as r:  # fmt: skip
+                    body = await r.read()
+                    return web.Response(status=r.status, body=body, content_type="application/json")
+            except PEER_FAILURES as e:
+                self.decode.failed(peer.url, str(e))
+                failures.append(f"{peer.url}: {e or type(e).__name__}")
+        return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._route(request, "/v1/completions")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._route(request, "/v1/chat/completions")
+
+    async def _route(self, request: web.Request, path: str) -> web.StreamResponse:
+        if self.draining:
+            return self._error(
+                503, "the router is shutting down and takes no new requests; send it elsewhere"
+            )
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(
+                413, f"the request body exceeds the limit of {self.max_body_bytes} bytes", "body"
+            )
+        try:
+            body = pd.client_body(raw)
+        except ValueError as e:
+            return self._error(400, str(e), "body")
+        stale = time.monotonic() - self._resolved_at > self.probe_interval
+        if stale or not self.prefill.peers or not self.decode.peers:
+            await self._refresh()
+        exchange = self._vllm if self.protocol == "vllm" else self._sglang
+        try:
+            return await exchange(request, path, body)
+        except Refused as e:
+            return web.Response(status=e.status, body=e.body, headers={"Content-Type": e.content_type})
+
+    async def _vllm(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
+        """Prefill (retried over the prefill servers), then decode; a decode server that fails before its
+        answer starts: the exchange again, with another one."""
+        tried: set[str] = set()
+        failures: list[str] = []
+        for attempt in itertools.count():
+            decode = self._pick(self.decode, tried)
+            if decode is None:
+                return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
+            rid = f"nf-{uuid.uuid4().hex}"  # one per exchange: the prefill's KV cache is kept under it
+            headers = {pd.REQUEST_ID_HEADER: rid}
+            kv = await self._vllm_prefill(path, body, headers)
+            if isinstance(kv, web.Response):
+                return kv
+            if attempt:
+                self._retried("decode")
+            try:
+                response = await self._post(self.decode, decode, path, pd.vllm_decode_body(body, kv), headers,
+                                            self.peer_timeout if pd.streams(body) else None)  # fmt: skip
+                return await self._answer(request, decode, response)
+            except PeerFailed as e:
+                failures.append(str(e))
+                log.warning("request %s: decode server failed (%s); starting over on another one", rid, e)
+        raise AssertionError("unreachable")
+
+    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> dict | web.Response:
+        """The prefill server's `kv_transfer_params`, from the first prefill server that gives them; a 503
+        when none does."""
+        tried: set[str] = set()
+        failures: list[str] = []
+        while (peer := self._pick(self.prefill, tried)) is not None:
+            if failures:
+                self._retried("prefill")
+            try:
+                prefill_body = pd.vllm_prefill_body(body)
+                response = await self._post(
+                    self.prefill, peer, path, prefill_body, headers, self.peer_timeout
+                )
+                try:
+                    return pd.vllm_kv_params(await response.json(content_type=None))
+                except (ValueError, *PEER_FAILURES) as e:  # not JSON, no kv_transfer_params, a broken read
+                    self.prefill.failed(peer.url, str(e))
+                    raise PeerFailed(f"{peer.url}: {e}") from None
+                finally:
+                    response.release()
+            except PeerFailed as e:
+                failures.append(str(e))
+                log.warning("request %s: prefill server failed (%s)", headers[pd.REQUEST_ID_HEADER], e)
+        return self._error(503, pd.no_pod_message("prefill", failures, self.prefill.specs))
+
+    async def _sglang(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
+        """The same request to a prefill and a decode server at once, paired by the bootstrap fields. The
+        prefill server's outcome is awaited first: when it fails the decode server would wait for a KV cache
+        that never comes, so its request is cancelled and both start over (a new room)."""
+        tried_prefill: set[str] = set()
+        tried_decode: set[str] = set()
+        failures: list[str] = []
+        prefill = decode = None
+        while True:
+            prefill = prefill or self._pick(self.prefill, tried_prefill)
+            if prefill is None:
+                return self._error(503, pd.no_pod_message("prefill", failures, self.prefill.specs))
+            decode = decode or self._pick(self.decode, tried_decode)
+            if decode is None:
+                return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
+            sent = pd.sglang_body(body, pd.bootstrap_host(prefill.url), self.bootstrap_port, pd.new_room())
+            read = (
+                self.peer_timeout if pd.streams(body) else None
+            )  # a whole answer comes after all its tokens
+            loop = asyncio.get_running_loop()
+            to_decode = loop.create_task(self._post(self.decode, decode, path, sent, {}, read))
+            try:  # a prefill server answers once the prompt is prefilled: longer silence is a failure
+                prefilled = await self._post(self.prefill, prefill, path, sent, {}, self.peer_timeout)
+            except (PeerFailed, Refused, asyncio.CancelledError) as e:  # cancelled: the client left
+                await _cancel(to_decode)
+                if not isinstance(e, PeerFailed):
+                    raise
+                failures.append(str(e))
+                log.warning("room %d: prefill server failed (%s); trying another", sent["bootstrap_room"], e)
+                self._retried("prefill")
+                prefill = None
+                continue
+            self._drain(prefilled)  # read to its end: a prefill server whose client leaves aborts the request
+            try:
+                response = await to_decode
+            except PeerFailed as e:
+                failures.append(str(e))
+                log.warning("room %d: decode server failed (%s); trying another", sent["bootstrap_room"], e)
+                self._retried("decode")
+                decode = None
+                continue
+            try:
+                return await self._answer(request, decode, response)
+            except PeerFailed as e:
+                failures.append(str(e))
+                self._retried("decode")
+                decode = None
+
+    def _drain(self, response: aiohttp.ClientResponse) -> None:
+        async def drain() -> None:
+            with contextlib.suppress(*PEER_FAILURES):
+                await response.read()
+            response.release()
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _answer(
+        self, request: web.Request, decode: Peer, response: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        """The decode server's answer, as the client's: a whole one read first (a broken read is the pod's
+        failure, retried), a stream passed on as it comes."""
+        ctype = response.headers.get("Content-Type", "application/json")
+        if not ctype.startswith("text/event-stream"):
+            try:
+                data = await response.read()
+            except PEER_FAILURES as e:
+                self.decode.failed(decode.url, str(e))
+                raise PeerFailed(f"{decode.url}: the answer broke off: {e or type(e).__name__}") from None
+            finally:
+                response.release()
+            return web.Response(status=response.status, body=data, headers={"Content-Type": ctype})
+        out = web.StreamResponse(
+            status=response.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"}
+        )
+        await out.prepare(request)
+        try:
+            async for chunk in response.content.iter_any():
+                await out.write(chunk)
+        except PEER_FAILURES as e:  # the stream has started: its last event says it broke
+            self.decode.failed(decode.url, str(e))
+            message = f"the decode server {decode.url} failed mid-stream: {e or type(e).__name__}"
+            log.warning(message)
+            await out.write(f"data: {json.dumps(openai_error_body(502, message))}\n\n".encode())
+        finally:
+            response.release()
+        await out.write_eof()
+        return out
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    """Cancel a peer call; a response that already came is released."""
+    task.cancel()
+    try:
+        response = await task
+    except (asyncio.CancelledError, PeerFailed, Refused):
+        return
+    response.release()

@@ -1,0 +1,153 @@
+"""A disaggregated model's peers as a router knows them (bookkeeping, and names resolved to addresses; the
+routers do the HTTP): `resolve_peers` turns URLs and DNS names of headless Services (or a static map, where
+there is no cluster DNS) into pod URLs; a `PeerSet` holds one role's pods, healthy or not by probes and
+request outcomes, ranked by load. Shared by both routers: ours (`router`) and the one in front of an engine's
+own servers (`pd_proxy`); it loads no model code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuronfleet.contract import PEER_HOSTS_FILE_ENV
+
+log = logging.getLogger(__name__)
+
+FAILS_TO_DROP = 3  # consecutive failed probes or requests that take a peer out of rotation
+
+
+def _static_hosts() -> dict[str, list[str]]:
+    """The static peer map, for environments without cluster DNS: a JSON file ("name:port" -> ["host:port",
+    ...]) named by $NEURONFLEET_PEER_HOSTS_FILE, read at each resolution (it may change)."""
+    path = os.environ.get(PEER_HOSTS_FILE_ENV)
+    if not path:
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def resolve_peers(specs: Sequence[str]) -> list[str]:
+    """Peer URLs: http://host:port as given; dns://name:port becomes one URL per address the name resolves to
+    (every pod behind a headless Service), the static peer map first. A name that does not resolve
+    contributes none."""
+    out: list[str] = []
+    static = _static_hosts()
+    for spec in specs:
+        if spec.startswith("dns://") and spec.removeprefix("dns://") in static:
+            out += [f"http://{a}" for a in static[spec.removeprefix("dns://")] if f"http://{a}" not in out]
+        elif spec.startswith("dns://"):
+            host, _, port = spec.removeprefix("dns://").rpartition(":")
+            try:
+                infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            except (socket.gaierror, ValueError):
+                continue
+            for family, _, _, _, address in infos:
+                ip = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                url = f"http://{ip}:{address[1]}"
+                if url not in out:
+                    out.append(url)
+        elif spec.startswith(("http://", "https://")):
+            out.append(spec.rstrip("/"))
+        else:
+            raise ValueError(f"peer {spec!r}: use http://host:port or dns://name:port")
+    return out
+
+
+@dataclass
+class Peer:
+    """What the router knows of one pod."""
+
+    url: str
+    identity: str | None = None  # its transfer agent's name: new at every start
+    healthy: bool = True  # until probes or requests say otherwise
+    failures: int = 0  # in a row
+    load: int = 0  # running + waiting requests at the last probe
+    slots: int = 0
+    in_flight: int = 0  # this router's requests on it now
+    in_flight_at_probe: int = 0
+
+    @property
+    def score(self) -> int:
+        """Its load now: the last probe's, corrected by what this router sent or finished since."""
+        return max(0, self.load + self.in_flight - self.in_flight_at_probe)
+
+
+class PeerSet:
+    """The pods of one role (pure bookkeeping; the router does the I/O): resolved from the specs, healthy or
+    not by probes and request outcomes, ranked by load."""
+
+    def __init__(self, role: str, specs: Sequence[str]) -> None:
+        self.role, self.specs = role, list(specs)
+        self.peers: dict[str, Peer] = {}
+        self.restarts = 0
+        self._turn = itertools.count()
+
+    def update(self, urls: Sequence[str]) -> None:
+        """The pods the specs resolve to now; a pod no longer listed is forgotten once idle."""
+        for url in urls:
+            self.peers.setdefault(url, Peer(url))
+        for url in [u for u, p in self.peers.items() if u not in urls and p.in_flight == 0]:
+            del self.peers[url]
+
+    def probed(self, url: str, status: dict | None) -> None:
+        """A probe's outcome: the pod's /internal/status, or None when it failed."""
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        if status is None or not status.get("ready", True):
+            self.failed(url, "its status probe failed" if status is None else "it is not ready")
+            return
+        identity = str(status.get("identity"))
+        if peer.identity is not None and identity != peer.identity:
+            self.restarts += 1
+            log.warning("%s pod %s restarted (identity %s, was %s): its earlier leases are void",
+                        self.role, url, identity, peer.identity)  # fmt: skip
+        peer.identity = identity
+        peer.load = int(status.get("running", 0)) + int(status.get("waiting", 0))
+        peer.slots = int(status.get("slots", 0))
+        peer.in_flight_at_probe = peer.in_flight
+        self.succeeded(url)
+
+    def succeeded(self, url: str) -> None:
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        if not peer.healthy:
+            log.info("%s pod %s answers again: back in rotation", self.role, url)
+        peer.healthy, peer.failures = True, 0
+
+    def failed(self, url: str, why: str) -> None:
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        peer.failures += 1
+        if peer.healthy and peer.failures >= FAILS_TO_DROP:
+            peer.healthy = False
+            log.warning("%s pod %s is out of rotation after %d failures (last: %s)",
+                        self.role, url, peer.failures, why)  # fmt: skip
+
+    def ranked(self, exclude: Sequence[str] = ()) -> list[Peer]:
+        """Healthy pods first, those with free slots before full ones, least loaded first (ties taken in
+        turn); pods out of rotation last, as a last resort."""
+        peers = [p for p in self.peers.values() if p.url not in exclude]
+        if not peers:
+            return []
+        shift = next(self._turn) % len(peers)
+        order = {p.url: (i - shift) % len(peers) for i, p in enumerate(peers)}
+        return sorted(
+            peers,
+            key=lambda p: (not p.healthy, p.slots > 0 and p.score >= p.slots, p.score, order[p.url]),
+        )
+
+    @property
+    def healthy(self) -> int:
+        return sum(p.healthy for p in self.peers.values())

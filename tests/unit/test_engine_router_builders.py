@@ -1,0 +1,102 @@
+"""What the operator renders for the router of a disaggregated SGLang model (and would for vLLM, whose pinned
+image validation refuses disaggregated for now): our router speaking the engine's own P/D protocol
+(`--peer-protocol`), with no model, no compiled artifacts, no token and no shared memory mounted; SGLang's
+prefill pods reachable at their bootstrap port through the headless Service and past the NetworkPolicy. The
+embedded engine's router is unchanged (our own protocol, the model, the token)."""
+
+from __future__ import annotations
+
+import yaml
+from support import ROOT
+
+from neuronfleet.cli import build_parser
+from neuronfleet.contract import ServeConfig
+from neuronfleet.operator import builders, validation
+from neuronfleet.operator.engines import sglang
+
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+SAMPLES = ROOT / "crds" / "samples"
+SGLANG = "gpt-oss-120b-sglang-trn3-disaggregated.yaml"
+EMBEDDED = "smollm2-135m-local-cpu-disaggregated.yaml"
+
+
+def parsed(name: str):
+    spec, errors = validation.parse(yaml.safe_load((SAMPLES / name).read_text()))
+    assert not errors and spec is not None
+    return spec
+
+
+def rendered(name: str, network_policy: bool = False):
+    spec = parsed(name)
+    if network_policy:
+        spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"networkPolicy": True})})
+    chash = builders.compile_hash(spec)
+    objects = builders.build_all(OWNER, spec, serving_hash=chash, internal_token="t")
+    return spec, builders.serving_set(spec, chash), objects
+
+
+def deployment(objects: list[dict], role: str) -> dict:
+    (dep,) = [
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["labels"]["neuronfleet.dev/role"] == role
+    ]
+    return dep
+
+
+def serve_options(dep: dict) -> ServeConfig:
+    command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["neuronfleet", "serve"]
+    return ServeConfig.from_namespace(build_parser().parse_args(command[1:]))
+
+
+def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_read():
+    spec, rev, objects = rendered(SGLANG)
+    router = deployment(objects, "router")
+    config = serve_options(router)
+    assert (config.role, config.peer_protocol, config.model) == ("router", "sglang", None)
+    port = spec.serving.port
+    peers = ([f"dns://m-prefill-{rev}:{port}"], [f"dns://m-decode-{rev}:{port}"])
+    assert (config.prefill, config.decode) == peers
+    assert config.bootstrap_port == sglang.BOOTSTRAP_PORT
+    assert config.internal_token_file is None and config.served_model_name == "m"
+    pod = router["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    assert pod["containers"][0]["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # a vLLM model's router would speak vLLM's protocol (validation refuses disaggregated vLLM for the
+    # pinned image: operator/engines/vllm.unsupported)
+    vllm = spec.model_copy(update={"engine": "vllm"})
+    config = builders.serve_config(OWNER, vllm, "router", "h", rev)
+    assert (config.peer_protocol, config.model, config.bootstrap_port) == ("vllm", None, None)
+    assert (config.prefill, config.decode) == peers
+
+
+def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():
+    _, rev, objects = rendered(SGLANG, network_policy=True)
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    prefill_ports = {p["name"]: p for p in services[f"m-prefill-{rev}"]["spec"]["ports"]}
+    boot = sglang.BOOTSTRAP_PORT
+    assert prefill_ports["bootstrap"] == {
+        "name": "bootstrap",
+        "port": boot,
+        "targetPort": boot,
+        "protocol": "TCP",
+    }
+    assert [p["name"] for p in services[f"m-decode-{rev}"]["spec"]["ports"]] == ["http"]
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (rule,) = policy["spec"]["ingress"]
+    assert "ports" not in rule  # every port, the bootstrap port included, for the model's own pods
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]
+    embedded = parsed(SGLANG).model_copy(update={"engine": "embedded"})  # no bootstrap port for our pods
+    for o in builders.build_peer_services(OWNER, embedded, "h"):
+        assert [p["name"] for p in o["spec"]["ports"]] == ["http"]
+
+
+def test_the_embedded_engines_router_keeps_our_protocol_with_the_model_and_token():
+    *_, objects = rendered(EMBEDDED)
+    router = deployment(objects, "router")
+    config = serve_options(router)
+    assert config.peer_protocol == "neuronfleet" and config.model and config.internal_token_file
+    names = {v["name"] for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert {"cache", "internal-token"} <= names
