@@ -1,7 +1,8 @@
 """The emulated Kubernetes API server's HTTP face, for tests and the local mode: URL routing, discovery, the
-OpenAPI documents (`openapi`), request bodies (JSON, YAML, the protobuf of typed kubectl creates: `protobuf`),
-tables (`tables`), watch streams, Status errors, an audit log and a clean stop, on aiohttp, over the object
-store (`store`) and the semantics (`semantics`).
+OpenAPI documents (`openapi`; /openapi/v2 in JSON or protobuf: `openapi_v2`, `openapi_proto`), request
+bodies (JSON, YAML, the protobuf of typed kubectl creates: `protobuf`), tables (`tables`), watch streams,
+Status errors, an audit log and a clean stop, on aiohttp, over the object store (`store`) and the semantics
+(`semantics`).
 
 What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
 when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
@@ -19,8 +20,8 @@ bounded watch history (410 Expired beyond it).
 What it does not: authentication and authorization (every request is admitted), admission webhooks, field
 managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them),
 protobuf bodies of kinds other than Namespace, Secret, ConfigMap, ServiceAccount, Service, Deployment and
-Job (and of fields of theirs not known in `protobuf`: refused with 415, not dropped), /openapi/v2 in protobuf
-(client-go's default for it: answered 404), paged LISTs (`limit` is ignored; everything comes in one page).
+Job (and of fields of theirs not known in `protobuf`: refused with 415, not dropped), paged LISTs (`limit` is
+ignored; everything comes in one page).
 
 `python -m neuronfleet.localcluster.apiserver` runs it (with `--kubelet-state`, the process kubelet too).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import signal
@@ -40,7 +42,7 @@ from typing import Any
 
 import aiohttp.web
 
-from . import openapi, protobuf
+from . import openapi, openapi_proto, openapi_v2, protobuf
 from .semantics import ApiError, Resource, scale_view
 from .store import HISTORY, Expired, Store
 from .tables import table
@@ -100,6 +102,8 @@ class EmulatedAPIServer:
         audit_log: str | None = None,
     ) -> None:
         self.store = store or Store()
+        # /openapi/v2 for one revision of the kinds: (revision, ETag, body by content type)
+        self._v2_cache: tuple[tuple[str, int], str, dict[str, bytes]] | None = None
         self.pod_logs = pod_logs
         self.audit_log = audit_log  # a file: one JSON line per resource request (user, verb, resource)
 
@@ -188,19 +192,38 @@ class EmulatedAPIServer:
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
+    def _openapi_v2(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response:
+        """/openapi/v2 as the real handler serves it (kube-openapi pkg/handler/handler.go): JSON or, for
+        kubectl's client-side validation, protobuf, by Accept (406 for neither); one ETag for both (the
+        SHA-512 of the JSON), `Vary: Accept`, and 304 to an If-None-Match that names it (so kubectl's HTTP
+        cache keeps the document until a kind changes). Both encodings are built once per change of kinds."""
+        content_type = openapi_v2.media_type(request.headers.get("Accept", ""))
+        if content_type is None:
+            raise ApiError(
+                406, "NotAcceptable",
+                f"/openapi/v2 is served as {openapi_v2.JSON} or {openapi_v2.PROTOBUF}, not "
+                f"{request.headers.get('Accept')}",
+            )  # fmt: skip
+        revision = (self.store.instance, self.store.kinds_revision)
+        if self._v2_cache is None or self._v2_cache[0] != revision:
+            doc = openapi_v2.document(list(self.store.kinds.values()), SERVER_VERSION["gitVersion"])
+            body = json.dumps(doc).encode()
+            etag = '"' + hashlib.sha512(body).hexdigest().upper() + '"'
+            self._v2_cache = (
+                revision,
+                etag,
+                {openapi_v2.JSON: body, openapi_v2.PROTOBUF: openapi_proto.encode(doc)},
+            )
+        _, etag, bodies = self._v2_cache
+        headers = {"ETag": etag, "Vary": "Accept"}
+        wanted = {t.strip().removeprefix("W/") for t in request.headers.get("If-None-Match", "").split(",")}
+        if etag in wanted or "*" in wanted:
+            return aiohttp.web.Response(status=304, headers=headers)
+        return aiohttp.web.Response(body=bodies[content_type], content_type=content_type, headers=headers)
+
     def _openapi(self, request: aiohttp.web.BaseRequest) -> dict[str, Any]:
-        """/openapi/v3 (index), /openapi/v3/<group version> and /openapi/v2 (JSON only). client-go's
-        discovery asks for v2 in protobuf only; that is answered 404, as by a server without v2, which kubectl
-        takes as "no schema" (a 406 would fail `kubectl apply` of a List)."""
+        """/openapi/v3 (index) and /openapi/v3/<group version>."""
         path, version = request.path.rstrip("/"), SERVER_VERSION["gitVersion"]
-        kinds = list(self.store.kinds.values())
-        if path == "/openapi/v2":
-            accept = request.headers.get("Accept", "")
-            if "protobuf" in accept and "json" not in accept and "*/*" not in accept:
-                raise ApiError(
-                    404, "NotFound", "this emulated API server serves /openapi/v2 as application/json only"
-                )
-            return openapi.v2_document(kinds, version)
         if path == "/openapi/v3":
             group_versions = sorted({(g, v) for g, v, _ in self.store.kinds})
             return openapi.v3_index(group_versions, f"{self.store.instance}-{self.store.kinds_revision}")
@@ -216,7 +239,9 @@ class EmulatedAPIServer:
 
     async def _handle(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         path = request.path
-        if path.startswith(("/openapi/v3", "/openapi/v2")):
+        if path.rstrip("/") == "/openapi/v2":
+            return self._openapi_v2(request)
+        if path.startswith("/openapi/v3"):
             return self._json(self._openapi(request))
         segs = [s for s in path.split("/") if s]
         if path == "/version":

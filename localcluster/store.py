@@ -106,7 +106,8 @@ class Store:
         for resource in BUILTIN:
             self._register(resource)
         for name in PRECREATED_NAMESPACES:
-            self._put(("", "v1", "namespaces", None, name), self._new_meta({"metadata": {"name": name}}))
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            self._put(("", "v1", "namespaces", None, name), self._new_meta(namespace))
 
     # ---- registry ----
 

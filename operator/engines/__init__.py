@@ -18,7 +18,7 @@ from neuronfleet.contract import ServeConfig
 
 from ..spec import NeuronModelSpec
 from . import embedded, sglang, tgi, vllm
-from .common import Container, artifacts_dir, model_reference, nxdi_neuron_config, serve_config
+from .common import OWN_IMAGES, Container, artifacts_dir, model_reference, nxdi_neuron_config, serve_config
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
 # the engines whose prefill and decode servers our router reaches through their own P/D protocol
@@ -83,6 +83,8 @@ def serve_container(
         if spec.engine != "embedded":
             own = spec.model_copy(update={"engine": "embedded", "image": None})
         container = embedded.serve(own, role, compile_hash, port, config)
+        if role == "router":  # routers use no Neuron device (they run on any node): the CPU image will do
+            container.image = OWN_IMAGES["cpu"]
         if spec.engine == "embedded" and spec.image:
             container.image = spec.image
         return container

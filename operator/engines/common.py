@@ -190,3 +190,32 @@ def refusals_of_nxdi_fields(spec: NeuronModelSpec, where: str, use: str) -> list
     if n.logicalCores is not None:
         out.append(f"neuron.logicalCores: {where} has no setting for it; remove it or use {use}")
     return out
+
+
+def missing_files(folder: str, files: list[str]) -> str:
+    """sh: collects the files of `files` absent under `folder` in $missing."""
+    names = " ".join(shlex.quote(f) for f in files)
+    return f'missing=""\nfor f in {names}; do [ -f "{folder}/$f" ] || missing="$missing $f"; done\n'
+
+
+def start_guard(compile_hash: str, files: list[str], why: str) -> str:
+    """sh run before an engine's server (its command follows as "$@"): starts it only when artifacts/<hash>/
+    holds this hash's manifest (written last by the compile) and `files`; otherwise writes what is missing
+    and `why` the engine is not started to the termination log (Kubernetes' termination message, which the
+    operator shows as PodsFailing) and exits 1: a serving pod never compiles or exports into its read-only
+    mount."""
+    art = artifacts_dir(compile_hash)
+    marker = f'"compileHash": "{compile_hash}"'  # as compile_script writes the manifest
+    return (
+        "set -u\n"
+        f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"\n'
+        f"{missing_files(art, ['manifest.json', *files])}"
+        f'if [ -z "$missing" ] && ! grep -q {shlex.quote(marker)} '
+        f'"{art}/manifest.json"; then missing=" manifest.json of compile hash {compile_hash}"; fi\n'
+        'if [ -n "$missing" ]; then\n'
+        f'  msg="compiled artifacts missing at {art}:$missing; {why}: the compile Job of hash {compile_hash} '
+        'has not completed"\n'
+        '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'
+        "fi\n"
+        'exec "$@"\n'
+    )

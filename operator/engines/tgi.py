@@ -26,6 +26,7 @@ from .common import (
     hub_download_failure,
     model_reference,
     refusals_of_nxdi_fields,
+    start_guard,
 )
 
 IMAGE = "ghcr.io/huggingface/text-generation-inference:3.3.5-neuron"
@@ -136,9 +137,13 @@ def serve_env(spec: NeuronModelSpec, port: int) -> dict[str, str]:
 def serve(
     spec: NeuronModelSpec, role: str, compile_hash: str, port: int, served_name: str | None
 ) -> Container:
-    """The exported folder, read-only; TGI's launcher has no served-model-name option."""
+    """The exported folder, read-only, started only when the export completed (`common.start_guard`: TGI's
+    Neuron backend exports a model that is not one, with the environment's shapes, at start:
+    tgi_env.py); TGI's launcher has no served-model-name option."""
     command = ["/tgi-entrypoint.sh", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
-    return Container(IMAGE, command, serve_env(spec, port), writable=(HOME,))
+    why = "TGI is not started, since it would export the model itself instead of serving"
+    guarded = ["/bin/sh", "-c", start_guard(compile_hash, [], why), "tgi-start-guard", *command]
+    return Container(IMAGE, guarded, serve_env(spec, port), writable=(HOME,))
 
 
 def export_args(spec: NeuronModelSpec, source: str, out: str) -> list[str]:

@@ -10,9 +10,8 @@ instead. Disaggregated serving is refused: the pinned plugin has no KV-transfer 
 from __future__ import annotations
 
 import json
-import shlex
 
-from neuronfleet.contract import CONFIG_MOUNT, TERMINATION_LOG, TERMINATION_LOG_ENV
+from neuronfleet.contract import CONFIG_MOUNT
 
 from ..spec import NeuronModelSpec, valued
 from .common import (
@@ -22,8 +21,10 @@ from .common import (
     artifacts_dir,
     compile_script,
     hub_download_failure,
+    missing_files,
     model_reference,
 )
+from .common import start_guard as common_start_guard
 
 # ---- the pinned version and its sources --------------------------------------------------------------------
 
@@ -290,31 +291,12 @@ def _artifact_files(spec: NeuronModelSpec) -> list[str]:
             f"weights/tp{last}_sharded_checkpoint.safetensors"]  # fmt: skip
 
 
-def _missing(folder: str, files: list[str]) -> str:
-    """sh: collects the files of `files` absent under `folder` in $missing."""
-    names = " ".join(shlex.quote(f) for f in files)
-    return f'missing=""\nfor f in {names}; do [ -f "{folder}/$f" ] || missing="$missing $f"; done\n'
-
-
 def start_guard(spec: NeuronModelSpec, compile_hash: str) -> str:
-    """sh run before `vllm serve` (its arguments follow as "$@"): starts it only when artifacts/<hash>/ holds
-    this hash's manifest (written last by the compile) and the compiled model; otherwise writes why to the
-    termination log, which Kubernetes shows as the pod's termination message, and exits 1. vLLM would instead
-    compile again into NEURON_COMPILED_ARTIFACTS (USER_GUIDE), which the read-only mount must never see."""
-    art = artifacts_dir(compile_hash)
-    marker = f'"compileHash": "{compile_hash}"'  # as compile_script writes the manifest
-    return (
-        "set -u\n"
-        f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"\n'
-        f"{_missing(art, ['manifest.json', *(f'model/{f}' for f in _artifact_files(spec))])}"
-        f'if [ -z "$missing" ] && ! grep -q {shlex.quote(marker)} '
-        f'"{art}/manifest.json"; then missing=" manifest.json of compile hash {compile_hash}"; fi\n'
-        'if [ -n "$missing" ]; then\n'
-        f'  msg="compiled artifacts missing at {art}:$missing; vLLM is not started, since it would compile '
-        f'instead of serving: the compile Job of hash {compile_hash} has not completed"\n'
-        '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'
-        "fi\n"
-        'exec "$@"\n'
+    """sh run before `vllm serve`: vLLM would compile again into NEURON_COMPILED_ARTIFACTS (USER_GUIDE) when
+    they are missing or incomplete, which the read-only mount must never see (`common.start_guard`)."""
+    files = [f"model/{f}" for f in _artifact_files(spec)]
+    return common_start_guard(
+        compile_hash, files, "vLLM is not started, since it would compile instead of serving"
     )
 
 
@@ -376,7 +358,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
         'rm -rf "$WORK" "$OUT/model" && mkdir -p "$WORK" && cd "$WORK"\n'
         f'NEURON_COMPILED_ARTIFACTS="$OUT/model" python {CONFIG_MOUNT}/compile_vllm.py\n'
         'cd / && rm -rf "$WORK"\n'
-        f"{_missing('$OUT/model', _artifact_files(spec))}"
+        f"{missing_files('$OUT/model', _artifact_files(spec))}"
         'if [ -n "$missing" ]; then\n'
         '  msg="vLLM finished without compiled artifacts in $OUT/model:$missing"\n'
         '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'

@@ -192,3 +192,13 @@ def test_typed_creates_store_what_kubectl_sends(api, args):
 
     contained({k: v for k, v in meant.items() if k != "status"}, stored)
     api.kubectl("delete", meant["kind"].lower(), name)
+
+
+def test_the_namespaces_a_cluster_starts_with_round_trip_through_kubectl_apply(api):
+    """`kubectl get ns default -o yaml | kubectl apply -f -` works on a real cluster: the object carries its
+    apiVersion and kind like any other."""
+    listed = api.kubectl("get", "ns", "default", "kube-system", "-o", "yaml").stdout
+    out = api.kubectl("apply", "-f", "-", stdin=listed).stdout
+    assert "namespace/default" in out and "namespace/kube-system" in out, out
+    ns = json.loads(api.kubectl("get", "ns", "default", "-o", "json").stdout)
+    assert (ns["apiVersion"], ns["kind"]) == ("v1", "Namespace")

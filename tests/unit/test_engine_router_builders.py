@@ -13,6 +13,8 @@ from neuronfleet.cli import build_parser
 from neuronfleet.contract import ServeConfig
 from neuronfleet.operator import builders, validation
 from neuronfleet.operator.engines import sglang
+from neuronfleet.operator.engines.common import OWN_IMAGES
+from neuronfleet.operator.spec import NeuronModelSpec
 
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 SAMPLES = ROOT / "crds" / "samples"
@@ -100,3 +102,23 @@ def test_the_embedded_engines_router_keeps_our_protocol_with_the_model_and_token
     assert config.peer_protocol == "neuronfleet" and config.model and config.internal_token_file
     names = {v["name"] for v in router["spec"]["template"]["spec"]["volumes"]}
     assert {"cache", "internal-token"} <= names
+
+
+def test_every_engines_router_runs_the_cpu_image_on_no_neuron_device():
+    """A router holds no model and uses no Neuron core, so whatever the engine it runs our CPU image (the
+    Neuron one would pull the Neuron SDK onto a node that has no device) and requests no neuroncore."""
+    for sample in (
+        "gpt-oss-120b-sglang-trn3-disaggregated.yaml",
+        "smollm2-135m-local-cpu-disaggregated.yaml",
+    ):
+        spec = NeuronModelSpec.model_validate(
+            yaml.safe_load((ROOT / "crds" / "samples" / sample).read_text())["spec"]
+        )
+        chash = builders.compile_hash(spec)
+        router = next(
+            o for o in builders.build_all(builders.Owner("m", "ns"), spec, chash, internal_token="t")
+            if o["kind"] == "Deployment" and o["metadata"]["labels"]["neuronfleet.dev/role"] == "router"
+        )  # fmt: skip
+        c = router["spec"]["template"]["spec"]["containers"][0]
+        assert c["image"] == OWN_IMAGES["cpu"], sample
+        assert "aws.amazon.com/neuroncore" not in (c.get("resources") or {}).get("limits", {}), sample

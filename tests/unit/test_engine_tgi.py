@@ -158,8 +158,9 @@ def test_every_name_the_operator_emits_is_recorded_with_a_source(obj):
     objects = rendered(obj)
     (deployment,) = objects["Deployment"]
     serving = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert serving["command"][0] in pinned("arg")
-    assert {w for w in serving["command"][1:] if w.startswith("--")} <= pinned("arg")
+    launcher = serving["command"][4:]  # after the start guard (/bin/sh -c GUARD tgi-start-guard)
+    assert launcher[0] in pinned("arg")
+    assert {w for w in launcher[1:] if w.startswith("--")} <= pinned("arg")
     assert set(env_of(serving)) <= pinned("env")  # and no token: the export holds the weights
     (job,) = objects["Job"]
     compile_env = set(env_of(job["spec"]["template"]["spec"]["containers"][0])) - set(HF_TOKEN_ENVS)
@@ -291,3 +292,33 @@ def test_the_models_the_export_takes_are_accepted():
     for uri in ("hf://Qwen/Qwen2.5-7B-Instruct", "hf://meta-llama/Llama-3.1-8B-Instruct", "pvc://models/any"):
         obj = edited(model__uri=uri, neuron__instanceType="inf2.8xlarge")
         assert validation.check(obj).ok, (uri, validation.check(obj).errors)
+
+
+def test_the_serving_pod_never_starts_tgi_without_a_complete_export(tmp_path):
+    """TGI's Neuron backend exports a folder that is not an export itself, at start, with the environment's
+    shapes (tgi_env.py): the start guard runs the launcher only once this hash's manifest exists (written
+    last by the compile), else leaves the reason as the termination message and exits 1."""
+    spec = spec_of(load(SAMPLES[0]))
+    chash = builders.compile_hash(spec)
+    c = tgi.serve(spec, "unified", chash, 8080, None)
+    guard = c.command[2].replace(CACHE_MOUNT, str(tmp_path))
+    log = tmp_path / "termination-log"
+    env = {"PATH": "/usr/bin:/bin", TERMINATION_LOG_ENV: str(log)}
+    run = subprocess.run(["/bin/sh", "-c", guard, "tgi-start-guard", "echo", "started"], capture_output=True,
+                         text=True, env=env)  # fmt: skip
+    assert run.returncode == 1 and "started" not in run.stdout
+    assert log.read_text().startswith(
+        f"compiled artifacts missing at {tmp_path}/artifacts/{chash}: manifest.json"
+    )
+    folder = tmp_path / "artifacts" / chash
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"engine": "tgi", "compileHash": "another"}))
+    run = subprocess.run(
+        ["/bin/sh", "-c", guard, "g", "echo", "started"], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 1 and f"manifest.json of compile hash {chash}" in log.read_text()
+    (folder / "manifest.json").write_text(json.dumps({"engine": "tgi", "compileHash": chash}))
+    run = subprocess.run(
+        ["/bin/sh", "-c", guard, "g", "echo", "started"], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "started"

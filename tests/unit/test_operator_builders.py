@@ -171,7 +171,8 @@ def test_engines_follow_their_documented_contracts():
         "MAX_BATCH_PREFILL_TOKENS": str(4 * 3072),
         "PORT": "8000",
     }
-    assert c.command == ["/tgi-entrypoint.sh", "--model-id", f"{engines.artifacts_dir('h')}/model"]
+    assert c.command[:2] == ["/bin/sh", "-c"]  # the start guard, then TGI
+    assert c.command[4:] == ["/tgi-entrypoint.sh", "--model-id", f"{engines.artifacts_dir('h')}/model"]
     vllm = sample("llama-3.3-70b-vllm-trn2.yaml")
     c = engines.serve_container(vllm, "unified", "h", 8000)
     assert c.env["NEURON_COMPILED_ARTIFACTS"] == f"{engines.artifacts_dir('h')}/model"

@@ -294,8 +294,10 @@ def check_sglang(c: dict, spec, name: str, role: str) -> None:
 
 def check_tgi(c: dict, spec) -> None:
     n = spec.neuron
-    assert c["command"][0] == "/tgi-entrypoint.sh"  # the image's entrypoint, which runs the launcher
-    tgi_parser().parse_args(c["command"][1:])
+    guard, launcher = c["command"][:4], c["command"][4:]  # the start guard, then the launcher
+    assert guard[:2] == ["/bin/sh", "-c"] and guard[3] == "tgi-start-guard"
+    assert launcher[0] == "/tgi-entrypoint.sh"  # the image's entrypoint, which runs the launcher
+    tgi_parser().parse_args(launcher[1:])
     env = env_of(c)
     assert set(env) >= TGI_ENV
     assert set(env) <= pinned_names(tgi.PINNED, "env")
