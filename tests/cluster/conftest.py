@@ -331,8 +331,10 @@ def cluster_settings(request: pytest.FixtureRequest) -> Settings:
     return settings(request.config)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(cluster_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster for this module's tests (local mode: stopped right after them, not left idle beside the
+    rest of a full run)."""
     s = cluster_settings
     state = tmp_path_factory.mktemp("cluster")
     if s.local:
