@@ -170,7 +170,8 @@ def valued(section: BaseModel, name: str) -> str:
 )
 class NeuronSettings(Spec):
     instanceType: InstanceType = Field(
-        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron."
+        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron "
+        "(its only instance type until its Neuron backend is built)."
     )
     tensorParallel: int = Field(
         1, description="Neuron cores (logical cores on Trn2) per replica.", ge=1, le=128
@@ -237,9 +238,17 @@ class Router(Spec):
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
 
 
+def default_transport(engine: str) -> str:
+    """The KV transport of a spec that names none: tcp for the embedded engine (its efa transport is not
+    built), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang)."""
+    return "tcp" if engine == "embedded" else "efa"
+
+
 class KVTransfer(Spec):
-    transport: Literal["efa", "tcp"] = Field(
-        "efa", description="KV cache transport between prefill and decode pods (efa needs EFA devices)."
+    transport: Literal["efa", "tcp"] | None = Field(
+        None,
+        description="KV cache transport between prefill and decode pods: tcp, or efa (NIXL over LIBFABRIC, "
+        "needs EFA devices). Default: tcp for engine embedded, efa for the other engines.",
     )
     efaInterfaces: int = Field(
         1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
@@ -468,7 +477,9 @@ class Scheduling(Spec):
 class NeuronModelSpec(Spec):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
-        "embedded", description="embedded (neuronfleet's runtime), or the vLLM, TGI or SGLang Neuron servers."
+        "embedded",
+        description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
+        "or the vLLM, TGI or SGLang Neuron servers.",
     )
     image: str | None = Field(None, description="Container image override for the engine.")
     replicas: int | None = Field(
@@ -483,6 +494,17 @@ class NeuronModelSpec(Spec):
     serving: Serving = section(Serving, "Serving pods: unified or disaggregated, replicas per role.")
     autoscaling: Autoscaling = section(Autoscaling, "Replica autoscaling.")
     scheduling: Scheduling = section(Scheduling, "Placement of the serving pods.")
+
+    @model_validator(mode="after")
+    def _engine_defaults(self):
+        """Defaults that depend on the engine (the CRD cannot say them: its defaults are per field): the KV
+        transport. Filled in, but still not set by the user (`model_fields_set`), so a refusal caused by it
+        says it is a default, and `model_dump(exclude_unset=True)` re-derives it for another engine."""
+        kv = self.serving.kvTransfer
+        if kv.transport is None:
+            kv.transport = default_transport(self.engine)
+            kv.model_fields_set.discard("transport")
+        return self
 
 
 # ---- status ----------------------------------------------------------------------------------------------
