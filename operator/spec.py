@@ -148,19 +148,19 @@ def valued(section: BaseModel, name: str) -> str:
 
 @rules(
     Rule(
-        "self.maxInputLength < self.sequenceLength",
-        "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when not set): "
-        "room is needed to generate",
-        lambda s: s.maxInputLength < s.sequenceLength,
+        "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength",
+        "neuron.maxInputLength must be below neuron.sequenceLength (4096 when not set): room is needed to "
+        "generate",
+        lambda s: s.maxInputLength is None or s.maxInputLength < s.sequenceLength,
         lambda s: (
             f"{valued(s, 'maxInputLength')} must be below {valued(s, 'sequenceLength')} (room is needed "
             f"to generate); set neuron.maxInputLength below {s.sequenceLength}"
         ),
     ),
     Rule(
-        "self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
+        "!has(self.maxInputLength) || self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
         "neuron.buckets.context must lie between 1 and neuron.maxInputLength",
-        lambda s: all(1 <= b <= s.maxInputLength for b in s.buckets.context),
+        lambda s: s.maxInputLength is None or all(1 <= b <= s.maxInputLength for b in s.buckets.context),
     ),
     Rule(
         "self.buckets.generation.all(b, b >= 1 && b <= self.sequenceLength)",
@@ -178,7 +178,13 @@ class NeuronSettings(Spec):
     )
     batchSize: int = Field(4, description="Static batch compiled into the model: the slots.", ge=1, le=1024)
     sequenceLength: int = Field(4096, description="Prompt plus generated tokens per slot.", ge=16, le=1048576)
-    maxInputLength: int = Field(3072, description="Longest prompt in tokens.", ge=1, le=1048576)
+    maxInputLength: int | None = Field(
+        None,
+        description="Longest prompt in tokens. Default: neuron.sequenceLength - 1 for engines vllm and "
+        "sglang (they bound a prompt by the context length only), 3072 for embedded and tgi.",
+        ge=1,
+        le=1048576,
+    )
     dtype: DType = Field("bfloat16", description="Weights and activations.")
     logicalCores: Literal[1, 2] | None = Field(
         None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
@@ -236,6 +242,13 @@ class Router(Spec):
     """The router sends each request to the least loaded healthy decode pod (docs/disaggregation.md)."""
 
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
+
+
+def default_max_input_length(engine: str, sequence_length: int) -> int:
+    """The prompt limit of a spec that names none: what vLLM and SGLang enforce (a prompt may fill the
+    context but one token: vLLM's --max-model-len, SGLang's --context-length), 3072 for the engines whose
+    compile takes a prompt length of its own (embedded, TGI's MAX_INPUT_TOKENS)."""
+    return sequence_length - 1 if engine in ("vllm", "sglang") else 3072
 
 
 def default_transport(engine: str) -> str:
@@ -498,12 +511,18 @@ class NeuronModelSpec(Spec):
     @model_validator(mode="after")
     def _engine_defaults(self):
         """Defaults that depend on the engine (the CRD cannot say them: its defaults are per field): the KV
-        transport. Filled in, but still not set by the user (`model_fields_set`), so a refusal caused by it
-        says it is a default, and `model_dump(exclude_unset=True)` re-derives it for another engine."""
+        transport and the prompt limit. Filled in, but still not set by the user (`model_fields_set`), so a
+        refusal caused by one says it is a default, and `model_dump(exclude_unset=True)` re-derives it for
+        another engine; the neuron section's rules are checked again with the limit filled in."""
         kv = self.serving.kvTransfer
         if kv.transport is None:
             kv.transport = default_transport(self.engine)
             kv.model_fields_set.discard("transport")
+        n = self.neuron
+        if n.maxInputLength is None:
+            n.maxInputLength = default_max_input_length(self.engine, n.sequenceLength)
+            n.model_fields_set.discard("maxInputLength")
+            n._check_rules()
         return self
 
 

@@ -67,7 +67,7 @@ def test_crd_carries_each_models_rules_as_cel():
     serving_rules = schema["properties"]["serving"]["x-kubernetes-validations"]
     assert serving_rules[0]["rule"].startswith("self.mode == 'unified'")
     neuron_rules = [r["rule"] for r in schema["properties"]["neuron"]["x-kubernetes-validations"]]
-    assert "self.maxInputLength < self.sequenceLength" in neuron_rules
+    assert "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength" in neuron_rules
 
 
 def test_generate_command_writes_the_same_file(tmp_path):
@@ -122,7 +122,11 @@ def edited(change) -> dict:
             "neuron.maxInputLength 8192 must be below neuron.sequenceLength 8192",
         ),
         (  # a refusal caused by a default names the default
-            lambda s: (s["neuron"].pop("maxInputLength", None), s["neuron"].update(sequenceLength=2048)),
+            lambda s: (
+                s.update(engine="tgi"),
+                s["neuron"].pop("maxInputLength", None),
+                s["neuron"].update(sequenceLength=2048),
+            ),  # (tgi's default prompt limit is 3072; vLLM's and SGLang's sequenceLength - 1)
             "neuron.maxInputLength (default 3072, not set) must be below neuron.sequenceLength 2048 (room is "
             "needed to generate); set neuron.maxInputLength below 2048",
         ),
@@ -416,3 +420,24 @@ def test_every_sample_the_docs_name_exists():
     docs = [ROOT / "README.md", ROOT / "charts" / "neuronfleet" / "templates" / "NOTES.txt"]
     named = {m for doc in docs for m in re.findall(r"crds/samples/([\w.-]+\.yaml)", doc.read_text())}
     assert named and named <= {p.name for p in SAMPLES}, sorted(named - {p.name for p in SAMPLES})
+
+
+@pytest.mark.parametrize(
+    ("engine", "limit"), [("vllm", 8191), ("sglang", 8191), ("tgi", 3072), ("embedded", 3072)]
+)
+def test_the_prompt_limit_left_unset_is_the_engines_own_and_stays_unset(engine, limit):
+    """vLLM and SGLang bound a prompt by the context length only, so their default is sequenceLength - 1;
+    the others' is 3072. The CRD sets no default (an API server would otherwise fill in one that fits no
+    engine of the other kind), and the filled-in value is still not the user's (a refusal names it a
+    default; a dump re-derives it)."""
+    from neuronfleet.operator.spec import NeuronModelSpec
+
+    spec = NeuronModelSpec.model_validate(
+        {"model": {"uri": "hf://org/model"}, "engine": engine,
+         "neuron": {"instanceType": "cpu", "sequenceLength": 8192}}
+    )  # fmt: skip
+    assert spec.neuron.maxInputLength == limit
+    assert "maxInputLength" not in spec.model_dump(exclude_unset=True)["neuron"]
+    schema = yaml.safe_load((ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml").read_text())
+    neuron = schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "default" not in neuron["neuron"]["properties"]["maxInputLength"]
