@@ -98,6 +98,7 @@ class Store:
         self._by_kind: dict[KindKey, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
         self._sorted: dict[KindKey, list[tuple[str, str]]] = {}  # (namespace, name) keys, while valid
         self._dependents: dict[str, set[Key]] = defaultdict(set)  # owner uid -> keys of its dependents
+        self._uids: set[str] = set()  # the uids of the objects that exist (the owners the collector knows)
         self._revision = itertools.count(1)
         self.last_revision = 0
         self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history))
@@ -132,13 +133,17 @@ class Store:
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(rv)}}
         kind, inner = key[:3], (key[3] or "", key[4])
         self._index_owners(key, self._objects.get(key), None if event == "DELETED" else obj)
+        uid = obj["metadata"].get("uid")
         if event == "DELETED":
             self._objects.pop(key, None)
             self._by_kind[kind].pop(inner, None)
             self._sorted.pop(kind, None)
+            self._uids.discard(uid)
         else:
             if key not in self._objects:
                 self._sorted.pop(kind, None)
+            if uid:
+                self._uids.add(uid)
             self._objects[key] = obj
             self._by_kind[kind][inner] = obj
         self._history[kind].append(rv, event, obj)
@@ -316,7 +321,19 @@ class Store:
             self._allocate_cluster_ip(obj)
         stored = self._put(key, obj)
         await self.notify()
+        await self._collect_orphan(key, stored)
         return stored
+
+    async def _collect_orphan(self, key: Key, obj: dict[str, Any]) -> None:
+        """An object written with owner references none of whose owners exists (its owner was deleted while
+        the writer did not know yet) is deleted, as the garbage collector deletes dependents whose owners are
+        all gone (https://kubernetes.io/docs/concepts/architecture/garbage-collection/: "dependents whose
+        owners no longer exist"); the write itself succeeds, as on a real cluster."""
+        refs = obj["metadata"].get("ownerReferences") or []
+        if refs and not any(r.get("uid") in self._uids for r in refs):
+            kind = self.kinds.get(key[:3])
+            if kind is not None and key in self._objects:
+                await self.delete(kind, key[3], key[4])
 
     def _allocate_cluster_ip(self, service: dict[str, Any]) -> None:
         """A free address from the service range 10.96.0.0/12 (kube-apiserver's default
@@ -410,6 +427,9 @@ class Store:
             await self._collect_garbage(meta["uid"])
         else:
             stored = self._put(key, new, "MODIFIED")
+            await self.notify()
+            await self._collect_orphan(key, stored)
+            return stored
         await self.notify()
         return stored
 

@@ -174,5 +174,11 @@ def test_garbage_collection_follows_owner_references_through_the_owner_index():
         await store.delete(CONFIGMAPS, "default", "owner", "Orphan")
         (left,) = [o for o in store.select(CONFIGMAPS, "default", {}) if o["metadata"]["name"] == "dependent"]
         assert left["metadata"]["ownerReferences"] == [] and orphan["metadata"]["name"] == "orphan"
+        # written after its owner went (a controller that had not seen the delete yet): collected
+        gone = {"metadata": {"name": "gone", "uid": root["metadata"]["uid"]}}
+        late = await make("late", gone)
+        assert late["metadata"]["name"] == "late" and "late" not in names()  # the write succeeded, then GC
+        survivor = await make("survivor", left)  # an owner that exists: kept
+        assert "survivor" in names() and survivor["metadata"]["ownerReferences"][0]["name"] == "dependent"
 
     asyncio.run(scenario())
