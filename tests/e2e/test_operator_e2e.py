@@ -311,13 +311,22 @@ def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     assert items(api, "deployments") == []
     events = {(e["type"], e["reason"]) for e in items(api, "events")}
     assert ("Warning", "CompileFailed") in events and ("Normal", "CompileStarted") in events
+
+    def compile_jobs() -> list[dict]:
+        return [j for j in items(api, "jobs") if j["metadata"]["labels"]["neuronfleet.dev/role"] == "compile"]
+
+    # its source is fingerprinted (a Job no kubelet runs here), to compile again when it changes
+    probe = api.wait_for(
+        "the source probe", lambda: [j for j in items(api, "jobs") if j not in compile_jobs()]
+    )
+    assert probe[0]["metadata"]["name"] == job.replace("-compile-", "-source-")
     # a failed compile stays failed on its own; a retry annotation (documented in the README) compiles again
-    uid = items(api, "jobs")[0]["metadata"]["uid"]
+    uid = compile_jobs()[0]["metadata"]["uid"]
     api.kubectl("annotate", "neuronmodel", "smollm2", "neuronfleet.dev/retry=first")
     api.wait_for(
-        "a new compile Job", lambda: [j["metadata"]["uid"] for j in items(api, "jobs")] not in ([uid], [])
+        "a new compile Job", lambda: [j["metadata"]["uid"] for j in compile_jobs()] not in ([uid], [])
     )
-    (retried,) = items(api, "jobs")
+    (retried,) = compile_jobs()
     assert retried["metadata"]["name"] == job
     assert retried["metadata"]["annotations"]["neuronfleet.dev/attempt"].endswith("/first")
     api.wait_for("Compiling again", lambda: get(api, "nm", "smollm2")["status"]["phase"] == "Compiling")
