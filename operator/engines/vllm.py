@@ -13,6 +13,7 @@ import json
 
 from neuronfleet.contract import CONFIG_MOUNT
 
+from .. import topology
 from ..spec import NeuronModelSpec, valued
 from .common import (
     Container,
@@ -393,6 +394,13 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
             "engine vllm: vLLM bounds a prompt only by --max-model-len (neuron.sequenceLength), leaving one "
             "token to generate, so a lower limit would not be enforced; set neuron.maxInputLength "
             f"{n.sequenceLength - 1}"
+        )
+    inst = topology.INSTANCES.get(n.instanceType)
+    if inst is not None and inst.platform == "trn3":
+        trn3 = ", ".join(name for name, i in topology.INSTANCES.items() if i.platform == "trn3")
+        out.append(
+            f"engine vllm on {inst.name}: the pinned vLLM image (Neuron SDK {PINNED.versions['neuron-sdk']}) "
+            f"predates Trn3 ({trn3}); use engine sglang there, or engine vllm on Inf2, Trn1 or Trn2"
         )
     if spec.model.uri.startswith("s3://"):
         out.append(

@@ -387,3 +387,11 @@ def test_what_vllm_cannot_honour_is_refused_saying_what_works(change, message):
     report = validation.check(manifest("llama-3.1-70b-vllm-trn1.yaml", change))
     assert not report.ok
     assert any(re.search(message, e) for e in report.errors), report.errors
+
+
+def test_vllm_on_trn3_is_refused_naming_what_runs_there():
+    """The pinned image's Neuron SDK (2.27.1) predates Trn3: refused, naming SGLang-Neuron there."""
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml").read_text())
+    obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
+    report = validation.check(obj)
+    assert any("predates Trn3" in e and "use engine sglang there" in e for e in report.errors), report.errors
