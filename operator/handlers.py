@@ -28,6 +28,7 @@ import aiohttp
 import kopf
 
 from . import kube, rollout, spec
+from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
 from .reconcile import now, reconcile
 
@@ -50,6 +51,7 @@ class Triggers:
         # children of a deleted model, and the cache may report that before the model's own deletion)
         self._check: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -150,11 +152,15 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     client().cache = cache
     cache.start()
     _triggers.start()
+    triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
+    triggers.autoscaler.start()
 
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     if _triggers is not None:
+        if _triggers.autoscaler is not None:
+            await _triggers.autoscaler.stop()
         await _triggers.stop()
         await _triggers.cache.stop()
     if _client is not None:
