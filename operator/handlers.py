@@ -13,8 +13,12 @@ nothing outside the owner references (no external resource, no shared file) need
 finalizer only for delete handlers, timers and daemons, and there are none here, so a model is deleted at once
 even with the operator stopped or uninstalled.
 
+The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts with the triggers and queues a
+model's reconcile through them when it has changed the model's replicas.
+
 Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then stops
-the caches and the trigger workers (waiting for a reconcile in flight) before it closes the HTTP session.
+the autoscaler's loop, the caches and the trigger workers (waiting for a reconcile in flight) before it
+closes the HTTP session.
 """
 
 from __future__ import annotations
