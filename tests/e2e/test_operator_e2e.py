@@ -181,6 +181,15 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     api.wait_for(
         "drift corrected", lambda: get(api, "deployment", "llama-3-1-8b-unified")["spec"]["replicas"] == 2
     )
+
+    # the sample autoscales (provider builtin): the replicas are the autoscaler's, and an edit is reported
+    def reverted() -> list[tuple[str, str]]:
+        return [(e["type"], e["message"]) for e in items(api, "events") if e["reason"] == "ReplicasReverted"]
+
+    assert api.wait_for("ReplicasReverted", reverted) == [
+        ("Warning", "Deployment llama-3-1-8b-unified had replicas 5, set by someone other than the "
+         "autoscaler (its only writer for this model): put back to 2")
+    ]  # fmt: skip
     # 5. a restarted operator makes no writes and no duplicates
     operator.stop()
     before = {
@@ -364,6 +373,7 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     api.run_operator()
     obj = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"]["namespace"] = "default"
+    del obj["spec"]["autoscaling"]  # the serving sections set the replicas (the sample autoscales, min 2)
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
     compile_pod(api, job, {"bytes": 1})
