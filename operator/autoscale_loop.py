@@ -58,6 +58,10 @@ def pod_state(pod: dict[str, Any]) -> autoscaler.PodState:
     return "starting"
 
 
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return pod_state(pod) == "ready"
+
+
 def addresses(slices: list[dict[str, Any]]) -> dict[str, str]:
     """Pod name -> `host:port` of its `http` port, from EndpointSlices (ready endpoints only)."""
     out = {}
@@ -154,7 +158,9 @@ class AutoscaleLoop:
             and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]
         where: dict[str, str] = {}
-        for svc in await self.client.list("Service", ns, label):
+        # the only live reads (pods and Services come from the caches): none while no pod is ready, so a
+        # model without serving pods costs no request
+        for svc in await self.client.list("Service", ns, label) if any(map(_is_ready, mine)) else []:
             slices = await self.client.list("EndpointSlice", ns, f"{SERVICE_LABEL}={svc['metadata']['name']}")
             where.update(addresses(slices))
         now = time.time()

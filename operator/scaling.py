@@ -327,8 +327,8 @@ def start_replicas(spec: NeuronModelSpec) -> dict[str, int]:
 def decided_replicas(spec: NeuronModelSpec, status: dict[str, Any]) -> dict[str, int] | None:
     """status.autoscaling.desired (the builtin autoscaler's last decision: its only writer) for a model it
     scales, each role within the spec's bounds (a spec edited since the decision moves them); None when it
-    does not scale the model, or has decided nothing yet."""
-    if not builtin(spec):
+    does not scale the model, is in dry run (the spec's replicas run) or has decided nothing yet."""
+    if not builtin(spec) or spec.autoscaling.dryRun:
         return None
     desired = (status.get("autoscaling") or {}).get("desired") or {}
     p = policy(spec)

@@ -2,8 +2,9 @@
 sample with autoscaling provider builtin (min 1, max 2, metric queue, target 1 waiting request per replica,
 scale-down stabilisation 30 s). Concurrent chat requests beyond its slots make it scale 1 -> 2 (the model's
 status.autoscaling and `kubectl get events` say ScaledUp, with the reason and the signal values); once the
-load is gone and the window has passed it scales back to 1 (ScaledDown); every request is answered. The
-measured times (load start to the decision, to the second pod ready; load end to the scale-down) are printed.
+load is gone and the window has passed it scales back to 1 (ScaledDown); every request is answered. In dry
+run the same load is only recorded (status.autoscaling.lastDecision, a DryRunScale Event). The measured
+times (load start to the decision, to the second pod ready; load end to the scale-down) are printed.
 """
 
 from __future__ import annotations
@@ -132,6 +133,18 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     local.wait("1 pod left", lambda: replicas() == [1])
     assert "ScaledDown" in local.kubectl("get", "events").stdout
     assert chat(endpoint, 4)  # still serving, on one pod
+
+    # dry run: the same load is decided on and recorded (status, Event), the replicas stay as they are
+    manifest["spec"]["autoscaling"]["dryRun"] = True
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    dry = lambda: {c["type"]: c for c in model()["status"]["conditions"]}["AutoscalingActive"]["reason"]  # noqa: E731
+    local.wait("AutoscalingActive DryRun", lambda: dry() == "DryRun")
+    with Load(endpoint) as again:
+        recorded = local.wait("a dry-run decision", lambda: auto().get("lastDecision"))
+    assert not again.failed, again.failed[:5]
+    assert (recorded["from"], recorded["to"]) == ({"unified": 1}, {"unified": 2}), recorded
+    assert auto()["desired"] == {"unified": 1} and replicas() == [1]  # nothing acted on
+    assert "DryRunScale" in local.kubectl("get", "events").stdout
     print(
         f"\nscale-up: decided {decided:.1f}s after the load started, 2 pods ready after {serving:.1f}s; "
         f"scale-down decided {down_after:.1f}s after the load stopped (window {WINDOW}s); "

@@ -72,6 +72,9 @@ def test_the_decided_replicas_are_status_autoscaling_desired_within_the_bounds()
     hpa = parsed(UNIFIED, enabled=True, provider="hpa", min=1, max=2)
     assert scaling.decided_replicas(hpa, {"autoscaling": {"desired": {"unified": 2}}}) is None
     assert not scaling.builtin(parsed(UNIFIED, enabled=False))
+    # dry run: decisions are recorded, the spec's replicas run
+    dry = parsed(UNIFIED, enabled=True, min=1, max=2, dryRun=True)
+    assert scaling.decided_replicas(dry, {"autoscaling": {"desired": {"unified": 2}}}) is None
 
 
 def test_the_builders_run_the_decided_replicas_and_nothing_else_changes():
