@@ -224,7 +224,10 @@ class AutoscaleLoop:
             ))  # fmt: skip
         if bool(stuck) != (key in self._stuck):
             await self.client.patch_status(*key, {"autoscaling": {"stuck": stuck or None}})
-        self._stuck.discard(key) if not stuck else self._stuck.add(key)
+        if stuck:
+            self._stuck.add(key)
+        else:
+            self._stuck.discard(key)
         if not decision.changed:
             return
         record = {
