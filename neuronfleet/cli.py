@@ -88,6 +88,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_source_fingerprint(args: argparse.Namespace) -> int:
+    import json
+
+    from neuronfleet.runtime.source_fingerprint import source_fingerprint
+
+    fingerprint = source_fingerprint(args.uri, args.revision, args.model_mount)
+    print(fingerprint)
+    _leave_termination_message(json.dumps({"fingerprint": fingerprint}))  # what the operator reads
+    return 0
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from neuronfleet.operator.crd import write_crd
 
@@ -375,6 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.set_defaults(func=_cmd_compile)
 
+    fp = sub.add_parser(
+        "source-fingerprint",
+        help="what a model source is now, in one string (the operator's check of a failed compile's source)",
+    )
+    fp.add_argument("--uri", required=True, help="file://, pvc:// or hf:// model source")
+    fp.add_argument("--revision", default=None, help="the Hub revision (hf://)")
+    fp.add_argument("--model-mount", default=MODEL_MOUNT, help="where a pvc:// model's claim is mounted")
+    fp.set_defaults(func=_cmd_source_fingerprint)
+
     crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
     crd.add_argument(
         "--out",
@@ -429,15 +449,15 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:  # ModelLoadError, InvalidRequest, CompileError, a bad setting: all ValueErrors
         print(f"neuronfleet: error: {e}", file=sys.stderr)
-        if args.command in ("serve", "compile"):
+        if args.command in ("serve", "compile", "source-fingerprint"):
             _leave_termination_message(f"neuronfleet {args.command}: {e}")
         return EXIT_USAGE
 
 
 def _leave_termination_message(message: str) -> None:
-    """In a pod, why the process stopped, as its termination message (the file Kubernetes reads, or the
-    one NEURONFLEET_TERMINATION_LOG names), which the operator shows in the model's status; nothing outside
-    a pod."""
+    """In a pod, why the process stopped (or what it found), as its termination message (the file
+    Kubernetes reads, or the one NEURONFLEET_TERMINATION_LOG names), which the operator reads; nothing
+    outside a pod."""
     path = Path(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG))
     if TERMINATION_LOG_ENV in os.environ or path.exists():
         with contextlib.suppress(OSError):

@@ -29,6 +29,7 @@ from neuronfleet.contract import (
     INTERNAL_TOKEN_DIR,
     INTERNAL_TOKEN_FILE,
     KV_PORT,
+    MODEL_MOUNT,
     POD_IP_ENV,
     CompileBuckets,
     CompileConfig,
@@ -242,10 +243,51 @@ def build_compile_job(
             "backoffLimit": spec.compile.backoffLimit,
             "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
             # finished Jobs go after an hour (https://kubernetes.io/docs/concepts/workloads/controllers/
-            # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again, and
-            # a failed one is tried again then (the source may have been fixed: the operator cannot see it)
+            # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again
             "ttlSecondsAfterFinished": COMPILE_JOB_TTL,
             "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
+        },
+    }
+
+
+SOURCE_PROBE_TTL = 600  # seconds a finished source probe stays, if the operator has not deleted it
+
+
+def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
+    """The Job that fingerprints the model source of a failed compile (`neuronfleet source-fingerprint`, our
+    CPU image, on any node: it reads file metadata or asks the Hub, never a device): its pod's termination
+    message is {"fingerprint": ...}, which the operator compares with the last one (`rollout`)."""
+    command = ["neuronfleet", "source-fingerprint", "--uri", spec.model.uri]
+    if spec.model.revision:
+        command += ["--revision", spec.model.revision]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.model.uri.startswith("pvc://"):
+        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        command += ["--model-mount", MODEL_MOUNT]
+    container = {
+        "name": "fingerprint",
+        "image": engines.common.OWN_IMAGES["cpu"],
+        "command": command,
+        "env": pod_parts.env(spec, {}, hub_token=spec.model.uri.startswith("hf://")),
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": pod_parts.security(read_only_root=True),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = {"restartPolicy": "Never", "securityContext": pod_parts.pod_security(),
+                "containers": [container], "volumes": volumes}  # fmt: skip
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(owner, names.source_probe(owner.name, chash), "source-probe", chash),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": 300,
+            "ttlSecondsAfterFinished": SOURCE_PROBE_TTL,
+            "template": {"metadata": {"labels": labels(owner, "source-probe", chash)}, "spec": pod_spec},
         },
     }
 

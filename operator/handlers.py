@@ -72,9 +72,10 @@ class Triggers:
 
     def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
         """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
-        and one whose compile waits to be tried again, then (status.compileRetryAt); through the queue, so
+        one whose compile waits to be tried again, then (status.compileRetryAt), and one whose failed
+        compile's source is fingerprinted again, then (status.sourceCheckAt); through the queue, so
         that pass reports its events and stops with the operator."""
-        for field in ("drainUntil", "compileRetryAt"):
+        for field in ("drainUntil", "compileRetryAt", "sourceCheckAt"):
             if status.get(field):
                 delay = rollout.seconds_until(status[field], now()) + 1
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)

@@ -1,7 +1,8 @@
 """The names of a NeuronModel's children, and the limits Kubernetes puts on them (pure).
 
 Every child is named after its model: `NAME` (public Service), `NAME-runtime` (ConfigMap),
-`NAME-compile-cache` (claim), `NAME-compile-<hash10>` (compile Job), `NAME-unified` (Deployment),
+`NAME-compile-cache` (claim), `NAME-compile-<hash10>` (compile Job), `NAME-source-<hash10>` (the Job that
+fingerprints a failed compile's source, shorter than the compile Job's), `NAME-unified` (Deployment),
 `NAME-<role>-<revision8>` (a disaggregated set's Deployments, headless Services and PDBs), `NAME-internal`
 (Secret, NetworkPolicy). A model name is refused when one of these would break a limit.
 
@@ -33,6 +34,11 @@ ROLES = ("unified", "prefill", "decode", "router")
 
 def compile_job(model: str, chash: str) -> str:
     return f"{model}-compile-{chash[:HASH_IN_NAME]}"
+
+
+def source_probe(model: str, chash: str) -> str:
+    """The Job that fingerprints a failed compile's model source (as long as `compile_job`'s name)."""
+    return f"{model}-source-{chash[:HASH_IN_NAME]}"
 
 
 def cache_claim(model: str) -> str:

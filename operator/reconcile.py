@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,10 @@ from .status import (
     transitions,
     with_conflicts,
 )
+
+# how often a failed compile's model source is fingerprinted (the operator's environment may say otherwise:
+# local mode's tests check it every few seconds)
+SOURCE_CHECK_SECONDS = float(os.environ.get("NEURONFLEET_SOURCE_CHECK_SECONDS", rollout.SOURCE_CHECK_SECONDS))
 
 # created, never patched: Jobs' and claims' specs are immutable; the Secret's token is made once
 CREATE_ONLY = {"Job", "PersistentVolumeClaim", "Secret"}
@@ -150,6 +155,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     job: tuple[str, str] = ("absent", "")
     report = None
     retry_at: str | None = None  # a compile whose model source was unreadable is tried again then
+    source_check: tuple[str | None, str | None] = (None, None)  # a failed compile's source: fingerprint, next
     source_retries = 0
     serving = old.get("compileHash") if old.get("artifacts") else None
     stored = old.get("servingSpec")
@@ -186,6 +192,13 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                     emit("Normal", "CompileRetried", f"compiling {chash} again: the model source may be "
                          f"readable now (try {source_retries} after: {failure})")  # fmt: skip
                     job, retry_at = ("absent", ""), None
+                elif retry_at is None:  # any other failure: compile again once the source changes
+                    source_check = await _check_source(kube, owner, spec, chash, old, conflicts)
+                    if source_check is None:
+                        await kube.delete("Job", ns, job_name)
+                        emit("Normal", "CompileRetried", f"compiling {chash} again: the model source changed "
+                             f"since the compile failed ({failure or job[1]})")  # fmt: skip
+                        job, source_check = ("absent", ""), (None, None)
             elif job[0] == "running":
                 source_retries = rollout.source_retries(job_obj)  # (the Job keeps the count it was made with)
             if job[0] == "succeeded":
@@ -254,7 +267,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        serving_spec=stored, drain_until=drain_until, retry_at=retry_at, failing=failing, endpoint=endpoint,
+        serving_spec=stored, drain_until=drain_until, retry_at=retry_at, source_check=source_check,
+        failing=failing, endpoint=endpoint,
         compile_step=compile_step, at=now(),
     )  # fmt: skip
     made = scaling.made_autoscaler(old.get("conditions") or [])  # what a former spec had made, if any
@@ -324,3 +338,27 @@ async def _delete_stale(
         for name in rollout.superseded_jobs(await kube.list("Job", ns, label), rolled, owner.uid or ""):
             await kube.delete("Job", ns, name)
     return drain_until
+
+
+async def _check_source(
+    kube: Kube, owner: builders.Owner, spec: Any, chash: str, old: dict[str, Any], conflicts: list[str]
+) -> tuple[str | None, str | None] | None:
+    """After a compile failed (for a reason other than an unreadable source): fingerprint its model source
+    with a small Job (`builders.build_source_probe`) at once, then every SOURCE_CHECK_SECONDS. Returns the
+    (fingerprint, next check) to keep in status, or None when the source changed since the last fingerprint
+    (then the caller compiles again)."""
+    ns, kept, check_at = owner.namespace, old.get("sourceFingerprint"), old.get("sourceCheckAt")
+    name = names.source_probe(owner.name, chash)
+    probe = await kube.get("Job", ns, name)
+    state = job_state(probe)[0]
+    if state in ("succeeded", "failed"):
+        probed = None
+        if state == "succeeded":
+            probed = (compile_report(await kube.list("Pod", ns, f"job-name={name}")) or {}).get("fingerprint")
+        await kube.delete("Job", ns, name)
+        if rollout.source_changed(kept, probed):
+            return None
+        return probed or kept, rollout.later(now(), SOURCE_CHECK_SECONDS)
+    if probe is None and (check_at is None or rollout.seconds_until(check_at, now()) == 0):
+        await apply(kube, builders.build_source_probe(owner, spec, chash), conflicts)
+    return kept, check_at

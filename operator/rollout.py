@@ -20,8 +20,9 @@ go: the rollout's decisions, as pure functions of the spec, the status and what 
   Jobs are deleted (`superseded_jobs`). A compile that failed because its model source could not be read
   (its termination message says so: contract.SOURCE_UNAVAILABLE) is tried again by itself, 30 s after it
   failed, doubling each time in a row up to every 10 minutes (`source_retry_at`): the file may be copied,
-  the claim filled, the Hub access granted. Any other failure waits for a change, the annotation, or the
-  Job's TTL.
+  the claim filled, the Hub access granted. After any other failure the source is fingerprinted (a small
+  Job, `builders.build_source_probe`) at once and then every SOURCE_CHECK_SECONDS; a changed fingerprint
+  (`source_changed`: a file replaced, a Hub branch moved) compiles again.
 """
 
 from __future__ import annotations
@@ -212,3 +213,16 @@ def source_retry_at(job: dict[str, Any] | None, failure: str) -> str | None:
     first, most = SOURCE_RETRY_SECONDS
     delay = min(first * 2 ** source_retries(job), most)
     return (_time(failed_at) + datetime.timedelta(seconds=delay)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+SOURCE_CHECK_SECONDS = 600  # how often the source of a failed compile is fingerprinted (any other failure)
+
+
+def source_changed(kept: str | None, probed: str | None) -> bool:
+    """Whether a failed compile's model source changed since it was last fingerprinted: only a fingerprint
+    that differs from a kept one counts (the first one is the baseline; a failed probe says nothing)."""
+    return kept is not None and probed is not None and probed != kept
+
+
+def later(now: str, seconds: float) -> str:
+    return (_time(now) + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -148,19 +148,19 @@ def valued(section: BaseModel, name: str) -> str:
 
 @rules(
     Rule(
-        "self.maxInputLength < self.sequenceLength",
-        "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when not set): "
-        "room is needed to generate",
-        lambda s: s.maxInputLength < s.sequenceLength,
+        "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength",
+        "neuron.maxInputLength must be below neuron.sequenceLength (4096 when not set): room is needed to "
+        "generate",
+        lambda s: s.maxInputLength is None or s.maxInputLength < s.sequenceLength,
         lambda s: (
             f"{valued(s, 'maxInputLength')} must be below {valued(s, 'sequenceLength')} (room is needed "
             f"to generate); set neuron.maxInputLength below {s.sequenceLength}"
         ),
     ),
     Rule(
-        "self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
+        "!has(self.maxInputLength) || self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
         "neuron.buckets.context must lie between 1 and neuron.maxInputLength",
-        lambda s: all(1 <= b <= s.maxInputLength for b in s.buckets.context),
+        lambda s: s.maxInputLength is None or all(1 <= b <= s.maxInputLength for b in s.buckets.context),
     ),
     Rule(
         "self.buckets.generation.all(b, b >= 1 && b <= self.sequenceLength)",
@@ -170,14 +170,21 @@ def valued(section: BaseModel, name: str) -> str:
 )
 class NeuronSettings(Spec):
     instanceType: InstanceType = Field(
-        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron."
+        description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron "
+        "(its only instance type until its Neuron backend is built)."
     )
     tensorParallel: int = Field(
         1, description="Neuron cores (logical cores on Trn2) per replica.", ge=1, le=128
     )
     batchSize: int = Field(4, description="Static batch compiled into the model: the slots.", ge=1, le=1024)
     sequenceLength: int = Field(4096, description="Prompt plus generated tokens per slot.", ge=16, le=1048576)
-    maxInputLength: int = Field(3072, description="Longest prompt in tokens.", ge=1, le=1048576)
+    maxInputLength: int | None = Field(
+        None,
+        description="Longest prompt in tokens. Default: neuron.sequenceLength - 1 for engines vllm and "
+        "sglang (they bound a prompt by the context length only), 3072 for embedded and tgi.",
+        ge=1,
+        le=1048576,
+    )
     dtype: DType = Field("bfloat16", description="Weights and activations.")
     logicalCores: Literal[1, 2] | None = Field(
         None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
@@ -237,9 +244,24 @@ class Router(Spec):
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
 
 
+def default_max_input_length(engine: str, sequence_length: int) -> int:
+    """The prompt limit of a spec that names none: what vLLM and SGLang enforce (a prompt may fill the
+    context but one token: vLLM's --max-model-len, SGLang's --context-length), 3072 for the engines whose
+    compile takes a prompt length of its own (embedded, TGI's MAX_INPUT_TOKENS)."""
+    return sequence_length - 1 if engine in ("vllm", "sglang") else 3072
+
+
+def default_transport(engine: str) -> str:
+    """The KV transport of a spec that names none: tcp for the embedded engine (its efa transport is not
+    built), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang)."""
+    return "tcp" if engine == "embedded" else "efa"
+
+
 class KVTransfer(Spec):
-    transport: Literal["efa", "tcp"] = Field(
-        "efa", description="KV cache transport between prefill and decode pods (efa needs EFA devices)."
+    transport: Literal["efa", "tcp"] | None = Field(
+        None,
+        description="KV cache transport between prefill and decode pods: tcp, or efa (NIXL over LIBFABRIC, "
+        "needs EFA devices). Default: tcp for engine embedded, efa for the other engines.",
     )
     efaInterfaces: int = Field(
         1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
@@ -463,7 +485,9 @@ class Scheduling(Spec):
 class NeuronModelSpec(Spec):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
-        "embedded", description="embedded (neuronfleet's runtime), or the vLLM, TGI or SGLang Neuron servers."
+        "embedded",
+        description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
+        "or the vLLM, TGI or SGLang Neuron servers.",
     )
     image: str | None = Field(None, description="Container image override for the engine.")
     replicas: int | None = Field(
@@ -478,6 +502,23 @@ class NeuronModelSpec(Spec):
     serving: Serving = section(Serving, "Serving pods: unified or disaggregated, replicas per role.")
     autoscaling: Autoscaling = section(Autoscaling, "Replica autoscaling.")
     scheduling: Scheduling = section(Scheduling, "Placement of the serving pods.")
+
+    @model_validator(mode="after")
+    def _engine_defaults(self):
+        """Defaults that depend on the engine (the CRD cannot say them: its defaults are per field): the KV
+        transport and the prompt limit. Filled in, but still not set by the user (`model_fields_set`), so a
+        refusal caused by one says it is a default, and `model_dump(exclude_unset=True)` re-derives it for
+        another engine; the neuron section's rules are checked again with the limit filled in."""
+        kv = self.serving.kvTransfer
+        if kv.transport is None:
+            kv.transport = default_transport(self.engine)
+            kv.model_fields_set.discard("transport")
+        n = self.neuron
+        if n.maxInputLength is None:
+            n.maxInputLength = default_max_input_length(self.engine, n.sequenceLength)
+            n.model_fields_set.discard("maxInputLength")
+            n._check_rules()
+        return self
 
 
 # ---- status ----------------------------------------------------------------------------------------------
@@ -561,6 +602,14 @@ class NeuronModelStatus(BaseModel):
     )
     selector: str | None = Field(
         None, description="Label selector of the scaled role's pods: the scale subresource's status.selector."
+    )
+    sourceFingerprint: str | None = Field(
+        None,
+        description="What the model source of a failed compile was when last checked (a changed one "
+        "compiles again).",
+    )
+    sourceCheckAt: str | None = Field(
+        None, description="When the model source of a failed compile is checked again (RFC 3339)."
     )
     servingSpec: dict[str, Any] | None = Field(
         None,

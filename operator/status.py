@@ -155,6 +155,10 @@ def compute_status(
     serving_spec: dict[str, Any] | None = None,  # the compiled sections of serving_hash's spec
     drain_until: str | None = None,  # retired entry pods drain until then; their set goes after
     retry_at: str | None = None,  # a compile whose model source was unreadable is tried again then
+    source_check: tuple[str | None, str | None] = (
+        None,
+        None,
+    ),  # a failed compile's source: (fingerprint, next check)
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
     endpoint: str | None,
@@ -218,7 +222,8 @@ def compute_status(
     if failed and retry_at:
         progress = ("CompileFailed", f"the model source could not be read; compiling again at {retry_at}")
     elif failed:
-        progress = ("CompileFailed", "waiting for a change or neuronfleet.dev/retry to compile again")
+        progress = ("CompileFailed", "compiling again when the spec or the model source changes (checked "
+                    "every 10 minutes), or on neuronfleet.dev/retry")  # fmt: skip
     elif not compiled:
         progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
     elif not all_ready:
@@ -262,6 +267,7 @@ def compute_status(
             status["servingSpec"] = serving_spec
         status["drainUntil"] = drain_until  # None (null) clears it
     status["compileRetryAt"] = retry_at if failed else None
+    status["sourceFingerprint"], status["sourceCheckAt"] = source_check if failed else (None, None)
     return status
 
 

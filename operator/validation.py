@@ -118,6 +118,49 @@ def _placeable_tp(spec: NeuronModelSpec, inst: topology.Instance) -> list[int]:
     return out
 
 
+def _either(names: list[str]) -> str:
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+
+
+def _engines_that_run(spec: NeuronModelSpec) -> list[str]:
+    """The engines other than embedded that serve a spec like this one (its model, instance type, shapes and
+    serving mode) where the embedded engine cannot: those whose refusals of it are only the ones every
+    engine shares (a tensor parallelism or a fit the instance does not allow, no EFA there...). Each engine
+    is given its best chance: the spec as it is, or without what only our runtime reads (model.tokenizer) and
+    with the prompt limit left to it (maxInputLength unset, or sequenceLength - 1, which vLLM needs). A KV
+    transport the spec does not name is that engine's default."""
+    base = spec.model_dump(exclude_unset=True)
+    bare = {**base, "model": {k: v for k, v in base["model"].items() if k != "tokenizer"}}
+    neuron = {k: v for k, v in base["neuron"].items() if k != "maxInputLength"}
+    variants = [base, {**bare, "neuron": neuron}]
+    variants.append({**bare, "neuron": {**neuron, "maxInputLength": spec.neuron.sequenceLength - 1}})
+    refusals: dict[str, set[str]] = {}
+    for engine in engines.ENGINES:
+        if engine == "embedded":
+            continue
+        found = []
+        for variant in variants:
+            try:
+                other = NeuronModelSpec.model_validate({**variant, "engine": engine})
+            except ValueError:  # pydantic's ValidationError: this variant breaks a rule of the spec
+                continue
+            found.append(set(validate(other).errors))
+        if found:
+            refusals[engine] = min(found, key=len)
+    shared = set.intersection(*refusals.values()) if refusals else set()
+    return [engine for engine, errors in refusals.items() if errors == shared]
+
+
+def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
+    others = _engines_that_run(spec)
+    if not others:
+        return (
+            f"no engine serves serving.mode {spec.serving.mode} on {instance} yet: change serving.mode, or "
+            "use instanceType cpu for engine embedded"
+        )
+    return f"on {instance} use engine {_either(others)}, or instanceType cpu for engine embedded"
+
+
 def validate(spec: NeuronModelSpec) -> Report:
     """Every refusal for a parsed spec (empty when it can be served), and the memory fit."""
     r = Report()
@@ -135,9 +178,15 @@ def validate(spec: NeuronModelSpec) -> Report:
             r.errors.append(f"quantization {n.quantization} is not available on cpu; use none")
         if n.logicalCores is not None:
             r.errors.append("neuron.logicalCores applies to Trn2 and Trn3 instances only; remove it")
-        if disaggregated and serving.kvTransfer.transport == "efa":
-            r.errors.append("kvTransfer.transport efa needs EFA devices; on cpu use tcp")
     else:
+        if spec.engine == "embedded":
+            named = "engine embedded" + (
+                "" if "engine" in spec.model_fields_set else " (the default, not set)"
+            )
+            r.errors.append(
+                f"{named} has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its compile "
+                f"for {inst.name} would fail); {_what_runs_on(spec, inst.name)}"
+            )
         lnc = n.logicalCores
         if lnc is not None and not inst.lnc_configurable:
             r.errors.append(
@@ -172,6 +221,13 @@ def validate(spec: NeuronModelSpec) -> Report:
                     f"{inst.efa_interfaces} EFA interfaces of {inst.name}"
                 )
         # the instances each engine runs on are the engine's own facts: engines.unsupported refuses the others
+    if disaggregated and spec.engine == "embedded" and serving.kvTransfer.transport == "efa":
+        over_efa = _engines_that_run(spec) if inst else []
+        efa = f", or engine {_either(over_efa)} for KV transfer over EFA" if over_efa else ""
+        r.errors.append(
+            "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV "
+            f"caches over tcp only); use kvTransfer.transport tcp, the embedded engine's default{efa}"
+        )
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped

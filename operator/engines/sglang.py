@@ -13,7 +13,7 @@ includes the compile.
 from __future__ import annotations
 
 from .. import topology
-from ..spec import NeuronModelSpec
+from ..spec import NeuronModelSpec, valued
 from .common import Container, Fact, Pinned, model_reference, refusals_of_nxdi_fields
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:v0.1.0-neuron-py314-sdk-2.33.0-ubuntu26.04"
@@ -101,10 +101,11 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
     """What SGLang-Neuron 0.1.0 cannot do as asked, each refusal saying what works."""
     n, use = spec.neuron, "engine vllm"
     out = refusals_of_nxdi_fields(spec, "SGLang-Neuron", use)
-    if "maxInputLength" in n.model_fields_set:
+    if n.maxInputLength != n.sequenceLength - 1:  # (its default: unset, it is that)
         out.append(
-            "neuron.maxInputLength: SGLang bounds prompts by the context length only (--context-length, "
-            f"neuron.sequenceLength {n.sequenceLength}); remove maxInputLength or use {use}"
+            f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "
+            "engine sglang: SGLang bounds a prompt by the context length only (--context-length), so a lower "
+            f"limit would not be enforced; remove neuron.maxInputLength (its default is that) or use {use}"
         )
     inst = topology.INSTANCES.get(n.instanceType)
     if inst is not None and inst.platform not in PLATFORMS:

@@ -70,7 +70,7 @@ def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with
         ({"neuron": {"instanceType": "inf2.xlarge", "tensorParallel": 0}}, "0 is less than the minimum of 1"),
         (
             {"neuron": {"instanceType": "inf2.xlarge", "maxInputLength": 5000, "sequenceLength": 4096}},
-            "neuron.maxInputLength (3072 when not set) must be below neuron.sequenceLength (4096 when",
+            "neuron.maxInputLength must be below neuron.sequenceLength (4096 when not set)",
         ),
         (
             {"serving": {"mode": "disaggregated"}},
@@ -236,3 +236,19 @@ def test_the_server_stops_at_once_on_sigterm_with_watches_open(tmp_path):
         # grace period, or a server killed, cuts the stream off: IncompleteRead)
         assert response.read() == b""
         conn.close()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "crds" / "samples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_sample_as_the_api_server_stores_it_is_accepted_by_the_operators_validation(with_crd, path):
+    """What the operator reads is the object after the API server applied the CRD's defaults: a default
+    there that fits no engine (a fixed prompt limit, a fixed KV transport) would refuse a sample that
+    `neuronfleet validate` accepts on the file."""
+    from neuronfleet.operator import validation
+
+    obj = yaml.safe_load(path.read_text())
+    obj["metadata"]["namespace"] = "default"
+    with_crd.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    stored = json.loads(with_crd.kubectl("get", "nm", obj["metadata"]["name"], "-o", "json").stdout)
+    report = validation.check(stored)
+    assert report.ok, report.errors
+    with_crd.kubectl("delete", "nm", obj["metadata"]["name"])

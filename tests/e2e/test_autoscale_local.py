@@ -135,6 +135,16 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     at = lambda scale: datetime.datetime.fromisoformat(scale["at"].replace("Z", "+00:00"))  # noqa: E731
     assert (at(down) - at(up)).total_seconds() >= WINDOW  # the scale-up's demand held the window
     local.wait("1 pod left", lambda: replicas() == [1])
+    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (3: an
+    # edit back to the count before the last decision, 2, is taken for that decision's own write)
+    edit = '{"spec":{"replicas":3}}'
+    local.kubectl("patch", "deployment", f"{NAME}-unified", "--type", "merge", "-p", edit)
+    reverted = lambda: [  # noqa: E731
+        e for e in local.get("events")["items"] if e["reason"] == "ReplicasReverted"
+    ]
+    event = local.wait("ReplicasReverted", lambda: replicas() == [1] and reverted())[0]
+    assert event["type"] == "Warning" and "had replicas 3" in event["message"], event
+    assert event["message"].endswith("put back to 1"), event
     assert "ScaledDown" in local.kubectl("get", "events").stdout
     assert chat(endpoint, 4)  # still serving, on one pod
 

@@ -6,11 +6,15 @@ and `kubectl`):
   artifacts are back the pod starts and the model is Ready again with a Normal Recovered.
 - A model source that is not there yet: the compile fails saying so (CompileFailed with the compile's own
   message, status.compileRetryAt); the file is copied to the claim; the compile is tried again by itself and
-  the model becomes Ready with no change to the spec."""
+  the model becomes Ready with no change to the spec.
+- A model source that is there but broken: the compile fails with its own error; the operator fingerprints
+  the source (a Job running `neuronfleet source-fingerprint`); the file is replaced by a good one; the next
+  fingerprint differs, the compile runs again and the model becomes Ready with no change to the spec."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +33,9 @@ pytestmark = pytest.mark.real_model
 
 def neuronfleet(*args: str) -> subprocess.CompletedProcess:
     cli = str(Path(sys.executable).parent / "neuronfleet")
-    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
+    # the operator fingerprints a failed compile's source every 3 s here, not every 10 minutes
+    env = {**os.environ, "NEURONFLEET_SOURCE_CHECK_SECONDS": "3"}
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +123,28 @@ def test_a_compile_whose_source_is_missing_is_tried_again_once_the_file_is_there
     assert model()["metadata"]["generation"] == 1 and model()["status"].get("compileRetryAt") is None
     events = local.kubectl("get", "events", "--field-selector", "involvedObject.name=later").stdout
     assert any("CompileRetried" in line and "readable now" in line for line in events.splitlines()), events
+
+
+def test_a_compile_that_failed_on_a_broken_source_runs_again_once_the_source_is_replaced(local):
+    models = local.state / "node" / "volumes" / "default" / "local-models"
+    (models / "broken").mkdir()
+    (models / "broken" / "model.gguf").write_bytes(b"not a GGUF file at all")
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["metadata"]["name"] = "broken"
+    manifest["spec"]["model"]["uri"] = "pvc://local-models/broken/model.gguf"
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", "broken")  # noqa: E731
+    local.wait("CompileFailed, source fingerprinted", lambda: condition(model(), "Compiled").get("reason")
+               == "CompileFailed" and (model().get("status") or {}).get("sourceFingerprint"))  # fmt: skip
+    status = model()["status"]
+    assert "compileRetryAt" not in status or status["compileRetryAt"] is None  # readable: not retried blind
+    assert "model source changes" in condition(model(), "Progressing")["message"]
+    before = status["sourceFingerprint"]
+
+    shutil.copy(models / "smollm2-135m-instruct.gguf", models / "broken" / "model.gguf")
+    local.wait("Ready with no change", lambda: (model().get("status") or {}).get("phase") == "Ready")
+    assert model()["metadata"]["generation"] == 1
+    assert model()["status"].get("sourceFingerprint") is None  # cleared once compiled
+    events = local.kubectl("get", "events", "--field-selector", "involvedObject.name=broken").stdout
+    assert any("CompileRetried" in line and "source changed" in line for line in events.splitlines()), events
+    assert before.startswith("files:1:")

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from support import ROOT
 
 REQUIREMENTS = ROOT / "docker" / "operator-requirements.txt"
 APISERVER_MODULE = "neuronfleet.localcluster.apiserver"  # run from the dev environment
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml"
 MODEL_CODE = ("torch", "numpy", "xxhash", "safetensors", "tokenizers", "gguf", "neuronfleet.runtime")
 
 
@@ -118,7 +119,9 @@ def test_the_operator_starts_and_reconciles_with_only_the_operator_images_packag
                 stderr=subprocess.STDOUT,
             )
         )
-        kubectl("apply", "-f", str(SAMPLE))
+        with_autoscaling = yaml.safe_load(SAMPLE.read_text())
+        with_autoscaling["spec"]["autoscaling"] = {"enabled": True}
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(with_autoscaling))
 
         def validated() -> dict | None:
             run = kubectl("get", "nm", "llama-3-1-8b", "-n", "inference", "-o", "json", check=False)
@@ -127,7 +130,7 @@ def test_the_operator_starts_and_reconciles_with_only_the_operator_images_packag
             return conditions if conditions.get("Validated", {}).get("status") == "True" else None
 
         conditions = wait_for("the model's status", validated, procs, logs)
-        assert conditions["AutoscalingActive"]["reason"] == "Builtin"  # the sample enables it
+        assert conditions["AutoscalingActive"]["reason"] == "Builtin"  # the manifest enables it
         jobs = json.loads(kubectl("get", "jobs", "-n", "inference", "-o", "json").stdout)["items"]
         assert [j["metadata"]["name"].split("-compile-")[0] for j in jobs] == ["llama-3-1-8b"]
     finally:

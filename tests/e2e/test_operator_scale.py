@@ -25,7 +25,7 @@ from support import (
     wait_until,
 )
 
-SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"  # no kubelet here: the test plays it
 MODELS = 300
 IDLE_WINDOW = 30.0  # seconds of idle the test counts the operator's requests over
 READS_PER_MODEL_PER_5_MIN = 1  # the target
@@ -99,8 +99,7 @@ def cluster(tmp_path):
 def model(name: str, **serving) -> dict:
     obj = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"] = {"name": name, "namespace": "default"}
-    if serving:
-        obj["spec"]["serving"] = serving
+    obj["spec"]["serving"] = serving or {"unified": {"replicas": 2}}
     return obj
 
 

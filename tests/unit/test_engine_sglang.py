@@ -224,7 +224,7 @@ def edited(change) -> dict:
         (edited(lambda s: s["model"].update(uri="s3://bucket/gpt-oss")),
          "SGLang loads a Hub model (hf://) or a folder (pvc://, file://)"),
         (edited(lambda s: s["neuron"].update(maxInputLength=4096)),
-         "neuron.maxInputLength: SGLang bounds prompts by the context length only"),
+         "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1"),
         (edited(lambda s: s["neuron"].update(tensorParallel=128)),
          "tensorParallel 128 is not a documented degree on trn3.48xlarge"),
     ],

@@ -14,7 +14,14 @@ import pytest
 import yaml
 from support import ROOT
 
-from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, GRACE_PERIOD, KV_PORT, TERMINATION_LOG_ENV
+from neuronfleet.contract import (
+    CACHE_MOUNT,
+    CONFIG_MOUNT,
+    GRACE_PERIOD,
+    HF_TOKEN_ENVS,
+    KV_PORT,
+    TERMINATION_LOG_ENV,
+)
 from neuronfleet.operator import builders, engines, pod_parts, validation
 from neuronfleet.operator.spec import SecretKeyRef
 
@@ -68,13 +75,13 @@ def test_every_object_is_valid_kubernetes_and_owned(path, version):
 
 
 def test_before_the_first_compile_only_the_cache_config_and_compile_job_exist():
-    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    spec = sample("smollm2-135m-local-cpu.yaml")
     kinds = [o["kind"] for o in builders.build_all(OWNER, spec)]
     assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Job"]
 
 
 def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
-    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    spec = sample("llama-3.1-8b-vllm-inf2.yaml")
     chash = builders.compile_hash(spec)
     objs = by_kind(builders.build_all(OWNER, spec, serving_hash=chash))
     (dep,) = objs["Deployment"]
@@ -88,44 +95,47 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "inf2.48xlarge"
     assert pod_parts.NEURON_TAINT in pod["tolerations"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
-    assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
-    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert pod["terminationGracePeriodSeconds"] > GRACE_PERIOD
     sc = c["securityContext"]
     assert (
         sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
     )
-    assert sc["readOnlyRootFilesystem"] is True
     cache_mount = next(m for m in c["volumeMounts"] if m["name"] == "cache")
     assert cache_mount["readOnly"] is True  # serving pods only read the artifacts
     (svc,) = objs["Service"]
     assert svc["metadata"]["name"] == "m" and svc["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
     assert objs["PodDisruptionBudget"][0]["spec"]["maxUnavailable"] == 1
+    # our runtime (engine embedded, which serves on cpu): its command, its readiness, a read-only root, and
+    # no Neuron devices or Neuron nodes
+    cpu = sample("smollm2-135m-local-cpu.yaml")
+    chash = builders.compile_hash(cpu)
+    (dep,) = by_kind(builders.build_all(OWNER, cpu, serving_hash=chash))["Deployment"]
+    c = container(dep)
+    assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "aws.amazon.com/neuroncore" not in c["resources"]["limits"]
+    assert "nodeSelector" not in dep["spec"]["template"]["spec"]
 
 
-def disaggregated_trn1():
-    """Llama 3.1 70B on trn1.32xlarge split into prefill, decode and router pods with KV caches over EFA (our
-    runtime's roles: disaggregated vLLM is refused, tests/unit/test_engine_vllm.py)."""
-    obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.1-70b-vllm-trn1.yaml").read_text())
-    obj["spec"]["engine"] = "embedded"
-    obj["spec"]["serving"] = {
-        "mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 2},
-        "router": {"replicas": 2}, "kvTransfer": {"transport": "efa", "efaInterfaces": 8},
-    }  # fmt: skip
-    spec, errors = validation.parse(obj)
-    assert not errors
+def disaggregated_efa():
+    """GPT-OSS 120B on trn3.48xlarge with SGLang-Neuron: prefill and decode pods with KV caches over EFA, a
+    router in front (the disaggregated Neuron path validation accepts: our runtime has no Neuron backend yet,
+    disaggregated vLLM is refused at its pin, tests/unit/test_engine_vllm.py)."""
+    spec = sample("gpt-oss-120b-sglang-trn3-disaggregated.yaml")
+    assert validation.validate(spec).ok and spec.serving.kvTransfer.transport == "efa"
     return spec
 
 
 def test_disaggregated_roles_get_efa_headless_services_and_a_router():
-    spec = disaggregated_trn1()
+    spec = disaggregated_efa()
     objs = by_kind(builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec)))
     deps = {d["metadata"]["labels"]["neuronfleet.dev/role"]: d for d in objs["Deployment"]}
     assert set(deps) == {"prefill", "decode", "router"}
     for role in ("prefill", "decode"):
         limits = container(deps[role])["resources"]["limits"]
-        assert limits["vpc.amazonaws.com/efa"] == "8" and limits["aws.amazon.com/neuroncore"] == "32"
+        assert limits["vpc.amazonaws.com/efa"] == "4" and limits["aws.amazon.com/neuroncore"] == "8"
     router = container(deps["router"])
     assert "aws.amazon.com/neuroncore" not in router["resources"]["limits"]
     # a version-isolated set: every object of the set carries its revision, and the router names only
@@ -216,7 +226,7 @@ def test_the_hugging_face_token_comes_only_from_the_secret_and_only_where_it_is_
     folder, so get no token; vLLM and SGLang name the Hub id at serve time, so get it (not their router)."""
     token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
     for name, served_with_token in (
-        ("llama-3.1-8b-embedded-inf2.yaml", set()),
+        ("smollm2-135m-local-cpu.yaml", set()),
         ("llama-3.1-70b-vllm-trn1.yaml", {"unified"}),
     ):
         spec = sample(name)
@@ -233,7 +243,7 @@ def test_the_hugging_face_token_comes_only_from_the_secret_and_only_where_it_is_
 
 
 def test_compile_hash_changes_with_what_is_compiled_and_only_that():
-    spec = sample("llama-3.1-8b-embedded-inf2.yaml")
+    spec = sample("llama-3.1-8b-vllm-inf2.yaml")
     h = builders.compile_hash(spec)
     assert h == builders.compile_hash(copy.deepcopy(spec)) and len(h) == 16
     same = spec.model_copy(deep=True)
@@ -244,7 +254,7 @@ def test_compile_hash_changes_with_what_is_compiled_and_only_that():
         lambda s: setattr(s.neuron, "batchSize", 4),
         lambda s: setattr(s.neuron, "dtype", "float16"),
         lambda s: setattr(s.model, "revision", "main"),
-        lambda s: setattr(s, "engine", "vllm"),
+        lambda s: setattr(s, "engine", "tgi"),
         lambda s: setattr(s.neuron.buckets, "context", [1024, 6144]),
     ):
         other = spec.model_copy(deep=True)
@@ -253,7 +263,7 @@ def test_compile_hash_changes_with_what_is_compiled_and_only_that():
 
 
 def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
-    path = ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml"
+    path = ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml"
     run = subprocess.run(
         [sys.executable, "-P", "-m", "neuronfleet.cli", "render", str(path), "--namespace", "prod"],
         capture_output=True,
@@ -288,9 +298,8 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
     own pods to prefill and decode pods."""
     import base64
 
-    spec = sample("gpt-oss-120b-sglang-trn3-disaggregated.yaml").model_copy(update={"engine": "embedded"})
-    serving = spec.serving.model_copy(update={"networkPolicy": True})
-    spec = spec.model_copy(update={"serving": serving})
+    spec = sample("smollm2-135m-local-cpu-disaggregated.yaml")
+    assert spec.serving.networkPolicy and spec.serving.kvTransfer.transport == "tcp"
     objs = by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec), internal_token="t0k3n"))
     (secret,) = objs["Secret"]
     assert secret["metadata"]["name"] == "m-internal"
@@ -308,7 +317,7 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
         assert "t0k3n" not in json.dumps(dep)  # the token itself is only in the Secret
         caps = c["securityContext"]["capabilities"]
         assert caps["drop"] == ["ALL"]
-        assert caps.get("add", []) == (["IPC_LOCK"] if role in ("prefill", "decode") else []), role
+        assert caps.get("add", []) == [], role  # KV over tcp: no EFA
         assert (
             c["securityContext"]["readOnlyRootFilesystem"]
             and not c["securityContext"]["allowPrivilegeEscalation"]
@@ -324,8 +333,41 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
     for version in KUBERNETES_VERSIONS:
         for obj in (secret, policy, *deps.values()):
             kubernetes_validate.validate(obj, version, strict=True)
+    # pods with EFA devices (KV over EFA: the vLLM and SGLang engines) add IPC_LOCK and nothing else
+    efa = disaggregated_efa()
+    for dep in by_kind(builders.build_all(OWNER, efa, builders.compile_hash(efa)))["Deployment"]:
+        role = dep["metadata"]["labels"]["neuronfleet.dev/role"]
+        caps = container(dep)["securityContext"]["capabilities"]
+        assert caps == {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if role != "router" else {})}, role
     # a unified model has neither, and no token without a caller's
     unified = by_kind(
-        builders.build_all(OWNER, sample("llama-3.1-8b-embedded-inf2.yaml"), "h", internal_token="x")
+        builders.build_all(OWNER, sample("smollm2-135m-local-cpu.yaml"), "h", internal_token="x")
     )
     assert "Secret" not in unified and "NetworkPolicy" not in unified
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_the_source_probe_is_valid_reads_only_the_source_and_takes_the_token_only_for_the_hub(path):
+    """The Job that fingerprints a failed compile's source: strictly valid, owned, our CPU image on any node
+    (no Neuron resources or placement), the model's claim read-only for pvc://, the Hub token (from the
+    Secret) only for hf://."""
+    spec = parsed(path)
+    job = builders.build_source_probe(OWNER, spec, "abcdef0123456789")
+    kubernetes_validate.validate(job, KUBERNETES_VERSIONS[-1], strict=True)
+    assert job["metadata"]["name"] == "m-source-abcdef0123"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"][:4] == ["neuronfleet", "source-fingerprint", "--uri", spec.model.uri]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert not [k for k in c["resources"].get("limits", {}) if k.startswith(("aws.amazon.com", "vpc."))]
+    claims = [v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    if spec.model.uri.startswith("pvc://"):
+        assert claims == [
+            {"claimName": spec.model.uri.removeprefix("pvc://").split("/")[0], "readOnly": True}
+        ]
+    else:
+        assert claims == []  # not even the compile cache
+    tokens = [e for e in c["env"] if e["name"] in HF_TOKEN_ENVS]
+    assert bool(tokens) == (spec.model.uri.startswith("hf://") and spec.model.secretRef is not None)
+    assert all("valueFrom" in e for e in tokens)

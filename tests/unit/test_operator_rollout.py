@@ -285,3 +285,18 @@ def test_a_compile_whose_source_was_unreadable_is_tried_again_later_and_no_other
     assert rollout.source_retry_at(job, failure) == at
     assert rollout.source_retries(job) == int(((job or {}).get("metadata", {}).get("annotations") or {}).get(
         builders.SOURCE_RETRIES_ANNOTATION, 0))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kept", "probed", "changed"),
+    [
+        (None, "files:1:aa", False),  # the first fingerprint is the baseline
+        ("files:1:aa", "files:1:aa", False),
+        ("files:1:aa", "files:1:bb", True),  # a file replaced
+        ("hf:1234", "hf:5678", True),  # a moved Hub branch
+        ("files:1:aa", None, False),  # a probe that failed says nothing
+    ],
+)
+def test_a_failed_compile_runs_again_only_when_its_source_fingerprint_changed(kept, probed, changed):
+    assert rollout.source_changed(kept, probed) is changed
+    assert rollout.later("2026-11-30T10:00:00Z", rollout.SOURCE_CHECK_SECONDS) == "2026-11-30T10:10:00Z"

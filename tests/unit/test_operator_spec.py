@@ -67,7 +67,7 @@ def test_crd_carries_each_models_rules_as_cel():
     serving_rules = schema["properties"]["serving"]["x-kubernetes-validations"]
     assert serving_rules[0]["rule"].startswith("self.mode == 'unified'")
     neuron_rules = [r["rule"] for r in schema["properties"]["neuron"]["x-kubernetes-validations"]]
-    assert "self.maxInputLength < self.sequenceLength" in neuron_rules
+    assert "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength" in neuron_rules
 
 
 def test_generate_command_writes_the_same_file(tmp_path):
@@ -98,7 +98,7 @@ def test_samples_are_accepted_by_the_schema_and_the_checks(path):
 
 
 def base() -> dict:
-    return load(ROOT / "crds" / "samples" / "llama-3.1-8b-embedded-inf2.yaml")
+    return load(ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml")
 
 
 def edited(change) -> dict:
@@ -122,7 +122,11 @@ def edited(change) -> dict:
             "neuron.maxInputLength 8192 must be below neuron.sequenceLength 8192",
         ),
         (  # a refusal caused by a default names the default
-            lambda s: (s["neuron"].pop("maxInputLength", None), s["neuron"].update(sequenceLength=2048)),
+            lambda s: (
+                s.update(engine="tgi"),
+                s["neuron"].pop("maxInputLength", None),
+                s["neuron"].update(sequenceLength=2048),
+            ),  # (tgi's default prompt limit is 3072; vLLM's and SGLang's sequenceLength - 1)
             "neuron.maxInputLength (default 3072, not set) must be below neuron.sequenceLength 2048 (room is "
             "needed to generate); set neuron.maxInputLength below 2048",
         ),
@@ -134,7 +138,7 @@ def edited(change) -> dict:
             lambda s: s["compile"]["cache"].update(claimName="x"),
             "name an existing claimName or a storageClassName",
         ),
-        (lambda s: s["autoscaling"].update(min=7), "autoscaling.min must not exceed autoscaling.max"),
+        (lambda s: s.update(autoscaling={"min": 7}), "autoscaling.min must not exceed autoscaling.max"),
         (
             lambda s: s["neuron"].update(tensorParallel=3),
             "tensorParallel 3 is not a documented degree on inf2.48xlarge; choose one of 1, 2, 4, 8, 24",
@@ -220,7 +224,7 @@ def test_memory_estimate_counts_weights_and_kv_cache_per_core():
 def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
     bad = edited(lambda s: s["neuron"].update(tensorParallel=3, batchSize=0))
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump_all([base(), bad]))
+    path.write_text(yaml.safe_dump_all([edited(lambda s: s.update(autoscaling={"enabled": True})), bad]))
     run = subprocess.run(
         [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path)], capture_output=True, text=True
     )
@@ -236,10 +240,12 @@ def test_validate_command_exits_1_and_prints_every_refusal(tmp_path):
 
 
 def test_a_tokenizer_elsewhere_is_the_embedded_engines_and_changes_what_is_compiled():
-    obj = edited(lambda s: s["model"].update(tokenizer="pvc://models/tokenizers/llama-3"))
+    cpu = load(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml")
+    obj = copy.deepcopy(cpu)
+    obj["spec"]["model"]["tokenizer"] = "pvc://models/tokenizers/llama-3"
     parsed, errors = validation.parse(obj)
     assert not errors and validation.validate(parsed).ok
-    assert builders.compile_hash(parsed) != builders.compile_hash(validation.parse(base())[0])
+    assert builders.compile_hash(parsed) != builders.compile_hash(validation.parse(cpu)[0])
     assert builders.compile_config(parsed, "h").model.tokenizer == "pvc://models/tokenizers/llama-3"
     vllm, _ = validation.parse(load(ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml"))
     vllm = vllm.model_copy(update={"model": vllm.model.model_copy(update={"tokenizer": "file:///tok"})})
@@ -255,3 +261,183 @@ def test_spec_defaults_fill_every_section():
     assert parsed.engine == "embedded" and parsed.serving.mode == "unified"
     assert parsed.serving.unified.replicas == 1 and parsed.compile.cache.accessModes == ["ReadWriteMany"]
     assert validation.validate(parsed).ok
+
+
+# ---- what is not built is refused up front -----------------------------------------------------------------
+
+CPU = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+CPU_DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (  # the engine the user named, on the sample's inf2.48xlarge (TGI serves there, SGLang-Neuron not)
+            lambda s: s.update(engine="embedded"),
+            "engine embedded has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its "
+            "compile for inf2.48xlarge would fail); on inf2.48xlarge use engine vllm or tgi, or instanceType "
+            "cpu for engine embedded",
+        ),
+        (  # the default engine says it is the default
+            lambda s: s.pop("engine"),
+            "engine embedded (the default, not set) has no Neuron backend yet",
+        ),
+        (  # what only our runtime reads (a tokenizer elsewhere, a prompt limit vLLM cannot enforce) does not
+            # hide the engines that serve such a model there
+            lambda s: (
+                s.update(engine="embedded"),
+                s["model"].update(tokenizer="pvc://models/tok"),
+                s["neuron"].update(maxInputLength=6144),
+            ),
+            "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded",
+        ),
+        (  # disaggregated on inf2: TGI has no prefill/decode split, vLLM none at its pin, SGLang not there
+            lambda s: s.update(engine="embedded", serving=dict(DISAGGREGATED)),
+            "no engine serves serving.mode disaggregated on inf2.48xlarge yet: change serving.mode, or use "
+            "instanceType cpu for engine embedded",
+        ),
+        (  # disaggregated on trn3: SGLang-Neuron
+            lambda s: (
+                s.update(engine="embedded", serving=dict(DISAGGREGATED)),
+                s["neuron"].update(instanceType="trn3.48xlarge"),
+            ),
+            "on trn3.48xlarge use engine sglang, or instanceType cpu for engine embedded",
+        ),
+        (
+            lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
+            "compile for trn1.32xlarge would fail); on trn1.32xlarge use engine vllm",
+        ),
+        (
+            lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn2.48xlarge")),
+            "compile for trn2.48xlarge would fail); on trn2.48xlarge use engine vllm",
+        ),
+    ],
+)
+def test_the_embedded_engine_on_neuron_is_refused_naming_what_runs_there(change, message):
+    report = validation.check(edited(change))
+    assert any(message in e for e in report.errors), report.errors
+
+
+def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
+    obj = load(CPU_DISAGGREGATED)
+    obj["spec"]["serving"]["kvTransfer"] = {"transport": "efa"}
+    assert validation.check(obj).errors == [
+        "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV caches "
+        "over tcp only); use kvTransfer.transport tcp, the embedded engine's default"
+    ]
+    # on a Neuron instance (refused there anyway) it names the engines that move KV caches over EFA
+    efa = {"mode": "disaggregated", "prefill": {}, "decode": {}, "kvTransfer": {"transport": "efa"}}
+    obj = edited(lambda s: s.update(engine="embedded", serving=efa))
+    obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
+    assert any(
+        e.endswith("the embedded engine's default, or engine sglang for KV transfer over EFA")
+        for e in validation.check(obj).errors
+    ), validation.check(obj).errors
+
+
+def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
+    """A spec without kvTransfer.transport gets its engine's default, still counted as not set; the CRD has
+    no default for it (the API server cannot make one field's default depend on another) and accepts a spec
+    without it; a spec that names its engine's default gets the same serving set as one that leaves it out."""
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    kv_schema = schema["properties"]["spec"]["properties"]["serving"]["properties"]["kvTransfer"]
+    assert "default" not in kv_schema["properties"]["transport"]
+    for path, default in (
+        (CPU_DISAGGREGATED, "tcp"),
+        (ROOT / "crds" / "samples" / "gpt-oss-120b-sglang-trn3-disaggregated.yaml", "efa"),
+    ):
+        named = load(path)
+        left_out = copy.deepcopy(named)
+        kv = left_out["spec"]["serving"]["kvTransfer"]
+        kv.pop("transport")
+        openapi_validate(left_out, schema)
+        parsed, errors = validation.parse(left_out)
+        assert not errors and validation.validate(parsed).ok, validation.validate(parsed).errors
+        assert parsed.serving.kvTransfer.transport == default
+        assert "transport" not in parsed.serving.kvTransfer.model_fields_set
+        named["spec"]["serving"]["kvTransfer"]["transport"] = default
+        explicit = validation.parse(named)[0]
+        chash = builders.compile_hash(explicit)
+        assert builders.compile_hash(parsed) == chash
+        assert builders.serving_set(parsed, chash) == builders.serving_set(explicit, chash)
+    # vLLM's default is efa too (its NIXL/LIBFABRIC path), whether or not its disaggregation is accepted
+    vllm = edited(lambda s: s.update(serving={"mode": "disaggregated", "prefill": {}, "decode": {}}))
+    assert validation.parse(vllm)[0].serving.kvTransfer.transport == "efa"
+
+
+def test_validate_command_refuses_the_embedded_engine_on_neuron(tmp_path):
+    path = tmp_path / "embedded-inf2.yaml"
+    path.write_text(yaml.safe_dump(edited(lambda s: s.update(engine="embedded"))))
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "neuronfleet.cli", "validate", str(path), str(CPU)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1
+    assert f"refused {path}#1 llama-3-1-8b" in run.stdout and f"ok      {CPU}#1 smollm2" in run.stdout
+    assert "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded" in run.stdout
+
+
+def test_the_readmes_what_runs_where_table_is_what_validation_says():
+    """Each cell of the README's table: "refused (...)" exactly where `neuronfleet validate` refuses that
+    engine and mode on the family's largest instance type (Llama 3.1 8B, tensor parallelism 8, 1 on cpu, the
+    prompt limit the engine takes: the default, or sequenceLength - 1 for vLLM); a family with no instance
+    type yet is refused everywhere (the CRD's instanceType enum)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("<!-- what-runs-where: begin -->")[1].split("<!-- what-runs-where: end -->")[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
+    header, body = rows[0], rows[2:]
+    families = header[2:]
+    assert header[:2] == ["engine", "mode"] and families == ["cpu", "inf2", "trn1", "trn2", "trn3"]
+    assert {(r[0], r[1]) for r in body} == {
+        (e, m) for e in ("embedded", "vllm", "tgi", "sglang") for m in ("unified", "disaggregated")
+    }
+    for engine, mode, *cells in body:
+        for family, cell in zip(families, cells, strict=True):
+            assert cell.split(" ")[0].rstrip(",") in ("works", "accepted", "refused"), cell
+            types = [i for i in validation.topology.INSTANCES if i.split(".")[0] == family]
+            if family != "cpu" and not types:
+                assert cell.startswith("refused"), (engine, mode, family, cell)
+                continue
+            instance = "cpu" if family == "cpu" else types[-1]
+            neuron = {"instanceType": instance, "tensorParallel": 1 if family == "cpu" else 8}
+            if engine == "vllm":
+                neuron["maxInputLength"] = 4096 - 1  # the default sequenceLength - 1
+            serving = dict(DISAGGREGATED) if mode == "disaggregated" else {}
+            report = validation.check({
+                "apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "m"},
+                "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine,
+                         "neuron": neuron, "serving": serving},
+            })  # fmt: skip
+            assert report.ok == (not cell.startswith("refused")), (engine, mode, instance, report.errors)
+
+
+def test_every_sample_the_docs_name_exists():
+    """The README and the chart's install notes name samples to apply: each is one of crds/samples/."""
+    import re
+
+    docs = [ROOT / "README.md", ROOT / "charts" / "neuronfleet" / "templates" / "NOTES.txt"]
+    named = {m for doc in docs for m in re.findall(r"crds/samples/([\w.-]+\.yaml)", doc.read_text())}
+    assert named and named <= {p.name for p in SAMPLES}, sorted(named - {p.name for p in SAMPLES})
+
+
+@pytest.mark.parametrize(
+    ("engine", "limit"), [("vllm", 8191), ("sglang", 8191), ("tgi", 3072), ("embedded", 3072)]
+)
+def test_the_prompt_limit_left_unset_is_the_engines_own_and_stays_unset(engine, limit):
+    """vLLM and SGLang bound a prompt by the context length only, so their default is sequenceLength - 1;
+    the others' is 3072. The CRD sets no default (an API server would otherwise fill in one that fits no
+    engine of the other kind), and the filled-in value is still not the user's (a refusal names it a
+    default; a dump re-derives it)."""
+    from neuronfleet.operator.spec import NeuronModelSpec
+
+    spec = NeuronModelSpec.model_validate(
+        {"model": {"uri": "hf://org/model"}, "engine": engine,
+         "neuron": {"instanceType": "cpu", "sequenceLength": 8192}}
+    )  # fmt: skip
+    assert spec.neuron.maxInputLength == limit
+    assert "maxInputLength" not in spec.model_dump(exclude_unset=True)["neuron"]
+    schema = yaml.safe_load((ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml").read_text())
+    neuron = schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "default" not in neuron["neuron"]["properties"]["maxInputLength"]

@@ -163,8 +163,8 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
     assert runtime.max_seq_len == n.sequenceLength  # /info max_total_tokens
     assert runtime.dtype == n.dtype  # /info model_dtype
     assert runtime.slots == n.batchSize  # /info max_concurrent_requests
-    if role != "router":
-        assert (config.kv_transport == spec.serving.kvTransfer.transport) == (role in ("prefill", "decode"))
+    if role in ("prefill", "decode"):  # the KV transport (the engine's default when the spec names none)
+        assert config.kv_transport == spec.serving.kvTransfer.transport
 
 
 def check_engine_router(config: ServeConfig, spec, name: str) -> None:
@@ -403,8 +403,8 @@ def spec_with(base: str, **neuron) -> dict:
         ("llama-3.2-3b-tgi-inf2.yaml", {"buckets": {"context": [1024, 3072]}},
          r"neuron.buckets: TGI's Neuron export .* compiles its own length buckets"),
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"maxInputLength": 4096},
-         r"neuron.maxInputLength: SGLang bounds prompts by the context length only \(--context-length, "
-         r"neuron.sequenceLength 8192\); remove maxInputLength or use engine vllm"),
+         r"neuron.maxInputLength 4096 must be neuron.sequenceLength - 1 \(8191\) for engine sglang: SGLang "
+         r"bounds a prompt by the context length only \(--context-length\)"),
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"quantization": "fp8"},
          r"neuron.quantization fp8: SGLang-Neuron has no setting for it"),
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"overrides": {"fused_qkv": True}},
