@@ -126,7 +126,6 @@ def _load_manifests(paths: list[str]) -> list[tuple[str, dict]]:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from neuronfleet.operator.spec import AUTOSCALING_NOT_ACTED_ON
     from neuronfleet.operator.validation import check
 
     refused = 0
@@ -136,9 +135,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         if report.ok:
             fit = f"; fit: {report.fit.reason}" if report.fit else ""
             print(f"ok      {where} {name}{fit}")
-            autoscaling = (obj.get("spec") or {}).get("autoscaling", {})
-            if autoscaling.get("enabled") and autoscaling.get("provider", "builtin") == "builtin":
-                print(f"  note: {AUTOSCALING_NOT_ACTED_ON}")
         else:
             refused += 1
             print(f"refused {where} {name}")

@@ -8,6 +8,7 @@ file there differs from what this module generates.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def _structural(node: Any, defs: dict[str, Any], models: dict[str, type[BaseMode
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _structural(value, defs, models)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # a model used twice must not share lists (YAML anchors)
     for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):  # OpenAPI v3.0 form
             out[limit], out[bound] = out[bound], True

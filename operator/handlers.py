@@ -13,8 +13,12 @@ nothing outside the owner references (no external resource, no shared file) need
 finalizer only for delete handlers, timers and daemons, and there are none here, so a model is deleted at once
 even with the operator stopped or uninstalled.
 
+The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts with the triggers and queues a
+model's reconcile through them when it has changed the model's replicas.
+
 Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then stops
-the caches and the trigger workers (waiting for a reconcile in flight) before it closes the HTTP session.
+the autoscaler's loop, the caches and the trigger workers (waiting for a reconcile in flight) before it
+closes the HTTP session.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import aiohttp
 import kopf
 
 from . import kube, rollout, spec
+from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
 from .reconcile import now, reconcile
 
@@ -50,6 +55,7 @@ class Triggers:
         # children of a deleted model, and the cache may report that before the model's own deletion)
         self._check: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -151,11 +157,15 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     client().cache = cache
     cache.start()
     _triggers.start()
+    triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
+    triggers.autoscaler.start()
 
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     if _triggers is not None:
+        if _triggers.autoscaler is not None:
+            await _triggers.autoscaler.stop()
         await _triggers.stop()
         await _triggers.cache.stop()
     if _client is not None:

@@ -62,6 +62,9 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     # provider changes; get: apply's read (these kinds are not cached)
     ("autoscaling", "horizontalpodautoscalers"): ("get", "create", "patch", "delete"),
     ("keda.sh", "scaledobjects"): ("get", "create", "patch", "delete"),
+    # provider builtin (autoscale_loop.py): the serving pods' addresses and ports to read /metrics from, as a
+    # real cluster's Service routing and Prometheus' endpointslice discovery find them
+    ("discovery.k8s.io", "endpointslices"): ("list",),
 }
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
@@ -78,6 +81,7 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "Event": ("", "v1", "events"),
     "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "EndpointSlice": ("discovery.k8s.io", "v1", "endpointslices"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 

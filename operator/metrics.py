@@ -1,5 +1,5 @@
 """The operator's own Prometheus metrics (served on `neuronfleet operator --metrics-port`): reconcile passes
-by outcome and their duration, and NeuronModels by phase."""
+by outcome and their duration, NeuronModels by phase, and the builtin autoscaler's decisions and scrapes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,21 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 MODELS = Gauge("neuronfleet_operator_models", "NeuronModels by status phase.", ["phase"])
+AUTOSCALER_DESIRED = Gauge(
+    "neuronfleet_operator_autoscaler_desired_replicas",
+    "Provider builtin: the replicas the autoscaler decided, per model and role.",
+    ["namespace", "model", "role"],
+)
+AUTOSCALER_DECISIONS = Counter(
+    "neuronfleet_operator_autoscaler_decisions",
+    "Provider builtin: decisions that changed the replicas, by direction (up, down) and dry run.",
+    ["direction", "dry_run"],
+)
+AUTOSCALER_SCRAPES = Counter(
+    "neuronfleet_operator_autoscaler_scrapes",
+    "Provider builtin: reads of serving pods' /metrics, by outcome (ok, failed).",
+    ["outcome"],
+)
 
 _phases: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase of the last pass
 _seen: set[str] = set()

@@ -205,6 +205,11 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
         serving_spec = rollout.serving_spec(spec, stored, chash, serving)
+        # provider builtin: the replicas are the autoscaler's (status.autoscaling.desired), its only writer
+        scaled = scaling.decided_replicas(spec, old) or (
+            scaling.start_replicas(spec) if scaling.builtin(spec) else None
+        )
+        serving_spec = scaling.with_replicas(serving_spec, scaled)
         stored = rollout.stored_sections(spec, stored, chash, serving)
         objects = builders.build_all(
             owner, spec, serving, internal_token=secrets.token_urlsafe(32), serving_spec=serving_spec,
@@ -217,6 +222,12 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         for obj in objects:
             if obj is public:
                 continue  # last: it moves to the new set only once that set is ready
+            if scaled and obj["kind"] == "Deployment":
+                reverted = _manual_replicas(
+                    await kube.get("Deployment", ns, obj["metadata"]["name"]), obj, old
+                )
+                if reverted:
+                    emit("Warning", "ReplicasReverted", reverted)
             applied = await apply(kube, obj, conflicts)
             if obj["kind"] == "Deployment":
                 deployments[obj["metadata"]["name"]] = applied
@@ -272,13 +283,32 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 await kube.delete(made, ns, owner.name)
         if spec.autoscaling.enabled:
             conds = old.get("conditions") or []
-            status["conditions"].append(autoscaling_condition(conds, generation, now(), autoscaler))
+            builtin = ("DryRun" if spec.autoscaling.dryRun else "Builtin") if scaling.builtin(spec) else None
+            status["conditions"].append(autoscaling_condition(conds, generation, now(), autoscaler, builtin))
     status = with_conflicts(status, old, conflicts, generation, now())
     if status_changed(old, status):
         for event in transitions(old, status):
             emit(*event)
         await kube.patch_status(owner.namespace, owner.name, status)
     return status
+
+
+def _manual_replicas(
+    existing: dict[str, Any] | None, wanted: dict[str, Any], old: dict[str, Any]
+) -> str | None:
+    """What an autoscaled Deployment's replicas say when someone else set them (neither what the autoscaler
+    wants now nor what it had set before its last decision, status.autoscaling.lastScale.from), else None."""
+    if existing is None or not rollout.owned_by(existing, wanted["metadata"]["ownerReferences"][0]["uid"]):
+        return None
+    have, want = existing.get("spec", {}).get("replicas"), wanted["spec"]["replicas"]
+    role = wanted["metadata"]["labels"].get(f"{builders.LABEL_PREFIX}/role", "")
+    before = ((old.get("autoscaling") or {}).get("lastScale") or {}).get("from") or {}
+    if have is None or have in (want, before.get(role)):
+        return None
+    return (
+        f"Deployment {wanted['metadata']['name']} had replicas {have}, set by someone other than the "
+        f"autoscaler (its only writer for this model): put back to {want}"
+    )
 
 
 async def _delete_stale(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .autoscaler import Policy, RolePolicy
 from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSpec
 
 # The runtime's metric per signal (what the pods export on /metrics).
@@ -261,3 +262,93 @@ def build_autoscaler(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, A
     if not a.enabled or a.provider == "builtin":
         return None
     return build_hpa(spec, meta) if a.provider == "hpa" else build_scaled_object(spec, meta)
+
+
+# ---- provider builtin: the spec in the autoscaler's terms, and the replicas it decided -------------------
+
+TICK_SECONDS = 15.0  # how often the operator reads the pods' /metrics and decides (autoscale_loop.py)
+
+
+def builtin(spec: NeuronModelSpec) -> bool:
+    """Whether the operator's own autoscaler scales this model (autoscaling enabled, provider builtin)."""
+    return spec.autoscaling.enabled and spec.autoscaling.provider == "builtin"
+
+
+def _role_target(a: Autoscaling, signal: str) -> float:
+    """The target per replica of `signal`: the spec's own when it is the spec's metric, else the default."""
+    if signal == a.metric:
+        return target(a)
+    return DEFAULT_TARGETS[signal]
+
+
+def policy(spec: NeuronModelSpec) -> Policy:
+    """spec.autoscaling as the decision's Policy. Unified: min/max and the spec's metric. Disaggregated:
+    decode between min and max, prefill between autoscaling.prefill's bounds (default: decode's); prefill
+    decides on its queued prompt work (queue) or TTFT (metric ttft), decode on occupancy (or queue with
+    metric queue); the spec's target for the spec's metric, the default target (DEFAULT_TARGETS) for the
+    other. With scaleToZero every role's min is 0 and idleSeconds is the idle period."""
+    a = spec.autoscaling
+    low = 0 if a.scaleToZero else a.min
+    if spec.serving.mode == "unified":
+        roles = {"unified": RolePolicy(low, a.max, a.metric, target(a))}
+        ratio = None
+    else:
+        bounds = a.prefill or a
+        prefill_signal = "ttft" if a.metric == "ttft" else "queue"
+        decode_signal = "queue" if a.metric == "queue" else "occupancy"
+        roles = {
+            "prefill": RolePolicy(
+                0 if a.scaleToZero else bounds.min,
+                bounds.max,
+                prefill_signal,
+                _role_target(a, prefill_signal),
+            ),
+            "decode": RolePolicy(low, a.max, decode_signal, _role_target(a, decode_signal)),
+        }
+        ratio = (a.prefillDecodeRatio.min, a.prefillDecodeRatio.max) if a.prefillDecodeRatio else None
+    return Policy(
+        roles=roles,
+        scale_up_window=float(a.scaleUp.stabilizationSeconds),
+        scale_down_window=float(a.scaleDown.stabilizationSeconds),
+        scale_to_zero=a.scaleToZero,
+        idle=float(a.idleSeconds),
+        ratio=ratio,
+        slots=spec.neuron.batchSize,
+        dry_run=a.dryRun,
+    )
+
+
+def start_replicas(spec: NeuronModelSpec) -> dict[str, int]:
+    """The replicas of the autoscaled roles before any decision: the spec's, within the policy's bounds."""
+    p, replicas = policy(spec), role_replicas(spec)
+    return {role: _clamp(replicas[role], rp.min, rp.max) for role, rp in p.roles.items()}
+
+
+def decided_replicas(spec: NeuronModelSpec, status: dict[str, Any]) -> dict[str, int] | None:
+    """status.autoscaling.desired (the builtin autoscaler's last decision: its only writer) for a model it
+    scales, each role within the spec's bounds (a spec edited since the decision moves them); None when it
+    does not scale the model, is in dry run (the spec's replicas run) or has decided nothing yet."""
+    if not builtin(spec) or spec.autoscaling.dryRun:
+        return None
+    desired = (status.get("autoscaling") or {}).get("desired") or {}
+    p = policy(spec)
+    if set(desired) != set(p.roles) or not all(isinstance(n, int) for n in desired.values()):
+        return None
+    return {role: _clamp(desired[role], rp.min, rp.max) for role, rp in p.roles.items()}
+
+
+def with_replicas(spec: NeuronModelSpec, replicas: dict[str, int] | None) -> NeuronModelSpec:
+    """The spec whose serving roles run `replicas` (the autoscaler's decision), for the builders; `spec`
+    itself when there is none."""
+    if not replicas:
+        return spec
+    if spec.serving.mode == "unified":
+        return spec.model_copy(update={"replicas": replicas["unified"]})
+    assert spec.serving.prefill is not None and spec.serving.decode is not None  # the spec's rule
+    serving = spec.serving.model_copy(
+        update={
+            "prefill": spec.serving.prefill.model_copy(update={"replicas": replicas["prefill"]}),
+            "decode": spec.serving.decode.model_copy(update={"replicas": replicas["decode"]}),
+        }
+    )
+    return spec.model_copy(update={"replicas": None, "serving": serving})

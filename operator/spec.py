@@ -393,9 +393,9 @@ DEFAULT_TARGETS = {"queue": 2.0, "occupancy": 0.75}  # per replica, when autosca
     ),
 )
 class Autoscaling(Spec):
-    """Who scales the serving replicas, between which bounds, on which signal. The builtin provider is
-    accepted and checked, not acted on yet (`neuronfleet validate` and the status say so); hpa and keda are
-    acted on by the cluster once the operator has made their HorizontalPodAutoscaler or ScaledObject."""
+    """Who scales the serving replicas, between which bounds, on which signal: the builtin provider is the
+    operator itself (autoscale_loop.py, from the pods' /metrics); hpa and keda are acted on by the cluster
+    once the operator has made their HorizontalPodAutoscaler or ScaledObject."""
 
     enabled: bool = Field(False, description="Scale the serving replicas between min and max.")
     provider: Literal["builtin", "hpa", "keda"] = Field(
@@ -462,11 +462,6 @@ class Autoscaling(Spec):
         description="Provider keda: URL of the Prometheus that scrapes the serving and router pods.",
         pattern=r"^https?://\S+$",
     )
-
-
-AUTOSCALING_NOT_ACTED_ON = (
-    "autoscaling is accepted but not acted on yet: the replicas stay as serving.*.replicas say"
-)
 
 
 class Scheduling(Spec):
@@ -560,6 +555,27 @@ class RoleReplicas(BaseModel):
     )
 
 
+class LastScale(BaseModel):
+    from_: dict[str, int] = Field(alias="from", description="Replicas per role before the decision.")
+    to: dict[str, int] = Field(description="Replicas per role the decision set.")
+    reason: str = Field(description="Why, per role.")
+    at: str = Field(description="When (RFC 3339).")
+    signals: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Per role, the signal values the decision used (load, per replica, target, pods).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class AutoscalingStatus(BaseModel):
+    """Provider builtin: what the operator's autoscaler decided (it is the only writer of these)."""
+
+    desired: dict[str, int] | None = Field(None, description="Replicas per role the autoscaler set.")
+    lastScale: LastScale | None = Field(None, description="The last decision that changed the replicas.")
+    lastDecision: LastScale | None = Field(None, description="Dry run: the last change it would have made.")
+    stuck: dict[str, int] | None = Field(None, description="Per role, pods Pending past the deadline.")
+
+
 class NeuronModelStatus(BaseModel):
     phase: Phase | None = None
     observedGeneration: int | None = None
@@ -602,6 +618,7 @@ class NeuronModelStatus(BaseModel):
         "compile rolls once, after it.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    autoscaling: AutoscalingStatus | None = Field(None, description="Provider builtin: its decisions.")
 
 
 PRINTER_COLUMNS = [

@@ -5,9 +5,7 @@ I/O and no clock (the caller passes the time)."""
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from .spec import AUTOSCALING_NOT_ACTED_ON
+from typing import Any, Literal
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
 
@@ -274,15 +272,21 @@ def compute_status(
 
 
 def autoscaling_condition(
-    old: list[dict], generation: int, at: str, autoscaler: dict[str, Any] | None = None
-) -> dict:
+    old: list[dict], generation: int, at: str, autoscaler: dict[str, Any] | None = None,
+    builtin: Literal["Builtin", "DryRun"] | None = None,
+) -> dict:  # fmt: skip
     """For a spec that enables autoscaling: AutoscalingActive=True with the kind of the object the cluster
-    scales with (`autoscaler`: an HPA or a KEDA ScaledObject) as its reason; without one (provider builtin)
-    False: nothing scales the replicas yet."""
+    scales with (`autoscaler`: an HPA or a KEDA ScaledObject) as its reason; for provider builtin (no such
+    object), reason Builtin (the operator scales) or DryRun (it records its decisions and acts on none)."""
     if autoscaler is None:
-        return condition(
-            old, "AutoscalingActive", False, "NotImplemented", AUTOSCALING_NOT_ACTED_ON, generation, at
+        message = (
+            "the operator reads the serving pods' /metrics every 15 s and sets the replicas; "
+            "status.autoscaling says what it decided and why"
+            if builtin != "DryRun"
+            else "dry run: the operator reads the serving pods' /metrics and records its decisions in "
+            "status.autoscaling.lastDecision; the replicas stay as the spec says"
         )
+        return condition(old, "AutoscalingActive", True, builtin or "Builtin", message, generation, at)
     kind, name = autoscaler["kind"], autoscaler["metadata"]["name"]
     message = (
         f"{kind} {name} ({autoscaler['apiVersion']}) scales spec.replicas through the scale subresource; its "

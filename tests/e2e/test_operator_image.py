@@ -130,7 +130,7 @@ def test_the_operator_starts_and_reconciles_with_only_the_operator_images_packag
             return conditions if conditions.get("Validated", {}).get("status") == "True" else None
 
         conditions = wait_for("the model's status", validated, procs, logs)
-        assert conditions["AutoscalingActive"]["reason"] == "NotImplemented"  # the manifest enables it
+        assert conditions["AutoscalingActive"]["reason"] == "Builtin"  # the manifest enables it
         jobs = json.loads(kubectl("get", "jobs", "-n", "inference", "-o", "json").stdout)["items"]
         assert [j["metadata"]["name"].split("-compile-")[0] for j in jobs] == ["llama-3-1-8b"]
     finally:

@@ -18,7 +18,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.localcluster import semantics
-from neuronfleet.operator import builders, crd, kube, scaling, spec, status, validation
+from neuronfleet.operator import builders, crd, kube, scaling, status, validation
 
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
 KEDA_CRD = ROOT / "tests" / "data" / f"keda-{scaling.KEDA_VERSION}-scaledobjects.yaml"
@@ -185,7 +185,7 @@ def test_a_spec_that_leaves_replicas_to_autoscaling_validates_with_the_builtin_n
     assert (condition["status"], condition["reason"]) == ("True", "HorizontalPodAutoscaler")
     assert scaling.made_autoscaler([condition]) == "HorizontalPodAutoscaler"
     builtin = status.autoscaling_condition([], 3, "2026-01-01T00:00:00Z", None)
-    assert (builtin["status"], builtin["reason"]) == ("False", "NotImplemented")
+    assert (builtin["status"], builtin["reason"]) == ("True", "Builtin")
     assert scaling.made_autoscaler([builtin]) is None
 
 
@@ -421,7 +421,7 @@ def test_every_sample_still_builds_without_an_autoscaler_object():
         assert not set(built(obj)) & set(scaling.AUTOSCALER_KINDS), path.name
 
 
-def test_validate_notes_not_acted_on_only_for_the_builtin_provider(tmp_path):
+def test_validate_accepts_the_builtin_and_hpa_providers_without_a_note(tmp_path):
     builtin = manifest(UNIFIED, enabled=True, min=1, max=3)
     builtin["metadata"]["name"] = "b"
     hpa = manifest(UNIFIED, replicas=1, enabled=True, provider="hpa", min=1, max=3)
@@ -433,5 +433,4 @@ def test_validate_notes_not_acted_on_only_for_the_builtin_provider(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ok ") and " b;" in lines[0]
-    assert lines[1] == f"  note: {spec.AUTOSCALING_NOT_ACTED_ON}"
-    assert lines[2].startswith("ok ") and " m;" in lines[2] and len(lines) == 3
+    assert lines[1].startswith("ok ") and " m;" in lines[1] and len(lines) == 2  # builtin is acted on

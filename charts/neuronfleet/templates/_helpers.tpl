@@ -77,4 +77,7 @@ the one table the operator's API module is checked against (tests/test_chart.py 
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list"]
 {{- end -}}

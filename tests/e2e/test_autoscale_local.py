@@ -1,0 +1,166 @@
+"""The built-in autoscaler acts, in local mode (the real operator, kubelet, runtime and `kubectl`): the cpu
+sample with autoscaling provider builtin (min 1, max 2, metric queue, target 1 waiting request per replica,
+scale-down stabilisation 60 s). Concurrent chat requests beyond its slots make it scale 1 -> 2 (the model's
+status.autoscaling and `kubectl get events` say ScaledUp, with the reason and the signal values); once the
+load is gone and the window has passed it scales back to 1 (ScaledDown); every request is answered. In dry
+run the same load is only recorded (status.autoscaling.lastDecision, a DryRunScale Event). The measured
+times (load start to the decision, to the second pod ready; load end to the scale-down) are printed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+NAME = "smollm2"
+WORKERS = 8  # concurrent requests: 4 slots, so about 4 wait (the queue signal), well above target 1
+# a request of the load may wait for a whole batch on a busy machine: answered late is answered, so the
+# load's requests wait up to CEILING, not HTTP_TIMEOUT (a request lost is a failure, a slow one is not)
+# scaleDown.stabilizationSeconds: long enough for the load's last requests to finish after it stops (a pod
+# scaled down with requests in flight has local mode's 10 s grace to finish them)
+WINDOW = 60
+
+pytestmark = pytest.mark.real_model
+
+
+def neuronfleet(*args: str) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "neuronfleet")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local")
+    run = neuronfleet("up", "--state", str(state), "--detach")
+    assert run.returncode == 0, run.stderr + run.stdout
+    try:
+        yield LocalCluster(state)
+    finally:
+        down = neuronfleet("down", "--state", str(state))
+        assert down.returncode == 0, down.stderr
+
+
+def chat(endpoint: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> str:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": tokens}
+    req = urllib.request.Request(
+        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+class Load:
+    """WORKERS threads each sending chat requests one after the other until stopped; counts answers and
+    failures (a failure is any exception or a reply that is not a completion)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint, self.stop = endpoint, threading.Event()
+        self.answered, self.failed, self._lock = 0, [], threading.Lock()
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(WORKERS)]
+
+    def _work(self) -> None:
+        while not self.stop.is_set():
+            try:
+                chat(self.endpoint, 16, CEILING)
+                with self._lock:
+                    self.answered += 1
+            except Exception as e:  # every failure is counted and reported
+                with self._lock:
+                    self.failed.append(repr(e))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=CEILING + 10)
+
+
+def test_load_scales_up_and_idle_scales_back_down(local):
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["spec"]["autoscaling"] = {
+        "enabled": True, "provider": "builtin", "min": 1, "max": 2, "metric": "queue", "target": 1,
+        "scaleDown": {"stabilizationSeconds": WINDOW},
+    }  # fmt: skip
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", NAME)  # noqa: E731
+    auto = lambda: (model().get("status") or {}).get("autoscaling") or {}  # noqa: E731
+    local.wait("Ready", lambda: (model().get("status") or {}).get("phase") == "Ready")
+    status = model()["status"]
+    active = {c["type"]: c for c in status["conditions"]}["AutoscalingActive"]
+    assert (active["status"], active["reason"]) == ("True", "Builtin"), active
+    endpoint = status["endpoint"]
+    assert chat(endpoint, 4)  # serving
+
+    started = time.monotonic()
+    with Load(endpoint) as load:
+        local.wait("the autoscaler's scale-up", lambda: (auto().get("desired") or {}).get("unified") == 2)
+        decided = time.monotonic() - started
+        local.wait(
+            "2 ready pods",
+            lambda: (model()["status"].get("replicas") or {}).get("unified", {}).get("ready") == 2,
+        )
+        serving = time.monotonic() - started
+    stopped = time.monotonic()
+    assert not load.failed, load.failed[:5]
+    assert load.answered > 0
+    up = auto()["lastScale"]
+    assert (up["from"], up["to"]) == ({"unified": 1}, {"unified": 2}), up
+    assert "scale up 1 -> 2: queue" in up["reason"] and up["signals"]["unified"]["load"] > 1.1, up
+    label = f"neuronfleet.dev/model={NAME}"
+    replicas = lambda: [d["spec"]["replicas"] for d in local.get("deployments", "-l", label)["items"]]  # noqa: E731
+    assert replicas() == [2]
+    events = local.kubectl("get", "events").stdout
+    assert "ScaledUp" in events and "scale up 1 -> 2" in events, events
+
+    local.wait("the scale-down", lambda: (auto().get("desired") or {}).get("unified") == 1)
+    down_after = time.monotonic() - stopped
+    down = auto()["lastScale"]
+    assert (down["from"], down["to"]) == ({"unified": 2}, {"unified": 1}), down
+    at = lambda scale: datetime.datetime.fromisoformat(scale["at"].replace("Z", "+00:00"))  # noqa: E731
+    assert (at(down) - at(up)).total_seconds() >= WINDOW  # the scale-up's demand held the window
+    local.wait("1 pod left", lambda: replicas() == [1])
+    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (3: an
+    # edit back to the count before the last decision, 2, is taken for that decision's own write)
+    edit = '{"spec":{"replicas":3}}'
+    local.kubectl("patch", "deployment", f"{NAME}-unified", "--type", "merge", "-p", edit)
+    reverted = lambda: [  # noqa: E731
+        e for e in local.get("events")["items"] if e["reason"] == "ReplicasReverted"
+    ]
+    event = local.wait("ReplicasReverted", lambda: replicas() == [1] and reverted())[0]
+    assert event["type"] == "Warning" and "had replicas 3" in event["message"], event
+    assert event["message"].endswith("put back to 1"), event
+    assert "ScaledDown" in local.kubectl("get", "events").stdout
+    assert chat(endpoint, 4)  # still serving, on one pod
+
+    # dry run: the same load is decided on and recorded (status, Event), the replicas stay as they are
+    manifest["spec"]["autoscaling"]["dryRun"] = True
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    dry = lambda: {c["type"]: c for c in model()["status"]["conditions"]}["AutoscalingActive"]["reason"]  # noqa: E731
+    local.wait("AutoscalingActive DryRun", lambda: dry() == "DryRun")
+    with Load(endpoint) as again:
+        recorded = local.wait("a dry-run decision", lambda: auto().get("lastDecision"))
+    assert not again.failed, again.failed[:5]
+    assert (recorded["from"], recorded["to"]) == ({"unified": 1}, {"unified": 2}), recorded
+    assert auto()["desired"] == {"unified": 1} and replicas() == [1]  # nothing acted on
+    assert "DryRunScale" in local.kubectl("get", "events").stdout
+    print(
+        f"\nscale-up: decided {decided:.1f}s after the load started, 2 pods ready after {serving:.1f}s; "
+        f"scale-down decided {down_after:.1f}s after the load stopped (window {WINDOW}s); "
+        f"{load.answered} requests answered, {len(load.failed)} failed"
+    )
