@@ -291,13 +291,17 @@ class EmulatedAPIServer:
             return self._json(table(kind, [obj], store.last_revision) if "as=Table" in accept else obj)
         body = await self._body(request)
         if method == "POST" and name is None:
-            return self._json(await store.create(kind, ns, body, params), status=201)
+            created = await store.create(kind, ns, body, params)
+            await store.collect_orphan(kind, created)  # written after its owner went: collected
+            return self._json(created, status=201)
         if method in ("PUT", "PATCH") and name is not None:
             if method == "PUT":
                 stored = await store.replace(kind, ns, name, body, sub, params)
             else:
                 content_type = request.headers.get("Content-Type", "application/merge-patch+json")
                 stored = await store.patch(kind, ns, name, body, content_type.split(";")[0], sub, params)
+            if sub is None:
+                await store.collect_orphan(kind, stored)
             return self._json(scale_view(stored, kind) if sub == "scale" else stored)
         if method == "DELETE" and name is not None:
             policy = params.get("propagationPolicy") or (body or {}).get("propagationPolicy") or "Background"

@@ -321,19 +321,19 @@ class Store:
             self._allocate_cluster_ip(obj)
         stored = self._put(key, obj)
         await self.notify()
-        await self._collect_orphan(key, stored)
         return stored
 
-    async def _collect_orphan(self, key: Key, obj: dict[str, Any]) -> None:
-        """An object written with owner references none of whose owners exists (its owner was deleted while
-        the writer did not know yet) is deleted, as the garbage collector deletes dependents whose owners are
-        all gone (https://kubernetes.io/docs/concepts/architecture/garbage-collection/: "dependents whose
-        owners no longer exist"); the write itself succeeds, as on a real cluster."""
-        refs = obj["metadata"].get("ownerReferences") or []
-        if refs and not any(r.get("uid") in self._uids for r in refs):
-            kind = self.kinds.get(key[:3])
-            if kind is not None and key in self._objects:
-                await self.delete(kind, key[3], key[4])
+    async def collect_orphan(self, kind: Resource, obj: dict[str, Any]) -> None:
+        """After a client's write: an object written with owner references none of whose owners exists (its
+        owner was deleted while the writer did not know yet) is deleted, as the garbage collector deletes
+        dependents whose owners are all gone (https://kubernetes.io/docs/concepts/architecture/
+        garbage-collection/); the write itself succeeded, as on a real cluster. (Not for the in-process
+        controllers' own writes: they follow the store, not a stale cache.)"""
+        meta = obj["metadata"]
+        refs = meta.get("ownerReferences") or []
+        key = self._key(kind, meta.get("namespace"), meta["name"])
+        if refs and not any(r.get("uid") in self._uids for r in refs) and key in self._objects:
+            await self.delete(kind, meta.get("namespace"), meta["name"])
 
     def _allocate_cluster_ip(self, service: dict[str, Any]) -> None:
         """A free address from the service range 10.96.0.0/12 (kube-apiserver's default
@@ -427,9 +427,6 @@ class Store:
             await self._collect_garbage(meta["uid"])
         else:
             stored = self._put(key, new, "MODIFIED")
-            await self.notify()
-            await self._collect_orphan(key, stored)
-            return stored
         await self.notify()
         return stored
 

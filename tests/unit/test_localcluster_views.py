@@ -177,8 +177,10 @@ def test_garbage_collection_follows_owner_references_through_the_owner_index():
         # written after its owner went (a controller that had not seen the delete yet): collected
         gone = {"metadata": {"name": "gone", "uid": root["metadata"]["uid"]}}
         late = await make("late", gone)
+        await store.collect_orphan(CONFIGMAPS, late)  # (what the API server does after a client's write)
         assert late["metadata"]["name"] == "late" and "late" not in names()  # the write succeeded, then GC
         survivor = await make("survivor", left)  # an owner that exists: kept
+        await store.collect_orphan(CONFIGMAPS, survivor)
         assert "survivor" in names() and survivor["metadata"]["ownerReferences"][0]["name"] == "dependent"
 
     asyncio.run(scenario())
