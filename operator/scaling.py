@@ -99,6 +99,12 @@ def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
                 )
     if not a.enabled:
         return errors
+    if a.provider == "builtin" and a.scaleToZero:
+        errors.append(
+            "autoscaling.scaleToZero with provider builtin is not built yet: at zero nothing would hold the "
+            "requests or wake the autoscaler (a pod-less model has no metrics); set scaleToZero false and "
+            "min 1 or more, or use provider keda"
+        )
     if a.provider == "hpa" and spec.replicas is None:
         errors.append(
             "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, "

@@ -149,3 +149,15 @@ def test_timestamps_read_as_the_api_server_writes_them():
     assert autoscale_loop.seconds("1970-01-01T00:01:40Z") == 100.0
     assert autoscale_loop.iso(100.0) == "1970-01-01T00:01:40Z"
     assert autoscale_loop.seconds(None) is None
+
+
+def test_scale_to_zero_with_the_builtin_provider_is_refused_until_something_holds_requests_at_zero():
+    """At zero a builtin-autoscaled model would have no pod, so no metrics, and nothing holding requests or
+    waking the autoscaler: refused, saying what works."""
+    obj = copy.deepcopy(UNIFIED)
+    obj["metadata"]["name"] = "m"
+    obj["spec"]["autoscaling"] = {"enabled": True, "min": 0, "max": 2, "scaleToZero": True}
+    report = validation.check(obj)
+    assert any("scaleToZero with provider builtin is not built yet" in e for e in report.errors), report.errors
+    obj["spec"]["autoscaling"] = {"enabled": True, "min": 1, "max": 2}
+    assert validation.check(obj).ok, validation.check(obj).errors
