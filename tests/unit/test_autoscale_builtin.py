@@ -158,6 +158,8 @@ def test_scale_to_zero_with_the_builtin_provider_is_refused_until_something_hold
     obj["metadata"]["name"] = "m"
     obj["spec"]["autoscaling"] = {"enabled": True, "min": 0, "max": 2, "scaleToZero": True}
     report = validation.check(obj)
-    assert any("scaleToZero with provider builtin is not built yet" in e for e in report.errors), report.errors
+    assert any("scaleToZero with provider builtin is not built yet" in e for e in report.errors), (
+        report.errors
+    )
     obj["spec"]["autoscaling"] = {"enabled": True, "min": 1, "max": 2}
     assert validation.check(obj).ok, validation.check(obj).errors
