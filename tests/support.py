@@ -181,6 +181,39 @@ def neuronfleet_command() -> list[str]:
     return [sys.executable, "-P", "-m", "neuronfleet.cli"]
 
 
+_IMPORTS_REPORTER = """
+import os, signal, sys, threading, time, urllib.request
+
+from neuronfleet.cli import main
+
+def report_once_serving():
+    while True:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.2)
+    heavy = sorted(m for m in {modules!r} if m in sys.modules)
+    print("IMPORTED", ",".join(heavy) or "-", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=report_once_serving, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def serve_and_report_imports(
+    args: list[str], port: int, modules: tuple[str, ...]
+) -> subprocess.CompletedProcess:
+    """`neuronfleet ARGS` (a server on `port`) in a child process that, once its /health answers, prints which
+    of `modules` it has imported (`IMPORTED a,b`, or `IMPORTED -` for none), then stops itself with SIGTERM
+    (so its exit status is the drain's)."""
+    script = _IMPORTS_REPORTER.format(port=port, modules=tuple(modules))
+    return subprocess.run([sys.executable, "-P", "-c", script, *args], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
 # ---- HTTP -------------------------------------------------------------------------------------------------
 
 
@@ -410,6 +443,25 @@ class LocalCluster:
 
     def wait(self, what: str, check):
         return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
+
+
+def run_neuronfleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`neuronfleet ARGS` as a user runs it (the installed console script), its output captured."""
+    cli = str(Path(sys.executable).parent / "neuronfleet")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING, env=env)
+
+
+@contextlib.contextmanager
+def local_mode(state: Path, make: Callable[[Path], Any] = LocalCluster, env: dict[str, str] | None = None):
+    """`neuronfleet up --detach` in `state`, the cluster as `make(state)` gives it, then `neuronfleet down`
+    (each checked)."""
+    run = run_neuronfleet("up", "--state", str(state), "--detach", env=env)
+    assert run.returncode == 0, run.stderr + run.stdout
+    try:
+        yield make(state)
+    finally:
+        down = run_neuronfleet("down", "--state", str(state), env=env)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 # ---- models -----------------------------------------------------------------------------------------------

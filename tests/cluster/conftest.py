@@ -20,14 +20,23 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, Kubectl, LocalCluster, Process, free_port, wait_until
+from support import (
+    CEILING,
+    HTTP_TIMEOUT,
+    ROOT,
+    Kubectl,
+    LocalCluster,
+    Process,
+    free_port,
+    local_mode,
+    wait_until,
+)
 
 from neuronfleet.operator import validation
 
@@ -338,16 +347,8 @@ def cluster(cluster_settings: Settings, tmp_path_factory: pytest.TempPathFactory
     s = cluster_settings
     state = tmp_path_factory.mktemp("cluster")
     if s.local:
-        cli = str(Path(sys.executable).parent / "neuronfleet")
-        run = subprocess.run([cli, "up", "--state", str(state), "--detach"], capture_output=True, text=True,
-                             timeout=CEILING)  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-        try:
-            yield LocalMode(state, s.ready_timeout)
-        finally:
-            down = subprocess.run([cli, "down", "--state", str(state)], capture_output=True, text=True,
-                                  timeout=CEILING)  # fmt: skip
-            assert down.returncode == 0, down.stdout + down.stderr
+        with local_mode(state, lambda folder: LocalMode(folder, s.ready_timeout)) as cluster:
+            yield cluster
         return
     assert s.kubeconfig is not None
     kubectl = Kubectl(s.kubeconfig, state / "kubectl-cache")

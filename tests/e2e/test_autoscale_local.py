@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
+from support import CEILING, HTTP_TIMEOUT, ROOT, local_mode
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -34,21 +31,10 @@ WINDOW = 60
 pytestmark = pytest.mark.real_model
 
 
-def neuronfleet(*args: str) -> subprocess.CompletedProcess:
-    cli = str(Path(sys.executable).parent / "neuronfleet")
-    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
-
-
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    state = tmp_path_factory.mktemp("local")
-    run = neuronfleet("up", "--state", str(state), "--detach")
-    assert run.returncode == 0, run.stderr + run.stdout
-    try:
-        yield LocalCluster(state)
-    finally:
-        down = neuronfleet("down", "--state", str(state))
-        assert down.returncode == 0, down.stderr
+    with local_mode(tmp_path_factory.mktemp("local")) as cluster:
+        yield cluster
 
 
 def chat(endpoint: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> str:

@@ -16,14 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
+from support import HTTP_TIMEOUT, ROOT, local_mode
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -31,23 +28,12 @@ NAME = "smollm2"
 pytestmark = pytest.mark.real_model
 
 
-def neuronfleet(*args: str) -> subprocess.CompletedProcess:
-    cli = str(Path(sys.executable).parent / "neuronfleet")
-    # the operator fingerprints a failed compile's source every 3 s here, not every 10 minutes
-    env = {**os.environ, "NEURONFLEET_SOURCE_CHECK_SECONDS": "3"}
-    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING, env=env)
-
-
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    state = tmp_path_factory.mktemp("local")
-    run = neuronfleet("up", "--state", str(state), "--detach")
-    assert run.returncode == 0, run.stderr + run.stdout
-    try:
-        yield LocalCluster(state)
-    finally:
-        down = neuronfleet("down", "--state", str(state))
-        assert down.returncode == 0, down.stderr
+    # the operator fingerprints a failed compile's source every 3 s here, not every 10 minutes
+    env = {**os.environ, "NEURONFLEET_SOURCE_CHECK_SECONDS": "3"}
+    with local_mode(tmp_path_factory.mktemp("local"), env=env) as cluster:
+        yield cluster
 
 
 def degraded(model: dict) -> dict:

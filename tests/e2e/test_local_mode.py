@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text
+from support import HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text, run_neuronfleet
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
@@ -30,11 +27,6 @@ DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregate
 QUESTION = "What is the capital of France?"
 
 pytestmark = pytest.mark.real_model
-
-
-def neuronfleet(*args: str) -> subprocess.CompletedProcess:
-    cli = str(Path(sys.executable).parent / "neuronfleet")
-    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
 
 
 class Local(LocalCluster):
@@ -82,7 +74,7 @@ def _answer(endpoint: str, model: str) -> str | None:
 def local(tmp_path_factory):
     state = tmp_path_factory.mktemp("local")
     started = time.monotonic()
-    run = neuronfleet("up", "--state", str(state), "--detach")
+    run = run_neuronfleet("up", "--state", str(state), "--detach")
     assert run.returncode == 0, run.stderr + run.stdout
     assert "kubectl --kubeconfig" in run.stdout and (state / "kubeconfig").is_file()
     print(f"up: {time.monotonic() - started:.1f} s")
@@ -90,7 +82,7 @@ def local(tmp_path_factory):
     try:
         yield fleet
     finally:
-        down = neuronfleet("down", "--state", str(state))
+        down = run_neuronfleet("down", "--state", str(state))
         assert down.returncode == 0, down.stderr
         assert fleet.pids() == [], "a pod process outlived `neuronfleet down`"
         assert not (state / "pids.json").exists()

@@ -8,27 +8,19 @@ delete the old one; a replicas change rolls at once. Not one request fails."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, LocalCluster
+from support import HTTP_TIMEOUT, ROOT, LocalCluster, local_mode
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
 
 pytestmark = pytest.mark.real_model
-
-
-def neuronfleet(*args: str) -> subprocess.CompletedProcess:
-    cli = str(Path(sys.executable).parent / "neuronfleet")
-    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING)
 
 
 class Local(LocalCluster):
@@ -54,14 +46,8 @@ class Local(LocalCluster):
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    state = tmp_path_factory.mktemp("local")
-    run = neuronfleet("up", "--state", str(state), "--detach")
-    assert run.returncode == 0, run.stderr + run.stdout
-    try:
-        yield Local(state)
-    finally:
-        down = neuronfleet("down", "--state", str(state))
-        assert down.returncode == 0, down.stderr
+    with local_mode(tmp_path_factory.mktemp("local"), Local) as cluster:
+        yield cluster
 
 
 class Traffic:
