@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, Process, free_port, http_status, metric, neuronfleet_command
+from support import (
+    ROOT,
+    Process,
+    free_port,
+    http_status,
+    metric,
+    neuronfleet_command,
+    serve_and_report_imports,
+)
 
 STANDIN = ROOT / "tests" / "standins" / "engines.py"
 MODEL = "m"
@@ -300,35 +308,10 @@ def test_a_decode_server_that_dies_mid_stream_ends_the_stream_with_an_error(flee
     assert "failed mid-stream" in e.value.message
 
 
-HARNESS = """
-import os, signal, sys, threading, time, urllib.request
-
-from neuronfleet.cli import main
-
-def report_once_serving():
-    while True:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.2)
-    model_code = ("torch", "numpy", "safetensors", "tokenizers", "transformers")
-    heavy = sorted(m for m in model_code if m in sys.modules)
-    print("IMPORTED", ",".join(heavy) or "-", flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-threading.Thread(target=report_once_serving, daemon=True).start()
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_an_engine_router_loads_no_model_code_and_drains_on_sigterm(engine):
     """Started as the operator starts it (no model, peers that do not answer), serving: no torch, tokenizer
     or model library in its modules; SIGTERM ends it cleanly (exit 0)."""
-    import subprocess
-
     port = free_port()
     args = [
         "serve",
@@ -347,7 +330,7 @@ def test_an_engine_router_loads_no_model_code_and_drains_on_sigterm(engine):
     ]
     if engine == "sglang":
         args += ["--bootstrap-port", "8998"]
-    run = subprocess.run([sys.executable, "-P", "-c", HARNESS.format(port=port), *args],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    model_code = ("torch", "numpy", "safetensors", "tokenizers", "transformers")
+    run = serve_and_report_imports(args, port, model_code)
     assert run.returncode == 0, run.stderr
     assert "IMPORTED -" in run.stdout, run.stdout + run.stderr

@@ -3,32 +3,8 @@ router's image and memory carry no model code."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from support import free_port
-
-ROUTER = """
-import os, signal, sys, threading, time, urllib.request
-
-from neuronfleet.cli import main
-
-def report_once_serving():
-    while True:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.2)
-    heavy = sorted(m for m in ("torch", "safetensors") if m in sys.modules)
-    print("IMPORTED", ",".join(heavy) or "-", flush=True)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-threading.Thread(target=report_once_serving, daemon=True).start()
-sys.exit(main(sys.argv[1:]))
-"""
+from support import free_port, serve_and_report_imports
 
 
 @pytest.mark.real_model
@@ -41,11 +17,6 @@ def test_a_started_router_has_not_imported_torch(smollm2_dir, tmp_path):
         *("--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9"),
         *("--internal-token-file", str(tmp_path / "token"), "--max-seq-len", "256", "--grace-period", "1"),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-P", "-c", ROUTER.format(port=port), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = serve_and_report_imports(args, port, ("torch", "safetensors"))
     assert proc.returncode == 0, proc.stderr
     assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr
