@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from . import pd_protocols as pd
 from .errors import openai_error_body
-from .peers import Peer, PeerSet, resolve_peers
+from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,9 @@ class EngineRouter:
             await self._session.close()
 
     async def _refresh(self) -> None:
-        loop = asyncio.get_running_loop()
-        for peers in (self.prefill, self.decode):
-            peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+        await resolve_again((self.prefill, self.decode))
         self._resolved_at = time.monotonic()
-        await asyncio.gather(
-            *(self._probe(p, url) for p in (self.prefill, self.decode) for url in list(p.peers))
-        )
+        await probe_all((self.prefill, self.decode), self._probe)
 
     async def _probe(self, peers: PeerSet, url: str) -> None:
         """The engines' liveness endpoint: `GET /health` answers 200 while the server can serve."""
@@ -177,12 +173,7 @@ class EngineRouter:
             peers.failed(url, why)
 
     async def _probe_forever(self) -> None:
-        while self.running:
-            await asyncio.sleep(self.probe_interval)
-            try:
-                await self._refresh()
-            except Exception:  # a probe round must never end the loop
-                log.exception("probing the peers failed")
+        await refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
 
     @staticmethod
     def _pick(peers: PeerSet, tried: set[str]) -> Peer | None:

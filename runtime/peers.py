@@ -7,12 +7,13 @@ own servers (`pd_proxy`); it loads no model code.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +152,27 @@ class PeerSet:
     @property
     def healthy(self) -> int:
         return sum(p.healthy for p in self.peers.values())
+
+
+async def resolve_again(peer_sets: Sequence[PeerSet]) -> None:
+    """Resolve each set's specs again (DNS off the event loop)."""
+    loop = asyncio.get_running_loop()
+    for peers in peer_sets:
+        peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+
+
+async def probe_all(peer_sets: Sequence[PeerSet], probe: Callable[[PeerSet, str], Awaitable[None]]) -> None:
+    """Probe every peer once, at once (`probe` does the router's own HTTP and records the outcome)."""
+    await asyncio.gather(*(probe(peers, url) for peers in peer_sets for url in list(peers.peers)))
+
+
+async def refresh_forever(
+    running: Callable[[], bool], interval: float, refresh_once: Callable[[], Awaitable[None]]
+) -> None:
+    """`refresh_once` every `interval` seconds while `running()`: a failed round is logged, never the end."""
+    while running():
+        await asyncio.sleep(interval)
+        try:
+            await refresh_once()
+        except Exception:  # a probe round must never end the loop
+            log.exception("probing the peers failed")

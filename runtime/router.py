@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .backend import FinishReason, Limits, RequestOutput, check_fits
 from .errors import ServingError, Unavailable
-from .peers import Peer, PeerSet, resolve_peers
+from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
 from .sampling_params import SamplingParams
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
@@ -196,14 +196,9 @@ class RemoteBackend:
 
     async def _refresh(self) -> None:
         """Resolve the specs again (DNS off the event loop) and probe every peer once."""
-        loop = asyncio.get_running_loop()
-        for peers in (self.prefill, self.decode):
-            peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+        await resolve_again((self.prefill, self.decode))
         self._resolved_at = time.monotonic()
-        probes = [
-            self._probe(peers, url) for peers in (self.prefill, self.decode) for url in list(peers.peers)
-        ]
-        await asyncio.gather(*probes)
+        await probe_all((self.prefill, self.decode), self._probe)
 
     async def _probe(self, peers: PeerSet, url: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
@@ -215,12 +210,7 @@ class RemoteBackend:
         peers.probed(url, status)
 
     async def _probe_forever(self) -> None:
-        while self.running:
-            await asyncio.sleep(self.probe_interval)
-            try:
-                await self._refresh()
-            except Exception:  # a probe round must never end the loop
-                log.exception("probing the peers failed")
+        await refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
 
     # ---- requests ----
 
