@@ -173,15 +173,8 @@ class StandIn:
             return None
         url = f"http://{kv['remote_host']}:{kv['remote_port']}/standin/blocks"
         asked = {"engine": kv["remote_engine_id"], "blocks": kv["remote_block_ids"], "request_id": request_id}
-        try:
-            async with aiohttp.ClientSession() as s, s.post(url, json=asked) as r:
-                if r.status == 200:
-                    return None
-                why = await r.text()
-        except (aiohttp.ClientError, OSError) as e:
-            why = str(e)
-        return {"error": {"message": f"KV transfer from {url} failed: {why}", "type": "InternalServerError",
-                          "param": None, "code": 500}}  # fmt: skip
+        why = await _failure("POST", url, asked)
+        return None if why is None else _internal_error(f"KV transfer from {url} failed: {why}")
 
     # ---- SGLang: the bootstrap room a decode meets its prefill in ----
 
@@ -199,15 +192,22 @@ class StandIn:
         except (KeyError, TypeError, ValueError) as e:
             return {"error": {"message": f"a decode server needs bootstrap_host, _port and _room: {e}",
                               "type": "BadRequestError", "param": None, "code": 400}}  # fmt: skip
-        try:
-            async with aiohttp.ClientSession() as s, s.get(url) as r:
-                if r.status == 200:
-                    return None
-                why = await r.text()
-        except (aiohttp.ClientError, OSError) as e:
-            why = str(e)
-        return {"error": {"message": f"bootstrap at {url} failed: {why}", "type": "InternalServerError",
-                          "param": None, "code": 500}}  # fmt: skip
+        why = await _failure("GET", url)
+        return None if why is None else _internal_error(f"bootstrap at {url} failed: {why}")
+
+
+def _internal_error(message: str) -> dict:
+    return {"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}
+
+
+async def _failure(method: str, url: str, body: dict | None = None) -> str | None:
+    """Why a call to the paired stand-in failed (its answer other than 200, or the connection's error), or
+    None when it answered 200."""
+    try:
+        async with aiohttp.ClientSession() as s, s.request(method, url, json=body) as r:
+            return None if r.status == 200 else await r.text()
+    except (aiohttp.ClientError, OSError) as e:
+        return str(e)
 
 
 async def main(args: argparse.Namespace) -> None:
