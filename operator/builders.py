@@ -260,12 +260,8 @@ def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[
     command = ["neuronfleet", "source-fingerprint", "--uri", spec.model.uri]
     if spec.model.revision:
         command += ["--revision", spec.model.revision]
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    volumes, mounts = pod_parts.source_volumes(spec)
     if spec.model.uri.startswith("pvc://"):
-        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
         command += ["--model-mount", MODEL_MOUNT]
     container = {
         "name": "fingerprint",

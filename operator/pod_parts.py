@@ -59,24 +59,30 @@ def env(spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool) -> list[d
     return env
 
 
+def source_volumes(spec: NeuronModelSpec) -> tuple[list, list]:
+    """What every pod that reads the model source has: /tmp, and a pvc:// model's claim, read-only."""
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.model.uri.startswith("pvc://"):
+        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
 def volumes(
     spec: NeuronModelSpec, compiling: bool, cache_claim: str, config_map: str, writable: tuple[str, ...] = ()
 ) -> tuple[list, list]:
     """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
-    never touches running pods)."""
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    never touches running pods), beside the `source_volumes`."""
+    volumes, mounts = source_volumes(spec)
     if engines.compiles(spec):  # (an engine that compiles as it starts has no artifacts to read)
         volumes.insert(0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim}})
         mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling})
     if compiling:
         volumes.insert(1, {"name": "config", "configMap": {"name": config_map}})
         mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
-    if spec.model.uri.startswith("pvc://"):
-        claim = spec.model.uri.removeprefix("pvc://").split("/", 1)[0]
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     for i, path in enumerate(writable):  # what the engine writes beside /tmp (HOME, caches), root read-only
         volumes.append({"name": f"writable-{i}", "emptyDir": {}})
         mounts.append({"name": f"writable-{i}", "mountPath": path})
