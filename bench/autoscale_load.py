@@ -19,7 +19,9 @@ until the model is at zero before the load, and also measures the cold start fro
 sent at zero -> its answer) and the requests lost; the results go to autoscale_load_zero.json/.png.
 
 At the end, also on a failure, Ctrl-C or SIGTERM, it deletes the model and, if it started local mode, runs
-`neuronfleet down` (a local mode given with --state is left running).
+`neuronfleet down` (a local mode given with --state is left running). The local mode it starts runs each pod
+with --threads torch threads (OMP_NUM_THREADS, default 1): up to 3 pods share the machine's cores without
+oversubscribing them (with torch's default, one thread per core in every pod, a decode step took seconds).
 
     bash bench/setup_llamacpp.sh   # the benchmarks' own environment (matplotlib), once
     bench/.venv-llamacpp/bin/python bench/autoscale_load.py [--scale-to-zero] [--idle 45 --ramp 150 ...]
@@ -192,8 +194,8 @@ class Cluster:
         return run.stdout
 
 
-def neuronfleet(*args: str) -> None:
-    run = subprocess.run([str(NEURONFLEET), *args], capture_output=True, text=True, timeout=300)
+def neuronfleet(*args: str, env: dict[str, str] | None = None) -> None:
+    run = subprocess.run([str(NEURONFLEET), *args], capture_output=True, text=True, timeout=300, env=env)
     if run.returncode:
         raise RuntimeError(f"neuronfleet {' '.join(args)} failed: {run.stderr.strip() or run.stdout.strip()}")
 
@@ -320,11 +322,12 @@ def sample(cluster: Cluster, name: str, t: float, load: Load, phases: list[Phase
 
 def decision_events(cluster: Cluster, name: str) -> list[dict]:
     items = cluster.get("/api/v1/namespaces/default/events")["items"]
-    return [
+    events = [
         {k: e.get(k) for k in ("type", "reason", "message", "count", "firstTimestamp", "lastTimestamp")}
         for e in items
         if (e.get("involvedObject") or {}).get("name") == name and e.get("reason") in DECISION_EVENTS
     ]
+    return sorted(events, key=lambda e: e["firstTimestamp"] or "")
 
 
 def wait_for_zero(cluster: Cluster, name: str, timeout: float) -> float:
@@ -385,11 +388,16 @@ def plot(result: dict, out: Path) -> None:
     for ax in axes:
         ax.legend(loc="upper left", fontsize=8)
     m = result["measured"]
-    ups = ", ".join(f"{u['phase']} {u['seconds']} s" for u in m["scale_up"] if u["seconds"] is not None)
+    r = m["requests"]
+    ups = ", ".join(
+        f"{u['phase']} {u['seconds_from_queue']:.0f} s"
+        for u in m["scale_up"]
+        if u["seconds_from_queue"] is not None
+    )
     fig.suptitle(
-        f"builtin autoscaler, local mode ({result['machine']['cpus']} cores): scale-up {ups or 'none'}; "
-        f"requests {m['requests']['answered']}/{m['requests']['sent']} answered; "
-        f"direction changes {m['direction_changes']}"
+        f"builtin autoscaler, local mode ({result['machine']['cpus']} cores, shared)\n"
+        f"queue over target -> new pod ready {ups or 'never'}; requests {r['answered']}/{r['sent']} answered "
+        f"({r['failed']} failed); direction changes {m['direction_changes']}"
     )
     fig.savefig(out, dpi=90)
 
@@ -474,15 +482,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cooldown", type=float, default=150, help="seconds without load at the end")
     p.add_argument("--ramp-clients", type=int, default=8)
     p.add_argument("--burst-clients", type=int, default=12)
+    p.add_argument("--threads", default="1", help="torch threads per pod (OMP_NUM_THREADS) when starting up")
     p.add_argument("--drain", type=float, default=180, help="seconds the last requests get to finish")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--ready-timeout", type=float, default=900)
     p.add_argument("--out", help="results path without suffix (default bench/results/autoscale_load[_zero])")
+    p.add_argument("--plot-only", metavar="JSON", help="draw the PNG of a results JSON again; run nothing")
     args = p.parse_args(argv)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         p.error("matplotlib is missing: `bash bench/setup_llamacpp.sh`, then bench/.venv-llamacpp/bin/python")
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+        return 0
     out = Path(args.out or RESULTS / ("autoscale_load_zero" if args.scale_to_zero else "autoscale_load"))
     obj = manifest_for(args)
 
@@ -492,8 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     own = args.state is None
     state = Path(args.state) if args.state else Path(tempfile.mkdtemp(prefix="autoscale-load-"))
-    if own:
-        neuronfleet("up", "--state", str(state), "--detach")
+    if own:  # local mode's pods are processes that inherit `up`'s environment, this thread count included
+        neuronfleet(
+            "up", "--state", str(state), "--detach", env={**os.environ, "OMP_NUM_THREADS": args.threads}
+        )
     try:
         cluster = Cluster(state)
         try:
