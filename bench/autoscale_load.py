@@ -93,7 +93,10 @@ def direction_changes(values: list[int]) -> int:
 
 
 def ready_total(sample: dict[str, Any]) -> int:
-    return sum(sample["ready"].values())
+    """The ready pods of the scaled roles (those the autoscaler decides on: a front door that never scales,
+    such as the router of a model that may scale to zero, is not counted); all roles before any decision."""
+    scaled = sample.get("desired") or sample["ready"]
+    return sum(n for role, n in sample["ready"].items() if role in scaled)
 
 
 def scale_up_times(
@@ -331,11 +334,20 @@ def decision_events(cluster: Cluster, name: str) -> list[dict]:
 
 
 def wait_for_zero(cluster: Cluster, name: str, timeout: float) -> float:
+    """Seconds until the autoscaler wants no pod of a scaled role and none is ready (the front door stays)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
+        model = cluster.get(f"{GROUP}/namespaces/default/neuronmodels/{name}")
+        desired = ((model.get("status") or {}).get("autoscaling") or {}).get("desired") or {}
         items = cluster.get("/apis/apps/v1/namespaces/default/deployments",
                             labelSelector=f"neuronfleet.dev/model={name}")["items"]  # fmt: skip
-        if items and all(not (d.get("status") or {}).get("readyReplicas") for d in items):
+        ready = {
+            d["metadata"].get("labels", {}).get("neuronfleet.dev/role"): (d.get("status") or {}).get(
+                "readyReplicas"
+            )
+            for d in items
+        }
+        if desired and not any(desired.values()) and not any(ready.get(role) for role in desired):
             return time.monotonic() - started
         time.sleep(1)
     raise RuntimeError(f"the model did not scale to zero within {timeout:.0f} s")

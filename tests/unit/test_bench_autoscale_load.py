@@ -122,3 +122,13 @@ def test_summarize_counts_sent_answered_and_failed():
     percentiles = (out["ttft_p50_s"], out["ttft_p90_s"], out["latency_p50_s"], out["latency_p90_s"])
     assert percentiles == (0.2, 0.4, 1, 3)
     assert bench.summarize([])["ttft_p50_s"] is None
+
+
+def test_a_front_door_that_never_scales_is_not_counted_as_ready_pods():
+    """A model that may scale to zero keeps its router: at zero only the scaled roles' pods are gone."""
+    at_zero = {"t": 5, "ready": {"router": 1, "unified": 0}, "desired": {"unified": 0}, "queue": 0}
+    back = {"t": 20, "ready": {"router": 1, "unified": 1}, "desired": {"unified": 1}, "queue": 0}
+    assert (bench.ready_total(at_zero), bench.ready_total(back)) == (0, 1)
+    assert bench.ready_total({"ready": {"unified": 2}, "desired": {}}) == 2  # before any decision: every role
+    cold = bench.cold_start([{**at_zero, "t": 0}, at_zero, back], [request(6, 19, ttft=12.5)])
+    assert cold == {"sent_t": 6, "answered": True, "seconds": 13, "ttft": 12.5}
