@@ -98,6 +98,9 @@ class ServeConfig(BaseModel):
     )
     prefill: list[str] | None = _flag(None, "router: a prefill peer URL (http://host:port); repeat")
     decode: list[str] | None = _flag(None, "router: a decode peer URL (http://host:port); repeat")
+    unified: list[str] | None = _flag(
+        None, "router: a unified peer URL (http://host:port, dns://name:port): a front door, no model files"
+    )
     peer_protocol: PeerProtocol = _flag(
         "neuronfleet",
         "router: what the peers speak: neuronfleet (our runtime's KV handoff), or the P/D protocol of vllm "
@@ -148,6 +151,9 @@ class ServeConfig(BaseModel):
         '{"name:port": ["host:port", ...]}), looked up before DNS for dns:// peers and read again at each '
         f"resolution (else {PEER_HOSTS_FILE_ENV})",
     )
+    hold_requests: int = _flag(0, "router: requests held while no peer is ready (0: none held)")
+    hold_seconds: float = _flag(300.0, "router: longest a request is held, then 503 with Retry-After")
+    wake_url: str | None = _flag(None, "router: POSTed at once when a request is held, then every 5 s")
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
@@ -156,7 +162,7 @@ class ServeConfig(BaseModel):
     def _roles_need(self) -> ServeConfig:
         """What each role needs, said clearly: a model folder, except for a router that speaks an engine's
         protocol (it reads none); the bootstrap port exactly for sglang peers."""
-        engine_router = self.role == "router" and self.peer_protocol != "neuronfleet"
+        engine_router = self.role == "router" and (self.peer_protocol != "neuronfleet" or bool(self.unified))
         if self.role != "router" and self.peer_protocol != "neuronfleet":
             raise ValueError(f"--peer-protocol {self.peer_protocol} is for --role router, not {self.role}")
         if self.model is None and not engine_router:
