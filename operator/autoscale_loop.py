@@ -44,6 +44,7 @@ WAKE_INTERVAL = 1.0  # seconds: a model's wakes closer together than this run on
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+Scaled = tuple[float, frozenset[str]]  # a role's scale-up awaiting its first new pod: when, the pods then
 
 
 def seconds(timestamp: str | None) -> float | None:
@@ -118,9 +119,7 @@ class AutoscaleLoop:
         self._stuck: set[Key] = set()
         self._locks: dict[Key, asyncio.Lock] = {}  # one decision per model at once (tick or wake)
         self._woken: dict[Key, float] = {}  # when each model's last wake ran a decision
-        self._cold: dict[
-            Key, dict[str, tuple[float, frozenset[str]]]
-        ] = {}  # role -> (scaled up at, pods then)
+        self._cold: dict[Key, dict[str, Scaled]] = {}  # per model, role -> (scaled up at, its pods then)
         self._wakes: set[asyncio.Task] = set()
         self._pods_of: dict[Key, set[Key]] = {}  # model -> its pods this loop keeps something of
         self._task: asyncio.Task | None = None
@@ -163,6 +162,9 @@ class AutoscaleLoop:
         for key in [k for k in self._history if k not in seen]:
             self._history.pop(key)
             self._cold.pop(key, None)
+            self._woken.pop(key, None)
+            if not (lock := self._locks.get(key)) or not lock.locked():
+                self._locks.pop(key, None)
             for pod in self._pods_of.pop(key, set()):
                 self._ready_since.pop(pod, None)
                 self._scrapes.pop(pod, None)
@@ -181,7 +183,8 @@ class AutoscaleLoop:
         lock = self._locks.setdefault(key, asyncio.Lock())
         if lock.locked():
             return "running"
-        if time.monotonic() - self._woken.get(key, -WAKE_INTERVAL) < WAKE_INTERVAL:
+        last = self._woken.get(key)
+        if last is not None and time.monotonic() - last < WAKE_INTERVAL:
             return "recent"
         self._woken[key] = time.monotonic()
 
@@ -204,12 +207,17 @@ class AutoscaleLoop:
         Ready condition's time), so a cold start is measured to the watch, not to the next tick."""
         meta = obj.get("metadata") or {}
         model = (meta.get("labels") or {}).get(f"{LABEL_PREFIX}/model")
-        if obj.get("kind", "Pod") != "Pod" or not model or meta.get("deletionTimestamp"):
-            return
+        ns = meta.get("namespace", "")
+        if (
+            obj.get("kind", "Pod") != "Pod"
+            or (ns, model) not in self._history
+            or meta.get("deletionTimestamp")
+        ):
+            return  # (only the models this loop decides for: the others' pods are not its business)
         if pod_state(obj) == "ready":
-            ns, pod = meta.get("namespace", ""), meta.get("name", "")
-            self._ready_since.setdefault((ns, pod), ready_at(obj) or time.time())
-            self._pods_of.setdefault((ns, model), set()).add((ns, pod))
+            pod = (ns, meta.get("name", ""))
+            self._ready_since.setdefault(pod, ready_at(obj) or time.time())
+            self._pods_of.setdefault((ns, model), set()).add(pod)
 
     async def model(self, body: dict[str, Any], woken: bool = False) -> autoscaler.Decision | None:
         spec, errors = validation.parse(body)
