@@ -122,6 +122,8 @@ def test_a_disaggregated_models_routers_hold_and_wake_only_when_it_scales_to_zer
     def router(autoscaling: dict) -> ServeConfig:
         spec = parsed(DISAGGREGATED, autoscaling)
         built = objects(spec)
+        for obj in built.values():
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
         (deployment,) = [o for (kind, _), o in built.items() if kind == "Deployment" and "-router" in _]
         return serve_args(deployment)
 
