@@ -39,6 +39,9 @@ from .builders import LABEL_PREFIX
 
 SCRAPE_TIMEOUT = 5.0  # seconds for one pod's /metrics
 SCRAPES_AT_ONCE = 8
+# the ReplicaSet controller deletes the pods with the lower cost first on a scale-down (Kubernetes >= 1.22:
+# https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#pod-deletion-cost)
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SERVICE_LABEL = "kubernetes.io/service-name"  # an EndpointSlice's Service (set by its controller)
 WAKE_INTERVAL = 1.0  # seconds: a model's wakes closer together than this run one decision
 
@@ -244,7 +247,7 @@ class AutoscaleLoop:
             self._track_cold_start(key, decision, pods, now)
         for role, n in decision.desired.items():
             metrics.AUTOSCALER_DESIRED.labels(ns, name, role).set(n)
-        await self._report(body, policy, decision, now)
+        await self._report(body, policy, decision, pods, now)
         return decision
 
     async def _measure_cold_start(self, key: Key, pods: list[autoscaler.Pod]) -> None:
@@ -352,10 +355,12 @@ class AutoscaleLoop:
         return now, pod_metrics.load(scrape, before[1] if before else None, policy.slots)
 
     async def _report(
-        self, body: dict[str, Any], policy: autoscaler.Policy, decision: autoscaler.Decision, now: float
-    ) -> None:
-        """Status, Event, metrics and the reconcile for a decision that changes the replicas; ScaleUpStuck
-        once when pods first stay Pending past the deadline."""
+        self, body: dict[str, Any], policy: autoscaler.Policy, decision: autoscaler.Decision,
+        pods: list[autoscaler.Pod], now: float,
+    ) -> None:  # fmt: skip
+        """Status, Event, metrics and the reconcile for a decision that changes the replicas (a scale-down
+        marks the idlest pods to go first); ScaleUpStuck once when pods first stay Pending past the
+        deadline."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         stuck = {role: n for role, n in decision.stuck.items() if n}
@@ -393,6 +398,8 @@ class AutoscaleLoop:
                 metrics.AUTOSCALER_DECISIONS.labels(direction, "true").inc()
                 await self._event(body, "Normal", "DryRunScale", f"would scale: {record['reason']}")
             return
+        if not up:
+            await self._mark_idlest(meta["namespace"], autoscaler.deletion_costs(decision, pods))
         await self.client.patch_status(
             *key, {"autoscaling": {"desired": decision.desired, "lastScale": record}}
         )
@@ -404,6 +411,17 @@ class AutoscaleLoop:
         reason = "ScaledUp" if up else "ScaledDown"
         await self._event(body, "Normal", reason, f"{record['reason']} [{values}]")
         self.enqueue(key)
+
+    async def _mark_idlest(self, namespace: str, costs: dict[str, int]) -> None:
+        """Before a scale-down: each pod's deletion cost (its requests), so the Deployment removes the idlest;
+        a pod that cannot be annotated (gone meanwhile) is skipped, the scale-down goes on."""
+        for pod, cost in costs.items():
+            try:
+                await self.client.patch(
+                    "Pod", namespace, pod, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+                )
+            except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                log.info("pod %s/%s: its deletion cost could not be set: %r", namespace, pod, e)
 
     async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         log.info("%s %s: %s", type_, reason, message)
