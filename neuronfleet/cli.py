@@ -249,6 +249,8 @@ def _serve_router(args: ServeConfig) -> int:
     import asyncio
     import logging
 
+    if args.unified:  # a front door to unified pods: no model files, no token
+        return _serve_front_door(args)
     if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
         return _serve_engine_router(args)
 
@@ -270,7 +272,8 @@ def _serve_router(args: ServeConfig) -> int:
     backend = RemoteBackend(
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
-        local_prefill_below=args.local_prefill_below,
+        local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = args.served_model_name or Path(args.model).name
@@ -293,10 +296,32 @@ def _serve_engine_router(args: ServeConfig) -> int:
     router = EngineRouter(
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
-        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes,
+        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(router, args.host, args.port, args.grace_period))  # type: ignore[arg-type]
+    return 0
+
+
+def _serve_front_door(args: ServeConfig) -> int:
+    """A front door to unified pods of any engine: every request passed on as is, held at zero."""
+    import asyncio
+    import logging
+
+    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
+    from neuronfleet.runtime.front_door import FrontDoor
+    from neuronfleet.runtime.server import serve
+
+    if args.peer_hosts_file:
+        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
+    door = FrontDoor(
+        args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
+        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
+    )  # fmt: skip
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(door, args.host, args.port, args.grace_period))  # type: ignore[arg-type]
     return 0
 
 

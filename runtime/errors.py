@@ -15,6 +15,7 @@ class ServingError(Exception):
     tgi_status: int | None = None  # None: the same as `status`
     reason = "failed"
     field_name: str | None = None  # the request field at fault, for OpenAI's `param`
+    retry_after: int | None = None  # seconds for the Retry-After header of a 429 or 503 (None: the default)
 
     def http_status(self, tgi: bool) -> int:
         return self.tgi_status if tgi and self.tgi_status is not None else self.status
@@ -82,3 +83,22 @@ def openai_error_body(status: int, message: str, param: str | None = None) -> di
     """An error in the OpenAI API's format (`error.message`, `type`, `param`, `code`)."""
     kind = OPENAI_ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+# TGI's error types by status (text-generation-inference router/src/server.rs, ErrorResponse.error_type)
+TGI_ERROR_TYPES = {
+    404: "not_found",
+    413: "validation",
+    422: "validation",
+    429: "overloaded",
+    503: "overloaded",
+    500: "generation",
+}
+
+
+def tgi_error_body(status: int, message: str) -> dict:
+    """An error in the TGI API's format (`error`, `error_type`)."""
+    return {
+        "error": message,
+        "error_type": TGI_ERROR_TYPES.get(status, "validation" if status < 500 else "generation"),
+    }

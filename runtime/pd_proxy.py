@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from . import pd_protocols as pd
 from .errors import openai_error_body
+from .holding import Hold, HoldRejected
 from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ PEER_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
 
 class PeerFailed(Exception):
     """A peer could not serve this request (the pod's failure, not the request's)."""
+
+
+class NoPod(Exception):
+    """No server of a role could serve the request (answered 503, or held again when holding is on)."""
 
 
 class Refused(Exception):
@@ -56,7 +61,8 @@ class EngineRouter:
     def __init__(
         self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,
         bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
-        max_body_bytes: int = 1 << 20,
+        max_body_bytes: int = 1 << 20, hold_requests: int = 0, hold_seconds: float = 300.0,
+        wake_url: str | None = None,
     ) -> None:  # fmt: skip
         if protocol not in pd.PROTOCOLS:
             raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
@@ -90,6 +96,11 @@ class EngineRouter:
             ["model_name", "kind"], registry=self.registry,
         )  # fmt: skip
         self.labels = labels
+        self.hold = Hold(
+            hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode", refresh=self._refresh,
+            ready=lambda: bool(self.prefill.ready and self.decode.ready),
+        )  # fmt: skip
+        self.hold.register_metrics(self.registry, model_name)
 
     # ---- what serve() uses ----
 
@@ -132,8 +143,8 @@ class EngineRouter:
             self.in_flight -= 1
 
     @staticmethod
-    def _error(status: int, message: str, param: str | None = None) -> web.Response:
-        headers = {"Retry-After": "1"} if status in (429, 503) else None
+    def _error(status: int, message: str, param: str | None = None, retry_after: int = 1) -> web.Response:
+        headers = {"Retry-After": str(retry_after)} if status in (429, 503) else None
         return web.json_response(openai_error_body(status, message, param), status=status, headers=headers)
 
     # ---- peers ----
@@ -149,6 +160,7 @@ class EngineRouter:
 
     async def _close(self, app: web.Application) -> None:
         self.shutdown()
+        await self.hold.close()
         for task in list(self._background):
             task.cancel()
         if self._session is not None:
@@ -222,9 +234,10 @@ class EngineRouter:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        """Ready while some prefill and some decode server is in rotation (a request needs both)."""
+        """Ready while some prefill and some decode server is in rotation (a request needs both), or always
+        with holding (the router then takes requests at zero and holds them)."""
         missing = [p.role for p in (self.prefill, self.decode) if p.healthy == 0]
-        ok = not self.draining and not missing
+        ok = not self.draining and (not missing or self.hold.enabled)
         status = "ready" if ok else ("draining" if self.draining else f"no {' or '.join(missing)} server")
         return web.json_response({"ready": ok, "status": status}, status=200 if ok else 503)
 
@@ -273,10 +286,18 @@ class EngineRouter:
         if stale or not self.prefill.peers or not self.decode.peers:
             await self._refresh()
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
-        try:
-            return await exchange(request, path, body)
-        except Refused as e:
-            return web.Response(status=e.status, body=e.body, headers={"Content-Type": e.content_type})
+        held = self.hold.request()
+        while True:
+            try:
+                await held.wait()  # at once unless holding is on and no server of a role is ready
+                return await exchange(request, path, body)
+            except HoldRejected as e:
+                return self._error(e.status, str(e), retry_after=e.retry_after)
+            except Refused as e:
+                return web.Response(status=e.status, body=e.body, headers={"Content-Type": e.content_type})
+            except NoPod as e:
+                if not self.hold.enabled or (self.prefill.ready and self.decode.ready):
+                    return self._error(503, str(e))
 
     async def _vllm(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
         """Prefill (retried over the prefill servers), then decode; a decode server that fails before its
@@ -286,12 +307,10 @@ class EngineRouter:
         for attempt in itertools.count():
             decode = self._pick(self.decode, tried)
             if decode is None:
-                return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
+                raise NoPod(pd.no_pod_message("decode", failures, self.decode.specs))
             rid = f"nf-{uuid.uuid4().hex}"  # one per exchange: the prefill's KV cache is kept under it
             headers = {pd.REQUEST_ID_HEADER: rid}
             kv = await self._vllm_prefill(path, body, headers)
-            if isinstance(kv, web.Response):
-                return kv
             if attempt:
                 self._retried("decode")
             try:
@@ -303,8 +322,8 @@ class EngineRouter:
                 log.warning("request %s: decode server failed (%s); starting over on another one", rid, e)
         raise AssertionError("unreachable")
 
-    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> dict | web.Response:
-        """The prefill server's `kv_transfer_params`, from the first prefill server that gives them; a 503
+    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> dict:
+        """The prefill server's `kv_transfer_params`, from the first prefill server that gives them; NoPod
         when none does."""
         tried: set[str] = set()
         failures: list[str] = []
@@ -326,7 +345,7 @@ class EngineRouter:
             except PeerFailed as e:
                 failures.append(str(e))
                 log.warning("request %s: prefill server failed (%s)", headers[pd.REQUEST_ID_HEADER], e)
-        return self._error(503, pd.no_pod_message("prefill", failures, self.prefill.specs))
+        raise NoPod(pd.no_pod_message("prefill", failures, self.prefill.specs))
 
     async def _sglang(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
         """The same request to a prefill and a decode server at once, paired by the bootstrap fields. The
@@ -339,10 +358,10 @@ class EngineRouter:
         while True:
             prefill = prefill or self._pick(self.prefill, tried_prefill)
             if prefill is None:
-                return self._error(503, pd.no_pod_message("prefill", failures, self.prefill.specs))
+                raise NoPod(pd.no_pod_message("prefill", failures, self.prefill.specs))
             decode = decode or self._pick(self.decode, tried_decode)
             if decode is None:
-                return self._error(503, pd.no_pod_message("decode", failures, self.decode.specs))
+                raise NoPod(pd.no_pod_message("decode", failures, self.decode.specs))
             sent = pd.sglang_body(body, pd.bootstrap_host(prefill.url), self.bootstrap_port, pd.new_room())
             read = (
                 self.peer_timeout if pd.streams(body) else None

@@ -71,10 +71,16 @@ class Peer:
     identity: str | None = None  # its transfer agent's name: new at every start
     healthy: bool = True  # until probes or requests say otherwise
     failures: int = 0  # in a row
+    answered: bool = False  # a probe or request of it succeeded at least once
     load: int = 0  # running + waiting requests at the last probe
     slots: int = 0
     in_flight: int = 0  # this router's requests on it now
     in_flight_at_probe: int = 0
+
+    @property
+    def ready(self) -> bool:
+        """Really ready: in rotation, and its last probe or request succeeded (not merely not yet failed)."""
+        return self.healthy and self.answered and self.failures == 0
 
     @property
     def score(self) -> int:
@@ -124,7 +130,7 @@ class PeerSet:
             return
         if not peer.healthy:
             log.info("%s pod %s answers again: back in rotation", self.role, url)
-        peer.healthy, peer.failures = True, 0
+        peer.healthy, peer.failures, peer.answered = True, 0, True
 
     def failed(self, url: str, why: str) -> None:
         peer = self.peers.get(url)
@@ -152,6 +158,11 @@ class PeerSet:
     @property
     def healthy(self) -> int:
         return sum(p.healthy for p in self.peers.values())
+
+    @property
+    def ready(self) -> int:
+        """Pods really ready now (what a held request waits for)."""
+        return sum(p.ready for p in self.peers.values())
 
 
 async def resolve_again(peer_sets: Sequence[PeerSet]) -> None:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .backend import FinishReason, Limits, RequestOutput, check_fits
 from .errors import ServingError, Unavailable
+from .holding import Hold
 from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
 from .sampling_params import SamplingParams
 from .text_output import TextOutput
@@ -100,12 +101,16 @@ class RemoteBackend:
         peer_timeout: float = 60.0,
         busy_timeout: float = 30.0,
         local_prefill_below: int = 0,
+        hold_requests: int = 0,
+        hold_seconds: float = 300.0,
+        wake_url: str | None = None,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
         peer is slow, not gone: refused connections fail at once); `busy_timeout`: how long a request waits
         for a decode pod with room when all are full; prompts shorter than `local_prefill_below` tokens are
-        prefilled on their decode pod (a handoff costs more than it saves for them)."""
+        prefilled on their decode pod (a handoff costs more than it saves for them); `hold_requests`,
+        `hold_seconds`, `wake_url`: requests held while no decode pod is ready (`holding.Hold`; 0: none)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
@@ -124,14 +129,16 @@ class RemoteBackend:
         self._session: aiohttp.ClientSession | None = None
         self._resolved_at = -1e9
         self._prober: asyncio.Task | None = None
+        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="decode",
+                         ready=lambda: self.decode.ready > 0, refresh=self._refresh)  # fmt: skip
 
     # ---- the backend surface the HTTP server uses ----
 
     @property
     def alive(self) -> bool:
         """Ready to serve: some decode pod is in rotation (until then the router's /ready says no, so the
-        Service sends it nothing)."""
-        return self.running and self.decode.healthy > 0
+        Service sends it nothing), or always with holding (requests at zero wait for a decode pod)."""
+        return self.running and (self.decode.healthy > 0 or self.hold.enabled)
 
     @property
     def num_requests(self) -> int:
@@ -174,6 +181,7 @@ class RemoteBackend:
             registry=registry,
         )
         self._labels = labels
+        self.hold.register_metrics(registry, model_name)
 
     async def start(self, app=None) -> None:
         """Resolve and probe the peers now and every `probe_interval` seconds."""
@@ -184,6 +192,7 @@ class RemoteBackend:
         self.running = False
         if self._prober is not None:
             self._prober.cancel()
+        self.hold.shutdown()
 
     # ---- peers ----
 
@@ -235,9 +244,16 @@ class RemoteBackend:
         tried: set[str] = set()
         busy_until = time.monotonic() + self.busy_timeout
         attempt = 0
+        held = self.hold.request()
         try:
             while True:
+                await held.wait()  # at once, unless holding is on and no decode pod is ready
                 candidates = self.decode.ranked(exclude=tried)
+                if self.hold.enabled:
+                    candidates = [p for p in candidates if p.ready]
+                if not candidates and self.hold.enabled and self.decode.ready == 0:
+                    tried.clear()  # every decode pod failed it: held again until one is ready
+                    continue
                 if not candidates:
                     why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
                     raise NoPeerAvailable(f"no decode pod could serve the request: {why}")

@@ -31,7 +31,7 @@ from prometheus_client import (
 from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
 from .backend import Backend, RequestOutput
 from .engine_metrics import LATENCY_BUCKETS
-from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError, openai_error_body
+from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError, openai_error_body, tgi_error_body
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +270,10 @@ class RuntimeServer:
 
     # ---- OpenAI --------------------------------------------------------------------------------------------
 
-    def _openai_error(self, status: int, message: str, param: str | None = None) -> web.Response:
-        headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+    def _openai_error(
+        self, status: int, message: str, param: str | None = None, retry_after: int | None = None
+    ) -> web.Response:
+        headers = {"Retry-After": str(retry_after or RETRY_AFTER_SECONDS)} if status in (429, 503) else None
         return web.json_response(openai_error_body(status, message, param), status=status, headers=headers)
 
     def _refusal(self, error: ServingError, tgi: bool) -> web.Response:
@@ -279,8 +281,8 @@ class RuntimeServer:
         status = error.http_status(tgi)
         self.metrics.rejected.labels(**self.metrics.labels, reason=error.reason).inc()
         if tgi:
-            return self._tgi_error(status, str(error))
-        return self._openai_error(status, str(error), error.field_name)
+            return self._tgi_error(status, str(error), error.retry_after)
+        return self._openai_error(status, str(error), error.field_name, error.retry_after)
 
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
@@ -397,10 +399,9 @@ class RuntimeServer:
 
     # ---- TGI -----------------------------------------------------------------------------------------------
 
-    def _tgi_error(self, status: int, message: str) -> web.Response:
-        headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
-        kind = _TGI_ERROR_TYPES.get(status, "validation" if status < 500 else "generation")
-        return web.json_response({"error": message, "error_type": kind}, status=status, headers=headers)
+    def _tgi_error(self, status: int, message: str, retry_after: int | None = None) -> web.Response:
+        headers = {"Retry-After": str(retry_after or RETRY_AFTER_SECONDS)} if status in (429, 503) else None
+        return web.json_response(tgi_error_body(status, message), status=status, headers=headers)
 
     async def _tgi_start(self, request: web.Request, force_stream: bool | None):
         try:
@@ -515,15 +516,6 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
         await asyncio.sleep(0.05)
     server.backend.shutdown()
     await runner.cleanup()
-
-
-_TGI_ERROR_TYPES = {
-    404: "not_found",
-    413: "validation",
-    422: "validation",
-    503: "overloaded",
-    500: "generation",
-}
 
 
 def _tgi_finish_reason(reason: str, tokens: list[int], eos) -> str:

@@ -20,3 +20,16 @@ def test_a_started_router_has_not_imported_torch(smollm2_dir, tmp_path):
     proc = serve_and_report_imports(args, port, ("torch", "safetensors"))
     assert proc.returncode == 0, proc.stderr
     assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_started_front_door_has_not_imported_model_code():
+    """`neuronfleet serve --role router --unified ...` (the front door to unified pods of any engine), serving
+    with holding on: no torch, no weights reader, no tokenizer."""
+    port = free_port()
+    args = [
+        *("serve", "--role", "router", "--unified", "http://127.0.0.1:9", "--port", str(port)),
+        *("--hold-requests", "4", "--grace-period", "1"),
+    ]
+    proc = serve_and_report_imports(args, port, ("torch", "safetensors", "tokenizers", "transformers"))
+    assert proc.returncode == 0, proc.stderr
+    assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr

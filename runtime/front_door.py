@@ -1,0 +1,279 @@
+"""The front door (`neuronfleet serve --role router --unified PEER...`): the public endpoint of a model served
+by unified pods of any engine (ours, vLLM, TGI, SGLang) that may scale to zero. It loads no model files and no
+model code: every request but its own `/health`, `/ready` and `/metrics` (OpenAI `/v1/...`, TGI `/generate`,
+`/generate_stream`, `/info`, ...) goes as is (method, path, query, headers but hop-by-hop ones, body) to the
+least loaded ready pod, and its answer comes back as it comes, chunk by chunk (server-sent events stream).
+
+Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URLs or DNS names of a headless
+Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
+`GET /ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
+(`holding.Hold`, `--hold-requests`) until one is. A pod that fails before its answer starts (no connection, a
+reset, a 503 while draining) is counted as failing and the request goes to another ready pod, or is held
+again; after the answer started a break ends the stream (the client sees it cut, never a clean end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import aiohttp
+import yarl
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from .errors import openai_error_body, tgi_error_body
+from .holding import Hold, HoldRejected
+from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
+
+log = logging.getLogger(__name__)
+
+PEER_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
+OWN_PATHS = ("/health", "/ready", "/metrics")
+# hop-by-hop headers (RFC 9110 section 7.6.1) and those the two connections set for themselves
+NOT_FORWARDED = frozenset(
+    h.lower()
+    for h in ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+              "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length")
+)  # fmt: skip
+
+
+class PodRefused(Exception):
+    """A pod answered 503 (draining, or full): the request may go to another."""
+
+
+class FrontDoor:
+    """The HTTP app and its unified peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
+
+    def __init__(
+        self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,
+        peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
+        hold_seconds: float = 300.0, wake_url: str | None = None,
+    ) -> None:  # fmt: skip
+        if not unified:
+            raise ValueError(
+                "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
+            )
+        resolve_peers(unified)  # malformed specs fail at start-up
+        self.unified = PeerSet("unified", unified)
+        self.probe_interval, self.peer_timeout = probe_interval, peer_timeout
+        self.max_body_bytes = max_body_bytes
+        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
+                         ready=lambda: self.unified.ready > 0, refresh=self._refresh)  # fmt: skip
+        self.backend, self.model_name = self, model_name  # what serve() drains and names
+        self.draining, self.running = False, True
+        self.in_flight = 0  # requests whose handlers run
+        self.forwarded = 0  # requests sent to a pod and not finished
+        self._resolved_at = -1e9
+        self._session: aiohttp.ClientSession | None = None
+        self._prober: asyncio.Task | None = None
+        self.registry = CollectorRegistry()
+        labels = self.labels = {"model_name": model_name}
+        Gauge("vllm:num_requests_running", "Requests forwarded to a pod and not finished.", ["model_name"],
+              registry=self.registry).labels(**labels).set_function(lambda: self.forwarded)  # fmt: skip
+        healthy = Gauge("neuronfleet:router_peers_healthy", "Peers in rotation, by role.",
+                        ["model_name", "role"], registry=self.registry)  # fmt: skip
+        healthy.labels(**labels, role="unified").set_function(lambda: self.unified.healthy)
+        self.retries = Counter("neuronfleet:router_retries", "Requests moved to another pod before their "
+                               "answer started.", ["model_name", "kind"], registry=self.registry)  # fmt: skip
+        self.hold.register_metrics(self.registry, model_name)
+
+    # ---- what serve() uses ----
+
+    @property
+    def num_requests(self) -> int:
+        return self.in_flight
+
+    def shutdown(self) -> None:
+        self.running = False
+        if self._prober is not None:
+            self._prober.cancel()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.add_routes([
+            web.get("/health", self.health), web.get("/ready", self.ready), web.get("/metrics", self.metrics),
+            web.route("*", "/{tail:.*}", self.forward),
+        ])  # fmt: skip
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._close)
+        return app
+
+    # ---- peers ----
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:  # bytes as they come: no decompression
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+            )
+        return self._session
+
+    async def _start(self, app: web.Application) -> None:
+        await self._refresh()
+        self._prober = asyncio.get_running_loop().create_task(
+            refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
+        )
+
+    async def _close(self, app: web.Application) -> None:
+        self.shutdown()
+        await self.hold.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _refresh(self) -> None:
+        await resolve_again((self.unified,))
+        self._resolved_at = time.monotonic()
+        await probe_all((self.unified,), self._probe)
+
+    async def _probe(self, peers: PeerSet, url: str) -> None:
+        """`GET /ready` answers 200 while the pod takes requests (ours, and TGI's); an engine without it
+        (404: vLLM, SGLang) is asked `GET /health`."""
+        timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
+        why = ""
+        try:
+            for path in ("/ready", "/health"):
+                async with self._client().get(f"{url}{path}", timeout=timeout) as r:
+                    await r.read()
+                    status, why = r.status, f"{path} answered {r.status}"
+                if status != 404:
+                    break
+        except PEER_FAILURES as e:
+            status, why = 0, f"probe failed: {e or type(e).__name__}"
+        if status == 200:
+            peers.succeeded(url)
+        else:
+            peers.failed(url, why)
+
+    def _pick(self, tried: set[str]) -> Peer | None:
+        """The least loaded ready pod not tried yet; without holding, any pod as a last resort."""
+        ranked = self.unified.ranked(exclude=tried)
+        candidates = [p for p in ranked if p.ready] or ([] if self.hold.enabled else ranked)
+        if candidates:
+            tried.add(candidates[0].url)
+            return candidates[0]
+        return None
+
+    # ---- endpoints ----
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Ready while some pod is ready (its last probe answered), or always with holding (it takes requests
+        at zero)."""
+        ok = not self.draining and (self.hold.enabled or self.unified.ready > 0)
+        status = "ready" if ok else ("draining" if self.draining else "no unified pod")
+        return web.json_response({"ready": ok, "status": status}, status=200 if ok else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    @staticmethod
+    def _error(path: str, status: int, message: str, retry_after: int | None = None) -> web.Response:
+        """An error of the front door itself, in the format of the API `path` belongs to."""
+        headers = {"Retry-After": str(retry_after or 1)} if status in (429, 503) else None
+        body = (
+            openai_error_body(status, message) if path.startswith("/v1/") else tgi_error_body(status, message)
+        )
+        return web.json_response(body, status=status, headers=headers)
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            return await self._forward(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if self.draining:
+            return self._error(path, 503, "the front door is shutting down and takes no new requests")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._error(
+                path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
+            )
+        if time.monotonic() - self._resolved_at > self.probe_interval or not self.unified.peers:
+            await self._refresh()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
+        held = self.hold.request()
+        tried: set[str] = set()
+        failures: list[str] = []
+        refused: tuple[int, bytes, dict] | None = None  # the last pod's 503 (draining), passed on at the end
+        while True:
+            try:
+                await held.wait()
+            except HoldRejected as e:
+                return self._error(path, e.status, str(e), e.retry_after)
+            peer = self._pick(tried)
+            if peer is None:
+                if self.hold.enabled and self.unified.ready == 0:  # every pod failed it: held again
+                    tried.clear()
+                    continue
+                if refused is not None:
+                    return web.Response(status=refused[0], body=refused[1], headers=refused[2])
+                why = "; ".join(failures) or f"{', '.join(self.unified.specs)} resolve to no address"
+                return self._error(path, 503, f"no unified pod could serve the request: {why}")
+            if failures:
+                self.retries.labels(**self.labels, kind="retry").inc()
+            peer.in_flight += 1
+            self.forwarded += 1
+            try:
+                try:
+                    response = await self._send(peer, request, headers, body)
+                    if response.status == 503:  # draining (or full): another pod may take it
+                        refused = (503, await response.read(), _answer_headers(response))
+                        response.release()
+                        raise PodRefused("answered 503")
+                except (*PEER_FAILURES, PodRefused) as e:  # before the answer started
+                    self.unified.failed(peer.url, str(e))
+                    failures.append(f"{peer.url}: {e or type(e).__name__}")
+                    log.warning(
+                        "%s %s: pod %s failed (%s); trying another", request.method, path, peer.url, e
+                    )
+                    continue
+                return await self._answer(request, peer, response)
+            finally:
+                peer.in_flight -= 1
+                self.forwarded -= 1
+
+    async def _send(
+        self, peer: Peer, request: web.Request, headers: dict, body: bytes
+    ) -> aiohttp.ClientResponse:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout)
+        url = yarl.URL(f"{peer.url}{request.raw_path}", encoded=True)  # path and query as sent
+        return await self._client().request(request.method, url, headers=headers, data=body or None,
+                                            timeout=timeout, allow_redirects=False)  # fmt: skip
+
+    async def _answer(
+        self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        """The pod's answer as it comes; a break after it started cuts the client's connection."""
+        self.unified.succeeded(peer.url)
+        try:
+            out = web.StreamResponse(status=response.status, reason=response.reason,
+                                     headers=_answer_headers(response))  # fmt: skip
+            await out.prepare(request)
+            try:
+                async for chunk in response.content.iter_any():
+                    await out.write(chunk)
+            except PEER_FAILURES as e:
+                self.unified.failed(peer.url, str(e))
+                log.warning("%s %s: pod %s failed mid-answer (%s); the client's answer ends cut",
+                            request.method, request.path, peer.url, e or type(e).__name__)  # fmt: skip
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            await out.write_eof()
+            return out
+        finally:
+            response.release()
+
+
+def _answer_headers(response: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() not in NOT_FORWARDED}

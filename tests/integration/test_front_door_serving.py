@@ -1,0 +1,251 @@
+"""The front door (`neuronfleet serve --role router --unified PEER`, no model files), started from the command
+line in front of real unified servers, driven by the official `openai` and `text-generation` clients:
+answers equal a direct request's (greedy; OpenAI chat, completions and streamed chat; TGI generate and
+generate_stream); at zero a request is held, the wake URL (a tiny aiohttp server here) is POSTed at once, and
+a server started afterwards on the port the static peer map names answers it; one request more than the
+bound gets 429 and one held past the bound 503, both with Retry-After and in the API's error format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from support import (
+    Process,
+    Server,
+    free_port,
+    http_status,
+    metric,
+    neuronfleet_command,
+    running_server,
+    wait_until,
+)
+
+QUESTION = "What is the capital of France?"
+PROMPT = "The capital of France is"
+OPTIONS = ("--slots", "2", "--max-seq-len", "256", "--no-prefix-reuse")
+
+
+class WakeRecorder:
+    """A tiny aiohttp server in a thread that records when it was POSTed at /wake."""
+
+    def __init__(self) -> None:
+        self.port, self.posts = free_port(), []
+        self.url = f"http://127.0.0.1:{self.port}/wake"
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    def _run(self) -> None:
+        async def wake(request: web.Request) -> web.Response:
+            self.posts.append((time.monotonic(), await request.read()))
+            return web.Response(status=202)
+
+        app = web.Application()
+        app.add_routes([web.post("/wake", wake)])
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+
+def front_door(tmp: Path, *options: str) -> tuple[str, Process]:
+    """A front door as the operator runs it, with a static peer map (no cluster DNS here)."""
+    port = free_port()
+    args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port), "--served-model-name",
+            "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1", *options]  # fmt: skip
+    door = Process(args, tmp / f"door-{port}.log")
+    base = f"http://127.0.0.1:{port}"
+    door.wait_until(lambda: _status(base + "/health") == 200, "the front door to serve")
+    return base, door
+
+
+def peer_map(tmp: Path, name: str, ports: list[int]) -> tuple[str, ...]:
+    """The static peer map naming `name` -> 127.0.0.1:port..., and the flags that use it."""
+    path = tmp / "peers.json"
+    path.write_text(json.dumps({name: [f"127.0.0.1:{p}" for p in ports]}))
+    return "--unified", f"dns://{name}", "--peer-hosts-file", str(path)
+
+
+def _status(url: str) -> int:
+    try:
+        return http_status(url)
+    except OSError:
+        return 0
+
+
+def openai(base: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def chat(base: str, **over) -> str:
+    out = openai(base).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=12,
+        temperature=0,
+        **over,
+    )
+    return out.choices[0].message.content
+
+
+def tgi(base: str):
+    from text_generation import Client
+
+    return Client(base, timeout=600)
+
+
+@pytest.mark.real_model
+def test_answers_through_the_front_door_equal_a_direct_requests(smollm2_dir, tmp_path):
+    with running_server(smollm2_dir, *OPTIONS) as (direct, server):
+        door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [server.port]))
+        try:
+            assert chat(door) == chat(direct)
+            stream = openai(door).chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": QUESTION}], max_tokens=12,
+                temperature=0, stream=True,
+            )  # fmt: skip
+            chunks = [c.choices[0].delta.content or "" for c in stream if c.choices]
+            assert len(chunks) > 2 and "".join(chunks) == chat(direct)
+            completion = dict(model="smollm2", prompt=PROMPT, max_tokens=8, temperature=0)
+            assert openai(door).completions.create(**completion).choices[0].text == (
+                openai(direct).completions.create(**completion).choices[0].text
+            )
+            # TGI's API, paths and client, through the same door
+            want = tgi(direct).generate(PROMPT, max_new_tokens=8)
+            got = tgi(door).generate(PROMPT, max_new_tokens=8)
+            assert (
+                got.generated_text == want.generated_text
+                and got.details.finish_reason == want.details.finish_reason
+            )
+            streamed = [r.token.text for r in tgi(door).generate_stream(PROMPT, max_new_tokens=8)]
+            assert "".join(streamed) == want.generated_text
+            assert tgi(door).generate(PROMPT, max_new_tokens=8).generated_text == want.generated_text
+            # the pod's own endpoints and errors pass through as they are
+            assert openai(door).models.list().data[0].id == "smollm2"
+            from openai import BadRequestError
+
+            with pytest.raises(BadRequestError, match="max_tokens"):
+                openai(door).completions.create(model="smollm2", prompt=PROMPT, max_tokens=-1)
+            assert metric(door, "neuronfleet:router_peers_healthy", role="unified") == 1
+            assert metric(door, "vllm:num_requests_running") == 0
+            assert metric(door, "neuronfleet:router_requests_held") == 0
+        finally:
+            process.stop()
+
+
+@pytest.mark.real_model
+def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_answers(
+    smollm2_dir, tmp_path
+):
+    port = free_port()  # where the unified pod will be: nothing listens there yet
+    wake = WakeRecorder()
+    door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [port]), "--hold-requests", "2",
+                               "--hold-seconds", "600", "--wake-url", wake.url)  # fmt: skip
+    server = None
+    try:
+        assert _status(door + "/ready") == 200  # it takes requests at zero
+        with ThreadPoolExecutor(2) as pool:
+            first_held = time.monotonic()
+            held_chat = pool.submit(chat, door)
+            wait_until(lambda: metric(door, "neuronfleet:router_requests_held") == 1, "the chat to be held")
+            held_tgi = pool.submit(lambda: tgi(door).generate(PROMPT, max_new_tokens=8))
+            wait_until(
+                lambda: metric(door, "neuronfleet:router_requests_held") == 2, "the TGI request to be held"
+            )
+            wait_until(lambda: wake.posts, "the wake URL to be POSTed")
+            assert wake.posts[0][1] == b""  # no body
+            # one more than the bound: 429 with Retry-After, in each API's format
+            from openai import RateLimitError
+
+            with pytest.raises(RateLimitError) as full:
+                chat(door)
+            assert int(full.value.response.headers["Retry-After"]) == 600  # no cold start measured yet
+            assert (
+                full.value.body["type"] == "RateLimitError"
+                and "--hold-requests 2" in full.value.body["message"]
+            )
+            from text_generation.errors import OverloadedError
+
+            with pytest.raises(OverloadedError):
+                tgi(door).generate(PROMPT, max_new_tokens=8)
+            assert not held_chat.done() and not held_tgi.done()
+            started = time.monotonic()
+            server = Server(smollm2_dir, OPTIONS, port, tmp_path / "unified.log")
+            server.wait_ready()
+            ready = time.monotonic() - started  # the pod's cold start, as seen from here
+            answer, generated = held_chat.result(), held_tgi.result()
+        assert wake.posts[0][0] < started  # at once, before the pod started
+        assert answer == chat(server.base)
+        assert generated.generated_text == tgi(server.base).generate(PROMPT, max_new_tokens=8).generated_text
+        assert metric(door, "neuronfleet:router_requests_held") == 0
+        assert metric(door, "neuronfleet:router_hold_seconds_count") == 2
+        assert metric(door, "neuronfleet:router_hold_rejected_total", reason="full") == 2
+        # from the first request held (before the pod started) to its release (at most a probe round after
+        # the pod was ready)
+        measured = metric(door, "neuronfleet:router_cold_start_seconds")
+        assert ready - 0.5 < measured < time.monotonic() - first_held
+    finally:
+        if server is not None:
+            server.stop_cleanly()
+        process.stop()
+        wake.close()
+
+
+def test_a_request_held_past_the_bound_gets_503_with_retry_after(tmp_path):
+    """No pod ever comes: the held request ends after --hold-seconds with 503 and Retry-After, OpenAI's error
+    on /v1 and TGI's on /generate; never 404, never a hang."""
+    peers = peer_map(tmp_path, "unified:8000", [free_port()])
+    door, process = front_door(tmp_path, *peers, "--hold-requests", "4", "--hold-seconds", "2")
+    try:
+        from openai import APIStatusError
+
+        started = time.monotonic()
+        with pytest.raises(APIStatusError) as held:
+            chat(door)
+        assert time.monotonic() - started >= 2
+        assert held.value.status_code == 503 and held.value.response.headers["Retry-After"] == "2"
+        assert (
+            held.value.body["type"] == "ServiceUnavailableError"
+            and "--hold-seconds" in held.value.body["message"]
+        )
+        from text_generation.errors import OverloadedError
+
+        with pytest.raises(OverloadedError, match="no unified pod became ready within 2 s"):
+            tgi(door).generate(PROMPT, max_new_tokens=4)
+        assert metric(door, "neuronfleet:router_hold_rejected_total", reason="timeout") == 2
+        assert metric(door, "neuronfleet:router_hold_seconds_count") == 0
+    finally:
+        process.stop()
+
+
+def test_without_holding_the_front_door_at_zero_is_not_ready_and_answers_503(tmp_path):
+    """--hold-requests 0 (the default): today's router behaviour: not ready without a pod, 503 at once."""
+    door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [free_port()]))
+    try:
+        assert _status(door + "/ready") == 503
+        from openai import APIStatusError
+
+        with pytest.raises(APIStatusError) as e:
+            chat(door)
+        assert (
+            e.value.status_code == 503 and "no unified pod could serve the request" in e.value.body["message"]
+        )
+    finally:
+        process.stop()
