@@ -61,7 +61,8 @@ class FrontDoor:
         self.probe_interval, self.peer_timeout = probe_interval, peer_timeout
         self.max_body_bytes = max_body_bytes
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
-                         ready=lambda: self.unified.ready > 0, refresh=self._refresh)  # fmt: skip
+                         ready=lambda: self.unified.ready > 0, refresh=self._refresh,
+                         draining=lambda: self.draining)  # fmt: skip
         self.backend, self.model_name = self, model_name  # what serve() drains and names
         self.draining, self.running = False, True
         self.in_flight = 0  # requests whose handlers run

@@ -40,7 +40,7 @@ class HoldRejected(ServingError):
     def __init__(self, message: str, why: str, retry_after: int) -> None:
         super().__init__(message)
         self.why, self.retry_after = why, retry_after
-        self.status = self.tgi_status = 429 if why == "full" else 503
+        self.status = self.tgi_status = 429 if why == "full" else 503  # timeout, draining
         self.reason = f"hold_{why}"
 
 
@@ -56,10 +56,12 @@ class Hold:
         refresh: Callable[[], Awaitable[None]],
         wake_url: str | None = None,
         role: str = "serving",
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         """`ready()`: some pod of the role requests need is ready now (its last probe answered); `refresh()`:
         one round of resolving and probing the peers (the router's own); `role`: the pods waited for, named
-        in the errors."""
+        in the errors; `draining()`: the router is shutting down (held requests then get 503 at the next
+        probe round, not at the end of the grace period)."""
         if limit < 0:
             raise ValueError(f"--hold-requests {limit}: the most requests held at once, 0 (off) or more")
         if seconds <= 0:
@@ -69,7 +71,7 @@ class Hold:
                 f"--wake-url {wake_url!r}: an http:// or https:// URL, POSTed when a request is held"
             )
         self.limit, self.seconds, self.wake_url, self.role = limit, seconds, wake_url, role
-        self.ready, self.refresh = ready, refresh
+        self.ready, self.refresh, self.draining = ready, refresh, draining
         self.held = 0
         self.cold_start: float | None = None  # seconds from the first request held to its release, last seen
         self._since: float | None = None  # when the current wait for a pod began (the first request held)
@@ -209,6 +211,8 @@ class Held:
         released = False
         try:
             while not hold.ready():
+                if hold.draining():
+                    raise HoldRejected("the router is shutting down; send the request again", "draining", 1)
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     raise hold._reject(

@@ -98,7 +98,7 @@ class EngineRouter:
         self.labels = labels
         self.hold = Hold(
             hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode", refresh=self._refresh,
-            ready=lambda: bool(self.prefill.ready and self.decode.ready),
+            ready=lambda: bool(self.prefill.ready and self.decode.ready), draining=lambda: self.draining,
         )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
 

@@ -249,3 +249,29 @@ def test_without_holding_the_front_door_at_zero_is_not_ready_and_answers_503(tmp
         )
     finally:
         process.stop()
+
+
+def test_a_front_door_stopped_answers_its_held_requests_503_and_exits_cleanly(tmp_path):
+    """SIGTERM while a request is held: the request gets 503 with Retry-After at once (not a cut connection at
+    the end of the grace period), and the front door exits 0."""
+    import signal
+
+    peers = peer_map(tmp_path, "unified:8000", [free_port()])
+    door, process = front_door(tmp_path, *peers, "--hold-requests", "4", "--grace-period", "600")
+    try:
+        from openai import APIStatusError
+
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(chat, door)
+            process.wait_until(
+                lambda: metric(door, "neuronfleet:router_requests_held") == 1, "a held request"
+            )
+            process.signal(signal.SIGTERM)
+            with pytest.raises(APIStatusError) as e:
+                held.result()
+        assert e.value.status_code == 503 and "shutting down" in e.value.body["message"]
+        assert e.value.response.headers["Retry-After"] == "1"
+        assert process.wait() == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -80,6 +80,22 @@ def test_one_more_than_the_bound_is_refused_429_and_one_held_too_long_503():
     asyncio.run(main())
 
 
+def test_a_router_shutting_down_answers_its_held_requests_503_at_once():
+    async def main() -> None:
+        pods, stopping = Pods(), []
+        h = Hold(2, 600.0, ready=lambda: pods.up, refresh=pods.probe, draining=lambda: bool(stopping))
+        waiting = asyncio.create_task(h.request().wait())
+        while h.held == 0:
+            await asyncio.sleep(0.01)
+        stopping.append(True)
+        with pytest.raises(HoldRejected, match="shutting down") as e:
+            await waiting
+        assert (e.value.status, e.value.retry_after, h.held) == (503, 1, 0)
+        await h.close()
+
+    asyncio.run(main())
+
+
 def test_holding_off_or_a_pod_ready_never_holds():
     async def main() -> None:
         pods = Pods()
