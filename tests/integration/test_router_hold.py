@@ -35,13 +35,13 @@ def router(tmp: Path, *options: str) -> tuple[str, Process]:
     return base, process
 
 
-def standin(tmp: Path, role: str, port: int, name: str) -> Process:
+def standin(tmp: Path, role: str, port: int, name: str, *extra: str) -> Process:
     record = str(tmp / f"{name}.jsonl")
     args = [sys.executable, str(STANDIN), "--engine", "vllm", "--role", role, "--port", str(port),
             "--name", name, "--record", record, "--model", "m", "--max-model-len", "64"]  # fmt: skip
     if role == "prefill":
         args += ["--side-port", str(free_port())]
-    process = Process(args, tmp / f"{name}.log")
+    process = Process([*args, *extra], tmp / f"{name}.log")
     process.wait_until(lambda: _status(f"http://127.0.0.1:{port}/health") == 200, f"stand-in {name}")
     return process
 
@@ -149,3 +149,25 @@ def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tm
         for server in servers:
             server.kill()
         process.kill()
+
+
+def test_a_pod_that_dies_mid_stream_cuts_the_clients_stream_never_a_clean_end(tmp_path):
+    """The answer started: the front door cannot move it; the client's stream breaks (the client sees an
+    error, not a stream that merely ended early) after the chunks the pod sent."""
+    from openai import APIError
+
+    port = free_port()
+    pod = standin(tmp_path, "decode", port, "pod", "--die-mid-stream")
+    base, process = router(tmp_path, "--unified", f"http://127.0.0.1:{port}")
+    try:
+        process.wait_until(lambda: _status(base + "/ready") == 200, "the front door to find its pod")
+        stream = openai(base).completions.create(model="m", prompt="x y", max_tokens=6, stream=True)
+        got = []
+        with pytest.raises(APIError):
+            for chunk in stream:
+                got.append(chunk.choices[0].text)
+        assert got == ["pod-0", " pod-1"]
+        assert pod.wait() == 1
+    finally:
+        process.kill()
+        pod.kill()
