@@ -32,12 +32,14 @@ PROMPT = "The capital of France is"
 OPTIONS = ("--slots", "2", "--max-seq-len", "256", "--no-prefix-reuse")
 
 
-class WakeRecorder:
-    """A tiny aiohttp server in a thread that records when it was POSTed at /wake."""
+class ThreadApp:
+    """A tiny aiohttp server in a thread (the wake endpoint, a pod of another kind): every request it gets is
+    recorded (time, method, path, body) and answered with `status` and `body`; its probes (`GET /ready`)
+    with 200."""
 
-    def __init__(self) -> None:
-        self.port, self.posts = free_port(), []
-        self.url = f"http://127.0.0.1:{self.port}/wake"
+    def __init__(self, status: int = 202, body: dict | None = None) -> None:
+        self.port, self.seen, self.status, self.body = free_port(), [], status, body
+        self.base = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -45,12 +47,14 @@ class WakeRecorder:
         self._started.wait()
 
     def _run(self) -> None:
-        async def wake(request: web.Request) -> web.Response:
-            self.posts.append((time.monotonic(), await request.read()))
-            return web.Response(status=202)
+        async def answer(request: web.Request) -> web.Response:
+            if request.path == "/ready":
+                return web.json_response({"ready": True})
+            self.seen.append((time.monotonic(), request.method, request.path, await request.read()))
+            return web.json_response(self.body, status=self.status)
 
         app = web.Application()
-        app.add_routes([web.post("/wake", wake)])
+        app.add_routes([web.route("*", "/{tail:.*}", answer)])
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
@@ -155,9 +159,9 @@ def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_
     smollm2_dir, tmp_path
 ):
     port = free_port()  # where the unified pod will be: nothing listens there yet
-    wake = WakeRecorder()
+    wake = ThreadApp()  # the autoscaler's wake endpoint
     door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [port]), "--hold-requests", "2",
-                               "--hold-seconds", "600", "--wake-url", wake.url)  # fmt: skip
+                               "--hold-seconds", "600", "--wake-url", wake.base + "/wake")  # fmt: skip
     server = None
     try:
         assert _status(door + "/ready") == 200  # it takes requests at zero
@@ -169,8 +173,8 @@ def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_
             wait_until(
                 lambda: metric(door, "neuronfleet:router_requests_held") == 2, "the TGI request to be held"
             )
-            wait_until(lambda: wake.posts, "the wake URL to be POSTed")
-            assert wake.posts[0][1] == b""  # no body
+            wait_until(lambda: wake.seen, "the wake URL to be POSTed")
+            assert wake.seen[0][1:] == ("POST", "/wake", b"")  # no body
             # one more than the bound: 429 with Retry-After, in each API's format
             from openai import RateLimitError
 
@@ -191,7 +195,7 @@ def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_
             server.wait_ready()
             ready = time.monotonic() - started  # the pod's cold start, as seen from here
             answer, generated = held_chat.result(), held_tgi.result()
-        assert wake.posts[0][0] < started  # at once, before the pod started
+        assert wake.seen[0][0] < started  # at once, before the pod started
         assert answer == chat(server.base)
         assert generated.generated_text == tgi(server.base).generate(PROMPT, max_new_tokens=8).generated_text
         assert metric(door, "neuronfleet:router_requests_held") == 0
@@ -275,3 +279,25 @@ def test_a_front_door_stopped_answers_its_held_requests_503_and_exits_cleanly(tm
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_pod_that_answers_503_before_its_answer_started_is_left_for_another(tmp_path):
+    """A pod that answers 503 (it began draining since its last probe, or is full): the request goes to the
+    other pod; the client only ever sees the good answer."""
+    draining = ThreadApp(503, {"error": {"message": "the server is shutting down"}})
+    good = ThreadApp(200, {"choices": [{"text": "ok"}]})
+    door, process = front_door(tmp_path, "--unified", draining.base, "--unified", good.base)
+    try:
+        from support import post
+
+        def answered_by_the_good_pod() -> bool:
+            code, body, _ = post(door, "/v1/completions?x=1", {"prompt": "p"})
+            assert (code, body) == (200, {"choices": [{"text": "ok"}]})
+            return metric(door, "neuronfleet:router_retries_total", kind="retry") >= 1
+
+        wait_until(answered_by_the_good_pod, "a request first sent to the draining pod", ceiling=120)
+        assert any(path == "/v1/completions" for _, _, path, _ in draining.seen)
+    finally:
+        process.stop()
+        draining.close()
+        good.close()
