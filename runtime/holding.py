@@ -150,8 +150,8 @@ class Hold:
         if released:
             if self._held_seconds is not None:
                 self._held_seconds.observe(held_for)
-            if self._since is not None:
-                self.cold_start = time.monotonic() - self._since
+            if self._since is not None:  # the first release since a pod was missing: the cold start
+                self.cold_start, self._since = time.monotonic() - self._since, None
                 log.info(
                     "a %s pod is ready after %.1f s: releasing the held requests", self.role, self.cold_start
                 )
