@@ -121,8 +121,8 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     at = lambda scale: datetime.datetime.fromisoformat(scale["at"].replace("Z", "+00:00"))  # noqa: E731
     assert (at(down) - at(up)).total_seconds() >= WINDOW  # the scale-up's demand held the window
     local.wait("1 pod left", lambda: replicas() == [1])
-    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (3: an
-    # edit back to the count before the last decision, 2, is taken for that decision's own write)
+    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (an
+    # edit back to the count before the last decision: tests/e2e/test_autoscale_cases.py)
     edit = '{"spec":{"replicas":3}}'
     local.kubectl("patch", "deployment", f"{NAME}-unified", "--type", "merge", "-p", edit)
     reverted = lambda: [  # noqa: E731

@@ -103,7 +103,7 @@ def test_autoscaling_active_says_builtin_or_dry_run():
 def test_the_crd_keeps_what_the_autoscaler_writes_in_status():
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     auto = schema["properties"]["status"]["properties"]["autoscaling"]["properties"]
-    assert set(auto) == {"desired", "lastScale", "lastDecision", "stuck"}
+    assert set(auto) == {"desired", "lastScale", "lastDecision", "stuck", "specReplicas"}
     assert {"from", "to", "reason", "at", "signals"} <= set(auto["lastScale"]["properties"])
 
 
