@@ -1,4 +1,4 @@
-"""Manual changes of the replicas of a model the builtin autoscaler scales (it is their only writer): what a
+"""The writes of the replicas of a model the builtin autoscaler scales (it is their only writer): what a
 change of spec.replicas by someone else (`kubectl scale neuronmodel`, a GitOps apply) means under
 autoscaling.onManualChange, and whether an autoscaled Deployment's replicas were set by someone else. Pure:
 the reconcile (reconcile.py) acts on the answers.
@@ -15,6 +15,9 @@ A Deployment's replicas as the operator last wrote them are kept on it in the an
 (a `kubectl scale deployment` or an edit of spec.replicas leaves annotations as they are): replicas that
 differ from both it and what the operator wants now were set by someone else, whatever the value, the
 replicas before the last decision included.
+
+Between the writes of a disaggregated model's prefill and decode Deployments, prefill:decode stays within
+autoscaling.prefillDecodeRatio where an order allows it (`ratio_ordered`).
 """
 
 from __future__ import annotations
@@ -32,18 +35,22 @@ REPLICAS_ANNOTATION = f"{LABEL_PREFIX}/replicas"  # a Deployment's replicas as t
 
 @dataclass(frozen=True)
 class Adopt:
-    """spec.replicas `replicas` become the autoscaler's desired replicas `desired` (per role)."""
+    """spec.replicas `replicas` become the autoscaler's desired replicas `desired` (per role; it ran
+    `before`)."""
 
     replicas: int
     desired: dict[str, int]
+    before: dict[str, int]
     message: str
 
 
 @dataclass(frozen=True)
 class Refuse:
-    """spec.replicas go back to `replicas` (None: unset, as they were)."""
+    """spec.replicas go back to `replicas` (None: unset, as they were); the autoscaler's `current` replicas
+    per role run on."""
 
     replicas: int | None
+    current: dict[str, int]
     message: str
 
 
@@ -71,20 +78,31 @@ def adopted(spec: NeuronModelSpec, replicas: int) -> dict[str, int]:
     return desired
 
 
-def spec_change(
-    spec: NeuronModelSpec, name: str, autoscaling_status: dict[str, Any], current: dict[str, int]
-) -> Adopt | Refuse | None:
-    """What to do about spec.replicas (the model `name`'s) given status.autoscaling and the replicas the
-    autoscaler runs now (`current`, per role): None when nothing changed, the autoscaler does not act, or
-    it has seen no spec.replicas yet (the first pass records them)."""
-    seen = autoscaling_status.get("specReplicas")
+def current(spec: NeuronModelSpec, status: dict[str, Any]) -> dict[str, int]:
+    """The replicas per role the autoscaler runs: its decision, or before any, the spec's as last seen
+    (status.autoscaling.specReplicas, not a manual change's)."""
+    seen = (status.get("autoscaling") or {}).get("specReplicas")
+    before = spec.model_copy(update={"replicas": seen or None}) if isinstance(seen, int) else spec
+    return scaling.decided_replicas(spec, status) or scaling.start_replicas(before)
+
+
+def spec_change(spec: NeuronModelSpec, name: str, status: dict[str, Any]) -> Adopt | Refuse | None:
+    """What to do about spec.replicas of the model `name` with status `status`: None when nothing changed,
+    the autoscaler does not act, or it has seen no spec.replicas yet (the first pass records them)."""
+    seen = (status.get("autoscaling") or {}).get("specReplicas")
     if not watched(spec) or not isinstance(seen, int) or spec_replicas(spec) == seen:
         return None
-    a, role, now = spec.autoscaling, scaling.scaled_role(spec), spec_replicas(spec)
-    running = ", ".join(f"{r} {n}" for r, n in sorted(current.items()))
+    a, role, now, running_now = (
+        spec.autoscaling,
+        scaling.scaled_role(spec),
+        spec_replicas(spec),
+        current(spec, status),
+    )
+    running = ", ".join(f"{r} {n}" for r, n in sorted(running_now.items()))
     if a.onManualChange == "refuse":
         return Refuse(
             seen or None,
+            running_now,
             f"spec.replicas was set to {now} by someone other than the operator; "
             f"autoscaling.onManualChange is refuse, so it is put back to {seen}: the builtin autoscaler sets "
             f"the replicas ({running} now) within autoscaling.min {a.min} and max {a.max}. To change how "
@@ -97,6 +115,7 @@ def spec_change(
     return Adopt(
         now,
         desired,
+        running_now,
         f"spec.replicas {seen} -> {now}, set by someone other than the operator, adopted: the autoscaler now "
         f"wants {', '.join(f'{r} {n}' for r, n in sorted(desired.items()))}{within} (was {running}) and "
         "scales on from there",
@@ -125,3 +144,32 @@ def deployment_change(existing: dict[str, Any] | None, wanted: dict[str, Any]) -
         f"Deployment {wanted['metadata']['name']} had replicas {have}, set by someone other than the "
         f"autoscaler (its only writer for this model; it last wrote {written}): put back to {want}"
     )
+
+
+def _role(obj: dict[str, Any]) -> str | None:
+    if obj.get("kind") != "Deployment":
+        return None
+    return (obj["metadata"].get("labels") or {}).get(f"{LABEL_PREFIX}/role")
+
+
+def ratio_ordered(
+    objects: list[dict[str, Any]], before: dict[str, int], ratio: tuple[float, float] | None
+) -> list[dict[str, Any]]:
+    """The objects to apply, the decode Deployment moved before the prefill one when its new replicas first
+    keep prefill:decode within the ratio bounds between the two writes and prefill's first would not (a
+    scale-up of both: prefill 2 beside decode 1 would read 2:1). `before`: the Deployments' replicas now."""
+    wanted = {_role(o): o["spec"]["replicas"] for o in objects if _role(o) in ("prefill", "decode")}
+    if ratio is None or len(wanted) < 2 or not {"prefill", "decode"} <= set(before):
+        return objects
+
+    def within(prefill: int, decode: int) -> bool:
+        return decode == 0 or ratio[0] <= prefill / decode <= ratio[1]
+
+    if within(wanted["prefill"], before["decode"]) or not within(before["prefill"], wanted["decode"]):
+        return objects
+    prefill = next(i for i, o in enumerate(objects) if _role(o) == "prefill")
+    decode = next(i for i, o in enumerate(objects) if _role(o) == "decode")
+    out = list(objects)
+    if decode > prefill:
+        out.insert(prefill, out.pop(decode))
+    return out

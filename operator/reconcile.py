@@ -221,6 +221,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         public = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == owner.name) \
             if serving is not None else None  # fmt: skip
         deployments: dict[str, dict[str, Any]] = {}
+        if scaled and spec.serving.mode == "disaggregated":  # prefill:decode within bounds between writes too
+            objects = await _ratio_ordered(kube, ns, objects, spec)
         for obj in objects:
             if obj is public:
                 continue  # last: it moves to the new set only once that set is ready
@@ -313,29 +315,35 @@ async def _manual_change(
     if not manual_scale.watched(spec):  # a later autoscaler starts from what it then sees
         return spec, scaled, {"autoscaling": {"specReplicas": None}} if "specReplicas" in auto else {}
     meta, seen = body["metadata"], manual_scale.spec_replicas(spec)
-    change = manual_scale.spec_change(spec, meta["name"], auto, scaled or {})
+    change = manual_scale.spec_change(spec, meta["name"], old)
     extra: dict[str, Any] = {}
     if isinstance(change, manual_scale.Refuse):
-        await kube.patch(
-            body["kind"], meta["namespace"], meta["name"], {"spec": {"replicas": change.replicas}}
-        )
+        patch = {"spec": {"replicas": change.replicas}}
+        await kube.patch(body["kind"], meta["namespace"], meta["name"], patch)
         emit("Warning", "ManualScaleRefused", change.message)
         spec, seen = spec.model_copy(update={"replicas": change.replicas}), auto["specReplicas"]
+        scaled = change.current
     elif isinstance(change, manual_scale.Adopt):
         emit("Normal", "ManualScaleAdopted", change.message)
-        signals = {
-            role: None for role in ((auto.get("lastScale") or {}).get("signals") or {})
-        }  # not this one's
-        last = {
-            "from": scaled,
-            "to": change.desired,
-            "reason": change.message,
-            "at": now(),
-            "signals": signals,
-        }
-        extra = {"desired": change.desired, "lastScale": last}
+        earlier = (auto.get("lastScale") or {}).get("signals") or {}  # not this change's: removed
+        last = {"from": change.before, "to": change.desired, "reason": change.message, "at": now()}
+        extra = {"desired": change.desired, "lastScale": {**last, "signals": dict.fromkeys(earlier)}}
         scaled = change.desired
     return spec, scaled, {"autoscaling": {"specReplicas": seen, **extra}}
+
+
+async def _ratio_ordered(
+    kube: Kube, ns: str, objects: list[dict[str, Any]], spec: Any
+) -> list[dict[str, Any]]:
+    """`manual_scale.ratio_ordered` with the Deployments' replicas as the cache has them."""
+    before = {}
+    for obj in objects:
+        role = (obj["metadata"].get("labels") or {}).get(f"{builders.LABEL_PREFIX}/role")
+        if obj["kind"] == "Deployment" and role in ("prefill", "decode"):
+            found = await kube.get("Deployment", ns, obj["metadata"]["name"])
+            if found is not None and (found.get("spec") or {}).get("replicas") is not None:
+                before[role] = found["spec"]["replicas"]
+    return manual_scale.ratio_ordered(objects, before, scaling.policy(spec).ratio)
 
 
 async def _delete_stale(

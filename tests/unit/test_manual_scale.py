@@ -57,8 +57,8 @@ UNIFIED_CASES = [
 @pytest.mark.parametrize("replicas,extra,seen,decided", UNIFIED_CASES)
 def test_a_change_of_spec_replicas_is_adopted_or_refused_as_the_spec_says(replicas, extra, seen, decided):
     spec = parsed(UNIFIED, replicas, **{**BUILTIN, **extra})
-    status = {} if seen is None else {"specReplicas": seen}
-    change = manual_scale.spec_change(spec, "m", status, {"unified": 2})
+    status = {"autoscaling": {"desired": {"unified": 2}} | ({} if seen is None else {"specReplicas": seen})}
+    change = manual_scale.spec_change(spec, "m", status)
     if decided is None:
         assert change is None
     elif decided[0] == "adopt":
@@ -68,9 +68,22 @@ def test_a_change_of_spec_replicas_is_adopted_or_refused_as_the_spec_says(replic
         assert isinstance(change, manual_scale.Refuse) and change.replicas == decided[1], change
 
 
+def test_before_any_decision_the_replicas_running_are_the_spec_s_as_last_seen_not_the_manual_change_s():
+    spec = parsed(UNIFIED, 3, **BUILTIN, onManualChange="refuse")  # serving.unified.replicas 1
+    assert manual_scale.current(spec, {"autoscaling": {"specReplicas": 0}}) == {"unified": 1}
+    refused = manual_scale.spec_change(spec, "m", {"autoscaling": {"specReplicas": 2}})
+    assert refused.current == {"unified": 2} and refused.replicas == 2
+    adopted = manual_scale.spec_change(
+        parsed(UNIFIED, 3, **BUILTIN), "m", {"autoscaling": {"specReplicas": 0}}
+    )
+    assert (adopted.before, adopted.desired) == ({"unified": 1}, {"unified": 3})
+
+
 def test_a_refusal_says_how_to_change_the_bounds_instead():
     spec = parsed(UNIFIED, 3, **BUILTIN, onManualChange="refuse")
-    change = manual_scale.spec_change(spec, "m", {"specReplicas": 1}, {"unified": 2})
+    change = manual_scale.spec_change(
+        spec, "m", {"autoscaling": {"specReplicas": 1, "desired": {"unified": 2}}}
+    )
     assert change.message == (
         "spec.replicas was set to 3 by someone other than the operator; autoscaling.onManualChange is "
         "refuse, so it is put back to 1: the builtin autoscaler sets the replicas (unified 2 now) within "
@@ -82,7 +95,9 @@ def test_a_refusal_says_how_to_change_the_bounds_instead():
 
 def test_an_adoption_says_what_the_autoscaler_now_wants_within_the_bounds():
     spec = parsed(UNIFIED, 9, **BUILTIN)
-    change = manual_scale.spec_change(spec, "m", {"specReplicas": 2}, {"unified": 2})
+    change = manual_scale.spec_change(
+        spec, "m", {"autoscaling": {"specReplicas": 2, "desired": {"unified": 2}}}
+    )
     assert change.message == (
         "spec.replicas 2 -> 9, set by someone other than the operator, adopted: the autoscaler now wants "
         "unified 4 (within autoscaling.min 1 and max 4) (was unified 2) and scales on from there"
@@ -103,7 +118,8 @@ def test_an_adoption_says_what_the_autoscaler_now_wants_within_the_bounds():
 )
 def test_a_disaggregated_model_adopts_decode_pods_with_prefill_following_the_ratio(replicas, extra, desired):
     spec = parsed(DISAGGREGATED, replicas, **{**BUILTIN, **extra})
-    change = manual_scale.spec_change(spec, "m", {"specReplicas": 1}, {"decode": 1, "prefill": 1})
+    change = manual_scale.spec_change(spec, "m", {"autoscaling": {"specReplicas": 1}})
+    assert change.before == {"decode": 1, "prefill": 1}  # no decision yet: the spec's as last seen
     assert isinstance(change, manual_scale.Adopt) and change.desired == desired, change
 
 
@@ -153,3 +169,40 @@ def test_the_operator_records_the_replicas_it_writes_on_the_deployment():
     marked = manual_scale.marked(built)
     assert marked["metadata"]["annotations"] == {manual_scale.REPLICAS_ANNOTATION: "3"}
     assert "annotations" not in built["metadata"]  # the built object itself is left as it was
+
+
+def role_deployment(role: str, replicas: int) -> dict:
+    labels = {"neuronfleet.dev/model": "m", "neuronfleet.dev/role": role}
+    return {
+        "kind": "Deployment",
+        "metadata": {"name": f"m-{role}", "labels": labels},
+        "spec": {"replicas": replicas},
+    }
+
+
+def roles_in_order(objects: list[dict]) -> list[str]:
+    return [o["metadata"]["labels"]["neuronfleet.dev/role"] for o in objects if o["kind"] == "Deployment"]
+
+
+# (replicas now, replicas wanted, ratio bounds, the order the Deployments take them in)
+ORDER_CASES = [
+    ({"prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}, (0.5, 1.0), ["decode", "prefill", "router"]),
+    ({"prefill": 2, "decode": 2}, {"prefill": 1, "decode": 1}, (0.5, 1.0), ["prefill", "decode", "router"]),
+    ({"prefill": 1, "decode": 2}, {"prefill": 2, "decode": 4}, (0.5, 1.0), ["prefill", "decode", "router"]),
+    ({"prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}, None, ["prefill", "decode", "router"]),
+    ({"prefill": 1}, {"prefill": 2, "decode": 2}, (0.5, 1.0), ["prefill", "decode", "router"]),  # new set
+]
+
+
+@pytest.mark.parametrize("before,wanted,ratio,order", ORDER_CASES)
+def test_the_deployments_take_their_replicas_in_an_order_that_keeps_the_ratio_between_writes(
+    before, wanted, ratio, order
+):
+    objects = [role_deployment(r, wanted[r]) for r in ("prefill", "decode")] + [role_deployment("router", 1)]
+    ordered = manual_scale.ratio_ordered(objects, before, ratio)
+    assert roles_in_order(ordered) == order
+    assert sorted(map(id, ordered)) == sorted(map(id, objects))  # the same objects, none lost
+    if ratio is not None and set(before) == {"prefill", "decode"}:  # every point on the way is within
+        first, second = roles_in_order(ordered)[:2]
+        middle = {first: wanted[first], second: before[second]}
+        assert ratio[0] <= middle["prefill"] / middle["decode"] <= ratio[1], middle
