@@ -25,7 +25,7 @@ WORKERS = 8  # concurrent requests: 4 slots, so about 4 wait (the queue signal),
 # a request of the load may wait for a whole batch on a busy machine: answered late is answered, so the
 # load's requests wait up to CEILING, not HTTP_TIMEOUT (a request lost is a failure, a slow one is not)
 # scaleDown.stabilizationSeconds: long enough for the load's last requests to finish after it stops (a pod
-# scaled down with requests in flight has local mode's 10 s grace to finish them)
+# scaled down with requests in flight has its grace period to finish them)
 WINDOW = 60
 
 pytestmark = pytest.mark.real_model
