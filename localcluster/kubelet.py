@@ -234,10 +234,10 @@ class ProcessKubelet:
             ready_new = [p for p in new if _ready(p)]
             if len(new) < replicas and len(new) + len(old) < replicas + 1:  # surge one pod at a time
                 await self.create_pod(dep, "Deployment", spec["template"], {"pod-template-hash": current})
-            for extra in sorted(new, key=_ready)[: max(0, len(new) - replicas)]:
+            for extra in sorted(new, key=deletion_rank)[: max(0, len(new) - replicas)]:
                 await self.delete_pod(extra)
             keep_old = max(0, replicas - len(ready_new))  # an old pod goes once a new one is ready
-            for pod in sorted(old, key=_ready)[: max(0, len(old) - keep_old)]:
+            for pod in sorted(old, key=deletion_rank)[: max(0, len(old) - keep_old)]:
                 await self.delete_pod(pod)
             ready = sum(_ready(p) for p in pods)
             status = {
@@ -544,3 +544,47 @@ def _ready(pod: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions", [])
     )
+
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def deletion_rank(pod: dict[str, Any]) -> tuple:
+    """A sort key putting first the pod a scale-down deletes first, in the ReplicaSet controller's order
+    (Kubernetes 1.32, pkg/controller/controller_utils.go `ActivePodsWithRanks.Less`; the annotation:
+    https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#pod-deletion-cost): unscheduled,
+    then by phase (Pending, Unknown, Running), not ready, the lower `pod-deletion-cost`, ready the shorter
+    time, more restarts, created later. (Every local pod is on the one node, so the controller's
+    co-location rank is equal for all.) A real API server refuses a cost that is not an int32; here one
+    counts as 0."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    try:
+        cost = int((meta.get("annotations") or {}).get(DELETION_COST, "0"))
+    except ValueError:
+        cost = 0
+    if not -(2**31) <= cost < 2**31:
+        cost = 0
+    conditions = status.get("conditions") or []
+    ready_at = next((c.get("lastTransitionTime") or "" for c in conditions if c.get("type") == "Ready"), "")
+    restarts = sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or [])
+    created = meta.get("creationTimestamp") or ""
+    return (
+        bool((pod.get("spec") or {}).get("nodeName")),
+        PHASE_RANK.get(status.get("phase", "Pending"), 3),
+        _ready(pod),
+        cost,
+        _Descending(ready_at),  # ready later (shorter) first
+        -restarts,
+        _Descending(created),  # newer first
+    )
+
+
+class _Descending(str):
+    """A string that sorts in reverse (RFC 3339 timestamps: later first)."""
+
+    def __lt__(self, other: str) -> bool:
+        return str.__gt__(self, other)
+
+    def __gt__(self, other: str) -> bool:
+        return str.__lt__(self, other)

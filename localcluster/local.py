@@ -3,7 +3,9 @@
 `up` starts two processes and records them in the state folder: the emulated API server with the process
 kubelet (`apiserver --kubelet-state`), with the NeuronModel CRD installed and a `local-models` claim in
 namespace default that holds SmolLM2-135M-Instruct (the local samples' model), and the operator. It writes
-`STATE/kubeconfig` and prints the kubectl commands to use; in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
+`STATE/kubeconfig` and prints the kubectl commands to use; the operator serves its wake endpoint (for the
+front doors of models that scale to zero) on a free loopback port, which the routers, local processes too,
+reach at `http://127.0.0.1:PORT`; in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
 it all. `down` stops what `up` started (the kubelet stops every pod process) and deletes nothing else.
 `status` lists models, pods and their log files.
 """
@@ -15,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,12 +151,19 @@ def _start(state: Path, say) -> None:
     _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "POST", crd.build_crd())
     _local_models(url, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
+    wake = _free_port()
     operator = subprocess.Popen(
         [
             shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
             "operator",
             "--kubeconfig",
             str(state / "kubeconfig"),
+            "--wake-port",
+            str(wake),
+            "--wake-host",
+            "127.0.0.1",
+            "--wake-url",
+            f"http://127.0.0.1:{wake}",
             "--standalone",
             "--all-namespaces",
         ],
@@ -169,6 +179,14 @@ def _start(state: Path, say) -> None:
     say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
     say(f"  {k} get neuronmodels -w")
     say(f"  neuronfleet status --state {state}")
+
+
+def _free_port() -> int:
+    """A loopback port free now, for the operator to bind a moment later (should another process take it
+    first, the operator fails to start, says so in its log, and `up` stops)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _local_models(url: str, state: Path) -> None:

@@ -186,6 +186,12 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
+    if args.wake_port:  # served on kopf's event loop by the operator's startup (operator/wake.py)
+        from neuronfleet.operator import wake
+
+        os.environ[wake.PORT_ENV], os.environ[wake.HOST_ENV] = str(args.wake_port), args.wake_host
+        if args.wake_url:
+            os.environ[wake.URL_ENV] = args.wake_url
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -422,6 +428,17 @@ def build_parser() -> argparse.ArgumentParser:
     opr.add_argument("--kubeconfig", help="kubeconfig of the cluster (default: KUBECONFIG, else in-cluster)")
     opr.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port")
     opr.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
+    opr.add_argument(
+        "--wake-port",
+        type=int,
+        help="serve POST /wake/NAMESPACE/NAME (scale-to-zero routers call it) on this port",
+    )
+    opr.add_argument("--wake-host", default="0.0.0.0", help="address of the wake endpoint")
+    opr.add_argument(
+        "--wake-url",
+        help="the wake endpoint's base URL as the routers reach it (default: NEURONFLEET_WAKE_URL; without "
+        "one, routers are not given a --wake-url)",
+    )
     opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
     opr.set_defaults(func=_cmd_operator)
 

@@ -98,6 +98,12 @@ class ServeConfig(BaseModel):
     )
     prefill: list[str] | None = _flag(None, "router: a prefill peer URL (http://host:port); repeat")
     decode: list[str] | None = _flag(None, "router: a decode peer URL (http://host:port); repeat")
+    unified: list[str] | None = _flag(
+        None,
+        "router as a front door: a unified pod (any engine) as http://host:port, or dns://name:port of their "
+        "headless Service; repeat. Every request path but /health, /ready and /metrics goes as is to the "
+        "least loaded ready one; no model files (no --model)",
+    )
     peer_protocol: PeerProtocol = _flag(
         "neuronfleet",
         "router: what the peers speak: neuronfleet (our runtime's KV handoff), or the P/D protocol of vllm "
@@ -148,6 +154,15 @@ class ServeConfig(BaseModel):
         '{"name:port": ["host:port", ...]}), looked up before DNS for dns:// peers and read again at each '
         f"resolution (else {PEER_HOSTS_FILE_ENV})",
     )
+    hold_requests: int = _flag(
+        0,
+        "router: while no pod a request needs is ready (at zero), hold up to this many requests until one is "
+        "(one more gets 429); 0: hold none. With holding the router's /ready is 200 even with no pod",
+    )
+    hold_seconds: float = _flag(300.0, "router: the longest a request is held; then 503 with Retry-After")
+    wake_url: str | None = _flag(
+        None, "router: POSTed (no body) when a request is held, again every 5 s while any stays held"
+    )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
@@ -156,18 +171,35 @@ class ServeConfig(BaseModel):
     def _roles_need(self) -> ServeConfig:
         """What each role needs, said clearly: a model folder, except for a router that speaks an engine's
         protocol (it reads none); the bootstrap port exactly for sglang peers."""
-        engine_router = self.role == "router" and self.peer_protocol != "neuronfleet"
+        front_door = self.role == "router" and bool(self.unified)
+        engine_router = self.role == "router" and (self.peer_protocol != "neuronfleet" or front_door)
+        if self.unified and (
+            self.role != "router" or self.prefill or self.decode or self.peer_protocol != "neuronfleet"
+        ):
+            raise ValueError(
+                "--unified is for --role router as a front door to unified pods, without --prefill, --decode "
+                "or --peer-protocol"
+            )
+        if self.role != "router" and (self.hold_requests or self.wake_url):
+            raise ValueError(f"--hold-requests and --wake-url are for --role router, not {self.role}")
+        if self.hold_requests < 0 or self.hold_seconds <= 0:
+            raise ValueError(
+                f"--hold-requests {self.hold_requests} --hold-seconds {self.hold_seconds:g}: the most "
+                "requests held at once (0: none) and the longest one is held, in seconds (over 0)"
+            )
+        if self.wake_url is not None and not self.wake_url.startswith(("http://", "https://")):
+            raise ValueError(f"--wake-url {self.wake_url!r}: an http:// or https:// URL")
         if self.role != "router" and self.peer_protocol != "neuronfleet":
             raise ValueError(f"--peer-protocol {self.peer_protocol} is for --role router, not {self.role}")
         if self.model is None and not engine_router:
             raise ValueError(
                 f"--role {self.role} needs --model (a Hugging Face-format folder); only a router with "
-                "--peer-protocol vllm|sglang serves without one"
+                "--peer-protocol vllm|sglang or --unified serves without one"
             )
         if self.model is not None and engine_router:
+            kind = "--unified" if front_door else f"--peer-protocol {self.peer_protocol}"
             raise ValueError(
-                f"a router with --peer-protocol {self.peer_protocol} reads no model files (its peers "
-                "tokenize); remove --model"
+                f"a router with {kind} reads no model files (its peers tokenize); remove --model"
             )
         if (self.peer_protocol == "sglang") != (self.bootstrap_port is not None):
             raise ValueError(

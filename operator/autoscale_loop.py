@@ -7,6 +7,14 @@ Pending past the deadline), count it in the operator's metrics and enqueue the m
 the Deployments' replicas from that status. In dry run the decision goes to `status.autoscaling.lastDecision`
 only.
 
+Scale to zero (`front_door`): the loop also reads the model's ready router pods' `/metrics` for the requests
+they hold (`neuronfleet:router_requests_held`) and passes their sum to the decision as `held` (at zero, held
+requests scale to 1 at once); a router's wake (`wake`, POST /wake/NS/NAME) runs the model's decision at once,
+counting at least one held request (the wake is the router's own word that it holds one). The cold start, from
+a decision that scaled a role up to the first new pod of that role being Ready (its Ready condition's
+lastTransitionTime, else when the pod cache first reported it ready), is kept in
+`status.autoscaling.coldStartSeconds` and `.coldStartAt` and is the decision's `Policy.cold_start`.
+
 Where a pod's `/metrics` is read: the address and the `http` port its Service's EndpointSlices give
 (discovery.k8s.io/v1, https://kubernetes.io/docs/concepts/services-networking/endpoint-slices/), the way a
 real cluster routes to a pod and Prometheus' `endpointslice` discovery finds its targets; in local mode the
@@ -26,15 +34,20 @@ from typing import Any
 
 import aiohttp
 
-from . import autoscaler, kube, metrics, pod_metrics, scaling, validation
+from . import autoscaler, front_door, kube, metrics, pod_metrics, scaling, validation
 from .builders import LABEL_PREFIX
 
 SCRAPE_TIMEOUT = 5.0  # seconds for one pod's /metrics
 SCRAPES_AT_ONCE = 8
+# the ReplicaSet controller deletes the pods with the lower cost first on a scale-down (Kubernetes >= 1.22:
+# https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#pod-deletion-cost)
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SERVICE_LABEL = "kubernetes.io/service-name"  # an EndpointSlice's Service (set by its controller)
+WAKE_INTERVAL = 1.0  # seconds: a model's wakes closer together than this run one decision
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+Scaled = tuple[float, frozenset[str]]  # a role's scale-up awaiting its first new pod: when, the pods then
 
 
 def seconds(timestamp: str | None) -> float | None:
@@ -62,6 +75,27 @@ def _is_ready(pod: dict[str, Any]) -> bool:
     return pod_state(pod) == "ready"
 
 
+def ready_at(pod: dict[str, Any]) -> float | None:
+    """When a ready pod became ready, as its Ready condition says (lastTransitionTime; local mode's pods have
+    none)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True":
+            return seconds(c.get("lastTransitionTime"))
+    return None
+
+
+def cold_start(
+    decided_at: float, known: frozenset[str], role: str, pods: list[autoscaler.Pod]
+) -> tuple[float, float] | None:
+    """(seconds, when) from a scale-up decided at `decided_at`, when the role's pods were `known`, to the
+    first of its new pods being ready; None while none is."""
+    ready = [p.since for p in pods if p.role == role and p.state == "ready" and p.name not in known]
+    if not ready:
+        return None
+    first = min(ready)
+    return max(0.0, first - decided_at), first
+
+
 def addresses(slices: list[dict[str, Any]]) -> dict[str, str]:
     """Pod name -> `host:port` of its `http` port, from EndpointSlices (ready endpoints only)."""
     out = {}
@@ -86,6 +120,11 @@ class AutoscaleLoop:
         self._scrapes: dict[Key, tuple[float, pod_metrics.Scrape]] = {}  # (ns, pod) -> last good scrape
         self._ready_since: dict[Key, float] = {}
         self._stuck: set[Key] = set()
+        self._locks: dict[Key, asyncio.Lock] = {}  # one decision per model at once (tick or wake)
+        self._woken: dict[Key, float] = {}  # when each model's last wake ran a decision
+        self._cold: dict[Key, dict[str, Scaled]] = {}  # per model, role -> (scaled up at, its pods then)
+        self._wakes: set[asyncio.Task] = set()
+        self._pods_of: dict[Key, set[Key]] = {}  # model -> its pods this loop keeps something of
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(SCRAPES_AT_ONCE)
@@ -94,9 +133,12 @@ class AutoscaleLoop:
         self._task = asyncio.create_task(self._run(), name="autoscaler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [self._task, *self._wakes]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(
+            *(t for t in [self._task, *self._wakes] if t is not None), return_exceptions=True
+        )
         if self._session is not None:
             await self._session.close()
 
@@ -114,15 +156,73 @@ class AutoscaleLoop:
             key = (body["metadata"]["namespace"], body["metadata"]["name"])
             seen.add(key)
             try:
-                await self.model(body)
+                async with self._locks.setdefault(key, asyncio.Lock()):
+                    await self.model(body)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("autoscaling %s/%s failed; trying again next tick", *key)
         for key in [k for k in self._history if k not in seen]:
             self._history.pop(key)
+            self._cold.pop(key, None)
+            self._woken.pop(key, None)
+            if not (lock := self._locks.get(key)) or not lock.locked():
+                self._locks.pop(key, None)
+            for pod in self._pods_of.pop(key, set()):
+                self._ready_since.pop(pod, None)
+                self._scrapes.pop(pod, None)
 
-    async def model(self, body: dict[str, Any]) -> autoscaler.Decision | None:
+    def wake(self, namespace: str, name: str) -> str:
+        """A front door holds a request of this model: run its decision now. Returns what happened: started,
+        running (one runs already: debounced), recent (one ran less than WAKE_INTERVAL ago) or unknown (no
+        model of that name that the builtin autoscaler scales)."""
+        key = (namespace, name)
+        body = next(
+            (m for m in self.models() if (m["metadata"]["namespace"], m["metadata"]["name"]) == key), None
+        )
+        spec, errors = validation.parse(body) if body is not None else (None, ["gone"])
+        if spec is None or errors or not scaling.builtin(spec):
+            return "unknown"
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        if lock.locked():
+            return "running"
+        last = self._woken.get(key)
+        if last is not None and time.monotonic() - last < WAKE_INTERVAL:
+            return "recent"
+        self._woken[key] = time.monotonic()
+
+        async def decide() -> None:
+            try:
+                async with lock:
+                    await self.model(body, woken=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the wake of %s/%s failed; the next tick decides", *key)
+
+        task = asyncio.create_task(decide(), name=f"wake {namespace}/{name}")
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+        return "started"
+
+    def pod_changed(self, obj: dict[str, Any]) -> None:
+        """The pod cache reports a child: a pod seen ready for the first time is ready from now (or from its
+        Ready condition's time), so a cold start is measured to the watch, not to the next tick."""
+        meta = obj.get("metadata") or {}
+        model = (meta.get("labels") or {}).get(f"{LABEL_PREFIX}/model")
+        ns = meta.get("namespace", "")
+        if (
+            obj.get("kind", "Pod") != "Pod"
+            or (ns, model) not in self._history
+            or meta.get("deletionTimestamp")
+        ):
+            return  # (only the models this loop decides for: the others' pods are not its business)
+        if pod_state(obj) == "ready":
+            pod = (ns, meta.get("name", ""))
+            self._ready_since.setdefault(pod, ready_at(obj) or time.time())
+            self._pods_of.setdefault((ns, model), set()).add(pod)
+
+    async def model(self, body: dict[str, Any], woken: bool = False) -> autoscaler.Decision | None:
         spec, errors = validation.parse(body)
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if spec is None or errors or not scaling.builtin(spec):
@@ -132,41 +232,85 @@ class AutoscaleLoop:
         if not status.get("compileHash"):
             return None  # nothing serves yet: the first pods come from the compile
         ns, name = key
-        policy = scaling.policy(spec)
+        auto = status.get("autoscaling") or {}
+        policy = scaling.policy(spec, cold_start=float(auto.get("coldStartSeconds") or 0.0))
         current = scaling.decided_replicas(spec, status) or scaling.start_replicas(spec)
-        pods = await self._pods(body, policy)
+        pods, held = await self._pods(body, policy, front_door.has_front_door(spec))
         now = time.time()
+        await self._measure_cold_start(key, pods)
+        if woken:
+            held = max(held, 1.0)
         history = self._history.get(key, autoscaler.History())
-        decision = autoscaler.decide(pods, current, policy, history, now)
+        decision = autoscaler.decide(pods, current, policy, history, now, held=held)
         self._history[key] = decision.history
+        if decision.act:
+            self._track_cold_start(key, decision, pods, now)
         for role, n in decision.desired.items():
             metrics.AUTOSCALER_DESIRED.labels(ns, name, role).set(n)
-        await self._report(body, policy, decision, now)
+        await self._report(body, policy, decision, pods, now)
         return decision
 
-    async def _pods(self, body: dict[str, Any], policy: autoscaler.Policy) -> list[autoscaler.Pod]:
+    async def _measure_cold_start(self, key: Key, pods: list[autoscaler.Pod]) -> None:
+        """A scale-up's first new pod is ready: its cold start goes to status (and the next policy)."""
+        for role, (at, known) in list(self._cold.get(key, {}).items()):
+            measured = cold_start(at, known, role, pods)
+            if measured is None:
+                continue
+            self._cold[key].pop(role)
+            took, ready = measured
+            log.info("cold start of %s/%s %s: %.1f s", *key, role, took)
+            await self.client.patch_status(
+                *key, {"autoscaling": {"coldStartSeconds": round(took, 1), "coldStartAt": iso(ready)}}
+            )
+
+    def _track_cold_start(
+        self, key: Key, decision: autoscaler.Decision, pods: list[autoscaler.Pod], now: float
+    ) -> None:
+        """Remember when a role was scaled up and which of its pods existed then (the first scale-up of an
+        episode counts); a scale-down of the role forgets it (its new pods may never come)."""
+        pending = self._cold.setdefault(key, {})
+        for role, n in decision.desired.items():
+            if n > decision.current[role] and role not in pending:
+                pending[role] = (now, frozenset(p.name for p in pods if p.role == role))
+            elif n < decision.current[role]:
+                pending.pop(role, None)
+
+    async def _pods(
+        self, body: dict[str, Any], policy: autoscaler.Policy, routers: bool = False
+    ) -> tuple[list[autoscaler.Pod], float]:
         """The model's serving pods of the scaled roles (of every set: a retiring set's pods still carry
-        load), each with its state and, when ready, its load."""
+        load), each with its state and, when ready, its load; and, with `routers`, the requests its ready
+        router pods hold (fresh scrapes only)."""
         meta = body["metadata"]
         ns, label = meta["namespace"], f"{LABEL_PREFIX}/model={meta['name']}"
-        found = await self.client.list("Pod", ns, label)
-        mine = [
+        found = [
             p
-            for p in found
-            if (p["metadata"].get("labels") or {}).get(f"{LABEL_PREFIX}/role") in policy.roles
-            and not p["metadata"].get("deletionTimestamp")
+            for p in await self.client.list("Pod", ns, label)
+            if not p["metadata"].get("deletionTimestamp")
             and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]
+        role_of = lambda p: (p["metadata"].get("labels") or {}).get(f"{LABEL_PREFIX}/role")  # noqa: E731
+        mine = [p for p in found if role_of(p) in policy.roles]
+        doors = [p for p in found if routers and role_of(p) == "router" and _is_ready(p)]
         where: dict[str, str] = {}
         # the only live reads (pods and Services come from the caches): none while no pod is ready, so a
-        # model without serving pods costs no request
-        for svc in await self.client.list("Service", ns, label) if any(map(_is_ready, mine)) else []:
+        # model without serving pods (or front door) costs no request
+        for svc in await self.client.list("Service", ns, label) if any(map(_is_ready, mine + doors)) else []:
             slices = await self.client.list("EndpointSlice", ns, f"{SERVICE_LABEL}={svc['metadata']['name']}")
             where.update(addresses(slices))
         now = time.time()
         ready = [p for p in mine if pod_state(p) == "ready" and p["metadata"]["name"] in where]
-        loads = await asyncio.gather(*(self._scrape(ns, p["metadata"]["name"], where, policy) for p in ready))
-        by_name = {p["metadata"]["name"]: r for p, r in zip(ready, loads, strict=True)}
+        doors = [p for p in doors if p["metadata"]["name"] in where]
+        loads = await asyncio.gather(
+            *(self._scrape(ns, p["metadata"]["name"], where, policy) for p in ready + doors)
+        )
+        by_name = {p["metadata"]["name"]: r for p, r in zip(ready + doors, loads, strict=True)}
+        held = sum(
+            load.held
+            for p in doors
+            for at, load in [by_name[p["metadata"]["name"]]]
+            if load is not None and at is not None and now - at <= policy.stale_after
+        )
         out, alive = [], set()
         for p in mine:
             pname, role = p["metadata"]["name"], p["metadata"]["labels"][f"{LABEL_PREFIX}/role"]
@@ -174,16 +318,18 @@ class AutoscaleLoop:
             state = pod_state(p)
             created = seconds(p["metadata"].get("creationTimestamp")) or now
             if state == "ready":
-                since = self._ready_since.setdefault((ns, pname), now)
+                since = self._ready_since.setdefault((ns, pname), ready_at(p) or now)
             else:
                 self._ready_since.pop((ns, pname), None)
                 since = created
             scraped_at, load = by_name.get(pname, (None, None))
             out.append(autoscaler.Pod(pname, role, state, since, scraped_at, load))
-        for gone in [k for k in self._ready_since if k[0] == ns and k not in alive]:
-            self._ready_since.pop(gone)
+        alive |= {(ns, p["metadata"]["name"]) for p in doors}
+        for gone in self._pods_of.get((ns, meta["name"]), set()) - alive:  # this model's pods only
+            self._ready_since.pop(gone, None)
             self._scrapes.pop(gone, None)
-        return out
+        self._pods_of[(ns, meta["name"])] = alive
+        return out, held
 
     async def _scrape(
         self, ns: str, pod: str, where: dict[str, str], policy: autoscaler.Policy
@@ -209,10 +355,12 @@ class AutoscaleLoop:
         return now, pod_metrics.load(scrape, before[1] if before else None, policy.slots)
 
     async def _report(
-        self, body: dict[str, Any], policy: autoscaler.Policy, decision: autoscaler.Decision, now: float
-    ) -> None:
-        """Status, Event, metrics and the reconcile for a decision that changes the replicas; ScaleUpStuck
-        once when pods first stay Pending past the deadline."""
+        self, body: dict[str, Any], policy: autoscaler.Policy, decision: autoscaler.Decision,
+        pods: list[autoscaler.Pod], now: float,
+    ) -> None:  # fmt: skip
+        """Status, Event, metrics and the reconcile for a decision that changes the replicas (a scale-down
+        marks the idlest pods to go first); ScaleUpStuck once when pods first stay Pending past the
+        deadline."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         stuck = {role: n for role, n in decision.stuck.items() if n}
@@ -250,6 +398,8 @@ class AutoscaleLoop:
                 metrics.AUTOSCALER_DECISIONS.labels(direction, "true").inc()
                 await self._event(body, "Normal", "DryRunScale", f"would scale: {record['reason']}")
             return
+        if not up:
+            await self._mark_idlest(meta["namespace"], autoscaler.deletion_costs(decision, pods))
         await self.client.patch_status(
             *key, {"autoscaling": {"desired": decision.desired, "lastScale": record}}
         )
@@ -261,6 +411,17 @@ class AutoscaleLoop:
         reason = "ScaledUp" if up else "ScaledDown"
         await self._event(body, "Normal", reason, f"{record['reason']} [{values}]")
         self.enqueue(key)
+
+    async def _mark_idlest(self, namespace: str, costs: dict[str, int]) -> None:
+        """Before a scale-down: each pod's deletion cost (its requests), so the Deployment removes the idlest;
+        a pod that cannot be annotated (gone meanwhile) is skipped, the scale-down goes on."""
+        for pod, cost in costs.items():
+            try:
+                await self.client.patch(
+                    "Pod", namespace, pod, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+                )
+            except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                log.info("pod %s/%s: its deletion cost could not be set: %r", namespace, pod, e)
 
     async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         log.info("%s %s: %s", type_, reason, message)

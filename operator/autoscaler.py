@@ -200,6 +200,19 @@ def decide(
     return Decision(desired, dict(current), reasons, signals, stuck, changed and not policy.dry_run, new)
 
 
+def deletion_costs(decision: Decision, pods: list[Pod]) -> dict[str, int]:
+    """For a decision that scales a role down: each of its ready, measured pods' deletion cost, the requests
+    it runs and queues, so that the Deployment's scale-down takes the idlest pods first (the ReplicaSet
+    controller deletes the lower `controller.kubernetes.io/pod-deletion-cost` first) and the pods serving
+    requests keep serving them. A pod not ready goes first anyway; one without metrics is left as it is."""
+    down = {role for role, n in decision.desired.items() if n < decision.current.get(role, 0)}
+    return {
+        p.name: math.ceil(p.load.running + p.load.waiting)
+        for p in pods
+        if p.role in down and p.state == "ready" and p.load is not None
+    }
+
+
 def _fresh(pod: Pod, policy: Policy, now: float) -> bool:
     return pod.scraped_at is not None and pod.load is not None and now - pod.scraped_at <= policy.stale_after
 

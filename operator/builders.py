@@ -37,7 +37,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, names, pod_parts, scaling, topology
+from . import engines, front_door, names, pod_parts, scaling, topology
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -312,13 +312,20 @@ def deployment_name(owner: Owner, role: str, serving_set_name: str | None = None
 
 
 def serve_config(
-    owner: Owner, spec: NeuronModelSpec, role: str, chash: str, serving_set_name: str | None = None
-) -> ServeConfig:
+    owner: Owner, spec: NeuronModelSpec, role: str, chash: str, serving_set_name: str | None = None,
+    wake_base: str | None = None,
+) -> ServeConfig:  # fmt: skip
     """Our runtime's serve options for a role's pods: the spec's (`engines.serve_config`), plus the model's
     name, its peers (its own set's headless Services), the KV transport and port, and the internal token's
-    file."""
+    file; a front door's routers hold requests at zero and wake the autoscaler (`front_door`, `wake_base`:
+    the operator's wake URL)."""
     port, transport = spec.serving.port, spec.serving.kvTransfer.transport
     pod: dict[str, Any] = {"served_model_name": owner.name}  # clients name the model as the NeuronModel
+    if role == "router":
+        pod.update(front_door.router_options(spec, owner.namespace, owner.name, wake_base))
+    if role == "router" and spec.serving.mode == "unified":  # a unified model's front door: no model files
+        pod["unified"] = [front_door.peers_url(owner.name, port)]
+        return ServeConfig(role="router", host="0.0.0.0", port=port, **pod)
     if role == "router":
         pod["prefill"] = [f"dns://{deployment_name(owner, 'prefill', serving_set_name)}:{port}"]
         pod["decode"] = [f"dns://{deployment_name(owner, 'decode', serving_set_name)}:{port}"]
@@ -334,15 +341,20 @@ def serve_config(
 
 
 def _engine_router(spec: NeuronModelSpec, role: str) -> bool:
-    """A router in front of an engine's own prefill and decode servers (it mounts no artifacts or token)."""
-    return role == "router" and engines.peer_protocol(spec) != "neuronfleet"
+    """A router in front of an engine's own prefill and decode servers, or a unified model's front door (it
+    mounts no artifacts or token)."""
+    return role == "router" and (
+        engines.peer_protocol(spec) != "neuronfleet" or spec.serving.mode == "unified"
+    )
 
 
-def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str) -> dict:
+def build_deployment(
+    owner: Owner, spec: NeuronModelSpec, role: str, replicas: int, chash: str, wake_base: str | None = None
+) -> dict:
     port = spec.serving.port
     ours = spec.engine == "embedded" or role == "router"
     pods_set = serving_set(spec, chash)
-    config = serve_config(owner, spec, role, chash, pods_set) if ours else None
+    config = serve_config(owner, spec, role, chash, pods_set, wake_base) if ours else None
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
     env = pod_parts.env(spec, container.env, hub_token=pod_parts.reads_hub_when_serving(spec, role))
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
@@ -427,7 +439,8 @@ def build_deployment(owner: Owner, spec: NeuronModelSpec, role: str, replicas: i
 
 
 def public_role(spec: NeuronModelSpec) -> str:
-    return "unified" if spec.serving.mode == "unified" else "router"
+    """The role the model's Service selects: its routers, or a unified model's pods without a front door."""
+    return "unified" if spec.serving.mode == "unified" and not front_door.has_front_door(spec) else "router"
 
 
 def public_selector(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, str]:
@@ -451,14 +464,16 @@ def build_public_service(owner: Owner, spec: NeuronModelSpec, target: dict[str, 
 def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list[dict[str, Any]]:
     """A disaggregated set's headless prefill and decode Services: its router finds its peers through DNS. An
     SGLang prefill Service also names the bootstrap port, where decode servers meet a prefill server (the
-    router sends them the prefill pod's address and that port)."""
-    if spec.serving.mode != "disaggregated":
-        return []
+    router sends them the prefill pod's address and that port). A unified model's front door: the headless
+    Service of the unified pods."""
     port, pods_set = spec.serving.port, serving_set(spec, chash)
-    ports = {
-        r: [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
-        for r in ("prefill", "decode")
-    }
+    if front_door.unified_front_door(spec):
+        roles = ("unified",)
+    elif spec.serving.mode == "disaggregated":
+        roles = ("prefill", "decode")
+    else:
+        return []
+    ports = {r: [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}] for r in roles}
     if boot := engines.engine_router_config(spec, port).bootstrap_port if spec.engine == "sglang" else None:
         ports["prefill"].append({"name": "bootstrap", "port": boot, "targetPort": boot, "protocol": "TCP"})
     return [
@@ -473,7 +488,7 @@ def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list
                 "ports": ports[role],
             },
         }
-        for role in ("prefill", "decode")
+        for role in roles
     ]
 
 
@@ -539,13 +554,14 @@ def endpoint(owner: Owner, spec: NeuronModelSpec, service: dict[str, Any] | None
 
 
 def build_serving(
-    owner: Owner, spec: NeuronModelSpec, chash: str, public: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
+    owner: Owner, spec: NeuronModelSpec, chash: str, public: dict[str, str] | None = None,
+    wake_base: str | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """The serving set of `spec` at the compiled hash `chash` (peer Services, Deployments, PDBs), then the
     public Service, selecting `public` (default: this set)."""
     objects: list[dict[str, Any] | None] = [*build_peer_services(owner, spec, chash)]
     for role, replicas in serving_roles(spec).items():
-        objects.append(build_deployment(owner, spec, role, replicas, chash))
+        objects.append(build_deployment(owner, spec, role, replicas, chash, wake_base))
         objects.append(build_pdb(owner, spec, role, replicas, chash))
     objects.append(build_public_service(owner, spec, public or public_selector(owner, spec, chash)))
     return [o for o in objects if o is not None]
@@ -562,6 +578,7 @@ def build_all(
     compile_job: bool = True,
     attempt: str = "",
     source_retries: int = 0,
+    wake_base: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of a model, in the order they must exist. The compile Job (unless `compile_job` is False:
     its hash has compiled) is the spec's; the serving set is built from `serving_spec` (default: `spec`; the
@@ -569,7 +586,8 @@ def build_all(
     the hash whose artifacts exist; none until the first compile. `public`: the selector the public Service
     keeps (default: the serving set's). `internal_token`: a fresh random token for a disaggregated model's
     Secret (the operator creates the Secret once and never changes it, so only the first pass's token is
-    used)."""
+    used). `wake_base`: the operator's wake URL (NEURONFLEET_WAKE_URL), for the routers of a scale-to-zero
+    model's front door (`front_door`); None: they are not given one."""
     chash = compile_hash(spec)
     serving = serving_spec or spec
     objects: list[dict[str, Any] | None] = []
@@ -587,6 +605,6 @@ def build_all(
     if compile_job:
         objects.append(build_compile_job(owner, spec, chash, attempt, source_retries))
     if serving_hash is not None:
-        objects.extend(build_serving(owner, serving, serving_hash, public))
+        objects.extend(build_serving(owner, serving, serving_hash, public, wake_base))
     objects.append(scaling.build_autoscaler(spec, metadata(owner, owner.name, "autoscaler")))
     return [o for o in objects if o is not None]

@@ -14,7 +14,9 @@ finalizer only for delete handlers, timers and daemons, and there are none here,
 even with the operator stopped or uninstalled.
 
 The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts with the triggers and queues a
-model's reconcile through them when it has changed the model's replicas.
+model's reconcile through them when it has changed the model's replicas; it hears of every pod the caches
+report (a cold start ends when a new pod is ready), and with `--wake-port` the wake endpoint (`wake.py`) runs
+its decision for a model whose front door holds a request.
 
 Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then stops
 the autoscaler's loop, the caches and the trigger workers (waiting for a reconcile in flight) before it
@@ -31,7 +33,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import kube, rollout, spec
+from . import kube, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
 from .reconcile import now, reconcile
@@ -56,11 +58,14 @@ class Triggers:
         self._check: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
         self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
+        self.wake: wake.WakeServer | None = None  # its wake endpoint (wake.py), with --wake-port
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
         if model and obj.get("kind") != spec.KIND:
+            if self.autoscaler is not None:
+                self.autoscaler.pod_changed(obj)
             if event == "DELETED" and obj.get("kind") != "Pod":  # pods go in every roll: no live read
                 self._check.add((meta.get("namespace", ""), model))
             self.enqueue((meta.get("namespace", ""), model))
@@ -159,11 +164,16 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _triggers.start()
     triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
     triggers.autoscaler.start()
+    if (where := wake.configured()) is not None:
+        triggers.wake = wake.WakeServer(triggers.autoscaler.wake)
+        await triggers.wake.start(*where)
 
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     if _triggers is not None:
+        if _triggers.wake is not None:
+            await _triggers.wake.stop()
         if _triggers.autoscaler is not None:
             await _triggers.autoscaler.stop()
         await _triggers.stop()

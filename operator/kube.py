@@ -57,7 +57,8 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "events"): ("create",),
     # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
-    ("", "pods"): ("list", "watch"),
+    # patch: a scale-down's pod-deletion-cost annotations (autoscale_loop.py), so the idlest pods go first
+    ("", "pods"): ("list", "watch", "patch"),
     # autoscaling.provider hpa or keda (scaling.build_autoscaler): made, kept as built, deleted when the
     # provider changes; get: apply's read (these kinds are not cached)
     ("autoscaling", "horizontalpodautoscalers"): ("get", "create", "patch", "delete"),

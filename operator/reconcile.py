@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, engines, manual_scale, metrics, names, rollout, scaling, validation
+from . import builders, engines, manual_scale, metrics, names, rollout, scaling, validation, wake
 from .kube import Kube, KubeError
 from .status import (
     autoscaling_condition,
@@ -216,7 +216,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         objects = builders.build_all(
             owner, spec, serving, internal_token=secrets.token_urlsafe(32), serving_spec=serving_spec,
             compile_job=serving != chash, attempt=rollout.attempt(generation, meta.get("annotations")),
-            source_retries=source_retries,
+            source_retries=source_retries, wake_base=wake.base_url(),
         )  # fmt: skip
         public = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == owner.name) \
             if serving is not None else None  # fmt: skip

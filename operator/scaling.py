@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from . import front_door
 from .autoscaler import Policy, RolePolicy
 from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSpec
 
@@ -20,7 +21,7 @@ from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSp
 QUEUE_METRIC = "vllm:num_requests_waiting"  # gauge: requests waiting for a slot
 OCCUPANCY_METRIC = "vllm:kv_cache_usage_perc"  # gauge, 0-1: KV cache (slots x length) in use
 TTFT_METRIC = "vllm:time_to_first_token_seconds"  # histogram, seconds
-ENTRY_REQUESTS_METRIC = "vllm:num_requests_running"  # the router's: requests routed (held) and not finished
+HELD_METRIC = "neuronfleet:router_requests_held"  # the front door's: requests held while no pod is ready
 TTFT_QUANTILE = 0.9
 # The name an adapter gives the TTFT p90 (a histogram has no per-pod value): docs/autoscaling.md.
 TTFT_P90_METRIC = f"{TTFT_METRIC}:p90"
@@ -60,10 +61,12 @@ def prefill_for(spec: NeuronModelSpec, decode: int) -> int:
 
 def role_replicas(spec: NeuronModelSpec) -> dict[str, int]:
     """Role -> replicas: serving.*.replicas, or, when spec.replicas is set, that many unified pods, or that
-    many decode pods with prefill following (`prefill_for`); the router keeps its own count."""
+    many decode pods with prefill following (`prefill_for`); the router keeps its own count (a unified model
+    has one when it may scale to zero: its front door, `front_door`)."""
     s = spec.serving
     if s.mode == "unified":
-        return {"unified": s.unified.replicas if spec.replicas is None else spec.replicas}
+        unified = {"unified": s.unified.replicas if spec.replicas is None else spec.replicas}
+        return {**unified, "router": s.router.replicas} if front_door.unified_front_door(spec) else unified
     assert s.prefill is not None and s.decode is not None  # the spec's rule
     if spec.replicas is None:
         return {"prefill": s.prefill.replicas, "decode": s.decode.replicas, "router": s.router.replicas}
@@ -99,12 +102,6 @@ def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
                 )
     if not a.enabled:
         return errors
-    if a.provider == "builtin" and a.scaleToZero:
-        errors.append(
-            "autoscaling.scaleToZero with provider builtin is not built yet: at zero nothing would hold the "
-            "requests or wake the autoscaler (a pod-less model has no metrics); set scaleToZero false and "
-            "min 1 or more, or use provider keda"
-        )
     if a.provider == "hpa" and spec.replicas is None:
         errors.append(
             "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, "
@@ -222,7 +219,7 @@ def keda_triggers(spec: NeuronModelSpec, namespace: str, model: str) -> list[dic
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": address,
-                    "query": f"sum({ENTRY_REQUESTS_METRIC}{{{router}}})",
+                    "query": f"sum({HELD_METRIC}{{{router}}})",
                     "threshold": "1",
                     "activationThreshold": "0",
                 },
@@ -287,12 +284,13 @@ def _role_target(a: Autoscaling, signal: str) -> float:
     return DEFAULT_TARGETS[signal]
 
 
-def policy(spec: NeuronModelSpec) -> Policy:
+def policy(spec: NeuronModelSpec, cold_start: float = 0.0) -> Policy:
     """spec.autoscaling as the decision's Policy. Unified: min/max and the spec's metric. Disaggregated:
     decode between min and max, prefill between autoscaling.prefill's bounds (default: decode's); prefill
     decides on its queued prompt work (queue) or TTFT (metric ttft), decode on occupancy (or queue with
     metric queue); the spec's target for the spec's metric, the default target (DEFAULT_TARGETS) for the
-    other. With scaleToZero every role's min is 0 and idleSeconds is the idle period."""
+    other. With scaleToZero every role's min is 0 and idleSeconds is the idle period. `cold_start`: the last
+    measured one (status.autoscaling.coldStartSeconds), how far ahead a rising load is extrapolated."""
     a = spec.autoscaling
     low = 0 if a.scaleToZero else a.min
     if spec.serving.mode == "unified":
@@ -321,6 +319,7 @@ def policy(spec: NeuronModelSpec) -> Policy:
         ratio=ratio,
         slots=spec.neuron.batchSize,
         dry_run=a.dryRun,
+        cold_start=max(0.0, cold_start),
     )
 
 

@@ -575,6 +575,12 @@ class AutoscalingStatus(BaseModel):
     lastScale: LastScale | None = Field(None, description="The last decision that changed the replicas.")
     lastDecision: LastScale | None = Field(None, description="Dry run: the last change it would have made.")
     stuck: dict[str, int] | None = Field(None, description="Per role, pods Pending past the deadline.")
+    coldStartSeconds: float | None = Field(
+        None,
+        description="The last measured cold start: seconds from a scale-up decision to the first new pod "
+        "ready (how early a rising load scales up).",
+    )
+    coldStartAt: str | None = Field(None, description="When that pod became ready (RFC 3339).")
     specReplicas: int | None = Field(
         None,
         description="spec.replicas as the operator last saw them (unset: 0): a change by someone else is "

@@ -414,3 +414,25 @@ def test_a_follower_that_leaves_is_let_go(node):
         follower.wait()
     node.wait("the follower let go", lambda: opened() == 1)
     node.kubectl("delete", "deployment", "ticker")
+
+
+def test_a_scale_down_deletes_the_pods_with_the_lowest_deletion_cost_first(node):
+    """The ReplicaSet controller's order among ready pods: the lower `controller.kubernetes.io/
+    pod-deletion-cost` goes first (what the autoscaler sets so that a scale-down takes the idle pods)."""
+    ready = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1}
+    web = container(WEB, args=["--port", "8080"], ports=[{"name": "http", "containerPort": 8080}],
+                    readinessProbe=ready)  # fmt: skip
+    body = deployment("costly", web)
+    body["spec"]["replicas"] = 3
+    node.apply(body)
+    pods = node.wait("three ready pods", lambda: (p := node.pods("app=costly")) and len(p) == 3
+                     and all(state(x).get("ready") for x in p) and p)  # fmt: skip
+    names = sorted(p["metadata"]["name"] for p in pods)
+    costs = dict(zip(names, ("5", "-2", "100"), strict=True))  # the busiest keeps its pod
+    for name, cost in costs.items():
+        node.kubectl("annotate", "pod", name, f"controller.kubernetes.io/pod-deletion-cost={cost}")
+    node.kubectl("scale", "deployment", "costly", "--replicas", "1")
+    left = node.wait("one pod left", lambda: (p := [x for x in node.pods("app=costly")
+                     if not x["metadata"].get("deletionTimestamp")]) and len(p) == 1 and p)  # fmt: skip
+    assert left[0]["metadata"]["name"] == names[2]
+    node.kubectl("delete", "deployment", "costly")

@@ -103,7 +103,16 @@ def test_autoscaling_active_says_builtin_or_dry_run():
 def test_the_crd_keeps_what_the_autoscaler_writes_in_status():
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     auto = schema["properties"]["status"]["properties"]["autoscaling"]["properties"]
-    assert set(auto) == {"desired", "lastScale", "lastDecision", "stuck", "specReplicas"}
+    assert set(auto) == {
+        "desired",
+        "lastScale",
+        "lastDecision",
+        "stuck",
+        "coldStartSeconds",
+        "coldStartAt",
+        "specReplicas",
+    }
+    assert auto["coldStartSeconds"]["type"] == "number" and auto["coldStartAt"]["type"] == "string"
     assert {"from", "to", "reason", "at", "signals"} <= set(auto["lastScale"]["properties"])
 
 
@@ -151,15 +160,37 @@ def test_timestamps_read_as_the_api_server_writes_them():
     assert autoscale_loop.seconds(None) is None
 
 
-def test_scale_to_zero_with_the_builtin_provider_is_refused_until_something_holds_requests_at_zero():
-    """At zero a builtin-autoscaled model would have no pod, so no metrics, and nothing holding requests or
-    waking the autoscaler: refused, saying what works."""
+def test_scale_to_zero_with_the_builtin_provider_is_accepted_and_hpa_still_refused():
+    """The front door holds requests at zero and wakes the autoscaler, so builtin may scale to zero; an HPA
+    still cannot (its minReplicas is at least 1)."""
     obj = copy.deepcopy(UNIFIED)
     obj["metadata"]["name"] = "m"
     obj["spec"]["autoscaling"] = {"enabled": True, "min": 0, "max": 2, "scaleToZero": True}
-    report = validation.check(obj)
-    assert any("scaleToZero with provider builtin is not built yet" in e for e in report.errors), (
-        report.errors
-    )
-    obj["spec"]["autoscaling"] = {"enabled": True, "min": 1, "max": 2}
     assert validation.check(obj).ok, validation.check(obj).errors
+    obj["spec"]["replicas"] = 1
+    obj["spec"]["autoscaling"]["provider"] = "hpa"
+    assert any("hpa cannot scale to zero" in e for e in validation.check(obj).errors)
+
+
+def test_the_measured_cold_start_is_the_policys_lead():
+    spec = parsed(UNIFIED, enabled=True, min=0, max=2, scaleToZero=True)
+    assert scaling.policy(spec).cold_start == 0.0
+    assert scaling.policy(spec, cold_start=42.5).cold_start == 42.5
+
+
+def test_a_cold_start_runs_from_the_scale_up_to_the_first_new_pod_ready():
+    pod = lambda name, state, since, role="unified": autoscaler.Pod(name, role, state, since)  # noqa: E731
+    known = frozenset({"old"})
+    # nothing new ready yet: the old pod, a new one still loading, a new one of another role
+    waiting = [pod("old", "ready", 5.0), pod("new-1", "starting", 101.0), pod("r", "ready", 102.0, "prefill")]
+    assert autoscale_loop.cold_start(100.0, known, "unified", waiting) is None
+    # the first new pod ready ends it, at its ready time (not the tick's)
+    ready = [*waiting[:2], pod("new-2", "ready", 137.5), pod("new-3", "ready", 150.0)]
+    assert autoscale_loop.cold_start(100.0, known, "unified", ready) == (37.5, 137.5)
+
+
+def test_a_pods_ready_time_is_its_ready_conditions_when_it_has_one():
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "1970-01-01T00:01:40Z"}
+    assert autoscale_loop.ready_at({"status": {"conditions": [ready]}}) == 100.0
+    assert autoscale_loop.ready_at({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}) is None
+    assert autoscale_loop.ready_at({"status": {"conditions": [{**ready, "status": "False"}]}}) is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from neuronfleet.operator import pod_metrics
-from neuronfleet.operator.autoscaler import Demand, History, Pod, Policy, RolePolicy, decide
+from neuronfleet.operator.autoscaler import Demand, History, Pod, Policy, RolePolicy, decide, deletion_costs
 from neuronfleet.operator.pod_metrics import Histogram, MetricsError, PodLoad
 
 UNIFIED = {"unified": RolePolicy(min=1, max=8, signal="occupancy", target=0.75)}
@@ -185,6 +185,18 @@ def test_scale_down_only_when_the_survivors_stay_under_target(occupancies, desir
     assert d.desired == {"unified": desired}
     if desired == n:
         assert "would be over 0.75 * (1 - 0.1) with the load redistributed" in d.reasons["unified"]
+
+
+def test_a_scale_down_marks_its_pods_by_their_requests_so_the_idlest_go_first():
+    """The requests each pod runs or queues become its pod-deletion-cost: the Deployment deletes the idle ones
+    and the requests in flight keep their pods. Only the roles going down, only ready measured pods."""
+    pods = [ready("busy", 0.5, at=1000.0), ready("idle", 0.0, at=1000.0), ready("some", 0.25, at=1000.0)]
+    others = [Pod("starting", "unified", "starting", 990.0), Pod("silent", "unified", "ready", -1000.0)]
+    d = decide(pods, {"unified": 3}, policy(), quiet_history(1000.0, 0), 1000.0)
+    assert d.desired == {"unified": 2}
+    assert deletion_costs(d, pods + others) == {"busy": 2, "idle": 0, "some": 1}
+    up = decide([ready("a", 2.0, at=1000.0)], {"unified": 1}, policy(), quiet_history(1000.0, 1), 1000.0)
+    assert up.desired["unified"] > 1 and deletion_costs(up, pods) == {}
 
 
 def test_a_pod_without_fresh_metrics_freezes_scale_down_but_not_scale_up():

@@ -18,7 +18,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.localcluster import semantics
-from neuronfleet.operator import builders, crd, kube, scaling, status, validation
+from neuronfleet.operator import builders, crd, kube, pod_metrics, scaling, status, validation
 
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
 KEDA_CRD = ROOT / "tests" / "data" / f"keda-{scaling.KEDA_VERSION}-scaledobjects.yaml"
@@ -301,8 +301,7 @@ def test_hpa_metric_names_are_the_ones_the_runtime_exports():
     sources = (ROOT / "runtime" / "engine.py").read_text() + (ROOT / "runtime" / "server.py").read_text()
     for name in (scaling.QUEUE_METRIC, scaling.OCCUPANCY_METRIC, scaling.TTFT_METRIC):
         assert f'"{name}"' in sources, name
-    router = (ROOT / "runtime" / "router.py").read_text()
-    assert f'"{scaling.ENTRY_REQUESTS_METRIC}"' in router
+    assert scaling.HELD_METRIC == pod_metrics.HELD  # the front door's gauge, as the builtin loop reads it
 
 
 def test_no_autoscaler_object_for_builtin_or_disabled_autoscaling():
@@ -362,7 +361,8 @@ def test_provider_keda_scales_to_zero_through_the_idle_replica_count():
         "metadata": {"serverAddress": PROMETHEUS, "query": 'sum(vllm:num_requests_waiting{namespace="ns",'
                      'pod=~"m-unified-.*"})', "threshold": "3", "activationThreshold": "0"},
     }  # fmt: skip
-    assert held["metadata"]["query"] == 'sum(vllm:num_requests_running{namespace="ns",pod=~"m-router-.*"})'
+    query = 'sum(neuronfleet:router_requests_held{namespace="ns",pod=~"m-router-.*"})'
+    assert held["metadata"]["query"] == query
     assert (held["metadata"]["threshold"], held["metadata"]["activationThreshold"]) == ("1", "0")
     assert s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"] == {
         "stabilizationWindowSeconds": 300

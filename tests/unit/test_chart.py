@@ -202,3 +202,20 @@ def test_the_dockerfile_builds_three_pinned_non_root_targets():
     assert not re.search(r"(?i)(token|password|secret)\s*=", text)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "models", "tests"} <= set(ignored)
+
+
+@pytest.mark.parametrize("values", [{}, {"wakePort": 9099}])
+def test_the_wake_endpoint_is_served_and_reached_through_the_operators_service(values):
+    """`--wake-port` on the operator, its port on the operator's Service, and NEURONFLEET_WAKE_URL (what the
+    routers of a scale-to-zero model are given) naming that Service and port."""
+    objects = render(values)
+    (service,) = kinds(objects, "Service")
+    (deployment,) = kinds(objects, "Deployment")
+    port = values.get("wakePort", 8082)
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert f"--wake-port={port}" in c["args"]
+    assert {"name": "wake", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    assert {"name": "wake", "port": port, "targetPort": "wake", "protocol": "TCP"} in service["spec"]["ports"]
+    url = {e["name"]: e.get("value") for e in c["env"]}["NEURONFLEET_WAKE_URL"]
+    meta = service["metadata"]
+    assert url == f"http://{meta['name']}.{meta['namespace']}.svc:{port}"

@@ -54,9 +54,12 @@ def test_every_option_renders_and_parses_back():
     )  # fmt: skip
     # a router that speaks an engine's protocol: the options only it takes (it has no model)
     engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)
-    given = config.model_fields_set | engine_router.model_fields_set
+    # a front door to unified pods, holding at zero
+    front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
+                             wake_url="http://op:8080/wake/ns/m")  # fmt: skip
+    given = config.model_fields_set | engine_router.model_fields_set | front_door.model_fields_set
     assert given == set(ServeConfig.model_fields)  # nothing left at its default
-    for each in (config, engine_router):
+    for each in (config, engine_router, front_door):
         args = build_parser().parse_args(["serve", *each.to_args()])
         assert ServeConfig.from_namespace(args) == each
 

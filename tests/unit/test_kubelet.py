@@ -11,7 +11,7 @@ import pytest
 
 from neuronfleet.localcluster.events import Recorder, reference
 from neuronfleet.localcluster.jobs import expired, finished_at
-from neuronfleet.localcluster.kubelet import template_hash
+from neuronfleet.localcluster.kubelet import deletion_rank, template_hash
 from neuronfleet.localcluster.podlogs import (
     LogOptions,
     cri_line,
@@ -255,3 +255,33 @@ def test_a_refused_probe_says_so_in_the_kubelets_words():
     where = f"127.0.0.1:{port}"
     assert http == (False, f'Get "http://{where}/ready": dial tcp {where}: connect: connection refused')
     assert tcp == (False, f"dial tcp {where}: connect: connection refused")
+
+
+def _pod(name, *, node="local", phase="Running", ready=True, cost=None, ready_at="2026-01-01T00:00:00Z",
+         restarts=0, created="2026-01-01T00:00:00Z"):  # fmt: skip
+    meta = {"name": name, "creationTimestamp": created}
+    if cost is not None:
+        meta["annotations"] = {"controller.kubernetes.io/pod-deletion-cost": cost}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": ready_at}]
+    status = {"phase": phase, "conditions": conditions, "containerStatuses": [{"restartCount": restarts}]}
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": status}
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (_pod("a", node=None, phase="Pending", ready=False), _pod("b")),  # unscheduled first
+        (_pod("a", phase="Pending", ready=False), _pod("b", phase="Running", ready=False)),
+        (_pod("a", ready=False), _pod("b")),  # not ready before ready
+        (_pod("a", cost="-5"), _pod("b")),  # the lower deletion cost first
+        (_pod("a", cost="3"), _pod("b", cost="10")),
+        (_pod("a", cost="not a number"), _pod("b", cost="1")),  # unreadable: 0
+        (_pod("a", ready_at="2026-01-01T00:05:00Z"), _pod("b")),  # ready for a shorter time
+        (_pod("a", restarts=3), _pod("b")),
+        (_pod("a", created="2026-01-01T00:01:00Z"), _pod("b")),  # newer first
+        (_pod("a", cost="-1", ready_at="2025-01-01T00:00:00Z"), _pod("b", ready_at="2026-01-01T00:05:00Z")),
+    ],
+)
+def test_a_scale_down_takes_pods_in_the_replicaset_controllers_order(first, second):
+    assert sorted([second, first], key=deletion_rank) == [first, second]
+    assert sorted([first, second], key=deletion_rank) == [first, second]

@@ -70,7 +70,7 @@ the one table the operator's API module is checked against (tests/test_chart.py 
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "create", "patch", "delete"]

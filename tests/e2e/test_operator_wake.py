@@ -1,0 +1,120 @@
+"""The operator's wake endpoint (operator/wake.py), the real operator process against the emulated API server
+(no kubelet: the test marks the compile Job complete itself): a model with builtin autoscaling and scaleToZero
+gets a front door whose routers are given the operator's wake URL; at zero, a POST to it makes the autoscaler
+decide at once (not at its next 15 s tick): status.autoscaling says 0 -> 1 for the requests held at the front
+door, a ScaledUp Event says so, and the unified Deployment gets its replica. Wakes while one runs or just ran
+start no other; an unknown model is 404; a flood is 429 with Retry-After."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+from support import HTTP_TIMEOUT, ROOT, OperatorCluster, Process, free_port, neuronfleet_command
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+NAME = "smollm2"
+NM = f"/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/{NAME}"
+JOBS = "/apis/batch/v1/namespaces/default/jobs"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+class Cluster(OperatorCluster):
+    def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    api = Cluster(tmp_path)
+    yield api
+    for proc in api.operators:
+        if proc.poll() is None:
+            proc.stop()
+    api.api.stop()
+
+
+def post(url: str) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}"), dict(e.headers)
+
+
+def test_a_wake_scales_a_model_at_zero_up_at_once(cluster):
+    api, port = cluster, free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(api.state / "operator-kubeconfig")]
+    args += ["--wake-port", str(port), "--wake-host", "127.0.0.1", "--wake-url", base, "--standalone"]
+    operator = Process(args, api.state / "operator.log")
+    api.operators.append(operator)
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["spec"]["autoscaling"] = {
+        "enabled": True, "provider": "builtin", "min": 0, "max": 2, "scaleToZero": True, "idleSeconds": 30,
+    }  # fmt: skip
+    api.call("POST", "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels", manifest)
+    listed = lambda: api.call("GET", f"{JOBS}?labelSelector=neuronfleet.dev/model")["items"]  # noqa: E731
+    jobs = operator.wait_until(listed, "the compile Job")
+    complete = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
+    api.call("PATCH", f"{JOBS}/{jobs[0]['metadata']['name']}/status", {"status": complete},
+             "application/merge-patch+json")  # fmt: skip
+    router = operator.wait_until(lambda: api.call("GET", f"{DEPLOYMENTS}/{NAME}-router"), "the front door")
+    command = router["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--wake-url") + 1] == f"{base}/wake/default/{NAME}"
+    assert command[command.index("--unified") + 1] == f"dns://{NAME}-unified:8000"
+
+    # the model at zero, as the autoscaler leaves it after idleSeconds (its only writer: status)
+    operator.wait_until(lambda: (api.call("GET", NM).get("status") or {}).get("compileHash"), "compileHash")
+    zero = {"status": {"autoscaling": {"desired": {"unified": 0}}}}
+    api.call("PATCH", f"{NM}/status", zero, "application/merge-patch+json")
+    # (the autoscaler queues the model's reconcile itself; here a touch of the model does)
+    api.kubectl("annotate", "neuronmodel", NAME, "test.neuronfleet.dev/at-zero=true")
+    operator.wait_until(
+        lambda: api.call("GET", f"{DEPLOYMENTS}/{NAME}-unified")["spec"]["replicas"] == 0,
+        "0 unified replicas",
+    )
+    assert api.call("GET", f"{DEPLOYMENTS}/{NAME}-router")["spec"]["replicas"] == 1  # the front door stays
+
+    unknown = post(f"{base}/wake/default/nosuchmodel")
+    assert unknown[:2] == (404, {"wake": "unknown", "detail": "no NeuronModel default/nosuchmodel scaled by "
+                                 "the builtin autoscaler"}), unknown  # fmt: skip
+    woken = time.monotonic()
+    status, body, _ = post(f"{base}/wake/default/{NAME}")
+    assert (status, body) == (202, {"wake": "started"})
+    again = post(f"{base}/wake/default/{NAME}")
+    assert again[0] == 202 and again[1]["wake"] in ("running", "recent"), again  # no second decision
+    auto = lambda: (api.call("GET", NM).get("status") or {}).get("autoscaling") or {}  # noqa: E731
+    scale = operator.wait_until(lambda: auto().get("lastScale"), "the wake's decision")
+    decided = time.monotonic() - woken
+    assert (scale["from"], scale["to"]) == ({"unified": 0}, {"unified": 1}), scale
+    assert "requests held at the front door" in scale["reason"], scale
+    assert auto()["desired"] == {"unified": 1}
+    operator.wait_until(
+        lambda: api.call("GET", f"{DEPLOYMENTS}/{NAME}-unified")["spec"]["replicas"] == 1, "1 unified replica"
+    )
+    events = api.kubectl("get", "events").stdout
+    assert "ScaledUp" in events and "requests held at the front door" in events, events
+    # far sooner than the 15 s tick (the wake decided; on a busy machine, a few seconds)
+    print(f"\nwake to decision: {decided:.2f}s")
+    assert decided < 15.0
+
+    answers = [post(f"{base}/wake/default/{NAME}") for _ in range(40)]
+    limited = [headers for code, _, headers in answers if code == 429]
+    assert limited and all(h.get("Retry-After") == "1" for h in limited), [a[:2] for a in answers]
+    assert {code for code, _, _ in answers} <= {202, 429}

@@ -1,0 +1,140 @@
+"""The front door of a model that may scale to zero (operator/front_door.py, builders): a router that never
+scales to zero, for unified models too, holding requests at zero and (provider builtin) waking the operator;
+strictly valid Kubernetes, its command the one `neuronfleet serve` parses."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+import yaml
+from support import ROOT
+
+from neuronfleet import cli
+from neuronfleet.contract import ServeConfig
+from neuronfleet.operator import builders, front_door, scaling, validation
+
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
+WAKE = "http://neuronfleet-metrics.neuronfleet-system.svc:8082"
+ZERO = {"enabled": True, "provider": "builtin", "min": 0, "max": 2, "scaleToZero": True, "idleSeconds": 30}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
+
+
+UNIFIED = load("smollm2-135m-local-cpu.yaml")
+DISAGGREGATED = load("smollm2-135m-local-cpu-disaggregated.yaml")
+
+
+def parsed(base: dict, autoscaling: dict, **serving):
+    obj = copy.deepcopy(base)
+    obj["metadata"]["name"] = "m"
+    obj["spec"]["autoscaling"] = autoscaling
+    obj["spec"]["serving"].update(serving)
+    report = validation.check(obj)
+    assert report.ok, report.errors
+    spec, errors = validation.parse(obj)
+    assert not errors, errors
+    return spec
+
+
+def objects(spec, wake: str | None = WAKE, replicas: dict | None = None) -> dict[tuple[str, str], dict]:
+    serving = scaling.with_replicas(spec, replicas)
+    chash = builders.compile_hash(spec)
+    built = builders.build_all(
+        OWNER, spec, chash, internal_token="t", serving_spec=serving, compile_job=False, wake_base=wake
+    )
+    return {(o["kind"], o["metadata"]["name"]): o for o in built}
+
+
+def serve_args(deployment: dict) -> ServeConfig:
+    """The router's command as `neuronfleet serve` parses it (the contract both sides share)."""
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["neuronfleet", "serve"], command
+    parsed = cli.build_parser().parse_args(command[1:])
+    return ServeConfig.from_namespace(parsed)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_a_unified_model_that_scales_to_zero_gets_a_front_door_that_stays(version):
+    spec = parsed(UNIFIED, ZERO, router={"replicas": 2})
+    # at zero (the autoscaler's decision): no unified pod, the routers stay
+    built = objects(spec, replicas={"unified": 0})
+    for obj in built.values():
+        kubernetes_validate.validate(obj, version, strict=True)
+    unified, router = built[("Deployment", "m-unified")], built[("Deployment", "m-router")]
+    assert unified["spec"]["replicas"] == 0
+    assert router["spec"]["replicas"] == 2  # serving.router.replicas, never scaled
+    assert ("PodDisruptionBudget", "m-router") in built
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    assert (labels["neuronfleet.dev/role"], labels["neuronfleet.dev/set"]) == ("router", "unified")
+    # the model's Service selects the routers; the unified pods' headless Service is the routers' peers
+    public = built[("Service", "m")]
+    assert public["spec"]["selector"] == {
+        "neuronfleet.dev/model": "m", "neuronfleet.dev/role": "router", "neuronfleet.dev/set": "unified",
+    }  # fmt: skip
+    peers = built[("Service", "m-unified")]
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["selector"] == {
+        "neuronfleet.dev/model": "m", "neuronfleet.dev/role": "unified", "neuronfleet.dev/set": "unified",
+    }  # fmt: skip
+    assert unified["spec"]["template"]["metadata"]["labels"].items() >= peers["spec"]["selector"].items()
+    port = spec.serving.port
+    assert peers["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    # the router: a front door (no model files, no token), holding 4 x slots x max, waking the operator
+    args = serve_args(router)
+    assert (args.role, args.model, args.unified) == ("router", None, [f"dns://m-unified:{port}"])
+    assert (args.prefill, args.decode, args.internal_token_file) == (None, None, None)
+    assert args.hold_requests == 4 * spec.neuron.batchSize * 2 == 32
+    assert args.hold_seconds == 600.0
+    assert args.wake_url == f"{WAKE}/wake/ns/m"
+    assert args.served_model_name == "m" and args.port == port
+    pod = router["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    c = pod["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["image"].endswith("cpu") or "cpu" in c["image"], c["image"]
+    assert "aws.amazon.com/neuroncore" not in str(c["resources"])
+    # the status counts the router beside the unified pods
+    assert builders.serving_roles(scaling.with_replicas(spec, {"unified": 0})) == {"unified": 0, "router": 2}
+
+
+def test_keda_gets_the_front_door_without_a_wake_url_and_no_base_url_means_no_wake():
+    keda = {**ZERO, "provider": "keda", "prometheusAddress": "http://prometheus.monitoring.svc:9090"}
+    args = serve_args(objects(parsed(UNIFIED, keda))[("Deployment", "m-router")])
+    assert (args.hold_requests, args.wake_url) == (32, None)
+    args = serve_args(objects(parsed(UNIFIED, ZERO), wake=None)[("Deployment", "m-router")])
+    assert (args.hold_requests, args.wake_url) == (32, None)
+
+
+def test_without_scale_to_zero_a_unified_model_has_no_router_and_its_service_selects_its_pods():
+    spec = parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2})
+    built = objects(spec)
+    assert ("Deployment", "m-router") not in built and ("Service", "m-unified") not in built
+    assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+    assert builders.serving_roles(spec) == {"unified": 1}
+
+
+def test_a_disaggregated_models_routers_hold_and_wake_only_when_it_scales_to_zero():
+    def router(autoscaling: dict) -> ServeConfig:
+        spec = parsed(DISAGGREGATED, autoscaling)
+        built = objects(spec)
+        for obj in built.values():
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+        (deployment,) = [o for (kind, _), o in built.items() if kind == "Deployment" and "-router" in _]
+        return serve_args(deployment)
+
+    held = router({**ZERO, "max": 3})
+    assert held.prefill and held.decode and held.unified is None
+    assert held.hold_requests == 4 * 4 * 3 and held.wake_url == f"{WAKE}/wake/ns/m"
+    plain = router({"enabled": True, "min": 1, "max": 3})
+    assert (plain.hold_requests, plain.wake_url) == (0, None)  # today's router exactly
+
+
+def test_the_wake_url_is_under_the_operators_base_url():
+    assert (
+        front_door.wake_url("http://op:8082/", "default", "smollm2") == "http://op:8082/wake/default/smollm2"
+    )
