@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 PORT_FLAGS = ("--port", "--kv-port")
 DEVICE_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa")
-MAX_GRACE_SECONDS = 10.0
+# a pod's terminationGracePeriodSeconds is honoured up to this: the serving pods' 45 s (the runtime's 30 s
+# drain and a margin), so a request in flight on a deleted pod finishes, as a real kubelet lets it, on a busy
+# machine too (a process that exits sooner costs nothing more)
+MAX_GRACE_SECONDS = 60.0
 POD_IP = "127.0.0.1"  # every pod's address: its ports, not its address, tell pods apart
 
 

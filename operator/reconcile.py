@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, engines, metrics, names, rollout, scaling, validation, wake
+from . import builders, engines, manual_scale, metrics, names, rollout, scaling, validation, wake
 from .kube import Kube, KubeError
 from .status import (
     autoscaling_condition,
@@ -165,6 +165,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     service: dict[str, Any] | None = None  # the public Service, as the cluster holds it
     conflicts: list[str] = []  # objects of this model's names that another owner controls
     failing: list[str] = []  # serving pods that will not become ready without a change
+    seen: dict[str, Any] = {}  # provider builtin: the spec.replicas it saw (status.autoscaling.specReplicas)
     compile_step = spec is None or engines.compiles(spec)
     if spec is not None and not errors:
         assert chash is not None
@@ -209,6 +210,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         scaled = scaling.decided_replicas(spec, old) or (
             scaling.start_replicas(spec) if scaling.builtin(spec) else None
         )
+        spec, scaled, seen = await _manual_change(kube, body, spec, old, scaled, emit)
         serving_spec = scaling.with_replicas(serving_spec, scaled)
         stored = rollout.stored_sections(spec, stored, chash, serving)
         objects = builders.build_all(
@@ -219,14 +221,16 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         public = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == owner.name) \
             if serving is not None else None  # fmt: skip
         deployments: dict[str, dict[str, Any]] = {}
+        if scaled and spec.serving.mode == "disaggregated":  # prefill:decode within bounds between writes too
+            objects = await _ratio_ordered(kube, ns, objects, spec)
         for obj in objects:
             if obj is public:
                 continue  # last: it moves to the new set only once that set is ready
+            if obj["kind"] == "Deployment":  # its replicas as written, so that another writer's show
+                obj = manual_scale.marked(obj)
             if scaled and obj["kind"] == "Deployment":
-                reverted = _manual_replicas(
-                    await kube.get("Deployment", ns, obj["metadata"]["name"]), obj, old
-                )
-                if reverted:
+                existing = await kube.get("Deployment", ns, obj["metadata"]["name"])
+                if reverted := manual_scale.deployment_change(existing, obj):
                     emit("Warning", "ReplicasReverted", reverted)
             applied = await apply(kube, obj, conflicts)
             if obj["kind"] == "Deployment":
@@ -285,6 +289,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             conds = old.get("conditions") or []
             builtin = ("DryRun" if spec.autoscaling.dryRun else "Builtin") if scaling.builtin(spec) else None
             status["conditions"].append(autoscaling_condition(conds, generation, now(), autoscaler, builtin))
+    if spec is not None and not errors:
+        status.update(seen)
     status = with_conflicts(status, old, conflicts, generation, now())
     if status_changed(old, status):
         for event in transitions(old, status):
@@ -293,22 +299,51 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     return status
 
 
-def _manual_replicas(
-    existing: dict[str, Any] | None, wanted: dict[str, Any], old: dict[str, Any]
-) -> str | None:
-    """What an autoscaled Deployment's replicas say when someone else set them (neither what the autoscaler
-    wants now nor what it had set before its last decision, status.autoscaling.lastScale.from), else None."""
-    if existing is None or not rollout.owned_by(existing, wanted["metadata"]["ownerReferences"][0]["uid"]):
-        return None
-    have, want = existing.get("spec", {}).get("replicas"), wanted["spec"]["replicas"]
-    role = wanted["metadata"]["labels"].get(f"{builders.LABEL_PREFIX}/role", "")
-    before = ((old.get("autoscaling") or {}).get("lastScale") or {}).get("from") or {}
-    if have is None or have in (want, before.get(role)):
-        return None
-    return (
-        f"Deployment {wanted['metadata']['name']} had replicas {have}, set by someone other than the "
-        f"autoscaler (its only writer for this model): put back to {want}"
-    )
+async def _manual_change(
+    kube: Kube,
+    body: dict[str, Any],
+    spec: Any,
+    old: dict[str, Any],
+    scaled: dict[str, int] | None,
+    emit: Callable[[str, str, str], None],
+) -> tuple[Any, dict[str, int] | None, dict[str, Any]]:
+    """spec.replicas changed by someone other than the operator while the builtin autoscaler scales the
+    model (`manual_scale.spec_change`): adopted (the autoscaler's new desired replicas, Normal
+    ManualScaleAdopted) or refused (spec.replicas patched back, Warning ManualScaleRefused). Returns the spec
+    and replicas to build from, and the status.autoscaling fields to write (specReplicas: what it saw)."""
+    auto = old.get("autoscaling") or {}
+    if not manual_scale.watched(spec):  # a later autoscaler starts from what it then sees
+        return spec, scaled, {"autoscaling": {"specReplicas": None}} if "specReplicas" in auto else {}
+    meta, seen = body["metadata"], manual_scale.spec_replicas(spec)
+    change = manual_scale.spec_change(spec, meta["name"], old)
+    extra: dict[str, Any] = {}
+    if isinstance(change, manual_scale.Refuse):
+        patch = {"spec": {"replicas": change.replicas}}
+        await kube.patch(body["kind"], meta["namespace"], meta["name"], patch)
+        emit("Warning", "ManualScaleRefused", change.message)
+        spec, seen = spec.model_copy(update={"replicas": change.replicas}), auto["specReplicas"]
+        scaled = change.current
+    elif isinstance(change, manual_scale.Adopt):
+        emit("Normal", "ManualScaleAdopted", change.message)
+        earlier = (auto.get("lastScale") or {}).get("signals") or {}  # not this change's: removed
+        last = {"from": change.before, "to": change.desired, "reason": change.message, "at": now()}
+        extra = {"desired": change.desired, "lastScale": {**last, "signals": dict.fromkeys(earlier)}}
+        scaled = change.desired
+    return spec, scaled, {"autoscaling": {"specReplicas": seen, **extra}}
+
+
+async def _ratio_ordered(
+    kube: Kube, ns: str, objects: list[dict[str, Any]], spec: Any
+) -> list[dict[str, Any]]:
+    """`manual_scale.ratio_ordered` with the Deployments' replicas as the cache has them."""
+    before = {}
+    for obj in objects:
+        role = (obj["metadata"].get("labels") or {}).get(f"{builders.LABEL_PREFIX}/role")
+        if obj["kind"] == "Deployment" and role in ("prefill", "decode"):
+            found = await kube.get("Deployment", ns, obj["metadata"]["name"])
+            if found is not None and (found.get("spec") or {}).get("replicas") is not None:
+                before[role] = found["spec"]["replicas"]
+    return manual_scale.ratio_ordered(objects, before, scaling.policy(spec).ratio)
 
 
 async def _delete_stale(

@@ -453,8 +453,9 @@ class Autoscaling(Spec):
     )
     onManualChange: Literal["adopt", "refuse"] = Field(
         "adopt",
-        description="Provider builtin: a change of spec.replicas by anyone else (kubectl scale) is adopted "
-        "as the new starting point, or refused (put back, with an Event).",
+        description="Provider builtin: a change of spec.replicas by anyone else (kubectl scale neuronmodel, "
+        "a GitOps apply) is adopted (the autoscaler's new desired replicas, within min/max; an Event "
+        "ManualScaleAdopted) or refused (put back, with a Warning Event ManualScaleRefused).",
     )
     dryRun: bool = Field(False, description="Provider builtin: record decisions in the status, act on none.")
     prometheusAddress: str | None = Field(
@@ -580,6 +581,11 @@ class AutoscalingStatus(BaseModel):
         "ready (how early a rising load scales up).",
     )
     coldStartAt: str | None = Field(None, description="When that pod became ready (RFC 3339).")
+    specReplicas: int | None = Field(
+        None,
+        description="spec.replicas as the operator last saw them (unset: 0): a change by someone else is "
+        "adopted or refused as autoscaling.onManualChange says.",
+    )
 
 
 class NeuronModelStatus(BaseModel):

@@ -25,7 +25,7 @@ WORKERS = 8  # concurrent requests: 4 slots, so about 4 wait (the queue signal),
 # a request of the load may wait for a whole batch on a busy machine: answered late is answered, so the
 # load's requests wait up to CEILING, not HTTP_TIMEOUT (a request lost is a failure, a slow one is not)
 # scaleDown.stabilizationSeconds: long enough for the load's last requests to finish after it stops (a pod
-# scaled down with requests in flight has local mode's 10 s grace to finish them)
+# scaled down with requests in flight has its grace period to finish them)
 WINDOW = 60
 
 pytestmark = pytest.mark.real_model
@@ -121,8 +121,8 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     at = lambda scale: datetime.datetime.fromisoformat(scale["at"].replace("Z", "+00:00"))  # noqa: E731
     assert (at(down) - at(up)).total_seconds() >= WINDOW  # the scale-up's demand held the window
     local.wait("1 pod left", lambda: replicas() == [1])
-    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (3: an
-    # edit back to the count before the last decision, 2, is taken for that decision's own write)
+    # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (an
+    # edit back to the count before the last decision: tests/e2e/test_autoscale_cases.py)
     edit = '{"spec":{"replicas":3}}'
     local.kubectl("patch", "deployment", f"{NAME}-unified", "--type", "merge", "-p", edit)
     reverted = lambda: [  # noqa: E731

@@ -103,7 +103,15 @@ def test_autoscaling_active_says_builtin_or_dry_run():
 def test_the_crd_keeps_what_the_autoscaler_writes_in_status():
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     auto = schema["properties"]["status"]["properties"]["autoscaling"]["properties"]
-    assert set(auto) == {"desired", "lastScale", "lastDecision", "stuck", "coldStartSeconds", "coldStartAt"}
+    assert set(auto) == {
+        "desired",
+        "lastScale",
+        "lastDecision",
+        "stuck",
+        "coldStartSeconds",
+        "coldStartAt",
+        "specReplicas",
+    }
     assert auto["coldStartSeconds"]["type"] == "number" and auto["coldStartAt"]["type"] == "string"
     assert {"from", "to", "reason", "at", "signals"} <= set(auto["lastScale"]["properties"])
 
