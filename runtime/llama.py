@@ -1,8 +1,9 @@
 """The Llama-family model on torch: weights, the static KV cache and one forward pass (its device code).
 
 It owns the model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU), its weights
-(loaded from Hugging Face safetensors and fused per layer), and the static KV cache
-`[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in blocks). `forward` takes
+(loaded from Hugging Face safetensors and fused per layer; weight-only int8/int4 layers from `quantize`), and
+the static KV cache `[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in
+blocks). `forward` takes
 a prefill group (prompts padded to a length bucket, written into given slots) and/or a decode batch (one token
 for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
 (bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a

@@ -196,10 +196,11 @@ def test_quantized_engine_answers_chat_questions_sensibly(smollm2_dir, kind):
     engine = Engine.from_model_dir(
         str(smollm2_dir), RuntimeConfig(slots=4, max_seq_len=256, quantization=kind)
     )
-    asks = {
+    asks = {  # questions the float model answers right, and the word its answer holds
         "What is the capital of France?": "Paris",
-        "What is 12 times 7?": "84",
+        "What is the capital of Japan?": "Tokyo",
         "Say hello in Spanish.": "Hola",
+        "What color is the sky on a clear day?": "blue",
     }
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in asks]
     outs = engine.generate(prompts, SamplingParams(max_tokens=48))
