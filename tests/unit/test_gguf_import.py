@@ -382,7 +382,7 @@ def test_tiny_model_round_trips_through_gguf(tmp_path: Path) -> None:
 
     model = _tiny_hf_model()
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(model))
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     assert out == tmp_path / "hf"
 
     written = load_file(out / "model.safetensors")
@@ -419,7 +419,7 @@ def test_tiny_tokenizer_options(tmp_path: Path) -> None:
 
     model = _tiny_hf_model()
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(model), add_bos=True, pre="llama-bpe")
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     encoding = tokenizer.encode("the world<think>")
     # BOS prepended (add_bos_token), merges applied, the user-defined token kept whole but not special.
@@ -445,7 +445,7 @@ def test_pre_tokenizer_follows_tokenizer_ggml_pre(tmp_path: Path, pre: str, toke
     from tokenizers import Tokenizer
 
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()), pre=pre)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     encoding = tokenizer.encode("x 12 the")
     assert encoding.tokens == tokens
@@ -466,7 +466,7 @@ def test_linear_rope_scaling_is_carried(tmp_path: Path) -> None:
         writer.add_rope_scaling_factor(4.0)
 
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()), extra=linear)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     assert json.loads((out / "config.json").read_text())["rope_scaling"] == {
         "rope_type": "linear",
         "factor": 4.0,
@@ -502,7 +502,7 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(
     tensors = {**_gguf_tensors(model), "rope_freqs.weight": divisors}
 
     path = _write_gguf(tmp_path / "tiny.gguf", tensors, heads=heads, theta=theta)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     written = json.loads((out / "config.json").read_text())
     assert written["rope_scaling"]["rope_type"] == "llama3"
     assert written["rope_scaling"]["factor"] == factor

@@ -196,11 +196,14 @@ def test_quantized_engine_answers_chat_questions_sensibly(smollm2_dir, kind):
     engine = Engine.from_model_dir(
         str(smollm2_dir), RuntimeConfig(slots=4, max_seq_len=256, quantization=kind)
     )
-    asks = {  # questions the float model answers right, and the word its answer holds
-        "What is the capital of France?": "Paris",
+    # Questions the float model answers right, and the word its answer holds. Not "the capital of France":
+    # there the float model's first token is "The" by 0.08 of a logit over "L" (25.33 / 25.24), a coin that
+    # int4 (and bucket padding) may flip into a French sentence.
+    asks = {
         "What is the capital of Japan?": "Tokyo",
         "Say hello in Spanish.": "Hola",
         "What color is the sky on a clear day?": "blue",
+        "Name three fruits.": "banana",
     }
     prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in asks]
     outs = engine.generate(prompts, SamplingParams(max_tokens=48))
