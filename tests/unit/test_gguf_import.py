@@ -515,6 +515,23 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(
     assert set(load_file(out / "model.safetensors")) == set(model.state_dict())
 
 
+def test_import_gguf_command_stores_int8_weights_that_load_as_stored(tmp_path: Path) -> None:
+    from neuronfleet.cli import main
+    from neuronfleet.runtime.config import RuntimeConfig
+    from neuronfleet.runtime.model_runner import ModelRunner
+
+    path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()))
+    out = tmp_path / "int8"
+    assert (
+        main(["model", "import-gguf", "--gguf", str(path), "--out", str(out), "--quantization", "int8"]) == 0
+    )
+    written = load_file(out / "model.safetensors")
+    assert written["model.layers.0.mlp.up_proj.qweight"].dtype == torch.int8
+    assert "model.layers.0.mlp.up_proj.weight" not in written and "model.embed_tokens.weight" not in written
+    assert json.loads((out / "config.json").read_text())["neuronfleet_quantization"]["kind"] == "int8"
+    assert ModelRunner(out, RuntimeConfig(slots=1, max_seq_len=32)).quantization == "int8"
+
+
 # ------------------------------------------------------------------------------------------ error cases
 
 
