@@ -268,7 +268,11 @@ def _serve_router(args: ServeConfig) -> int:
     model = load_model_config(Path(args.model))
     config = _runtime_config(args).check_model(model)
     tokenizer = Tokenizer(args.model, model.eos_token_ids)
-    limits = Limits(config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote")
+    # --dtype auto stays `auto` here: each peer resolves it for its own CPU (a router loads no torch)
+    limits = Limits(
+        config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote",
+        dtype_auto=config.dtype == "auto",
+    )  # fmt: skip
     eos = frozenset(model.eos_token_ids) | tokenizer.eos_token_ids
     backend = RemoteBackend(
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
