@@ -14,6 +14,7 @@ one per token. Results go to bench/results/server_latency.json and PNG plots bes
 
     bash bench/setup_llamacpp.sh   # the benchmark's own environment: llama.cpp's server, aiohttp, matplotlib
     bench/.venv-llamacpp/bin/python bench/server_latency.py [--concurrency 1 8 32] [--max-tokens 128]
+        [--dtype bfloat16] [--quantization none|int8|int4]  (int8/int4: the weights stored quantized)
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -170,9 +171,14 @@ def start_servers(args) -> dict[str, tuple[str, str, subprocess.Popen]]:
         ],
         text=True,
     ).strip()
+    cli = str(ROOT / ".venv/bin/neuronfleet")
     if not (model_dir / "model.safetensors").is_file():
-        cli = str(ROOT / ".venv/bin/neuronfleet")
         subprocess.check_call([cli, "model", "import-gguf", "--gguf", gguf, "--out", str(model_dir)])
+    if args.quantization != "none":  # stored quantized, as `neuronfleet compile` leaves it: none at load
+        model_dir = ROOT / "bench" / "results" / f"smollm2-135m-instruct-{args.quantization}"
+        if not (model_dir / "model.safetensors").is_file():
+            convert = [cli, "model", "import-gguf", "--gguf", gguf, "--out", str(model_dir)]
+            subprocess.check_call([*convert, "--quantization", args.quantization])
     log_dir = ROOT / "bench" / "results"
     log_dir.mkdir(parents=True, exist_ok=True)
     ours_port, peer_port = free_port(), free_port()
@@ -182,6 +188,7 @@ def start_servers(args) -> dict[str, tuple[str, str, subprocess.Popen]]:
             *(str(ROOT / ".venv/bin/neuronfleet"), "serve", "--model", str(model_dir)),
             *("--port", str(ours_port), "--served-model-name", "smollm2", "--dtype", args.dtype),
             *("--slots", str(slots), "--max-seq-len", str(args.max_seq_len), "--max-waiting", "1024"),
+            *(("--quantization", args.quantization) if args.quantization != "none" else ()),
         ],
         stdout=open(log_dir / "ours.log", "w"),  # noqa: SIM115 (lives as long as the server)
         stderr=subprocess.STDOUT,
@@ -232,6 +239,14 @@ def plot(summaries: list[dict], out: Path) -> list[Path]:
     return paths
 
 
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM in /proc/<pid>/status, Linux), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 async def main_async(args) -> list[dict]:
     servers = start_servers(args)
     try:
@@ -252,6 +267,8 @@ async def main_async(args) -> list[dict]:
                     f"  ({s['requests']} requests, {s['output_tokens']} tokens)",
                     flush=True,
                 )
+        for name, (_, _, proc) in servers.items():
+            print(f"  {name:9s} peak RSS {peak_rss_mib(proc.pid):.0f} MiB", flush=True)
         return summaries
     finally:
         for _, _, proc in servers.values():
@@ -273,6 +290,7 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none")
     args = parser.parse_args()
     summaries = asyncio.run(main_async(args))
     by = {(s["server"], s["concurrency"]): s for s in summaries}

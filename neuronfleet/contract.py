@@ -52,8 +52,19 @@ Role = Literal["unified", "prefill", "decode", "router"]
 # what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
 # protocol at the OpenAI HTTP level (runtime/pd_protocols.py)
 PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
-ServeDType = Literal["float32", "bfloat16", "float16"]
-CompileDType = Literal["bfloat16", "float16", "float32"]
+ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["none", "int8", "int4"]
+AUTO_HELP = (
+    "weights and activations; auto (the default): bfloat16 where the CPU computes it natively (AVX512-BF16, "
+    "AMX-BF16, ARM BF16), else float32, resolved once at start (/info says which, and that it was auto)"
+)
+QUANT_HELP = (
+    "weight-only quantization on torch's packed CPU kernels: int8 (per output channel) or int4 (groups of "
+    "32) "
+    "of every decoder linear layer, the LM head and embedding int8; default: what the model folder holds "
+    "(float, or what neuronfleet compile quantized); a float folder is quantized once at start"
+)
+CompileDType = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 def parse_buckets(text: str) -> list[int]:
@@ -119,7 +130,8 @@ class ServeConfig(BaseModel):
     internal_token_file: str | None = _flag(
         None, f"prefill/decode: the model's internal token (else {INTERNAL_TOKEN_ENV})"
     )
-    dtype: ServeDType = _flag("float32", "weights and activations")
+    dtype: ServeDType = _flag("auto", AUTO_HELP)
+    quantization: Quantization | None = _flag(None, QUANT_HELP)
     prefix_reuse: bool = _flag(
         True,
         "prefill every prompt whole, even when its slot's cache already holds its first tokens",
@@ -300,6 +312,9 @@ class CompileConfig(_Wire):
     sequenceLength: int = Field(ge=1)
     maxInputLength: int = Field(ge=1)
     dtype: CompileDType
+    quantization: Quantization = Field(
+        "none", description="Weight-only quantization the embedded engine's compile stores (CPU)."
+    )
     buckets: CompileBuckets = Field(default_factory=CompileBuckets)
     neuronConfig: dict[str, Any] = Field(
         default_factory=dict, description="NxDI NeuronConfig fields for the spec's shapes."

@@ -174,6 +174,8 @@ def compile_config(spec: NeuronModelSpec, chash: str) -> CompileConfig:
         sequenceLength=n.sequenceLength,
         maxInputLength=n.maxInputLength,
         dtype=n.dtype,
+        # the embedded engine's CPU quantization, stored by the compile; on Neuron it is NeuronConfig's
+        quantization=n.quantization if n.instanceType == "cpu" else "none",
         buckets=CompileBuckets(context=n.buckets.context, generation=n.buckets.generation),
         neuronConfig=engines.nxdi_neuron_config(spec),
     )

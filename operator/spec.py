@@ -190,7 +190,11 @@ class NeuronSettings(Spec):
         None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
     )
     buckets: Buckets = section(Buckets, "Length buckets compiled for prefill and decode.")
-    quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
+    quantization: Literal["none", "int8", "int4", "fp8"] = Field(
+        "none",
+        description="Weight quantization: int8 (engine vllm on Neuron; engine embedded on cpu), int4 (engine "
+        "embedded on cpu), fp8 (engine vllm on Neuron).",
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields).",

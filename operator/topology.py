@@ -128,7 +128,7 @@ KNOWN_MODELS: dict[str, ModelShape] = {
 }
 
 BYTES_PER_DTYPE = {"float32": 4, "bfloat16": 2, "float16": 2}
-BYTES_PER_QUANTIZED_WEIGHT = {"int8": 1, "fp8": 1}
+BYTES_PER_QUANTIZED_WEIGHT = {"int8": 1, "int4": 0.5, "fp8": 1}
 
 
 def known_model(uri: str) -> ModelShape | None:

@@ -174,11 +174,16 @@ def validate(spec: NeuronModelSpec) -> Report:
             )
         if n.tensorParallel != 1:
             r.errors.append(f"tensorParallel {n.tensorParallel} needs Neuron cores; on cpu use 1")
-        if n.quantization != "none":
-            r.errors.append(f"quantization {n.quantization} is not available on cpu; use none")
+        if n.quantization not in ("none", "int8", "int4"):  # the embedded engine's CPU kernels
+            r.errors.append(f"quantization {n.quantization} is not available on cpu; use none, int8 or int4")
         if n.logicalCores is not None:
             r.errors.append("neuron.logicalCores applies to Trn2 and Trn3 instances only; remove it")
     else:
+        if n.quantization == "int4":
+            r.errors.append(
+                "quantization int4 runs on the embedded engine's CPU kernels only (instanceType cpu); on "
+                "Neuron use none, int8 or fp8 (engine vllm)"
+            )
         if spec.engine == "embedded":
             named = "engine embedded" + (
                 "" if "engine" in spec.model_fields_set else " (the default, not set)"

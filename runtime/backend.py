@@ -59,8 +59,10 @@ class Limits:
     max_seq_len: int
     max_prompt_len: int
     slots: int
-    dtype: str
+    dtype: str  # as resolved (never `auto` on a backend that holds the model)
     device: str
+    dtype_auto: bool = False  # the dtype was `auto`, resolved for this machine
+    quantization: str = "none"  # weight-only quantization of the linear layers: none, int8, int4
 
 
 def check_fits(limits: Limits, prompt_len: int, max_tokens: int | None) -> int:

@@ -3,8 +3,9 @@ artifacts/<hash>/ on the compile cache volume, once.
 
 For the torch backend (instanceType cpu) the work is real: fetch the model (file:// folder or GGUF file,
 pvc:// path, hf:// through the Hub when a token allows it), convert its weights to the target dtype as
-safetensors, load them into the model runner to validate every shape against config.json and the buckets,
-and record the tokenizer, the buckets and the shapes. On Neuron instance types the same folder is the input
+safetensors (weight-only int8/int4 when compile.json asks: runtime/quantize.py), load them into the
+model runner to validate every shape against config.json and the buckets, and record the tokenizer, the
+buckets and the shapes. On Neuron instance types the same folder is the input
 of the NxDI compile, which needs the Neuron SDK (only in the runtime-neuron image).
 
 The folder appears whole or not at all: everything is written to a temporary folder beside it, renamed into
@@ -104,10 +105,12 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
     from safetensors.torch import load_file, save_file
 
     from .config import RuntimeConfig
+    from .dtypes import resolve_dtype
     from .gguf_import import import_gguf
     from .model_runner import ModelRunner
+    from .quantize import quantize_folder
 
-    dtype = config.dtype
+    dtype = resolve_dtype(config.dtype)
     out.mkdir(parents=True)
     if source.is_file() and source.suffix == ".gguf":
         import_gguf(source, out, dtype=dtype)
@@ -133,6 +136,10 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out / name)
+    if (
+        config.quantization != "none"
+    ):  # once, here: serving pods load the stored int8/int4 weights as they are
+        quantize_folder(out, config.quantization)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
     runtime = RuntimeConfig(
         slots=1, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength, dtype=dtype,

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from .model_config import ModelConfig
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
+QUANTIZATIONS = ("none", "int8", "int4")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
 DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
 
@@ -53,8 +54,9 @@ class RuntimeConfig:
     max_input_len: int = 0  # the longest prompt; 0: the largest prefill bucket given, else max_seq_len
     prefill_buckets: Sequence[int] = ()  # as given (empty: derived); a sorted tuple once constructed
     decode_buckets: Sequence[int] = ()
-    dtype: str = "float32"
+    dtype: str = "auto"  # resolved once by the model runner (runtime/dtypes.py)
     device: str = "cpu"
+    quantization: str | None = None  # None: what the model folder holds (float, or quantized by compile)
     prefix_reuse: bool = True
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
@@ -71,6 +73,11 @@ class RuntimeConfig:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization {self.quantization!r} is not supported; choose one of "
+                f"{', '.join(QUANTIZATIONS)} (--quantization)"
+            )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
         prefill = self._buckets(

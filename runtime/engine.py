@@ -64,8 +64,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config = runner.config
         self.limits = Limits(
-            config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, runner.device.type
-        )
+            config.max_seq_len, config.max_prompt_len, config.slots, runner.dtype_name, runner.device.type,
+            dtype_auto=config.dtype == "auto", quantization=runner.quantization,
+        )  # fmt: skip
         self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
         self.scheduler = Scheduler(config)
         self.stats = EngineStats()

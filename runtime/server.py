@@ -182,6 +182,8 @@ class RuntimeServer:
             {
                 "model_id": self.model_name,
                 "model_dtype": limits.dtype,
+                "model_dtype_auto": limits.dtype_auto,
+                "model_quantization": limits.quantization,
                 "model_device_type": limits.device,
                 "max_concurrent_requests": limits.slots,
                 "max_input_tokens": limits.max_prompt_len,

@@ -13,7 +13,9 @@ from support import Fleet, free_port, get_json, post
 pytestmark = pytest.mark.real_model
 
 TOKEN = "fleet-token"
-SHAPES = ("--slots", "2", "--max-seq-len", "512", "--max-input-len", "256")
+# a named dtype: with auto (the default) each pod resolves it for its CPU and the router (no torch)
+# reports auto
+SHAPES = ("--slots", "2", "--max-seq-len", "512", "--max-input-len", "256", "--dtype", "float32")
 PEER_BODY_LIMIT = 1500  # bytes: the peers' --max-body-bytes, below what a 240-token prompt's ids take
 LONG = "word " * 300  # over 256 tokens
 MEDIUM = "hello " * 240  # under 256 tokens, but more than 1500 bytes as the token ids the router sends on

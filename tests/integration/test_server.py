@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import urllib.request
 
 import pytest
 from support import HTTP_TIMEOUT, http_status, metric, metrics_text, post, running_server, wait_until
@@ -59,6 +60,18 @@ def test_openai_chat_equals_the_engines_offline_greedy_output(server, offline):
     assert resp.usage.completion_tokens == len(expected.token_ids)
     assert resp.object == "chat.completion" and resp.model == "smollm2" and resp.id.startswith("chatcmpl-")
     assert [m.id for m in client.models.list().data] == ["smollm2"]
+
+
+def test_info_states_the_dtype_auto_resolved_to(server):
+    from neuronfleet.runtime.dtypes import native_bfloat16
+
+    info = json.loads(urllib.request.urlopen(server + "/info", timeout=HTTP_TIMEOUT).read())
+    expected = "bfloat16" if native_bfloat16() else "float32"  # serve's default is --dtype auto
+    assert (info["model_dtype"], info["model_dtype_auto"], info["model_quantization"]) == (
+        expected,
+        True,
+        "none",
+    )
 
 
 def test_openai_streaming_completion_with_usage_and_stop(server):

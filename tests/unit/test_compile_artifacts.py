@@ -123,3 +123,21 @@ def test_a_tokenizer_from_elsewhere_replaces_the_models(tmp_path):
     )
     with pytest.raises(CompileError, match=f"model source unavailable: file://{model}/none: not found"):
         compile_artifacts(tmp_path / "compile.json", tmp_path / "other", log=lambda m: None)
+
+
+def test_a_quantized_compile_stores_packed_weights_that_serving_loads_as_they_are(tmp_path):
+    model = make_tiny_llama(tmp_path / "src")
+    write_config(tmp_path / "compile.json", f"file://{model}", quantization="int4")
+    out = tmp_path / "artifacts" / "abc123"
+    compile_artifacts(tmp_path / "compile.json", out, log=lambda m: None)
+    weights = load_file(str(out / "model" / "model.safetensors"))
+    assert weights["model.layers.0.mlp.down_proj.qweight"].dtype == torch.uint8  # int4, two per byte
+    assert weights["model.embed_tokens.qweight"].dtype == torch.int8
+    assert not any(
+        n.endswith("proj.weight") or n in ("lm_head.weight", "model.embed_tokens.weight") for n in weights
+    )
+    assert (
+        json.loads((out / "model" / "config.json").read_text())["neuronfleet_quantization"]["kind"] == "int4"
+    )
+    runner = ModelRunner(out / "model", RuntimeConfig(slots=1, max_seq_len=64))  # as serving pods
+    assert runner.quantization == "int4"

@@ -57,7 +57,7 @@ def test_given_buckets_are_sorted_and_deduplicated_and_bound_the_prompt():
     [
         ({"slots": 0}, r"slots must be at least 1, got 0 \(--slots\)"),
         ({"max_seq_len": 0}, r"max_seq_len must be at least 1, got 0 \(--max-seq-len\)"),
-        ({"dtype": "int8"}, r"dtype 'int8' is not supported; choose one of float32, bfloat16, float16"),
+        ({"dtype": "int8"}, r"dtype 'int8' is not supported; choose one of auto, float32, bfloat16, float16"),
         ({"max_waiting": -1}, r"max_waiting must be at least 0"),
         (
             {"max_seq_len": 32, "prefill_buckets": [16, 64]},

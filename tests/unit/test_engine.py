@@ -30,8 +30,9 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir) -> Engine:
-    return Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=4, max_seq_len=256, prefill_buckets=[32, 64, 128])
+    return Engine.from_model_dir(  # float32: one test compares with transformers in float32
+        str(smollm2_dir),
+        RuntimeConfig(slots=4, max_seq_len=256, prefill_buckets=[32, 64, 128], dtype="float32"),
     )
 
 

@@ -382,7 +382,7 @@ def test_tiny_model_round_trips_through_gguf(tmp_path: Path) -> None:
 
     model = _tiny_hf_model()
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(model))
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     assert out == tmp_path / "hf"
 
     written = load_file(out / "model.safetensors")
@@ -419,7 +419,7 @@ def test_tiny_tokenizer_options(tmp_path: Path) -> None:
 
     model = _tiny_hf_model()
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(model), add_bos=True, pre="llama-bpe")
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     encoding = tokenizer.encode("the world<think>")
     # BOS prepended (add_bos_token), merges applied, the user-defined token kept whole but not special.
@@ -445,7 +445,7 @@ def test_pre_tokenizer_follows_tokenizer_ggml_pre(tmp_path: Path, pre: str, toke
     from tokenizers import Tokenizer
 
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()), pre=pre)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     encoding = tokenizer.encode("x 12 the")
     assert encoding.tokens == tokens
@@ -466,7 +466,7 @@ def test_linear_rope_scaling_is_carried(tmp_path: Path) -> None:
         writer.add_rope_scaling_factor(4.0)
 
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()), extra=linear)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     assert json.loads((out / "config.json").read_text())["rope_scaling"] == {
         "rope_type": "linear",
         "factor": 4.0,
@@ -502,7 +502,7 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(
     tensors = {**_gguf_tensors(model), "rope_freqs.weight": divisors}
 
     path = _write_gguf(tmp_path / "tiny.gguf", tensors, heads=heads, theta=theta)
-    out = import_gguf(path, tmp_path / "hf")
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
     written = json.loads((out / "config.json").read_text())
     assert written["rope_scaling"]["rope_type"] == "llama3"
     assert written["rope_scaling"]["factor"] == factor
@@ -513,6 +513,23 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(
         atol=1e-9,
     )
     assert set(load_file(out / "model.safetensors")) == set(model.state_dict())
+
+
+def test_import_gguf_command_stores_int8_weights_that_load_as_stored(tmp_path: Path) -> None:
+    from neuronfleet.cli import main
+    from neuronfleet.runtime.config import RuntimeConfig
+    from neuronfleet.runtime.model_runner import ModelRunner
+
+    path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()))
+    out = tmp_path / "int8"
+    assert (
+        main(["model", "import-gguf", "--gguf", str(path), "--out", str(out), "--quantization", "int8"]) == 0
+    )
+    written = load_file(out / "model.safetensors")
+    assert written["model.layers.0.mlp.up_proj.qweight"].dtype == torch.int8
+    assert "model.layers.0.mlp.up_proj.weight" not in written and "model.embed_tokens.weight" not in written
+    assert json.loads((out / "config.json").read_text())["neuronfleet_quantization"]["kind"] == "int8"
+    assert ModelRunner(out, RuntimeConfig(slots=1, max_seq_len=32)).quantization == "int8"
 
 
 # ------------------------------------------------------------------------------------------ error cases

@@ -69,7 +69,9 @@ class Slots:
 
 
 def make_slots(model_dir, **settings) -> Slots:
-    return Slots(ModelRunner(model_dir, RuntimeConfig(**settings)))
+    """Float32 unless a test asks otherwise: transformers runs float32 here (the default dtype, auto, is
+    bfloat16 on CPUs with native bfloat16)."""
+    return Slots(ModelRunner(model_dir, RuntimeConfig(**{"dtype": "float32", **settings})))
 
 
 def our_greedy(runner: Slots, slot: int, ids: list[int], n: int) -> list[int]:

@@ -182,6 +182,18 @@ def edited(change) -> dict:
             lambda s: s["serving"].update(mode="disaggregated", prefill={}, decode={}),
             "inf2.48xlarge has no EFA; use kvTransfer.transport tcp",
         ),
+        (
+            lambda s: s["neuron"].update(quantization="int4"),
+            "quantization int4 runs on the embedded engine's CPU kernels only (instanceType cpu); on "
+            "Neuron use none, int8 or fp8 (engine vllm)",
+        ),
+        (
+            lambda s: (
+                s.update(engine="embedded"),
+                s["neuron"].update(instanceType="cpu", quantization="fp8"),
+            ),
+            "quantization fp8 is not available on cpu; use none, int8 or int4",
+        ),
     ],
 )
 def test_bad_specs_are_refused_naming_what_is_wrong_and_what_would_fit(change, message):
@@ -441,3 +453,16 @@ def test_the_prompt_limit_left_unset_is_the_engines_own_and_stays_unset(engine, 
     schema = yaml.safe_load((ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml").read_text())
     neuron = schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert "default" not in neuron["neuron"]["properties"]["maxInputLength"]
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_embedded_engine_on_cpu_takes_int8_and_int4_into_its_compile(kind):
+    from neuronfleet.contract import CompileConfig
+    from neuronfleet.operator import builders
+
+    obj = load(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml")
+    obj["spec"]["neuron"]["quantization"] = kind
+    parsed, errors = validation.parse(obj)
+    assert not errors and validation.check(obj).ok, validation.check(obj).errors
+    config = CompileConfig.model_validate_json(builders.compile_config(parsed, "h").to_json())
+    assert config.quantization == kind
