@@ -20,6 +20,7 @@ import contextlib
 import copy
 import logging
 import re
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -86,6 +87,9 @@ def watch_namespaces(argv: Iterable[str]) -> list[str] | None:
     return out
 
 
+DELIVERED_KEPT = 8  # versions remembered per object: a write's answer is rarely more than a few events behind
+
+
 def resource_version(obj: dict[str, Any]) -> str:
     return (obj.get("metadata") or {}).get("resourceVersion", "")
 
@@ -101,6 +105,8 @@ class Cache:
         self._objects: dict[str, dict[Key, dict[str, Any]]] = {kind: {} for kind in self.selectors}
         self._synced: dict[tuple[str, str | None], asyncio.Event] = {}
         self._written: dict[tuple[str, str, str], str] = {}  # (kind, ns, name) -> the rv the operator wrote
+        # (kind, ns, name) -> the last resourceVersions the list or watch delivered (see `stored`)
+        self._delivered: dict[tuple[str, str, str], deque[str]] = {}
         self._tasks: list[asyncio.Task] = []
 
     # ---- running ----
@@ -158,11 +164,13 @@ class Cache:
         for key in [k for k in objects if ns is None or k[0] == ns]:
             if key not in fresh:
                 gone = objects.pop(key)
+                self._delivered.pop((kind, *key), None)
                 if notify:
                     self._on_change("DELETED", gone)
         for key, obj in fresh.items():
             before = objects.get(key)
             objects[key] = obj
+            self._deliver(kind, key, obj)
             if notify and (before is None or resource_version(before) != resource_version(obj)):
                 self._on_change("MODIFIED" if before else "ADDED", obj)
 
@@ -172,19 +180,31 @@ class Cache:
         if event == "DELETED":
             self._objects[kind].pop(key, None)
             self._written.pop((kind, *key), None)
+            self._delivered.pop((kind, *key), None)
         else:
             self._objects[kind][key] = obj
+            self._deliver(kind, key, obj)
             if self._written.get((kind, *key)) == resource_version(obj):
                 return  # the echo of the operator's own write: nothing new to act on
         self._on_change(event, obj)
 
+    def _deliver(self, kind: str, key: Key, obj: dict[str, Any]) -> None:
+        self._delivered.setdefault((kind, *key), deque(maxlen=DELIVERED_KEPT)).append(resource_version(obj))
+
     def stored(self, obj: dict[str, Any]) -> None:
         """What the API server answered to the operator's own write: cached at once (a reconcile right after
-        sees it), and its watch event is not reported as a change."""
+        sees it), and its watch event is not reported as a change. Unless the watch has delivered that very
+        version already: the answer and the watch travel apart, and the watch may be past it by now (another
+        writer's change, e.g. a Service's status that a load balancer set); caching the answer then would
+        put an older object over a newer one that no event would ever correct. (Resource versions are
+        compared for equality only, as the API asks of clients:
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions.)"""
         kind = obj.get("kind", "")
         if kind not in self._objects or not self._covers(obj["metadata"].get("namespace")):
             return
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if resource_version(obj) in self._delivered.get((kind, *key), ()):
+            return
         self._objects[kind][key] = obj
         self._written[(kind, *key)] = resource_version(obj)
 
@@ -194,6 +214,7 @@ class Cache:
         if kind in self._objects:
             self._objects[kind].pop((meta.get("namespace", ""), meta["name"]), None)
             self._written.pop((kind, meta.get("namespace", ""), meta["name"]), None)
+            self._delivered.pop((kind, meta.get("namespace", ""), meta["name"]), None)
 
     # ---- reading ----
 

@@ -4,7 +4,9 @@ watches."""
 
 from __future__ import annotations
 
-from neuronfleet.operator.cache import selector_matcher, watch_namespaces
+import asyncio
+
+from neuronfleet.operator.cache import Cache, selector_matcher, watch_namespaces
 from neuronfleet.operator.reconcile import foreign_owner
 from neuronfleet.operator.status import transitions, with_conflicts
 
@@ -85,3 +87,37 @@ def test_the_cache_watches_the_namespaces_kopf_was_given_or_the_whole_cluster():
         "team-a", "team-b", "c", "d",
     ]  # fmt: skip
     assert watch_namespaces(["x", "--namespace=team-*"]) is None  # a glob: no single watch follows it
+
+
+def _service(rv: str, ingress: str | None = None) -> dict:
+    status = {"loadBalancer": {"ingress": [{"ip": ingress}]}} if ingress else {}
+    return {"kind": "Service", "metadata": {"name": "m", "namespace": "d", "resourceVersion": rv},
+            "status": status}  # fmt: skip
+
+
+def _cached_service(cache: Cache) -> dict:
+    async def read() -> dict:
+        cache._synced[("Service", None)] = event = asyncio.Event()
+        event.set()
+        return await cache.get("Service", "d", "m")
+
+    return asyncio.run(read())
+
+
+def test_a_writes_answer_never_puts_an_older_object_over_what_the_watch_delivered_since():
+    """The answer to the operator's write and the watch travel apart: when another writer's change (here a
+    load balancer's status) was delivered before the answer arrived, the cache keeps the newer object (else
+    the model's endpoint would stay stale with no event to correct it)."""
+    changes: list[tuple[str, str]] = []
+    cache = Cache(None, None, lambda event, obj: changes.append((event, obj["metadata"]["resourceVersion"])))
+    cache._apply("Service", "ADDED", _service("1"))
+    cache._apply("Service", "MODIFIED", _service("2"))  # the operator's write, seen by the watch first
+    cache._apply("Service", "MODIFIED", _service("3", "10.0.0.7"))  # the load balancer's
+    cache.stored(_service("2"))  # the write's answer comes last
+    assert _cached_service(cache)["metadata"]["resourceVersion"] == "3"
+    assert changes[-1] == ("MODIFIED", "3")
+    # the usual order: the answer first is cached at once, and its echo is not reported as a change
+    cache.stored(_service("4"))
+    assert _cached_service(cache)["metadata"]["resourceVersion"] == "4"
+    cache._apply("Service", "MODIFIED", _service("4"))
+    assert changes[-1] == ("MODIFIED", "3")
