@@ -102,16 +102,17 @@ def test_load_scales_up_and_idle_scales_back_down(local):
             lambda: (model()["status"].get("replicas") or {}).get("unified", {}).get("ready") == 2,
         )
         serving = time.monotonic() - started
+        # read while the load runs: once it stops, the window may pass and the model scale down meanwhile
+        up = auto()["lastScale"]
+        label = f"neuronfleet.dev/model={NAME}"
+        replicas = lambda: [d["spec"]["replicas"] for d in local.get("deployments", "-l", label)["items"]]  # noqa: E731
+        assert replicas() == [2]
+        events = local.kubectl("get", "events").stdout
     stopped = time.monotonic()
     assert not load.failed, load.failed[:5]
     assert load.answered > 0
-    up = auto()["lastScale"]
     assert (up["from"], up["to"]) == ({"unified": 1}, {"unified": 2}), up
     assert "scale up 1 -> 2: queue" in up["reason"] and up["signals"]["unified"]["load"] > 1.1, up
-    label = f"neuronfleet.dev/model={NAME}"
-    replicas = lambda: [d["spec"]["replicas"] for d in local.get("deployments", "-l", label)["items"]]  # noqa: E731
-    assert replicas() == [2]
-    events = local.kubectl("get", "events").stdout
     assert "ScaledUp" in events and "scale up 1 -> 2" in events, events
 
     local.wait("the scale-down", lambda: (auto().get("desired") or {}).get("unified") == 1)
