@@ -239,6 +239,7 @@ def _demand(
     coming = [p for p in pods if p.state != "ready" and p not in stuck]
     values = [v for p in measured if (v := _value(p.load, rp.signal)) is not None]
     waiting = sum(p.load.waiting for p in measured)
+    running = sum(p.load.running for p in measured)
     # held requests are demand for the role that takes new requests first (prefill, or unified)
     front = role in ("unified", "prefill")
     extra = {"queue": held, "occupancy": held / policy.slots}.get(rp.signal, 0.0) if front else 0.0
@@ -260,6 +261,7 @@ def _demand(
         "projected": round(lead, 6),
         "held": held if front else 0.0,
         "waiting": waiting,
+        "running": running,
         "ready": len(measured),
         "warming": len(warming),
         "stale": len(stale),
@@ -364,14 +366,20 @@ def _settle(
 
 
 def _survivors(target: int, current: int, info: dict[str, float], rp: RolePolicy, policy: Policy) -> int:
-    """The fewest replicas in [target, current] that stay under target * (1 - tolerance) carrying the load."""
-    if info["load"] == 0:
+    """The fewest replicas in [target, current] that stay under target * (1 - tolerance) carrying the load.
+    A queue counts the requests running now too: those the survivors' slots cannot hold would queue (full
+    pods with an empty queue are not idle; scaling them down makes the queue that scales them back up)."""
+    if info["load"] == 0 and info["running"] == 0:
         return target
     bound = rp.target * (1 - policy.tolerance)
     for n in range(max(target, 1), current):
         # a p90 scales by N / (N - k) with the load redistributed; an additive load divides by the survivors
-        latency = rp.signal in LATENCY_SIGNALS
-        per = info["load"] * (info["ready"] or 1) / n if latency else info["load"] / n
+        if rp.signal in LATENCY_SIGNALS:
+            per = info["load"] * (info["ready"] or 1) / n
+        elif rp.signal == "queue":
+            per = (info["load"] + max(0.0, info["running"] - n * policy.slots)) / n
+        else:
+            per = info["load"] / n
         if per <= bound:
             return n
     return current

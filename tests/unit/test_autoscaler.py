@@ -187,6 +187,19 @@ def test_scale_down_only_when_the_survivors_stay_under_target(occupancies, desir
         assert "would be over 0.75 * (1 - 0.1) with the load redistributed" in d.reasons["unified"]
 
 
+@pytest.mark.parametrize("running, desired", [(4, 3), (3, 2), (2, 2), (1, 1), (0, 1)])
+def test_on_the_queue_signal_full_pods_with_no_queue_are_not_scaled_down(running, desired):
+    """Three pods of 4 slots, no request waiting, `running` in each: scaling down to pods whose slots
+    cannot hold the requests running now would only make the queue that scales them back up (3 -> 2 -> 3
+    under a constant load). With 3 running in each, 2 pods hold 8 and queue 1: 0.5 per pod, under target."""
+    queue = {"unified": RolePolicy(min=1, max=4, signal="queue", target=1.0)}
+    pods = [Pod(f"p{i}", "unified", "ready", -1000.0, 1000.0, PodLoad(running=running, slots=4))
+            for i in range(3)]  # fmt: skip
+    d = decide(pods, {"unified": 3}, policy(roles=queue), quiet_history(1000.0, 0), 1000.0)
+    assert d.desired == {"unified": desired}, d.reasons
+    assert d.signals["unified"]["running"] == 3 * running
+
+
 def test_a_scale_down_marks_its_pods_by_their_requests_so_the_idlest_go_first():
     """The requests each pod runs or queues become its pod-deletion-cost: the Deployment deletes the idle ones
     and the requests in flight keep their pods. Only the roles going down, only ready measured pods."""
