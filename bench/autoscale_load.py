@@ -104,7 +104,8 @@ def scale_up_times(
 ) -> list[dict]:
     """Per loaded phase (ramp, burst): from its first request to the sample where more pods are ready than
     when it was sent (None if none came), with the ready pods before and after; and from the first sample
-    of the phase whose queue per ready pod was above the target (the autoscaler's signal) to that sample."""
+    of the phase whose queue per ready pod was above the target (the autoscaler's signal) to the first
+    sample after it with more pods ready."""
     out = []
     for p in phases:
         if p.clients == (0, 0):
@@ -119,13 +120,15 @@ def scale_up_times(
         over = next(
             (s for s in samples if first <= s["t"] < p.end and s["queue"] > target * ready_total(s)), None
         )
-        after = grown and over and grown["t"] >= over["t"]
+        # from the queue over target to the next pod ready after it (at zero, the first pod came sooner)
+        grew = over and next((s for s in samples if s["t"] > over["t"]
+                              and ready_total(s) > ready_total(over)), None)  # fmt: skip
         out.append({
             "phase": p.name, "first_request_t": round(first, 3), "ready_before": base,
             "ready_after": ready_total(grown) if grown else base,
             "seconds": round(grown["t"] - first, 3) if grown else None,
             "queue_over_target_t": over["t"] if over else None,
-            "seconds_from_queue": round(grown["t"] - over["t"], 3) if after else None,
+            "seconds_from_queue": round(grew["t"] - over["t"], 3) if grew else None,
         })  # fmt: skip
     return out
 
@@ -305,8 +308,8 @@ def sample(cluster: Cluster, name: str, t: float, load: Load, phases: list[Phase
     slices = cluster.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")["items"]
     waiting, running = {}, {}
     for pod, address in pod_addresses(slices).items():
-        if not pod.startswith(name + "-"):
-            continue
+        if not pod.startswith(name + "-") or pod.startswith(f"{name}-router-"):
+            continue  # another model's, or the front door's (its requests are the serving pods' too)
         try:
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=3) as r:
                 text = r.read().decode()
