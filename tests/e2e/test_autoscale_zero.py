@@ -138,7 +138,9 @@ def test_a_burst_at_zero_is_held_then_every_request_is_answered(local, measured)
     events = local.kubectl("get", "events").stdout
     assert "ScaledUp" in events and "requests held at the front door" in events, events
     cold = local.wait("the measured cold start", lambda: auto(local).get("coldStartAt") and auto(local))
-    assert 0 < cold["coldStartSeconds"] < answered, cold
+    # the cold start runs to the pod's Ready condition, which its readiness probe (every 5 s) may set after
+    # the front door's own probe (every 0.5 s) has already released the held requests to it
+    assert 0 < cold["coldStartSeconds"] < answered + 5 + 1, cold
     assert at(up["at"]) <= at(cold["coldStartAt"]), (up, cold)
     measured["cold start"] = cold["coldStartSeconds"]
     measured["burst answered"] = answered
