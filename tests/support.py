@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -423,6 +424,20 @@ class OperatorCluster:
         self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
         self.operators: list[Process] = []
 
+    def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
+        """One API request as JSON: the answer's body, or None for 404."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
 
 class LocalCluster:
     """A local cluster started with `neuronfleet up --state STATE`: kubectl against it, and waits that last
@@ -498,3 +513,49 @@ def make_tiny_llama(out: Path, seed: int = 0, architecture: str = "llama", **ove
                 p.normal_(0, 0.08)
     model.save_pretrained(out)
     return out
+
+
+def chat(endpoint: str, model: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> tuple[int, str]:
+    """One chat completion ("Tell me a story", `tokens` at most) at an OpenAI endpoint: (status, its text)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": tokens,
+    }
+    req = urllib.request.Request(
+        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+class ChatLoad:
+    """`workers` threads each sending chat requests one after the other until stopped (no retry): counts
+    the answers and keeps every failure as the client saw it (any exception). A request may wait up to
+    CEILING: answered late is answered, a lost one is the failure."""
+
+    def __init__(self, endpoint: str, model: str, workers: int, tokens: int = 16) -> None:
+        self.endpoint, self.model, self.tokens, self.stop = endpoint, model, tokens, threading.Event()
+        self.answered, self.failed, self._lock = 0, [], threading.Lock()
+        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+
+    def _work(self) -> None:
+        while not self.stop.is_set():
+            try:
+                chat(self.endpoint, self.model, self.tokens, CEILING)
+                with self._lock:
+                    self.answered += 1
+            except Exception as e:  # every failure is kept and reported
+                with self._lock:
+                    self.failed.append(repr(e))
+
+    def __enter__(self) -> ChatLoad:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=CEILING + 10)

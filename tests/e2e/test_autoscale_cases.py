@@ -12,13 +12,11 @@ The measured times (load start to the scale-up, pod deletion to the replacement 
 from __future__ import annotations
 
 import json
-import threading
 import time
-import urllib.request
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, local_mode
+from support import ROOT, ChatLoad, chat, local_mode
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
@@ -31,51 +29,6 @@ pytestmark = pytest.mark.real_model
 def local(tmp_path_factory):
     with local_mode(tmp_path_factory.mktemp("local")) as cluster:
         yield cluster
-
-
-def chat(endpoint: str, model: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> str:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Tell me a story"}],
-        "max_tokens": tokens,
-    }
-    req = urllib.request.Request(
-        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
-class Load:
-    """`workers` threads each sending chat requests one after the other until stopped (no retry): counts
-    the answers and keeps every failure as the client saw it. A request may wait up to CEILING: answered
-    late is answered, a lost one is the failure."""
-
-    def __init__(self, endpoint: str, model: str, workers: int, tokens: int = 16) -> None:
-        self.endpoint, self.model, self.tokens, self.stop = endpoint, model, tokens, threading.Event()
-        self.answered, self.failed, self._lock = 0, [], threading.Lock()
-        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
-
-    def _work(self) -> None:
-        while not self.stop.is_set():
-            try:
-                chat(self.endpoint, self.model, self.tokens, CEILING)
-                with self._lock:
-                    self.answered += 1
-            except Exception as e:  # every failure is kept and reported
-                with self._lock:
-                    self.failed.append(repr(e))
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=CEILING + 10)
 
 
 def deploy(local, sample, name: str, autoscaling: dict, **spec) -> dict:
@@ -137,7 +90,7 @@ def test_a_disaggregated_model_scales_under_load_within_its_ratio_bounds(local):
         "prefillDecodeRatio": {"min": low, "max": high}, "scaleDown": {"stabilizationSeconds": WINDOW},
     })  # fmt: skip
     endpoint = endpoint_of(local, name)
-    assert chat(endpoint, name, 4)
+    assert chat(endpoint, name, 4)[1]
     seen: list[tuple[str, dict[str, int]]] = []  # every observed point: (where, replicas per role)
 
     def observe() -> dict[str, int]:
@@ -151,7 +104,7 @@ def test_a_disaggregated_model_scales_under_load_within_its_ratio_bounds(local):
         return desired
 
     started = time.monotonic()
-    with Load(endpoint, name, 8) as load:
+    with ChatLoad(endpoint, name, 8) as load:
         local.wait("decode scaled up", lambda: observe().get("decode") == 2)
         decided = time.monotonic() - started
         ready = lambda: (local.get("nm", name)["status"].get("replicas") or {}).get("decode", {}).get("ready")  # noqa: E731
@@ -236,7 +189,9 @@ def test_a_pod_deleted_mid_load_is_replaced_without_a_scaling_storm(local):
     ready = lambda: (local.get("nm", name)["status"].get("replicas") or {}).get("unified", {}).get("ready")  # noqa: E731
     local.wait("2 ready pods", lambda: ready() == 2)
     most = [2]
-    with Load(endpoint, name, 4, tokens=8) as load:  # 8 slots on 2 pods: nothing waits, nothing to scale for
+    with ChatLoad(
+        endpoint, name, 4, tokens=8
+    ) as load:  # 8 slots on 2 pods: nothing waits, nothing to scale for
         local.wait("the load running", lambda: load.answered >= 2)
         before = [p["metadata"]["name"] for p in local.get("pods", "-l", label)["items"]]
         victim = before[0]

@@ -10,14 +10,11 @@ times (load start to the decision, to the second pod ready; load end to the scal
 from __future__ import annotations
 
 import datetime
-import json
-import threading
 import time
-import urllib.request
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, local_mode
+from support import ROOT, ChatLoad, chat, local_mode
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -37,46 +34,6 @@ def local(tmp_path_factory):
         yield cluster
 
 
-def chat(endpoint: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> str:
-    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": tokens}
-    req = urllib.request.Request(
-        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
-class Load:
-    """WORKERS threads each sending chat requests one after the other until stopped; counts answers and
-    failures (a failure is any exception or a reply that is not a completion)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint, self.stop = endpoint, threading.Event()
-        self.answered, self.failed, self._lock = 0, [], threading.Lock()
-        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(WORKERS)]
-
-    def _work(self) -> None:
-        while not self.stop.is_set():
-            try:
-                chat(self.endpoint, 16, CEILING)
-                with self._lock:
-                    self.answered += 1
-            except Exception as e:  # every failure is counted and reported
-                with self._lock:
-                    self.failed.append(repr(e))
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=CEILING + 10)
-
-
 def test_load_scales_up_and_idle_scales_back_down(local):
     manifest = yaml.safe_load(SAMPLE.read_text())
     manifest["spec"]["autoscaling"] = {
@@ -91,10 +48,10 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     active = {c["type"]: c for c in status["conditions"]}["AutoscalingActive"]
     assert (active["status"], active["reason"]) == ("True", "Builtin"), active
     endpoint = status["endpoint"]
-    assert chat(endpoint, 4)  # serving
+    assert chat(endpoint, NAME, 4)[1]  # serving
 
     started = time.monotonic()
-    with Load(endpoint) as load:
+    with ChatLoad(endpoint, NAME, WORKERS) as load:
         local.wait("the autoscaler's scale-up", lambda: (auto().get("desired") or {}).get("unified") == 2)
         decided = time.monotonic() - started
         local.wait(
@@ -133,14 +90,14 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     assert event["type"] == "Warning" and "had replicas 3" in event["message"], event
     assert event["message"].endswith("put back to 1"), event
     assert "ScaledDown" in local.kubectl("get", "events").stdout
-    assert chat(endpoint, 4)  # still serving, on one pod
+    assert chat(endpoint, NAME, 4)[1]  # still serving, on one pod
 
     # dry run: the same load is decided on and recorded (status, Event), the replicas stay as they are
     manifest["spec"]["autoscaling"]["dryRun"] = True
     local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
     dry = lambda: {c["type"]: c for c in model()["status"]["conditions"]}["AutoscalingActive"]["reason"]  # noqa: E731
     local.wait("AutoscalingActive DryRun", lambda: dry() == "DryRun")
-    with Load(endpoint) as again:
+    with ChatLoad(endpoint, NAME, WORKERS) as again:
         recorded = local.wait("a dry-run decision", lambda: auto().get("lastDecision"))
     assert not again.failed, again.failed[:5]
     assert (recorded["from"], recorded["to"]) == ({"unified": 1}, {"unified": 2}), recorded

@@ -12,14 +12,12 @@ to zero, wake to decision, cold start, burst answered) are printed.
 from __future__ import annotations
 
 import datetime
-import json
 import threading
 import time
-import urllib.request
 
 import pytest
 import yaml
-from support import CEILING, HTTP_TIMEOUT, ROOT, local_mode
+from support import CEILING, ROOT, chat, local_mode
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -43,16 +41,6 @@ def measured() -> dict[str, float]:
     out: dict[str, float] = {}
     yield out
     print("\nscale to zero, measured: " + ", ".join(f"{k} {v:.1f}s" for k, v in out.items()))
-
-
-def chat(endpoint: str, tokens: int, timeout: float = HTTP_TIMEOUT) -> tuple[int, str]:
-    body = {"model": NAME, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": tokens}
-    req = urllib.request.Request(
-        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, json.loads(r.read())["choices"][0]["message"]["content"]
 
 
 def model(local) -> dict:
@@ -85,7 +73,7 @@ def test_a_model_that_may_scale_to_zero_serves_through_its_front_door(local):
     assert set(status["replicas"]) == {"unified", "router"}, status["replicas"]
     service = local.get("service", NAME)
     assert service["spec"]["selector"]["neuronfleet.dev/role"] == "router"  # the front door is the endpoint
-    assert chat(status["endpoint"], 4)[0] == 200  # through the router to the unified pod
+    assert chat(status["endpoint"], NAME, 4)[0] == 200  # through the router to the unified pod
 
 
 def test_idle_it_goes_to_zero_unified_pods_and_the_router_stays(local, measured):
@@ -114,7 +102,7 @@ def test_a_burst_at_zero_is_held_then_every_request_is_answered(local, measured)
     def one() -> None:
         try:
             status, text = chat(
-                endpoint, 8, CEILING
+                endpoint, NAME, 8, CEILING
             )  # held through the cold start: answered late is answered
             with lock:
                 answers.append(status if text else -1)

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
 import yaml
 from support import (
-    HTTP_TIMEOUT,
     OPERATOR_USER,
     ROOT,
     OperatorCluster,
@@ -64,19 +61,6 @@ class Cluster(OperatorCluster):
         assert "Traceback" not in operator.output(), operator.output()[-3000:]
 
     # ---- HTTP ----
-
-    def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise
 
     def items(self, kind: str, selector: str = "neuronfleet.dev/model") -> list[dict]:
         return self.call("GET", f"{PATHS[kind]}?labelSelector={selector}")["items"]

@@ -23,24 +23,9 @@ JOBS = "/apis/batch/v1/namespaces/default/jobs"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 
 
-class Cluster(OperatorCluster):
-    def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise
-
-
 @pytest.fixture()
 def cluster(tmp_path):
-    api = Cluster(tmp_path)
+    api = OperatorCluster(tmp_path)
     yield api
     for proc in api.operators:
         if proc.poll() is None:
