@@ -53,9 +53,14 @@ COMPILE_SECONDS = Histogram(
     ["cache"],
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
 )
-for _cache in ("hit", "miss"):  # both series exist from the start (a dashboard reads 0, not "no data")
+# every outcome's series exists from the start (a dashboard reads 0, not "no data", until one happens)
+for _cache in ("hit", "miss"):
     COMPILES.labels(_cache)
     COMPILE_SECONDS.labels(_cache)
+for _outcome in ("ok", "error"):
+    RECONCILES.labels(_outcome)
+for _outcome in ("ok", "failed"):
+    AUTOSCALER_SCRAPES.labels(_outcome)
 
 _phases: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase of the last pass
 _seen: set[str] = set()

@@ -56,3 +56,14 @@ def test_compiles_count_cache_hits_and_misses_and_their_job_durations():
         ("neuronfleet_operator_compile_seconds_sum", "hit"): 0,
         ("neuronfleet_operator_compile_seconds_count", "hit"): 0,
     }  # fmt: skip
+
+
+def test_every_outcome_the_dashboard_plots_has_a_series_before_it_happens():
+    """A series that appears only on its first event reads "no data" on a dashboard, not 0."""
+    for name, label, values in (
+        ("neuronfleet_operator_reconciles_total", "outcome", ("ok", "error")),
+        ("neuronfleet_operator_autoscaler_scrapes_total", "outcome", ("ok", "failed")),
+        ("neuronfleet_operator_compiles_total", "cache", ("hit", "miss")),
+        ("neuronfleet_operator_compile_seconds_count", "cache", ("hit", "miss")),
+    ):
+        assert {dict(k)[label] for k in samples(name)} >= set(values), name
