@@ -240,6 +240,7 @@ def down(state: Path, say=print) -> int:
         say(f"[down] {name} (pid {pid}) stopped")
     (state / "pids.json").unlink(missing_ok=True)
     (state / "url").unlink(missing_ok=True)
+    (state / "operator-metrics-url").unlink(missing_ok=True)
     return 0
 
 
