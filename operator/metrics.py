@@ -97,7 +97,11 @@ def model_replicas(namespace: str, name: str, replicas: dict[str, dict[str, int]
 
 
 def _time(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    """An RFC 3339 time of a Job's status; None when absent or unreadable (a metric never fails a pass)."""
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def compile_succeeded(job: dict[str, Any] | None, report: dict[str, Any] | None) -> None:

@@ -48,9 +48,10 @@ def test_compiles_count_cache_hits_and_misses_and_their_job_durations():
     job = {"status": {"startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:25:30Z"}}
     metrics.compile_succeeded(job, {"bytes": 1, "cacheHit": False})
     metrics.compile_succeeded({"status": {}}, {"cacheHit": True})  # no times: counted, no duration
+    metrics.compile_succeeded({"status": {"startTime": "yesterday", "completionTime": 3}}, None)  # unreadable
     after = {k: value(*k) - v for k, v in before.items()}
     assert after == {
-        ("neuronfleet_operator_compiles_total", "miss"): 1, ("neuronfleet_operator_compiles_total", "hit"): 1,
+        ("neuronfleet_operator_compiles_total", "miss"): 2, ("neuronfleet_operator_compiles_total", "hit"): 1,
         ("neuronfleet_operator_compile_seconds_sum", "miss"): 1530.0,
         ("neuronfleet_operator_compile_seconds_count", "miss"): 1,
         ("neuronfleet_operator_compile_seconds_sum", "hit"): 0,
