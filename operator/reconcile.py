@@ -129,6 +129,7 @@ async def reconcile(
                     fresh = body
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     metrics.model_phase(*key, None)
+                    metrics.model_replicas(*key, None)
                     return {}
                 status = await _reconcile_locked(kube, fresh, emit)
             except Exception:
@@ -136,6 +137,7 @@ async def reconcile(
                 raise
         metrics.RECONCILES.labels("ok").inc()
         metrics.model_phase(*key, status.get("phase"))
+        metrics.model_replicas(*key, status.get("replicas"))
         return status
 
 
@@ -205,6 +207,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             if job[0] == "succeeded":
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
+                metrics.compile_succeeded(job_obj, report)
         serving_spec = rollout.serving_spec(spec, stored, chash, serving)
         # provider builtin: the replicas are the autoscaler's (status.autoscaling.desired), its only writer
         scaled = scaling.decided_replicas(spec, old) or (
