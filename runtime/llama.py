@@ -373,7 +373,7 @@ class LlamaModel:
         heads, kv_heads = c.num_heads, c.num_kv_heads
         qk, v = qkv.split(((heads + kv_heads) * c.head_dim, kv_heads * c.head_dim), dim=-1)
         qk = apply_rope(qk.reshape(b, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
-        q, k = qk[:, :heads], qk[:, heads:]
+        q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
         v = v.view(b, kv_heads, c.head_dim)
         cache_k, cache_v = self.layer_kv[layer]  # [blocks, slots, KV, BLOCK, D]
         cache_k[batch.block, batch.slot_idx, :, batch.offset] = k
