@@ -120,6 +120,7 @@ def convert(
     from .quantize import quantize_folder
 
     progress = progress or Reporter()
+    progress.phase("convert")  # (reading the source: its totals follow once known)
     dtype = resolve_dtype(config.dtype)
     out.mkdir(parents=True)
     if source.is_file() and source.suffix == ".gguf":
