@@ -217,6 +217,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             if job[0] == "succeeded":
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
+        if job[0] != "running":
+            _progress_read.pop((ns, owner.name), None)  # (read at once when a compile runs again)
         serving_spec = rollout.serving_spec(spec, stored, chash, serving)
         # provider builtin: the replicas are the autoscaler's (status.autoscaling.desired), its only writer
         scaled = scaling.decided_replicas(spec, old) or (
