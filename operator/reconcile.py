@@ -217,8 +217,6 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             if job[0] == "succeeded":
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
-        if job[0] != "running":
-            _progress_read.pop((ns, owner.name), None)  # (read at once when a compile runs again)
         serving_spec = rollout.serving_spec(spec, stored, chash, serving)
         # provider builtin: the replicas are the autoscaler's (status.autoscaling.desired), its only writer
         scaled = scaling.decided_replicas(spec, old) or (
@@ -281,6 +279,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 rolled = chash if serving == chash else None
                 # while retired pods drain, status.drainUntil says when to come back (the caller schedules it)
                 drain_until = await _delete_stale(kube, owner, objects, ours, rolled, drain_until)
+    if job[0] != "running":
+        _progress_read.pop((ns, owner.name), None)  # (read at once when a compile runs again)
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
