@@ -605,6 +605,20 @@ class AutoscalingStatus(BaseModel):
     )
 
 
+class CompileProgressStatus(BaseModel):
+    """A running compile's progress, as its pod's log last said (contract.CompileProgress)."""
+
+    phase: str = Field(description="download, convert, compile or validate.")
+    bytesDone: int | None = Field(None, description="Bytes the phase has done.")
+    bytesTotal: int | None = Field(None, description="Bytes the phase does in all, where known.")
+    filesDone: int | None = Field(None, description="Files the phase has done.")
+    filesTotal: int | None = Field(None, description="Files the phase does in all, where known.")
+    startedAt: str | None = Field(None, description="When the compile pod's container started (RFC 3339).")
+    elapsed: float | None = Field(None, description="Seconds since the compile started, when last read.")
+    text: str = Field(description="For people, e.g. download 35% 1.2/3.4GB 42s (the Progress column).")
+    updatedAt: str = Field(description="When the operator last wrote it (RFC 3339): at most every 15 s.")
+
+
 class NeuronModelStatus(BaseModel):
     phase: Phase | None = None
     observedGeneration: int | None = None
@@ -648,6 +662,9 @@ class NeuronModelStatus(BaseModel):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     autoscaling: AutoscalingStatus | None = Field(None, description="Provider builtin: its decisions.")
+    compileProgress: CompileProgressStatus | None = Field(
+        None, description="While the compile Job runs: its progress, read from its pod's log (then cleared)."
+    )
 
 
 PRINTER_COLUMNS = [
@@ -656,6 +673,7 @@ PRINTER_COLUMNS = [
     {"name": "Instance", "type": "string", "jsonPath": ".spec.neuron.instanceType"},
     {"name": "TP", "type": "integer", "jsonPath": ".spec.neuron.tensorParallel"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.readyReplicas"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.compileProgress.text"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
