@@ -232,3 +232,25 @@ def test_rbac_grows_by_exactly_what_the_gateway_objects_need():
         assert f"{group}/{version}" in (
             "inference.networking.k8s.io/v1", "gateway.networking.k8s.io/v1"
         )  # fmt: skip
+
+
+def test_the_engines_registry_has_every_static_family_the_picker_reads():
+    """The families `engine_metrics` registers (the load gauges are the engine's: the live scrape in
+    tests/integration/test_gateway_protocol.py checks all of them), rendered and parsed as Prometheus text."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from neuronfleet.runtime.engine_metrics import KV_BLOCK_TOKENS, StepMetrics
+
+    registry = CollectorRegistry()
+    StepMetrics(registry, "m", slots=4, max_seq_len=512)
+    found = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    read = yaml.safe_load((ROOT / "tests" / "data" / "gie-v1.5.0-epp-scraped-metrics.yaml").read_text())
+    for m in read["metrics"]:
+        if m["name"] in ("vllm:lora_requests_info", "vllm:cache_config_info"):
+            (sample,) = found[m["name"]].samples
+            assert found[m["name"]].type == m["type"] == "gauge"
+            assert set(m["labels"]) <= set(sample.labels)
+    (cache,) = found["vllm:cache_config_info"].samples
+    assert cache.labels["block_size"] == str(KV_BLOCK_TOKENS)
+    assert int(cache.labels["num_gpu_blocks"]) * KV_BLOCK_TOKENS == 4 * 512
