@@ -1,8 +1,9 @@
 """serving.gateway on the emulated API server with the pinned Gateway API Inference Extension and Gateway API
 CRDs installed (tests/data), which checks the operator's InferencePool and HTTPRoute against their schemas and
 CEL rules as a real API server does: `kubectl get inferencepools` shows the model's pool once it serves, the
-pool selects what the model's Service selects, the HTTPRoute sends to it; a spec change that drops the route,
-then the gateway, deletes them; every call the operator made is within RBAC_RULES."""
+pool selects what the model's Service selects, the HTTPRoute sends to it; a pool changed by hand is put back
+(and never patched for what the API server defaulted); a spec change that drops the route, then the gateway,
+deletes them; every call the operator made is within RBAC_RULES."""
 
 from __future__ import annotations
 
@@ -92,11 +93,14 @@ def test_the_model_behind_an_inference_gateway_gets_a_pool_and_route_the_cluster
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"][0]["kind"] == "InferencePool" and rule["backendRefs"][0]["name"] == "g"
     assert route["spec"]["hostnames"] == ["llm.example.com"]
+    # a pool changed by hand is put back at the next reconcile (here: the spec change below)
+    by_hand = json.dumps({"spec": {"targetPorts": [{"number": 9999}]}})
+    kubectl("patch", "inferencepool", "g", "--type", "merge", "-p", by_hand)
     # the route dropped, then the gateway: the operator deletes what it no longer makes
     obj["spec"]["serving"]["gateway"] = {"endpointPicker": {"name": "g-epp"}}
     kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     operator.wait_until(lambda: kubectl.get("httproute", "g") is None, "the HTTPRoute deleted")
-    assert kubectl.get("inferencepool", "g") is not None
+    assert kubectl.get("inferencepool", "g")["spec"]["targetPorts"] == pool["spec"]["targetPorts"]
     del obj["spec"]["serving"]["gateway"]
     kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     operator.wait_until(lambda: kubectl.get("inferencepool", "g") is None, "the InferencePool deleted")
@@ -107,3 +111,7 @@ def test_the_model_behind_an_inference_gateway_gets_a_pool_and_route_the_cluster
     for resource in ("inferencepools", "httproutes"):
         group = "inference.networking.k8s.io" if resource == "inferencepools" else "gateway.networking.k8s.io"
         assert {(group, resource, "create"), (group, resource, "delete")} <= used
+    # what the API server defaulted is not drift: the pool was patched for the hand-made change only
+    patches = [c for c in calls if c["user"] == OPERATOR_USER and c["verb"] == "patch"]
+    gateway_patches = [c["resource"] for c in patches if c["resource"] in ("inferencepools", "httproutes")]
+    assert gateway_patches == ["inferencepools"]
