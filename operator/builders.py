@@ -37,7 +37,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, front_door, names, pod_parts, scaling, topology
+from . import engines, front_door, gateway, names, pod_parts, scaling, topology
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -435,7 +435,12 @@ def build_deployment(
             "replicas": replicas,
             "selector": {"matchLabels": match},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": labels(owner, role, chash, pods_set)}, "spec": pod_spec},
+            "template": {
+                "metadata": {
+                    "labels": {**labels(owner, role, chash, pods_set), **gateway.role_labels(spec, role)}
+                },
+                "spec": pod_spec,
+            },
         },
     }
 
@@ -565,7 +570,9 @@ def build_serving(
     for role, replicas in serving_roles(spec).items():
         objects.append(build_deployment(owner, spec, role, replicas, chash, wake_base))
         objects.append(build_pdb(owner, spec, role, replicas, chash))
-    objects.append(build_public_service(owner, spec, public or public_selector(owner, spec, chash)))
+    target = public or public_selector(owner, spec, chash)
+    objects.append(build_public_service(owner, spec, target))
+    objects += gateway.build(metadata(owner, owner.name, "gateway"), spec, target)  # the pool follows it
     return [o for o in objects if o is not None]
 
 

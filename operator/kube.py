@@ -68,6 +68,10 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     # provider builtin (autoscale_loop.py): the serving pods' addresses and ports to read /metrics from, as a
     # real cluster's Service routing and Prometheus' endpointslice discovery find them
     ("discovery.k8s.io", "endpointslices"): ("list",),
+    # serving.gateway (gateway.py): made, kept as built, deleted when a spec change drops them; get: apply's
+    # read and that check (these kinds are not cached: a cluster may not serve them)
+    ("inference.networking.k8s.io", "inferencepools"): ("get", "create", "patch", "delete"),
+    ("gateway.networking.k8s.io", "httproutes"): ("get", "create", "patch", "delete"),
 }
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
@@ -85,6 +89,8 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
     "EndpointSlice": ("discovery.k8s.io", "v1", "endpointslices"),
+    "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 

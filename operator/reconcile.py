@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, engines, manual_scale, metrics, names, rollout, scaling, validation, wake
+from . import builders, engines, gateway, manual_scale, metrics, names, rollout, scaling, validation, wake
 from .kube import Kube, KubeError
 from .status import (
     PROGRESS_READ_SECONDS,
@@ -238,9 +238,10 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         deployments: dict[str, dict[str, Any]] = {}
         if scaled and spec.serving.mode == "disaggregated":  # prefill:decode within bounds between writes too
             objects = await _ratio_ordered(kube, ns, objects, spec)
+        pool = next((o for o in objects if o["kind"] == gateway.POOL_KIND), None)
         for obj in objects:
-            if obj is public:
-                continue  # last: it moves to the new set only once that set is ready
+            if obj is public or obj is pool:
+                continue  # last: it moves to the new set only once that set is ready; the pool with it
             if obj["kind"] == "Deployment":  # its replicas as written, so that another writer's show
                 obj = manual_scale.marked(obj)
             if scaled and obj["kind"] == "Deployment":
@@ -271,6 +272,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             chosen = rollout.public_target(current, target, rolled_out, ours)
             public["spec"]["selector"] = chosen
             service = await apply(kube, public, conflicts)
+            if pool is not None:
+                await apply(kube, gateway.with_selector(pool, chosen), conflicts)
             live = chosen == target
             serving_now = any(
                 rollout.selects(chosen, d) and (d.get("status") or {}).get("readyReplicas") for d in ours
@@ -298,6 +301,11 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         pods = builders.selector(owner, scaling.scaled_role(spec))
         status.update(scaling.scale_status(spec, roles, pods))
         autoscaler = next((o for o in objects if o["kind"] in scaling.AUTOSCALER_KINDS), None)
+        if old.get("observedGeneration") != generation:  # a spec change may drop serving.gateway's objects
+            for kind in gateway.unwanted(spec):
+                found = await kube.get(kind, ns, owner.name)
+                if found is not None and rollout.owned_by(found, owner.uid):
+                    await kube.delete(kind, ns, owner.name)
         if made and made != (autoscaler or {}).get("kind"):  # the provider changed: the cluster's goes
             found = await kube.get(made, ns, owner.name)
             if found is not None and rollout.owned_by(found, owner.uid):

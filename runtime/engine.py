@@ -443,7 +443,8 @@ class AsyncEngine:
 
     def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
         """The engine's step metrics, observed on the engine thread after every step."""
-        metrics = StepMetrics(registry, model_name, self.engine.config.slots)
+        config = self.engine.config
+        metrics = StepMetrics(registry, model_name, config.slots, config.max_seq_len)
         self.engine.step_observers.append(metrics.observe)
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
