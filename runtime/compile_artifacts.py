@@ -69,15 +69,15 @@ def load_config(path: Path) -> CompileConfig:
 
 def resolve_source(
     uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT, files: tuple[str, ...] = (),
-    sources: Path | None = None, on_progress: Progress | None = None,
+    cache: Path | None = None, on_progress: Progress | None = None,
 ) -> Path:  # fmt: skip
     """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`); from the
-    Hub only `files` when given; an s3:// prefix into its folder under `sources` (the cache's sources/, where
-    a later try resumes; `work` without it), reporting `on_progress(bytes_done, bytes_total, files_done,
-    files_total)`."""
+    Hub only `files` when given; an s3:// prefix into its folder under the compile `cache`'s sources/ (where
+    a later try resumes; under `work` without a cache), reporting `on_progress(bytes_done, bytes_total,
+    files_done, files_total)`."""
     if uri.startswith("s3://"):
         try:
-            return download(uri, cache_folder(sources, uri) if sources else work / "s3", on_progress)
+            return download(uri, cache_folder(cache, uri) if cache else work / "s3", on_progress)
         except S3Unavailable as e:
             raise SourceUnavailable(uri, e.why) from None
     if uri.startswith("file://"):
@@ -196,22 +196,22 @@ def compile_artifacts(
     started = time.monotonic()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    sources = out.parent.parent / "sources"  # the cache's: s3:// downloads resume there after a failure
+    cache = out.parent.parent  # the compile cache (artifacts/<hash>/ is `out`): s3:// downloads resume there
     try:
         source = resolve_source(
-            config.model.uri, config.model.revision, staging / "download", model_mount, sources=sources,
+            config.model.uri, config.model.revision, staging / "download", model_mount, cache=cache,
             on_progress=on_progress,
         )  # fmt: skip
         tokenizer = None
         if config.model.tokenizer:
             tokenizer = resolve_source(
                 config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES,
-                sources=sources,
+                cache=cache,
             )  # fmt: skip
         convert(source, staging / "model", config, tokenizer)
         for uri in (config.model.uri, config.model.tokenizer or ""):
             if uri.startswith("s3://"):  # converted into the artifacts: serving never reads the download
-                shutil.rmtree(cache_folder(sources, uri), ignore_errors=True)
+                shutil.rmtree(cache_folder(cache, uri), ignore_errors=True)
         shutil.rmtree(staging / "download", ignore_errors=True)
         (staging / "compile.json").write_text(config.to_json())
         out.parent.mkdir(parents=True, exist_ok=True)

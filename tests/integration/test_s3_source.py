@@ -327,7 +327,16 @@ def test_the_embedded_compile_reads_an_s3_model_and_keeps_no_download(aws, bucke
     manifest = compile_artifacts(tmp_path / "compile.json", cache / "artifacts" / "abc", log=lambda m: None)
     assert manifest["cacheHit"] is False
     assert (cache / "artifacts" / "abc" / "model" / "config.json").is_file()
-    assert not s3_source.cache_folder(cache, config["model"]["uri"]).exists()  # converted: not kept
+    assert (cache / "sources").is_dir()  # it was downloaded there (where a failed compile's next try resumes)
+    assert not [p for p in (cache / "sources").rglob("*") if p.is_file()]  # converted: not kept
+
+    aws.put_object(Bucket=bucket, Key="notes/README", Body=b"not a model")
+    config["model"]["uri"] = f"s3://{bucket}/notes"
+    (tmp_path / "compile.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"neither a Hugging Face model folder nor a \.gguf file"):
+        compile_artifacts(tmp_path / "compile.json", cache / "artifacts" / "bad", log=lambda m: None)
+    kept = s3_source.cache_folder(cache, config["model"]["uri"])
+    assert (kept / "README").read_bytes() == b"not a model"  # a failed compile keeps it: the next try resumes
 
     config["model"]["uri"] = f"s3://{bucket}/gone"
     (tmp_path / "compile.json").write_text(json.dumps(config))
