@@ -11,96 +11,20 @@ through boto3's default credential chain and AWS_ENDPOINT_URL as a pod has them 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import sys
-import threading
 from pathlib import Path
 
 import boto3
 import pytest
-from support import Process, free_port, make_tiny_llama, run_neuronfleet
+from s3_server import ALLOW_ALL, KEYS, CuttingProxy, MotoServer
+from support import make_tiny_llama, run_neuronfleet
 
 from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV
 from neuronfleet.runtime import s3_source
 from neuronfleet.runtime.compile_artifacts import SourceUnavailable, compile_artifacts
 
 MB = 1 << 20
-KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-class MotoServer(Process):
-    """`moto_server` on 127.0.0.1:port; `env` adds to its environment (INITIAL_NO_AUTH_ACTION_COUNT)."""
-
-    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        saved = dict(os.environ)
-        os.environ.update(env or {})
-        try:
-            super().__init__([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p",
-                              str(self.port)], log)  # fmt: skip
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        self.wait_until(self.answers, "moto_server to listen")
-
-    def answers(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-            return True
-        return False
-
-
-class CuttingProxy:
-    """A TCP proxy in front of the S3 server: while `cut_after` is set, each connection is closed once it
-    has carried that many bytes back to the client (a download cut in the middle); counts what it carries."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target = target_port
-        self.cut_after: int | None = None
-        self.carried = 0
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.running = True
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while self.running:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
-        sent = 0
-        try:
-            while data := src.recv(65536):
-                limit = self.cut_after if counted else None
-                if limit is not None and sent + len(data) > limit:
-                    dst.sendall(data[: limit - sent])
-                    break
-                dst.sendall(data)
-                sent += len(data)
-                if counted:
-                    with self.lock:
-                        self.carried += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.running = False
-        self.listener.close()
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +111,7 @@ def test_a_cut_download_says_so_and_the_next_run_resumes_where_it_stopped(aws, b
     proxy = CuttingProxy(moto.port)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        proxy.cut_after = 1 * MB  # every connection closes after 1 MB of response
+        proxy.cut(1 * MB)  # every connection closes after 1 MB of response
         into = tmp_path / "into"
         with pytest.raises(s3_source.S3Unavailable) as cut:
             s3_source.download(f"s3://{bucket}/m", into)
@@ -200,7 +124,7 @@ def test_a_cut_download_says_so_and_the_next_run_resumes_where_it_stopped(aws, b
         assert 2 * MB < kept < len(data)  # each of the tries moved it on
         assert not (into / "weights.safetensors").exists()  # never in place unverified
 
-        proxy.cut_after, proxy.carried = None, 0
+        proxy.heal()
         s3_source.download(f"s3://{bucket}/m", into)
         assert (into / "weights.safetensors").read_bytes() == data
         assert not partial.exists()
@@ -254,27 +178,16 @@ def test_the_fingerprint_follows_sizes_and_etags(aws, bucket):
 
 @pytest.fixture(scope="module")
 def iam_moto(tmp_path_factory):
-    """moto enforcing IAM policies after its first 5 requests (INITIAL_NO_AUTH_ACTION_COUNT, moto's server
-    mode docs: "IAM-like Access Control"), which create an admin and a reader without S3 permissions."""
-    server = MotoServer(tmp_path_factory.mktemp("iam") / "moto.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "5"})
-    iam = boto3.client("iam", endpoint_url=server.url, **_keys())
-    iam.create_user(UserName="admin")
-    everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-    iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
-    admin = iam.create_access_key(UserName="admin")["AccessKey"]
-    iam.create_user(UserName="reader")
-    reader = iam.create_access_key(UserName="reader")["AccessKey"]
-    s3 = boto3.client("s3", endpoint_url=server.url, **_keys(admin))
+    """moto enforcing IAM policies after the 5 requests that create an admin and a reader without any
+    permission."""
+    server = MotoServer(tmp_path_factory.mktemp("iam") / "moto.log", iam_setup_requests=5)
+    admin = server.user("admin", ALLOW_ALL)
+    reader = server.user("reader", None)
+    s3 = server.client("s3", admin)
     s3.create_bucket(Bucket="models")
     s3.put_object(Bucket="models", Key="tiny/config.json", Body=b"{}")
     yield server, reader
     server.stop()
-
-
-def _keys(key: dict | None = None) -> dict[str, str]:
-    return {"aws_access_key_id": key["AccessKeyId"] if key else "testing",
-            "aws_secret_access_key": key["SecretAccessKey"] if key else "testing",
-            "region_name": "us-east-1"}  # fmt: skip
 
 
 def test_a_permission_denied_is_a_clear_reason(iam_moto, monkeypatch, tmp_path):
