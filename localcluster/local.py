@@ -5,7 +5,8 @@ kubelet (`apiserver --kubelet-state`), with the NeuronModel CRD installed and a 
 namespace default that holds SmolLM2-135M-Instruct (the local samples' model), and the operator. It writes
 `STATE/kubeconfig` and prints the kubectl commands to use; the operator serves its wake endpoint (for the
 front doors of models that scale to zero) on a free loopback port, which the routers, local processes too,
-reach at `http://127.0.0.1:PORT`; in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
+reach at `http://127.0.0.1:PORT`, and its Prometheus metrics on another (its URL in
+`STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
 it all. `down` stops what `up` started (the kubelet stops every pod process) and deletes nothing else.
 `status` lists models, pods and their log files.
 """
@@ -151,7 +152,7 @@ def _start(state: Path, say) -> None:
     _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "POST", crd.build_crd())
     _local_models(url, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
-    wake = _free_port()
+    wake, metrics = _free_port(), _free_port()
     operator = subprocess.Popen(
         [
             shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
@@ -164,6 +165,10 @@ def _start(state: Path, say) -> None:
             "127.0.0.1",
             "--wake-url",
             f"http://127.0.0.1:{wake}",
+            "--metrics-port",
+            str(metrics),
+            "--metrics-host",
+            "127.0.0.1",
             "--standalone",
             "--all-namespaces",
         ],
@@ -173,7 +178,10 @@ def _start(state: Path, say) -> None:
     )
     pids["operator"] = operator.pid
     (state / "pids.json").write_text(json.dumps(pids))
-    say(f"[up] operator started (log {state / 'logs' / 'operator.log'})")
+    (state / "operator-metrics-url").write_text(f"http://127.0.0.1:{metrics}/metrics")
+    say(
+        f"[up] operator started (log {state / 'logs' / 'operator.log'}; metrics http://127.0.0.1:{metrics}/metrics)"
+    )
     k = f"kubectl --kubeconfig {state / 'kubeconfig'} --cache-dir {state / 'kubectl-cache'}"
     say("[up] ready. Try:")
     say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
@@ -232,6 +240,7 @@ def down(state: Path, say=print) -> int:
         say(f"[down] {name} (pid {pid}) stopped")
     (state / "pids.json").unlink(missing_ok=True)
     (state / "url").unlink(missing_ok=True)
+    (state / "operator-metrics-url").unlink(missing_ok=True)
     return 0
 
 

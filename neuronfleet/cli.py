@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 from neuronfleet.contract import (
@@ -25,13 +26,17 @@ EXIT_USAGE = 2
 
 def _cmd_import_gguf(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
+    from neuronfleet.runtime.progress import Console, Reporter
 
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()
-    out = import_gguf(gguf, Path(args.out), dtype=args.dtype)
+    progress = Reporter(Console(sys.stderr, label="import"))  # a bar on a terminal, else plain lines
+    out = import_gguf(gguf, Path(args.out), dtype=args.dtype, progress=progress)
     if args.quantization != "none":
         from neuronfleet.runtime.quantize import quantize_folder
 
+        progress.phase("quantize")
         quantize_folder(out, args.quantization)
+    progress.finish()
     print(f"imported {gguf.name} into {out}", file=sys.stderr)
     return 0
 
@@ -87,12 +92,16 @@ def _cmd_serve(parsed: argparse.Namespace) -> int:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from neuronfleet.runtime.compile_artifacts import compile_artifacts
+    from neuronfleet.runtime.progress import Console, LogLines, Reporter
 
     compile_artifacts(
         Path(args.config),
         Path(args.out),
         log=lambda m: print(m, file=sys.stderr),
         model_mount=args.model_mount,
+        # the progress lines on stdout (the operator reads them from the pod's log), a bar or plain lines for
+        # a person on stderr
+        progress=Reporter(LogLines(sys.stdout), Console(sys.stderr, label="compile")),
     )
     return 0
 
@@ -226,6 +235,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
     state = Path(args.state)
     try:
         if args.command == "up":
+            if not args.detach:  # while a model compiles, its progress (from its status) on stderr
+                threading.Thread(target=_show_compiles, args=(state,), daemon=True).start()
             return local.up(state, args.detach)
         if args.command == "down":
             return local.down(state)
@@ -233,6 +244,41 @@ def _cmd_local(args: argparse.Namespace) -> int:
     except local.LocalError as e:
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+COMPILE_POLL = 2.0  # seconds between two reads of the models' compile progress by `neuronfleet up`
+
+
+def _show_compiles(state: Path) -> None:
+    """`neuronfleet up` in the foreground: each compiling model's status.compileProgress (what the operator
+    read from its compile pod's log) as a bar on a terminal, else a plain line when it changes."""
+    import json
+    import time
+    import urllib.request
+
+    from neuronfleet.contract import CompileProgress
+    from neuronfleet.runtime.progress import Console
+
+    shown: dict[str, tuple[Console, dict]] = {}
+    while True:
+        time.sleep(COMPILE_POLL)
+        url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
+        if not url:
+            continue
+        try:
+            with urllib.request.urlopen(f"{url}/apis/neuronfleet.dev/v1alpha1/neuronmodels", timeout=10) as r:
+                models = json.loads(r.read())["items"]
+        except (OSError, ValueError):
+            continue  # starting or stopping
+        for model in models:
+            name = f"{model['metadata']['namespace']}/{model['metadata']['name']}"
+            status = (model.get("status") or {}).get("compileProgress")
+            console, before = shown.get(name) or (Console(sys.stderr, plain_interval=0, label=name), {})
+            if status and status != before:
+                console.show(CompileProgress.model_validate(status), final=False)
+            elif before and not status:  # compiled (or failed): the bar's line ends
+                console.show(CompileProgress.model_validate(before), final=True)
+            shown[name] = console, status or {}
 
 
 def _internal_token(args: ServeConfig) -> str:

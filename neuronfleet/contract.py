@@ -8,6 +8,7 @@ runtime's commands parse back, typed once.
   `neuronfleet compile` reads.
 - Where pods find things (mount paths), the environment variables both sides name, and the defaults both
   sides rely on.
+- The compile's progress lines (`CompileProgress`): what a compile prints, the operator and the CLI read.
 
 Only pydantic and the standard library: the operator's image has no runtime packages, the runtime's no
 operator packages, and both import this module.
@@ -16,6 +17,7 @@ operator packages, and both import this module.
 from __future__ import annotations
 
 import argparse
+import json
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -322,3 +324,84 @@ class CompileConfig(_Wire):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
+
+
+# ---- compile progress --------------------------------------------------------------------------------------
+# A compile prints one line per update to its stdout (the pod's log): PROGRESS_PREFIX and then a compact JSON
+# object of CompileProgress' fields. The operator reads the tail of a running compile pod's log (it needs no
+# write permission in the pod) and shows the newest line in the NeuronModel's status; the local CLI shows the
+# same in a bar. Unknown fields are ignored and absent ones are unknown, so older and newer compiles' lines
+# both parse.
+
+PROGRESS_PREFIX = "neuronfleet-progress "
+PROGRESS_PHASES = ("download", "convert", "compile", "validate")  # in the order a compile runs them
+
+
+class CompileProgress(BaseModel):
+    """One progress update of a compile: its phase, the bytes and files that phase has done of its totals
+    (None: not known), and the seconds since the compile started."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    phase: str = Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]*$")
+    bytesDone: int | None = Field(None, ge=0)
+    bytesTotal: int | None = Field(None, ge=0)
+    filesDone: int | None = Field(None, ge=0)
+    filesTotal: int | None = Field(None, ge=0)
+    elapsed: float = Field(0.0, ge=0)
+
+    def line(self) -> str:
+        """The log line (no newline) for this update."""
+        fields = self.model_dump(exclude_none=True)
+        fields["elapsed"] = round(self.elapsed, 1)
+        return PROGRESS_PREFIX + json.dumps(fields, separators=(",", ":"))
+
+
+def parse_progress(text: str) -> CompileProgress | None:
+    """The newest progress update in a log tail: the last line that is a whole, valid progress line (other
+    output, a line cut at the start or end of the tail, and malformed updates are skipped), or None."""
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
+        if not line.startswith(PROGRESS_PREFIX):
+            continue
+        try:
+            return CompileProgress.model_validate_json(line[len(PROGRESS_PREFIX) :])
+        except ValueError:  # (pydantic's ValidationError, for bad JSON too)
+            continue
+    return None
+
+
+def duration_text(seconds: float) -> str:
+    """42s, 4m10s, 1h02m."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _sizes(done: int, total: int | None) -> str:
+    """1.2/3.4GB (decimal units, chosen by the larger number), or 96MB without a total."""
+    top = max(done, total or 0)
+    unit, scale = next(
+        (u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1)) if top >= s or s == 1
+    )
+    digits = 0 if scale == 1 or top / scale >= 100 else 1
+    show = lambda n: f"{n / scale:.{digits}f}"  # noqa: E731
+    return f"{show(done)}/{show(total)}{unit}" if total is not None else f"{show(done)}{unit}"
+
+
+def progress_text(progress: CompileProgress, elapsed: float | None = None) -> str:
+    """What a person reads: `download 35% 1.2/3.4GB 42s`, `convert 3/12 files 1m05s`, `compile 4m10s`
+    (`elapsed`: the seconds to show, else the update's own)."""
+    parts = [progress.phase]
+    done, total = progress.bytesDone, progress.bytesTotal
+    if done is not None and total:
+        parts += [f"{min(100, done * 100 // total)}%", _sizes(done, total)]
+    elif done:
+        parts.append(_sizes(done, None))
+    elif progress.filesTotal:
+        parts.append(f"{progress.filesDone or 0}/{progress.filesTotal} files")
+    parts.append(duration_text(progress.elapsed if elapsed is None else elapsed))
+    return " ".join(parts)

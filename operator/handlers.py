@@ -36,7 +36,7 @@ import kopf
 from . import kube, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
-from .reconcile import now, reconcile
+from .reconcile import PROGRESS_READ, now, reconcile
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
 WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
@@ -59,6 +59,7 @@ class Triggers:
         self._tasks: list[asyncio.Task] = []
         self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
         self.wake: wake.WakeServer | None = None  # its wake endpoint (wake.py), with --wake-port
+        self._progress: set[tuple[str, str]] = set()  # compiling models whose next progress read is timed
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -78,12 +79,21 @@ class Triggers:
     def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
         """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
         one whose compile waits to be tried again, then (status.compileRetryAt), and one whose failed
-        compile's source is fingerprinted again, then (status.sourceCheckAt); through the queue, so
-        that pass reports its events and stops with the operator."""
+        compile's source is fingerprinted again, then (status.sourceCheckAt), and a compiling one
+        every PROGRESS_READ seconds (its compile pod's progress); through the queue, so that pass reports
+        its events and stops with the operator."""
         for field in ("drainUntil", "compileRetryAt", "sourceCheckAt"):
             if status.get(field):
                 delay = rollout.seconds_until(status[field], now()) + 1
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+        compiling = any(c.get("reason") == "Compiling" for c in status.get("conditions") or [])
+        if compiling and key not in self._progress:  # its compile pod's progress is read again then
+            self._progress.add(key)
+            asyncio.get_running_loop().call_later(PROGRESS_READ, self._progress_due, key)
+
+    def _progress_due(self, key: tuple[str, str]) -> None:
+        self._progress.discard(key)
+        self.enqueue(key)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]

@@ -59,6 +59,8 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
     # patch: a scale-down's pod-deletion-cost annotations (autoscale_loop.py), so the idlest pods go first
     ("", "pods"): ("list", "watch", "patch"),
+    # a running compile pod's progress lines (reconcile.compile_progress): the tail of its log, read only
+    ("", "pods/log"): ("get",),
     # autoscaling.provider hpa or keda (scaling.build_autoscaler): made, kept as built, deleted when the
     # provider changes; get: apply's read (these kinds are not cached)
     ("autoscaling", "horizontalpodautoscalers"): ("get", "create", "patch", "delete"),
@@ -318,6 +320,23 @@ class Kube:
                 return False
             raise
         return True
+
+    async def pod_log(self, namespace: str, name: str, tail_lines: int) -> str | None:
+        """The last `tail_lines` lines of a pod's log (its only container), or None when the pod is gone or
+        its container has not started (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/
+        pod-v1/#get-read-log-of-the-specified-pod: tailLines; plain text)."""
+        self._allowed("", "pods/log", "get")
+        path = object_path("", "v1", "pods", namespace, name) + f"/log?tailLines={int(tail_lines)}"
+        session = await self.session()
+        async with self._in_flight:
+            await self._rate.take()
+            async with session.get(self.credentials.server + path) as response:
+                if response.status in (400, 404):  # gone, or (400) waiting to start: no log yet
+                    return None
+                if response.status >= 400:
+                    payload = await response.json(content_type=None)
+                    raise KubeError(response.status, (payload or {}).get("message", str(payload)))
+                return await response.text(errors="replace")
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self._allowed(spec.GROUP, f"{spec.PLURAL}/status", "patch")

@@ -1,7 +1,12 @@
 """The operator's own Prometheus metrics (served on `neuronfleet operator --metrics-port`): reconcile passes
-by outcome and their duration, NeuronModels by phase, and the builtin autoscaler's decisions and scrapes."""
+by outcome and their duration, NeuronModels by phase and their replicas per role, compile Jobs (duration,
+cache hits), and the builtin autoscaler's decisions and scrapes. The chart's dashboard
+(charts/neuronfleet/dashboards/) reads them."""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -32,6 +37,31 @@ AUTOSCALER_SCRAPES = Counter(
     ["outcome"],
 )
 
+MODEL_REPLICAS = Gauge(
+    "neuronfleet_operator_model_replicas",
+    "Replicas per model and role of its serving set, desired and ready (status.replicas).",
+    ["namespace", "model", "role", "state"],
+)
+COMPILES = Counter(
+    "neuronfleet_operator_compiles",
+    "Compile Jobs seen succeeded, by cache (hit: the artifacts existed already; miss: compiled).",
+    ["cache"],
+)
+COMPILE_SECONDS = Histogram(
+    "neuronfleet_operator_compile_seconds",
+    "Compile Jobs' duration (status.startTime to status.completionTime), by cache (hit, miss).",
+    ["cache"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
+)
+# every outcome's series exists from the start (a dashboard reads 0, not "no data", until one happens)
+for _cache in ("hit", "miss"):
+    COMPILES.labels(_cache)
+    COMPILE_SECONDS.labels(_cache)
+for _outcome in ("ok", "error"):
+    RECONCILES.labels(_outcome)
+for _outcome in ("ok", "failed"):
+    AUTOSCALER_SCRAPES.labels(_outcome)
+
 _phases: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase of the last pass
 _seen: set[str] = set()
 
@@ -46,3 +76,41 @@ def model_phase(namespace: str, name: str, phase: str | None) -> None:
     _seen.update(_phases.values())
     for p in _seen:  # a phase no model has any more reads 0
         MODELS.labels(p).set(sum(1 for q in _phases.values() if q == p))
+
+
+_replicas: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (namespace, name) -> its (role, state) series
+
+
+def model_replicas(namespace: str, name: str, replicas: dict[str, dict[str, int]] | None) -> None:
+    """Record a model's status.replicas ({role: {desired, ready, ...}}) after a pass; None: the model is
+    gone (its series are removed)."""
+    key = (namespace, name)
+    now = {(role, state): n for role, r in (replicas or {}).items() for state, n in r.items()
+           if state in ("desired", "ready")}  # fmt: skip
+    for role, state in _replicas.get(key, set()) - set(now):
+        MODEL_REPLICAS.remove(namespace, name, role, state)
+    for (role, state), n in now.items():
+        MODEL_REPLICAS.labels(namespace, name, role, state).set(n)
+    _replicas[key] = set(now)
+    if not now:
+        _replicas.pop(key)
+
+
+def _time(value: str | None) -> datetime | None:
+    """An RFC 3339 time of a Job's status; None when absent or unreadable (a metric never fails a pass)."""
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def compile_succeeded(job: dict[str, Any] | None, report: dict[str, Any] | None) -> None:
+    """Count a compile Job seen succeeded (once: on the pass that reads its pod's report) and observe its
+    duration from the Job's status.startTime and status.completionTime (batch/v1 JobStatus,
+    https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/job-v1/#JobStatus)."""
+    cache = "hit" if (report or {}).get("cacheHit") else "miss"
+    COMPILES.labels(cache).inc()
+    status = (job or {}).get("status") or {}
+    start, end = _time(status.get("startTime")), _time(status.get("completionTime"))
+    if start is not None and end is not None:
+        COMPILE_SECONDS.labels(cache).observe(max(0.0, (end - start).total_seconds()))

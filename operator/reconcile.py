@@ -16,18 +16,24 @@ import asyncio
 import datetime
 import os
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 from . import builders, engines, manual_scale, metrics, names, rollout, scaling, validation, wake
 from .kube import Kube, KubeError
 from .status import (
+    PROGRESS_READ_SECONDS,
+    PROGRESS_TAIL_LINES,
+    PROGRESS_WRITE_SECONDS,
     autoscaling_condition,
     compile_failure,
+    compile_progress,
     compile_report,
     compute_status,
     job_state,
     pod_problems,
+    progress_due,
     transitions,
     with_conflicts,
 )
@@ -35,6 +41,10 @@ from .status import (
 # how often a failed compile's model source is fingerprinted (the operator's environment may say otherwise:
 # local mode's tests check it every few seconds)
 SOURCE_CHECK_SECONDS = float(os.environ.get("NEURONFLEET_SOURCE_CHECK_SECONDS", rollout.SOURCE_CHECK_SECONDS))
+
+# how often a running compile's progress is read and written (the operator's environment may say otherwise)
+PROGRESS_WRITE = float(os.environ.get("NEURONFLEET_PROGRESS_SECONDS", PROGRESS_WRITE_SECONDS))
+PROGRESS_READ = PROGRESS_WRITE * PROGRESS_READ_SECONDS / PROGRESS_WRITE_SECONDS
 
 # created, never patched: Jobs' and claims' specs are immutable; the Secret's token is made once
 CREATE_ONLY = {"Job", "PersistentVolumeClaim", "Secret"}
@@ -129,6 +139,7 @@ async def reconcile(
                     fresh = body
                 if fresh is None or fresh["metadata"].get("deletionTimestamp"):
                     metrics.model_phase(*key, None)
+                    metrics.model_replicas(*key, None)
                     return {}
                 status = await _reconcile_locked(kube, fresh, emit)
             except Exception:
@@ -136,6 +147,7 @@ async def reconcile(
                 raise
         metrics.RECONCILES.labels("ok").inc()
         metrics.model_phase(*key, status.get("phase"))
+        metrics.model_replicas(*key, status.get("replicas"))
         return status
 
 
@@ -157,6 +169,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     retry_at: str | None = None  # a compile whose model source was unreadable is tried again then
     source_check: tuple[str | None, str | None] = (None, None)  # a failed compile's source: fingerprint, next
     source_retries = 0
+    progress = None  # a running compile's, from its pod's log (status.compileProgress)
     serving = old.get("compileHash") if old.get("artifacts") else None
     stored = old.get("servingSpec")
     roles: dict[str, tuple[int, int]] = {}
@@ -202,9 +215,11 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                         job, source_check = ("absent", ""), (None, None)
             elif job[0] == "running":
                 source_retries = rollout.source_retries(job_obj)  # (the Job keeps the count it was made with)
+                progress = await _compile_progress(kube, owner, job_name, old)
             if job[0] == "succeeded":
                 serving = chash  # the pod's report is read once, on the pass that sees the Job succeed
                 report = compile_report(await kube.list("Pod", ns, f"job-name={job_name}"))
+                metrics.compile_succeeded(job_obj, report)
         serving_spec = rollout.serving_spec(spec, stored, chash, serving)
         # provider builtin: the replicas are the autoscaler's (status.autoscaling.desired), its only writer
         scaled = scaling.decided_replicas(spec, old) or (
@@ -267,12 +282,14 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
                 rolled = chash if serving == chash else None
                 # while retired pods drain, status.drainUntil says when to come back (the caller schedules it)
                 drain_until = await _delete_stale(kube, owner, objects, ours, rolled, drain_until)
+    if job[0] != "running":
+        _progress_read.pop((ns, owner.name), None)  # (read at once when a compile runs again)
     endpoint = builders.endpoint(owner, spec, service) if spec is not None else None
     status = compute_status(
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
         serving_spec=stored, drain_until=drain_until, retry_at=retry_at, source_check=source_check,
-        failing=failing, endpoint=endpoint,
+        failing=failing, endpoint=endpoint, compiling=progress,
         compile_step=compile_step, at=now(),
     )  # fmt: skip
     made = scaling.made_autoscaler(old.get("conditions") or [])  # what a former spec had made, if any
@@ -397,3 +414,34 @@ async def _check_source(
     if probe is None and (check_at is None or rollout.seconds_until(check_at, now()) == 0):
         await apply(kube, builders.build_source_probe(owner, spec, chash), conflicts)
     return kept, check_at
+
+
+_progress_read: dict[tuple[str, str], float] = {}  # model -> when its compile pod's log was last read
+
+
+async def _compile_progress(
+    kube: Kube, owner: builders.Owner, job_name: str, old: dict[str, Any]
+) -> dict[str, Any] | None:
+    """status.compileProgress of a running compile Job: the tail of its running pod's log, read at most every
+    PROGRESS_READ seconds per model (between reads, what status holds), kept as written for PROGRESS_WRITE
+    seconds unless its phase changed (`status.progress_due`)."""
+    kept, key = old.get("compileProgress"), (owner.namespace, owner.name)
+    if time.monotonic() - _progress_read.get(key, float("-inf")) < PROGRESS_READ:
+        return kept
+    _progress_read[key] = time.monotonic()
+    pods = [
+        p for p in await kube.list("Pod", owner.namespace, f"job-name={job_name}")
+        if (p.get("status") or {}).get("phase") == "Running"
+    ]  # fmt: skip
+    if not pods:
+        return kept
+    pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+    running = [((c.get("state") or {}).get("running") or {}).get("startedAt") for c in
+               pod["status"].get("containerStatuses") or []]  # fmt: skip
+    started = next((t for t in running if t), None) or pod["status"].get("startTime")
+    try:
+        tail = await kube.pod_log(owner.namespace, pod["metadata"]["name"], PROGRESS_TAIL_LINES)
+    except KubeError:
+        return kept  # (the compile goes on; the next read may answer)
+    at = now()
+    return progress_due(kept, compile_progress(tail, started, at), at, PROGRESS_WRITE)

@@ -39,7 +39,7 @@ InstanceType = Literal[
     "trn3.48xlarge",
     "trn3p.48xlarge",
 ]
-DType = Literal["bfloat16", "float16", "float32"]
+DType = Literal["auto", "bfloat16", "float16", "float32"]
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"  # Kubernetes resource.Quantity
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -185,7 +185,12 @@ class NeuronSettings(Spec):
         ge=1,
         le=1048576,
     )
-    dtype: DType = Field("bfloat16", description="Weights and activations.")
+    dtype: DType = Field(
+        "auto",
+        description="Weights and activations. auto: bfloat16 on Neuron; on instanceType cpu, bfloat16 "
+        "where the serving CPU computes it natively (AVX512-BF16, AMX or Arm BF16), else float32, decided by "
+        "each pod.",
+    )
     logicalCores: Literal[1, 2] | None = Field(
         None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
     )
@@ -200,6 +205,14 @@ class NeuronSettings(Spec):
         description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+
+    @model_validator(mode="after")
+    def _auto_on_neuron_is_bfloat16(self):
+        """dtype auto means bfloat16 on a Neuron instance type (every engine's dtype there); only the embedded
+        engine on cpu keeps `auto`, which each serving pod resolves for its own CPU."""
+        if self.dtype == "auto" and self.instanceType != "cpu":
+            self.dtype = "bfloat16"
+        return self
 
 
 class Resources(Spec):
@@ -599,6 +612,20 @@ class AutoscalingStatus(BaseModel):
     )
 
 
+class CompileProgressStatus(BaseModel):
+    """A running compile's progress, as its pod's log last said (contract.CompileProgress)."""
+
+    phase: str = Field(description="download, convert, compile or validate.")
+    bytesDone: int | None = Field(None, description="Bytes the phase has done.")
+    bytesTotal: int | None = Field(None, description="Bytes the phase does in all, where known.")
+    filesDone: int | None = Field(None, description="Files the phase has done.")
+    filesTotal: int | None = Field(None, description="Files the phase does in all, where known.")
+    startedAt: str | None = Field(None, description="When the compile pod's container started (RFC 3339).")
+    elapsed: float | None = Field(None, description="Seconds since the compile started, when last read.")
+    text: str = Field(description="For people, e.g. download 35% 1.2/3.4GB 42s (the Progress column).")
+    updatedAt: str = Field(description="When the operator last wrote it (RFC 3339): at most every 15 s.")
+
+
 class NeuronModelStatus(BaseModel):
     phase: Phase | None = None
     observedGeneration: int | None = None
@@ -642,6 +669,9 @@ class NeuronModelStatus(BaseModel):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     autoscaling: AutoscalingStatus | None = Field(None, description="Provider builtin: its decisions.")
+    compileProgress: CompileProgressStatus | None = Field(
+        None, description="While the compile Job runs: its progress, read from its pod's log (then cleared)."
+    )
 
 
 PRINTER_COLUMNS = [
@@ -650,6 +680,7 @@ PRINTER_COLUMNS = [
     {"name": "Instance", "type": "string", "jsonPath": ".spec.neuron.instanceType"},
     {"name": "TP", "type": "integer", "jsonPath": ".spec.neuron.tensorParallel"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.readyReplicas"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.compileProgress.text"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -1,11 +1,15 @@
-"""A NeuronModel's status (phase, conditions, replicas, artifacts, endpoint) computed from what was observed:
-its spec's validation errors, the compile Job, the compile pod's report and the serving Deployments. Pure: no
-I/O and no clock (the caller passes the time)."""
+"""A NeuronModel's status (phase, conditions, replicas, artifacts, endpoint, compile progress) computed from
+what was observed: its spec's validation errors, the compile Job, the compile pod's report and log tail and
+the serving Deployments. Pure: no I/O and no clock (the caller passes the time)."""
 
 from __future__ import annotations
 
+import calendar
 import json
+import time
 from typing import Any, Literal
+
+from neuronfleet.contract import parse_progress, progress_text
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
 
@@ -53,6 +57,49 @@ def compile_report(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
             if isinstance(report, dict):
                 return report
     return None
+
+
+# ---- compile progress (the compile pod's log lines, contract.CompileProgress) ------------------------------
+
+PROGRESS_READ_SECONDS = 12.0  # a running compile pod's log tail is read at most this often per model
+PROGRESS_WRITE_SECONDS = 15.0  # status.compileProgress is written at most this often (a new phase at once)
+PROGRESS_TAIL_LINES = 40  # lines of the log read: a compile prints one progress line per 2 s at most
+
+
+def _epoch(timestamp: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time as the API server writes them (2026-01-02T03:04:05Z)."""
+    return float(calendar.timegm(time.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S")))
+
+
+def compile_progress(tail: str | None, started_at: str | None, at: str) -> dict[str, Any] | None:
+    """status.compileProgress from the tail of a running compile pod's log (the newest progress line in it)
+    and when its container started; the elapsed time is counted to `at` (the line may be older: a long step
+    prints none); None when the tail holds no progress line."""
+    progress = parse_progress(tail or "")
+    if progress is None:
+        return None
+    elapsed = progress.elapsed
+    if started_at:
+        elapsed = max(elapsed, _epoch(at) - _epoch(started_at))
+    return {
+        **progress.model_dump(exclude={"elapsed"}),
+        "startedAt": started_at,
+        "elapsed": round(elapsed, 1),
+        "text": progress_text(progress, elapsed),
+        "updatedAt": at,
+    }
+
+
+def progress_due(
+    old: dict[str, Any] | None, new: dict[str, Any] | None, at: str, every: float = PROGRESS_WRITE_SECONDS
+) -> dict[str, Any] | None:
+    """The compileProgress to keep in status: `new` when what it shows changed and the old one was written
+    `every` seconds ago or more, or its phase changed; else `old` (no write). None (no line yet) keeps old."""
+    if new is None or (old is not None and old.get("text") == new["text"]):
+        return old
+    if old is None or old.get("phase") != new["phase"] or not old.get("updatedAt"):
+        return new
+    return new if _epoch(at) - _epoch(old["updatedAt"]) >= every else old
 
 
 # a container waiting for one of these will not start without a change (the kubelet's reasons:
@@ -165,6 +212,7 @@ def compute_status(
     ),  # a failed compile's source: (fingerprint, next check)
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
+    compiling: dict[str, Any] | None = None,  # a running compile's progress (`compile_progress`)
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -196,7 +244,8 @@ def compute_status(
     elif failed:
         compiled_cond = ("CompileFailed", f"compile of {compile_hash} failed: {job_message}")
     else:
-        compiled_cond = ("Compiling", f"compiling {compile_hash}: {job_message or 'the Job is starting'}")
+        compiled_cond = ("Compiling", f"compiling {compile_hash}: {job_message or 'the Job is starting'}"
+                         + (f"; {compiling['text']}" if compiling else ""))  # fmt: skip
     desired = sum(d for d, _ in roles.values())
     ready = sum(min(r, d) for d, r in roles.values())
     high = reached(old, roles, live and serving_hash is not None)
@@ -271,6 +320,7 @@ def compute_status(
             status["servingSpec"] = serving_spec
         status["drainUntil"] = drain_until  # None (null) clears it
     status["compileRetryAt"] = retry_at if failed else None
+    status["compileProgress"] = compiling if compiled_cond[0] == "Compiling" else None  # (null clears it)
     status["sourceFingerprint"], status["sourceCheckAt"] = source_check if failed else (None, None)
     return status
 

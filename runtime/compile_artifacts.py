@@ -34,6 +34,7 @@ from neuronfleet.contract import (
     CompileConfig,
 )
 
+from .progress import Reporter
 from .s3_source import Progress, S3Unavailable, cache_folder, download
 
 TOKENIZER_FILES = (
@@ -109,11 +110,18 @@ def resolve_source(
     return path
 
 
-def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | None = None) -> None:
+def convert(
+    source: Path,
+    out: Path,
+    config: CompileConfig,
+    tokenizer: Path | None = None,
+    progress: Reporter | None = None,
+) -> None:
     """Weights to safetensors in the target dtype, tokenizer (the model's, or `tokenizer`'s files when
-    given) and config beside them, then a full load."""
+    given) and config beside them, then a full load (phases convert and validate of `progress`)."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from safetensors.torch import save_file
 
     from .config import RuntimeConfig
     from .dtypes import resolve_dtype
@@ -121,18 +129,28 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
     from .model_runner import ModelRunner
     from .quantize import quantize_folder
 
+    progress = progress or Reporter()
+    progress.phase("convert")  # (reading the source: its totals follow once known)
     dtype = resolve_dtype(config.dtype)
     out.mkdir(parents=True)
     if source.is_file() and source.suffix == ".gguf":
-        import_gguf(source, out, dtype=dtype)
+        import_gguf(source, out, dtype=dtype, progress=progress)
     elif source.is_dir() and (source / "config.json").is_file():
         shards = sorted(source.glob("*.safetensors"))
         if not shards:
             raise CompileError(f"{source} holds no .safetensors weights")
         target = getattr(torch, dtype)
+        progress.phase("convert", sum(s.stat().st_size for s in shards), len(shards))
         for shard in shards:
-            tensors = {k: v.to(target).contiguous() for k, v in load_file(str(shard)).items()}
+            tensors, read = {}, 0
+            with safe_open(str(shard), "pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                    tensor = f.get_tensor(name)
+                    tensors[name] = tensor.to(target).contiguous()
+                    read += tensor.numel() * tensor.element_size()
+                    progress.advance(bytes=tensor.numel() * tensor.element_size())
             save_file(tensors, str(out / shard.name), metadata={"format": "pt"})
+            progress.advance(bytes=shard.stat().st_size - read, files=1)  # (its header)
         model_config = json.loads((source / "config.json").read_text())
         model_config["torch_dtype"] = dtype
         (out / "config.json").write_text(json.dumps(model_config, indent=2))
@@ -152,6 +170,7 @@ def convert(source: Path, out: Path, config: CompileConfig, tokenizer: Path | No
     ):  # once, here: serving pods load the stored int8/int4 weights as they are
         quantize_folder(out, config.quantization)
     # Loading validates every tensor's shape against config.json and the buckets against the lengths.
+    progress.phase("validate")
     runtime = RuntimeConfig(
         slots=1, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength, dtype=dtype,
         prefill_buckets=config.buckets.context,
@@ -169,13 +188,11 @@ def report(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def compile_artifacts(
-    config_path: Path,
-    out: Path,
-    log=print,
-    model_mount: str = MODEL_MOUNT,
-    on_progress: Progress | None = None,
+    config_path: Path, out: Path, log=print, model_mount: str = MODEL_MOUNT, progress: Reporter | None = None
 ) -> dict[str, Any]:
-    """Produce `out` (artifacts/<hash>/) from the config; returns the manifest (a cache hit at once)."""
+    """Produce `out` (artifacts/<hash>/) from the config, telling `progress` how it goes; returns the
+    manifest (a cache hit at once)."""
+    progress = progress or Reporter()
     out = Path(out)
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
@@ -198,9 +215,11 @@ def compile_artifacts(
     shutil.rmtree(staging, ignore_errors=True)
     cache = out.parent.parent  # the compile cache (artifacts/<hash>/ is `out`): s3:// downloads resume there
     try:
+        if config.model.uri.startswith(("hf://", "s3://")):  # (a local folder or file is read where it is)
+            progress.phase("download")
         source = resolve_source(
             config.model.uri, config.model.revision, staging / "download", model_mount, cache=cache,
-            on_progress=on_progress,
+            on_progress=progress.on_progress,
         )  # fmt: skip
         tokenizer = None
         if config.model.tokenizer:
@@ -208,7 +227,7 @@ def compile_artifacts(
                 config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES,
                 cache=cache,
             )  # fmt: skip
-        convert(source, staging / "model", config, tokenizer)
+        convert(source, staging / "model", config, tokenizer, progress)
         for uri in (config.model.uri, config.model.tokenizer or ""):
             if uri.startswith("s3://"):  # converted into the artifacts: serving never reads the download
                 shutil.rmtree(cache_folder(cache, uri), ignore_errors=True)
@@ -232,5 +251,6 @@ def compile_artifacts(
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))
     tmp.rename(manifest_path)  # last: the folder is complete from here on
+    progress.finish()
     log(f"compiled {config.model.uri} into {out} ({size} bytes)")
     return report({**manifest, "cacheHit": False})

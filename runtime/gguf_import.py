@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .dtypes import resolve_dtype
+from .progress import Reporter
 
 __all__ = ["ModelImportError", "default_gguf_path", "import_gguf"]
 
@@ -94,13 +95,15 @@ def default_gguf_path() -> Path:
     return path
 
 
-def import_gguf(gguf_path: Path, out_dir: Path, dtype: str = "auto") -> Path:
+def import_gguf(
+    gguf_path: Path, out_dir: Path, dtype: str = "auto", progress: Reporter | None = None
+) -> Path:
     """Convert the Llama GGUF at `gguf_path` into a Hugging Face model folder at `out_dir`; return `out_dir`.
 
     `dtype` (float32, bfloat16 or float16; auto: what `dtypes.resolve_dtype` picks for this machine) is the
     dtype of the written weights. Raises `ModelImportError`
     for anything this importer cannot represent faithfully; the file is fully validated before any weights
-    are written.
+    are written. `progress` is told the convert phase: the GGUF tensors' bytes, as each is written.
     """
     dtype = resolve_dtype(dtype)
     if dtype not in _DTYPES:
@@ -131,7 +134,9 @@ def import_gguf(gguf_path: Path, out_dir: Path, dtype: str = "auto") -> Path:
         )
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_safetensors(out_dir / "model.safetensors", plan, dtype)
+    progress = progress or Reporter()
+    progress.phase("convert", sum(int(entry[1].n_bytes) for entry in plan), 1)
+    _write_safetensors(out_dir / "model.safetensors", plan, dtype, progress)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
     _write_json(out_dir / "special_tokens_map.json", special_tokens_map)
@@ -411,7 +416,7 @@ def _unpermuter(n_heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return unpermute
 
 
-def _write_safetensors(path: Path, plan: list[_PlanEntry], dtype: str) -> None:
+def _write_safetensors(path: Path, plan: list[_PlanEntry], dtype: str, progress: Reporter) -> None:
     """Stream the tensors into a safetensors file one at a time (header first, from the known shapes)."""
     from gguf.quants import dequantize
 
@@ -440,7 +445,9 @@ def _write_safetensors(path: Path, plan: list[_PlanEntry], dtype: str) -> None:
                 values = np.array(values, dtype=np.float32).reshape(shape)  # a copy: the file is mmapped
                 weight = transform(torch.from_numpy(values)).to(torch_dtype).contiguous()
                 out.write(memoryview(weight.view(torch.uint8).numpy()))
+                progress.advance(bytes=int(tensor.n_bytes))
         partial.replace(path)
+        progress.advance(files=1)
     finally:
         partial.unlink(missing_ok=True)
 

@@ -232,15 +232,21 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    """Root-mean-square norm computed in float32 (torch's one-call kernel: a decode step runs 2 per layer,
+    and each Python-level op costs microseconds of dispatch)."""
+    return torch.rms_norm(x, weight.shape, weight, eps)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., head_dim] rotated with the half-split (rotate_half) convention of Hugging Face Llama."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed_sin(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] rotated with the half-split (rotate_half) convention of Hugging Face Llama:
+    x * cos + cat(-x2, x1) * sin, as three ops (cat(x2, x1) is x rolled by half)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
 
 @dataclass
@@ -292,7 +298,10 @@ class LlamaModel:
         freqs = torch.outer(positions, rope_inv_freq(config))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.rope_cos = emb.cos().to(dtype).to(device)
-        self.rope_sin = emb.sin().to(dtype).to(device)
+        self.rope_sin = signed_sin(emb.sin()).to(dtype).to(device)  # apply_rope's form
+        # Each layer's key and value cache as views, made once (indexing kv_cache per layer and step costs
+        # four ops a layer on the decode path).
+        self.layer_kv = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(config.num_layers)]
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
@@ -364,9 +373,9 @@ class LlamaModel:
         heads, kv_heads = c.num_heads, c.num_kv_heads
         qk, v = qkv.split(((heads + kv_heads) * c.head_dim, kv_heads * c.head_dim), dim=-1)
         qk = apply_rope(qk.reshape(b, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
-        q, k = qk[:, :heads], qk[:, heads:]
+        q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
         v = v.view(b, kv_heads, c.head_dim)
-        cache_k, cache_v = self.kv_cache[layer, 0], self.kv_cache[layer, 1]  # [blocks, slots, KV, BLOCK, D]
+        cache_k, cache_v = self.layer_kv[layer]  # [blocks, slots, KV, BLOCK, D]
         cache_k[batch.block, batch.slot_idx, :, batch.offset] = k
         cache_v[batch.block, batch.slot_idx, :, batch.offset] = v
         # The query heads that share a KV head act as that head's "query positions" (one query per head).
@@ -384,7 +393,10 @@ class LlamaModel:
             q = q.reshape(1, b * kv, group, c.head_dim).expand(n, -1, -1, -1)
             scores = torch.matmul(q, keys.transpose(-1, -2))  # [n, B * KV, G, BLOCK]
             scores = scores.permute(1, 2, 0, 3).reshape(b, kv, group, length)
-            probs = torch.softmax(scores.float() * (c.head_dim**-0.5) + batch.mask, dim=-1).to(values.dtype)
+            # mask (float32) + scale * scores in one op, its result float32 for the softmax
+            probs = torch.softmax(torch.add(batch.mask, scores, alpha=c.head_dim**-0.5), dim=-1).to(
+                values.dtype
+            )
             probs = probs.view(b * kv, group, n, KV_BLOCK).permute(2, 0, 1, 3)  # [n, B * KV, G, BLOCK]
             return torch.matmul(probs, values).sum(0).view(b, -1)
         # Fewer rows than slots: those blocks are strided batches, which matmul would copy (slowly) anyway, so

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import cpu_threads
 from .config import RuntimeConfig, pick_bucket
 from .dtypes import resolve_dtype
 from .llama import KV_BLOCK, LlamaModel, PrefillBatch
@@ -31,6 +32,8 @@ class ModelRunner:
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
         self.dtype_name = resolve_dtype(config.dtype, config.device)  # `auto`, decided once
+        # torch's threads within the container's CPU quota and affinity (None off the CPU)
+        self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         self.device = torch.device(config.device)
         self.model = LlamaModel(

@@ -16,6 +16,7 @@ from neuronfleet import __version__
 from neuronfleet.contract import (
     CACHE_MOUNT,
     MODEL_MOUNT,
+    PROGRESS_PREFIX,
     SOURCE_UNAVAILABLE,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
@@ -177,19 +178,30 @@ def hub_download_failure(indent: str = "") -> str:
     )
 
 
+def progress_echo(phase: str) -> str:
+    """sh: the progress line (`contract.CompileProgress`) of a phase boundary, with the seconds since $T0."""
+    head = shlex.quote(
+        PROGRESS_PREFIX + json.dumps({"phase": phase}, separators=(",", ":"))[:-1] + ',"elapsed":'
+    )
+    return "echo " + head + "$(( $(date +%s) - T0 ))'}'\n"
+
+
 def compile_script(spec: NeuronModelSpec, compile_hash: str, step: str) -> str:
     """compile.sh: the engine's compile `step` into artifacts/<hash>/ ($OUT), manifest.json (the completion
     marker) written last, and an immediate exit when the manifest exists already (a cache hit); a model
-    folder or file that is not there stops it first (`source_check`)."""
+    folder or file that is not there stops it first (`source_check`). The step's start is a progress line in
+    the pod's log (phase compile), which the operator shows with the time it has taken since."""
     manifest = json.dumps({"engine": spec.engine, "compileHash": compile_hash})
     return (
         "#!/bin/sh\nset -eu\n"
+        "T0=$(date +%s)\n"
         f"OUT={artifacts_dir(compile_hash)}\n"
         f'LOG="${{{TERMINATION_LOG_ENV}:-{TERMINATION_LOG}}}"  # the termination message the operator reads\n'
         'if [ -f "$OUT/manifest.json" ]; then echo "cache hit: $OUT"; '
         'sed \'s/}$/, "cacheHit": true}/\' "$OUT/manifest.json" > "$LOG" || true; exit 0; fi\n'
         f"{source_check(spec)}"
         'mkdir -p "$OUT"\n'
+        f"{progress_echo('compile')}"
         f"{step}\n"
         f'echo {shlex.quote(manifest)} > "$OUT/manifest.json.tmp"\n'
         'mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"\n'

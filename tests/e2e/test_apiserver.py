@@ -52,7 +52,17 @@ def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with
     out = api.kubectl("apply", "-f", "-", stdin=sample()).stdout
     assert "neuronmodel.neuronfleet.dev/llama-3-2-3b created" in out
     table = api.kubectl("get", "neuronmodels").stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "ENGINE", "INSTANCE", "TP", "READY", "ENDPOINT", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "PHASE",
+        "ENGINE",
+        "INSTANCE",
+        "TP",
+        "READY",
+        "PROGRESS",
+        "ENDPOINT",
+        "AGE",
+    ]
     assert table[1].split()[:4] == ["llama-3-2-3b", "tgi", "inf2.xlarge", "2"]
     obj = json.loads(api.kubectl("get", "nm", "llama-3-2-3b", "-o", "json").stdout)
     meta = obj["metadata"]

@@ -62,7 +62,6 @@ def at(stamp: str) -> float:
 
 def test_a_model_that_may_scale_to_zero_serves_through_its_front_door(local):
     manifest = yaml.safe_load(SAMPLE.read_text())
-    manifest["spec"]["neuron"]["dtype"] = "float32"  # bfloat16 is far slower on a CPU (README, Benchmarks)
     manifest["spec"]["autoscaling"] = {
         "enabled": True, "provider": "builtin", "min": 0, "max": 1, "scaleToZero": True, "idleSeconds": IDLE,
         "metric": "queue", "target": 1, "scaleDown": {"stabilizationSeconds": WINDOW},

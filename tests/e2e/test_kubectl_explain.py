@@ -83,7 +83,7 @@ def test_explain_a_custom_resource_field_prints_the_crds_descriptions(api):
         required = " -required-" if name in neuron.get("required", []) else ""
         assert f"\n  {name}\t<{kind}>{required}\n" in out, name
         assert " ".join(field["description"].split()[:4]) in " ".join(out.split()), name
-    assert "\n  enum: bfloat16, float16, float32\n" in out  # dtype's enum, as kubectl lists it
+    assert "\n  enum: auto, bfloat16, float16, float32\n" in out  # dtype's enum, as kubectl lists it
     top = api.kubectl("explain", "neuronmodels").stdout
     assert "  metadata\t<ObjectMeta>\n" in top and "  spec\t<Object> -required-\n" in top
     assert f"DESCRIPTION:\n    {schema['description']}\n" in top

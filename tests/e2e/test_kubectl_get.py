@@ -221,7 +221,17 @@ def test_get_watch_prints_the_crds_printer_columns_on_every_line(api):
         lines = watch.wait_for_lines(4)
     finally:
         watch.stop()
-    assert lines[0].split() == ["NAME", "PHASE", "ENGINE", "INSTANCE", "TP", "READY", "ENDPOINT", "AGE"]
+    assert lines[0].split() == [
+        "NAME",
+        "PHASE",
+        "ENGINE",
+        "INSTANCE",
+        "TP",
+        "READY",
+        "PROGRESS",
+        "ENDPOINT",
+        "AGE",
+    ]
     rows = [line.split() for line in lines[1:]]  # every event prints all the columns, headers only once
     assert [r[:-1] for r in rows] == [
         ["llama-3-2-3b", "tgi", "inf2.xlarge", "2"],

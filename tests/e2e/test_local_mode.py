@@ -19,11 +19,13 @@ import yaml
 from support import HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text, run_neuronfleet
 
 from neuronfleet.runtime.config import RuntimeConfig
+from neuronfleet.runtime.dtypes import resolve_dtype
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.sampling_params import SamplingParams
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
+AUTO_DTYPE = resolve_dtype("auto")  # what the samples' dtype (the default, auto) is on this machine
 QUESTION = "What is the capital of France?"
 
 pytestmark = pytest.mark.real_model
@@ -113,8 +115,13 @@ def test_a_unified_model_compiles_serves_heals_rolls_and_goes(local):
     endpoint = model["status"]["endpoint"]
     assert endpoint.startswith("http://127.0.0.1:")
     info = json.loads(urllib.request.urlopen(endpoint + "/info", timeout=HTTP_TIMEOUT).read())
-    served = (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"])
-    assert served == ("bfloat16", 384, 512)  # the sample's dtype, maxInputLength and sequenceLength
+    served = (
+        info["model_dtype"],
+        info["model_dtype_auto"],
+        info["max_input_tokens"],
+        info["max_total_tokens"],
+    )
+    assert served == (AUTO_DTYPE, True, 384, 512)  # dtype auto (the default), maxInputLength, sequenceLength
     want = offline_answer(local, "smollm2")
     assert chat(endpoint, "smollm2") == want
     row = local.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
@@ -189,7 +196,7 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     info = json.loads(
         urllib.request.urlopen(model["status"]["endpoint"] + "/info", timeout=HTTP_TIMEOUT).read()
     )
-    assert (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"]) == ("bfloat16", 384, 512)
+    assert (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"]) == (AUTO_DTYPE, 384, 512)
     # the answer came through a KV handoff, not a fallback
     (decode,) = local.pods("neuronfleet.dev/role=decode")
     (svc,) = local.get("services", "-l", "neuronfleet.dev/role=decode")["items"]  # the set's own Service

@@ -23,6 +23,7 @@ from support import make_tiny_llama, run_neuronfleet
 from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV
 from neuronfleet.runtime import s3_source
 from neuronfleet.runtime.compile_artifacts import SourceUnavailable, compile_artifacts
+from neuronfleet.runtime.progress import Reporter
 
 MB = 1 << 20
 
@@ -237,8 +238,16 @@ def test_the_embedded_compile_reads_an_s3_model_and_keeps_no_download(aws, bucke
     }  # fmt: skip
     (tmp_path / "compile.json").write_text(json.dumps(config))
     cache = tmp_path / "cache"
-    manifest = compile_artifacts(tmp_path / "compile.json", cache / "artifacts" / "abc", log=lambda m: None)
+    seen = []
+    sink = type("Sink", (), {"interval": 0.0, "show": lambda self, p, final: seen.append(p)})()
+    manifest = compile_artifacts(
+        tmp_path / "compile.json", cache / "artifacts" / "abc", log=lambda m: None, progress=Reporter(sink)
+    )
     assert manifest["cacheHit"] is False
+    download = [p for p in seen if p.phase == "download"]  # the download's bytes and files, as they came
+    files = [f for f in (tmp_path / "tiny").rglob("*") if f.is_file()]
+    assert download[-1].bytesDone == download[-1].bytesTotal == sum(f.stat().st_size for f in files)
+    assert download[-1].filesDone == download[-1].filesTotal == len(files)
     assert (cache / "artifacts" / "abc" / "model" / "config.json").is_file()
     assert (cache / "sources").is_dir()  # it was downloaded there (where a failed compile's next try resumes)
     assert not [p for p in (cache / "sources").rglob("*") if p.is_file()]  # converted: not kept

@@ -58,7 +58,7 @@ def test_crd_schema_is_structural():
     walk(version["schema"]["openAPIV3Schema"], "")
     assert version["subresources"] == {"status": {}, "scale": crd.SCALE_SUBRESOURCE}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Engine", "Instance", "TP", "Ready", "Endpoint", "Age"
+        "Phase", "Engine", "Instance", "TP", "Ready", "Progress", "Endpoint", "Age"
     ]  # fmt: skip
 
 

@@ -1,0 +1,158 @@
+"""A compile's or an import's progress: a `Reporter` that the work tells its phase and what it has done, and
+the places that shows it (`LogLines`: the machine-readable lines of `contract.CompileProgress` on stdout,
+which the operator reads from the compile pod's log; `Console`: a bar on a terminal, plain lines otherwise).
+
+Each sink is sent an update at most every `interval` seconds, and always on a phase change, when a phase
+reaches its totals and at the end, so that a fast loop of `advance` calls costs little. The reporter is
+thread-safe: a downloader's worker threads may call `on_progress` while the main thread works.
+Standard library only (no torch): `neuronfleet up` shows progress without loading model code.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol, TextIO
+
+from neuronfleet.contract import CompileProgress, progress_text
+
+
+class Sink(Protocol):
+    interval: float  # the least seconds between two updates it is sent (forced ones aside)
+
+    def show(self, progress: CompileProgress, final: bool) -> None: ...
+
+
+class Reporter:
+    """The current phase, the bytes and files it has done of its totals (None: unknown), and the seconds since
+    the reporter was made, sent to each sink at its own rate."""
+
+    def __init__(self, *sinks: Sink, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sinks = sinks
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.RLock()  # (sinks are sent updates under it: one at a time)
+        self._sent: dict[int, float] = {}  # sink index -> when it was last sent an update
+        self._state = CompileProgress(phase="start")
+        self._phased = False
+
+    def snapshot(self) -> CompileProgress:
+        with self._lock:
+            return self._state.model_copy(update={"elapsed": self._clock() - self._started})
+
+    def phase(self, name: str, total_bytes: int | None = None, total_files: int | None = None) -> None:
+        """A new phase starts (download, convert, compile, validate), with its totals where known."""
+        with self._lock:
+            self._phased = True
+            self._state = CompileProgress(
+                phase=name,
+                bytesDone=0 if total_bytes is not None else None,
+                bytesTotal=total_bytes,
+                filesDone=0 if total_files is not None else None,
+                filesTotal=total_files,
+            )
+        self._send(force=True)
+
+    def advance(self, bytes: int = 0, files: int = 0) -> None:
+        """The current phase did `bytes` and `files` more."""
+        with self._lock:
+            s = self._state
+            self._state = s.model_copy(
+                update={
+                    "bytesDone": (s.bytesDone or 0) + bytes if bytes or s.bytesDone is not None else None,
+                    "filesDone": (s.filesDone or 0) + files if files or s.filesDone is not None else None,
+                }
+            )
+        self._send(force=False)
+
+    def on_progress(
+        self, bytes_done: int, bytes_total: int | None, files_done: int | None, files_total: int | None
+    ) -> None:
+        """Where the current phase stands (absolute counts, e.g. a downloader's callback)."""
+        with self._lock:
+            self._state = self._state.model_copy(
+                update={
+                    "bytesDone": bytes_done,
+                    "bytesTotal": bytes_total,
+                    "filesDone": files_done,
+                    "filesTotal": files_total,
+                }
+            )
+        self._send(force=False)
+
+    def finish(self) -> None:
+        """The work is done: every sink is sent the last update (a bar ends its line)."""
+        if self._phased:
+            self._send(force=True, final=True)
+
+    def _send(self, force: bool, final: bool = False) -> None:
+        with self._lock:
+            progress = self.snapshot()
+            p = progress
+            done = (p.bytesTotal is not None and (p.bytesDone or 0) >= p.bytesTotal) or (
+                p.filesTotal is not None and (p.filesDone or 0) >= p.filesTotal
+            )
+            now = self._clock()
+            for i, sink in enumerate(self.sinks):
+                last = self._sent.get(i)
+                if force or done or last is None or now - last >= sink.interval:
+                    self._sent[i] = now
+                    sink.show(progress, final)
+
+
+class LogLines:
+    """The machine-readable progress lines (`CompileProgress.line`) on a stream, flushed at once: a pod's
+    stdout is a pipe, and the operator reads the log while the compile runs."""
+
+    def __init__(self, stream: TextIO | None = None, interval: float = 2.0) -> None:
+        self.stream, self.interval = stream or sys.stdout, interval
+        self._last: CompileProgress | None = None
+
+    def show(self, progress: CompileProgress, final: bool) -> None:
+        unchanged = self._last is not None and self._last.model_copy(update={"elapsed": 0}) == (
+            progress.model_copy(update={"elapsed": 0})
+        )
+        if unchanged and not final:
+            return  # nothing new to say (the reader knows the time itself)
+        self._last = progress
+        print(progress.line(), file=self.stream, flush=True)
+
+
+BAR_WIDTH = 24
+
+
+def bar(progress: CompileProgress, width: int = BAR_WIDTH) -> str:
+    """`convert  [#########---------------] 35% 96/270MB 12s` (no bar when no total is known)."""
+    done, total = progress.bytesDone, progress.bytesTotal
+    if not total and progress.filesTotal:
+        done, total = progress.filesDone, progress.filesTotal
+    text = progress_text(progress)
+    if not total:
+        return text
+    filled = min(width, (done or 0) * width // total)
+    name, _, rest = text.partition(" ")
+    return f"{name:<8} [{'#' * filled}{'-' * (width - filled)}] {rest}"
+
+
+class Console:
+    """For a person: on a terminal, one bar redrawn in place (a new line per phase); otherwise a plain line
+    per update every `plain_interval` seconds (a log file or a pipe gets no carriage returns)."""
+
+    def __init__(self, stream: TextIO | None = None, plain_interval: float = 10.0, label: str = "") -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = 0.2 if self.tty else plain_interval
+        self.label = f"[{label}] " if label else ""
+        self._phase: str | None = None
+
+    def show(self, progress: CompileProgress, final: bool) -> None:
+        if not self.tty:
+            print(self.label + progress_text(progress), file=self.stream, flush=True)
+            return
+        if self._phase is not None and self._phase != progress.phase:
+            self.stream.write("\n")
+        self._phase = progress.phase
+        self.stream.write("\r\x1b[2K" + self.label + bar(progress) + ("\n" if final else ""))
+        self.stream.flush()
