@@ -118,9 +118,13 @@ def _cmd_source_fingerprint(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.progress import Console, LogLines, Reporter
     from neuronfleet.runtime.s3_source import download
 
-    path = download(args.uri, Path(args.into))
+    progress = Reporter(LogLines(sys.stdout), Console(sys.stderr, label="fetch"))  # as `compile` reports
+    progress.phase("download")
+    path = download(args.uri, Path(args.into), on_progress=progress.on_progress)
+    progress.finish()
     print(f"fetched {args.uri} into {path}", file=sys.stderr)
     return 0
 

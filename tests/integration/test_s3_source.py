@@ -20,7 +20,7 @@ import pytest
 from s3_server import ALLOW_ALL, KEYS, CuttingProxy, MotoServer
 from support import make_tiny_llama, run_neuronfleet
 
-from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV
+from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV, parse_progress
 from neuronfleet.runtime import s3_source
 from neuronfleet.runtime.compile_artifacts import SourceUnavailable, compile_artifacts
 from neuronfleet.runtime.progress import Reporter
@@ -214,6 +214,9 @@ def test_the_commands_fetch_fingerprint_and_leave_the_reason_as_termination_mess
     run = run_neuronfleet("fetch-model", "--uri", f"s3://{bucket}/m", "--into", str(tmp_path / "m"), env=env)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "m" / "config.json").read_bytes() == b"{}"
+    last = parse_progress(run.stdout)  # the progress lines on stdout, as `neuronfleet compile` writes them
+    assert last is not None and last.phase == "download", run.stdout
+    assert (last.bytesDone, last.bytesTotal, last.filesDone, last.filesTotal) == (2, 2, 1, 1), run.stdout
     run = run_neuronfleet("source-fingerprint", "--uri", f"s3://{bucket}/m", env=env)
     assert run.returncode == 0 and run.stdout.startswith("s3:1:"), run.stderr
     assert json.loads((tmp_path / "termination-log").read_text()) == {"fingerprint": run.stdout.strip()}
