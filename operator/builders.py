@@ -228,19 +228,9 @@ def build_compile_job(
         ],
         "volumes": volumes,
     }
-    fetch = engines.fetch_container(spec)
+    fetch = pod_parts.fetch_init_container(spec, mounts)
     if fetch is not None:  # an s3:// model, for an engine whose image has no AWS SDK: downloaded first
-        pod_spec["initContainers"] = [
-            {
-                "name": "fetch-model",
-                "image": fetch.image,
-                "command": fetch.command,
-                "volumeMounts": [m for m in mounts if m["name"] in ("cache", "tmp")],
-                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-                "securityContext": pod_parts.security(read_only_root=True),
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
-        ]
+        pod_spec["initContainers"] = [fetch]
     if spec.compile.serviceAccountName:  # its IAM role (IRSA, EKS Pod Identity) reads an s3:// model
         pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
     if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
