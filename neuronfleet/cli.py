@@ -117,6 +117,18 @@ def _cmd_source_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fetch_model(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.progress import Console, LogLines, Reporter
+    from neuronfleet.runtime.s3_source import download
+
+    progress = Reporter(LogLines(sys.stdout), Console(sys.stderr, label="fetch"))  # as `compile` reports
+    progress.phase("download")
+    path = download(args.uri, Path(args.into), on_progress=progress.on_progress)
+    progress.finish()
+    print(f"fetched {args.uri} into {path}", file=sys.stderr)
+    return 0
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from neuronfleet.operator.crd import write_crd
 
@@ -490,10 +502,21 @@ def build_parser() -> argparse.ArgumentParser:
         "source-fingerprint",
         help="what a model source is now, in one string (the operator's check of a failed compile's source)",
     )
-    fp.add_argument("--uri", required=True, help="file://, pvc:// or hf:// model source")
+    fp.add_argument("--uri", required=True, help="file://, pvc://, hf:// or s3:// model source")
     fp.add_argument("--revision", default=None, help="the Hub revision (hf://)")
     fp.add_argument("--model-mount", default=MODEL_MOUNT, help="where a pvc:// model's claim is mounted")
     fp.set_defaults(func=_cmd_source_fingerprint)
+
+    fm = sub.add_parser(
+        "fetch-model",
+        help="download an s3:// model into a folder, resumable and verified (the compile Job's first step "
+        "for engines whose image has no AWS SDK)",
+    )
+    fm.add_argument("--uri", required=True, help="s3://bucket/prefix (credentials: the default AWS chain)")
+    fm.add_argument(
+        "--into", required=True, help="the folder on the compile cache (a later run resumes there)"
+    )
+    fm.set_defaults(func=_cmd_fetch_model)
 
     crd = sub.add_parser("crd", help="(re)generate the NeuronModel CRD from the operator's pydantic models")
     crd.add_argument(
@@ -560,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:  # ModelLoadError, InvalidRequest, CompileError, a bad setting: all ValueErrors
         print(f"neuronfleet: error: {e}", file=sys.stderr)
-        if args.command in ("serve", "compile", "source-fingerprint"):
+        if args.command in ("serve", "compile", "source-fingerprint", "fetch-model"):
             _leave_termination_message(f"neuronfleet {args.command}: {e}")
         return EXIT_USAGE
 

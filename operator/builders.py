@@ -228,6 +228,11 @@ def build_compile_job(
         ],
         "volumes": volumes,
     }
+    fetch = pod_parts.fetch_init_container(spec, mounts)
+    if fetch is not None:  # an s3:// model, for an engine whose image has no AWS SDK: downloaded first
+        pod_spec["initContainers"] = [fetch]
+    if spec.compile.serviceAccountName:  # its IAM role (IRSA, EKS Pod Identity) reads an s3:// model
+        pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
     if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
         pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), [])
     elif spec.compile.nodeSelector:
@@ -257,7 +262,8 @@ SOURCE_PROBE_TTL = 600  # seconds a finished source probe stays, if the operator
 
 def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any]:
     """The Job that fingerprints the model source of a failed compile (`neuronfleet source-fingerprint`, our
-    CPU image, on any node: it reads file metadata or asks the Hub, never a device): its pod's termination
+    CPU image, on any node, as the compile's ServiceAccount: it reads file metadata or asks the Hub or S3,
+    never a device): its pod's termination
     message is {"fingerprint": ...}, which the operator compares with the last one (`rollout`)."""
     command = ["neuronfleet", "source-fingerprint", "--uri", spec.model.uri]
     if spec.model.revision:
@@ -277,6 +283,8 @@ def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[
     }
     pod_spec = {"restartPolicy": "Never", "securityContext": pod_parts.pod_security(),
                 "containers": [container], "volumes": volumes}  # fmt: skip
+    if spec.compile.serviceAccountName:  # as the compile Job: the same credentials read the source
+        pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

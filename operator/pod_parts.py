@@ -2,7 +2,8 @@
 its security context (non-root, read-only root where the engine allows, no capabilities but EFA's
 IPC_LOCK), its environment (the Hub token only from the model's Secret, only where it is used), its volumes
 (the compile cache, the compile config, a pvc:// model, the engine's writable places), its resources and,
-on Neuron, its placement (instance type, the Neuron taint, the scheduler extension). Pure."""
+on Neuron, its placement (instance type, the Neuron taint, the scheduler extension); a compile pod's
+initContainer that downloads an s3:// model. Pure."""
 
 from __future__ import annotations
 
@@ -126,3 +127,20 @@ def serving_resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     requests.update(extended)  # extended resources: requests equal limits
     limits.update(extended)
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def fetch_init_container(spec: NeuronModelSpec, mounts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The compile pod's `fetch-model` initContainer (`engines.fetch_container`: an s3:// model for an engine
+    whose image has no AWS SDK), with the compile pod's cache and /tmp `mounts`; None when there is none."""
+    fetch = engines.fetch_container(spec)
+    if fetch is None:
+        return None
+    return {
+        "name": "fetch-model",
+        "image": fetch.image,
+        "command": fetch.command,
+        "volumeMounts": [m for m in mounts if m["name"] in ("cache", "tmp")],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": security(read_only_root=True),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }

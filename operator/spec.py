@@ -205,6 +205,13 @@ class Compile(Spec):
     activeDeadlineSeconds: int = Field(
         14400, description="A compile running longer than this fails.", ge=60, le=604800
     )
+    serviceAccountName: str | None = Field(
+        None,
+        description="ServiceAccount the compile Job and source probes run as: its IAM role (IRSA or EKS Pod "
+        "Identity) reads an s3:// model. Serving pods do not use it.",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        max_length=253,
+    )
 
 
 class RoleSpec(Spec):

@@ -31,10 +31,14 @@ def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
 
 def compile_failure(pods: list[dict[str, Any]]) -> str:
     """Why a failed compile Job's pods ended: the last line of the newest failed pod's termination message
-    (the compile's own error), or "" when none left one."""
+    (the compile's own error, or its fetch-model initContainer's), or "" when none left one."""
     failed = []
     for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        pod_status = pod.get("status") or {}
+        for status in [
+            *(pod_status.get("initContainerStatuses") or []),
+            *(pod_status.get("containerStatuses") or []),
+        ]:
             terminated = (status.get("state") or {}).get("terminated") or {}
             if terminated.get("exitCode") not in (None, 0) and terminated.get("message"):
                 failed.append((terminated.get("finishedAt") or "", _last_line(terminated["message"], 400)))

@@ -2,7 +2,8 @@
 artifacts/<hash>/ on the compile cache volume, once.
 
 For the torch backend (instanceType cpu) the work is real: fetch the model (file:// folder or GGUF file,
-pvc:// path, hf:// through the Hub when a token allows it), convert its weights to the target dtype as
+pvc:// path, hf:// through the Hub when a token allows it, s3:// into the cache's sources/ folder, resumable
+and verified: runtime/s3_source.py, removed once compiled), convert its weights to the target dtype as
 safetensors (weight-only int8/int4 when compile.json asks: runtime/quantize.py), load them into the
 model runner to validate every shape against config.json and the buckets, and record the tokenizer, the
 buckets and the shapes. On Neuron instance types the same folder is the input
@@ -34,6 +35,7 @@ from neuronfleet.contract import (
 )
 
 from .progress import Reporter
+from .s3_source import Progress, S3Unavailable, cache_folder, download
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -67,10 +69,18 @@ def load_config(path: Path) -> CompileConfig:
 
 
 def resolve_source(
-    uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT, files: tuple[str, ...] = ()
-) -> Path:
+    uri: str, revision: str | None, work: Path, model_mount: str = MODEL_MOUNT, files: tuple[str, ...] = (),
+    cache: Path | None = None, on_progress: Progress | None = None,
+) -> Path:  # fmt: skip
     """A local folder or .gguf file for the model URI (a pvc:// claim is mounted at `model_mount`); from the
-    Hub only `files` when given."""
+    Hub only `files` when given; an s3:// prefix into its folder under the compile `cache`'s sources/ (where
+    a later try resumes; under `work` without a cache), reporting `on_progress(bytes_done, bytes_total,
+    files_done, files_total)`."""
+    if uri.startswith("s3://"):
+        try:
+            return download(uri, cache_folder(cache, uri) if cache else work / "s3", on_progress)
+        except S3Unavailable as e:
+            raise SourceUnavailable(uri, e.why) from None
     if uri.startswith("file://"):
         path = Path(uri.removeprefix("file://"))
     elif uri.startswith("pvc://"):
@@ -203,16 +213,24 @@ def compile_artifacts(
     started = time.monotonic()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    cache = out.parent.parent  # the compile cache (artifacts/<hash>/ is `out`): s3:// downloads resume there
     try:
-        if config.model.uri.startswith("hf://"):  # (a local folder or file is read where it is)
+        if config.model.uri.startswith(("hf://", "s3://")):  # (a local folder or file is read where it is)
             progress.phase("download")
-        source = resolve_source(config.model.uri, config.model.revision, staging / "download", model_mount)
+        source = resolve_source(
+            config.model.uri, config.model.revision, staging / "download", model_mount, cache=cache,
+            on_progress=progress.on_progress,
+        )  # fmt: skip
         tokenizer = None
         if config.model.tokenizer:
             tokenizer = resolve_source(
-                config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES
-            )
+                config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES,
+                cache=cache,
+            )  # fmt: skip
         convert(source, staging / "model", config, tokenizer, progress)
+        for uri in (config.model.uri, config.model.tokenizer or ""):
+            if uri.startswith("s3://"):  # converted into the artifacts: serving never reads the download
+                shutil.rmtree(cache_folder(cache, uri), ignore_errors=True)
         shutil.rmtree(staging / "download", ignore_errors=True)
         (staging / "compile.json").write_text(config.to_json())
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,15 @@ from neuronfleet.contract import ServeConfig
 
 from ..spec import NeuronModelSpec
 from . import embedded, sglang, tgi, vllm
-from .common import OWN_IMAGES, Container, artifacts_dir, model_reference, nxdi_neuron_config, serve_config
+from .common import (
+    OWN_IMAGES,
+    Container,
+    artifacts_dir,
+    fetch_container,
+    model_reference,
+    nxdi_neuron_config,
+    serve_config,
+)
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
 # the engines whose prefill and decode servers our router reaches through their own P/D protocol
@@ -32,6 +40,7 @@ __all__ = [
     "compile_files",
     "compiles",
     "engine_router_config",
+    "fetch_container",
     "image_for",
     "model_reference",
     "nxdi_neuron_config",

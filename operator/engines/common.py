@@ -5,6 +5,7 @@ embedded engine and every engine's router), and the compile script that wraps an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -84,8 +85,26 @@ def own_image(spec: NeuronModelSpec) -> str:
     return OWN_IMAGES["cpu" if spec.neuron.instanceType == "cpu" else "neuron"]
 
 
+def s3_source_dir(uri: str) -> str:
+    """Where an s3:// model is downloaded on the compile cache: sources/<sha256 of the URI, 16 hex>/ (as
+    runtime/s3_source.py cache_folder names it; serving pods mount the cache read-only: they read it too)."""
+    return f"{CACHE_MOUNT}/sources/{hashlib.sha256(uri.encode()).hexdigest()[:16]}"
+
+
+def fetch_container(spec: NeuronModelSpec) -> Container | None:
+    """For an engine whose image has no AWS SDK (vLLM, TGI), the compile Job's first step (an initContainer,
+    our CPU image): `neuronfleet fetch-model` downloads an s3:// model into `s3_source_dir`, resumable and
+    verified, which the engine's compile (and serving) then read as a local folder (`model_reference`). None
+    for other sources, and for our engine, whose `neuronfleet compile` downloads it itself."""
+    if not spec.model.uri.startswith("s3://") or spec.engine == "embedded":
+        return None
+    command = ["neuronfleet", "fetch-model", "--uri", spec.model.uri, "--into", s3_source_dir(spec.model.uri)]
+    return Container(OWN_IMAGES["cpu"], command)
+
+
 def model_reference(spec: NeuronModelSpec) -> str:
-    """How an engine names the model: a Hub id for hf://, a mounted path for pvc:// and file://."""
+    """How an engine names the model: a Hub id for hf://, a mounted path for pvc:// and file://, the
+    download on the compile cache for s3:// (`fetch_container`)."""
     uri = spec.model.uri
     if uri.startswith("hf://"):
         return uri.removeprefix("hf://")
@@ -93,7 +112,9 @@ def model_reference(spec: NeuronModelSpec) -> str:
         return f"{MODEL_MOUNT}/{uri.removeprefix('pvc://').split('/', 1)[1]}".rstrip("/")
     if uri.startswith("file://"):
         return uri.removeprefix("file://")
-    return uri  # s3:// is fetched by the compile step into the artifacts
+    if uri.startswith("s3://"):
+        return s3_source_dir(uri)
+    return uri
 
 
 def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:

@@ -116,8 +116,9 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
         )
     if spec.model.uri.startswith("s3://"):
         out.append(
-            f"model.uri {spec.model.uri}: SGLang loads a Hub model (hf://) or a folder (pvc://, file://); "
-            "copy the model to one of those"
+            f"model.uri {spec.model.uri}: SGLang-Neuron has no compile Job, whose ServiceAccount would "
+            "download an s3:// model into the compile cache, and its serving pods read S3 with no "
+            "credentials; use hf://, pvc:// or file:// with engine sglang, or s3:// with engine vllm"
         )
     if spec.serving.mode == "disaggregated" and spec.serving.kvTransfer.transport != "efa":
         out.append(

@@ -204,11 +204,6 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
             "the export's --auto_cast_type); choose one of those"
         )
     uri = spec.model.uri
-    if uri.startswith("s3://"):
-        out.append(
-            f"model.uri {uri}: TGI's Neuron export reads a Hub model (hf://) or a folder (pvc://, file://); "
-            "copy the model to one of those"
-        )
     if spec.model.revision and not uri.startswith("hf://"):
         out.append(f"model.revision applies to hf:// models only, not {uri}; remove it")
     shape = topology.known_model(uri)

@@ -402,11 +402,6 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
             f"engine vllm on {inst.name}: the pinned vLLM image (Neuron SDK {PINNED.versions['neuron-sdk']}) "
             f"predates Trn3 ({trn3}); use engine sglang there, or engine vllm on Inf2, Trn1 or Trn2"
         )
-    if spec.model.uri.startswith("s3://"):
-        out.append(
-            "model.uri s3://: vLLM with the Neuron plugin loads a Hugging Face id or a local folder; use "
-            "hf://, pvc:// or file://"
-        )
     for key in sorted(set(n.overrides) & set(DERIVED)):
         out.append(
             f"neuron.overrides.{key} is set by neuronfleet for engine vllm from {DERIVED[key]}; remove it"

@@ -77,7 +77,7 @@ def test_the_command_line_runs_it_and_reports_a_cache_hit(tmp_path):
             {},
             "model source unavailable: file:///nowhere/model: not found at /nowhere",
         ),
-        ("s3://bucket/model", {}, "s3://bucket/model is not supported"),
+        ("gs://bucket/model", {}, "gs://bucket/model is not supported"),
         ("file:///tmp", {"instanceType": "inf2.xlarge"}, "compiles with NxDI, which this image lacks"),
     ],
 )

@@ -222,7 +222,7 @@ def edited(change) -> dict:
          "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache over NIXL on EFA; use "
          "kvTransfer.transport efa"),
         (edited(lambda s: s["model"].update(uri="s3://bucket/gpt-oss")),
-         "SGLang loads a Hub model (hf://) or a folder (pvc://, file://)"),
+         "SGLang-Neuron has no compile Job, whose ServiceAccount would download an s3:// model"),
         (edited(lambda s: s["neuron"].update(maxInputLength=4096)),
          "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1"),
         (edited(lambda s: s["neuron"].update(tensorParallel=128)),

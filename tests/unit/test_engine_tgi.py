@@ -276,7 +276,6 @@ def edited(**changes) -> dict:
          "(TGI's Neuron export) cannot export; it exports granite, llama, mixtral, phi3, qwen2, qwen3"),
         (edited(neuron__instanceType="trn2.48xlarge"),
          "engine tgi (TGI 3.3.5's Neuron backend) runs on Inferentia2 and Trainium1 instances"),
-        (edited(model__uri="s3://bucket/llama"), "TGI's Neuron export reads a Hub model (hf://) or a folder"),
         (edited(neuron__dtype="float32"), "engine tgi casts to bfloat16 or float16"),
         (edited(neuron__quantization="int8"), "neuron.quantization int8: TGI's Neuron export"),
         (edited(model__uri="pvc://models/llama", model__revision="v1"),

@@ -376,7 +376,6 @@ def test_the_compile_script_writes_the_manifest_only_after_a_complete_compile(tm
         ({"neuron": {"maxInputLength": 6144}},
          r"neuron.maxInputLength 6144 must be neuron.sequenceLength - 1 \(8191\) for engine vllm: vLLM "
          r"bounds a prompt only by --max-model-len"),
-        ({"model": {"uri": "s3://bucket/llama"}}, r"model.uri s3://: vLLM with the Neuron plugin loads"),
         ({"neuron": {"overrides": {"tp_degree": 8}}},
          r"neuron.overrides.tp_degree is set by neuronfleet for engine vllm from neuron.tensorParallel"),
         ({"neuron": {"overrides": {"save_sharded_checkpoint": False}}},

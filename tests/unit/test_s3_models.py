@@ -1,0 +1,171 @@
+"""An s3:// model, as the operator builds for it (pure): every engine that has a compile Job reads it (ours in
+`neuronfleet compile`; vLLM and TGI, whose images have no AWS SDK, from the download an initContainer of our
+CPU image leaves on the compile cache, which their compile and serving read as a folder); SGLang, which has
+no compile Job, refuses it saying why; the compile Job and the source probe run as compile.serviceAccountName
+(serving pods never); a failed fetch-model initContainer's termination message is the compile's failure.
+Every object is valid Kubernetes (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+from support import ROOT
+
+from neuronfleet.contract import CACHE_MOUNT, SOURCE_UNAVAILABLE
+from neuronfleet.operator import builders, engines, status, validation
+from neuronfleet.operator.spec import NeuronModelSpec
+
+KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+SAMPLES = {
+    "embedded": "smollm2-135m-local-cpu.yaml",
+    "vllm": "llama-3.3-70b-vllm-trn2.yaml",
+    "tgi": "llama-3.2-3b-tgi-inf2.yaml",
+    "sglang": "gpt-oss-120b-sglang-trn3-disaggregated.yaml",
+}
+URI = "s3://models-bucket/llama/3.3-70b"
+SOURCE_DIR = f"{CACHE_MOUNT}/sources/{hashlib.sha256(URI.encode()).hexdigest()[:16]}"
+
+
+def spec_of(engine: str, uri: str = URI, account: str | None = "model-reader") -> NeuronModelSpec:
+    raw = yaml.safe_load((ROOT / "crds" / "samples" / SAMPLES[engine]).read_text())["spec"]
+    raw["model"] = {"uri": uri}
+    if account:
+        raw.setdefault("compile", {})["serviceAccountName"] = account
+    return NeuronModelSpec.model_validate(raw)
+
+
+def objects(spec: NeuronModelSpec) -> list[dict]:
+    chash = builders.compile_hash(spec)
+    return builders.build_all(OWNER, spec, serving_hash=chash)
+
+
+def kind(objs: list[dict], name: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == name]
+
+
+def test_the_samples_exist():
+    for name in SAMPLES.values():
+        assert (ROOT / "crds" / "samples" / name).is_file(), name
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("engine", ["embedded", "vllm", "tgi"])
+def test_every_engine_with_a_compile_job_takes_an_s3_model(engine, version):
+    spec = spec_of(engine)
+    assert validation.validate(spec).errors == []
+    built = objects(spec)
+    for obj in built:
+        kubernetes_validate.validate(obj, version, strict=True)
+    (job,) = kind(built, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "model-reader"
+    for deployment in kind(built, "Deployment"):  # serving pods never read S3: the default account
+        assert "serviceAccountName" not in deployment["spec"]["template"]["spec"]
+
+
+def test_the_embedded_compile_downloads_itself():
+    built = objects(spec_of("embedded"))
+    (job,) = kind(built, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert pod["containers"][0]["command"][:2] == ["neuronfleet", "compile"]
+    (config_map,) = kind(built, "ConfigMap")
+    assert f'"uri":"{URI}"' in config_map["data"]["compile.json"].replace(" ", "")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi"])
+def test_vllm_and_tgi_compile_the_folder_a_fetch_model_init_container_leaves_on_the_cache(engine):
+    built = objects(spec_of(engine))
+    (job,) = kind(built, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert fetch["image"] == engines.OWN_IMAGES["cpu"]  # our image: the engines' have no AWS SDK
+    assert fetch["command"] == ["neuronfleet", "fetch-model", "--uri", URI, "--into", SOURCE_DIR]
+    cache = next(m for m in fetch["volumeMounts"] if m["name"] == "cache")
+    assert cache["mountPath"] == CACHE_MOUNT and not cache.get("readOnly")
+    assert fetch["securityContext"]["readOnlyRootFilesystem"] and fetch["securityContext"]["runAsNonRoot"]
+    assert "env" not in fetch  # no Hub token, no keys: the ServiceAccount's role is the credential
+    (config_map,) = kind(built, "ConfigMap")
+    script = config_map["data"]["compile.sh"] + "".join(config_map["data"].values())
+    assert SOURCE_DIR in script and URI not in config_map["data"]["compile.sh"]
+
+
+def test_vllm_serves_from_the_downloaded_folder_on_the_cache_it_mounts():
+    built = objects(spec_of("vllm"))
+    (deployment,) = [d for d in kind(built, "Deployment") if "unified" in d["metadata"]["name"]]
+    pod = deployment["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("serve") + 1] == SOURCE_DIR  # vllm serve <the folder>
+    cache = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "cache")
+    assert cache["mountPath"] == CACHE_MOUNT and cache["readOnly"] is True
+    assert not any(e["name"].startswith(("HF_", "HUGGING")) for e in pod["containers"][0].get("env", []))
+
+
+def test_sglang_refuses_an_s3_model_saying_why_and_what_works():
+    (refusal,) = [r for r in engines.unsupported(spec_of("sglang")) if "model.uri" in r]
+    assert refusal.startswith(f"model.uri {URI}: SGLang-Neuron has no compile Job")
+    assert "use hf://, pvc:// or file:// with engine sglang" in refusal
+
+
+def test_the_source_probe_runs_as_the_compile_service_account_and_fingerprints_s3():
+    spec = spec_of("embedded")
+    probe = builders.build_source_probe(OWNER, spec, builders.compile_hash(spec))
+    kubernetes_validate.validate(probe, KUBERNETES_VERSIONS[-1], strict=True)
+    pod = probe["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "model-reader"
+    assert pod["containers"][0]["command"] == ["neuronfleet", "source-fingerprint", "--uri", URI]
+    plain = spec_of("embedded", account=None)
+    assert (
+        "serviceAccountName" not in builders.build_source_probe(OWNER, plain, "h")["spec"]["template"]["spec"]
+    )
+
+
+def test_the_service_account_name_does_not_change_the_compile_hash():
+    assert builders.compile_hash(spec_of("vllm")) == builders.compile_hash(spec_of("vllm", account=None))
+
+
+@pytest.mark.parametrize("bad", ["Model_Reader", "-reader", "a" * 254])
+def test_a_bad_service_account_name_is_refused(bad):
+    with pytest.raises(ValidationError, match="serviceAccountName"):
+        spec_of("embedded", account=bad)
+
+
+def test_hf_models_keep_the_token_from_the_secret_only():
+    raw = yaml.safe_load((ROOT / "crds" / "samples" / SAMPLES["vllm"]).read_text())["spec"]
+    spec = NeuronModelSpec.model_validate(raw)
+    (job,) = kind(objects(spec), "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    for env in pod["containers"][0].get("env", []):
+        assert "value" not in env or not env["name"].startswith(("HF_", "HUGGING"))
+
+
+def test_a_failed_fetch_model_init_container_is_the_compile_failure():
+    message = (
+        f"neuronfleet fetch-model: {SOURCE_UNAVAILABLE} {URI}: access denied (AccessDenied): the compile "
+        "Job's credentials need s3:ListBucket"
+    )
+    pod = {
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {
+                    "name": "fetch-model",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "message": message,
+                            "finishedAt": "2026-11-30T16:00:00Z",
+                        }
+                    },
+                }
+            ],
+            "containerStatuses": [{"name": "compile", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        }
+    }
+    assert status.compile_failure([pod]) == message
