@@ -378,12 +378,13 @@ def check_every_role(path: Path) -> None:
 
 
 def test_the_local_samples_serve_what_they_ask_for():
-    """The issue's case: the local samples ask for bfloat16 and 384 input tokens; the unified pod and every
-    role of the disaggregated one, the router too, are told so (before: float32 and 512; the router 2048)."""
+    """The local samples ask for dtype auto (the default: each pod resolves it for its own CPU) and 384 input
+    tokens; the unified pod and every role of the disaggregated one, the router too, are told so (an older
+    operator told them float32 and 512, the router 2048)."""
     for path in ("smollm2-135m-local-cpu.yaml", "smollm2-135m-local-cpu-disaggregated.yaml"):
         for deployment in deployments(render(ROOT / "crds" / "samples" / path)).values():
             config = serve_args(container(deployment)["command"])
-            assert (config.dtype, config.max_input_len, config.max_seq_len) == ("bfloat16", 384, 512)
+            assert (config.dtype, config.max_input_len, config.max_seq_len) == ("auto", 384, 512)
 
 
 def spec_with(base: str, **neuron) -> dict:
