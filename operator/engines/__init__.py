@@ -53,8 +53,11 @@ __all__ = [
 
 def compiles(spec: NeuronModelSpec) -> bool:
     """Whether the engine has a compile step a Job runs ahead of serving (SGLang-Neuron compiles as each
-    server starts: no Job, no artifacts, no Compiled=True)."""
-    return getattr(ENGINES[spec.engine], "COMPILES", True)
+    server starts: no Job, no artifacts, no Compiled=True; but for an s3:// model, which its Job fetches)."""
+    engine = ENGINES[spec.engine]
+    if hasattr(engine, "compiles"):
+        return engine.compiles(spec)
+    return getattr(engine, "COMPILES", True)
 
 
 def image_for(spec: NeuronModelSpec) -> str:

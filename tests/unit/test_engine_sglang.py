@@ -221,8 +221,6 @@ def edited(change) -> dict:
         (edited(lambda s: s["serving"]["kvTransfer"].update(transport="tcp")),
          "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache over NIXL on EFA; use "
          "kvTransfer.transport efa"),
-        (edited(lambda s: s["model"].update(uri="s3://bucket/gpt-oss")),
-         "SGLang-Neuron has no compile Job, whose ServiceAccount would download an s3:// model"),
         (edited(lambda s: s["neuron"].update(maxInputLength=4096)),
          "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1"),
         (edited(lambda s: s["neuron"].update(tensorParallel=128)),
