@@ -113,6 +113,8 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """What the compile Job runs: `neuronfleet compile` for our engine, else the engine's own compile."""
-    container = ENGINES[spec.engine].compile_container(spec, compile_hash)
-    container.image = image_for(spec)
+    engine = ENGINES[spec.engine]
+    container = engine.compile_container(spec, compile_hash)
+    if container.image == engine.image(spec):  # spec.image replaces the engine's image, not ours (SGLang's
+        container.image = image_for(spec)  # fetch-only Job runs our CPU image)
     return container

@@ -97,7 +97,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
     folder = model_reference(spec)
     step = (
         f'if [ -z "$(ls -A {folder} 2>/dev/null)" ]; then\n'
-        f'  msg="the download of {spec.model.uri} left no files in {folder}"\n'
+        f'  msg="the download left no files in {folder}"\n'
         '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'
         "fi"
     )

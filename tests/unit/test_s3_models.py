@@ -190,3 +190,24 @@ def test_a_failed_fetch_model_init_container_is_the_compile_failure():
         }
     }
     assert status.compile_failure([pod]) == message
+
+
+def test_sglangs_fetch_only_compile_fails_on_an_empty_download_and_marks_a_full_one(tmp_path):
+    """SGLang's compile.sh, run by a real sh on a stand-in cache: no files from the download is the compile's
+    failure, saying so in the termination message; files there make the manifest (the completion marker)."""
+    import os
+    import subprocess
+
+    from neuronfleet.contract import TERMINATION_LOG_ENV
+
+    script = engines.compile_files(spec_of("sglang"), "h1")["compile.sh"].replace(CACHE_MOUNT, str(tmp_path))
+    (tmp_path / "compile.sh").write_text(script)
+    log = tmp_path / "termination-log"
+    env = {**os.environ, TERMINATION_LOG_ENV: str(log)}
+    run = subprocess.run(["sh", str(tmp_path / "compile.sh")], capture_output=True, text=True, env=env)
+    folder = SOURCE_DIR.replace(CACHE_MOUNT, str(tmp_path))
+    assert run.returncode == 1 and log.read_text().strip() == f"the download left no files in {folder}"
+    os.makedirs(folder)
+    (tmp_path / folder / "config.json").write_text("{}")
+    run = subprocess.run(["sh", str(tmp_path / "compile.sh")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and (tmp_path / "artifacts" / "h1" / "manifest.json").is_file()
