@@ -16,6 +16,7 @@ When a complete folder exists already, the command finishes at once (a cache hit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from neuronfleet.contract import (
     CompileConfig,
 )
 
-from .progress import Reporter
+from .progress import Reporter, watch_folder
 from .s3_source import Progress, S3Unavailable, cache_folder, download
 
 TOKENIZER_FILES = (
@@ -91,16 +92,19 @@ def resolve_source(
         except ImportError:
             raise CompileError("hf:// models need huggingface_hub in the runtime image") from None
         token = os.environ.get(HF_TOKEN_ENVS[0])  # from the NeuronModel's secretRef, never from the spec
-        try:
-            path = Path(
-                snapshot_download(
-                    uri.removeprefix("hf://"),
-                    revision=revision,
-                    token=token,
-                    cache_dir=work,
-                    allow_patterns=list(files) or None,
-                )
-            )
+        repo_id = uri.removeprefix("hf://")
+        hub = {"revision": revision, "token": token, "cache_dir": work, "allow_patterns": list(files) or None}
+        # What it will download (huggingface_hub 2.4: dry_run lists each file with its size), for the totals;
+        # a dry run that fails leaves them unknown: the download itself then says why (not found, gated...).
+        total = files_total = None
+        with contextlib.suppress(Exception):
+            plan = [f for f in snapshot_download(repo_id, dry_run=True, **hub) if f.will_download]
+            sizes = [f.file_size for f in plan]
+            total, files_total = (sum(sizes) if None not in sizes else None), len(plan)  # type: ignore[arg-type]
+        blobs = work / f"models--{repo_id.replace('/', '--')}" / "blobs"  # the Hub cache's layout
+        try:  # the blobs measured as they arrive
+            with watch_folder(blobs, on_progress or (lambda *_: None), total, files_total):
+                path = Path(snapshot_download(repo_id, **hub))
         except Exception as e:  # not found, gated, no network: huggingface_hub's errors say which
             raise SourceUnavailable(uri, f"{type(e).__name__}: {e}") from None
     else:

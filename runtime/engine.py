@@ -422,17 +422,22 @@ class AsyncEngine:
     def limits(self) -> Limits:
         return self.engine.limits
 
+    @property
+    def kv_usage(self) -> float:
+        """Share of the KV cache's tokens in use (1 = full)."""
+        config = self.engine.config
+        return self.engine.scheduler.used_tokens() / (config.slots * config.max_seq_len)
+
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
         """(name, help, read) of the gauges that describe this backend's load."""
         sched, config = self.engine.scheduler, self.engine.config
-        capacity = config.slots * config.max_seq_len
         return [
             ("vllm:num_requests_running", "Requests in slots.", lambda: len(sched.running)),
             ("vllm:num_requests_waiting", "Requests waiting for a slot.", lambda: self.num_pending),
             (
                 "vllm:kv_cache_usage_perc",
                 "Share of KV cache tokens in use (1 = full).",
-                lambda: sched.used_tokens() / capacity,
+                lambda: self.kv_usage,
             ),
             (
                 "neuronfleet:slots_busy",

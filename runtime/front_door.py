@@ -80,6 +80,8 @@ class FrontDoor:
         self.retries = Counter("neuronfleet:router_retries", "Requests moved to another pod before their "
                                "answer started.", ["model_name", "kind"], registry=self.registry)  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
+        Gauge("vllm:num_requests_waiting", "Requests held until a pod is ready.", ["model_name"],
+              registry=self.registry).labels(**labels).set_function(lambda: self.hold.held)  # fmt: skip
 
     # ---- what serve() uses ----
 

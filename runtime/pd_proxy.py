@@ -101,6 +101,13 @@ class EngineRouter:
             ready=lambda: bool(self.prefill.ready and self.decode.ready), draining=lambda: self.draining,
         )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
+        # the load an inference gateway's endpoint picker reads (docs/gateway.md): requests streaming from
+        # a decode server, and requests held until the servers are ready
+        Gauge("vllm:num_requests_running", "Requests streaming from a decode server.", ["model_name"],
+              registry=self.registry).labels(**labels).set_function(
+            lambda: sum(p.in_flight for p in self.decode.peers.values()))  # fmt: skip
+        Gauge("vllm:num_requests_waiting", "Requests held until the servers are ready.", ["model_name"],
+              registry=self.registry).labels(**labels).set_function(lambda: self.hold.held)  # fmt: skip
 
     # ---- what serve() uses ----
 

@@ -74,6 +74,7 @@ class Peer:
     answered: bool = False  # a probe or request of it succeeded at least once
     load: int = 0  # running + waiting requests at the last probe
     slots: int = 0
+    kv_usage: float = 0.0  # share of its KV cache in use at the last probe
     in_flight: int = 0  # this router's requests on it now
     in_flight_at_probe: int = 0
 
@@ -121,8 +122,14 @@ class PeerSet:
         peer.identity = identity
         peer.load = int(status.get("running", 0)) + int(status.get("waiting", 0))
         peer.slots = int(status.get("slots", 0))
+        peer.kv_usage = float(status.get("kv_usage", 0.0))
         peer.in_flight_at_probe = peer.in_flight
         self.succeeded(url)
+
+    def kv_usage(self) -> float:
+        """The mean share of KV cache in use over the pods in rotation at their last probes (0 with none)."""
+        ready = [p.kv_usage for p in self.peers.values() if p.ready]
+        return sum(ready) / len(ready) if ready else 0.0
 
     def succeeded(self, url: str) -> None:
         peer = self.peers.get(url)

@@ -10,10 +10,12 @@ Standard library only (no torch): `neuronfleet up` shows progress without loadin
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from neuronfleet.contract import CompileProgress, progress_text
@@ -156,3 +158,52 @@ class Console:
         self._phase = progress.phase
         self.stream.write("\r\x1b[2K" + self.label + bar(progress) + ("\n" if final else ""))
         self.stream.flush()
+
+
+PARTIAL_SUFFIX = ".incomplete"  # what huggingface_hub names a blob while it downloads it
+
+
+def folder_size(folder: Path) -> tuple[int, int]:
+    """(bytes, files) of the regular files under `folder` (symbolic links not followed): bytes of every file,
+    partial ones included; files: the complete ones (not ending in PARTIAL_SUFFIX)."""
+    size = files = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            size += path.stat().st_size
+        except FileNotFoundError:  # renamed or removed while we looked
+            continue
+        files += not path.name.endswith(PARTIAL_SUFFIX)
+    return size, files
+
+
+@contextlib.contextmanager
+def watch_folder(
+    folder: Path,
+    on_progress: Callable[[int, int | None, int | None, int | None], None],
+    total_bytes: int | None = None,
+    total_files: int | None = None,
+    interval: float = 1.0,
+) -> Iterator[None]:
+    """While the body runs, report what has arrived in `folder` every `interval` seconds and once at the end
+    (`on_progress(bytes_done, bytes_total, files_done, files_total)`): for a download that reports nothing
+    itself, such as huggingface_hub's snapshot into its cache folder."""
+    stop = threading.Event()
+
+    def report() -> None:
+        size, files = folder_size(folder)
+        on_progress(size, total_bytes, files, total_files)
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            report()
+
+    poller = threading.Thread(target=poll, name="watch-folder", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
+    report()

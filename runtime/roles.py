@@ -118,6 +118,7 @@ def _status(engine: AsyncEngine, agent, role: str, **extra) -> dict[str, Any]:
         "slots": slots,
         "running": engine.num_requests - engine.num_pending,
         "waiting": engine.num_pending,
+        "kv_usage": engine.kv_usage,  # a router reports its decode pods' mean (vllm:kv_cache_usage_perc)
         "ready": engine.alive,
         **extra,
     }

@@ -25,6 +25,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .backend import FinishReason, Limits, RequestOutput, check_fits
+from .engine_metrics import protocol_info
 from .errors import ServingError, Unavailable
 from .holding import Hold
 from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
@@ -149,7 +150,17 @@ class RemoteBackend:
         return self.stages["reserve"]
 
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
-        return [("vllm:num_requests_running", "Requests routed and not finished.", lambda: self.in_flight)]
+        """The gauges an inference gateway's endpoint picker reads (docs/gateway.md), for a router: running:
+        requests routed and not finished, held ones aside; waiting: those held at zero or reserving a slot on
+        a decode pod; KV usage: the mean of its decode pods' at their last probes."""
+        return [
+            ("vllm:num_requests_running", "Requests routed and not finished, held ones aside.",
+             lambda: self.in_flight - self.hold.held),
+            ("vllm:num_requests_waiting", "Requests held or finding a decode pod.",
+             lambda: self.hold.held + self.stages["reserve"]),
+            ("vllm:kv_cache_usage_perc", "Mean share of KV cache in use on the decode pods (1 = full).",
+             self.decode.kv_usage),
+        ]  # fmt: skip
 
     def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
         """The router's own metrics: its queue by step, healthy peers and restarts by role, retries."""
@@ -182,6 +193,7 @@ class RemoteBackend:
         )
         self._labels = labels
         self.hold.register_metrics(registry, model_name)
+        protocol_info(registry, model_name, self.limits.slots, self.limits.max_seq_len)  # one decode pod's
 
     async def start(self, app=None) -> None:
         """Resolve and probe the peers now and every `probe_interval` seconds."""

@@ -53,8 +53,11 @@ __all__ = [
 
 def compiles(spec: NeuronModelSpec) -> bool:
     """Whether the engine has a compile step a Job runs ahead of serving (SGLang-Neuron compiles as each
-    server starts: no Job, no artifacts, no Compiled=True)."""
-    return getattr(ENGINES[spec.engine], "COMPILES", True)
+    server starts: no Job, no artifacts, no Compiled=True; but for an s3:// model, which its Job fetches)."""
+    engine = ENGINES[spec.engine]
+    if hasattr(engine, "compiles"):
+        return engine.compiles(spec)
+    return getattr(engine, "COMPILES", True)
 
 
 def image_for(spec: NeuronModelSpec) -> str:
@@ -110,6 +113,8 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """What the compile Job runs: `neuronfleet compile` for our engine, else the engine's own compile."""
-    container = ENGINES[spec.engine].compile_container(spec, compile_hash)
-    container.image = image_for(spec)
+    engine = ENGINES[spec.engine]
+    container = engine.compile_container(spec, compile_hash)
+    if container.image == engine.image(spec):  # spec.image replaces the engine's image, not ours (SGLang's
+        container.image = image_for(spec)  # fetch-only Job runs our CPU image)
     return container

@@ -5,19 +5,30 @@ name emitted here, with its source for the pinned version.
 No compile step: SGLang-Neuron 0.1.0 compiles when each server starts, "a graph runner that compiles every
 prefill and decode shape at startup, so the server never compiles while it serves"
 (github.com/sgl-project/sglang-neuron@4e24326:README.md), and documents no separate compile that a Job could
-run and the serving pods reuse. So `COMPILES` is False: the operator runs no compile Job, keeps no artifacts
+run and the serving pods reuse. So `compiles` is False: the operator runs no compile Job, keeps no artifacts
 and says so (Compiled=False, reason NoCompileStep); the pods' startup (the startup probe allows an hour)
-includes the compile.
+includes the compile. An s3:// model is the exception: the compile Job (as compile.serviceAccountName) only
+downloads it into the compile cache (the `fetch-model` initContainer, then `compile.sh` checks the folder
+and writes the manifest), and the serving pods, which hold no S3 credentials, read it there.
 """
 
 from __future__ import annotations
 
+from neuronfleet.contract import CONFIG_MOUNT
+
 from .. import topology
 from ..spec import NeuronModelSpec, valued
-from .common import Container, Fact, Pinned, model_reference, refusals_of_nxdi_fields
+from .common import (
+    OWN_IMAGES,
+    Container,
+    Fact,
+    Pinned,
+    compile_script,
+    model_reference,
+    refusals_of_nxdi_fields,
+)
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:v0.1.0-neuron-py314-sdk-2.33.0-ubuntu26.04"
-COMPILES = False  # the graphs compile at each server's start (see above): no compile Job, no Compiled=True
 # SGLang-Neuron 0.1.0 serves LLMs on Trn3 (its diffusion pipelines, which neuronfleet does not serve, on Trn2)
 PLATFORMS = ("trn3",)
 # The prefill server's bootstrap port, where decode servers and the router meet it (--disaggregation-
@@ -76,6 +87,28 @@ def image(spec: NeuronModelSpec) -> str:
     return IMAGE
 
 
+def compiles(spec: NeuronModelSpec) -> bool:
+    """The graphs compile at each server's start (see above): a compile Job only fetches an s3:// model."""
+    return spec.model.uri.startswith("s3://")
+
+
+def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
+    """compile.sh for an s3:// model: the download the initContainer left must hold files; nothing else."""
+    folder = model_reference(spec)
+    step = (
+        f'if [ -z "$(ls -A {folder} 2>/dev/null)" ]; then\n'
+        f'  msg="the download left no files in {folder}"\n'
+        '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'
+        "fi"
+    )
+    return {"compile.sh": compile_script(spec, compile_hash, step)}
+
+
+def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
+    """Our CPU image runs compile.sh (a shell check, no Neuron device: placed on any node)."""
+    return Container(OWN_IMAGES["cpu"], ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=True)
+
+
 def serve(
     spec: NeuronModelSpec, role: str, compile_hash: str, port: int, served_name: str | None
 ) -> Container:
@@ -113,12 +146,6 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
         out.append(
             f"engine sglang (SGLang-Neuron {PINNED.versions['sglang-neuron']}) serves LLMs on Trn3 instances "
             f"({trn3}), not {inst.name}; use one of those, or {use} on {inst.name}"
-        )
-    if spec.model.uri.startswith("s3://"):
-        out.append(
-            f"model.uri {spec.model.uri}: SGLang-Neuron has no compile Job, whose ServiceAccount would "
-            "download an s3:// model into the compile cache, and its serving pods read S3 with no "
-            "credentials; use hf://, pvc:// or file:// with engine sglang, or s3:// with engine vllm"
         )
     if spec.serving.mode == "disaggregated" and spec.serving.kvTransfer.transport != "efa":
         out.append(

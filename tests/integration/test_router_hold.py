@@ -61,6 +61,11 @@ def held(base: str) -> float:
     return metric(base, "neuronfleet:router_requests_held")
 
 
+def waiting_and_running(base: str) -> tuple[float, float]:
+    """The queue and running gauges an inference gateway's endpoint picker reads, under vLLM's names."""
+    return metric(base, "vllm:num_requests_waiting"), metric(base, "vllm:num_requests_running")
+
+
 def test_the_vllm_pd_router_holds_at_zero_until_prefill_and_decode_are_ready(tmp_path):
     prefill_port, decode_port = free_port(), free_port()
     base, process = router(tmp_path, "--peer-protocol", "vllm", "--served-model-name", "m", "--hold-requests",
@@ -78,12 +83,14 @@ def test_the_vllm_pd_router_holds_at_zero_until_prefill_and_decode_are_ready(tmp
             process.wait_until(lambda: metric(base, "neuronfleet:router_peers_healthy", role="decode") == 1,
                                "the decode stand-in to be in rotation")  # fmt: skip
             assert held(base) == 1 and not answer.done()  # a request needs a prefill server too
+            assert waiting_and_running(base) == (1, 0)  # what an inference gateway's endpoint picker reads
             peers.append(standin(tmp_path, "prefill", prefill_port, "prefill"))
             text = answer.result().choices[0].text
         assert text.startswith("decode-0 ")
         (decode,) = records(tmp_path, "decode")
         assert "prefilled_here" not in decode  # it read the prefill stand-in's blocks: a real exchange
         assert held(base) == 0 and metric(base, "neuronfleet:router_hold_seconds_count") == 1
+        assert waiting_and_running(base) == (0, 0)
     finally:
         for peer in [*peers, process]:
             peer.kill()
@@ -136,6 +143,8 @@ def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tm
                 model="smollm2", messages=[{"role": "user", "content": "Name a red fruit."}], max_tokens=12,
                 temperature=0))  # fmt: skip
             process.wait_until(lambda: held(base) == 1, "the request to be held")
+            assert waiting_and_running(base) == (1, 0)
+            assert metric(base, "vllm:kv_cache_usage_perc") == 0  # no decode pod in rotation yet
             from openai import RateLimitError
 
             with pytest.raises(RateLimitError):  # the bound is 1
@@ -145,6 +154,9 @@ def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tm
             text = answer.result().choices[0].message.content
         assert text == want
         assert held(base) == 0 and metric(base, "neuronfleet:router_hold_rejected_total", reason="full") == 1
+        assert waiting_and_running(base) == (0, 0)
+        # the picker's static families, as a model server exports them (tests/data/gie-v1.5.0-epp-...yaml)
+        assert metric(base, "vllm:cache_config_info") == 1 and metric(base, "vllm:lora_requests_info") > 0
     finally:
         for server in servers:
             server.kill()

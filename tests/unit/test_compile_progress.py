@@ -250,3 +250,43 @@ def test_an_engine_compile_script_prints_a_progress_line_with_its_elapsed_time()
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     got = parse_progress(out)
     assert got is not None and got.phase == "compile" and 7 <= got.elapsed <= 9
+
+
+def test_a_folder_being_downloaded_into_is_measured_as_it_fills(tmp_path):
+    """`watch_folder`, as around the Hub's snapshot download: partial blobs (`.incomplete`) count in bytes,
+    not in files; links (the snapshot's names for the blobs) count in neither; the counts only grow while
+    the download runs, and the last report is the whole download."""
+    import threading
+
+    from support import wait_until
+
+    from neuronfleet.runtime.progress import folder_size, watch_folder
+
+    blobs = tmp_path / "models--org--name" / "blobs"  # not there until the download starts
+    seen: list[tuple] = []
+    moved = threading.Event()
+
+    def download() -> None:
+        blobs.mkdir(parents=True)
+        written = 0
+        for i in range(3):
+            part = blobs / f"blob{i}.incomplete"
+            with part.open("wb") as f:
+                for _ in range(4):
+                    f.write(b"x" * 1000)
+                    f.flush()
+                    written += 1000
+                    # the next write waits for a report of this one: reports come while it downloads
+                    wait_until(lambda w=written: seen and seen[-1][0] >= w, f"a report of {written} bytes")
+            part.rename(blobs / f"blob{i}")
+        (tmp_path / "models--org--name" / "model.safetensors").symlink_to(blobs / "blob0")
+        moved.set()
+
+    with watch_folder(blobs, lambda *report: seen.append(report), 12000, 3, interval=0.01):
+        download()
+    assert moved.is_set()
+    assert seen[-1] == (12000, 12000, 3, 3)
+    assert [r[0] for r in seen] == sorted(r[0] for r in seen)  # bytes only grow
+    assert [r[2] for r in seen] == sorted(r[2] for r in seen)
+    assert any(0 < r[0] < 12000 and r[2] < 3 for r in seen)  # reports came while it downloaded
+    assert folder_size(tmp_path) == (12000, 3)  # the link is not a second copy

@@ -143,12 +143,13 @@ def test_every_recorded_name_has_a_meaning_and_a_public_source():
 
 
 def test_no_compile_ahead_no_job_no_artifacts_and_a_status_that_says_so():
-    """SGLang-Neuron compiles at each server's start (COMPILES is False): the operator builds no compile Job,
+    """SGLang-Neuron compiles at each server's start (`compiles` is False but for an s3:// model, whose Job
+    only fetches it: tests/unit/test_s3_models.py): the operator builds no compile Job,
     no compile cache claim or config, mounts no artifacts into the servers, and the status claims no compile
     (Compiled=False, NoCompileStep) while the model becomes Ready once its pods are."""
-    assert sglang.COMPILES is False
     obj = load(SAMPLES[0])
     spec = spec_of(obj)
+    assert not sglang.compiles(spec)
     chash = builders.compile_hash(spec)
     kinds = [o["kind"] for o in builders.build_all(OWNER, spec, internal_token="t")]
     assert "Job" not in kinds and "PersistentVolumeClaim" not in kinds and "ConfigMap" not in kinds, kinds
@@ -221,8 +222,6 @@ def edited(change) -> dict:
         (edited(lambda s: s["serving"]["kvTransfer"].update(transport="tcp")),
          "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache over NIXL on EFA; use "
          "kvTransfer.transport efa"),
-        (edited(lambda s: s["model"].update(uri="s3://bucket/gpt-oss")),
-         "SGLang-Neuron has no compile Job, whose ServiceAccount would download an s3:// model"),
         (edited(lambda s: s["neuron"].update(maxInputLength=4096)),
          "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1"),
         (edited(lambda s: s["neuron"].update(tensorParallel=128)),

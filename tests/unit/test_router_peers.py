@@ -55,3 +55,17 @@ def test_pods_that_leave_the_dns_answer_are_forgotten_once_idle():
     peers.peers["http://b"].in_flight = 0
     peers.update(["http://a", "http://c"])
     assert set(peers.peers) == {"http://a", "http://c"}
+
+
+def test_the_kv_usage_a_router_reports_is_the_mean_over_its_pods_in_rotation():
+    """What a router exports as vllm:kv_cache_usage_perc for an inference gateway's endpoint picker."""
+    peers = PeerSet("decode", [])
+    peers.update(["http://a", "http://b", "http://c"])
+    assert peers.kv_usage() == 0.0  # none answered yet
+    peers.probed("http://a", {**status("a"), "kv_usage": 0.2})
+    peers.probed("http://b", {**status("b"), "kv_usage": 0.6})
+    assert peers.kv_usage() == 0.4  # c never answered: not counted
+    peers.probed("http://b", None)  # b's probe failed: out until it answers again
+    assert peers.kv_usage() == 0.2
+    peers.probed("http://c", status("c"))  # a pod whose status has no kv_usage: 0
+    assert peers.kv_usage() == 0.1

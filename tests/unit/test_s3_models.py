@@ -1,7 +1,8 @@
 """An s3:// model, as the operator builds for it (pure): every engine that has a compile Job reads it (ours in
-`neuronfleet compile`; vLLM and TGI, whose images have no AWS SDK, from the download an initContainer of our
-CPU image leaves on the compile cache, which their compile and serving read as a folder); SGLang, which has
-no compile Job, refuses it saying why; the compile Job and the source probe run as compile.serviceAccountName
+`neuronfleet compile`; vLLM, TGI and SGLang, whose images have no AWS SDK, from the download an initContainer
+of our CPU image leaves on the compile cache, which their compile and serving read as a folder; SGLang, which
+compiles as each server starts, gets a compile Job for the download alone); the compile Job and the source
+probe run as compile.serviceAccountName
 (serving pods never); a failed fetch-model initContainer's termination message is the compile's failure.
 Every object is valid Kubernetes (kubernetes-validate, strict)."""
 
@@ -54,8 +55,8 @@ def test_the_samples_exist():
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("engine", ["embedded", "vllm", "tgi"])
-def test_every_engine_with_a_compile_job_takes_an_s3_model(engine, version):
+@pytest.mark.parametrize("engine", ["embedded", "vllm", "tgi", "sglang"])
+def test_every_engine_takes_an_s3_model_through_its_compile_job(engine, version):
     spec = spec_of(engine)
     assert validation.validate(spec).errors == []
     built = objects(spec)
@@ -78,8 +79,8 @@ def test_the_embedded_compile_downloads_itself():
     assert f'"uri":"{URI}"' in config_map["data"]["compile.json"].replace(" ", "")
 
 
-@pytest.mark.parametrize("engine", ["vllm", "tgi"])
-def test_vllm_and_tgi_compile_the_folder_a_fetch_model_init_container_leaves_on_the_cache(engine):
+@pytest.mark.parametrize("engine", ["vllm", "tgi", "sglang"])
+def test_the_engines_compile_the_folder_a_fetch_model_init_container_leaves_on_the_cache(engine):
     built = objects(spec_of(engine))
     (job,) = kind(built, "Job")
     pod = job["spec"]["template"]["spec"]
@@ -106,10 +107,30 @@ def test_vllm_serves_from_the_downloaded_folder_on_the_cache_it_mounts():
     assert not any(e["name"].startswith(("HF_", "HUGGING")) for e in pod["containers"][0].get("env", []))
 
 
-def test_sglang_refuses_an_s3_model_saying_why_and_what_works():
-    (refusal,) = [r for r in engines.unsupported(spec_of("sglang")) if "model.uri" in r]
-    assert refusal.startswith(f"model.uri {URI}: SGLang-Neuron has no compile Job")
-    assert "use hf://, pvc:// or file:// with engine sglang" in refusal
+def test_sglang_gets_a_compile_job_for_the_download_alone_and_serves_the_folder():
+    """SGLang-Neuron compiles as each server starts: for an s3:// model its Job only fetches (our CPU image,
+    no Neuron device, a check that files arrived) and its prefill and decode pods, which hold no S3
+    credentials, read the folder from the cache they mount read-only. Other sources keep no Job at all."""
+    spec = spec_of("sglang")
+    assert engines.compiles(spec) and not engines.compiles(spec_of("sglang", uri="hf://openai/gpt-oss-120b"))
+    built = objects(spec)
+    (job,) = kind(built, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (main,) = pod["containers"]
+    assert main["image"] == engines.OWN_IMAGES["cpu"] and "aws.amazon.com/neuroncore" not in str(main)
+    assert "nodeSelector" not in pod and "tolerations" not in pod  # any node: it reads no device
+    (config_map,) = kind(built, "ConfigMap")
+    assert f"ls -A {SOURCE_DIR}" in config_map["data"]["compile.sh"]
+    engine_pods = [
+        d for d in kind(built, "Deployment")
+        if d["metadata"]["labels"]["neuronfleet.dev/role"] in ("prefill", "decode")
+    ]  # fmt: skip
+    assert len(engine_pods) == 2
+    for deployment in engine_pods:
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"][container["command"].index("--model-path") + 1] == SOURCE_DIR
+        cache = next(m for m in container["volumeMounts"] if m["name"] == "cache")
+        assert cache["mountPath"] == CACHE_MOUNT and cache["readOnly"] is True
 
 
 def test_the_source_probe_runs_as_the_compile_service_account_and_fingerprints_s3():
@@ -169,3 +190,24 @@ def test_a_failed_fetch_model_init_container_is_the_compile_failure():
         }
     }
     assert status.compile_failure([pod]) == message
+
+
+def test_sglangs_fetch_only_compile_fails_on_an_empty_download_and_marks_a_full_one(tmp_path):
+    """SGLang's compile.sh, run by a real sh on a stand-in cache: no files from the download is the compile's
+    failure, saying so in the termination message; files there make the manifest (the completion marker)."""
+    import os
+    import subprocess
+
+    from neuronfleet.contract import TERMINATION_LOG_ENV
+
+    script = engines.compile_files(spec_of("sglang"), "h1")["compile.sh"].replace(CACHE_MOUNT, str(tmp_path))
+    (tmp_path / "compile.sh").write_text(script)
+    log = tmp_path / "termination-log"
+    env = {**os.environ, TERMINATION_LOG_ENV: str(log)}
+    run = subprocess.run(["sh", str(tmp_path / "compile.sh")], capture_output=True, text=True, env=env)
+    folder = SOURCE_DIR.replace(CACHE_MOUNT, str(tmp_path))
+    assert run.returncode == 1 and log.read_text().strip() == f"the download left no files in {folder}"
+    os.makedirs(folder)
+    (tmp_path / folder / "config.json").write_text("{}")
+    run = subprocess.run(["sh", str(tmp_path / "compile.sh")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and (tmp_path / "artifacts" / "h1" / "manifest.json").is_file()
