@@ -151,11 +151,11 @@ class RemoteBackend:
 
     def load_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
         """The gauges an inference gateway's endpoint picker reads (docs/gateway.md), for a router: running:
-        requests routed and not finished, held ones aside; waiting: those held at zero or reserving a slot on
-        a decode pod; KV usage: the mean of its decode pods' at their last probes."""
+        requests routed and not finished that are past both of these; waiting: those held at zero or
+        reserving a slot on a decode pod; KV usage: the mean of its decode pods' at their last probes."""
         return [
-            ("vllm:num_requests_running", "Requests routed and not finished, held ones aside.",
-             lambda: self.in_flight - self.hold.held),
+            ("vllm:num_requests_running", "Requests routed and not finished, past the hold and the reserve.",
+             lambda: self.in_flight - self.hold.held - self.stages["reserve"]),
             ("vllm:num_requests_waiting", "Requests held or finding a decode pod.",
              lambda: self.hold.held + self.stages["reserve"]),
             ("vllm:kv_cache_usage_perc", "Mean share of KV cache in use on the decode pods (1 = full).",
