@@ -559,3 +559,27 @@ class ChatLoad:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=CEILING + 10)
+
+
+def finish_compile(kubectl, job: str) -> None:
+    """What the Job controller and kubelet leave of a compile that succeeded, where no kubelet runs: its
+    pod's termination message (the artifacts' manifest) and the Job's Complete condition."""
+    template = kubectl.get("job", job)["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job}-x1", "labels": {**template["metadata"]["labels"], "job-name": job}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "compile", "image": "runtime"}]},
+    }
+    kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps({"bytes": 1})}
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
+    }
+    kubectl("patch", "pod", f"{job}-x1", "--subresource", "status", "--type", "merge", "-p",
+            json.dumps({"status": status}))  # fmt: skip
+    done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
+    kubectl(
+        "patch", "job", job, "--subresource", "status", "--type", "merge", "-p", json.dumps({"status": done})
+    )

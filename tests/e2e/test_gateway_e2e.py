@@ -11,7 +11,7 @@ import json
 
 import pytest
 import yaml
-from support import OPERATOR_USER, ROOT, OperatorCluster, Process, neuronfleet_command
+from support import OPERATOR_USER, ROOT, OperatorCluster, Process, finish_compile, neuronfleet_command
 
 from neuronfleet.operator.kube import RBAC_RULES
 
@@ -31,30 +31,6 @@ def cluster(tmp_path):
     for proc in api.operators:
         proc.stop()
     api.api.stop()
-
-
-def finish_compile(kubectl, job: str) -> None:
-    """What the Job controller and kubelet leave of a compile that succeeded (no kubelet runs here): its pod's
-    termination message (the artifacts' manifest) and the Job's Complete condition."""
-    template = kubectl.get("job", job)["spec"]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"{job}-x1", "labels": {**template["metadata"]["labels"], "job-name": job}},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "compile", "image": "runtime"}]},
-    }
-    kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps({"bytes": 1})}
-    status = {
-        "phase": "Succeeded",
-        "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
-    }
-    kubectl("patch", "pod", f"{job}-x1", "--subresource", "status", "--type", "merge", "-p",
-            json.dumps({"status": status}))  # fmt: skip
-    done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
-    kubectl(
-        "patch", "job", job, "--subresource", "status", "--type", "merge", "-p", json.dumps({"status": done})
-    )
 
 
 def test_the_model_behind_an_inference_gateway_gets_a_pool_and_route_the_cluster_accepts(cluster):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from support import OPERATOR_USER, ROOT, OperatorCluster, Process, neuronfleet_command
+from support import OPERATOR_USER, ROOT, OperatorCluster, Process, finish_compile, neuronfleet_command
 
 from neuronfleet.operator.kube import RBAC_RULES
 
@@ -95,30 +95,6 @@ def test_kubectl_scale_reads_and_writes_spec_replicas_through_the_scale_subresou
     assert kubectl("get", "nm", "m", "-o", "jsonpath={.spec.replicas}").stdout == "6"
     # the status is the operator's alone: a scale write leaves it as it was
     assert scale_of(kubectl, "m")["status"] == {"replicas": 2, "selector": selector}
-
-
-def finish_compile(kubectl, job: str) -> None:
-    """What the Job controller and kubelet leave of a compile that succeeded: its pod's termination message
-    (the artifacts' manifest) and the Job's Complete condition."""
-    template = kubectl.get("job", job)["spec"]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"{job}-x1", "labels": {**template["metadata"]["labels"], "job-name": job}},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "compile", "image": "runtime"}]},
-    }
-    kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps({"bytes": 1})}
-    status = {
-        "phase": "Succeeded",
-        "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
-    }
-    kubectl("patch", "pod", f"{job}-x1", "--subresource", "status", "--type", "merge", "-p",
-            json.dumps({"status": status}))  # fmt: skip
-    done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
-    kubectl(
-        "patch", "job", job, "--subresource", "status", "--type", "merge", "-p", json.dumps({"status": done})
-    )
 
 
 def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_status(cluster):
