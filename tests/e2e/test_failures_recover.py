@@ -13,14 +13,12 @@ and `kubectl`):
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import urllib.request
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, local_mode
+from support import ROOT, chat, local_mode
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -40,16 +38,6 @@ def degraded(model: dict) -> dict:
     return next(
         (c for c in (model.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"), {}
     )
-
-
-def chat(endpoint: str) -> str:
-    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    req = urllib.request.Request(
-        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
 def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
@@ -72,7 +60,7 @@ def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
     assert f"pod {NAME}-unified-" in message and "is crash-looping" in message, message
     assert f"artifacts/{chash}/model" in message and "does not exist" in message, message
     assert model()["status"]["phase"] == "Rolling"  # the old pod serves on
-    assert chat(endpoint)
+    assert chat(endpoint, NAME, 4)[1]
     events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
     warning = next(line for line in events.splitlines() if "PodsFailing" in line)
     assert "Warning" in warning and "crash-looping" in warning, events

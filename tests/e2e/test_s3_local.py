@@ -14,14 +14,12 @@ ServiceAccount's role:
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 
 import pytest
 import yaml
 from s3_server import ALLOW_ALL, CuttingProxy, MotoServer, env_of
-from support import HTTP_TIMEOUT, ROOT, local_mode
+from support import ROOT, chat, local_mode
 
 from neuronfleet.runtime.gguf_import import default_gguf_path
 
@@ -74,16 +72,6 @@ def condition(model: dict, type_: str) -> dict:
     return next((c for c in (model.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
-def chat(endpoint: str, name: str) -> str:
-    body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    req = urllib.request.Request(
-        endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
 def test_a_missing_bucket_a_missing_key_and_a_denied_bucket_are_the_reason_in_the_models_status(local):
     apply(local, "no-bucket", "s3://no-such-bucket/smollm2.gguf")
     apply(local, "s3-later", "s3://models/later/smollm2.gguf")
@@ -115,7 +103,7 @@ def test_an_s3_model_becomes_ready_and_answers(local):
     apply(local, "from-s3", "s3://models/smollm2/smollm2-135m-instruct.gguf")
     model = lambda: local.get("nm", "from-s3")  # noqa: E731
     local.wait("from-s3 Ready", lambda: (model().get("status") or {}).get("phase") == "Ready")
-    assert chat(model()["status"]["endpoint"], "from-s3")
+    assert chat(model()["status"]["endpoint"], "from-s3", 4)[1]
     claim = local.get("pvc", "-l", "neuronfleet.dev/model=from-s3")["items"][0]["metadata"]["name"]
     sources = local.state / "node" / "volumes" / "default" / claim / "sources"
     assert sources.is_dir() and not [p for p in sources.rglob("*") if p.is_file()]  # converted: not kept
@@ -131,7 +119,7 @@ def test_a_missing_key_is_tried_again_and_ready_once_uploaded(local, s3):
     client.upload_file(str(GGUF), "models", "later/smollm2.gguf")
     local.wait("s3-later Ready with no change", lambda: (model().get("status") or {}).get("phase") == "Ready")
     assert model()["metadata"]["generation"] == 1
-    assert chat(model()["status"]["endpoint"], "s3-later")
+    assert chat(model()["status"]["endpoint"], "s3-later", 4)[1]
 
 
 def test_a_cut_download_is_the_reason_and_the_next_try_resumes(local, s3):
@@ -155,4 +143,4 @@ def test_a_cut_download_is_the_reason_and_the_next_try_resumes(local, s3):
     local.wait("s3-cut Ready with no change", lambda: (model().get("status") or {}).get("phase") == "Ready")
     assert model()["metadata"]["generation"] == 1
     assert proxy.carried < size - 16 * MB, (proxy.carried, size)  # resumed: not the whole file again
-    assert chat(model()["status"]["endpoint"], "s3-cut")
+    assert chat(model()["status"]["endpoint"], "s3-cut", 4)[1]
