@@ -128,9 +128,9 @@ class Prober:
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # gather, not `suppress(CancelledError): await task`: that would also swallow a cancellation of the
+        # caller (the kubelet stopping while it stops a pod), which then never stopped
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 

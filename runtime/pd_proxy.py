@@ -450,6 +450,11 @@ async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
     try:
         response = await task
-    except (asyncio.CancelledError, PeerFailed, Refused):
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # the caller itself is being cancelled: pass it on
+        return
+    except (PeerFailed, Refused):
         return
     response.release()

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CEILING = 600.0  # the longest any single wait may take (pytest's own per-test timeout is the same)
+CEILING = 600.0  # the longest any single wait may take (under pytest's per-test timeout, 720 s)
 PATIENCE = 120.0  # how long a wait with a progress signal tolerates no progress at all
 HTTP_TIMEOUT = 120.0  # a read of /metrics, /health, /ready or a status endpoint on a loaded machine
 KUBECTL_HELP = (

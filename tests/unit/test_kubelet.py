@@ -285,3 +285,26 @@ def _pod(name, *, node="local", phase="Running", ready=True, cost=None, ready_at
 def test_a_scale_down_takes_pods_in_the_replicaset_controllers_order(first, second):
     assert sorted([second, first], key=deletion_rank) == [first, second]
     assert sorted([first, second], key=deletion_rank) == [first, second]
+
+
+def test_closing_a_prober_passes_on_a_cancellation_of_its_caller():
+    """The kubelet stopping (its task cancelled) while it closes a pod's prober must stop, not go on as if
+    nothing happened (the API server then never exited)."""
+
+    async def nothing(_why: str) -> None:
+        return None
+
+    async def scenario() -> asyncio.Task:
+        target = Target(
+            lambda: True, lambda: 0, lambda: 0.0, lambda name: None, "127.0.0.1", nothing, lambda: None
+        )
+        prober = Prober({"readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 60}}, target)
+        prober.start()
+        await asyncio.sleep(0)  # the probe's worker runs
+        closing = asyncio.get_running_loop().create_task(prober.close())
+        await asyncio.sleep(0)  # close() has cancelled the worker and waits for it
+        closing.cancel()
+        await asyncio.gather(closing, return_exceptions=True)
+        return closing
+
+    assert asyncio.run(scenario()).cancelled()
