@@ -3,7 +3,7 @@
 It owns the model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU), its weights
 (loaded from Hugging Face safetensors and fused per layer; weight-only int8/int4 layers from `quantize`), and
 the static KV cache `[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in
-blocks). `forward` takes
+blocks; on CPU its memory becomes resident only as positions are written). `forward` takes
 a prefill group (prompts padded to a length bucket, written into given slots) and/or a decode batch (one token
 for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
 (bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,6 +281,21 @@ class DecodeBatch:
     mask: torch.Tensor  # [B, 1, 1, L] additive
 
 
+def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor whose memory is committed as it is written. On CPU it lives in an anonymous mapping,
+    whose pages the kernel hands out zeroed on first touch (small pages: no transparent huge pages), so a
+    cache sized for every slot at `max_seq_len` costs resident memory only for the positions requests have
+    used (the block-major layout keeps those together). `torch.zeros` would write every page at once."""
+    numel = math.prod(shape)
+    size = numel * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or size == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    memory = mmap.mmap(-1, size)  # the tensor keeps the mapping alive (torch.frombuffer holds a reference)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)  # else one write may commit 2 MiB
+    return torch.frombuffer(memory, dtype=dtype).view(shape)
+
+
 class LlamaModel:
     """The weights, the rotary tables and the static KV cache of `slots` slots of `max_seq_len` positions."""
 
@@ -293,7 +309,7 @@ class LlamaModel:
         # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write), in blocks.
         self.kv_blocks = -(-(max_seq_len + 1) // KV_BLOCK)
         shape = (config.num_layers, 2, self.kv_blocks, slots, config.num_kv_heads, KV_BLOCK, config.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_cache = zeros_on_demand(shape, dtype, device)
         positions = torch.arange(max_seq_len + 1, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inv_freq(config))
         emb = torch.cat((freqs, freqs), dim=-1)
