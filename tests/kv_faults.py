@@ -7,11 +7,12 @@ cross the threshold takes the fault, once.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tcp_proxy import TcpProxy
 
 
 @dataclass
@@ -55,49 +56,25 @@ class FaultPlan:
         return chunk[:keep], f.kind
 
 
-class FaultyProxy:
+class FaultyProxy(TcpProxy):
     """Listens on 127.0.0.1 and forwards each connection to `upstream`, subject to the plan."""
 
     def __init__(self, name: str, upstream: int, plan: FaultPlan) -> None:
-        self.name, self.upstream, self.plan = name, upstream, plan
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
+        self.name, self.plan = name, plan
         self.stalled = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
+    def pump(self, src: socket.socket, dst: socket.socket, upstream_bound: bool, state: None) -> None:
+        while data := src.recv(1 << 16):
+            fault = None
+            if upstream_bound:  # towards the KV receiver
+                data, fault = self.plan.take(self.name, data)
+            dst.sendall(data)
+            if fault == "cut":
                 return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                client.close()
-                continue
-            self.sockets += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, towards_receiver: bool) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                fault = None
-                if towards_receiver:
-                    data, fault = self.plan.take(self.name, data)
-                dst.sendall(data)
-                if fault == "cut":
-                    break
-                if fault == "stall":  # hold the connection open and forward nothing more
-                    self.stalled.wait()
-                    break
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+            if fault == "stall":  # hold the connection open and forward nothing more
+                self.stalled.wait()
+                return
 
     def release(self) -> None:
         """End stalled connections (both sides see them close)."""
@@ -106,7 +83,4 @@ class FaultyProxy:
 
     def close(self) -> None:
         self.release()
-        self.listener.close()
-        for s in self.sockets:
-            with contextlib.suppress(OSError):
-                s.close()
+        super().close()

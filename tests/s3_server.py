@@ -13,6 +13,7 @@ from pathlib import Path
 
 import boto3
 from support import Process, free_port
+from tcp_proxy import TcpProxy
 
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 ALLOW_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
@@ -69,20 +70,17 @@ def env_of(url: str, key: dict | None = None) -> dict[str, str]:
     return env
 
 
-class CuttingProxy:
+class CuttingProxy(TcpProxy):
     """A TCP proxy in front of the S3 server. While cutting, a connection that has carried a request whose
     bytes hold `marker` (any request for an empty marker) is closed once it has carried `after` bytes back
     to the client from then on: a download cut in the middle. `carried` counts the bytes sent back."""
 
     def __init__(self, target_port: int) -> None:
-        self.target = target_port
         self.after: int | None = None
         self.marker = b""
         self.carried = 0
         self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
     def cut(self, after: int, marker: bytes = b"") -> None:
         self.after, self.marker = after, marker
@@ -92,46 +90,26 @@ class CuttingProxy:
         with self.lock:
             self.carried = 0
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            marked = threading.Event()
-            threading.Thread(target=self._requests, args=(client, server, marked), daemon=True).start()
-            threading.Thread(target=self._responses, args=(server, client, marked), daemon=True).start()
+    def connection(self) -> threading.Event:
+        return threading.Event()  # set once the connection carried a marked request while cutting
 
-    def _requests(self, src: socket.socket, dst: socket.socket, marked: threading.Event) -> None:
-        with contextlib.suppress(OSError):
+    def pump(
+        self, src: socket.socket, dst: socket.socket, upstream_bound: bool, marked: threading.Event
+    ) -> None:
+        if upstream_bound:
             while data := src.recv(65536):
                 if self.after is not None and self.marker in data:
                     marked.set()
                 dst.sendall(data)
-        self._close(src, dst)
-
-    def _responses(self, src: socket.socket, dst: socket.socket, marked: threading.Event) -> None:
+            return
         sent = 0
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                limit = self.after if marked.is_set() else None
-                if limit is not None and sent + len(data) > limit:
-                    dst.sendall(data[: limit - sent])
-                    break
-                dst.sendall(data)
-                if marked.is_set():
-                    sent += len(data)
-                with self.lock:
-                    self.carried += len(data)
-        self._close(src, dst)
-
-    @staticmethod
-    def _close(*sockets: socket.socket) -> None:
-        for s in sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.listener.close()
+        while data := src.recv(65536):
+            limit = self.after if marked.is_set() else None
+            if limit is not None and sent + len(data) > limit:
+                dst.sendall(data[: limit - sent])
+                return
+            dst.sendall(data)
+            if marked.is_set():
+                sent += len(data)
+            with self.lock:
+                self.carried += len(data)
