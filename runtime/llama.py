@@ -290,7 +290,9 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     size = numel * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or size == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    memory = mmap.mmap(-1, size)  # the tensor keeps the mapping alive (torch.frombuffer holds a reference)
+    # Private: a read of an untouched page maps the kernel's zero page (a shared mapping would commit it).
+    # The tensor keeps the mapping alive (torch.frombuffer holds a reference).
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         memory.madvise(mmap.MADV_NOHUGEPAGE)  # else one write may commit 2 MiB
     return torch.frombuffer(memory, dtype=dtype).view(shape)
