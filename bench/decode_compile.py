@@ -18,13 +18,10 @@ import time
 from pathlib import Path
 
 import torch
+from decode_profile import profiled_model  # bench/ is the script's folder, first on sys.path
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
-from neuronfleet.runtime.quantize import quantize_folder
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def median_ms(run, repeats: int) -> float:
@@ -77,11 +74,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128, help="the cache length bucket")
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    model_dir = ROOT / "models" / f"bench-smollm2-profile-{args.quantization}"  # shared with decode_profile
-    if not (model_dir / "model.safetensors").is_file():
-        import_gguf(default_gguf_path(), model_dir)
-        if args.quantization != "none":
-            quantize_folder(model_dir, args.quantization)
+    model_dir = profiled_model(args.quantization)
     rows = [measure(model_dir, b, args.length, args.repeats) for b in args.batch]
     print("| streams | model | eager | compiled | compiled / eager | compile | max logit difference |")
     print("|---|---|---|---|---|---|---|")

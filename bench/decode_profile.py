@@ -92,6 +92,17 @@ def profile_batch(model_dir: Path, args, batch: int) -> dict:
     }
 
 
+def profiled_model(quantization: str) -> Path:
+    """The real model as `neuronfleet model import-gguf [--quantization]` makes it, imported once into
+    models/ (kept for later runs; shared with decode_compile.py)."""
+    model_dir = ROOT / "models" / f"bench-smollm2-profile-{quantization}"
+    if not (model_dir / "model.safetensors").is_file():
+        import_gguf(default_gguf_path(), model_dir)
+        if quantization != "none":
+            quantize_folder(model_dir, quantization)
+    return model_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -101,11 +112,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    model_dir = ROOT / "models" / f"bench-smollm2-profile-{args.quantization}"
-    if not (model_dir / "model.safetensors").is_file():  # as `neuronfleet model import-gguf` makes it
-        import_gguf(default_gguf_path(), model_dir)
-        if args.quantization != "none":
-            quantize_folder(model_dir, args.quantization)
+    model_dir = profiled_model(args.quantization)
     rows = [profile_batch(model_dir, args, b) for b in args.batch]
     print(
         "| streams | dtype | step | weights | attention | other ops | outside ops | engine overhead "

@@ -286,8 +286,7 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     whose pages the kernel hands out zeroed on first touch (small pages: no transparent huge pages), so a
     cache sized for every slot at `max_seq_len` costs resident memory only for the positions requests have
     used (the block-major layout keeps those together). `torch.zeros` would write every page at once."""
-    numel = math.prod(shape)
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or size == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
     # Private: a read of an untouched page maps the kernel's zero page (a shared mapping would commit it).

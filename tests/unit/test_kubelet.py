@@ -228,6 +228,10 @@ def test_repeated_events_are_counted_on_one_event():
     assert unhealthy["involvedObject"]["kind"] == "Pod" and events["Started"]["count"] == 1
 
 
+async def no_kill(_why: str) -> None:
+    """A probe target's `kill` where no container runs."""
+
+
 def test_a_refused_probe_says_so_in_the_kubelets_words():
     import socket
 
@@ -235,12 +239,9 @@ def test_a_refused_probe_says_so_in_the_kubelets_words():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    async def nothing(_why: str) -> None:
-        return None
-
     async def scenario() -> tuple[tuple[bool, str], tuple[bool, str]]:
         target = Target(
-            lambda: True, lambda: 0, lambda: 0.0, lambda name: port, "127.0.0.1", nothing, lambda: None
+            lambda: True, lambda: 0, lambda: 0.0, lambda name: port, "127.0.0.1", no_kill, lambda: None
         )
         prober = Prober({}, target)
         prober.start()
@@ -291,12 +292,9 @@ def test_closing_a_prober_passes_on_a_cancellation_of_its_caller():
     """The kubelet stopping (its task cancelled) while it closes a pod's prober must stop, not go on as if
     nothing happened (the API server then never exited)."""
 
-    async def nothing(_why: str) -> None:
-        return None
-
     async def scenario() -> asyncio.Task:
         target = Target(
-            lambda: True, lambda: 0, lambda: 0.0, lambda name: None, "127.0.0.1", nothing, lambda: None
+            lambda: True, lambda: 0, lambda: 0.0, lambda name: None, "127.0.0.1", no_kill, lambda: None
         )
         prober = Prober({"readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 60}}, target)
         prober.start()
