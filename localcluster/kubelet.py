@@ -10,7 +10,8 @@ it does what a node's kubelet and the built-in controllers would, with local pro
 - Pods run their container's command as a local process (`processes`): ports mapped, volume mounts mapped to
   local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), probes at
   their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
-  reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`.
+  reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`. A deleted pod
+  leaves its Services at once, then runs its preStop `sleep` hook, then gets SIGTERM (`processes.stop`).
 - What happens is recorded as Events, in the kubelet's and the Job controller's words (`events`).
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
@@ -103,8 +104,8 @@ class ProcessKubelet:
             await self.shutdown()
 
     async def shutdown(self) -> None:
-        """Stop every process and proxy this kubelet started."""
-        await asyncio.gather(*(stop(p) for p in list(self.pods.values())))
+        """Stop every process and proxy this kubelet started (no preStop hooks: nothing routes to them)."""
+        await asyncio.gather(*(stop(p, hooks=False) for p in list(self.pods.values())))
         self.pods.clear()
         await self.events.settle()
         await self.job_events.settle()
@@ -263,7 +264,9 @@ class ProcessKubelet:
             local = self.pods.get(uid)
             if local is not None:
                 await self.patch_status("", "v1", "pods", pod, pod_status(pod, local))
-        for uid in [u for u in self.pods if u not in present]:  # deleted: out of every Service, then stopped
+        for uid in [
+            u for u in self.pods if u not in present
+        ]:  # deleted: out of every Service, then its hook, then stopped
             gone = self.pods.pop(uid)
             for backends in self.backends.values():
                 backends[:] = [b for b in backends if b[1] not in gone.port_numbers.values()]
@@ -349,6 +352,7 @@ class ProcessKubelet:
             port_numbers=numbers,
             restart_policy=spec.get("restartPolicy", "Always"),
             grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
+            pre_stop=(container.get("lifecycle") or {}).get("preStop"),
             container=container["name"],
         )
         involved = reference(pod, f"spec.containers{{{container['name']}}}")

@@ -2,7 +2,8 @@
 (ports mapped to free local ports, 0.0.0.0 to 127.0.0.1, container paths to local folders, the installed
 `neuronfleet` for the image), the process supervised (its output logged per instance with per-line times,
 restarted with a growing delay as the restart policy says, its termination message and last state kept),
-killed and stopped gracefully, and the pod status that follows from all of it (probes: `probes`).
+killed and stopped gracefully (a deleted pod's preStop `sleep` hook first), and the pod status that follows
+from all of it (probes: `probes`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ log = logging.getLogger(__name__)
 
 PORT_FLAGS = ("--port", "--kv-port")
 DEVICE_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa")
-# a pod's terminationGracePeriodSeconds is honoured up to this: the serving pods' 45 s (the runtime's 30 s
-# drain and a margin), so a request in flight on a deleted pod finishes, as a real kubelet lets it, on a busy
-# machine too (a process that exits sooner costs nothing more)
+# a pod's terminationGracePeriodSeconds is honoured up to this: the serving pods' 50 s (the 5 s preStop
+# sleep, the runtime's 30 s drain and a margin), so a request in flight on a deleted pod finishes, as a real
+# kubelet lets it, on a busy machine too (a process that exits sooner costs nothing more)
 MAX_GRACE_SECONDS = 60.0
+# a preStop hook that used up the grace period leaves the process this long after SIGTERM: the kubelet's
+# "one-off grace period extension of 2 seconds" (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle,
+# "Termination of Pods")
+MIN_GRACE_AFTER_HOOK_SECONDS = 2.0
 POD_IP = "127.0.0.1"  # every pod's address: its ports, not its address, tell pods apart
 
 
@@ -80,6 +85,7 @@ class LocalPod:
     port_numbers: dict[int, int]  # container port -> local port
     restart_policy: str = "Always"
     grace_seconds: float = 30.0
+    pre_stop: dict[str, Any] | None = None  # the container's lifecycle.preStop handler
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
@@ -197,10 +203,10 @@ async def supervise(
         delay = min(delay * 2, 10.0)
 
 
-async def kill(pod: LocalPod, why: str = "") -> None:
+async def kill(pod: LocalPod, why: str = "", grace: float | None = None) -> None:
     """Stop the current instance (SIGTERM to its process group, SIGKILL after the grace period); the
     supervisor then restarts it or not, as the restart policy says. `why` (a probe failed) is logged and
-    recorded (event Killing)."""
+    recorded (event Killing); `grace`: the seconds SIGTERM has before SIGKILL (the pod's grace period)."""
     proc = pod.process
     if proc is None or proc.returncode is not None:
         return
@@ -210,17 +216,45 @@ async def kill(pod: LocalPod, why: str = "") -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        await asyncio.wait_for(asyncio.shield(proc.wait()), min(pod.grace_seconds, MAX_GRACE_SECONDS))
+        await asyncio.wait_for(asyncio.shield(proc.wait()), grace if grace is not None else _grace(pod))
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
 
 
-async def stop(pod: LocalPod) -> None:
-    """Stop the pod for good: its process (gracefully), its supervisor and probes."""
+def _grace(pod: LocalPod) -> float:
+    return min(pod.grace_seconds, MAX_GRACE_SECONDS)
+
+
+async def pre_stop(pod: LocalPod) -> float:
+    """Run the container's preStop hook, as the kubelet does before SIGTERM when a pod is deleted, within the
+    grace period; the seconds it took. Local mode runs the `sleep` action (Kubernetes 1.30+, KEP-3960), the
+    one neuronfleet's serving pods use: the pod is already out of its Services, so requests routed to it in
+    the meantime still get answers. Other handlers (exec, httpGet, tcpSocket) are not run here: a Warning
+    Event says so."""
+    hook = pod.pre_stop or {}
+    if not hook or not pod.running:
+        return 0.0
+    if "sleep" not in hook:
+        kind = next(iter(hook))
+        pod.event(
+            "Warning", "FailedPreStopHook", f"the local kubelet runs only sleep preStop hooks, not {kind}"
+        )
+        return 0.0
+    seconds = min(float(hook["sleep"].get("seconds") or 0), _grace(pod))
+    began = time.monotonic()
+    log.info("pod %s/%s: preStop sleep %g s", pod.namespace, pod.name, seconds)
+    await asyncio.sleep(seconds)
+    return time.monotonic() - began
+
+
+async def stop(pod: LocalPod, hooks: bool = True) -> None:
+    """Stop the pod for good: its preStop hook (`hooks`: a deleted pod; not when the whole node stops), its
+    process (gracefully, in what the hook left of the grace period), its supervisor and probes."""
     pod.stopping = True
-    await kill(pod)
+    took = await pre_stop(pod) if hooks else 0.0
+    await kill(pod, grace=max(_grace(pod) - took, MIN_GRACE_AFTER_HOOK_SECONDS))
     if pod.prober is not None:
         await pod.prober.close()
     for task in pod.tasks:

@@ -45,6 +45,12 @@ UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, roll
 ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
 SOURCE_RETRIES_ANNOTATION = f"{LABEL_PREFIX}/source-retries"  # on a compile Job: tries after a source failed
 COMPILE_JOB_TTL = 3600  # seconds a finished compile Job stays (ttlSecondsAfterFinished) for its logs
+# A deleted serving pod leaves its Service's endpoints while the kubelet stops it, not before: kube-proxy on
+# every node (and a gateway's picker) may still send it new requests for a few seconds, which a server that
+# drains at SIGTERM would refuse (503). The container's preStop hook sleeps this long first, still serving,
+# and the grace period counts it. The `sleep` action is beta and on by default from Kubernetes 1.30, GA in
+# 1.34 (KEP-3960); this project supports 1.31 and later, and it needs no sleep binary in any engine's image.
+ENDPOINT_DRAIN_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -399,8 +405,10 @@ def build_deployment(
 
     pod_spec: dict[str, Any] = {
         "securityContext": pod_parts.pod_security(),
-        # requests in flight finish within the grace period, then the process exits
-        "terminationGracePeriodSeconds": int(config.grace_period if config else GRACE_PERIOD) + 15,
+        # the preStop sleep, then requests in flight finish within the server's grace period, then it exits
+        "terminationGracePeriodSeconds": (
+            ENDPOINT_DRAIN_SECONDS + int(config.grace_period if config else GRACE_PERIOD) + 15
+        ),
         "containers": [
             {
                 "name": "server",
@@ -414,6 +422,7 @@ def build_deployment(
                 "startupProbe": probe(health, 10, 360),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
+                "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_DRAIN_SECONDS}}},
                 "securityContext": pod_parts.security(read_only_root=container.read_only_root, efa=efa),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }

@@ -546,9 +546,10 @@ class ChatLoad:
                 chat(self.endpoint, self.model, self.tokens, CEILING)
                 with self._lock:
                     self.answered += 1
-            except Exception as e:  # every failure is kept and reported
+            except Exception as e:  # every failure is kept and reported, with an HTTP error's body
+                said = e.read()[:300] if isinstance(e, urllib.error.HTTPError) else b""
                 with self._lock:
-                    self.failed.append(repr(e))
+                    self.failed.append(f"{e!r} {said.decode(errors='replace')}".strip())
 
     def __enter__(self) -> ChatLoad:
         for t in self.threads:

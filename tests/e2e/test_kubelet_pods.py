@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
 port = int(sys.argv[sys.argv.index("--port") + 1])
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
+# the same server, which also writes "<seconds> SIGTERM" to a file `sigterm` in its folder when it gets one
+LINGERING = WEB.replace(
+    "port = int(",
+    "import signal\n"
+    "def term(*_):\n"
+    "    open('sigterm', 'w').write(f'{time.time():.6f} SIGTERM')\n"
+    "    raise SystemExit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "port = int(",
+)
 
 
 class Node:
@@ -436,3 +447,53 @@ def test_a_scale_down_deletes_the_pods_with_the_lowest_deletion_cost_first(node)
                      if not x["metadata"].get("deletionTimestamp")]) and len(p) == 1 and p)  # fmt: skip
     assert left[0]["metadata"]["name"] == names[2]
     node.kubectl("delete", "deployment", "costly")
+
+
+def test_a_deleted_pod_leaves_its_service_then_sleeps_its_prestop_hook_then_gets_sigterm(node):
+    """What neuronfleet's serving pods rely on (a preStop `sleep`, KEP-3960): the pod leaves the Service's
+    endpoints at once, keeps serving what was already routed to it through the hook, and only then gets
+    SIGTERM, within its grace period."""
+    hook = 6
+    ready = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1}
+    web = container(LINGERING, args=["--port", "8080"], ports=[{"name": "http", "containerPort": 8080}],
+                    readinessProbe=ready, lifecycle={"preStop": {"sleep": {"seconds": hook}}})  # fmt: skip
+    node.apply(deployment("lingering", web))
+    service = {"selector": {"app": "lingering"}, "ports": [{"port": 80, "targetPort": "http"}]}
+    node.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lingering"}, "spec": service})
+    pod = node.pod("app=lingering")
+    name, folder = pod["metadata"]["name"], node.folder(pod)
+
+    def slice_ports() -> list[int]:
+        slices = node.get("endpointslices", "-l", "kubernetes.io/service-name=lingering")["items"]
+        return [p["port"] for s in slices for p in s.get("ports") or []]
+
+    (port,) = node.wait("the pod in the Service's endpoints", slice_ports)
+    pid = int((folder / "pid").read_text())
+    deleted = time.time()
+    node.kubectl("delete", "pod", name, "--wait=false")
+    node.wait("the pod out of the Service's endpoints", lambda: not slice_ports())
+    left_service = time.time()
+    inside = left_service - deleted < hook - 1  # seen inside the hook (a very busy machine may be past it)
+    if inside:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+            assert r.status == 200  # still serving: no SIGTERM yet
+    marks = folder / "sigterm"
+    term = float(node.wait("the SIGTERM", lambda: marks.exists() and marks.read_text()).split()[0])
+    assert term >= deleted + hook - 0.1, f"SIGTERM {term - deleted:.1f} s after the deletion, inside the hook"
+    assert term > left_service or not inside, "SIGTERM before the pod left its Service"
+    node.wait("the process gone", lambda: not alive(pid))
+    out, sigterm = left_service - deleted, term - deleted
+    print(f"after the deletion: out of the Service at {out:.1f} s, SIGTERM at {sigterm:.1f} s")
+    node.kubectl("delete", "deployment,service", "lingering")
+
+
+def test_a_prestop_hook_the_local_kubelet_does_not_run_is_reported(node):
+    sleeper = container(
+        "import time; time.sleep(3600)", lifecycle={"preStop": {"exec": {"command": ["/bin/true"]}}}
+    )
+    node.apply(deployment("hooked", sleeper))
+    name = node.pod("app=hooked")["metadata"]["name"]
+    node.wait("the pod running", lambda: state(node.get("pod", name)).get("state", {}).get("running"))
+    node.kubectl("delete", "deployment", "hooked")
+    failed = node.wait("FailedPreStopHook", lambda: events(node, name).get("FailedPreStopHook"))
+    assert failed["type"] == "Warning" and "not exec" in failed["message"], failed

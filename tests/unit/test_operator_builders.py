@@ -96,7 +96,10 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert pod_parts.NEURON_TAINT in pod["tolerations"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
-    assert pod["terminationGracePeriodSeconds"] > GRACE_PERIOD
+    # still serving through the preStop sleep while the endpoints drop the pod, then draining: the grace
+    # period holds both
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": builders.ENDPOINT_DRAIN_SECONDS}}}
+    assert pod["terminationGracePeriodSeconds"] > builders.ENDPOINT_DRAIN_SECONDS + GRACE_PERIOD
     sc = c["securityContext"]
     assert (
         sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
