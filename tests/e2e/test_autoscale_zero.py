@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from support import CEILING, ROOT, chat, local_mode
+from support import CEILING, ROOT, chat, local_mode, metric
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -88,6 +88,14 @@ def test_idle_it_goes_to_zero_unified_pods_and_the_router_stays(local, measured)
     (router,) = pods(local, "router")
     ready = {c["type"]: c["status"] for c in router["status"]["conditions"]}
     assert ready["Ready"] == "True", router["status"]  # the front door takes requests at zero
+    # The deleted pod still serves through its preStop sleep, and the front door sends it requests until it
+    # resolves the Service again without it (as on a real cluster): at zero once none is in its rotation.
+    endpoint = model(local)["status"]["endpoint"]
+    in_rotation = {"model_name": NAME, "role": "unified"}
+    local.wait(
+        "the front door at zero",
+        lambda: metric(endpoint, "neuronfleet:router_peers_healthy", **in_rotation) == 0,
+    )
     assert local.get("deployment", f"{NAME}-unified")["spec"]["replicas"] == 0
     assert model(local)["status"]["phase"] == "Ready"
 
