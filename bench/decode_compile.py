@@ -1,9 +1,12 @@
 """What capturing the decode step as a graph would give: the model's decode pass run eagerly (as the engine
 runs it today) against the same pass compiled by torch.compile (inductor, which needs a C compiler: gcc here),
 on the real model, in one run. It prints both times per pass, their ratio, the compile time, and the largest
-logit difference between the two (the compiled pass must compute the same thing).
+logit difference between the two (the compiled pass must compute the same thing). To tell a difference that
+is rounding from one that is an error, both passes are also compared with a float64 pass over the very same
+weights (int8/int4 dequantized exactly as the kernels read them): the model's own rounding (float32, and
+the bfloat16 activations the weight-only kernels take) is the yardstick the compiled pass must stay within.
 
-    .venv/bin/python bench/decode_compile.py [--quantization none|int8|int4] [--batch 1 32] [--length 128]
+    .venv/bin/python bench/decode_compile.py [--quantization none|int8|int4] [--dtype auto] [--batch 1 32]
 
 Not a test, and not (yet) how the engine runs: a compiled pass is fixed to one (batch, length) bucket and
 takes about a minute to compile on a 2-core CPU, so serving with it needs its compiled buckets kept in the
@@ -14,14 +17,58 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import time
 from pathlib import Path
 
 import torch
-from decode_profile import profiled_model  # bench/ is the script's folder, first on sys.path
+from decode_profile import ROOT, profiled_model  # bench/ is the script's folder, first on sys.path
+from prompts import QUESTIONS
+from safetensors.torch import load_file, save_file
 
+from neuronfleet.runtime import quantize
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
+from neuronfleet.runtime.llama import LlamaModel, PrefillBatch
+from neuronfleet.runtime.model_config import load_model_config
+
+
+def dequantized(model_dir: Path) -> Path:
+    """The folder's weights in float32 as the weight-only kernels read them (int4: (q - 8) * scale + zero
+    with scale and zero in bfloat16; int8: q * scale, the layers' scales in bfloat16, the embedding's in
+    float32, which a tied LM head shares here), for a float64 reference pass; a float folder as it is."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    if not raw.get(quantize.CONFIG_KEY):
+        return model_dir
+    out = ROOT / "models" / f"{model_dir.name}-dequantized"
+    if (out / "model.safetensors").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, weights = load_file(str(model_dir / "model.safetensors")), {}
+    for name in [k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")]:
+        q = tensors[name + ".qweight"]
+        if name + ".scales_zeros" in tensors:  # int4: two 4-bit values a byte, low nibble first
+            sz = tensors[name + ".scales_zeros"].to(quantize.KERNEL_DTYPE).double()  # [N, K/g, 2]
+            values = torch.stack((q & 0x0F, q >> 4), dim=-1).view(q.shape[0], -1).double()
+            groups = values.view(q.shape[0], sz.shape[1], -1)
+            w = ((groups - 8) * sz[..., :1] + sz[..., 1:]).view(q.shape[0], -1)
+        else:
+            scales = tensors[name + ".scales"]
+            if name != quantize.EMBED:
+                scales = scales.to(quantize.KERNEL_DTYPE)
+            w = q.double() * scales.double()[:, None]
+        weights[name + ".weight"] = w.float().contiguous()
+    weights.update(
+        {
+            k: v
+            for k, v in tensors.items()
+            if k.rsplit(".", 1)[-1] not in ("qweight", "scales", "scales_zeros")
+        }
+    )
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del raw[quantize.CONFIG_KEY]
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
 
 
 def median_ms(run, repeats: int) -> float:
@@ -35,11 +82,31 @@ def median_ms(run, repeats: int) -> float:
     return 1e3 * sorted(times)[repeats // 2]
 
 
-def measure(model_dir: Path, batch: int, length: int, repeats: int) -> dict:
-    engine = Engine.from_model_dir(str(model_dir), RuntimeConfig(slots=batch, max_seq_len=512, dtype="auto"))
+def prefilled(model: LlamaModel, prompts: list[list[int]]) -> torch.Tensor:
+    """Each slot's cache filled with its prompt (one prefill pass); the prompts' next tokens, greedy."""
+    longest = max(map(len, prompts))
+    tokens = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+    batch = PrefillBatch(
+        tokens=tokens,
+        last_index=torch.tensor([len(ids) - 1 for ids in prompts]),
+        slot_ids=torch.arange(len(prompts)),
+    )
+    return model.forward(batch, None)[0].argmax(-1)
+
+
+def measure(model_dir: Path, reference_dir: Path, batch: int, repeats: int, dtype: str) -> dict:
+    engine = Engine.from_model_dir(str(model_dir), RuntimeConfig(slots=batch, max_seq_len=512, dtype=dtype))
     model = engine.runner.model
-    tokens = torch.full((batch,), 42, dtype=torch.long)
-    positions = torch.arange(batch) + length - 40  # every row well inside the length bucket
+    # a real state: each slot holds a chat prompt, and the step decodes the token after it
+    prompts = [
+        engine.tokenizer.encode_chat([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
+        for i in range(batch)
+    ]
+    tokens = prefilled(model, prompts)
+    positions = torch.tensor([len(ids) for ids in prompts])
+    length = int(positions.max()) + 1
     step = model.decode_batch(tokens, positions, length, None)
     eager_ms = median_ms(lambda: model.forward(None, step), repeats)
     # The pass without its inference_mode wrapper (inductor cannot trace inference tensors), under no_grad.
@@ -52,8 +119,14 @@ def measure(model_dir: Path, batch: int, length: int, repeats: int) -> dict:
     start = time.perf_counter()
     logits = run_compiled()[1]
     compile_s = time.perf_counter() - start
-    difference = float((logits - model.forward(None, step)[1]).abs().max())
+    eager_logits = model.forward(None, step)[1]
+    difference = float((logits - eager_logits).abs().max())
     compiled_ms = median_ms(run_compiled, repeats)
+    exact = LlamaModel(
+        reference_dir, load_model_config(reference_dir), batch, 512, torch.float64, model.device
+    )
+    prefilled(exact, prompts)
+    truth = exact.forward(None, exact.decode_batch(tokens, positions, length, None))[1]
     return {
         "batch": batch,
         "dtype": engine.runner.dtype_name,
@@ -62,6 +135,8 @@ def measure(model_dir: Path, batch: int, length: int, repeats: int) -> dict:
         "ratio": compiled_ms / eager_ms,
         "compile_s": compile_s,
         "max_logit_difference": difference,
+        "eager_vs_float64": float((eager_logits - truth).abs().max()),
+        "compiled_vs_float64": float((logits - truth).abs().max()),
     }
 
 
@@ -70,19 +145,24 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="int4")
+    parser.add_argument("--dtype", default="auto", help="the activations' dtype (auto, float32, bfloat16)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--length", type=int, default=128, help="the cache length bucket")
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     model_dir = profiled_model(args.quantization)
-    rows = [measure(model_dir, b, args.length, args.repeats) for b in args.batch]
-    print("| streams | model | eager | compiled | compiled / eager | compile | max logit difference |")
-    print("|---|---|---|---|---|---|---|")
+    reference_dir = dequantized(model_dir)
+    rows = [measure(model_dir, reference_dir, b, args.repeats, args.dtype) for b in args.batch]
+    print(
+        "| streams | model | eager | compiled | compiled / eager | compile | max logit difference "
+        "| eager vs float64 | compiled vs float64 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['batch']} | {r['dtype']} {args.quantization} | {r['eager_ms']:.1f} ms "
             f"| {r['compiled_ms']:.1f} ms | {r['ratio']:.2f}x | {r['compile_s']:.0f} s "
-            f"| {r['max_logit_difference']:.3g} |"
+            f"| {r['max_logit_difference']:.3g} | {r['eager_vs_float64']:.3g} "
+            f"| {r['compiled_vs_float64']:.3g} |"
         )
 
 
