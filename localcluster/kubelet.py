@@ -78,6 +78,7 @@ class ProcessKubelet:
     def __init__(self, cluster: ClusterClient, state: Path) -> None:
         self.cluster, self.state = cluster, Path(state)
         self.pods: dict[str, LocalPod] = {}  # pod uid -> its process
+        self.retiring: set[LocalPod] = set()  # deleted pods in their preStop hook or grace period
         self.proxies: dict[
             str, tuple[asyncio.base_events.Server, int]
         ] = {}  # service uid:port -> (server, port)
@@ -104,9 +105,11 @@ class ProcessKubelet:
             await self.shutdown()
 
     async def shutdown(self) -> None:
-        """Stop every process and proxy this kubelet started (no preStop hooks: nothing routes to them)."""
-        await asyncio.gather(*(stop(p, hooks=False) for p in list(self.pods.values())))
+        """Stop every process and proxy this kubelet started, deleted pods still in their preStop hook too (no
+        hooks now: nothing routes to them)."""
+        await asyncio.gather(*(stop(p, hooks=False) for p in [*self.pods.values(), *self.retiring]))
         self.pods.clear()
+        self.retiring.clear()
         await self.events.settle()
         await self.job_events.settle()
         for proxy, _ in self.proxies.values():
@@ -274,7 +277,12 @@ class ProcessKubelet:
             asyncio.get_running_loop().create_task(self._retire(gone))
 
     async def _retire(self, gone: LocalPod) -> None:
-        await stop(gone)
+        self.retiring.add(gone)
+        try:
+            await stop(gone)
+        finally:  # cancelled in its hook (the node stopping): `shutdown` still stops its process
+            if not gone.running:
+                self.retiring.discard(gone)
         self.events.forget(gone.uid)
 
     def _volumes(self, pod: dict[str, Any], folder: Path) -> dict[str, Path]:

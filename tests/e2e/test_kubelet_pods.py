@@ -11,6 +11,7 @@ import datetime
 import itertools
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ApiServer, kubectl_path
+from support import ApiServer, kubectl_path, wait_until
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z) (.*)$")  # RFC3339NanoFixed, as kubelet writes
 
@@ -497,3 +498,27 @@ def test_a_prestop_hook_the_local_kubelet_does_not_run_is_reported(node):
     node.kubectl("delete", "deployment", "hooked")
     failed = node.wait("FailedPreStopHook", lambda: events(node, name).get("FailedPreStopHook"))
     assert failed["type"] == "Warning" and "not exec" in failed["message"], failed
+
+
+def test_a_node_that_stops_stops_the_pods_still_in_their_prestop_hook(tmp_path):
+    node = Node(tmp_path)
+    try:
+        sleeper = container(
+            "import time; time.sleep(3600)", lifecycle={"preStop": {"sleep": {"seconds": 50}}}
+        )
+        body = deployment("unhooked", sleeper)
+        body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
+        node.apply(body)
+        pod = node.pod("app=unhooked")
+        pid_file = node.folder(pod) / "pid"
+        pid = int(node.wait("the process", lambda: pid_file.exists() and pid_file.read_text()))
+        node.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
+        node.wait("the pod deleted", lambda: node.get("pod", pod["metadata"]["name"]) is None)
+        assert alive(pid)  # in its 50 s hook
+    finally:
+        node.api.stop()
+    try:
+        wait_until(lambda: not alive(pid), "the process gone with the node")
+    finally:  # an orphan left behind is not left running
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
