@@ -267,9 +267,8 @@ class ProcessKubelet:
             local = self.pods.get(uid)
             if local is not None:
                 await self.patch_status("", "v1", "pods", pod, pod_status(pod, local))
-        for uid in [
-            u for u in self.pods if u not in present
-        ]:  # deleted: out of every Service, then its hook, then stopped
+        # deleted: out of every Service, then its hook, then stopped
+        for uid in [u for u in self.pods if u not in present]:
             gone = self.pods.pop(uid)
             for backends in self.backends.values():
                 backends[:] = [b for b in backends if b[1] not in gone.port_numbers.values()]

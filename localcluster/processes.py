@@ -254,7 +254,7 @@ async def stop(pod: LocalPod, hooks: bool = True) -> None:
     process (gracefully, in what the hook left of the grace period), its supervisor and probes."""
     pod.stopping = True
     took = await pre_stop(pod) if hooks else 0.0
-    await kill(pod, grace=max(_grace(pod) - took, MIN_GRACE_AFTER_HOOK_SECONDS))
+    await kill(pod, grace=max(_grace(pod) - took, MIN_GRACE_AFTER_HOOK_SECONDS) if took else _grace(pod))
     if pod.prober is not None:
         await pod.prober.close()
     for task in pod.tasks:
