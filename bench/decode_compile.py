@@ -47,10 +47,9 @@ def dequantized(model_dir: Path) -> Path:
     tensors, weights = load_file(str(model_dir / "model.safetensors")), {}
     for name in [k.removesuffix(".qweight") for k in tensors if k.endswith(".qweight")]:
         q = tensors[name + ".qweight"]
-        if name + ".scales_zeros" in tensors:  # int4: two 4-bit values a byte, low nibble first
+        if name + ".scales_zeros" in tensors:  # int4
             sz = tensors[name + ".scales_zeros"].to(quantize.KERNEL_DTYPE).double()  # [N, K/g, 2]
-            values = torch.stack((q & 0x0F, q >> 4), dim=-1).view(q.shape[0], -1).double()
-            groups = values.view(q.shape[0], sz.shape[1], -1)
+            groups = quantize.unpack_int4(q).double().view(q.shape[0], sz.shape[1], -1)
             w = ((groups - 8) * sz[..., :1] + sz[..., 1:]).view(q.shape[0], -1)
         else:
             scales = tensors[name + ".scales"]

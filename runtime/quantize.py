@@ -119,13 +119,17 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """The stored int4 form uint8 [N, K/2] -> its values 0..15 as uint8 [N, K] (low nibble first)."""
+    return torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).view(qweight.shape[0], -1)
+
+
 class Int4Linear:
     """y = x W^T + b with W int4 in groups (aten._weight_int4pack_mm_for_cpu, in this CPU's layout)."""
 
     def __init__(self, qweight: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None) -> None:
-        n, half = qweight.shape
-        self.group = 2 * half // scales_zeros.shape[1]
-        values = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).view(n, 2 * half).to(torch.int32)
+        self.group = 2 * qweight.shape[1] // scales_zeros.shape[1]
+        values = unpack_int4(qweight).to(torch.int32)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
         self.scales_zeros = scales_zeros.transpose(0, 1).contiguous().to(KERNEL_DTYPE)  # [K/g, N, 2]
         self.bias = bias
