@@ -190,13 +190,13 @@ def load_weights(
     if kind != "none":
         embed_parts = stored_parts(quantize.EMBED)
         shape = tuple(embed_parts["qweight"].shape)
-        embed = quantize.Int8Embedding(embed_parts["qweight"], embed_parts["scales"], dtype)
-        has_head = "lm_head.qweight" in tensors
-        lm_head = (
-            linear(["lm_head"], None)
-            if has_head
-            else quantize.Int8Linear(embed.qweight, embed_parts["scales"], None)
-        )
+        if "lm_head.qweight" in tensors:
+            lm_head = linear(["lm_head"], None)
+            table = embed_parts["qweight"]
+        else:  # tied: the head and the lookup share one table, the head's aligned one
+            lm_head = quantize.Int8Linear(embed_parts["qweight"], embed_parts["scales"], None)
+            table = lm_head.qweight
+        embed = quantize.Int8Embedding(table, embed_parts["scales"], dtype)
     else:
         table = take("model.embed_tokens.weight")
         shape = tuple(table.shape)

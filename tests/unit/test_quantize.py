@@ -64,6 +64,20 @@ def test_int8_layer_multiplies_like_its_per_channel_weights():
     assert_kernel_close(y, x @ dequantized(stored).T + bias)
 
 
+@pytest.mark.parametrize("offset", [1, 8, 24])
+def test_int8_layer_takes_weights_at_any_offset_in_memory(offset):
+    """A safetensors file hands out tensors at their offsets in the file; torch's AVX512 int8 kernel (16+
+    rows) dies of a segmentation fault on a weight not on a 16-byte boundary, so the layer must align it."""
+    torch.manual_seed(4)
+    stored = quantize_int8(torch.randn(256, 128) * 0.05)
+    buffer = torch.empty(stored["qweight"].numel() + offset, dtype=torch.int8)
+    shifted = buffer[offset:].view(256, 128)
+    shifted.copy_(stored["qweight"])
+    x = torch.randn(32, 128)
+    y = Int8Linear(shifted, stored["scales"], None)(x)
+    assert_kernel_close(y, x @ dequantized(stored).T)
+
+
 def test_int4_layer_multiplies_like_its_group_wise_weights_in_this_cpus_layout():
     torch.manual_seed(1)
     w, x = torch.randn(64, 128) * 0.05, torch.randn(7, 128)
