@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import cpu_threads
+from . import cpu_threads, heap_returns
 from .config import RuntimeConfig, pick_bucket
 from .dtypes import resolve_dtype
 from .llama import KV_BLOCK, LlamaModel, PrefillBatch
@@ -36,10 +36,11 @@ class ModelRunner:
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         self.device = torch.device(config.device)
-        self.model = LlamaModel(
-            self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
-            config.quantization,
-        )  # fmt: skip
+        with heap_returns.loading():  # what loading frees goes back to the system
+            self.model = LlamaModel(
+                self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
+                config.quantization,
+            )  # fmt: skip
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()
 
