@@ -270,8 +270,9 @@ class DecodeBatch:
     positions: torch.Tensor  # [B]; idle slots: the scratch column
     length: int
     rows: torch.Tensor | None  # the slots whose logits are wanted (all when None)
-    cache_rows: torch.Tensor  # [B * KV]: where each row's new key (value) of each KV head goes in a layer's
-    # key (value) cache seen as rows of head_dim (`LlamaModel.layer_kv`), the same in every layer
+    slot_idx: torch.Tensor  # [B] = arange(B)
+    block: torch.Tensor  # [B]: the cache block and the offset in it of each row's position
+    offset: torch.Tensor
     cos: torch.Tensor  # [B, 1, D]
     sin: torch.Tensor
     mask: torch.Tensor  # [B, 1, 1, L] additive
@@ -389,10 +390,8 @@ class LlamaModel:
         q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
         v = v.view(b, kv_heads, c.head_dim)
         cache_k, cache_v = self.layer_kv[layer]  # [blocks, slots, KV, BLOCK, D]
-        # One row copy per key and value (an indexed assignment [block, slot, :, offset] costs 10-100x more:
-        # 134 us a layer at 32 rows on a 2-core Zen 4, a sixth of the step).
-        cache_k.view(-1, c.head_dim).index_copy_(0, batch.cache_rows, k.reshape(-1, c.head_dim))
-        cache_v.view(-1, c.head_dim).index_copy_(0, batch.cache_rows, v.reshape(-1, c.head_dim))
+        cache_k[batch.block, batch.slot_idx, :, batch.offset] = k
+        cache_v[batch.block, batch.slot_idx, :, batch.offset] = v
         # The query heads that share a KV head act as that head's "query positions" (one query per head).
         kv, group, n, length = (
             c.num_kv_heads,
@@ -434,17 +433,14 @@ class LlamaModel:
         mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=self.device).masked_fill(
             ~allowed, float("-inf")
         )
-        # Row of (block, slot, kv head, offset) in [blocks, slots, KV, BLOCK] order; slot = the batch row.
-        slot = torch.arange(tokens.shape[0], device=self.device)
-        kv_head = torch.arange(c.num_kv_heads, device=self.device)
-        block, offset = positions // KV_BLOCK, positions % KV_BLOCK
-        start = ((block * self.slots + slot) * c.num_kv_heads) * KV_BLOCK + offset
         return DecodeBatch(
             tokens=tokens,
             positions=positions,
             length=length,
             rows=rows,
-            cache_rows=(start[:, None] + kv_head[None, :] * KV_BLOCK).reshape(-1),
+            slot_idx=torch.arange(tokens.shape[0], device=self.device),
+            block=positions // KV_BLOCK,
+            offset=positions % KV_BLOCK,
             cos=self.rope_cos[positions][:, None, :],  # [B, 1, D]
             sin=self.rope_sin[positions][:, None, :],
             mask=mask[:, None, None, :],  # [B, 1, 1, L]
