@@ -43,8 +43,10 @@ class FaultyFleet(Fleet):
         (tmp_path / "token").write_text(TOKEN)
         # --kv-wait: how long a handoff may take before the decode pod prefills itself (a stalled transfer
         # costs that, and twice that until its staging region is free); a loaded machine needs many seconds
+        # --dtype float32: the fleet's answers must equal the unified engine's token for token (bfloat16, what
+        # auto is on a CPU with native bfloat16, rounds differently for other row counts)
         common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
-                  "--kv-wait", str(KV_WAIT))  # fmt: skip
+                  "--kv-wait", str(KV_WAIT), "--dtype", "float32")  # fmt: skip
         super().__init__(model_dir, tmp_path, common)
         self.plan = FaultPlan()
         self.proxies: dict[str, FaultyProxy] = {}
@@ -99,7 +101,7 @@ def fleet(smollm2_dir, tmp_path_factory):
 def unified(smollm2_dir) -> dict:
     """The unified engine's greedy outputs: 16 tokens for the questions, 48 for the story."""
     engine = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
     )
     chat = lambda q: engine.tokenizer.encode_chat([{"role": "user", "content": q}])  # noqa: E731
     outs = engine.generate([chat(q) for q in QUESTIONS + MORE], SamplingParams(max_tokens=16))

@@ -26,7 +26,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.mark.real_model
 def test_router_path_over_the_internal_endpoints(smollm2_dir):
     def make(slots: int, **kw) -> Engine:
-        return Engine.from_model_dir(str(smollm2_dir), RuntimeConfig(slots=slots, max_seq_len=256, **kw))
+        config = RuntimeConfig(
+            slots=slots, max_seq_len=256, dtype="float32", **kw
+        )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
+        return Engine.from_model_dir(str(smollm2_dir), config)
 
     unified = make(1, prefix_reuse=False)
     questions = ["What is the capital of France?", "Name a green vegetable."]
@@ -137,9 +140,18 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
     import urllib.request
 
     (tmp_path / "token").write_text(TOKEN + "\n")
-    options = ("--slots", "2", "--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
+    options = (
+        "--slots",
+        "2",
+        "--max-seq-len",
+        "256",
+        "--internal-token-file",
+        str(tmp_path / "token"),
+        "--dtype",
+        "float32",
+    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
     unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
     )
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].token_ids
@@ -175,9 +187,16 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
     from openai import OpenAI
 
     (tmp_path / "token").write_text(TOKEN)
-    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
+    common = (
+        "--max-seq-len",
+        "256",
+        "--internal-token-file",
+        str(tmp_path / "token"),
+        "--dtype",
+        "float32",
+    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
     unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
     )
     questions = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
     chats = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]

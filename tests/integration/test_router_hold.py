@@ -125,13 +125,20 @@ def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tm
     from neuronfleet.runtime.sampling_params import SamplingParams
 
     (tmp_path / "token").write_text(TOKEN)
-    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"))
+    common = (
+        "--max-seq-len",
+        "256",
+        "--internal-token-file",
+        str(tmp_path / "token"),
+        "--dtype",
+        "float32",
+    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
     prefill_port, decode_port = free_port(), free_port()
     base, process = router(tmp_path, "--model", str(smollm2_dir), "--served-model-name", "smollm2",
                            "--prefill", f"http://127.0.0.1:{prefill_port}", "--decode",
                            f"http://127.0.0.1:{decode_port}", "--hold-requests", "1", *common)  # fmt: skip
     unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False)
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
     )
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].text
