@@ -112,8 +112,9 @@ def kernel_aligned(t: torch.Tensor) -> torch.Tensor:
     """`t`, or a copy of it at a 64-byte boundary (where torch's CPU allocator puts every tensor it makes).
 
     torch 2.13.0's `_weight_int8pack_mm` on an AVX512 CPU (AMD EPYC Zen 4, measured) dies of a segmentation
-    fault for 16 or more rows when its weight does not start on a 16-byte boundary, and safetensors hands out
-    tensors at their offsets in the file (24 bytes past one for SmolLM2's embedding)."""
+    fault for 16 or more rows when its weight does not start on a 16-byte boundary. A tensor read from a file
+    mapping sits at its offset in the file (safetensors' own reader: 24 bytes past one for SmolLM2's
+    embedding); `weights_file` gives each tensor memory of its own, but the layer does not rely on that."""
     return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
