@@ -176,6 +176,22 @@ class Process:
         return self.wait()
 
 
+# Tests that compare answers token for token across paths (a fleet or a handoff against one engine) run
+# float32: bfloat16, what `--dtype auto` is on a CPU with native bfloat16, rounds differently for other row
+# counts, and greedy tokens part after a dozen or so.
+EXACT_DTYPE = "float32"
+EXACT_DTYPE_OPTIONS = ("--dtype", EXACT_DTYPE)
+
+
+def unified_reference(model_dir: Path):
+    """One slot, every prompt prefilled whole, float32: the engine whose answers other paths must equal."""
+    from neuronfleet.runtime.config import RuntimeConfig
+    from neuronfleet.runtime.engine import Engine
+
+    config = RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype=EXACT_DTYPE)
+    return Engine.from_model_dir(str(model_dir), config)
+
+
 def neuronfleet_command() -> list[str]:
     """The command line a user types: `neuronfleet` from this environment, without the repository root on
     sys.path (-P; operator/ would shadow the standard library's)."""

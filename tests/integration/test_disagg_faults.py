@@ -16,10 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kv_faults import FaultPlan, FaultyProxy
-from support import CEILING, HTTP_TIMEOUT, Fleet, free_port, get_json, post
+from support import (
+    CEILING,
+    EXACT_DTYPE_OPTIONS,
+    HTTP_TIMEOUT,
+    Fleet,
+    free_port,
+    get_json,
+    post,
+    unified_reference,
+)
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
@@ -43,10 +50,8 @@ class FaultyFleet(Fleet):
         (tmp_path / "token").write_text(TOKEN)
         # --kv-wait: how long a handoff may take before the decode pod prefills itself (a stalled transfer
         # costs that, and twice that until its staging region is free); a loaded machine needs many seconds
-        # --dtype float32: the fleet's answers must equal the unified engine's token for token (bfloat16, what
-        # auto is on a CPU with native bfloat16, rounds differently for other row counts)
         common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
-                  "--kv-wait", str(KV_WAIT), "--dtype", "float32")  # fmt: skip
+                  "--kv-wait", str(KV_WAIT), *EXACT_DTYPE_OPTIONS)  # fmt: skip
         super().__init__(model_dir, tmp_path, common)
         self.plan = FaultPlan()
         self.proxies: dict[str, FaultyProxy] = {}
@@ -100,9 +105,7 @@ def fleet(smollm2_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def unified(smollm2_dir) -> dict:
     """The unified engine's greedy outputs: 16 tokens for the questions, 48 for the story."""
-    engine = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
-    )
+    engine = unified_reference(smollm2_dir)
     chat = lambda q: engine.tokenizer.encode_chat([{"role": "user", "content": q}])  # noqa: E731
     outs = engine.generate([chat(q) for q in QUESTIONS + MORE], SamplingParams(max_tokens=16))
     out = {q: (chat(q), o) for q, o in zip(QUESTIONS + MORE, outs, strict=True)}

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 import torch
-from support import CEILING
+from support import CEILING, EXACT_DTYPE
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import Engine
@@ -19,9 +19,10 @@ QUESTIONS = ["What is the capital of France?", "Name three fruits that are red."
 
 @pytest.fixture(scope="module")
 def engines(smollm2_dir):
-    # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
     def make(**kw) -> Engine:
-        return Engine.from_model_dir(str(smollm2_dir), RuntimeConfig(max_seq_len=256, dtype="float32", **kw))
+        return Engine.from_model_dir(
+            str(smollm2_dir), RuntimeConfig(max_seq_len=256, dtype=EXACT_DTYPE, **kw)
+        )
 
     return make(slots=2), make(slots=4), make(slots=1, prefix_reuse=False)
 

@@ -10,7 +10,15 @@ import json
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from support import CEILING, neuronfleet_command, post, running_server
+from support import (
+    CEILING,
+    EXACT_DTYPE,
+    EXACT_DTYPE_OPTIONS,
+    neuronfleet_command,
+    post,
+    running_server,
+    unified_reference,
+)
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.engine import AsyncEngine, Engine
@@ -26,9 +34,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.mark.real_model
 def test_router_path_over_the_internal_endpoints(smollm2_dir):
     def make(slots: int, **kw) -> Engine:
-        config = RuntimeConfig(
-            slots=slots, max_seq_len=256, dtype="float32", **kw
-        )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
+        config = RuntimeConfig(slots=slots, max_seq_len=256, dtype=EXACT_DTYPE, **kw)
         return Engine.from_model_dir(str(smollm2_dir), config)
 
     unified = make(1, prefix_reuse=False)
@@ -140,19 +146,9 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
     import urllib.request
 
     (tmp_path / "token").write_text(TOKEN + "\n")
-    options = (
-        "--slots",
-        "2",
-        "--max-seq-len",
-        "256",
-        "--internal-token-file",
-        str(tmp_path / "token"),
-        "--dtype",
-        "float32",
-    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
-    unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
-    )
+    options = ("--slots", "2", "--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
+               *EXACT_DTYPE_OPTIONS)  # fmt: skip
+    unified = unified_reference(smollm2_dir)
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].token_ids
     with (
@@ -187,17 +183,8 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
     from openai import OpenAI
 
     (tmp_path / "token").write_text(TOKEN)
-    common = (
-        "--max-seq-len",
-        "256",
-        "--internal-token-file",
-        str(tmp_path / "token"),
-        "--dtype",
-        "float32",
-    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
-    unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
-    )
+    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)
+    unified = unified_reference(smollm2_dir)
     questions = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
     chats = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
     want = [o.text for o in unified.generate(chats, SamplingParams(max_tokens=16))]

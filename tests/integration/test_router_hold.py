@@ -12,7 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support import ROOT, Process, Server, free_port, http_status, metric, neuronfleet_command
+from support import (
+    EXACT_DTYPE_OPTIONS,
+    ROOT,
+    Process,
+    Server,
+    free_port,
+    http_status,
+    metric,
+    neuronfleet_command,
+    unified_reference,
+)
 
 STANDIN = ROOT / "tests" / "standins" / "engines.py"
 TOKEN = "s3cret"
@@ -120,26 +130,15 @@ def test_the_front_door_to_another_engine_passes_requests_on_as_sent(tmp_path):
 
 @pytest.mark.real_model
 def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tmp_path):
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.engine import Engine
     from neuronfleet.runtime.sampling_params import SamplingParams
 
     (tmp_path / "token").write_text(TOKEN)
-    common = (
-        "--max-seq-len",
-        "256",
-        "--internal-token-file",
-        str(tmp_path / "token"),
-        "--dtype",
-        "float32",
-    )  # float32: token-for-token equality across paths (bfloat16 rounds differently for other row counts)
+    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)
     prefill_port, decode_port = free_port(), free_port()
     base, process = router(tmp_path, "--model", str(smollm2_dir), "--served-model-name", "smollm2",
                            "--prefill", f"http://127.0.0.1:{prefill_port}", "--decode",
                            f"http://127.0.0.1:{decode_port}", "--hold-requests", "1", *common)  # fmt: skip
-    unified = Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype="float32")
-    )
+    unified = unified_reference(smollm2_dir)
     ids = unified.tokenizer.encode_chat([{"role": "user", "content": "Name a red fruit."}])
     want = unified.generate([ids], SamplingParams(max_tokens=12))[0].text
     servers: list[Server] = []
