@@ -1,11 +1,11 @@
 """Reads a safetensors file into tensors that each own their memory.
 
-The format (huggingface/safetensors, docs "Format"): an 8-byte little-endian header size N, N bytes of JSON
-({name: {"dtype", "shape", "data_offsets": [begin, end]}, optional "__metadata__"}), then the data, offsets
-relative to its start, little-endian, C order. safetensors' own `safe_open` (0.8.0) maps the whole file and
-hands out views of that mapping: a single kept view (a norm of a quantized model) keeps every page of the file
-that loading read resident, about the size of the file. Read here, each tensor is its own allocation and the
-file's pages are never part of the process.
+The format (huggingface/safetensors README, "Format"; the files safetensors 0.8.0 writes): an 8-byte
+little-endian header size N, N bytes of JSON ({name: {"dtype", "shape", "data_offsets": [begin, end]},
+optional "__metadata__"}), then the data, offsets relative to its start, little-endian, C order.
+safetensors' own `safe_open` (0.8.0) maps the whole file and hands out views of that mapping: a single kept
+view (a norm of a quantized model) keeps every page of the file that loading read resident, about the size
+of the file. Read here, each tensor is its own allocation and the file's pages are never part of the process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }  # fmt: skip
-MAX_HEADER_BYTES = 100_000_000  # the format's own limit on the header
+# the limit safetensors' own reader sets (safetensors/src/tensor.rs, MAX_HEADER_SIZE)
+MAX_HEADER_BYTES = 100_000_000
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
