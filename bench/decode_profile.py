@@ -13,6 +13,7 @@ machine or its load: each one costs microseconds of Python and dispatch. "engine
 that is not weights or attention.
 
     .venv/bin/python bench/decode_profile.py [--dtype auto] [--quantization none|int8|int4] [--batch 1 32]
+        [--slots 64]
 
 Not a test: the shares depend on the machine and its load (the op counts do not).
 """
@@ -57,7 +58,8 @@ def top_level_ops(prof) -> list:
 
 
 def profile_batch(model_dir: Path, args, batch: int) -> dict:
-    config = RuntimeConfig(slots=batch, max_seq_len=512, dtype=args.dtype, quantization=args.quantization)
+    slots = max(batch, args.slots)  # as many slots as the server benchmark's: decode runs slots 0..batch-1
+    config = RuntimeConfig(slots=slots, max_seq_len=512, dtype=args.dtype, quantization=args.quantization)
     engine = Engine.from_model_dir(str(model_dir), config)
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0)
     for i in range(batch):
@@ -111,6 +113,7 @@ def main() -> None:
     parser.add_argument("--quantization", choices=["none", "int8", "int4"], default="none")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--slots", type=int, default=64, help="the engine's slots (server_latency.py: 64)")
     args = parser.parse_args()
     model_dir = profiled_model(args.quantization)
     rows = [profile_batch(model_dir, args, b) for b in args.batch]

@@ -2,8 +2,8 @@
 
 It owns the model (RMSNorm, RoPE with Llama 3 / linear scaling, grouped-query attention, SwiGLU), its weights
 (loaded from Hugging Face safetensors and fused per layer; weight-only int8/int4 layers from `quantize`), and
-the static KV cache `[layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]` (positions 0..max_len, in
-blocks; on CPU its memory becomes resident only as positions are written). `forward` takes
+the static KV cache `[layers, 2, slots, kv_heads, positions, head_dim]` (positions 0..max_len; on CPU its
+memory becomes resident only as positions are written). `forward` takes
 a prefill group (prompts padded to a length bucket, written into given slots) and/or a decode batch (one token
 for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
 (bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a
@@ -23,10 +23,6 @@ import torch.nn.functional as F
 
 from . import quantize, weights_file
 from .model_config import ModelConfig, ModelLoadError
-
-KV_BLOCK = (
-    32  # positions per KV cache block: the cache is [layers, 2, blocks, slots, kv_heads, KV_BLOCK, head_dim]
-)
 
 
 class Linear:
@@ -271,8 +267,6 @@ class DecodeBatch:
     length: int
     rows: torch.Tensor | None  # the slots whose logits are wanted (all when None)
     slot_idx: torch.Tensor  # [B] = arange(B)
-    block: torch.Tensor  # [B]: the cache block and the offset in it of each row's position
-    offset: torch.Tensor
     cos: torch.Tensor  # [B, 1, D]
     sin: torch.Tensor
     mask: torch.Tensor  # [B, 1, 1, L] additive
@@ -282,7 +276,8 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     """A zero tensor whose memory is committed as it is written. On CPU it lives in an anonymous mapping,
     whose pages the kernel hands out zeroed on first touch (small pages: no transparent huge pages), so a
     cache sized for every slot at `max_seq_len` costs resident memory only for the positions requests have
-    used (the block-major layout keeps those together). `torch.zeros` would write every page at once."""
+    used (each slot's positions of one head are contiguous, so a slot's first positions share pages).
+    `torch.zeros` would write every page at once."""
     size = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or size == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -304,9 +299,10 @@ class LlamaModel:
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
         self.weights = load_weights(model_dir, config, dtype, device, quantization)
-        # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write), in blocks.
-        self.kv_blocks = -(-(max_seq_len + 1) // KV_BLOCK)
-        shape = (config.num_layers, 2, self.kv_blocks, slots, config.num_kv_heads, KV_BLOCK, config.head_dim)
+        # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write). Slot-major, and
+        # positions contiguous per head: slots 0..B-1 over a length are [B, kv_heads, length, head_dim] views,
+        # which attention reads in place at every batch size.
+        shape = (config.num_layers, 2, slots, config.num_kv_heads, max_seq_len + 1, config.head_dim)
         self.kv_cache = zeros_on_demand(shape, dtype, device)
         positions = torch.arange(max_seq_len + 1, dtype=torch.float32)
         freqs = torch.outer(positions, rope_inv_freq(config))
@@ -343,11 +339,9 @@ class LlamaModel:
         q = apply_rope(q, cos, sin).transpose(1, 2)  # [P, H, T, D]
         k = apply_rope(k, cos, sin).transpose(1, 2)  # [P, KV, T, D]
         v = v.transpose(1, 2)
-        # Whole blocks: the padding past the prompt lands on positions the slot writes before it reads them.
-        n = -(-t // KV_BLOCK)
+        # The padding past a prompt lands on positions its slot writes before it reads them.
         for i, x in ((0, k), (1, v)):
-            blocks = F.pad(x, (0, 0, 0, n * KV_BLOCK - t)).view(p, x.shape[1], n, KV_BLOCK, -1)
-            self.kv_cache[layer, i, :n].index_copy_(1, batch.slot_ids, blocks.transpose(0, 2).transpose(1, 2))
+            self.kv_cache[layer, i, :, :, :t].index_copy_(0, batch.slot_ids, x)
         window = self.config.sliding_window
         if window is not None and window < t:
             i = torch.arange(t, device=self.device)
@@ -366,14 +360,14 @@ class LlamaModel:
         cos, sin = self.rope_cos[positions][:, :, None, :], self.rope_sin[positions][:, :, None, :]
         q, k, v = self._split_heads(qkv, p, t)
         q = apply_rope(q, cos, sin).transpose(1, 2)  # [P, H, T, D]
-        block, offset, slots = positions // KV_BLOCK, positions % KV_BLOCK, batch.slot_ids[:, None]
-        self.kv_cache[layer, 0, block, slots, :, offset] = apply_rope(k, cos, sin)  # [P, T, KV, D]
-        self.kv_cache[layer, 1, block, slots, :, offset] = v
+        cache_k, cache_v = self.layer_kv[layer]  # [slots, KV, positions, D]
+        slots = batch.slot_ids[:, None]
+        cache_k[slots, :, positions] = apply_rope(k, cos, sin)  # [P, T, KV, D]
+        cache_v[slots, :, positions] = v
         real = positions.masked_fill(positions == self.max_seq_len, 0)  # padding attends like position 0
-        n = int(real.max()) // KV_BLOCK + 1
-        keys = self.kv_cache[layer, 0, :n, batch.slot_ids].permute(1, 2, 0, 3, 4).flatten(2, 3)
-        values = self.kv_cache[layer, 1, :n, batch.slot_ids].permute(1, 2, 0, 3, 4).flatten(2, 3)
-        span = torch.arange(n * KV_BLOCK, device=self.device)
+        n = int(real.max()) + 1
+        keys, values = cache_k[batch.slot_ids, :, :n], cache_v[batch.slot_ids, :, :n]  # [P, KV, n, D]
+        span = torch.arange(n, device=self.device)
         allowed = span[None, None, :] <= real[:, :, None]  # [P, T, L]
         if c.sliding_window is not None:
             allowed &= span[None, None, :] > real[:, :, None] - c.sliding_window
@@ -389,48 +383,24 @@ class LlamaModel:
         qk = apply_rope(qk.reshape(b, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
         q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
         v = v.view(b, kv_heads, c.head_dim)
-        cache_k, cache_v = self.layer_kv[layer]  # [blocks, slots, KV, BLOCK, D]
-        cache_k[batch.block, batch.slot_idx, :, batch.offset] = k
-        cache_v[batch.block, batch.slot_idx, :, batch.offset] = v
-        # The query heads that share a KV head act as that head's "query positions" (one query per head).
-        kv, group, n, length = (
-            c.num_kv_heads,
-            c.num_heads // c.num_kv_heads,
-            batch.length // KV_BLOCK,
-            batch.length,
-        )
-        if b == self.slots:
-            # The first n blocks of all slots are contiguous [n, slots * KV, BLOCK, D] batches of matrices:
-            # two batched matmuls read them in place, at about twice the speed of the fused attention kernel.
-            keys = cache_k[:n].view(n, b * kv, KV_BLOCK, c.head_dim)
-            values = cache_v[:n].view(n, b * kv, KV_BLOCK, c.head_dim)
-            q = q.reshape(1, b * kv, group, c.head_dim).expand(n, -1, -1, -1)
-            scores = torch.matmul(q, keys.transpose(-1, -2))  # [n, B * KV, G, BLOCK]
-            scores = scores.permute(1, 2, 0, 3).reshape(b, kv, group, length)
-            # mask (float32) + scale * scores in one op, its result float32 for the softmax
-            probs = torch.softmax(torch.add(batch.mask, scores, alpha=c.head_dim**-0.5), dim=-1).to(
-                values.dtype
-            )
-            probs = probs.view(b * kv, group, n, KV_BLOCK).permute(2, 0, 1, 3)  # [n, B * KV, G, BLOCK]
-            return torch.matmul(probs, values).sum(0).view(b, -1)
-        # Fewer rows than slots: those blocks are strided batches, which matmul would copy (slowly) anyway, so
-        # gather them into [B, KV, L, D] (small at small B) for the fused kernel.
-        keys = cache_k[:n, :b].permute(1, 2, 0, 3, 4).reshape(b, kv, length, c.head_dim)
-        values = cache_v[:n, :b].permute(1, 2, 0, 3, 4).reshape(b, kv, length, c.head_dim)
+        cache_k, cache_v = self.layer_kv[layer]  # [slots, KV, positions, D]
+        cache_k[batch.slot_idx, :, batch.positions] = k
+        cache_v[batch.slot_idx, :, batch.positions] = v
+        # Slots 0..B-1 over the length bucket, read in place: [B, KV, L, D] with strides. The query heads that
+        # share a KV head act as that head's "query positions" (one query per head), so no head is repeated.
+        keys, values = cache_k[:b, :, : batch.length], cache_v[:b, :, : batch.length]
         return F.scaled_dot_product_attention(
-            q.view(b, kv, group, c.head_dim), keys, values, attn_mask=batch.mask
+            q.view(b, kv_heads, heads // kv_heads, c.head_dim), keys, values, attn_mask=batch.mask
         ).reshape(b, -1)
 
     def decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows) -> DecodeBatch:
         c = self.config
-        length = -(-length // KV_BLOCK) * KV_BLOCK  # whole cache blocks
         span = torch.arange(length, device=self.device)
         allowed = span[None, :] <= positions[:, None]
         if c.sliding_window is not None:
             allowed &= span[None, :] > positions[:, None] - c.sliding_window
-        # The in-place path adds the mask to float32 scores; the fused kernel wants the query's dtype.
-        mask_dtype = torch.float32 if tokens.shape[0] == self.slots else self.dtype
-        mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=self.device).masked_fill(
+        # additive, in the query's dtype (the fused kernel's)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(
             ~allowed, float("-inf")
         )
         return DecodeBatch(
@@ -439,8 +409,6 @@ class LlamaModel:
             length=length,
             rows=rows,
             slot_idx=torch.arange(tokens.shape[0], device=self.device),
-            block=positions // KV_BLOCK,
-            offset=positions % KV_BLOCK,
             cos=self.rope_cos[positions][:, None, :],  # [B, 1, D]
             sin=self.rope_sin[positions][:, None, :],
             mask=mask[:, None, None, :],  # [B, 1, 1, L]

@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from . import cpu_threads, heap_returns
 from .config import RuntimeConfig, pick_bucket
 from .dtypes import resolve_dtype
-from .llama import KV_BLOCK, LlamaModel, PrefillBatch
+from .llama import LlamaModel, PrefillBatch
 from .model_config import load_model_config
 from .sampler import Sampler
 
@@ -109,11 +108,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Copy cache positions [0, length) of slot src into slot dst (whole blocks: the positions past
-        `length` that come along are written by dst's next step before anything reads them)."""
-        n = -(-length // KV_BLOCK)
-        cache = self.model.kv_cache
-        cache[:, :, :n, dst] = cache[:, :, :n, src]
+        """Copy cache positions [0, length) of slot src into slot dst."""
+        cache = self.model.kv_cache  # [layers, 2, slots, kv_heads, positions, head_dim]
+        cache[:, :, dst, :, :length] = cache[:, :, src, :, :length]
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Move a running request from slot src to slot dst: its cache positions [0, length) and its sampler.
@@ -125,12 +122,8 @@ class ModelRunner:
     def export_kv(self, slot: int, length: int, layer: int | None = None) -> torch.Tensor:
         """Keys and values of positions [0, length) of a slot, contiguous: [layers, 2, kv_heads, length,
         head_dim], or one layer's [2, kv_heads, length, head_dim] (to send layer by layer)."""
-        n = -(-length // KV_BLOCK)
         kv = self.model.kv_cache
-        cache = kv[:, :, :n, slot] if layer is None else kv[layer, :, :n, slot]
-        # [.., n, KV, BLOCK, D] -> [.., KV, n * BLOCK, D]
-        blocks = cache.movedim(-4, -3).flatten(-3, -2)
-        return blocks[..., :length, :].contiguous()
+        return (kv[:, :, slot] if layer is None else kv[layer, :, slot])[..., :length, :].contiguous()
 
     @torch.inference_mode()
     def import_kv(self, slot: int, kv: torch.Tensor, length: int) -> None:
@@ -142,7 +135,4 @@ class ModelRunner:
             raise ValueError(
                 f"KV of shape {tuple(kv.shape)} {kv.dtype} does not fit: expected {expected} {self.dtype}"
             )
-        n = -(-length // KV_BLOCK)
-        padded = F.pad(kv, (0, 0, 0, n * KV_BLOCK - length))  # [L, 2, KV, n * BLOCK, D]
-        blocks = padded.unflatten(-2, (n, KV_BLOCK)).movedim(-3, -4)  # [L, 2, n, KV, BLOCK, D]
-        self.model.kv_cache[:, :, :n, slot] = blocks.to(self.device)
+        self.model.kv_cache[:, :, slot, :, :length] = kv.to(self.device)

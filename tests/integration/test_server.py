@@ -8,7 +8,17 @@ import socket
 import urllib.request
 
 import pytest
-from support import HTTP_TIMEOUT, http_status, metric, metrics_text, post, running_server, wait_until
+from support import (
+    EXACT_DTYPE_OPTIONS,
+    HTTP_TIMEOUT,
+    http_status,
+    metric,
+    metrics_text,
+    post,
+    running_server,
+    unified_reference,
+    wait_until,
+)
 
 pytestmark = pytest.mark.real_model
 
@@ -21,6 +31,15 @@ def server(smollm2_dir):
         base,
         _,
     ):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def exact_server(smollm2_dir):
+    """The default server in float32, for answers compared token for token with one engine's (see
+    support.EXACT_DTYPE)."""
+    options = ["--slots", "8", "--max-seq-len", "512", "--max-waiting", "64", *EXACT_DTYPE_OPTIONS]
+    with running_server(smollm2_dir, *options) as (base, _):
         yield base
 
 
@@ -244,15 +263,20 @@ def test_oversized_bodies_get_413_in_each_apis_format(small_server):
     assert post(small_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
 
 
-def test_64_concurrent_streams_complete_with_correct_token_counts(server, offline):
+def test_64_concurrent_streams_complete_with_correct_token_counts(exact_server, smollm2_dir):
+    """Eight slots' worth of batches at once: every stream gets its own prompt's answer (no cross-talk),
+    equal to one engine's answer to that prompt alone."""
     import asyncio
 
     from openai import AsyncOpenAI
 
     from neuronfleet.runtime.sampling_params import SamplingParams
 
+    server = exact_server
     prompts = [f"Here is fact number {i} about the ocean:" for i in range(8)]
-    expected = offline.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    expected = unified_reference(smollm2_dir).generate(
+        prompts, SamplingParams(max_tokens=12, ignore_eos=True)
+    )
 
     async def one(client, prompt):
         text, usage, reasons = [], None, []
