@@ -183,12 +183,12 @@ def load_weights(
     if kind != "none":
         embed_parts = stored_parts(quantize.EMBED)
         shape = tuple(embed_parts["qweight"].shape)
-        if "lm_head.qweight" in tensors:
-            lm_head = linear(["lm_head"], None)
-            table = embed_parts["qweight"]
-        else:  # tied: the head and the lookup share one table, the head's aligned one
-            lm_head = quantize.Int8Linear(embed_parts["qweight"], embed_parts["scales"], None)
-            table = lm_head.qweight
+        tied = "lm_head.qweight" not in tensors  # then the head and the lookup share one table, the head's
+        head = embed_parts if tied else stored_parts("lm_head")  # aligned one (int8 in both modes)
+        lm_head = quantize.Int8Linear(
+            head["qweight"], head["scales"], None, widen_from_rows=quantize.HEAD_WIDEN_FROM_ROWS
+        )
+        table = lm_head.qweight if tied else embed_parts["qweight"]
         embed = quantize.Int8Embedding(table, embed_parts["scales"], dtype)
     else:
         table = take("model.embed_tokens.weight")

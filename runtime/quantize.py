@@ -119,14 +119,40 @@ def kernel_aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Linear:
-    """y = x W^T + b with W int8 per output channel (aten._weight_int8pack_mm)."""
+    """y = x W^T + b with W int8 per output channel (aten._weight_int8pack_mm).
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+    That kernel's cost grows with the rows (torch 2.13.0, Zen 4, SmolLM2's 49152 x 576 LM head: 2.6 ms for
+    1 row, 5.8 ms for 8, 13 ms for 16, 24 ms for 32). A layer made with `widen_from_rows` (the LM head)
+    instead multiplies that many rows or more with oneDNN's bfloat16 matmul, widening the weight to bfloat16
+    one block of WIDEN_ELEMENTS at a time (int8 values are exact in bfloat16; the scales are applied to the
+    result): 8 ms for 16 rows, 10 ms for 32, the same error against float64 (0.4% of the largest logit), and
+    only a few MiB of bfloat16 weights at any time. The decoder layers' small weights gain nothing that way
+    (measured over 30 layers: 65 ms against 57 ms for 32 rows), so they keep the kernel at every size.
+    """
+
+    WIDEN_ELEMENTS = 4096 * 576  # a block of the widened weight: 4.5 MiB in bfloat16
+
+    def __init__(
+        self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+        widen_from_rows: int | None = None,
+    ) -> None:  # fmt: skip
         self.qweight, self.scales, self.bias = kernel_aligned(qweight), scales.to(KERNEL_DTYPE), bias
+        self.widen_from_rows = widen_from_rows
+        self.block = max(1, self.WIDEN_ELEMENTS // qweight.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)
+        xk = x.to(KERNEL_DTYPE)
+        if self.widen_from_rows is None or x.shape[0] < self.widen_from_rows:
+            y = torch.ops.aten._weight_int8pack_mm(xk, self.qweight, self.scales)
+        else:
+            q, n = self.qweight, self.qweight.shape[0]
+            parts = [F.linear(xk, q[i : i + self.block].to(KERNEL_DTYPE)) for i in range(0, n, self.block)]
+            y = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).mul_(self.scales)
+        y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+HEAD_WIDEN_FROM_ROWS = 16  # the LM head's rows from which Int8Linear widens blocks (measured above)
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,25 @@ def test_int8_layer_takes_weights_at_any_offset_in_memory(offset):
     assert_kernel_close(y, x @ dequantized(stored).T)
 
 
+@pytest.mark.parametrize("rows", [3, 16, 40])
+def test_an_lm_head_widened_in_blocks_for_many_rows_multiplies_like_its_weights(rows, monkeypatch):
+    """From `widen_from_rows` rows on, the head multiplies in bfloat16 blocks of output channels: every
+    block, the last short one too, lands in its columns, scaled per channel, with the bias."""
+    torch.manual_seed(5)
+    monkeypatch.setattr(Int8Linear, "WIDEN_ELEMENTS", 48 * 128)  # blocks of 48 channels: 2 whole, 1 short
+    w, x, bias = torch.randn(120, 128) * 0.05, torch.randn(rows, 128), torch.randn(120)
+    stored = quantize_int8(w)
+    for dtype in (torch.float32, torch.bfloat16):  # the model's dtype, its bias's too
+        head = Int8Linear(stored["qweight"], stored["scales"], bias.to(dtype), widen_from_rows=16)
+        assert head.block == 48
+        y = head(x.to(dtype))
+        assert y.shape == (rows, 120) and y.dtype == dtype
+        assert_kernel_close(y.float(), x.to(dtype).float() @ dequantized(stored).T + bias)
+    wide = Int8Linear(stored["qweight"], stored["scales"], bias, widen_from_rows=16)(x)
+    narrow = Int8Linear(stored["qweight"], stored["scales"], bias)(x)  # the kernel, at every size
+    assert_kernel_close(wide, narrow)
+
+
 def test_int4_layer_multiplies_like_its_group_wise_weights_in_this_cpus_layout():
     torch.manual_seed(1)
     w, x = torch.randn(64, 128) * 0.05, torch.randn(7, 128)
