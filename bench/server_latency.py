@@ -10,13 +10,16 @@ One load generator (this script, aiohttp) sends the same chat requests, streamed
 At each concurrency C (default 1, 8, 32, 64) C clients each send requests back to back until N requests are
 done. It reports, per server: TTFT p50/p99 (request sent to first content), inter-token latency p50/p99
 (gaps between streamed tokens, pooled), aggregate output tokens/s (all output tokens / wall time), the
-server's peak RSS (VmHWM), and each of our configurations' ratios to llama.cpp. Tokens are counted exactly:
+server's peak RSS (VmHWM, the largest over the rounds), and each of our configurations' ratios to llama.cpp.
+All of it runs --rounds times (3), each round in a rotated order of servers; the tables give medians over the
+rounds, and each ratio is taken within a round first (this shared machine's speed drifts by tens of percent
+over minutes, so a ratio of two numbers measured 20 minutes apart says little). Tokens are counted exactly:
 our server's usage (stream_options.include_usage); llama.cpp's streamed chunks, one per token. Results go to
 bench/results/server_latency.json and server_latency.png, with the CPU they were measured on.
 
     bash bench/setup_llamacpp.sh   # the benchmark's own environment: llama.cpp's server, aiohttp, matplotlib
     bench/.venv-llamacpp/bin/python bench/server_latency.py [--servers defaults bf16 int8 int4 llama.cpp]
-        [--concurrency 1 8 32 64] [--max-tokens 64]
+        [--concurrency 1 8 32 64] [--max-tokens 64] [--rounds 3]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -294,19 +297,39 @@ async def run_server(name: str, args) -> tuple[list[dict], float]:
             proc.kill()
 
 
-def ratios_against_peer(summaries: list[dict]) -> list[dict]:
-    by = {(s["server"], s["concurrency"]): s for s in summaries}
+RATIOS = {"tokens_per_s": "tokens_per_s", "ttft_p50": "ttft_p50_ms", "itl_p50": "itl_p50_ms"}
+
+
+def ratios_against_peer(rounds: list[list[dict]]) -> list[dict]:
+    """Each of our configurations against the peer, per concurrency: each ratio taken within one round (the
+    two measured minutes apart, not tens of minutes), then the median over rounds, with the rounds' range."""
+    per_round: dict[tuple[str, int], list[dict]] = {}
+    for summaries in rounds:
+        by = {(s["server"], s["concurrency"]): s for s in summaries}
+        for (server, c), o in by.items():
+            p = by.get((PEER, c))
+            if server != PEER and p is not None:
+                per_round.setdefault((server, c), []).append({k: o[f] / p[f] for k, f in RATIOS.items()})
     out = []
-    for (server, c), o in by.items():
-        p = by.get((PEER, c))
-        if server == PEER or p is None:
-            continue
-        out.append({
-            "server": server, "concurrency": c,
-            "tokens_per_s": o["tokens_per_s"] / p["tokens_per_s"],
-            "ttft_p50": o["ttft_p50_ms"] / p["ttft_p50_ms"],
-            "itl_p50": o["itl_p50_ms"] / p["itl_p50_ms"],
-        })  # fmt: skip
+    for (server, c), values in per_round.items():
+        row: dict = {"server": server, "concurrency": c, "rounds": len(values)}
+        for k in RATIOS:
+            row[k] = statistics.median(v[k] for v in values)
+            row[k + "_range"] = [min(v[k] for v in values), max(v[k] for v in values)]
+        out.append(row)
+    return out
+
+
+def median_summaries(rounds: list[list[dict]]) -> list[dict]:
+    """Per server and concurrency, the median of each number over the rounds."""
+    grouped: dict[tuple[str, int], list[dict]] = {}
+    for summaries in rounds:
+        for s in summaries:
+            grouped.setdefault((s["server"], s["concurrency"]), []).append(s)
+    out = []
+    for (server, c), rows in grouped.items():
+        merged = {k: statistics.median(r[k] for r in rows) for k, v in rows[0].items() if k != "server"}
+        out.append({"server": server, **merged, "concurrency": c, "rounds": len(rows)})
     return out
 
 
@@ -320,13 +343,25 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="run every server this many times, each round in a rotated order; report medians (this shared "
+        "machine's speed drifts by tens of percent over minutes)",
+    )  # fmt: skip
     args = parser.parse_args()
-    summaries: list[dict] = []
+    rounds: list[list[dict]] = []
     rss: dict[str, float] = {}
-    for name in args.servers:  # one server at a time: none competes with another for the cores
-        rows, rss[name] = asyncio.run(run_server(name, args))
-        summaries += rows
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+        order = args.servers[r % len(args.servers) :] + args.servers[: r % len(args.servers)]
+        rounds.append([])
+        for name in order:  # one server at a time: none competes with another for the cores
+            rows, peak = asyncio.run(run_server(name, args))
+            rounds[-1] += rows
+            rss[name] = max(rss.get(name, 0.0), peak)
+    summaries = median_summaries(rounds)
     print()
+    print(f"Medians over {args.rounds} round(s):")
     print("| clients | server | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
     print("|---|---|---|---|---|---|---|")
     for s in sorted(summaries, key=lambda s: s["concurrency"]):
@@ -339,17 +374,18 @@ def main() -> None:
     print("|---|---|")
     for name, mib in rss.items():
         print(f"| {name} | {mib:.0f} MiB |")
-    ratios = ratios_against_peer(summaries)
+    ratios = ratios_against_peer(rounds)
     print()
+    print(f"Ratios within a round, median [range] over {args.rounds} round(s):")
     print(f"| clients | server | tok/s / {PEER} | TTFT p50 / {PEER} | ITL p50 / {PEER} |")
     print("|---|---|---|---|---|")
     for r in ratios:
-        print(
-            f"| {r['concurrency']} | {r['server']} | {r['tokens_per_s']:.2f}x | {r['ttft_p50']:.2f}x"
-            f" | {r['itl_p50']:.2f}x |"
-        )
+        cells = [f"{r[k]:.2f}x [{r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f}]" for k in RATIOS]
+        print(f"| {r['concurrency']} | {r['server']} | " + " | ".join(cells) + " |")
     out = ROOT / "bench" / "results"
-    result = {"summaries": summaries, "peak_rss_mib": rss, "ratios": ratios, "cpu": cpu_facts()}
+    result = {
+        "summaries": summaries, "rounds": rounds, "peak_rss_mib": rss, "ratios": ratios, "cpu": cpu_facts()
+    }  # fmt: skip
     (out / "server_latency.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {plot(summaries, rss, out).relative_to(ROOT)}")
 
