@@ -183,8 +183,9 @@ def load_weights(
     if kind != "none":
         embed_parts = stored_parts(quantize.EMBED)
         shape = tuple(embed_parts["qweight"].shape)
-        tied = "lm_head.qweight" not in tensors  # then the head and the lookup share one table, the head's
-        head = embed_parts if tied else stored_parts("lm_head")  # aligned one (int8 in both modes)
+        # int8 in both modes; tied, the head and the lookup share one table, the head's aligned one
+        tied = "lm_head.qweight" not in tensors
+        head = embed_parts if tied else stored_parts("lm_head")
         lm_head = quantize.Int8Linear(
             head["qweight"], head["scales"], None, widen_from_rows=quantize.HEAD_WIDEN_FROM_ROWS
         )
@@ -340,8 +341,8 @@ class LlamaModel:
         k = apply_rope(k, cos, sin).transpose(1, 2)  # [P, KV, T, D]
         v = v.transpose(1, 2)
         # The padding past a prompt lands on positions its slot writes before it reads them.
-        for i, x in ((0, k), (1, v)):
-            self.kv_cache[layer, i, :, :, :t].index_copy_(0, batch.slot_ids, x)
+        for cache, x in zip(self.layer_kv[layer], (k, v), strict=True):  # [slots, KV, positions, D]
+            cache[:, :, :t].index_copy_(0, batch.slot_ids, x)
         window = self.config.sliding_window
         if window is not None and window < t:
             i = torch.arange(t, device=self.device)

@@ -25,21 +25,20 @@ pytestmark = pytest.mark.real_model
 QUESTION = "What is the capital of France?"
 
 
+SERVER_OPTIONS = ("--slots", "8", "--max-seq-len", "512", "--max-waiting", "64")
+
+
 @pytest.fixture(scope="module")
 def server(smollm2_dir):
-    with running_server(smollm2_dir, "--slots", "8", "--max-seq-len", "512", "--max-waiting", "64") as (
-        base,
-        _,
-    ):
+    with running_server(smollm2_dir, *SERVER_OPTIONS) as (base, _):
         yield base
 
 
 @pytest.fixture(scope="module")
 def exact_server(smollm2_dir):
-    """The default server in float32, for answers compared token for token with one engine's (see
+    """`server` in float32, for answers compared token for token with one engine's (see
     support.EXACT_DTYPE)."""
-    options = ["--slots", "8", "--max-seq-len", "512", "--max-waiting", "64", *EXACT_DTYPE_OPTIONS]
-    with running_server(smollm2_dir, *options) as (base, _):
+    with running_server(smollm2_dir, *SERVER_OPTIONS, *EXACT_DTYPE_OPTIONS) as (base, _):
         yield base
 
 
