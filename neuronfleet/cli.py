@@ -426,8 +426,8 @@ def _role_setup(args: ServeConfig, config):
     def build(engine, registry):
         import torch
 
-        from neuronfleet.runtime.dtypes import resolve_dtype
         from neuronfleet.runtime.leases import LeasePool
+        from neuronfleet.runtime.model_runner import model_dtype
         from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
 
         if args.role == "prefill":
@@ -441,7 +441,7 @@ def _role_setup(args: ServeConfig, config):
         leases = LeasePool(
             agent, count=args.kv_leases or config.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
             head_dim=c.head_dim, max_tokens=config.max_prompt_len,
-            dtype=getattr(torch, resolve_dtype(config.dtype, config.device)),
+            dtype=getattr(torch, model_dtype(Path(args.model), config)),  # what import_kv takes
             ttl=args.kv_lease_ttl,
         )  # fmt: skip
         metrics = KVMetrics(registry, model_id, leases)

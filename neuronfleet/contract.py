@@ -58,7 +58,8 @@ ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]
 AUTO_HELP = (
     "weights and activations; auto (the default): bfloat16 where the CPU computes it natively (AVX512-BF16, "
-    "AMX-BF16, ARM BF16), else float32, resolved once at start (/info says which, and that it was auto)"
+    "AMX-BF16, ARM BF16), else float32; bfloat16 on every CPU for int8/int4 weights (their kernels take it); "
+    "resolved once at start (/info says which, and that it was auto)"
 )
 QUANT_HELP = (
     "weight-only quantization on torch's packed CPU kernels: int8 (per output channel) or int4 (groups of "

@@ -18,9 +18,16 @@ import torch
 from . import cpu_threads, heap_returns
 from .config import RuntimeConfig, pick_bucket
 from .dtypes import resolve_dtype
-from .llama import LlamaModel, PrefillBatch
+from .llama import LlamaModel, PrefillBatch, stored_quantization
 from .model_config import load_model_config
 from .sampler import Sampler
+
+
+def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
+    """The dtype the runner serves the folder's model in (activations and KV cache): --dtype, where `auto`
+    depends on the CPU and on whether the layers are weight-only quantized (`dtypes.resolve_dtype`)."""
+    quantized = (config.quantization or stored_quantization(model_dir)) != "none"
+    return resolve_dtype(config.dtype, config.device, quantized)
 
 
 class ModelRunner:
@@ -30,7 +37,7 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
-        self.dtype_name = resolve_dtype(config.dtype, config.device)  # `auto`, decided once
+        self.dtype_name = model_dtype(self.model_dir, config)  # `auto`, decided once
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)

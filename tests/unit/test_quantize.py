@@ -180,7 +180,7 @@ def native_bf16_flags() -> bool | None:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def test_dtype_auto_is_bfloat16_exactly_where_the_cpu_has_native_bf16(tmp_path):
+def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are_quantized(tmp_path):
     native = native_bf16_flags()
     if native is None:
         caps = torch.cpu.get_capabilities()
@@ -195,6 +195,15 @@ def test_dtype_auto_is_bfloat16_exactly_where_the_cpu_has_native_bf16(tmp_path):
     runner = ModelRunner(make_tiny_llama(tmp_path / "m"), RuntimeConfig(slots=1, max_seq_len=64))
     assert runner.dtype_name == expected  # RuntimeConfig's default is auto
     assert runner.model.kv_cache.dtype == runner.model.weights.norm.dtype == getattr(torch, expected)
+    # Weight-only quantized layers take bfloat16 activations on every CPU: auto serves them in bfloat16 (KV
+    # cache included), and an explicit dtype stays as given.
+    assert resolve_dtype("auto", quantized=True) == "bfloat16"
+    assert resolve_dtype("float32", quantized=True) == "float32"
+    quantized = ModelRunner(
+        make_tiny_llama(tmp_path / "q"), RuntimeConfig(slots=1, max_seq_len=64, quantization="int8")
+    )
+    assert quantized.dtype_name == "bfloat16"
+    assert quantized.model.kv_cache.dtype == quantized.model.weights.norm.dtype == torch.bfloat16
 
 
 # ---- the real model ---------------------------------------------------------------------------------------
