@@ -8,9 +8,14 @@ Each step's wall time is split into:
   - other ops: every other torch op (norms, rotary, residual adds, cache writes, copies, sampling);
   - outside ops: the rest of the wall time: Python between ops (per layer and per step), the scheduler, stop
     checks and detokenization.
+Before that, --steps unprofiled steps give the step time without the profiler's cost, and the share of it
+spent outside the model call (the engine's own clock, EngineStats: the scheduler, detokenization and stop
+checks; the model call is the input tensors, the pass and sampling).
 It also counts the torch ops a step dispatches from Python (top-level ops), which does not depend on the
 machine or its load: each one costs microseconds of Python and dispatch. "engine overhead" is everything
-that is not weights or attention.
+that is not weights or attention. Last, what those ops cost with almost no arithmetic: the same decode
+step's model call on a random model with the real one's layers and heads but tiny widths (`narrow_model`),
+alternating with the real one, unprofiled (the per-op floor: Python, dispatch and each kernel's fixed cost).
 
     .venv/bin/python bench/decode_profile.py [--dtype auto] [--quantization none|int8|int4] [--batch 1 32]
         [--slots 64]
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -68,6 +74,15 @@ def profile_batch(model_dir: Path, args, batch: int) -> dict:
         engine.step()
     for _ in range(3):  # warm
         engine.step()
+    # Unprofiled first: the engine's own clock (EngineStats) splits each step into the model call (tensors in,
+    # the pass, sampling) and the rest of the step: the scheduler, detokenization and stop checks.
+    stats = engine.stats
+    steps0, step_s0, model_s0 = stats.steps, stats.step_seconds, stats.model_seconds
+    for _ in range(args.steps):
+        engine.step()
+    steps = stats.steps - steps0
+    unprofiled = (stats.step_seconds - step_s0) / steps
+    outside_model = unprofiled - (stats.model_seconds - model_s0) / steps
     walls = []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
@@ -88,10 +103,65 @@ def profile_batch(model_dir: Path, args, batch: int) -> dict:
         "other_ops_pct": 100 * other / wall,
         "outside_ops_pct": 100 * outside / wall,
         "engine_overhead_pct": 100 * (wall - weights - attention) / wall,
+        "unprofiled_step_ms": unprofiled * 1e3,
+        "outside_model_call_pct": 100 * outside_model / unprofiled,
         "ops_per_step": len(ops) / n,
         "threads": torch.get_num_threads(),
         "dtype": engine.runner.dtype_name,
     }
+
+
+def narrow_model(real: Path, quantization: str) -> Path:
+    """A random model with the real one's layers, heads and KV heads but tiny widths (head_dim 32, 64
+    intermediate, a 256-token vocabulary; transformers saves it), quantized like the real one: its pass
+    dispatches the same ops as the real one's with almost no arithmetic."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from neuronfleet.runtime.model_config import load_model_config
+
+    out = ROOT / "models" / f"bench-narrow-{quantization}"
+    if (out / "model.safetensors").is_file():
+        return out
+    c = load_model_config(real)
+    head_dim = 32  # the int4 kernel's smallest group: every width stays a multiple of it
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=c.num_heads * head_dim, intermediate_size=64, head_dim=head_dim,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        max_position_embeddings=1024, tie_word_embeddings=c.tie_word_embeddings,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(out)
+    if quantization != "none":
+        quantize_folder(out, quantization)
+    return out
+
+
+def dispatch_floor(real: Path, args, batch: int) -> dict:
+    """Unprofiled model calls (`ModelRunner.step`: input tensors, the pass, sampling) of one decode step over
+    `batch` slots, on the real model and on its narrow twin (`narrow_model`), alternating, medians."""
+    from neuronfleet.runtime.model_runner import ModelRunner
+
+    slots = max(batch, args.slots)
+    times: dict[str, list[float]] = {}
+    runners = {}
+    for name, folder in (("real", real), ("narrow", narrow_model(real, args.quantization))):
+        config = RuntimeConfig(slots=slots, max_seq_len=512, dtype=args.dtype, quantization=args.quantization)
+        runners[name] = runner = ModelRunner(folder, config)
+        prompt = list(range(3, 40))  # within both vocabularies
+        for s in range(batch):
+            runner.sampler.start(s, SamplingParams(temperature=0.0), prompt)
+        runner.step(list(range(batch)), [prompt] * batch, [], [], [])
+        times[name] = []
+    position = 37
+    for i in range(args.steps + 3):
+        for name, runner in runners.items():
+            t = time.perf_counter()
+            runner.step([], [], list(range(batch)), [5] * batch, [position] * batch)
+            if i >= 3:
+                times[name].append(time.perf_counter() - t)
+        position += 1
+    real_ms, narrow_ms = (1e3 * statistics.median(times[k]) for k in ("real", "narrow"))
+    return {"batch": batch, "model_call_ms": real_ms, "narrow_model_call_ms": narrow_ms}
 
 
 def profiled_model(quantization: str) -> Path:
@@ -119,16 +189,24 @@ def main() -> None:
     rows = [profile_batch(model_dir, args, b) for b in args.batch]
     print(
         "| streams | dtype | step | weights | attention | other ops | outside ops | engine overhead "
-        "| ops/step |"
+        "| ops/step | step unprofiled | outside the model call |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['batch']} | {r['dtype']} {args.quantization} | {r['step_ms']:.1f} ms "
             f"| {r['weights_pct']:.0f}% "
             f"| {r['attention_pct']:.0f}% | {r['other_ops_pct']:.0f}% | {r['outside_ops_pct']:.0f}% "
-            f"| {r['engine_overhead_pct']:.0f}% | {r['ops_per_step']:.0f} |"
+            f"| {r['engine_overhead_pct']:.0f}% | {r['ops_per_step']:.0f} | {r['unprofiled_step_ms']:.1f} ms "
+            f"| {r['outside_model_call_pct']:.1f}% |"
         )
+    floors = [dispatch_floor(model_dir, args, b) for b in args.batch]
+    print("\n| streams | model call | the same pass, narrow widths | share of the call |")
+    print("|---|---|---|---|")
+    for f in floors:
+        call, narrow = f["model_call_ms"], f["narrow_model_call_ms"]
+        print(f"| {f['batch']} | {call:.1f} ms | {narrow:.1f} ms | {100 * narrow / call:.0f}% |")
+        next(r for r in rows if r["batch"] == f["batch"]).update(f)
     out = ROOT / "bench" / "results" / f"decode_profile_{args.quantization}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
