@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from support import make_tiny_llama
@@ -126,6 +128,25 @@ def test_tiny_llama_logits_match_transformers(tmp_path, overrides):
     ref = reference_logits(model_dir, ids)
     runner = make_slots(model_dir, slots=2, max_seq_len=64, prefill_buckets=[16, 64], decode_buckets=[64])
     assert_logits_match(runner, ids, ref, bucket=16, slot=1)
+
+
+def test_float32_weights_are_held_once_and_rows_together_match_transformers(tmp_path):
+    """On x86, float32 layers multiply through oneDNN's packed weights without keeping the plain ones, and a
+    tied LM head reads the embedding table itself (no copy); one row and three rows at once match
+    transformers."""
+    model_dir = make_tiny_llama(tmp_path, tie_word_embeddings=True)
+    ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
+    ref = reference_logits(model_dir, ids)
+    runner = make_slots(model_dir, slots=4, max_seq_len=64, prefill_buckets=[16], decode_buckets=[64])
+    weights = runner.runner.model.weights
+    if platform.machine() in ("x86_64", "AMD64"):
+        linears = [getattr(layer, n) for layer in weights.layers for n in ("qkv", "o", "gate_up", "down")]
+        assert all(lin.weight is None and lin.packed is not None for lin in linears)
+        assert weights.lm_head.packed.data_ptr() == weights.embed.weight.data_ptr()
+    assert_logits_match(runner, ids, ref, bucket=16, slot=0)
+    padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)
+    together = runner.prefill_logits(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
+    torch.testing.assert_close(together, ref[-1].expand(3, -1), atol=LOGIT_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [("bfloat16", 0.06), ("float16", 0.01)])
