@@ -199,7 +199,7 @@ def load_weights(
         tied = "lm_head.qweight" not in tensors
         head = embed_parts if tied else stored_parts("lm_head")
         lm_head = quantize.Int8Linear(
-            head["qweight"], head["scales"], None, widen_from_rows=quantize.HEAD_WIDEN_FROM_ROWS
+            head["qweight"], head["scales"], None, widen_from_rows=quantize.head_widen_from_rows()
         )
         table = lm_head.qweight if tied else embed_parts["qweight"]
         embed = quantize.Int8Embedding(table, embed_parts["scales"], dtype)

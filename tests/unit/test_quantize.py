@@ -25,6 +25,7 @@ from neuronfleet.runtime.model_runner import ModelRunner
 from neuronfleet.runtime.quantize import (
     CONFIG_KEY,
     GROUP_SIZE,
+    HEAD_WIDEN_FROM_ROWS,
     Int4Linear,
     Int8Linear,
     quantize_folder,
@@ -180,11 +181,25 @@ def native_bf16_flags() -> bool | None:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are_quantized(tmp_path):
+def cpu_has_native_bf16() -> bool:
     native = native_bf16_flags()
     if native is None:
         caps = torch.cpu.get_capabilities()
         native = bool(caps.get("bf16") or caps.get("sve_bf16"))
+    return native
+
+
+def test_the_lm_head_widens_to_bfloat16_blocks_only_where_the_cpu_multiplies_bfloat16_natively(tmp_path):
+    """Emulated (AVX2), the widened head is about 3x slower than the int8 kernel: it keeps the kernel."""
+    runner = ModelRunner(
+        make_tiny_llama(tmp_path / "q"), RuntimeConfig(slots=1, max_seq_len=64, quantization="int8")
+    )
+    expected = HEAD_WIDEN_FROM_ROWS if cpu_has_native_bf16() else None
+    assert runner.model.weights.lm_head.widen_from_rows == expected
+
+
+def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are_quantized(tmp_path):
+    native = cpu_has_native_bf16()
     expected = "bfloat16" if native else "float32"
     assert resolve_dtype("auto") == expected
     assert [resolve_dtype(d) for d in ("float32", "bfloat16", "float16")] == [
