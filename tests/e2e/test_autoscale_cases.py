@@ -118,9 +118,11 @@ def test_a_disaggregated_model_scales_under_load_within_its_ratio_bounds(local):
     ]  # fmt: skip
     assert not outside, outside
     assert {r.get("decode") for _, r in seen} >= {1, 2}  # it did scale while observed
-    up = autoscaling(local, name)["lastScale"]
-    assert up["from"]["decode"] == 1 and up["to"]["decode"] == 2, up
+    # Which role scales first depends on where the queue builds up on this machine: decode 1 -> 2 and later
+    # prefill 1 -> 2, or prefill 1 -> 2 with decode raised to 2 in the same decision to keep the ratio. Either
+    # way decode went 1 -> 2 while observed (above), with a ScaledUp event, and the last scale leaves it at 2.
     assert events(local, name, "ScaledUp")
+    assert autoscaling(local, name)["lastScale"]["to"]["decode"] == 2, autoscaling(local, name)
     print(
         f"\ndisaggregated: decode 1 -> 2 decided {decided:.1f}s after the load started, ready after "
         f"{serving:.1f}s; {len(seen)} observed points, prefill:decode within [{low}, {high}] at each "
