@@ -49,11 +49,13 @@ class Linear:
         self.bias = bias
         self.weight: torch.Tensor | None = weight  # plain, for the kernels that take it
         self.packed: torch.Tensor | None = None  # what oneDNN reads
+        self.one_row_plain = False  # a single row takes torch's matrix-vector kernel on the plain weight
         if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return
         if weight.dtype in (torch.bfloat16, torch.float16):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+                self.one_row_plain = True
             except RuntimeError:  # e.g. float16 on a CPU without AVX512-FP16: the plain kernels serve
                 self.packed = None
         elif weight.dtype == torch.float32 and platform.machine() in ("x86_64", "AMD64"):
@@ -65,7 +67,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.shape[0] == 1 and self.weight is not None and self.weight.dtype != torch.float32:
+        if x.shape[0] == 1 and self.one_row_plain:
             torch._C._set_mkldnn_enabled(False)
             try:
                 return F.linear(x, self.weight, self.bias)
