@@ -371,7 +371,10 @@ def test_a_client_that_disconnects_frees_its_slot(small_server):
 def test_sigterm_drains_requests_in_flight_and_exits_0(smollm2_dir):
     import concurrent.futures
 
-    with running_server(smollm2_dir, "--slots", "2", "--max-seq-len", "256") as (base, proc):
+    # A grace period no busy machine runs out of: 80 float32 tokens took over 30 s (the default) beside two
+    # CPU-burning processes on a 2-core machine.
+    options = ("--slots", "2", "--max-seq-len", "256", "--grace-period", "600")
+    with running_server(smollm2_dir, *options) as (base, proc):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             body = {"prompt": "Once upon a time", "max_tokens": 80, "ignore_eos": True}
             in_flight = pool.submit(post, base, "/v1/completions", body)
