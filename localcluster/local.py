@@ -8,7 +8,8 @@ front doors of models that scale to zero) on a free loopback port, which the rou
 reach at `http://127.0.0.1:PORT`, and its Prometheus metrics on another (its URL in
 `STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
 it all. `down` stops what `up` started (the kubelet stops every pod process) and deletes nothing else.
-`status` lists models, pods and their log files.
+`status` lists models, pods and their log files. `show_compiles` is what `up` in the foreground shows while
+models compile.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from neuronfleet.operator import crd
+from neuronfleet.operator import crd, spec
 
+MODELS = f"/apis/{spec.GROUP}/{spec.VERSION}/{spec.PLURAL}"  # the NeuronModels of every namespace
+COMPILE_RETRY = 2.0  # seconds before `show_compiles` watches the models again (starting, stopping)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # in the foreground, each stops the fleet as Ctrl-C does
 MODEL_FILE = "smollm2-135m-instruct.gguf"  # on the local-models claim (crds/samples/*-local-cpu*.yaml)
 
@@ -252,7 +256,7 @@ def _reap(pid: int) -> None:
 def status(state: Path, say=print) -> int:
     state = state.resolve()
     url = _api(state)
-    models = _request(f"{url}/apis/neuronfleet.dev/v1alpha1/neuronmodels")["items"]
+    models = _request(url + MODELS)["items"]
     pods = _request(f"{url}/api/v1/pods")["items"]
     say(f"local fleet in {state}: API server {url}, kubeconfig {state / 'kubeconfig'}")
     say("models:")
@@ -270,3 +274,40 @@ def status(state: Path, say=print) -> int:
         log_file = state / "node" / "logs" / f"{name}_{p['metadata']['uid']}"
         say(f"  {name}: {s.get('phase', '-')} ready={ready} restarts={restarts} logs {log_file}")
     return 0
+
+
+def show_compiles(state: Path, stream: TextIO, stopped: threading.Event | None = None) -> None:
+    """Each compiling model's status.compileProgress (what the operator read from its compile pod's log) as a
+    bar on a terminal, else a plain line per change, until `stopped` is set (checked between watches). It
+    follows a watch of the NeuronModels, so every progress the operator wrote is shown, however often."""
+    from neuronfleet.contract import CompileProgress
+    from neuronfleet.runtime.progress import Console
+
+    shown: dict[str, tuple[Console, dict]] = {}
+
+    def show(name: str, progress: dict) -> None:
+        console, before = shown.get(name) or (Console(stream, plain_interval=0, label=name), {})
+        if progress and progress != before:
+            console.show(CompileProgress.model_validate(progress), final=False)
+        elif before and not progress:  # compiled, failed or deleted: the bar's line ends
+            console.show(CompileProgress.model_validate(before), final=True)
+        shown[name] = console, progress
+
+    stopped = stopped or threading.Event()
+    while not stopped.is_set():
+        url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
+        # without a resourceVersion a watch first lists every model as ADDED: one that changed while no watch
+        # was open is shown from its current status
+        watch = f"{url}{MODELS}?watch=true&timeoutSeconds=60"
+        try:
+            with urllib.request.urlopen(watch, timeout=90) as events:
+                for line in events:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR" or stopped.is_set():
+                        break
+                    model = event["object"]
+                    name = f"{model['metadata']['namespace']}/{model['metadata']['name']}"
+                    status = {} if event["type"] == "DELETED" else model.get("status") or {}
+                    show(name, status.get("compileProgress") or {})
+        except (OSError, ValueError):  # no URL yet, starting or stopping
+            stopped.wait(COMPILE_RETRY)

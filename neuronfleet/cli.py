@@ -240,7 +240,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     try:
         if args.command == "up":
             if not args.detach:  # while a model compiles, its progress (from its status) on stderr
-                threading.Thread(target=_show_compiles, args=(state,), daemon=True).start()
+                threading.Thread(target=local.show_compiles, args=(state, sys.stderr), daemon=True).start()
             return local.up(state, args.detach)
         if args.command == "down":
             return local.down(state)
@@ -248,41 +248,6 @@ def _cmd_local(args: argparse.Namespace) -> int:
     except local.LocalError as e:
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-
-
-COMPILE_POLL = 2.0  # seconds between two reads of the models' compile progress by `neuronfleet up`
-
-
-def _show_compiles(state: Path) -> None:
-    """`neuronfleet up` in the foreground: each compiling model's status.compileProgress (what the operator
-    read from its compile pod's log) as a bar on a terminal, else a plain line when it changes."""
-    import json
-    import time
-    import urllib.request
-
-    from neuronfleet.contract import CompileProgress
-    from neuronfleet.runtime.progress import Console
-
-    shown: dict[str, tuple[Console, dict]] = {}
-    while True:
-        time.sleep(COMPILE_POLL)
-        url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
-        if not url:
-            continue
-        try:
-            with urllib.request.urlopen(f"{url}/apis/neuronfleet.dev/v1alpha1/neuronmodels", timeout=10) as r:
-                models = json.loads(r.read())["items"]
-        except (OSError, ValueError):
-            continue  # starting or stopping
-        for model in models:
-            name = f"{model['metadata']['namespace']}/{model['metadata']['name']}"
-            status = (model.get("status") or {}).get("compileProgress")
-            console, before = shown.get(name) or (Console(sys.stderr, plain_interval=0, label=name), {})
-            if status and status != before:
-                console.show(CompileProgress.model_validate(status), final=False)
-            elif before and not status:  # compiled (or failed): the bar's line ends
-                console.show(CompileProgress.model_validate(before), final=True)
-            shown[name] = console, status or {}
 
 
 def _internal_token(args: ServeConfig) -> str:

@@ -111,6 +111,9 @@ def test_a_running_compile_shows_its_progress_in_kubectl_and_up_at_a_throttled_r
         if p and (not updates or p["updatedAt"] != updates[-1]["updatedAt"]):
             updates.append(p)
     assert len(updates) >= 2, updates
+    # `up` follows a watch: every progress a watcher saw, it printed too, however often the operator wrote
+    missing = [u["text"] for u in updates if f"[default/smollm2] {u['text']}" not in lines]
+    assert not missing, (missing, lines)
     for before, after in itertools.pairwise(updates):
         if before["phase"] == after["phase"]:
             assert stamp(after) - stamp(before) >= EVERY - 1, (before, after)  # (timestamps in whole seconds)
