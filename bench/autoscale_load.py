@@ -38,7 +38,6 @@ import itertools
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,11 +49,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_mode import RESULTS, ROOT, LocalMode, neuronfleet, start_main
+
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-cpu-autoscaled.yaml"
-NEURONFLEET = ROOT / ".venv" / "bin" / "neuronfleet"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
-RESULTS = ROOT / "bench" / "results"
 GROUP = "/apis/neuronfleet.dev/v1alpha1"
 DECISION_EVENTS = ("ScaledUp", "ScaledDown", "ScaleUpStuck", "ReplicasReverted")
 PROMPT = "Tell me a short story about a lighthouse keeper."
@@ -180,37 +179,11 @@ def summarize(requests: list[dict]) -> dict:
 # ---- the cluster -------------------------------------------------------------------------------------------
 
 
-class Cluster:
-    """A local mode's API server (plain HTTP, from STATE/url) and kubectl against its kubeconfig."""
-
-    def __init__(self, state: Path) -> None:
-        self.state, self.url = state, (state / "url").read_text().strip()
-
-    def get(self, path: str, **query: str) -> dict:
-        q = "?" + urllib.parse.urlencode(query) if query else ""
-        with urllib.request.urlopen(self.url + path + q, timeout=10) as r:
-            return json.loads(r.read())
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        config = ["--kubeconfig", str(self.state / "kubeconfig"), "--cache-dir", str(self.state / "kc")]
-        cmd = ["kubectl", *config, *args]
-        run = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
-        if run.returncode:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {run.stderr.strip() or run.stdout.strip()}")
-        return run.stdout
-
-
-def neuronfleet(*args: str, env: dict[str, str] | None = None) -> None:
-    run = subprocess.run([str(NEURONFLEET), *args], capture_output=True, text=True, timeout=300, env=env)
-    if run.returncode:
-        raise RuntimeError(f"neuronfleet {' '.join(args)} failed: {run.stderr.strip() or run.stdout.strip()}")
-
-
-def wait_ready(cluster: Cluster, name: str, timeout: float) -> dict:
+def wait_ready(cluster: LocalMode, name: str, timeout: float) -> dict:
     """The model's status once Ready; a refusal (Validated False) or the timeout ends the run, saying why."""
     deadline = time.monotonic() + timeout
     while True:
-        status = cluster.get(f"{GROUP}/namespaces/default/neuronmodels/{name}").get("status") or {}
+        status = cluster.api(f"{GROUP}/namespaces/default/neuronmodels/{name}").get("status") or {}
         conditions = {c["type"]: c for c in status.get("conditions") or []}
         if (conditions.get("Validated") or {}).get("status") == "False":
             raise RuntimeError(f"the model was refused: {conditions['Validated'].get('message')}")
@@ -293,19 +266,19 @@ class Load:
 # ---- sampling ----------------------------------------------------------------------------------------------
 
 
-def sample(cluster: Cluster, name: str, t: float, load: Load, phases: list[Phase]) -> tuple[dict, dict]:
+def sample(cluster: LocalMode, name: str, t: float, load: Load, phases: list[Phase]) -> tuple[dict, dict]:
     """One second's view: offered load, replicas per role (desired, Deployment, ready), queue; and the
     model's status.autoscaling (for its decisions)."""
-    model = cluster.get(f"{GROUP}/namespaces/default/neuronmodels/{name}")
+    model = cluster.api(f"{GROUP}/namespaces/default/neuronmodels/{name}")
     auto = (model.get("status") or {}).get("autoscaling") or {}
     label = f"neuronfleet.dev/model={name}"
-    deployments = cluster.get("/apis/apps/v1/namespaces/default/deployments", labelSelector=label)["items"]
+    deployments = cluster.api("/apis/apps/v1/namespaces/default/deployments", labelSelector=label)["items"]
     replicas, ready = {}, {}
     for d in deployments:
         role = d["metadata"].get("labels", {}).get("neuronfleet.dev/role", d["metadata"]["name"])
         replicas[role] = replicas.get(role, 0) + d["spec"].get("replicas", 0)
         ready[role] = ready.get(role, 0) + ((d.get("status") or {}).get("readyReplicas") or 0)
-    slices = cluster.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")["items"]
+    slices = cluster.api("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")["items"]
     waiting, running = {}, {}
     for pod, address in pod_addresses(slices).items():
         if not pod.startswith(name + "-") or pod.startswith(f"{name}-router-"):
@@ -326,8 +299,8 @@ def sample(cluster: Cluster, name: str, t: float, load: Load, phases: list[Phase
     }, auto  # fmt: skip
 
 
-def decision_events(cluster: Cluster, name: str) -> list[dict]:
-    items = cluster.get("/api/v1/namespaces/default/events")["items"]
+def decision_events(cluster: LocalMode, name: str) -> list[dict]:
+    items = cluster.api("/api/v1/namespaces/default/events")["items"]
     events = [
         {k: e.get(k) for k in ("type", "reason", "message", "count", "firstTimestamp", "lastTimestamp")}
         for e in items
@@ -336,13 +309,13 @@ def decision_events(cluster: Cluster, name: str) -> list[dict]:
     return sorted(events, key=lambda e: e["firstTimestamp"] or "")
 
 
-def wait_for_zero(cluster: Cluster, name: str, timeout: float) -> float:
+def wait_for_zero(cluster: LocalMode, name: str, timeout: float) -> float:
     """Seconds until the autoscaler wants no pod of a scaled role and none is ready (the front door stays)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        model = cluster.get(f"{GROUP}/namespaces/default/neuronmodels/{name}")
+        model = cluster.api(f"{GROUP}/namespaces/default/neuronmodels/{name}")
         desired = ((model.get("status") or {}).get("autoscaling") or {}).get("desired") or {}
-        items = cluster.get("/apis/apps/v1/namespaces/default/deployments",
+        items = cluster.api("/apis/apps/v1/namespaces/default/deployments",
                             labelSelector=f"neuronfleet.dev/model={name}")["items"]  # fmt: skip
         ready = {
             d["metadata"].get("labels", {}).get("neuronfleet.dev/role"): (d.get("status") or {}).get(
@@ -430,7 +403,7 @@ def manifest_for(args) -> dict:
     return obj
 
 
-def run(args, cluster: Cluster, obj: dict) -> dict:
+def run(args, cluster: LocalMode, obj: dict) -> dict:
     name = obj["metadata"]["name"]
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     began = time.monotonic()
@@ -504,20 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="results path without suffix (default bench/results/autoscale_load[_zero])")
     p.add_argument("--plot-only", metavar="JSON", help="draw the PNG of a results JSON again; run nothing")
     args = p.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        p.error("matplotlib is missing: `bash bench/setup_llamacpp.sh`, then bench/.venv-llamacpp/bin/python")
-    if args.plot_only:
-        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+    if start_main(p, args, plot):
         return 0
     out = Path(args.out or RESULTS / ("autoscale_load_zero" if args.scale_to_zero else "autoscale_load"))
     obj = manifest_for(args)
-
-    def terminate(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, terminate)
     own = args.state is None
     state = Path(args.state) if args.state else Path(tempfile.mkdtemp(prefix="autoscale-load-"))
     if own:  # local mode's pods are processes that inherit `up`'s environment, this thread count included
@@ -525,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             "up", "--state", str(state), "--detach", env={**os.environ, "OMP_NUM_THREADS": args.threads}
         )
     try:
-        cluster = Cluster(state)
+        cluster = LocalMode(state)
         try:
             result = run(args, cluster, obj)
         finally:

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,40 +40,19 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prompts import QUESTIONS  # noqa: E402
+from local_mode import RESULTS, ROOT, LocalMode, neuronfleet, start_main
+from prompts import QUESTIONS
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
 MODEL, NAMESPACE = "smollm2-pd", "default"
 DASHBOARD = ROOT / "charts" / "neuronfleet" / "dashboards" / "neuronfleet.json"
-NEURONFLEET = ROOT / ".venv" / "bin" / "neuronfleet"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-RESULTS = ROOT / "bench" / "results"
-
-
-def neuronfleet(*args: str, env: dict | None = None) -> None:
-    subprocess.run([str(NEURONFLEET), *args], check=True, env=env)
-
-
-class Local:
-    """kubectl against the local mode in `state`."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-
-    def kubectl(self, *args: str) -> str:
-        cmd = [KUBECTL, "--kubeconfig", str(self.state / "kubeconfig"), "--cache-dir", str(self.state / "kc")]
-        return subprocess.run([*cmd, *args], check=True, capture_output=True, text=True).stdout
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json"))
 
 
 # ---- Prometheus -----------------------------------------------------------------------------------------
 
 
-def targets(local: Local) -> list[dict]:
+def targets(local: LocalMode) -> list[dict]:
     """file_sd groups: each serving pod's `http` address, labelled as the chart's PodMonitor labels it."""
     pods = {p["metadata"]["name"]: p for p in local.get("pods", "-A", "-l", "neuronfleet.dev/model")["items"]}
     out = []
@@ -286,7 +264,7 @@ def wait(what: str, check, timeout: float) -> object:
     raise TimeoutError(f"{what}: not after {timeout:.0f} s")
 
 
-def run(args, local: Local, work: Path) -> dict:
+def run(args, local: LocalMode, work: Path) -> dict:
     port = int(args.prometheus_port)
     prometheus = start_prometheus(
         work, (local.state / "operator-metrics-url").read_text().strip(), args.scrape, port
@@ -390,23 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=1200)
     p.add_argument("--plot-only", metavar="JSON", help="draw the PNG of a results JSON again; run nothing")
     args = p.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        p.error("matplotlib is missing: `bash bench/setup_llamacpp.sh`, then bench/.venv-llamacpp/bin/python")
-    if args.plot_only:
-        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot_only).with_suffix(".png"))
+    if start_main(p, args, plot):
         return 0
-
-    def terminate(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, terminate)
     work = Path(tempfile.mkdtemp(prefix="dashboard-snapshot-"))
     state = work / "state"
     neuronfleet("up", "--state", str(state), "--detach", env={**os.environ, "OMP_NUM_THREADS": args.threads})
     try:
-        result = run(args, Local(state), work)
+        result = run(args, LocalMode(state), work)
     finally:
         neuronfleet("down", "--state", str(state))
     RESULTS.mkdir(parents=True, exist_ok=True)
