@@ -271,7 +271,7 @@ def _runtime_config(args: ServeConfig):
         slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
         prefill_buckets=args.prefill_buckets or (),
         decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
-        max_waiting=args.max_waiting, quantization=args.quantization,
+        max_waiting=args.max_waiting, quantization=args.quantization, decode_graph=args.decode_graph,
     )  # fmt: skip
 
 

@@ -140,6 +140,13 @@ class ServeConfig(BaseModel):
         "prefill every prompt whole, even when its slot's cache already holds its first tokens",
         flag="--no-prefix-reuse",
     )
+    decode_graph: bool = _flag(
+        True,
+        "decode op by op from Python: by default a decode step replays a graph of the model's layers "
+        "recorded on the first one, where every layer can be recorded (int8/int4 weights, or weights oneDNN "
+        "does not pack: bfloat16 on a CPU without native bfloat16)",
+        flag="--no-decode-graph",
+    )
     kv_leases: int | None = _flag(None, "decode: concurrent KV handoffs (default: --slots)")
     kv_wait: float = _flag(
         30.0,

@@ -8,14 +8,17 @@ a prefill group (prompts padded to a length bucket, written into given slots) an
 for the slots `0..batch-1`, a batch bucket, over a length bucket of the cache): every shape is fixed by
 (bucket, batch), so the same pass can be compiled (torch.compile, Neuron's device). Position `max_len` is a
 scratch column that idle slots and padding write to, so a pass never touches a position it does not own.
+A decode-only pass on CPU runs its layers from a graph recorded on its first step (`DecodeGraph`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import mmap
 import platform
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,8 @@ import torch.nn.functional as F
 
 from . import quantize, weights_file
 from .model_config import ModelConfig, ModelLoadError
+
+log = logging.getLogger(__name__)
 
 
 class Linear:
@@ -67,13 +72,33 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.shape[0] == 1 and self.one_row_plain:
-            torch._C._set_mkldnn_enabled(False)
-            try:
-                return F.linear(x, self.weight, self.bias)
-            finally:
-                torch._C._set_mkldnn_enabled(True)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        plain = self.weight if self.one_row_plain else None
+        if torch.jit.is_tracing():  # recorded as one node of ours (see PACKED_LINEAR)
+            return torch.ops.neuronfleet.packed_linear(x, self.packed, plain, self.bias)
+        return packed_matmul(x, self.packed, plain, self.bias)
+
+
+def packed_matmul(
+    x: torch.Tensor, packed: torch.Tensor, plain: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x W^T + b on oneDNN's packed W; a single row on the `plain` W instead, where it is given, with torch's
+    matrix-vector kernel (oneDNN switched off around it: torch routes low-precision matmuls to it)."""
+    if x.shape[0] == 1 and plain is not None:
+        torch._C._set_mkldnn_enabled(False)
+        try:
+            return F.linear(x, plain, bias)
+        finally:
+            torch._C._set_mkldnn_enabled(True)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+# `packed_matmul` as an operator of our own, which a graph capture (`DecodeGraph`) records as one node: the
+# tracer of torch 2.13.0 cannot record `_linear_pointwise` (its `Scalar?[]` argument), nor the switch the
+# one-row path flips; replayed, the node calls `packed_matmul`, which decides by the rows it is given.
+PACKED_LINEAR = "packed_linear(Tensor x, Tensor packed, Tensor? plain, Tensor? bias) -> Tensor"
+_ops = torch.library.Library("neuronfleet", "DEF")
+_ops.define(PACKED_LINEAR)
+_ops.impl("packed_linear", packed_matmul, "CompositeExplicitAutograd")  # (a packed weight is MkldnnCPU)
 
 
 AnyLinear = Linear | quantize.Int8Linear | quantize.Int4Linear
@@ -279,12 +304,15 @@ class DecodeBatch:
 
     tokens: torch.Tensor  # [B]
     positions: torch.Tensor  # [B]; idle slots: the scratch column
-    length: int
     rows: torch.Tensor | None  # the slots whose logits are wanted (all when None)
     slot_idx: torch.Tensor  # [B] = arange(B)
     cos: torch.Tensor  # [B, 1, D]
     sin: torch.Tensor
-    mask: torch.Tensor  # [B, 1, 1, L] additive
+    mask: torch.Tensor  # [B, 1, 1, L] additive, L the length bucket
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """What the decode layers read, in `LlamaModel.decode_layers`' order (rows are the head's)."""
+        return self.tokens, self.positions, self.slot_idx, self.cos, self.sin, self.mask
 
 
 def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -304,16 +332,49 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
+class DecodeGraph:
+    """`LlamaModel.decode_layers` recorded once as a TorchScript graph (`torch.jit.trace`, torch 2.13.0) and
+    replayed from C++: the same kernels on the same weights and KV cache, in the same order, so the same
+    results bit for bit, without Python between the ops. The graph holds the weights and the cache by
+    reference (no copy); one serves every (batch, length) bucket. It runs with TorchScript's optimizer off:
+    it has nothing to fuse on CPU, and would profile and specialize again for new shapes.
+
+    Recording runs the pass once, with its writes to the cache; the step then replays it and writes the same
+    keys and values again. torch 2.13.0 marks `torch.jit.trace` deprecated (for torch.compile and
+    torch.export, which compile C++ and need a compiler where the model is served); its notice is silenced.
+    """
+
+    def __init__(self, layers, inputs: tuple[torch.Tensor, ...], unrecordable: list[torch.Tensor]) -> None:
+        """`unrecordable`: tensors `layers` reads that a graph cannot hold as constants (oneDNN's packed
+        weights); the graph takes them as inputs (the tracer knows a tensor it was given wherever it is read)
+        and is given them at every call."""
+        self.unrecordable = tuple(unrecordable)
+        n = len(inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the deprecation notice; TracerWarnings on the held tensors
+            self.graph = torch.jit.trace(
+                lambda *a: layers(*a[:n]), (*inputs, *self.unrecordable), check_trace=False
+            )
+
+    def __call__(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.graph(*inputs, *self.unrecordable)
+
+
 class LlamaModel:
     """The weights, the rotary tables and the static KV cache of `slots` slots of `max_seq_len` positions."""
 
     def __init__(
         self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
-        device: torch.device, quantization: str | None = None,
+        device: torch.device, quantization: str | None = None, capture_decode: bool = True,
     ) -> None:  # fmt: skip
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
         self.weights = load_weights(model_dir, config, dtype, device, quantization)
+        # decode-only passes replay a graph of their layers recorded on the first one (on CPU: the device
+        # it is measured and tested on)
+        self.capture_decode = capture_decode and device.type == "cpu"
+        self.decode_graph: DecodeGraph | None = None
         # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write). Slot-major, and
         # positions contiguous per head: slots 0..B-1 over a length are [B, kv_heads, length, head_dim] views,
         # which attention reads in place at every batch size.
@@ -399,11 +460,15 @@ class LlamaModel:
         q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
         v = v.view(b, kv_heads, c.head_dim)
         cache_k, cache_v = self.layer_kv[layer]  # [slots, KV, positions, D]
-        cache_k[batch.slot_idx, :, batch.positions] = k
-        cache_v[batch.slot_idx, :, batch.positions] = v
-        # Slots 0..B-1 over the length bucket, read in place: [B, KV, L, D] with strides. The query heads that
-        # share a KV head act as that head's "query positions" (one query per head), so no head is repeated.
-        keys, values = cache_k[:b, :, : batch.length], cache_v[:b, :, : batch.length]
+        # cache[slot_idx, :, positions] = k, as the one op it is (written as an indexed assignment, a graph
+        # capture would record a view of k to this batch's shape)
+        torch.ops.aten.index_put_(cache_k, [batch.slot_idx, None, batch.positions], k)
+        torch.ops.aten.index_put_(cache_v, [batch.slot_idx, None, batch.positions], v)
+        # Slots 0..B-1 over the length bucket (the mask's length: a size a capture records), read in place:
+        # [B, KV, L, D] with strides. The query heads that share a KV head act as that head's "query
+        # positions" (one query per head), so no head is repeated.
+        length = batch.mask.shape[-1]
+        keys, values = cache_k[:b, :, :length], cache_v[:b, :, :length]
         return F.scaled_dot_product_attention(
             q.view(b, kv_heads, heads // kv_heads, c.head_dim), keys, values, attn_mask=batch.mask
         ).reshape(b, -1)
@@ -421,13 +486,47 @@ class LlamaModel:
         return DecodeBatch(
             tokens=tokens,
             positions=positions,
-            length=length,
             rows=rows,
             slot_idx=torch.arange(tokens.shape[0], device=self.device),
             cos=self.rope_cos[positions][:, None, :],  # [B, 1, D]
             sin=self.rope_sin[positions][:, None, :],
             mask=mask[:, None, None, :],  # [B, 1, 1, L]
         )
+
+    def decode_layers(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slot_idx: torch.Tensor, cos: torch.Tensor,
+        sin: torch.Tensor, mask: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """A decode-only pass up to the final norm (`DecodeBatch.inputs()` -> [B, hidden]). Every size in it
+        comes from its inputs' shapes (B from the tokens, the length bucket from the mask), so one captured
+        graph of it serves every (batch, length) bucket."""
+        c, w = self.config, self.weights
+        batch = DecodeBatch(tokens, positions, None, slot_idx, cos, sin, mask)
+        x = w.embed(tokens)
+        for i, layer in enumerate(w.layers):
+            qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
+            x = x + layer.o(self._decode_attention(i, qkv, batch))
+            x = self._mlp(x, layer)
+        return x
+
+    def _unrecordable(self) -> list[torch.Tensor]:
+        """The layers' tensors a graph cannot hold as constants (oneDNN's packed weights): its inputs."""
+        layers = self.weights.layers
+        linears = [x for layer in layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return [x.packed for x in linears if isinstance(x, Linear) and x.packed is not None]
+
+    def _decode_layers_run(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """`decode_layers` from its captured graph, captured on the first decode-only pass where it can be
+        (else, or if the capture fails, op by op)."""
+        if self.capture_decode and self.decode_graph is None:
+            try:
+                self.decode_graph = DecodeGraph(self.decode_layers, inputs, self._unrecordable())
+            except Exception as e:  # an op the tracer cannot record: this model decodes op by op
+                log.warning("capturing the decode pass failed, it runs op by op: %s", e)
+                self.capture_decode = False
+        if self.decode_graph is not None:
+            return self.decode_graph(inputs)
+        return self.decode_layers(*inputs)
 
     @torch.inference_mode()
     def forward(
@@ -440,21 +539,20 @@ class LlamaModel:
         """
         c, w = self.config, self.weights
         n_pre = prefill.tokens.numel() if prefill else 0
-        parts = []
-        if prefill:
-            parts.append(w.embed(prefill.tokens.reshape(-1)))
-        if decode:
-            parts.append(w.embed(decode.tokens))
-        x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
-        for i, layer in enumerate(w.layers):
-            qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
-            attn = []
-            if prefill:
-                attn.append(self._prefill_attention(i, qkv[:n_pre], prefill))
+        if prefill is None:
+            x = self._decode_layers_run(decode.inputs())  # [B, hidden]
+        else:
+            parts = [w.embed(prefill.tokens.reshape(-1))]
             if decode:
-                attn.append(self._decode_attention(i, qkv[n_pre:], decode))
-            x = x + layer.o(torch.cat(attn) if len(attn) > 1 else attn[0])
-            x = self._mlp(x, layer)
+                parts.append(w.embed(decode.tokens))
+            x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
+            for i, layer in enumerate(w.layers):
+                qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
+                attn = [self._prefill_attention(i, qkv[:n_pre], prefill)]
+                if decode:
+                    attn.append(self._decode_attention(i, qkv[n_pre:], decode))
+                x = x + layer.o(torch.cat(attn) if len(attn) > 1 else attn[0])
+                x = self._mlp(x, layer)
         last = []  # only the rows whose next token is wanted go through the norm and the LM head
         if prefill:
             p, t = prefill.tokens.shape

@@ -45,7 +45,7 @@ class ModelRunner:
         with heap_returns.loading():  # what loading frees goes back to the system
             self.model = LlamaModel(
                 self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
-                config.quantization,
+                config.quantization, config.decode_graph,
             )  # fmt: skip
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()

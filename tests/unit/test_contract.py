@@ -49,6 +49,7 @@ def test_every_option_renders_and_parses_back():
         prefill_buckets=[16, 64], decode_buckets=[32, 128], prefill=["http://a:1", "http://b:2"],
         decode=["dns://d:3"], served_model_name="x", kv_transport="efa", kv_port=7001,
         internal_token_file="/t", dtype="bfloat16", quantization="int4", prefix_reuse=False, kv_leases=2,
+        decode_graph=False,
         kv_wait=1.5,
         kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
         peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_body_bytes=1000, grace_period=2.0,
