@@ -1,16 +1,19 @@
-"""What capturing the decode step as a graph would give: the model's decode pass run eagerly (as the engine
-runs it today) against the same pass compiled by torch.compile (inductor, which needs a C compiler: gcc here),
-on the real model, in one run. It prints both times per pass, their ratio, the compile time, and the largest
-logit difference between the two (the compiled pass must compute the same thing). To tell a difference that
-is rounding from one that is an error, both passes are also compared with a float64 pass over the very same
-weights (int8/int4 dequantized exactly as the kernels read them): the model's own rounding (float32, and
-the bfloat16 activations the weight-only kernels take) is the yardstick the compiled pass must stay within.
+"""What running the decode step from a graph gives: the model's decode pass run op by op from Python, replayed
+from the graph the engine records (`llama.DecodeGraph`, TorchScript's tracer: the engine's default on CPU),
+and compiled by torch.compile (inductor, which needs a C compiler: gcc here), on the real model, in one run.
+It prints the times per pass (op by op and recorded alternate step by step, the machine's drift falls on
+both), their ratios, the compile time, and the largest logit difference from the op-by-op pass (the recorded
+one must be 0). To tell a difference that is rounding from one that is an error, the passes are also
+compared with a float64 pass over the very same weights (int8/int4 dequantized exactly as the kernels read
+them): the model's own rounding (float32, and the bfloat16 activations the weight-only kernels take) is the
+yardstick the compiled pass must stay within.
 
     .venv/bin/python bench/decode_compile.py [--quantization none|int8|int4] [--dtype auto] [--batch 1 32]
+        [--no-compile]
 
-Not a test, and not (yet) how the engine runs: a compiled pass is fixed to one (batch, length) bucket and
-takes about a minute to compile on a 2-core CPU, so serving with it needs its compiled buckets kept in the
-compile artifacts. This measures whether that is worth building.
+Not a test. A compiled pass is fixed to one (batch, length) bucket and takes about a minute to compile on a
+2-core CPU, so serving with it would need its compiled buckets kept in the compile artifacts; the recorded
+graph serves every bucket and is recorded in under a second.
 """
 
 from __future__ import annotations
@@ -70,6 +73,20 @@ def dequantized(model_dir: Path) -> Path:
     return out
 
 
+def alternating_ms(runs: dict, repeats: int) -> dict[str, float]:
+    """Median ms of each run, called in turn, step after step (after 5 warm calls each)."""
+    for run in runs.values():
+        for _ in range(5):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * sorted(t)[repeats // 2] for name, t in times.items()}
+
+
 def median_ms(run, repeats: int) -> float:
     for _ in range(5):  # warm
         run()
@@ -95,7 +112,9 @@ def prefilled(model: LlamaModel, prompts: list[list[int]]) -> torch.Tensor:
     return model.forward(batch, None)[0].argmax(-1)
 
 
-def measure(model_dir: Path, reference_dir: Path, batch: int, repeats: int, dtype: str) -> dict:
+def measure(
+    model_dir: Path, reference_dir: Path, batch: int, repeats: int, dtype: str, compile_too: bool
+) -> dict:
     engine = Engine.from_model_dir(str(model_dir), RuntimeConfig(slots=batch, max_seq_len=512, dtype=dtype))
     model = engine.runner.model
     # a real state: each slot holds a chat prompt, and the step decodes the token after it
@@ -107,7 +126,29 @@ def measure(model_dir: Path, reference_dir: Path, batch: int, repeats: int, dtyp
     positions = torch.tensor([len(ids) for ids in prompts])
     length = int(positions.max()) + 1
     step = model.decode_batch(tokens, positions, length, None)
-    eager_ms = median_ms(lambda: model.forward(None, step), repeats)
+    recorded_logits = model.forward(None, step)[1]  # records the graph (the engine's default)
+    graph = model.decode_graph
+
+    def op_by_op():
+        model.decode_graph, model.capture_decode = None, False
+        try:
+            return model.forward(None, step)
+        finally:
+            model.decode_graph, model.capture_decode = graph, True
+
+    eager_logits = op_by_op()[1]
+    times = alternating_ms({"eager": op_by_op, "recorded": lambda: model.forward(None, step)}, repeats)
+    row = {
+        "batch": batch,
+        "dtype": engine.runner.dtype_name,
+        "eager_ms": times["eager"],
+        "recorded_ms": times["recorded"],
+        "recorded_ratio": times["recorded"] / times["eager"],
+        "recorded_difference": float((recorded_logits - eager_logits).abs().max()),
+    }
+    if not compile_too:
+        return row
+    model.decode_graph, model.capture_decode = None, False  # torch.compile takes the op-by-op pass
     # The pass without its inference_mode wrapper (inductor cannot trace inference tensors), under no_grad.
     compiled = torch.compile(functools.partial(type(model).forward.__wrapped__, model), dynamic=False)
 
@@ -118,18 +159,15 @@ def measure(model_dir: Path, reference_dir: Path, batch: int, repeats: int, dtyp
     start = time.perf_counter()
     logits = run_compiled()[1]
     compile_s = time.perf_counter() - start
-    eager_logits = model.forward(None, step)[1]
     difference = float((logits - eager_logits).abs().max())
     compiled_ms = median_ms(run_compiled, repeats)
+    eager_ms = times["eager"]
     exact = LlamaModel(
         reference_dir, load_model_config(reference_dir), batch, 512, torch.float64, model.device
     )
     prefilled(exact, prompts)
     truth = exact.forward(None, exact.decode_batch(tokens, positions, length, None))[1]
-    return {
-        "batch": batch,
-        "dtype": engine.runner.dtype_name,
-        "eager_ms": eager_ms,
+    return row | {
         "compiled_ms": compiled_ms,
         "ratio": compiled_ms / eager_ms,
         "compile_s": compile_s,
@@ -147,13 +185,26 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="the activations' dtype (auto, float32, bfloat16)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--no-compile", action="store_true", help="op by op and recorded only")
     args = parser.parse_args()
     model_dir = profiled_model(args.quantization)
     reference_dir = dequantized(model_dir)
-    rows = [measure(model_dir, reference_dir, b, args.repeats, args.dtype) for b in args.batch]
+    rows = [
+        measure(model_dir, reference_dir, b, args.repeats, args.dtype, not args.no_compile)
+        for b in args.batch
+    ]
+    print("| streams | model | op by op | recorded | recorded / op by op | recorded vs op by op |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['batch']} | {r['dtype']} {args.quantization} | {r['eager_ms']:.1f} ms "
+            f"| {r['recorded_ms']:.1f} ms | {r['recorded_ratio']:.2f}x | {r['recorded_difference']:.3g} |"
+        )
+    if args.no_compile:
+        return
     print(
-        "| streams | model | eager | compiled | compiled / eager | compile | max logit difference "
-        "| eager vs float64 | compiled vs float64 |"
+        "| streams | model | op by op | compiled | compiled / op by op | compile | max logit difference "
+        "| op by op vs float64 | compiled vs float64 |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
