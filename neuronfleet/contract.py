@@ -142,9 +142,8 @@ class ServeConfig(BaseModel):
     )
     decode_graph: bool = _flag(
         True,
-        "decode op by op from Python: by default a decode step replays a graph of the model's layers "
-        "recorded on the first one, where every layer can be recorded (int8/int4 weights, or weights oneDNN "
-        "does not pack: bfloat16 on a CPU without native bfloat16)",
+        "decode op by op from Python (by default, on CPU, a step that only decodes replays a graph of the "
+        "model's layers recorded on the first one: the same results, without Python between the ops)",
         flag="--no-decode-graph",
     )
     kv_leases: int | None = _flag(None, "decode: concurrent KV handoffs (default: --slots)")

@@ -516,8 +516,8 @@ class LlamaModel:
         return [x.packed for x in linears if isinstance(x, Linear) and x.packed is not None]
 
     def _decode_layers_run(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """`decode_layers` from its captured graph, captured on the first decode-only pass where it can be
-        (else, or if the capture fails, op by op)."""
+        """`decode_layers` from its graph, recorded on the first decode-only pass (on CPU, unless
+        --no-decode-graph; op by op otherwise, and after a recording that failed)."""
         if self.capture_decode and self.decode_graph is None:
             try:
                 self.decode_graph = DecodeGraph(self.decode_layers, inputs, self._unrecordable())
