@@ -188,12 +188,16 @@ def watch_folder(
 ) -> Iterator[None]:
     """While the body runs, report what has arrived in `folder` every `interval` seconds and once at the end
     (`on_progress(bytes_done, bytes_total, files_done, files_total)`): for a download that reports nothing
-    itself, such as huggingface_hub's snapshot into its cache folder."""
+    itself, such as huggingface_hub's snapshot into its cache folder. What has arrived only grows: a read of
+    the folder can miss a file being renamed (its partial name gone, its final one not yet listed), so a
+    report never goes below the one before."""
     stop = threading.Event()
+    most = [0, 0]  # bytes and files reported so far
 
     def report() -> None:
         size, files = folder_size(folder)
-        on_progress(size, total_bytes, files, total_files)
+        most[0], most[1] = max(most[0], size), max(most[1], files)
+        on_progress(most[0], total_bytes, most[1], total_files)
 
     def poll() -> None:
         while not stop.wait(interval):

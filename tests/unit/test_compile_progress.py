@@ -290,3 +290,22 @@ def test_a_folder_being_downloaded_into_is_measured_as_it_fills(tmp_path):
     assert [r[2] for r in seen] == sorted(r[2] for r in seen)
     assert any(0 < r[0] < 12000 and r[2] < 3 for r in seen)  # reports came while it downloaded
     assert folder_size(tmp_path) == (12000, 3)  # the link is not a second copy
+
+
+def test_a_file_a_read_of_the_folder_misses_does_not_send_the_progress_back(tmp_path):
+    """A read of the folder can miss a file that is being renamed (its partial name gone, its final one not
+    yet listed; the suite saw a report of 0 bytes after one of 1000 so): a file that leaves the folder stands
+    in for it here, and the reports after it stay at what had arrived."""
+    from support import wait_until
+
+    from neuronfleet.runtime.progress import watch_folder
+
+    seen: list[tuple] = []
+    blob = tmp_path / "blob.incomplete"
+    with watch_folder(tmp_path, lambda *report: seen.append(report), 2000, 1, interval=0.01):
+        blob.write_bytes(b"x" * 1000)
+        wait_until(lambda: seen and seen[-1][0] == 1000, "a report of 1000 bytes")
+        blob.unlink()
+        after = len(seen)
+        wait_until(lambda: len(seen) > after + 2, "reports after the file left")
+    assert [r[0] for r in seen[after:]] == [1000] * len(seen[after:])
