@@ -303,7 +303,10 @@ def show_compiles(state: Path, stream: TextIO, stopped: threading.Event | None =
             with urllib.request.urlopen(watch, timeout=90) as events:
                 for line in events:
                     event = json.loads(line)
-                    if event["type"] == "ERROR" or stopped.is_set():
+                    if event["type"] == "ERROR":  # (none comes without a resourceVersion) list again
+                        stopped.wait(COMPILE_RETRY)
+                        break
+                    if stopped.is_set():
                         break
                     model = event["object"]
                     name = f"{model['metadata']['namespace']}/{model['metadata']['name']}"
