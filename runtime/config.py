@@ -58,7 +58,7 @@ class RuntimeConfig:
     device: str = "cpu"
     quantization: str | None = None  # None: what the model folder holds (float, or quantized by compile)
     prefix_reuse: bool = True
-    decode_graph: bool = True  # decode-only steps replay a recorded graph of the layers where they can
+    decode_graph: bool = True  # on CPU, decode-only steps replay a recorded graph of the layers
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
 
