@@ -58,8 +58,10 @@ ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]
 AUTO_HELP = (
     "weights and activations; auto (the default): bfloat16 where the CPU computes it natively (AVX512-BF16, "
-    "AMX-BF16, ARM BF16), else float32; bfloat16 on every CPU for int8/int4 weights (their kernels take it); "
-    "resolved once at start (/info says which, and that it was auto)"
+    "AMX-BF16, ARM BF16), else float32, with a served model's float weights held in float16 on an x86 CPU "
+    "(fbgemm's float16-weight GEMM, float32 arithmetic: half the bytes a decode step reads); bfloat16 on "
+    "every CPU for int8/int4 weights (their kernels take it); resolved once at start (/info says which, and "
+    "that it was auto)"
 )
 QUANT_HELP = (
     "weight-only quantization on torch's packed CPU kernels: int8 (per output channel) or int4 (groups of "

@@ -63,6 +63,7 @@ class Limits:
     device: str
     dtype_auto: bool = False  # the dtype was `auto`, resolved for this machine
     quantization: str = "none"  # weight-only quantization of the linear layers: none, int8, int4
+    weights_dtype: str | None = None  # what float layers' weights are held in (None: `dtype`, or unknown)
 
 
 def check_fits(limits: Limits, prompt_len: int, max_tokens: int | None) -> int:

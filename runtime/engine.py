@@ -66,6 +66,7 @@ class Engine:
         self.limits = Limits(
             config.max_seq_len, config.max_prompt_len, config.slots, runner.dtype_name, runner.device.type,
             dtype_auto=config.dtype == "auto", quantization=runner.quantization,
+            weights_dtype=runner.weights_dtype_name,
         )  # fmt: skip
         self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
         self.scheduler = Scheduler(config)

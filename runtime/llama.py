@@ -101,7 +101,20 @@ _ops.define(PACKED_LINEAR)
 _ops.impl("packed_linear", packed_matmul, "CompositeExplicitAutograd")  # (a packed weight is MkldnnCPU)
 
 
-AnyLinear = Linear | quantize.Int8Linear | quantize.Int4Linear
+class HalfWeightLinear:
+    """y = x W^T + b for float32 x with W held in float16: fbgemm's float16-weight GEMM
+    (`quantized::linear_prepack_fp16` / `linear_dynamic_fp16`, torch 2.13.0), which widens W to float32 in
+    registers and accumulates in float32, reading half of float32's bytes (`dtypes.resolve_weights_dtype`).
+    The weight is rounded to nearest float16 once, at load (fbgemm clamps what lies past float16's range)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+
+AnyLinear = Linear | HalfWeightLinear | quantize.Int8Linear | quantize.Int4Linear
 
 
 @dataclass
@@ -115,13 +128,14 @@ class LayerWeights:
 
 
 class Embedding:
-    """Token lookup in a float table."""
+    """Token lookup in a float table, as `dtype` (the activations'; the table's own when None)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+        self.weight, self.dtype = weight, dtype
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        rows = F.embedding(ids, self.weight)
+        return rows if self.dtype in (None, rows.dtype) else rows.to(self.dtype)
 
 
 @dataclass
@@ -149,12 +163,21 @@ def load_weights(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
+    weights_dtype: torch.dtype | None = None,
 ) -> ModelWeights:
     """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer.
 
     `quantization` None serves what the folder holds (float, or quantized by `neuronfleet compile`); int8 or
     int4 on a float folder quantizes it here, once; a quantized folder is loaded as stored (no rounding).
+    `weights_dtype` (None: `dtype`) is what the float layers, the LM head and the embedding table are held
+    in; float16 under float32 activations on CPU takes `HalfWeightLinear`, the one other pairing there is.
     """
+    half = weights_dtype not in (None, dtype)
+    if half and (weights_dtype, dtype, device.type) != (torch.float16, torch.float32, "cpu"):
+        raise ModelLoadError(
+            f"weights held in {weights_dtype} under {dtype} activations on {device.type} have no kernel: "
+            "float16 weights go with float32 activations on CPU; otherwise they are held in the activations'"
+        )
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         tensors.update(weights_file.read_tensors(path))
@@ -192,7 +215,8 @@ def load_weights(
         if kind != "none":
             return quantize.quantized_linear([stored_parts(b) for b in bases], bias)
         weights = [take(b + ".weight") for b in bases]
-        return Linear(weights[0] if len(weights) == 1 else torch.cat(weights).contiguous(), bias)
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights).contiguous()
+        return HalfWeightLinear(weight, bias) if half else Linear(weight, bias)
 
     def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
         return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
@@ -233,13 +257,16 @@ def load_weights(
     else:
         table = take("model.embed_tokens.weight")
         shape = tuple(table.shape)
-        embed = Embedding(table)
         head = table if config.tie_word_embeddings else take("lm_head.weight", required=False)
         if head is None:
             raise ModelLoadError(
                 f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
             )
-        lm_head = Linear(head, shared=head is table)
+        if half:  # the head packed from the float32 table, which is then held rounded the same way
+            lm_head = HalfWeightLinear(head)
+            embed = Embedding(table.to(weights_dtype), dtype)
+        else:
+            lm_head, embed = Linear(head, shared=head is table), Embedding(table)
     if shape != expected:
         raise ModelLoadError(f"embedding shape {shape} does not match config.json's {expected}")
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, quantization=kind)
@@ -332,6 +359,19 @@ def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
+class _Holder(torch.nn.Module):
+    """What `DecodeGraph` traces: `layers` on the first `n` inputs, and the objects it reads as attributes."""
+
+    def __init__(self, layers, n: int, held) -> None:
+        super().__init__()
+        self.layers, self.n = layers, n
+        for i, obj in enumerate(held):
+            setattr(self, f"held{i}", obj)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.layers(*inputs[: self.n])
+
+
 class DecodeGraph:
     """`LlamaModel.decode_layers` recorded once as a TorchScript graph (`torch.jit.trace`, torch 2.13.0) and
     replayed from C++: the same kernels on the same weights and KV cache, in the same order, so the same
@@ -344,16 +384,20 @@ class DecodeGraph:
     torch.export, which compile C++ and need a compiler where the model is served); its notice is silenced.
     """
 
-    def __init__(self, layers, inputs: tuple[torch.Tensor, ...], unrecordable: list[torch.Tensor]) -> None:
+    def __init__(
+        self, layers, inputs: tuple[torch.Tensor, ...], unrecordable: list[torch.Tensor],
+        held: list[torch.ScriptObject] = (),
+    ) -> None:  # fmt: skip
         """`unrecordable`: tensors `layers` reads that a graph cannot hold as constants (oneDNN's packed
         weights); the graph takes them as inputs (the tracer knows a tensor it was given wherever it is read)
-        and is given them at every call."""
+        and is given them at every call. `held`: the objects `layers` passes to operators (fbgemm's packed
+        float16 weights); the tracer knows an object only as an attribute of the module it traces, so the
+        graph is of a module holding them, and reads them from it."""
         self.unrecordable = tuple(unrecordable)
-        n = len(inputs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the deprecation notice; TracerWarnings on the held tensors
             self.graph = torch.jit.trace(
-                lambda *a: layers(*a[:n]), (*inputs, *self.unrecordable), check_trace=False
+                _Holder(layers, len(inputs), held), (*inputs, *self.unrecordable), check_trace=False
             )
 
     def __call__(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -367,10 +411,11 @@ class LlamaModel:
     def __init__(
         self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
         device: torch.device, quantization: str | None = None, capture_decode: bool = True,
+        weights_dtype: torch.dtype | None = None,
     ) -> None:  # fmt: skip
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
-        self.weights = load_weights(model_dir, config, dtype, device, quantization)
+        self.weights = load_weights(model_dir, config, dtype, device, quantization, weights_dtype)
         # decode-only passes replay a graph of their layers recorded on the first one (on CPU: the device
         # it is measured and tested on)
         self.capture_decode = capture_decode and device.type == "cpu"
@@ -509,18 +554,25 @@ class LlamaModel:
             x = self._mlp(x, layer)
         return x
 
+    def _linears(self) -> list[AnyLinear]:
+        return [x for layer in self.weights.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
     def _unrecordable(self) -> list[torch.Tensor]:
         """The layers' tensors a graph cannot hold as constants (oneDNN's packed weights): its inputs."""
-        layers = self.weights.layers
-        linears = [x for layer in layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return [x.packed for x in linears if isinstance(x, Linear) and x.packed is not None]
+        return [x.packed for x in self._linears() if isinstance(x, Linear) and x.packed is not None]
+
+    def _held(self) -> list[torch.ScriptObject]:
+        """The layers' objects a graph reads from the module it traces (fbgemm's packed float16 weights)."""
+        return [x.packed for x in self._linears() if isinstance(x, HalfWeightLinear)]
 
     def _decode_layers_run(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """`decode_layers` from its graph, recorded on the first decode-only pass (on CPU, unless
         --no-decode-graph; op by op otherwise, and after a recording that failed)."""
         if self.capture_decode and self.decode_graph is None:
             try:
-                self.decode_graph = DecodeGraph(self.decode_layers, inputs, self._unrecordable())
+                self.decode_graph = DecodeGraph(
+                    self.decode_layers, inputs, self._unrecordable(), self._held()
+                )
             except Exception as e:  # an op the tracer cannot record: this model decodes op by op
                 log.warning("capturing the decode pass failed, it runs op by op: %s", e)
                 self.capture_decode = False

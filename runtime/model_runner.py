@@ -17,7 +17,7 @@ import torch
 
 from . import cpu_threads, heap_returns
 from .config import RuntimeConfig, pick_bucket
-from .dtypes import resolve_dtype
+from .dtypes import resolve_dtype, resolve_weights_dtype
 from .llama import LlamaModel, PrefillBatch, stored_quantization
 from .model_config import load_model_config
 from .sampler import Sampler
@@ -26,8 +26,16 @@ from .sampler import Sampler
 def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
     """The dtype the runner serves the folder's model in (activations and KV cache): --dtype, where `auto`
     depends on the CPU and on whether the layers are weight-only quantized (`dtypes.resolve_dtype`)."""
-    quantized = (config.quantization or stored_quantization(model_dir)) != "none"
-    return resolve_dtype(config.dtype, config.device, quantized)
+    return resolve_dtype(config.dtype, config.device, _quantized(model_dir, config))
+
+
+def weights_dtype(model_dir: Path, config: RuntimeConfig) -> str:
+    """The dtype the runner holds the folder's float layers in (`dtypes.resolve_weights_dtype`)."""
+    return resolve_weights_dtype(config.dtype, config.device, _quantized(model_dir, config))
+
+
+def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
+    return (config.quantization or stored_quantization(model_dir)) != "none"
 
 
 class ModelRunner:
@@ -38,6 +46,7 @@ class ModelRunner:
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
         self.dtype_name = model_dtype(self.model_dir, config)  # `auto`, decided once
+        self.weights_dtype_name = weights_dtype(self.model_dir, config)
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
@@ -45,7 +54,7 @@ class ModelRunner:
         with heap_returns.loading():  # what loading frees goes back to the system
             self.model = LlamaModel(
                 self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
-                config.quantization, config.decode_graph,
+                config.quantization, config.decode_graph, getattr(torch, self.weights_dtype_name),
             )  # fmt: skip
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()

@@ -184,6 +184,7 @@ class RuntimeServer:
                 "model_dtype": limits.dtype,
                 "model_dtype_auto": limits.dtype_auto,
                 "model_quantization": limits.quantization,
+                "model_weights_dtype": limits.weights_dtype or limits.dtype,
                 "model_device_type": limits.device,
                 "max_concurrent_requests": limits.slots,
                 "max_input_tokens": limits.max_prompt_len,

@@ -15,3 +15,14 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2")
     import_gguf(default_gguf_path(), out, dtype="float32")
     return out
+
+
+@pytest.fixture
+def float16_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` as it is on a CPU without native bfloat16 (an AVX2 one): float32 activations, the float layers'
+    weights held in float16 for fbgemm's float16-weight GEMM. Skips where torch has no such GEMM."""
+    from neuronfleet.runtime import dtypes
+
+    if not dtypes.float16_weight_gemm():
+        pytest.skip("this torch build or CPU has no fbgemm float16-weight GEMM")
+    monkeypatch.setattr(dtypes, "native_bfloat16", lambda: False)

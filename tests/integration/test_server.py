@@ -81,15 +81,17 @@ def test_openai_chat_equals_the_engines_offline_greedy_output(server, offline):
 
 
 def test_info_states_the_dtype_auto_resolved_to(server):
-    from neuronfleet.runtime.dtypes import native_bfloat16
+    from neuronfleet.runtime.dtypes import float16_weight_gemm, native_bfloat16
 
     info = json.loads(urllib.request.urlopen(server + "/info", timeout=HTTP_TIMEOUT).read())
     expected = "bfloat16" if native_bfloat16() else "float32"  # serve's default is --dtype auto
-    assert (info["model_dtype"], info["model_dtype_auto"], info["model_quantization"]) == (
-        expected,
-        True,
-        "none",
-    )
+    weights = "float16" if expected == "float32" and float16_weight_gemm() else expected
+    assert (
+        info["model_dtype"],
+        info["model_dtype_auto"],
+        info["model_quantization"],
+        info["model_weights_dtype"],
+    ) == (expected, True, "none", weights)
 
 
 def test_openai_streaming_completion_with_usage_and_stop(server):

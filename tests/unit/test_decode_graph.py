@@ -1,7 +1,8 @@
 """Decode steps replayed from a recorded graph of the layers (`llama.DecodeGraph`) against the same steps run
 op by op: the same next tokens, logits and KV cache, bit for bit, over batch buckets 1 to 4 (with idle slots
-in a bucket) and across a length bucket, for int8 and int4 weights, and float32 and bfloat16 ones (with
-oneDNN's packed weights as the graph's inputs where this CPU packs them); one graph serves every bucket. A
+in a bucket) and across a length bucket, for int8 and int4 weights, float32 and bfloat16 ones (with
+oneDNN's packed weights as the graph's inputs where this CPU packs them), and float16-held ones under float32
+activations (fbgemm's packed weights, held by the traced module); one graph serves every bucket. A
 capture that fails leaves the model decoding op by op, with the same results."""
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ def test_float_layers_decode_from_a_graph_exactly_as_op_by_op_packed_or_not(tmp_
     # oneDNN's packed weights (float32 on x86; bfloat16 where the CPU has it natively) are the graph's inputs
     packed = [x for layer in graph.model.weights.layers for x in (layer.qkv, layer.o) if x.packed is not None]
     assert len(graph.model.decode_graph.unrecordable) == len(packed) * 2
+
+
+def test_float16_held_weights_decode_from_a_graph_exactly_as_op_by_op(tmp_path, float16_weights):
+    """fbgemm's packed float16 weights are objects, not tensors: the graph reads them as attributes of the
+    module it traces."""
+    graph, eager = pair(make_tiny_llama(tmp_path / "m"))  # auto: float32 activations, float16 weights
+    assert graph.weights_dtype_name == "float16"
+    assert decode_alike(graph, eager) > 64
+    assert graph.model.decode_graph is not None and not graph.model.decode_graph.unrecordable
+    held = [
+        x for layer in graph.model.weights.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    assert len(
+        list(graph.model.decode_graph.graph.graph.findAllNodes("quantized::linear_dynamic_fp16"))
+    ) == len(held)
 
 
 def test_a_failed_capture_decodes_op_by_op_with_the_same_results(tmp_path, caplog, monkeypatch):

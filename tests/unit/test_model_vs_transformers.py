@@ -10,7 +10,8 @@ from support import make_tiny_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.llama import PrefillBatch
+from neuronfleet.runtime.llama import HalfWeightLinear, Linear, LlamaModel, PrefillBatch
+from neuronfleet.runtime.model_config import ModelLoadError, load_model_config
 from neuronfleet.runtime.model_runner import ModelRunner
 from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE, PrefixCache
 from neuronfleet.runtime.sampling_params import SamplingParams
@@ -147,6 +148,59 @@ def test_float32_weights_are_held_once_and_rows_together_match_transformers(tmp_
     padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)
     together = runner.prefill_logits(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
     torch.testing.assert_close(together, ref[-1].expand(3, -1), atol=LOGIT_ATOL, rtol=0)
+
+
+def rounded_to_float16(model_dir, out):
+    """The checkpoint with the weights `auto` holds in float16 (the projections, the embedding and the LM
+    head) rounded to float16 and back, the norms as they are: what float16-held weights compute on."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")):
+                tensor.copy_(tensor.half().float())
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_float16_held_weights_compute_in_float32_exactly_on_the_rounded_weights(
+    tmp_path, float16_weights, tied
+):
+    """`auto` on a CPU without native bfloat16 holds the layers, the LM head and the embedding table in
+    float16 (fbgemm's float16-weight GEMM) and computes in float32: transformers in float32 on the same
+    weights rounded to float16 gives the same logits (summation order aside), one row at a time and three
+    rows at once. Against the unrounded weights the difference is the rounding's, which this test tells."""
+    model_dir = make_tiny_llama(tmp_path / "m", tie_word_embeddings=tied)
+    ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
+    ref = reference_logits(rounded_to_float16(model_dir, tmp_path / "rounded"), ids)
+    assert (reference_logits(model_dir, ids) - ref).abs().max() > 10 * LOGIT_ATOL
+    runner = Slots(
+        ModelRunner(
+            model_dir, RuntimeConfig(slots=4, max_seq_len=64, prefill_buckets=[16], decode_buckets=[64])
+        )
+    )
+    assert (runner.runner.dtype_name, runner.runner.weights_dtype_name) == ("float32", "float16")
+    weights, model = runner.runner.model.weights, runner.runner.model
+    linears = [getattr(layer, n) for layer in weights.layers for n in ("qkv", "o", "gate_up", "down")]
+    assert all(isinstance(x, HalfWeightLinear) for x in [*linears, weights.lm_head])
+    assert weights.embed.weight.dtype == torch.float16
+    assert weights.norm.dtype == model.kv_cache.dtype == torch.float32
+    assert_logits_match(runner, ids, ref, bucket=16, slot=0)
+    padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)
+    together = runner.prefill_logits(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))
+    torch.testing.assert_close(together, ref[-1].expand(3, -1), atol=LOGIT_ATOL, rtol=0)
+    # an explicit float32 keeps the weights as they are
+    exact = ModelRunner(model_dir, RuntimeConfig(slots=1, max_seq_len=64, dtype="float32"))
+    assert exact.weights_dtype_name == "float32" and isinstance(exact.model.weights.layers[0].qkv, Linear)
+
+
+def test_weights_held_in_a_dtype_no_kernel_pairs_with_the_activations_are_refused(tmp_path):
+    model_dir = make_tiny_llama(tmp_path)
+    with pytest.raises(ModelLoadError, match="float16 weights go with float32 activations on CPU"):
+        LlamaModel(
+            model_dir, load_model_config(model_dir), 1, 64, torch.bfloat16, torch.device("cpu"),
+            weights_dtype=torch.float16,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [("bfloat16", 0.06), ("float16", 0.01)])

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from support import make_tiny_llama
 
 from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.dtypes import resolve_dtype
+from neuronfleet.runtime.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.llama import PrefillBatch
 from neuronfleet.runtime.model_config import ModelLoadError
@@ -172,13 +172,17 @@ def test_refusals_say_what_is_wrong_and_what_would_work(tmp_path):
     )
 
 
-def native_bf16_flags() -> bool | None:
-    """From the kernel's CPU flags (independent of torch), on Linux x86; None elsewhere."""
+def cpu_flags() -> set[str] | None:
+    """The kernel's CPU flags (independent of torch), on Linux x86; None elsewhere."""
     cpuinfo = Path("/proc/cpuinfo")
     if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.is_file():
         return None
-    flags = {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()}
+
+
+def native_bf16_flags() -> bool | None:
+    flags = cpu_flags()
+    return None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_has_native_bf16() -> bool:
@@ -221,6 +225,23 @@ def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are
     assert quantized.model.kv_cache.dtype == quantized.model.weights.norm.dtype == torch.bfloat16
 
 
+def test_auto_holds_float_weights_in_float16_where_it_computes_float32_on_an_avx2_x86_cpu(tmp_path):
+    """fbgemm's float16-weight GEMM needs AVX2 and F16C (x86); where `auto` is float32 there, the float
+    layers' weights are held in float16. An explicit dtype, and quantized layers, keep their own."""
+    flags = cpu_flags() or set()
+    gemm = {"avx2", "f16c"} <= flags and "fbgemm" in torch.backends.quantized.supported_engines
+    expected = "float16" if gemm and not cpu_has_native_bf16() else resolve_dtype("auto")
+    assert resolve_weights_dtype("auto") == expected
+    assert [resolve_weights_dtype(d) for d in ("float32", "bfloat16", "float16")] == [
+        "float32",
+        "bfloat16",
+        "float16",
+    ]
+    assert resolve_weights_dtype("auto", quantized=True) == "bfloat16"
+    runner = ModelRunner(make_tiny_llama(tmp_path / "m"), RuntimeConfig(slots=1, max_seq_len=64))
+    assert (runner.dtype_name, runner.weights_dtype_name) == (resolve_dtype("auto"), expected)
+
+
 # ---- the real model ---------------------------------------------------------------------------------------
 
 
@@ -245,6 +266,17 @@ def test_perplexity_of_int8_and_int4_stays_near_bfloat16(smollm2_dir, capsys):
     assert 5 < bf16 < 60  # the model reads English prose: far below the vocabulary's 49152
     assert abs(int8 / bf16 - 1) <= 0.02
     assert abs(int4 / bf16 - 1) <= 0.06
+
+
+@pytest.mark.real_model
+def test_perplexity_of_float16_held_weights_stays_at_float32s(smollm2_dir, capsys, float16_weights):
+    """`auto` on a CPU without native bfloat16: float32 activations on float16-held weights."""
+    exact = perplexity(smollm2_dir, "float32", "none")
+    held = perplexity(smollm2_dir, "auto", "none")
+    with capsys.disabled():
+        print(f"\nperplexity on {TEXT.name}: float32 {exact:.3f}, float16-held weights {held:.3f}")
+    assert 5 < exact < 60
+    assert abs(held / exact - 1) <= 0.002
 
 
 @pytest.mark.real_model
