@@ -119,10 +119,10 @@ AnyLinear = Linear | HalfWeightLinear | quantize.Int8Linear | quantize.Int4Linea
 
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor
+    input_norm: RMSNorm
     qkv: AnyLinear  # [(heads + 2 * kv_heads) * head_dim, hidden]
     o: AnyLinear  # [hidden, heads * head_dim]
-    post_norm: torch.Tensor
+    post_norm: RMSNorm
     gate_up: AnyLinear  # [2 * intermediate, hidden]
     down: AnyLinear  # [hidden, intermediate]
 
@@ -142,7 +142,7 @@ class Embedding:
 class ModelWeights:
     embed: Embedding | quantize.Int8Embedding  # [vocab, hidden]
     layers: list[LayerWeights]
-    norm: torch.Tensor
+    norm: RMSNorm
     lm_head: AnyLinear  # [vocab, hidden]; the embedding when tied
     quantization: str  # "none", or the kind of the weight-only quantized layers
 
@@ -227,13 +227,13 @@ def load_weights(
         ab, mb = config.attention_bias, config.mlp_bias
         layers.append(
             LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
+                input_norm=RMSNorm(take(p + "input_layernorm.weight"), config.rms_norm_eps),
                 qkv=linear(
                     [p + f"self_attn.{n}_proj" for n in "qkv"],
                     cat(*(take(p + f"self_attn.{n}_proj.bias", ab) for n in "qkv")) if ab else None,
                 ),
                 o=linear([p + "self_attn.o_proj"], take(p + "self_attn.o_proj.bias", False)),
-                post_norm=take(p + "post_attention_layernorm.weight"),
+                post_norm=RMSNorm(take(p + "post_attention_layernorm.weight"), config.rms_norm_eps),
                 gate_up=linear(
                     [p + "mlp.gate_proj", p + "mlp.up_proj"],
                     cat(take(p + "mlp.gate_proj.bias", mb), take(p + "mlp.up_proj.bias", mb)) if mb else None,
@@ -242,7 +242,7 @@ def load_weights(
             )
         )
     expected = (config.vocab_size, config.hidden_size)
-    norm = take("model.norm.weight")
+    norm = RMSNorm(take("model.norm.weight"), config.rms_norm_eps)
     if kind != "none":
         embed_parts = stored_parts(quantize.EMBED)
         shape = tuple(embed_parts["qweight"].shape)
@@ -292,10 +292,29 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return inv.to(torch.float32)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Root-mean-square norm computed in float32 (torch's one-call kernel: a decode step runs 2 per layer,
-    and each Python-level op costs microseconds of dispatch)."""
-    return torch.rms_norm(x, weight.shape, weight, eps)
+class RMSNorm:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in float32.
+
+    torch 2.13.0's `rms_norm` is a composite of about 15 ops on CPU for bfloat16 or float16 x (casts to
+    float32 and back, pow, mean, rsqrt, ...), at microseconds of dispatch each, and a decode step runs two a
+    layer. For those dtypes this is `F.layer_norm` over [x, -x] instead, whose mean is 0 and whose variance
+    is mean(x^2), keeping the first half: one kernel (it computes in float32 and rounds once) and two small
+    ops. Measured on a 2-core AVX2 EPYC in a recorded graph, a 576-wide bfloat16 row: 30 against 71 us; 32
+    rows 87 against 125; 256 rows 184 against 193. float32 keeps `rms_norm`, which casts nothing there and
+    is faster from 32 rows (60 against 85 us).
+    """
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.eps = weight, eps
+        half = weight.dtype in (torch.bfloat16, torch.float16)
+        self.doubled = torch.cat((weight, weight)) if half else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.doubled is None:
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        mirrored = torch.cat((x, -x), dim=-1)
+        normed = F.layer_norm(mirrored, self.doubled.shape, self.doubled, None, self.eps)
+        return normed[..., : self.weight.shape[0]].contiguous()
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -435,7 +454,7 @@ class LlamaModel:
         self.layer_kv = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(config.num_layers)]
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
+        h = layer.post_norm(x)
         gate, up = layer.gate_up(h).chunk(2, dim=-1)
         return x + layer.down(F.silu(gate) * up)
 
@@ -545,11 +564,11 @@ class LlamaModel:
         """A decode-only pass up to the final norm (`DecodeBatch.inputs()` -> [B, hidden]). Every size in it
         comes from its inputs' shapes (B from the tokens, the length bucket from the mask), so one captured
         graph of it serves every (batch, length) bucket."""
-        c, w = self.config, self.weights
+        w = self.weights
         batch = DecodeBatch(tokens, positions, None, slot_idx, cos, sin, mask)
         x = w.embed(tokens)
         for i, layer in enumerate(w.layers):
-            qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
+            qkv = layer.qkv(layer.input_norm(x))
             x = x + layer.o(self._decode_attention(i, qkv, batch))
             x = self._mlp(x, layer)
         return x
@@ -589,7 +608,7 @@ class LlamaModel:
         Both ride through the same weight reads: every projection runs on the rows of both at once (decode on
         CPU and Neuron is bound by reading the weights), and only attention is split by kind.
         """
-        c, w = self.config, self.weights
+        w = self.weights
         n_pre = prefill.tokens.numel() if prefill else 0
         if prefill is None:
             x = self._decode_layers_run(decode.inputs())  # [B, hidden]
@@ -599,7 +618,7 @@ class LlamaModel:
                 parts.append(w.embed(decode.tokens))
             x = torch.cat(parts) if len(parts) > 1 else parts[0]  # [N, hidden]
             for i, layer in enumerate(w.layers):
-                qkv = layer.qkv(rms_norm(x, layer.input_norm, c.rms_norm_eps))
+                qkv = layer.qkv(layer.input_norm(x))
                 attn = [self._prefill_attention(i, qkv[:n_pre], prefill)]
                 if decode:
                     attn.append(self._decode_attention(i, qkv[n_pre:], decode))
@@ -613,7 +632,7 @@ class LlamaModel:
         if decode:
             rows = x[n_pre:]
             last.append(rows if decode.rows is None else rows.index_select(0, decode.rows))
-        logits = w.lm_head(rms_norm(torch.cat(last), w.norm, c.rms_norm_eps)).float()
+        logits = w.lm_head(w.norm(torch.cat(last))).float()
         n_first = last[0].shape[0]
         if prefill and decode:
             return logits[:n_first], logits[n_first:]

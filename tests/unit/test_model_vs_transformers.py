@@ -184,7 +184,7 @@ def test_float16_held_weights_compute_in_float32_exactly_on_the_rounded_weights(
     linears = [getattr(layer, n) for layer in weights.layers for n in ("qkv", "o", "gate_up", "down")]
     assert all(isinstance(x, HalfWeightLinear) for x in [*linears, weights.lm_head])
     assert weights.embed.weight.dtype == torch.float16
-    assert weights.norm.dtype == model.kv_cache.dtype == torch.float32
+    assert weights.norm.weight.dtype == model.kv_cache.dtype == torch.float32
     assert_logits_match(runner, ids, ref, bucket=16, slot=0)
     padded = torch.tensor([ids + [0] * (16 - len(ids))] * 3)
     together = runner.prefill_logits(padded, torch.tensor([len(ids) - 1] * 3), torch.tensor([1, 2, 3]))

@@ -213,7 +213,7 @@ def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are
     ]
     runner = ModelRunner(make_tiny_llama(tmp_path / "m"), RuntimeConfig(slots=1, max_seq_len=64))
     assert runner.dtype_name == expected  # RuntimeConfig's default is auto
-    assert runner.model.kv_cache.dtype == runner.model.weights.norm.dtype == getattr(torch, expected)
+    assert runner.model.kv_cache.dtype == runner.model.weights.norm.weight.dtype == getattr(torch, expected)
     # Weight-only quantized layers take bfloat16 activations on every CPU: auto serves them in bfloat16 (KV
     # cache included), and an explicit dtype stays as given.
     assert resolve_dtype("auto", quantized=True) == "bfloat16"
@@ -222,7 +222,7 @@ def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are
         make_tiny_llama(tmp_path / "q"), RuntimeConfig(slots=1, max_seq_len=64, quantization="int8")
     )
     assert quantized.dtype_name == "bfloat16"
-    assert quantized.model.kv_cache.dtype == quantized.model.weights.norm.dtype == torch.bfloat16
+    assert quantized.model.kv_cache.dtype == quantized.model.weights.norm.weight.dtype == torch.bfloat16
 
 
 def test_auto_holds_float_weights_in_float16_where_it_computes_float32_on_an_avx2_x86_cpu(tmp_path):
