@@ -306,15 +306,16 @@ class RMSNorm:
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         self.weight, self.eps = weight, eps
+        self.width = weight.shape[0]  # an int: a capture records a tensor's size as ops
         half = weight.dtype in (torch.bfloat16, torch.float16)
         self.doubled = torch.cat((weight, weight)) if half else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.doubled is None:
-            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return torch.rms_norm(x, [self.width], self.weight, self.eps)
         mirrored = torch.cat((x, -x), dim=-1)
-        normed = F.layer_norm(mirrored, self.doubled.shape, self.doubled, None, self.eps)
-        return normed[..., : self.weight.shape[0]].contiguous()
+        normed = F.layer_norm(mirrored, [2 * self.width], self.doubled, None, self.eps)
+        return normed[..., : self.width].contiguous()
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -520,9 +521,10 @@ class LlamaModel:
         b = batch.tokens.shape[0]
         heads, kv_heads = c.num_heads, c.num_kv_heads
         qk, v = qkv.split(((heads + kv_heads) * c.head_dim, kv_heads * c.head_dim), dim=-1)
-        qk = apply_rope(qk.reshape(b, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
+        # (-1 for the batch wherever a size is left to infer: a capture records each use of `b` as an op)
+        qk = apply_rope(qk.reshape(-1, heads + kv_heads, c.head_dim), batch.cos, batch.sin)  # q and k at once
         q, k = qk.split((heads, kv_heads), dim=1)  # one op (two slices each would be four)
-        v = v.view(b, kv_heads, c.head_dim)
+        v = v.view(-1, kv_heads, c.head_dim)
         cache_k, cache_v = self.layer_kv[layer]  # [slots, KV, positions, D]
         # cache[slot_idx, :, positions] = k, as the one op it is (written as an indexed assignment, a graph
         # capture would record a view of k to this batch's shape)
@@ -534,8 +536,8 @@ class LlamaModel:
         length = batch.mask.shape[-1]
         keys, values = cache_k[:b, :, :length], cache_v[:b, :, :length]
         return F.scaled_dot_product_attention(
-            q.view(b, kv_heads, heads // kv_heads, c.head_dim), keys, values, attn_mask=batch.mask
-        ).reshape(b, -1)
+            q.view(-1, kv_heads, heads // kv_heads, c.head_dim), keys, values, attn_mask=batch.mask
+        ).flatten(1)
 
     def decode_batch(self, tokens: torch.Tensor, positions: torch.Tensor, length: int, rows) -> DecodeBatch:
         c = self.config
