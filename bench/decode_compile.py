@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from decode_profile import ROOT, profiled_model  # bench/ is the script's folder, first on sys.path
+from decode_profile import ROOT, profiled_model, runner_dtypes  # bench/ is the script's folder, on sys.path
 from prompts import QUESTIONS
 from safetensors.torch import load_file, save_file
 
@@ -140,7 +140,7 @@ def measure(
     times = alternating_ms({"eager": op_by_op, "recorded": lambda: model.forward(None, step)}, repeats)
     row = {
         "batch": batch,
-        "dtype": engine.runner.dtype_name,
+        "dtype": runner_dtypes(engine.runner),
         "eager_ms": times["eager"],
         "recorded_ms": times["recorded"],
         "recorded_ratio": times["recorded"] / times["eager"],

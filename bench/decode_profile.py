@@ -43,7 +43,7 @@ from neuronfleet.runtime.sampling_params import SamplingParams
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_OPS = {
     "aten::mm", "aten::addmm", "aten::linear", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
-    "aten::_weight_int4pack_mm_for_cpu", "aten::embedding",
+    "aten::_weight_int4pack_mm_for_cpu", "aten::embedding", "quantized::linear_dynamic_fp16",
 }  # fmt: skip
 ATTENTION_OPS = {
     "aten::bmm", "aten::matmul", "aten::scaled_dot_product_attention", "aten::_softmax", "aten::softmax",
@@ -51,14 +51,17 @@ ATTENTION_OPS = {
 }  # fmt: skip
 
 
+OP_NAMESPACES = ("aten::", "mkldnn::", "quantized::")
+
+
 def top_level_ops(prof) -> list:
-    """The torch ops called from Python (not from inside another op)."""
+    """The torch ops called from Python or a recorded graph (not from inside another op)."""
     out = []
     for event in prof.events():
         parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith(("aten::", "mkldnn::")):
+        while parent is not None and not parent.name.startswith(OP_NAMESPACES):
             parent = parent.cpu_parent
-        if parent is None and event.name.startswith(("aten::", "mkldnn::")):
+        if parent is None and event.name.startswith(OP_NAMESPACES):
             out.append(event)
     return out
 
@@ -107,8 +110,14 @@ def profile_batch(model_dir: Path, args, batch: int) -> dict:
         "outside_model_call_pct": 100 * outside_model / unprofiled,
         "ops_per_step": len(ops) / n,
         "threads": torch.get_num_threads(),
-        "dtype": engine.runner.dtype_name,
+        "dtype": runner_dtypes(engine.runner),
     }
+
+
+def runner_dtypes(runner) -> str:
+    """The activations' dtype, and the weights' where they are held in another (auto on an AVX2 CPU)."""
+    weights = runner.weights_dtype_name
+    return runner.dtype_name + ("" if weights == runner.dtype_name else f" ({weights} weights)")
 
 
 def narrow_model(real: Path, quantization: str) -> Path:
