@@ -105,7 +105,12 @@ class HalfWeightLinear:
     """y = x W^T + b for float32 x with W held in float16: fbgemm's float16-weight GEMM
     (`quantized::linear_prepack_fp16` / `linear_dynamic_fp16`, torch 2.13.0), which widens W to float32 in
     registers and accumulates in float32, reading half of float32's bytes (`dtypes.resolve_weights_dtype`).
-    The weight is rounded to nearest float16 once, at load (fbgemm clamps what lies past float16's range)."""
+    The weight is rounded to nearest float16 once, at load. fbgemm would clamp what lies past float16's range
+    (with a warning), so a weight that does not `fit` is not given to it: the loader holds it in float32."""
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        return bool(weight.abs().max() <= torch.finfo(torch.float16).max)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), bias)
@@ -216,7 +221,9 @@ def load_weights(
             return quantize.quantized_linear([stored_parts(b) for b in bases], bias)
         weights = [take(b + ".weight") for b in bases]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights).contiguous()
-        return HalfWeightLinear(weight, bias) if half else Linear(weight, bias)
+        if half and HalfWeightLinear.fits(weight):
+            return HalfWeightLinear(weight, bias)
+        return Linear(weight, bias)
 
     def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
         return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
@@ -262,11 +269,14 @@ def load_weights(
             raise ModelLoadError(
                 f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
             )
-        if half:  # the head packed from the float32 table, which is then held rounded the same way
+        if half and HalfWeightLinear.fits(head):  # packed from the float32 weight
             lm_head = HalfWeightLinear(head)
+        else:
+            lm_head = Linear(head, shared=head is table)
+        if half and HalfWeightLinear.fits(table):  # rounded as the head is, when it is the head
             embed = Embedding(table.to(weights_dtype), dtype)
         else:
-            lm_head, embed = Linear(head, shared=head is table), Embedding(table)
+            embed = Embedding(table)
     if shape != expected:
         raise ModelLoadError(f"embedding shape {shape} does not match config.json's {expected}")
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, quantization=kind)

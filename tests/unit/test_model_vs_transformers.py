@@ -150,16 +150,40 @@ def test_float32_weights_are_held_once_and_rows_together_match_transformers(tmp_
     torch.testing.assert_close(together, ref[-1].expand(3, -1), atol=LOGIT_ATOL, rtol=0)
 
 
-def rounded_to_float16(model_dir, out):
+def rounded_to_float16(model_dir, out, keep=()):
     """The checkpoint with the weights `auto` holds in float16 (the projections, the embedding and the LM
-    head) rounded to float16 and back, the norms as they are: what float16-held weights compute on."""
+    head) rounded to float16 and back, the norms and the weights named in `keep` as they are: what
+    float16-held weights compute on."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")):
+            if name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")) and name not in keep:
                 tensor.copy_(tensor.half().float())
     model.save_pretrained(out)
     return out
+
+
+def test_weights_past_float16s_range_are_held_in_float32_not_clamped(tmp_path, float16_weights):
+    """fbgemm would clamp a weight past float16's range to 65504: a fused projection (q, k and v of a layer
+    together) or an embedding table holding one stays float32, the rest float16, and the logits are
+    transformers' on exactly that."""
+    model_dir = make_tiny_llama(tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight[0, 0] = 7e4  # sharpens attention, logits stay small
+        model.model.embed_tokens.weight[499, 3] = -7e4  # a token the prompt does not hold
+    model.save_pretrained(tmp_path / "big")
+    prefix = "model.layers.0.self_attn."
+    kept = {prefix + f"{n}_proj.weight" for n in "qkv"} | {"model.embed_tokens.weight"}
+    ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
+    ref = reference_logits(rounded_to_float16(tmp_path / "big", tmp_path / "rounded", kept), ids)
+    runner = Slots(
+        ModelRunner(tmp_path / "big", RuntimeConfig(slots=2, max_seq_len=64, prefill_buckets=[16]))
+    )
+    weights = runner.runner.model.weights
+    assert isinstance(weights.layers[0].qkv, Linear) and isinstance(weights.layers[1].qkv, HalfWeightLinear)
+    assert isinstance(weights.lm_head, HalfWeightLinear) and weights.embed.weight.dtype == torch.float32
+    assert_logits_match(runner, ids, ref, bucket=16, slot=0)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
