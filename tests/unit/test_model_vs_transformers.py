@@ -186,15 +186,19 @@ def test_weights_past_float16s_range_are_held_in_float32_not_clamped(tmp_path, f
     assert_logits_match(runner, ids, ref, bucket=16, slot=0)
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{"tie_word_embeddings": True}, {}, {"attention_bias": True}],
+    ids=["tied", "untied", "attention-bias"],
+)
 def test_float16_held_weights_compute_in_float32_exactly_on_the_rounded_weights(
-    tmp_path, float16_weights, tied
+    tmp_path, float16_weights, overrides
 ):
     """`auto` on a CPU without native bfloat16 holds the layers, the LM head and the embedding table in
     float16 (fbgemm's float16-weight GEMM) and computes in float32: transformers in float32 on the same
     weights rounded to float16 gives the same logits (summation order aside), one row at a time and three
     rows at once. Against the unrounded weights the difference is the rounding's, which this test tells."""
-    model_dir = make_tiny_llama(tmp_path / "m", tie_word_embeddings=tied)
+    model_dir = make_tiny_llama(tmp_path / "m", **overrides)
     ids = [1, 17, 300, 42, 9, 250, 77, 5, 5, 400, 123, 64, 3]
     ref = reference_logits(rounded_to_float16(model_dir, tmp_path / "rounded"), ids)
     assert (reference_logits(model_dir, ids) - ref).abs().max() > 10 * LOGIT_ATOL
