@@ -145,7 +145,8 @@ class NeuronSettings(Spec):
     dtype: DType = Field(
         "auto",
         description="Weights and activations. auto: bfloat16 on Neuron; on instanceType cpu, bfloat16 "
-        "where the serving CPU computes it natively (AVX512-BF16, AMX or Arm BF16), else float32, decided by "
+        "where the serving CPU computes it natively (AVX512-BF16, AMX or Arm BF16), else float32 (with the "
+        "float weights held in float16 on x86: fbgemm's float16-weight GEMM, float32 arithmetic), decided by "
         "each pod.",
     )
     logicalCores: Literal[1, 2] | None = Field(
