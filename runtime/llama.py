@@ -19,6 +19,7 @@ import math
 import mmap
 import platform
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,7 +141,7 @@ class Embedding:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.weight)
-        return rows if self.dtype in (None, rows.dtype) else rows.to(self.dtype)
+        return rows if self.dtype is None else quantize.as_dtype(rows, self.dtype)
 
 
 @dataclass
@@ -216,14 +217,17 @@ def load_weights(
             raise ModelLoadError(f"weights in {model_dir} lack tensor {base + '.qweight'!r} ({kind})")
         return parts
 
+    def float_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, shared: bool = False):
+        """Held in float16 where the weights are and this one fits (fbgemm would clamp it); else `Linear`."""
+        if half and HalfWeightLinear.fits(weight):
+            return HalfWeightLinear(weight, bias)
+        return Linear(weight, bias, shared)
+
     def linear(bases: list[str], bias: torch.Tensor | None):
         if kind != "none":
             return quantize.quantized_linear([stored_parts(b) for b in bases], bias)
         weights = [take(b + ".weight") for b in bases]
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights).contiguous()
-        if half and HalfWeightLinear.fits(weight):
-            return HalfWeightLinear(weight, bias)
-        return Linear(weight, bias)
+        return float_linear(weights[0] if len(weights) == 1 else torch.cat(weights).contiguous(), bias)
 
     def cat(*parts: torch.Tensor | None) -> torch.Tensor | None:
         return None if parts[0] is None else torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
@@ -269,14 +273,12 @@ def load_weights(
             raise ModelLoadError(
                 f"weights in {model_dir} lack 'lm_head.weight' and the config does not tie embeddings"
             )
-        if half and HalfWeightLinear.fits(head):  # packed from the float32 weight
-            lm_head = HalfWeightLinear(head)
+        lm_head = float_linear(head, shared=head is table)  # (float16: packed from the float32 weight)
+        if head is table:  # tied: the table is held as the head is
+            table_half = isinstance(lm_head, HalfWeightLinear)
         else:
-            lm_head = Linear(head, shared=head is table)
-        if half and HalfWeightLinear.fits(table):  # rounded as the head is, when it is the head
-            embed = Embedding(table.to(weights_dtype), dtype)
-        else:
-            embed = Embedding(table)
+            table_half = half and HalfWeightLinear.fits(table)
+        embed = Embedding(table.to(weights_dtype), dtype) if table_half else Embedding(table)
     if shape != expected:
         raise ModelLoadError(f"embedding shape {shape} does not match config.json's {expected}")
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, quantization=kind)
@@ -416,7 +418,7 @@ class DecodeGraph:
 
     def __init__(
         self, layers, inputs: tuple[torch.Tensor, ...], unrecordable: list[torch.Tensor],
-        held: list[torch.ScriptObject] = (),
+        held: Sequence[torch.ScriptObject] = (),
     ) -> None:  # fmt: skip
         """`unrecordable`: tensors `layers` reads that a graph cannot hold as constants (oneDNN's packed
         weights); the graph takes them as inputs (the tracer knows a tensor it was given wherever it is read)

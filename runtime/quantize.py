@@ -119,10 +119,10 @@ def kernel_aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
-def kernel_input(x: torch.Tensor) -> torch.Tensor:
-    """x in the kernels' activation dtype; as it is when it is in it already (a conversion to its own dtype
-    is still an op: a decode step's graph would run two per layer)."""
-    return x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE)
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in `dtype`; t itself when it is in it already (a conversion to its own dtype is still an op: a
+    decode step's graph would run two per layer, into the kernels' dtype and back)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 class Int8Linear:
@@ -148,14 +148,14 @@ class Int8Linear:
         self.block = max(1, self.WIDEN_ELEMENTS // qweight.shape[1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xk = kernel_input(x)
+        xk = as_dtype(x, KERNEL_DTYPE)
         if self.widen_from_rows is None or x.shape[0] < self.widen_from_rows:
             y = torch.ops.aten._weight_int8pack_mm(xk, self.qweight, self.scales)
         else:
             q, n = self.qweight, self.qweight.shape[0]
             parts = [F.linear(xk, q[i : i + self.block].to(KERNEL_DTYPE)) for i in range(0, n, self.block)]
             y = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).mul_(self.scales)
-        y = y if x.dtype == KERNEL_DTYPE else y.to(x.dtype)
+        y = as_dtype(y, x.dtype)
         return y if self.bias is None else y + self.bias
 
 
@@ -186,9 +186,9 @@ class Int4Linear:
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xk = kernel_input(x)
+        xk = as_dtype(x, KERNEL_DTYPE)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, self.packed, self.group, self.scales_zeros)
-        y = y if x.dtype == KERNEL_DTYPE else y.to(x.dtype)
+        y = as_dtype(y, x.dtype)
         return y if self.bias is None else y + self.bias
 
 
