@@ -186,26 +186,15 @@ class Int8HeadOnFloat16Gemm:
     5.4 ms for 1 row, 4.4 against 7.0 for 4, 26 against 52 for 32; its int4 decode step, the two heads
     alternating in one process, 20.9 against 22.3 ms for 1 stream, 228 against 250 for 32. The price is
     memory: 2 bytes a weight, not 1, and a tied model keeps its int8 table for the lookups (SmolLM2: 56 MiB
-    more). fbgemm packs from a float32 weight; it is given BLOCK_ELEMENTS at a time, one packed block each,
-    their results side by side: a whole float32 copy of SmolLM2's head raised the int4 server's peak memory
-    from 510 to 626 MiB, while three blocks cost 0.4 ms a step for 1 row (4.4 against 4.0 ms) and gain 2 ms
-    for 32 (22.4 against 24.5)."""
-
-    BLOCK_ELEMENTS = 16384 * 576  # fbgemm packs from float32: a block of rows at a time (36 MiB), not all
+    more)."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
-        rows = max(1, self.BLOCK_ELEMENTS // qweight.shape[1])
-        self.packed = [
-            torch.ops.quantized.linear_prepack_fp16(qweight[i : i + rows].float(), None)
-            for i in range(0, qweight.shape[0], rows)
-        ]
+        self.packed = torch.ops.quantized.linear_prepack_fp16(qweight.float(), None)
         self.scales = scales.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xf = as_dtype(x, torch.float32)
-        parts = [torch.ops.quantized.linear_dynamic_fp16(xf, p) for p in self.packed]
-        y = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return as_dtype(y.mul_(self.scales), x.dtype)
+        y = torch.ops.quantized.linear_dynamic_fp16(as_dtype(x, torch.float32), self.packed) * self.scales
+        return as_dtype(y, x.dtype)
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
