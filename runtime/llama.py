@@ -120,9 +120,7 @@ class HalfWeightLinear:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
 
 
-AnyLinear = (
-    Linear | HalfWeightLinear | quantize.Int8Linear | quantize.Int4Linear | quantize.Int8HeadOnFloat16Gemm
-)
+AnyLinear = Linear | HalfWeightLinear | quantize.Int8Linear | quantize.Int4Linear
 
 
 @dataclass
@@ -262,14 +260,10 @@ def load_weights(
         # int8 in both modes; tied, the head and the lookup share one table, the head's aligned one
         tied = "lm_head.qweight" not in tensors
         head = embed_parts if tied else stored_parts("lm_head")
-        if quantize.head_on_float16_gemm():
-            lm_head = quantize.Int8HeadOnFloat16Gemm(head["qweight"], head["scales"])
-            table = embed_parts["qweight"]
-        else:
-            lm_head = quantize.Int8Linear(
-                head["qweight"], head["scales"], None, widen_from_rows=quantize.head_widen_from_rows()
-            )
-            table = lm_head.qweight if tied else embed_parts["qweight"]
+        lm_head = quantize.Int8Linear(
+            head["qweight"], head["scales"], None, widen_from_rows=quantize.head_widen_from_rows()
+        )
+        table = lm_head.qweight if tied else embed_parts["qweight"]
         embed = quantize.Int8Embedding(table, embed_parts["scales"], dtype)
     else:
         table = take("model.embed_tokens.weight")

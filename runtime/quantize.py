@@ -16,11 +16,10 @@ It owns the stored form of quantized weights, the one function that makes it fro
   the portable nibble form and the loader only re-lays the same 4-bit values out for this CPU (no rounding,
   no float weights read).
 - The embedding and the LM head are int8 per row in both modes: a lookup reads a few rows, and the LM head
-  of a tied model is the int8 embedding itself (no second copy; where bfloat16 is emulated the head
-  multiplies from a float16 copy of its int8 values instead, `Int8HeadOnFloat16Gemm`). int4 there costs
-  too much quality: on tests/data/perplexity_text.txt SmolLM2-135M's perplexity is 21.30 in bfloat16; int4
-  layers in groups of 64 with an int4 head give 33.06 (+55%), groups of 32 with an int4 head 22.78 (+7%),
-  groups of 32 with the int8 head 21.32 (+0.1%).
+  of a tied model is the int8 embedding itself (no second copy). int4 there costs too much quality: on
+  tests/data/perplexity_text.txt SmolLM2-135M's perplexity is 21.30 in bfloat16; int4 layers in groups of
+  64 with an int4 head give 33.06 (+55%), groups of 32 with an int4 head 22.78 (+7%), groups of 32 with the
+  int8 head 21.32 (+0.1%).
 
 GROUP_SIZE 32, from those numbers: groups of 64 with the int8 head still give 29.75 (+40%) on this small
 model, whose rows have outliers. The kernel accepts 32..256; 32 divides every Llama-family hidden and
@@ -40,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import dtypes
+from .dtypes import native_bfloat16
 from .model_config import ModelConfig, ModelLoadError
 
 KINDS = ("int8", "int4")
@@ -167,34 +166,12 @@ def head_widen_from_rows() -> int | None:
     """The LM head's `widen_from_rows`: HEAD_WIDEN_FROM_ROWS where the CPU multiplies bfloat16 natively; None
     (the kernel at every size) elsewhere, where oneDNN emulates bfloat16 and the widened blocks are about 3x
     slower than the kernel (2-core AVX2 EPYC, SmolLM2's head: 98 against 29.5 ms for 16 rows, 203 against 60
-    for 32; widened to float32 instead, 87 and 62 ms: no gain either)."""
-    return HEAD_WIDEN_FROM_ROWS if dtypes.native_bfloat16() else None
-
-
-def head_on_float16_gemm() -> bool:
-    """Whether the LM head multiplies with `Int8HeadOnFloat16Gemm` here: where bfloat16 is emulated and
-    fbgemm's float16-weight GEMM runs (an AVX2 x86 CPU), which is faster there than the int8 kernel."""
-    return not dtypes.native_bfloat16() and dtypes.float16_weight_gemm()
-
-
-class Int8HeadOnFloat16Gemm:
-    """y = (x Q^T) * scales for the int8-per-row LM head, with Q's int8 values held in float16 (exact: every
-    integer up to 2048 is) for fbgemm's float16-weight GEMM (`quantized::linear_dynamic_fp16`, torch 2.13.0),
-    which accumulates in float32; the scales are applied to the float32 result, as the int8 kernel applies
-    them, and the result is not rounded to bfloat16 on the way. Where bfloat16 is emulated that kernel reads
-    the weight at a third of the speed: on a 2-core AVX2 EPYC, SmolLM2's 49152 x 576 head took 3.7 against
-    5.4 ms for 1 row, 4.4 against 7.0 for 4, 26 against 52 for 32; its int4 decode step, the two heads
-    alternating in one process, 20.9 against 22.3 ms for 1 stream, 228 against 250 for 32. The price is
-    memory: 2 bytes a weight, not 1, and a tied model keeps its int8 table for the lookups (SmolLM2: 56 MiB
-    more)."""
-
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
-        self.packed = torch.ops.quantized.linear_prepack_fp16(qweight.float(), None)
-        self.scales = scales.float()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic_fp16(as_dtype(x, torch.float32), self.packed) * self.scales
-        return as_dtype(y, x.dtype)
+    for 32; widened to float32 instead, 87 and 62 ms: no gain either). fbgemm's float16-weight GEMM on the
+    int8 values (exact in float16), scales applied after, is faster there: the int4 decode step 20.9 against
+    22.3 ms for 1 stream, 228 against 250 for 32. It is not used: fbgemm pads a packed weight's input
+    features to a multiple of 512 (576 -> 1024 for SmolLM2), so that head held 97 MiB more than the int8 one
+    and the int4 server's peak memory went from 510 to 617 MiB, the one thing int4 is chosen for there."""
+    return HEAD_WIDEN_FROM_ROWS if native_bfloat16() else None
 
 
 def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from support import make_tiny_llama
 
-from neuronfleet.runtime import quantize
 from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.dtypes import float16_weight_gemm, resolve_dtype, resolve_weights_dtype
+from neuronfleet.runtime.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.llama import PrefillBatch
 from neuronfleet.runtime.model_config import ModelLoadError
@@ -28,7 +27,6 @@ from neuronfleet.runtime.quantize import (
     GROUP_SIZE,
     HEAD_WIDEN_FROM_ROWS,
     Int4Linear,
-    Int8HeadOnFloat16Gemm,
     Int8Linear,
     quantize_folder,
     quantize_int4,
@@ -131,9 +129,7 @@ def test_a_quantized_folder_holds_only_packed_weights_and_loads_them_as_stored(t
         x = torch.randn(3, dequantized(parts).shape[1])
         assert_kernel_close(getattr(runner.model.weights.layers[1], layer)(x), x @ dequantized(parts).T)
     head = {k.rsplit(".", 1)[1]: t for k, t in stored.items() if k.startswith("lm_head.")}
-    assert head["qweight"].dtype == torch.int8  # int8 in both modes
-    x = torch.randn(3, head["qweight"].shape[1])
-    assert_kernel_close(runner.model.weights.lm_head(x), x @ dequantized(head).T)
+    assert torch.equal(runner.model.weights.lm_head.qweight, head["qweight"])  # int8 in both modes
     # The quantized model still computes the float one's function, within its rounding (random weights have
     # no structure to spare: int4 keeps the direction of the logits, int8 nearly all of them).
     similarity = float(F.cosine_similarity(logits_of(runner), float_logits))
@@ -197,63 +193,13 @@ def cpu_has_native_bf16() -> bool:
     return native
 
 
-def test_the_lm_head_takes_bfloat16_blocks_where_native_and_the_float16_gemm_where_emulated(tmp_path):
-    """Where the CPU multiplies bfloat16 natively, the int8 head widens to bfloat16 blocks for many rows;
-    where it is emulated (AVX2), that is about 3x slower than the int8 kernel, and fbgemm's float16 GEMM on
-    the int8 values is faster than both."""
+def test_the_lm_head_widens_to_bfloat16_blocks_only_where_the_cpu_multiplies_bfloat16_natively(tmp_path):
+    """Emulated (AVX2), the widened head is about 3x slower than the int8 kernel: it keeps the kernel."""
     runner = ModelRunner(
         make_tiny_llama(tmp_path / "q"), RuntimeConfig(slots=1, max_seq_len=64, quantization="int8")
     )
-    head = runner.model.weights.lm_head
-    flags = cpu_flags()
-    gemm = "fbgemm" in torch.backends.quantized.supported_engines and (
-        flags is None or {"avx2", "f16c"} <= flags
-    )
-    if cpu_has_native_bf16():
-        assert isinstance(head, Int8Linear) and head.widen_from_rows == HEAD_WIDEN_FROM_ROWS
-    elif gemm:
-        assert isinstance(head, Int8HeadOnFloat16Gemm)
-    else:
-        assert isinstance(head, Int8Linear) and head.widen_from_rows is None
-
-
-@pytest.mark.parametrize("rows", [1, 5, 40])
-def test_an_int8_head_on_the_float16_gemm_multiplies_like_its_weights_in_float32(rows):
-    """The int8 values are exact in float16 and fbgemm accumulates in float32: the head's logits are the
-    dequantized weights' to float32 rounding, closer than the int8 kernel's, which rounds to bfloat16."""
-    if not float16_weight_gemm():
-        pytest.skip("this torch build or CPU has no fbgemm float16-weight GEMM")
-    torch.manual_seed(6)
-    w, x = torch.randn(300, 128) * 0.05, torch.randn(rows, 128)
-    stored = quantize_int8(w)
-    exact = x.double() @ dequantized(stored).double().T
-    head = Int8HeadOnFloat16Gemm(stored["qweight"], stored["scales"])
-    y = head(x)
-    assert y.dtype == torch.float32 and y.shape == (rows, 300)
-    torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
-    kernel = Int8Linear(stored["qweight"], stored["scales"], None)(x)
-    assert float((kernel.double() - exact).abs().max()) > float((y.double() - exact).abs().max())
-    y16 = head(x.bfloat16())  # a quantized model's activations: bfloat16 in, bfloat16 out
-    assert y16.dtype == torch.bfloat16
-    assert_kernel_close(y16.float(), (x.bfloat16().double() @ dequantized(stored).double().T).float())
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_a_quantized_model_with_its_head_on_the_float16_gemm_gives_the_int8_kernels_logits(
-    tmp_path, tied, float16_weights, monkeypatch
-):
-    """As on an AVX2 CPU: the head is the float16 GEMM on its int8 values; tied, the lookups still read the
-    int8 table. The logits match the same folder served with the int8 kernel's head."""
-    folder = make_tiny_llama(tmp_path / "m", tie_word_embeddings=tied)
-    quantize_folder(folder, "int4")
-    on_gemm = ModelRunner(folder, RuntimeConfig(slots=1, max_seq_len=64))
-    assert isinstance(on_gemm.model.weights.lm_head, Int8HeadOnFloat16Gemm)
-    assert on_gemm.model.weights.embed.qweight.dtype == torch.int8
-    monkeypatch.setattr(quantize, "head_on_float16_gemm", lambda: False)
-    on_kernel = ModelRunner(folder, RuntimeConfig(slots=1, max_seq_len=64))
-    assert isinstance(on_kernel.model.weights.lm_head, Int8Linear)
-    ours, theirs = logits_of(on_gemm).float(), logits_of(on_kernel).float()
-    assert_kernel_close(ours, theirs)
+    expected = HEAD_WIDEN_FROM_ROWS if cpu_has_native_bf16() else None
+    assert runner.model.weights.lm_head.widen_from_rows == expected
 
 
 def test_dtype_auto_is_bfloat16_where_the_cpu_has_native_bf16_or_the_weights_are_quantized(tmp_path):
