@@ -29,11 +29,6 @@ def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
     return resolve_dtype(config.dtype, config.device, _quantized(model_dir, config))
 
 
-def weights_dtype(model_dir: Path, config: RuntimeConfig) -> str:
-    """The dtype the runner holds the folder's float layers in (`dtypes.resolve_weights_dtype`)."""
-    return resolve_weights_dtype(config.dtype, config.device, _quantized(model_dir, config))
-
-
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
     return (config.quantization or stored_quantization(model_dir)) != "none"
 
@@ -45,8 +40,10 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
-        self.dtype_name = model_dtype(self.model_dir, config)  # `auto`, decided once
-        self.weights_dtype_name = weights_dtype(self.model_dir, config)
+        # `auto`, decided once: the activations' and KV cache's dtype, and the float layers' weights'
+        quantized = _quantized(self.model_dir, config)
+        self.dtype_name = resolve_dtype(config.dtype, config.device, quantized)
+        self.weights_dtype_name = resolve_weights_dtype(config.dtype, config.device, quantized)
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
