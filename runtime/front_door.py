@@ -14,9 +14,7 @@ again; after the answer started a break ends the stream (the client sees it cut,
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Sequence
 
 import aiohttp
@@ -26,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from .errors import openai_error_body, tgi_error_body
 from .holding import Hold, HoldRejected
-from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
+from .peers import Peer, PeerSet, PeerWatch, resolve_peers
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +56,16 @@ class FrontDoor:
             )
         resolve_peers(unified)  # malformed specs fail at start-up
         self.unified = PeerSet("unified", unified)
-        self.probe_interval, self.peer_timeout = probe_interval, peer_timeout
-        self.max_body_bytes = max_body_bytes
+        self.peer_timeout, self.max_body_bytes = peer_timeout, max_body_bytes
+        # bytes as they come from a pod: no decompression
+        self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
-                         ready=lambda: self.unified.ready > 0, refresh=self._refresh,
+                         ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
                          draining=lambda: self.draining)  # fmt: skip
         self.backend, self.model_name = self, model_name  # what serve() drains and names
-        self.draining, self.running = False, True
+        self.draining = False
         self.in_flight = 0  # requests whose handlers run
         self.forwarded = 0  # requests sent to a pod and not finished
-        self._resolved_at = -1e9
-        self._session: aiohttp.ClientSession | None = None
-        self._prober: asyncio.Task | None = None
         self.registry = CollectorRegistry()
         labels = self.labels = {"model_name": model_name}
         Gauge("vllm:num_requests_running", "Requests forwarded to a pod and not finished.", ["model_name"],
@@ -90,9 +86,7 @@ class FrontDoor:
         return self.in_flight
 
     def shutdown(self) -> None:
-        self.running = False
-        if self._prober is not None:
-            self._prober.cancel()
+        self.watch.stop()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -106,29 +100,12 @@ class FrontDoor:
 
     # ---- peers ----
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:  # bytes as they come: no decompression
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
-            )
-        return self._session
-
     async def _start(self, app: web.Application) -> None:
-        await self._refresh()
-        self._prober = asyncio.get_running_loop().create_task(
-            refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
-        )
+        await self.watch.start()
 
     async def _close(self, app: web.Application) -> None:
-        self.shutdown()
+        await self.watch.close()
         await self.hold.close()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _refresh(self) -> None:
-        await resolve_again((self.unified,))
-        self._resolved_at = time.monotonic()
-        await probe_all((self.unified,), self._probe)
 
     async def _probe(self, peers: PeerSet, url: str) -> None:
         """`GET /ready` answers 200 while the pod takes requests (ours, and TGI's); an engine without it
@@ -137,7 +114,7 @@ class FrontDoor:
         why = ""
         try:
             for path in ("/ready", "/health"):
-                async with self._client().get(f"{url}{path}", timeout=timeout) as r:
+                async with self.watch.client().get(f"{url}{path}", timeout=timeout) as r:
                     await r.read()
                     status, why = r.status, f"{path} answered {r.status}"
                 if status != 404:
@@ -201,8 +178,7 @@ class FrontDoor:
             return self._error(
                 path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
             )
-        if time.monotonic() - self._resolved_at > self.probe_interval or not self.unified.peers:
-            await self._refresh()
+        await self.watch.refresh_if_stale()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
         tried: set[str] = set()
@@ -250,7 +226,7 @@ class FrontDoor:
     ) -> aiohttp.ClientResponse:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout)
         url = yarl.URL(f"{peer.url}{request.raw_path}", encoded=True)  # path and query as sent
-        return await self._client().request(request.method, url, headers=headers, data=body or None,
+        return await self.watch.client().request(request.method, url, headers=headers, data=body or None,
                                             timeout=timeout, allow_redirects=False)  # fmt: skip
 
     async def _answer(

@@ -21,7 +21,6 @@ import contextlib
 import itertools
 import json
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -32,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from . import pd_protocols as pd
 from .errors import openai_error_body
 from .holding import Hold, HoldRejected
-from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
+from .peers import Peer, PeerSet, PeerWatch, resolve_peers
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +72,11 @@ class EngineRouter:
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.protocol, self.bootstrap_port, self.model_name = protocol, bootstrap_port, model_name
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
-        self.probe_interval, self.peer_timeout, self.max_body_bytes = (
-            probe_interval,
-            peer_timeout,
-            max_body_bytes,
-        )
+        self.peer_timeout, self.max_body_bytes = peer_timeout, max_body_bytes
+        self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval)
         self.backend = self  # what serve() drains
-        self.draining, self.running = False, True
+        self.draining = False
         self.in_flight = 0  # requests whose handlers run
-        self._resolved_at = -1e9
-        self._session: aiohttp.ClientSession | None = None
-        self._prober: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
@@ -97,8 +90,9 @@ class EngineRouter:
         )  # fmt: skip
         self.labels = labels
         self.hold = Hold(
-            hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode", refresh=self._refresh,
-            ready=lambda: bool(self.prefill.ready and self.decode.ready), draining=lambda: self.draining,
+            hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode",
+            refresh=self.watch.refresh, ready=lambda: bool(self.prefill.ready and self.decode.ready),
+            draining=lambda: self.draining,
         )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
         # the load an inference gateway's endpoint picker reads (docs/gateway.md): requests streaming from
@@ -116,9 +110,7 @@ class EngineRouter:
         return self.in_flight
 
     def shutdown(self) -> None:
-        self.running = False
-        if self._prober is not None:
-            self._prober.cancel()
+        self.watch.stop()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
@@ -156,33 +148,21 @@ class EngineRouter:
 
     # ---- peers ----
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        return self._session
-
     async def _start(self, app: web.Application) -> None:
-        await self._refresh()
-        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+        await self.watch.start()
 
     async def _close(self, app: web.Application) -> None:
-        self.shutdown()
+        self.watch.stop()
         await self.hold.close()
         for task in list(self._background):
             task.cancel()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _refresh(self) -> None:
-        await resolve_again((self.prefill, self.decode))
-        self._resolved_at = time.monotonic()
-        await probe_all((self.prefill, self.decode), self._probe)
+        await self.watch.close()
 
     async def _probe(self, peers: PeerSet, url: str) -> None:
         """The engines' liveness endpoint: `GET /health` answers 200 while the server can serve."""
         try:
             timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
-            async with self._client().get(f"{url}/health", timeout=timeout) as r:
+            async with self.watch.client().get(f"{url}/health", timeout=timeout) as r:
                 ok, why = r.status == 200, f"/health answered {r.status}"
         except PEER_FAILURES as e:
             ok, why = False, f"/health failed: {e or type(e).__name__}"
@@ -190,9 +170,6 @@ class EngineRouter:
             peers.succeeded(url)
         else:
             peers.failed(url, why)
-
-    async def _probe_forever(self) -> None:
-        await refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
 
     @staticmethod
     def _pick(peers: PeerSet, tried: set[str]) -> Peer | None:
@@ -214,7 +191,7 @@ class EngineRouter:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout, sock_read=read_timeout)
         peer.in_flight += 1
         try:
-            response = await self._client().post(
+            response = await self.watch.client().post(
                 f"{peer.url}{path}", json=body, headers=headers, timeout=timeout
             )
             if response.status < 400:
@@ -259,7 +236,7 @@ class EngineRouter:
         failures: list[str] = []
         while (peer := self._pick(self.decode, tried)) is not None:
             try:
-                async with self._client().get(f"{peer.url}/v1/models", timeout=aiohttp.ClientTimeout(
+                async with self.watch.client().get(f"{peer.url}/v1/models", timeout=aiohttp.ClientTimeout(
                         total=self.peer_timeout)) as r:  # fmt: skip
                     body = await r.read()
                     return web.Response(status=r.status, body=body, content_type="application/json")
@@ -289,9 +266,7 @@ class EngineRouter:
             body = pd.client_body(raw)
         except ValueError as e:
             return self._error(400, str(e), "body")
-        stale = time.monotonic() - self._resolved_at > self.probe_interval
-        if stale or not self.prefill.peers or not self.decode.peers:
-            await self._refresh()
+        await self.watch.refresh_if_stale()
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
         held = self.hold.request()
         while True:

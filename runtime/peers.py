@@ -1,8 +1,9 @@
-"""A disaggregated model's peers as a router knows them (bookkeeping, and names resolved to addresses; the
-routers do the HTTP): `resolve_peers` turns URLs and DNS names of headless Services (or a static map, where
-there is no cluster DNS) into pod URLs; a `PeerSet` holds one role's pods, healthy or not by probes and
-request outcomes, ranked by load. Shared by both routers: ours (`router`) and the one in front of an engine's
-own servers (`pd_proxy`); it loads no model code.
+"""The peers of a router as it knows them: `resolve_peers` turns URLs and DNS names of headless Services (or a
+static map, where there is no cluster DNS) into pod URLs; a `PeerSet` holds one role's pods, healthy or not by
+probes and request outcomes, ranked by load (pure bookkeeping); a `PeerWatch` keeps a router's sets fresh
+(resolved and probed now and every few seconds, with the router's own probe) and holds its HTTP session to
+them. Shared by the three routers: ours (`router`), the one in front of an engine's own prefill and decode
+servers (`pd_proxy`) and the front door of unified pods (`front_door`); it loads no model code.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV
 
@@ -172,25 +177,68 @@ class PeerSet:
         return sum(p.ready for p in self.peers.values())
 
 
-async def resolve_again(peer_sets: Sequence[PeerSet]) -> None:
-    """Resolve each set's specs again (DNS off the event loop)."""
-    loop = asyncio.get_running_loop()
-    for peers in peer_sets:
-        peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+class PeerWatch:
+    """A router's peer sets kept fresh, and the one HTTP session it talks to them with.
 
+    `start()` resolves the sets' specs again (DNS off the event loop) and probes every peer once, all at once,
+    then does so again every `interval` seconds until `stop()`; `probe(peers, url)` is the router's own
+    probe, which records its outcome in `peers`. A failed round is logged, never the end of the loop.
+    `refresh_if_stale()` runs a round now when the last is older than `interval` or a set has no pod yet (a
+    router whose loop has not run, or a role not found yet). `session_options` are aiohttp.ClientSession's
+    (headers, ...); the session has no overall timeout: each call sets its own."""
 
-async def probe_all(peer_sets: Sequence[PeerSet], probe: Callable[[PeerSet, str], Awaitable[None]]) -> None:
-    """Probe every peer once, at once (`probe` does the router's own HTTP and records the outcome)."""
-    await asyncio.gather(*(probe(peers, url) for peers in peer_sets for url in list(peers.peers)))
+    def __init__(
+        self, peer_sets: Sequence[PeerSet], probe: Callable[[PeerSet, str], Awaitable[None]], interval: float,
+        **session_options: Any,
+    ) -> None:  # fmt: skip
+        self.peer_sets, self.probe, self.interval = tuple(peer_sets), probe, interval
+        self.session_options = session_options
+        self.running = True
+        self._session: aiohttp.ClientSession | None = None
+        self._refreshed_at = -1e9
+        self._loop: asyncio.Task | None = None
 
+    def client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None), **self.session_options
+            )
+        return self._session
 
-async def refresh_forever(
-    running: Callable[[], bool], interval: float, refresh_once: Callable[[], Awaitable[None]]
-) -> None:
-    """`refresh_once` every `interval` seconds while `running()`: a failed round is logged, never the end."""
-    while running():
-        await asyncio.sleep(interval)
-        try:
-            await refresh_once()
-        except Exception:  # a probe round must never end the loop
-            log.exception("probing the peers failed")
+    async def refresh(self) -> None:
+        """One round: resolve every set's specs again, then probe every peer."""
+        loop = asyncio.get_running_loop()
+        for peers in self.peer_sets:
+            peers.update(await loop.run_in_executor(None, resolve_peers, peers.specs))
+        self._refreshed_at = time.monotonic()
+        urls = [(peers, url) for peers in self.peer_sets for url in list(peers.peers)]
+        await asyncio.gather(*(self.probe(peers, url) for peers, url in urls))
+
+    async def refresh_if_stale(self) -> None:
+        stale = time.monotonic() - self._refreshed_at > self.interval
+        if stale or any(not peers.peers for peers in self.peer_sets):
+            await self.refresh()
+
+    async def start(self) -> None:
+        """A round now, then one every `interval` seconds on a task of this loop."""
+        await self.refresh()
+        self._loop = asyncio.get_running_loop().create_task(self._refresh_forever())
+
+    async def _refresh_forever(self) -> None:
+        while self.running:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.refresh()
+            except Exception:  # a probe round must never end the loop
+                log.exception("probing the peers failed")
+
+    def stop(self) -> None:
+        self.running = False
+        if self._loop is not None:
+            self._loop.cancel()
+
+    async def close(self) -> None:
+        """Stop the rounds and close the session."""
+        self.stop()
+        if self._session is not None:
+            await self._session.close()

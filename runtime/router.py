@@ -28,7 +28,7 @@ from .backend import FinishReason, Limits, RequestOutput, check_fits
 from .engine_metrics import protocol_info
 from .errors import ServingError, Unavailable
 from .holding import Hold
-from .peers import Peer, PeerSet, probe_all, refresh_forever, resolve_again, resolve_peers
+from .peers import Peer, PeerSet, PeerWatch, resolve_peers
 from .sampling_params import SamplingParams
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
@@ -117,21 +117,18 @@ class RemoteBackend:
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.probe_interval, self.kv_timeout = probe_interval, kv_timeout
+        auth = {"Authorization": f"Bearer {token}"}
+        self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval, headers=auth)
+        self.kv_timeout = kv_timeout
         self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
         self.local_prefill_below = local_prefill_below
         self.error: BaseException | None = None
-        self.running = True
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
         self.retries: Counter | None = None
         self._ids = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
-        self._resolved_at = -1e9
-        self._prober: asyncio.Task | None = None
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="decode",
-                         ready=lambda: self.decode.ready > 0, refresh=self._refresh)  # fmt: skip
+                         ready=lambda: self.decode.ready > 0, refresh=self.watch.refresh)  # fmt: skip
 
     # ---- the backend surface the HTTP server uses ----
 
@@ -139,7 +136,7 @@ class RemoteBackend:
     def alive(self) -> bool:
         """Ready to serve: some decode pod is in rotation (until then the router's /ready says no, so the
         Service sends it nothing), or always with holding (requests at zero wait for a decode pod)."""
-        return self.running and (self.decode.healthy > 0 or self.hold.enabled)
+        return self.watch.running and (self.decode.healthy > 0 or self.hold.enabled)
 
     @property
     def num_requests(self) -> int:
@@ -197,41 +194,22 @@ class RemoteBackend:
 
     async def start(self, app=None) -> None:
         """Resolve and probe the peers now and every `probe_interval` seconds."""
-        await self._refresh()
-        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+        await self.watch.start()
 
     def shutdown(self) -> None:
-        self.running = False
-        if self._prober is not None:
-            self._prober.cancel()
+        self.watch.stop()
         self.hold.shutdown()
 
     # ---- peers ----
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self.headers, timeout=aiohttp.ClientTimeout(total=None)
-            )
-        return self._session
-
-    async def _refresh(self) -> None:
-        """Resolve the specs again (DNS off the event loop) and probe every peer once."""
-        await resolve_again((self.prefill, self.decode))
-        self._resolved_at = time.monotonic()
-        await probe_all((self.prefill, self.decode), self._probe)
-
     async def _probe(self, peers: PeerSet, url: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
         try:
-            async with self._client().get(f"{url}/internal/status", timeout=timeout) as r:
+            async with self.watch.client().get(f"{url}/internal/status", timeout=timeout) as r:
                 status = await r.json() if r.status == 200 else None
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             status = None
         peers.probed(url, status)
-
-    async def _probe_forever(self) -> None:
-        await refresh_forever(lambda: self.running, self.probe_interval, self._refresh)
 
     # ---- requests ----
 
@@ -246,9 +224,7 @@ class RemoteBackend:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_fits(self.limits, len(ids), params.max_tokens)
         rid = request_id or f"route-{next(self._ids)}"
-        stale = time.monotonic() - self._resolved_at > self.probe_interval  # no probe loop (tests), or old
-        if stale or not self.prefill.peers or not self.decode.peers:  # or a role not found yet: look again
-            await self._refresh()
+        await self.watch.refresh_if_stale()  # no probe loop (tests), an old round, or a role not found yet
         self.in_flight += 1
         generated: list[int] = []  # sent to the client: a resumed request continues after them
         text = TextOutput(self.tokenizer, ids, params.stop)
@@ -328,7 +304,7 @@ class RemoteBackend:
 
     async def _run(self, decode: Peer, rid: str, ids: list[int], params: SamplingParams):
         """One attempt on one decode pod: yields (token or None, the pod's finish reason or None)."""
-        s = self._client()
+        s = self.watch.client()
         decode.in_flight += 1
         try:
             if len(ids) < self.local_prefill_below:  # short: no lease, no push
@@ -369,7 +345,7 @@ class RemoteBackend:
     async def _reserve(self, decode: Peer, rid: str, tokens: int) -> dict:
         self.stages["reserve"] += 1
         try:
-            async with self._client().post(
+            async with self.watch.client().post(
                 f"{decode.url}/internal/reserve", json={"request": rid, "prompt_tokens": tokens},
                 timeout=aiohttp.ClientTimeout(total=self.peer_timeout),
             ) as r:  # fmt: skip
@@ -389,7 +365,7 @@ class RemoteBackend:
         self.stages["prefill"] += 1
         peer.in_flight += 1
         try:
-            async with self._client().post(
+            async with self.watch.client().post(
                 f"{peer.url}/internal/prefill", json=push,
                 timeout=aiohttp.ClientTimeout(total=2 * self.kv_timeout + 5),  # room for its queue, the
                 # prefill and its push's own deadline: past that the pod is hung
