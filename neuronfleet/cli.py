@@ -69,15 +69,12 @@ def _cmd_serve(parsed: argparse.Namespace) -> int:
     args = ServeConfig.from_namespace(parsed)  # the contract the operator rendered, validated
     if args.role == "router":  # before the engine's imports: a router loads no torch
         return _serve_router(args)
-    import asyncio
-    import logging
-
     from neuronfleet.runtime.engine import AsyncEngine, Engine
-    from neuronfleet.runtime.server import RuntimeServer, serve
+    from neuronfleet.runtime.server import RuntimeServer
 
     config = _runtime_config(args)
     role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_info()
     engine = AsyncEngine(lambda: Engine.from_model_dir(args.model, config))
     server = RuntimeServer(
         engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
@@ -86,6 +83,21 @@ def _cmd_serve(parsed: argparse.Namespace) -> int:
         routes, startup = role_setup(engine, server.metrics.registry)
         server.extra_routes.extend(routes)
         server.on_startup.extend(startup)
+    return _serve_until_stopped(server, args)
+
+
+def _log_info() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _serve_until_stopped(server, args: ServeConfig) -> int:
+    """Serve (runtime.server.serve) until SIGTERM or SIGINT, then drain."""
+    import asyncio
+
+    from neuronfleet.runtime.server import serve
+
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
 
@@ -278,24 +290,22 @@ def _runtime_config(args: ServeConfig):
 def _serve_router(args: ServeConfig) -> int:
     """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers.
     Imports no torch (the router's image needs none)."""
-    import asyncio
-    import logging
+    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
 
+    if args.peer_hosts_file:  # before any peer is resolved
+        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     if args.unified:  # a front door to unified pods: no model files, no token
         return _serve_front_door(args)
     if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
         return _serve_engine_router(args)
 
-    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.backend import Limits
     from neuronfleet.runtime.model_config import load_model_config
     from neuronfleet.runtime.router import RemoteBackend
-    from neuronfleet.runtime.server import RuntimeServer, serve
+    from neuronfleet.runtime.server import RuntimeServer
     from neuronfleet.runtime.tokenizer import Tokenizer
 
     token = _internal_token(args)
-    if args.peer_hosts_file:
-        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     model = load_model_config(Path(args.model))
     config = _runtime_config(args).check_model(model)
     tokenizer = Tokenizer(args.model, model.eos_token_ids)
@@ -311,54 +321,37 @@ def _serve_router(args: ServeConfig) -> int:
         local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_info()
     name = args.served_model_name or Path(args.model).name
     server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
-    asyncio.run(serve(server, args.host, args.port, args.grace_period))
-    return 0
+    return _serve_until_stopped(server, args)
 
 
 def _serve_engine_router(args: ServeConfig) -> int:
     """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
-    import asyncio
-    import logging
-
-    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.pd_proxy import EngineRouter
-    from neuronfleet.runtime.server import serve
 
-    if args.peer_hosts_file:
-        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     router = EngineRouter(
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(router, args.host, args.port, args.grace_period))  # type: ignore[arg-type]
-    return 0
+    _log_info()
+    return _serve_until_stopped(router, args)
 
 
 def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
-    import asyncio
-    import logging
-
-    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
     from neuronfleet.runtime.front_door import FrontDoor
-    from neuronfleet.runtime.server import serve
 
-    if args.peer_hosts_file:
-        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(door, args.host, args.port, args.grace_period))  # type: ignore[arg-type]
-    return 0
+    _log_info()
+    return _serve_until_stopped(door, args)
 
 
 def _role_setup(args: ServeConfig, config):
