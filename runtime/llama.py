@@ -542,10 +542,11 @@ class LlamaModel:
         torch.ops.aten.index_put_(cache_k, [batch.slot_idx, None, batch.positions], k)
         torch.ops.aten.index_put_(cache_v, [batch.slot_idx, None, batch.positions], v)
         # Slots 0..B-1 over the length bucket (the mask's length: a size a capture records), read in place:
-        # [B, KV, L, D] with strides. The query heads that share a KV head act as that head's "query
+        # [B, KV, L, D] with the cache's strides, one op each (`cache[:b, :, :length]` is three slices, a
+        # graph records all three). The query heads that share a KV head act as that head's "query
         # positions" (one query per head), so no head is repeated.
-        length = batch.mask.shape[-1]
-        keys, values = cache_k[:b, :, :length], cache_v[:b, :, :length]
+        size = (b, kv_heads, batch.mask.shape[-1], c.head_dim)
+        keys, values = cache_k.as_strided(size, cache_k.stride()), cache_v.as_strided(size, cache_v.stride())
         return F.scaled_dot_product_attention(
             q.view(-1, kv_heads, heads // kv_heads, c.head_dim), keys, values, attn_mask=batch.mask
         ).flatten(1)
