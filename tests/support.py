@@ -440,6 +440,21 @@ class OperatorCluster:
         self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
         self.operators: list[Process] = []
 
+    def start_operator(self, *flags: str) -> Process:
+        """An operator process (standalone, verbose, `flags` added) against this API server as its own user,
+        logging to operator-N.log in the state folder; `stop()` stops it."""
+        kubeconfig = str(self.state / "operator-kubeconfig")
+        args = [*neuronfleet_command(), "operator", "--kubeconfig", kubeconfig, "--standalone", "--verbose"]
+        self.operators.append(Process([*args, *flags], self.state / f"operator-{len(self.operators)}.log"))
+        return self.operators[-1]
+
+    def stop(self) -> None:
+        """Stop the operators still running, then the API server."""
+        for proc in self.operators:
+            if proc.poll() is None:
+                proc.stop()
+        self.api.stop()
+
     def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
         """One API request as JSON: the answer's body, or None for 404."""
         data = json.dumps(body).encode() if body is not None else None

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import yaml
-from support import OPERATOR_USER, ROOT, OperatorCluster, Process, finish_compile, neuronfleet_command
+from support import OPERATOR_USER, ROOT, OperatorCluster, finish_compile
 
 from neuronfleet.operator.kube import RBAC_RULES
 
@@ -28,18 +28,14 @@ GATEWAY = {
 def cluster(tmp_path):
     api = OperatorCluster(tmp_path)
     yield api
-    for proc in api.operators:
-        proc.stop()
-    api.api.stop()
+    api.stop()
 
 
 def test_the_model_behind_an_inference_gateway_gets_a_pool_and_route_the_cluster_accepts(cluster):
     kubectl = cluster.kubectl
     kubectl("apply", "-f", str(POOL_CRD))
     kubectl("apply", "-f", str(ROUTE_CRD))
-    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(cluster.state / "operator-kubeconfig")]
-    cluster.operators.append(Process([*args, "--standalone", "--verbose"], cluster.state / "operator.log"))
-    operator = cluster.operators[-1]
+    operator = cluster.start_operator()
     obj = yaml.safe_load(UNIFIED.read_text())
     obj["metadata"] = {"name": "g", "namespace": "default"}
     obj["spec"]["serving"] = {**obj["spec"].get("serving", {}), "gateway": GATEWAY}

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from support import OPERATOR_USER, ROOT, OperatorCluster, Process, finish_compile, neuronfleet_command
+from support import OPERATOR_USER, ROOT, OperatorCluster, finish_compile
 
 from neuronfleet.operator.kube import RBAC_RULES
 
@@ -24,9 +24,7 @@ SCALE = "/apis/neuronfleet.dev/v1alpha1/namespaces/default/neuronmodels/{}/scale
 def cluster(tmp_path):
     api = OperatorCluster(tmp_path)
     yield api
-    for proc in api.operators:
-        proc.stop()
-    api.api.stop()
+    api.stop()
 
 
 def sample(path, name: str, **spec) -> str:
@@ -99,9 +97,7 @@ def test_kubectl_scale_reads_and_writes_spec_replicas_through_the_scale_subresou
 
 def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_status(cluster):
     kubectl = cluster.kubectl
-    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(cluster.state / "operator-kubeconfig")]
-    cluster.operators.append(Process([*args, "--standalone", "--verbose"], cluster.state / "operator.log"))
-    operator = cluster.operators[-1]
+    operator = cluster.start_operator()
     obj = json.loads(sample(DISAGGREGATED, "pd", replicas=2))
     obj["spec"]["serving"]["prefill"]["replicas"] = 1  # the declared ratio, 1 prefill : 2 decode
     obj["spec"]["serving"]["decode"]["replicas"] = 2
@@ -137,9 +133,7 @@ def test_provider_keda_makes_a_scaled_object_the_cluster_accepts_and_deletes_it_
     ScaledObject against its schema; a change of provider deletes it; every call within RBAC_RULES."""
     kubectl = cluster.kubectl
     kubectl("apply", "-f", str(KEDA_CRD))
-    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(cluster.state / "operator-kubeconfig")]
-    cluster.operators.append(Process([*args, "--standalone", "--verbose"], cluster.state / "operator.log"))
-    operator = cluster.operators[-1]
+    operator = cluster.start_operator()
     obj = json.loads(sample(UNIFIED, "k"))
     obj["spec"]["autoscaling"] = {
         "enabled": True, "provider": "keda", "min": 0, "max": 3, "scaleToZero": True, "metric": "queue",

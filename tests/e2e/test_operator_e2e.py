@@ -14,9 +14,7 @@ from support import (
     OPERATOR_USER,
     ROOT,
     OperatorCluster,
-    Process,
     free_port,
-    neuronfleet_command,
 )
 
 from neuronfleet.operator.kube import RBAC_RULES
@@ -30,12 +28,6 @@ NEURON_SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml"
 class Cluster(OperatorCluster):
     """`OperatorCluster` with operators started, waited on and stopped as processes."""
 
-    def run_operator(self, *extra: str) -> Process:
-        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(self.state / "operator-kubeconfig")]
-        log = self.state / f"operator-{len(self.operators)}.log"
-        self.operators.append(Process([*args, "--standalone", "--verbose", *extra], log))
-        return self.operators[-1]
-
     def wait_for(self, what: str, check: Callable[[], object]) -> object:
         """Wait while the newest operator lives and works."""
         return self.operators[-1].wait_until(check, what)
@@ -44,11 +36,6 @@ class Cluster(OperatorCluster):
         """Until the newest operator's resume handler has run (kopf logs its success)."""
         log = self.operators[-1].log
         self.wait_for("the resume handler", lambda: "Handler 'on_model' succeeded" in log.read_text())
-
-    def stop(self) -> None:
-        for proc in self.operators:
-            proc.stop()
-        self.api.stop()
 
 
 @pytest.fixture()
@@ -142,7 +129,7 @@ def manifest(path=SAMPLE, **neuron) -> str:
 
 def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     api = cluster
-    operator = api.run_operator()
+    operator = api.start_operator()
     api.kubectl("apply", "-f", "-", stdin=manifest())
     # 1. the compile Job (and its cache and config) appear; nothing serves yet
     jobs = api.wait_for("the compile Job", lambda: items(api, "jobs"))
@@ -197,7 +184,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
         for k in ("jobs", "deployments", "services", "configmaps")
         for o in items(api, k)
     }
-    operator = api.run_operator()
+    operator = api.start_operator()
     api.wait_for_resume()
     after = {
         o["metadata"]["name"]: o["metadata"]["resourceVersion"]
@@ -272,7 +259,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
 )
 def test_a_spec_that_cannot_be_served_fails_validation_and_creates_nothing(cluster, change, refusal):
     api = cluster
-    api.run_operator()
+    api.start_operator()
     obj = sample(NEURON_SAMPLE)
     obj["spec"]["neuron"].update(change.get("neuron", {}))
     obj["spec"].update({k: v for k, v in change.items() if k != "neuron"})
@@ -289,11 +276,11 @@ def test_a_spec_that_cannot_be_served_fails_validation_and_creates_nothing(clust
 
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     api = cluster
-    operator = api.run_operator()
+    operator = api.start_operator()
     api.kubectl("apply", "-f", "-", stdin=manifest())
     job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
     operator.stop()  # restarted while compiling: no second Job
-    api.run_operator()
+    api.start_operator()
     api.wait_for_resume()
     assert [j["metadata"]["name"] for j in items(api, "jobs")] == [job]
     mark_job(api, job, "Failed")
@@ -342,7 +329,7 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
 
     api = cluster
     port = free_port()
-    proc = api.run_operator("--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    proc = api.start_operator("--metrics-port", str(port), "--metrics-host", "127.0.0.1")
     obj = sample()
     obj["spec"]["serving"] = {
         "mode": "disaggregated",
@@ -385,7 +372,7 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     one has rolled out, then moves, and only then are the old set's objects (Deployments, headless Services,
     PDBs, and going back to unified the internal Secret and NetworkPolicy) deleted."""
     api = cluster
-    api.run_operator()
+    api.start_operator()
     obj = sample()
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]

@@ -18,7 +18,6 @@ from support import (
     ROOT,
     OperatorCluster,
     Process,
-    neuronfleet_command,
     wait_until,
 )
 
@@ -42,12 +41,6 @@ PATHS = {
 class Cluster(OperatorCluster):
     """The emulated API server with the CRD and an audit log; operators run as their own user (the audit log
     tells their calls from the test's); plain HTTP for the test's own bulk calls."""
-
-    def run_operator(self) -> Process:
-        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(self.state / "operator-kubeconfig")]
-        log = self.state / f"operator-{len(self.operators)}.log"
-        self.operators.append(Process([*args, "--standalone", "--verbose"], log))
-        return self.operators[-1]
 
     def wait_for(self, what: str, check: Callable[[], object], interval: float = 0.1) -> object:
         """Wait while the newest operator lives and works (`interval`: between checks; a LIST of hundreds of
@@ -74,10 +67,7 @@ class Cluster(OperatorCluster):
 def cluster(tmp_path):
     api = Cluster(tmp_path)
     yield api
-    for proc in api.operators:
-        if proc.poll() is None:
-            proc.stop()
-    api.api.stop()
+    api.stop()
 
 
 def model(name: str, **serving) -> dict:
@@ -117,7 +107,7 @@ def repaired(api: Cluster, kind: str, name: str, done: Callable[[dict | None], b
 
 def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survive_kill_9(cluster):
     api = cluster
-    operator = api.run_operator()
+    operator = api.start_operator()
     names = [f"m{i:03d}" for i in range(MODELS)]
     clock = time.monotonic()
     phases: dict[str, float] = {}
@@ -132,7 +122,7 @@ def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survi
     # kill -9 while the operator works through them; a new one finishes without duplicates
     api.wait_for("a third of the compile Jobs", lambda: len(api.items("Job")) >= MODELS // 3, 0.5)
     operator.kill()
-    operator = api.run_operator()
+    operator = api.start_operator()
     cpu = operator.cpu()  # (the killed one's is lost)
     phase("killed at a third of the Jobs")
     jobs = api.wait_for("every compile Job", lambda: len(j := api.items("Job")) >= MODELS and j, 1.0)
@@ -144,7 +134,7 @@ def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survi
     api.wait_for("the first Deployments", lambda: api.items("Deployment"), 0.5)
     cpu += operator.cpu()
     api.stop_operator(operator)
-    operator = api.run_operator()
+    operator = api.start_operator()
     api.wait_for("every Deployment", lambda: len(api.items("Deployment")) >= MODELS, 1.0)
     api.wait_for(
         "every model's status to name its serving hash",
@@ -218,7 +208,7 @@ def test_models_whose_children_share_a_name_do_not_fight_over_it(cluster):
     a public Service of the same name. The first owner keeps it; the other model reports Conflict and never
     patches it."""
     api = cluster
-    operator = api.run_operator()
+    operator = api.start_operator()
     disaggregated = {
         "mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
         "kvTransfer": {"transport": "tcp"},
@@ -262,7 +252,7 @@ def test_models_whose_children_share_a_name_do_not_fight_over_it(cluster):
 
 def test_a_model_is_deleted_with_the_operator_stopped_and_its_children_are_collected(cluster):
     api = cluster
-    operator = api.run_operator()
+    operator = api.start_operator()
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(model("gone")))
     job = api.wait_for("the compile Job", lambda: api.items("Job"))[0]
     complete(api, job["metadata"]["name"])

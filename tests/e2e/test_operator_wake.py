@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, OperatorCluster, Process, free_port, neuronfleet_command
+from support import HTTP_TIMEOUT, ROOT, OperatorCluster, free_port
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -27,10 +27,7 @@ DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 def cluster(tmp_path):
     api = OperatorCluster(tmp_path)
     yield api
-    for proc in api.operators:
-        if proc.poll() is None:
-            proc.stop()
-    api.api.stop()
+    api.stop()
 
 
 def post(url: str) -> tuple[int, dict, dict]:
@@ -45,10 +42,7 @@ def post(url: str) -> tuple[int, dict, dict]:
 def test_a_wake_scales_a_model_at_zero_up_at_once(cluster):
     api, port = cluster, free_port()
     base = f"http://127.0.0.1:{port}"
-    args = [*neuronfleet_command(), "operator", "--kubeconfig", str(api.state / "operator-kubeconfig")]
-    args += ["--wake-port", str(port), "--wake-host", "127.0.0.1", "--wake-url", base, "--standalone"]
-    operator = Process(args, api.state / "operator.log")
-    api.operators.append(operator)
+    operator = api.start_operator("--wake-port", str(port), "--wake-host", "127.0.0.1", "--wake-url", base)
     manifest = yaml.safe_load(SAMPLE.read_text())
     manifest["spec"]["autoscaling"] = {
         "enabled": True, "provider": "builtin", "min": 0, "max": 2, "scaleToZero": True, "idleSeconds": 30,
