@@ -70,9 +70,7 @@ class FrontDoor:
         labels = self.labels = {"model_name": model_name}
         Gauge("vllm:num_requests_running", "Requests forwarded to a pod and not finished.", ["model_name"],
               registry=self.registry).labels(**labels).set_function(lambda: self.forwarded)  # fmt: skip
-        healthy = Gauge("neuronfleet:router_peers_healthy", "Peers in rotation, by role.",
-                        ["model_name", "role"], registry=self.registry)  # fmt: skip
-        healthy.labels(**labels, role="unified").set_function(lambda: self.unified.healthy)
+        self.watch.register_metrics(self.registry, model_name)
         self.retries = Counter("neuronfleet:router_retries", "Requests moved to another pod before their "
                                "answer started.", ["model_name", "kind"], registry=self.registry)  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)

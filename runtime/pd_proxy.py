@@ -80,10 +80,7 @@ class EngineRouter:
         self._background: set[asyncio.Task] = set()
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
-        healthy = Gauge("neuronfleet:router_peers_healthy", "Peers in rotation, by role.",
-                        ["model_name", "role"], registry=self.registry)  # fmt: skip
-        for peers in (self.prefill, self.decode):
-            healthy.labels(**labels, role=peers.role).set_function(lambda p=peers: p.healthy)
+        self.watch.register_metrics(self.registry, model_name)
         self.retries = Counter(
             "neuronfleet:router_retries", "Requests moved to another prefill or decode server.",
             ["model_name", "kind"], registry=self.registry,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Gauge
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV
 
@@ -197,6 +198,13 @@ class PeerWatch:
         self._session: aiohttp.ClientSession | None = None
         self._refreshed_at = -1e9
         self._loop: asyncio.Task | None = None
+
+    def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
+        """`neuronfleet:router_peers_healthy`: the peers in rotation, by role."""
+        healthy = Gauge("neuronfleet:router_peers_healthy", "Peers in rotation, by role.",
+                        ["model_name", "role"], registry=registry)  # fmt: skip
+        for peers in self.peer_sets:
+            healthy.labels(model_name=model_name, role=peers.role).set_function(lambda p=peers: p.healthy)
 
     def client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

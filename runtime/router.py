@@ -171,16 +171,12 @@ class RemoteBackend:
         )
         for name in self.stages:
             stage.labels(**labels, stage=name).set_function(lambda name=name: self.stages[name])
-        healthy = Gauge(
-            "neuronfleet:router_peers_healthy", "Peers in rotation, by role.", ["model_name", "role"],
-            registry=registry,
-        )  # fmt: skip
         restarts = Gauge(
             "neuronfleet:router_peer_restarts", "Peers seen back with a new identity, by role.",
             ["model_name", "role"], registry=registry,
         )  # fmt: skip
+        self.watch.register_metrics(registry, model_name)
         for peers in (self.prefill, self.decode):
-            healthy.labels(**labels, role=peers.role).set_function(lambda p=peers: p.healthy)
             restarts.labels(**labels, role=peers.role).set_function(lambda p=peers: p.restarts)
         self.retries = Counter(
             "neuronfleet:router_retries",

@@ -67,3 +67,27 @@ def test_a_round_on_demand_only_when_the_last_is_old_or_a_set_is_empty():
         await both.close()
 
     asyncio.run(scenario())
+
+
+def test_the_healthy_gauge_counts_each_roles_peers_in_rotation():
+    from prometheus_client import CollectorRegistry
+
+    prefill = PeerSet("prefill", [])
+    decode = PeerSet("decode", [])
+    prefill.update(["http://p1"])
+    decode.update(["http://d1", "http://d2"])
+
+    async def probe(peers: PeerSet, url: str) -> None:
+        pass
+
+    registry = CollectorRegistry()
+    PeerWatch((prefill, decode), probe, interval=1.0).register_metrics(registry, "m")
+
+    def healthy(role: str) -> float | None:
+        labels = {"model_name": "m", "role": role}
+        return registry.get_sample_value("neuronfleet:router_peers_healthy", labels)
+
+    assert (healthy("prefill"), healthy("decode")) == (1.0, 2.0)
+    for _ in range(3):  # three failures take a peer out of rotation
+        decode.failed("http://d2", "refused")
+    assert (healthy("prefill"), healthy("decode")) == (1.0, 1.0)
