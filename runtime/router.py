@@ -48,6 +48,23 @@ class StreamBroken(PeerFailed):
     """The decode pod's stream ended before its request finished."""
 
 
+@dataclasses.dataclass
+class RoomWait:
+    """How long a request waits for room when every decode pod is full: until `limit` seconds pass in which
+    the decode pods make none (no request starts or ends its decode stream, each of which may free a staging
+    region or a slot), however long the wait is in all. A fixed deadline would fail requests of a long queue
+    that is moving, as on a loaded machine; a wait with no end would hide decode pods that are stuck."""
+
+    limit: float
+    since: float  # when the wait began, or when the decode pods last made room
+    progress: int  # the count of decode streams started or ended then
+
+    def goes_on(self, now: float, progress: int) -> bool:
+        if progress != self.progress:
+            self.since, self.progress = now, progress
+        return now - self.since < self.limit
+
+
 class NoPeerAvailable(Unavailable):
     """No decode pod could serve the request (answered as 503)."""
 
@@ -109,9 +126,10 @@ class RemoteBackend:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
         peer is slow, not gone: refused connections fail at once); `busy_timeout`: how long a request waits
-        for a decode pod with room when all are full; prompts shorter than `local_prefill_below` tokens are
-        prefilled on their decode pod (a handoff costs more than it saves for them); `hold_requests`,
-        `hold_seconds`, `wake_url`: requests held while no decode pod is ready (`holding.Hold`; 0: none)."""
+        for a decode pod with room when all are full and none makes room (`RoomWait`); prompts shorter than
+        `local_prefill_below` tokens are prefilled on their decode pod (a handoff costs more than it saves for
+        them); `hold_requests`, `hold_seconds`, `wake_url`: requests held while no decode pod is ready
+        (`holding.Hold`; 0: none)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
@@ -122,6 +140,7 @@ class RemoteBackend:
         self.kv_timeout = kv_timeout
         self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
         self.local_prefill_below = local_prefill_below
+        self.decode_progress = 0  # decode streams seen starting or ending: each may free a region or a slot
         self.error: BaseException | None = None
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
@@ -226,7 +245,7 @@ class RemoteBackend:
         text = TextOutput(self.tokenizer, ids, params.stop)
         failures: list[str] = []
         tried: set[str] = set()
-        busy_until = time.monotonic() + self.busy_timeout
+        room = RoomWait(self.busy_timeout, time.monotonic(), self.decode_progress)
         attempt = 0
         held = self.hold.request()
         try:
@@ -268,8 +287,9 @@ class RemoteBackend:
                     raise
                 except PeerBusy as e:
                     failures.append(f"{peer.url}: {e}")
-                    if len(tried) == len(self.decode.peers) and time.monotonic() < busy_until:
-                        await asyncio.sleep(0.25)  # every pod is full: wait for room, within bounds
+                    every_pod_full = len(tried) == len(self.decode.peers)
+                    if every_pod_full and room.goes_on(time.monotonic(), self.decode_progress):
+                        await asyncio.sleep(0.25)  # every pod is full: wait for room while they make some
                         tried.clear()
                         failures.clear()
                 except (aiohttp.ClientError, OSError, TimeoutError, PeerFailed) as e:
@@ -318,10 +338,13 @@ class RemoteBackend:
             silence = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout,
                                             sock_read=self.peer_timeout + self.kv_timeout)  # fmt: skip
             self.stages["decode"] += 1
+            streaming = False
             try:
                 async with s.post(f"{decode.url}/internal/decode", json=body, timeout=silence) as r:
                     await _refusal(r, "decode")
                     self.decode.succeeded(decode.url)
+                    streaming = True
+                    self.decode_progress += 1  # the lease's region is the slot's now
                     async for line in r.content:
                         if not line.strip():
                             continue
@@ -335,6 +358,7 @@ class RemoteBackend:
                             yield None, reason
             finally:
                 self.stages["decode"] -= 1
+                self.decode_progress += streaming  # its slot is free again
         finally:
             decode.in_flight -= 1
 
