@@ -245,7 +245,7 @@ class RemoteBackend:
         text = TextOutput(self.tokenizer, ids, params.stop)
         failures: list[str] = []
         tried: set[str] = set()
-        room = RoomWait(self.busy_timeout, time.monotonic(), self.decode_progress)
+        room: RoomWait | None = None  # from when every decode pod was first found full
         attempt = 0
         held = self.hold.request()
         try:
@@ -287,11 +287,13 @@ class RemoteBackend:
                     raise
                 except PeerBusy as e:
                     failures.append(f"{peer.url}: {e}")
-                    every_pod_full = len(tried) == len(self.decode.peers)
-                    if every_pod_full and room.goes_on(time.monotonic(), self.decode_progress):
-                        await asyncio.sleep(0.25)  # every pod is full: wait for room while they make some
-                        tried.clear()
-                        failures.clear()
+                    if len(tried) == len(self.decode.peers):  # every pod is full: wait while they make room
+                        now = time.monotonic()
+                        room = room or RoomWait(self.busy_timeout, now, self.decode_progress)
+                        if room.goes_on(now, self.decode_progress):
+                            await asyncio.sleep(0.25)
+                            tried.clear()
+                            failures.clear()
                 except (aiohttp.ClientError, OSError, TimeoutError, PeerFailed) as e:
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
                     self.decode.failed(peer.url, str(e))
