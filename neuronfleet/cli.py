@@ -93,11 +93,12 @@ def _log_info() -> None:
 
 
 def _serve_until_stopped(server, args: ServeConfig) -> int:
-    """Serve (runtime.server.serve) until SIGTERM or SIGINT, then drain."""
+    """Serve (runtime.server.serve), logging at INFO, until SIGTERM or SIGINT, then drain."""
     import asyncio
 
     from neuronfleet.runtime.server import serve
 
+    _log_info()  # (a unified server set it up before loading its model: once is enough)
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
     return 0
 
@@ -321,7 +322,6 @@ def _serve_router(args: ServeConfig) -> int:
         local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    _log_info()
     name = args.served_model_name or Path(args.model).name
     server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
     return _serve_until_stopped(server, args)
@@ -337,7 +337,6 @@ def _serve_engine_router(args: ServeConfig) -> int:
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    _log_info()
     return _serve_until_stopped(router, args)
 
 
@@ -350,7 +349,6 @@ def _serve_front_door(args: ServeConfig) -> int:
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url,
     )  # fmt: skip
-    _log_info()
     return _serve_until_stopped(door, args)
 
 

@@ -197,7 +197,7 @@ class PeerWatch:
         self.running = True
         self._session: aiohttp.ClientSession | None = None
         self._refreshed_at = -1e9
-        self._loop: asyncio.Task | None = None
+        self._rounds: asyncio.Task | None = None
 
     def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:
         """`neuronfleet:router_peers_healthy`: the peers in rotation, by role."""
@@ -230,7 +230,7 @@ class PeerWatch:
     async def start(self) -> None:
         """A round now, then one every `interval` seconds on a task of this loop."""
         await self.refresh()
-        self._loop = asyncio.get_running_loop().create_task(self._refresh_forever())
+        self._rounds = asyncio.get_running_loop().create_task(self._refresh_forever())
 
     async def _refresh_forever(self) -> None:
         while self.running:
@@ -242,8 +242,8 @@ class PeerWatch:
 
     def stop(self) -> None:
         self.running = False
-        if self._loop is not None:
-            self._loop.cancel()
+        if self._rounds is not None:
+            self._rounds.cancel()
 
     async def close(self) -> None:
         """Stop the rounds and close the session."""

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from support import wait_until_async
+
 from neuronfleet.runtime.peers import PeerSet, PeerWatch
-
-
-async def wait_for(condition, what: str, limit: float = 60.0) -> None:
-    """Poll `condition` until it holds (a busy machine schedules the loop late, never early)."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 def test_start_probes_every_peer_of_every_set_now_and_again_after_a_failed_round():
@@ -35,8 +29,8 @@ def test_start_probes_every_peer_of_every_set_now_and_again_after_a_failed_round
         await watch.start()
         assert sorted(probed) == ["http://d1:8000", "http://d2:8000", "http://p1:8000"]
         # the second round raises; the loop goes on and a third round records every peer healthy
-        await wait_for(lambda: len(probed) >= 9, "a round after the failed one")
-        await wait_for(lambda: prefill.healthy == 1 and decode.healthy == 2, "every peer healthy")
+        await wait_until_async(lambda: len(probed) >= 9, "a round after the failed one")
+        await wait_until_async(lambda: prefill.healthy == 1 and decode.healthy == 2, "every peer healthy")
         await watch.close()
         assert not watch.running
         done = len(probed)
