@@ -9,8 +9,10 @@ One load generator (this script, aiohttp) sends the same chat requests, streamed
     `--interrupt_requests false` (otherwise it cancels a running request when the next one arrives).
 At each concurrency C (default 1, 8, 32, 64) C clients each send requests back to back until N requests are
 done. It reports, per server: TTFT p50/p99 (request sent to first content), inter-token latency p50/p99
-(gaps between streamed tokens, pooled), aggregate output tokens/s (all output tokens / wall time), the
-server's peak RSS (VmHWM, the largest over the rounds), and each of our configurations' ratios to llama.cpp.
+(gaps between streamed tokens, pooled), aggregate output tokens/s (all output tokens / wall time) and the
+same while every client was busy (until the first client ran out of requests: the run's drain, fewer and
+fewer clients left streaming, left out; see `LevelResult.steady_tokens_per_s`), the server's peak RSS
+(VmHWM, the largest over the rounds), and each of our configurations' ratios to llama.cpp.
 All of it runs --rounds times (3), each round in a rotated order of servers; the tables give medians over the
 rounds, and each ratio is taken within a round first (this shared machine's speed drifts by tens of percent
 over minutes, so a ratio of two numbers measured 20 minutes apart says little). Tokens are counted exactly:
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -48,17 +51,44 @@ PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 @dataclass
 class RequestResult:
-    ttft: float
-    gaps: list[float]
+    sent: float  # perf_counter() when the request went out
+    chunk_times: list[float]  # when each streamed content chunk arrived
     tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.chunk_times)]
+
+    def tokens_by(self, t: float) -> float:
+        """Output tokens streamed by time t (a chunk may carry several tokens: each counts tokens/chunks)."""
+        arrived = sum(1 for c in self.chunk_times if c <= t)
+        return self.tokens * arrived / len(self.chunk_times)
 
 
 @dataclass
 class LevelResult:
     server: str
     concurrency: int
-    wall: float
+    start: float = 0.0  # perf_counter() when the clients started
+    end: float = 0.0  # ... when the last request ended
+    steady_end: float | None = None  # ... when a client first found no request left to send
     requests: list[RequestResult] = field(default_factory=list)
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+    def steady_tokens_per_s(self) -> float:
+        """Output tokens/s while every client had a request to send: from the start until the first client
+        ran out of requests. After that the run drains (the clients still streaming finish one by one, fewer
+        and fewer at a time), which the whole run's tokens/s counts in: with two requests per client, that
+        tail is a large part of a batching server's run at 32 clients and none of a one-at-a-time server's."""
+        end = self.end if self.steady_end is None else self.steady_end
+        return sum(r.tokens_by(end) for r in self.requests) / (end - self.start)
 
     def summary(self) -> dict:
         ttft = sorted(r.ttft for r in self.requests)
@@ -71,6 +101,7 @@ class LevelResult:
             "output_tokens": tokens,
             "wall_s": self.wall,
             "tokens_per_s": tokens / self.wall,
+            "steady_tokens_per_s": self.steady_tokens_per_s(),
             "ttft_p50_ms": 1000 * percentile(ttft, 50),
             "ttft_p99_ms": 1000 * percentile(ttft, 99),
             "itl_p50_ms": 1000 * percentile(gaps, 50),
@@ -119,9 +150,8 @@ async def one_request(session, base: str, model: str, question: str, max_tokens:
     if ours:
         body["stream_options"] = {"include_usage": True}
     sent = time.perf_counter()
-    first = last = None
-    gaps: list[float] = []
-    chunks = usage_tokens = 0
+    chunk_times: list[float] = []
+    usage_tokens = 0
     async with session.post(base + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{base}: HTTP {resp.status}: {await resp.text()}")
@@ -135,33 +165,29 @@ async def one_request(session, base: str, model: str, question: str, max_tokens:
             choices = event.get("choices") or []
             if not choices or not choices[0].get("delta", {}).get("content"):
                 continue
-            now = time.perf_counter()
-            chunks += 1
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-    if first is None:
+            chunk_times.append(time.perf_counter())
+    if not chunk_times:
         raise RuntimeError(f"{base}: a request streamed no content")
-    return RequestResult(ttft=first - sent, gaps=gaps, tokens=usage_tokens if ours else chunks)
+    return RequestResult(sent, chunk_times, tokens=usage_tokens if ours else len(chunk_times))
 
 
 async def run_level(name: str, base: str, model: str, concurrency: int, total: int, max_tokens: int):
     questions = iter(range(total))
     timeout = aiohttp.ClientTimeout(total=3600)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    result = LevelResult(name, concurrency, 0.0)
+    result = LevelResult(name, concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def client():
             for i in questions:
                 q = QUESTIONS[i % len(QUESTIONS)]
                 result.requests.append(await one_request(session, base, model, q, max_tokens, name != PEER))
+            if result.steady_end is None:
+                result.steady_end = time.perf_counter()
 
-        start = time.perf_counter()
+        result.start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        result.wall = time.perf_counter() - start
+        result.end = time.perf_counter()
     return result
 
 
@@ -224,17 +250,19 @@ def start_server(name: str, args) -> tuple[str, str, subprocess.Popen]:
 
 
 def plot(summaries: list[dict], rss: dict[str, float], out: Path) -> Path:
-    """One PNG: tokens/s, TTFT p50, ITL p50 and ITL p99 against clients per server, and each peak RSS."""
+    """One PNG: tokens/s (the whole run's and while every client had a request), TTFT p50, ITL p50 and ITL p99
+    against clients per server, and each peak RSS."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 5, figsize=(24, 4.5))
+    fig, axes = plt.subplots(1, 6, figsize=(28, 4.5))
     servers = list(dict.fromkeys(s["server"] for s in summaries))
     for ax, (key, label) in zip(
         axes,
-        (("tokens_per_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
+        (("tokens_per_s", "output tokens/s (whole run)"),
+         ("steady_tokens_per_s", "output tokens/s (every client busy)"), ("ttft_p50_ms", "TTFT p50 (ms)"),
          ("itl_p50_ms", "inter-token latency p50 (ms)"), ("itl_p99_ms", "inter-token latency p99 (ms)")),
         strict=False,
     ):  # fmt: skip
@@ -243,14 +271,14 @@ def plot(summaries: list[dict], rss: dict[str, float], out: Path) -> Path:
             style = "--" if server == PEER else "-"
             ax.plot([r["concurrency"] for r in rows], [r[key] for r in rows], style, marker="o", label=server)
         ax.set_xscale("log", base=2)
-        if key != "tokens_per_s":
+        if not key.endswith("tokens_per_s"):
             ax.set_yscale("log")
         ax.set_xlabel("concurrent clients")
         ax.set_title(label)
         ax.grid(True, alpha=0.3)
     axes[0].legend()
-    axes[4].bar(list(rss), list(rss.values()), color=[f"C{i}" for i in range(len(rss))])
-    axes[4].set_title("peak RSS of the server (MiB)")
+    axes[5].bar(list(rss), list(rss.values()), color=[f"C{i}" for i in range(len(rss))])
+    axes[5].set_title("peak RSS of the server (MiB)")
     fig.suptitle(
         "SmolLM2-135M-Instruct on CPU, streamed chat, same GGUF: neuronfleet serve vs llama.cpp's server"
     )
@@ -281,7 +309,7 @@ async def run_server(name: str, args) -> tuple[list[dict], float]:
             summaries.append((await run_level(name, base, "smollm2", c, total, args.max_tokens)).summary())
             s = summaries[-1]
             print(
-                f"  {name:9s} C={c:<3d} {s['tokens_per_s']:7.1f} tok/s"
+                f"  {name:9s} C={c:<3d} {s['tokens_per_s']:7.1f} tok/s ({s['steady_tokens_per_s']:.1f} busy)"
                 f"  TTFT p50 {s['ttft_p50_ms']:7.1f} ms  ITL p50 {s['itl_p50_ms']:6.1f} ms"
                 f"  ({s['requests']} requests, {s['output_tokens']} tokens)",
                 flush=True,
@@ -297,7 +325,12 @@ async def run_server(name: str, args) -> tuple[list[dict], float]:
             proc.kill()
 
 
-RATIOS = {"tokens_per_s": "tokens_per_s", "ttft_p50": "ttft_p50_ms", "itl_p50": "itl_p50_ms"}
+RATIOS = {
+    "tokens_per_s": "tokens_per_s",
+    "steady_tokens_per_s": "steady_tokens_per_s",
+    "ttft_p50": "ttft_p50_ms",
+    "itl_p50": "itl_p50_ms",
+}
 
 
 def ratios_against_peer(rounds: list[list[dict]]) -> list[dict]:
@@ -362,11 +395,12 @@ def main() -> None:
     summaries = median_summaries(rounds)
     print()
     print(f"Medians over {args.rounds} round(s):")
-    print("| clients | server | tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| clients | server | tok/s | tok/s, every client busy | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
+    print("|---|---|---|---|---|---|---|---|")
     for s in sorted(summaries, key=lambda s: s["concurrency"]):
         print(
-            f"| {s['concurrency']} | {s['server']} | {s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.1f} ms"
+            f"| {s['concurrency']} | {s['server']} | {s['tokens_per_s']:.1f} | {s['steady_tokens_per_s']:.1f}"
+            f" | {s['ttft_p50_ms']:.1f} ms"
             f" | {s['ttft_p99_ms']:.1f} ms | {s['itl_p50_ms']:.1f} ms | {s['itl_p99_ms']:.1f} ms |"
         )
     print()
@@ -377,8 +411,9 @@ def main() -> None:
     ratios = ratios_against_peer(rounds)
     print()
     print(f"Ratios within a round, median [range] over {args.rounds} round(s):")
-    print(f"| clients | server | tok/s / {PEER} | TTFT p50 / {PEER} | ITL p50 / {PEER} |")
-    print("|---|---|---|---|---|")
+    columns = ("tok/s", "busy tok/s", "TTFT p50", "ITL p50")
+    print("| clients | server | " + " | ".join(f"{c} / {PEER}" for c in columns) + " |")
+    print("|---|---|---|---|---|---|")
     for r in ratios:
         cells = [f"{r[k]:.2f}x [{r[k + '_range'][0]:.2f}-{r[k + '_range'][1]:.2f}]" for k in RATIOS]
         print(f"| {r['concurrency']} | {r['server']} | " + " | ".join(cells) + " |")
