@@ -23,11 +23,11 @@ def default_length_buckets(max_len: int, smallest: int = 64, per_octave: int = 2
     With 2 per octave (64, 96, 128, 192, ...) padding wastes under a third; with 4 (16, 20, 24, 28, 32, 40,
     ...) under a fifth. The number of shapes (graphs to compile on Neuron) stays logarithmic in `max_len`.
     """
-    buckets, b = [], smallest
+    buckets, b = set(), smallest
     while b < max_len:
-        buckets += [n for n in (b + b * k // per_octave for k in range(per_octave)) if n < max_len]
+        buckets.update(n for n in (b + b * k // per_octave for k in range(per_octave)) if n < max_len)
         b *= 2
-    return [*buckets, max_len]
+    return [*sorted(buckets), max_len]  # (below per_octave the steps round to the same lengths)
 
 
 def pick_bucket(buckets: Sequence[int], n: int) -> int:
@@ -43,10 +43,12 @@ class RuntimeConfig:
     """How one engine serves: built once from the command line (or a test), validated, then handed down.
 
     Unset buckets (empty) are derived: prefill is compute-bound, so padding costs in proportion and its
-    buckets are fine (4 per octave from 16, up to `max_input_len`); decode reads the cache, coarser is fine (2
-    per octave from 64, up to `max_seq_len`). The largest decode bucket is `max_seq_len`; the largest prefill
-    bucket is the longest prompt accepted, `max_input_len` when it is set (0: `max_seq_len`, or the largest
-    prefill bucket given).
+    buckets are fine (4 per octave, up to `max_input_len`, from 16 on a compiling device and from 1 on CPU,
+    where a shape costs nothing to add: a prompt whose cache prefix is reused prefills a few tokens, and 16
+    rows for 1 made the step that admits it a third longer than a decode step at 32 streams); decode reads
+    the cache, coarser is fine (2 per octave from 64, up to `max_seq_len`). The largest decode bucket is
+    `max_seq_len`; the largest prefill bucket is the longest prompt accepted, `max_input_len` when it is set
+    (0: `max_seq_len`, or the largest prefill bucket given).
     """
 
     slots: int = 8
@@ -81,8 +83,9 @@ class RuntimeConfig:
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
+        smallest_prefill = 1 if self.device == "cpu" else 16
         prefill = self._buckets(
-            self.prefill_buckets, "prefill", 16, 4, self.max_input_len or self.max_seq_len
+            self.prefill_buckets, "prefill", smallest_prefill, 4, self.max_input_len or self.max_seq_len
         )
         decode = self._buckets(self.decode_buckets, "decode", 64, 2, self.max_seq_len)
         if decode[-1] != self.max_seq_len:

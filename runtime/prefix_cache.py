@@ -35,17 +35,24 @@ class PrefixCache:
 
     def plan(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
         """For a prefill group: per prompt, the slot whose cache holds its longest prefix and that prefix's
-        length (0: prefill it all). The prompt's own slot wins ties (no copy); slots this group writes into
-        are never another prompt's source."""
-        targets = set(slots)
-        sources = [s for s in range(len(self.held)) if s not in targets]
+        length (0: prefill it all). The prompt's own slot wins ties (no copy).
+
+        The runner makes the copies in the group's order, all before the pass writes anything, so a slot holds
+        what it held when a prompt's copy reads it unless an earlier prompt of the group copied into it: any
+        other slot is a source, the group's own targets included (32 chat prompts admitted together into
+        fresh slots all copy the system prompt from the one slot that holds it, where they were once refused
+        it because that slot was being written too)."""
+        copied_into: set[int] = set()
         plan = []
         for slot, ids in zip(slots, prompts, strict=True):
             best = (slot, self.reusable(slot, ids))
-            for other in sources:
-                n = self.reusable(other, ids)
-                if n > best[1]:
-                    best = (other, n)
+            for other in range(len(self.held)):
+                if other != slot and other not in copied_into:
+                    n = self.reusable(other, ids)
+                    if n > best[1]:
+                        best = (other, n)
+            if best[0] != slot:
+                copied_into.add(slot)
             plan.append(best)
         return plan
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from neuronfleet.runtime.config import RuntimeConfig, default_length_buckets
+from neuronfleet.runtime.config import RuntimeConfig, default_length_buckets, pick_bucket
 from neuronfleet.runtime.model_config import parse_model_config
 
 MODEL = parse_model_config(
@@ -30,16 +30,24 @@ def test_config_imports_no_torch():
 
 def test_unset_buckets_are_derived_from_max_seq_len():
     c = RuntimeConfig(slots=6, max_seq_len=256)
-    assert c.prefill_buckets == tuple(default_length_buckets(256, 16, 4))
+    assert c.prefill_buckets == tuple(default_length_buckets(256, 1, 4))  # on CPU
     assert c.decode_buckets == tuple(default_length_buckets(256, 64, 2)) == (64, 96, 128, 192, 256)
     assert c.max_prompt_len == 256
     assert c.batch_buckets == [1, 2, 4, 6]
     assert c.max_prefill_tokens == 2048  # the default budget, above the largest prompt bucket
 
 
+def test_cpu_prefills_pad_a_few_new_tokens_to_a_few_rows():
+    """On CPU a shape costs nothing, so a prompt whose cached prefix is reused prefills about its new tokens
+    (a compiling device keeps 16 as its smallest shape)."""
+    cpu = RuntimeConfig(slots=4, max_seq_len=512)
+    assert [pick_bucket(cpu.prefill_buckets, n) for n in (1, 3, 9, 13, 17)] == [1, 3, 10, 14, 20]
+    assert RuntimeConfig(slots=4, max_seq_len=512, device="neuron").prefill_buckets[0] == 16
+
+
 def test_max_input_len_bounds_the_prompt_and_the_derived_prefill_buckets():
     c = RuntimeConfig(max_seq_len=512, max_input_len=384)
-    assert c.prefill_buckets == tuple(default_length_buckets(384, 16, 4)) and c.prefill_buckets[-1] == 384
+    assert c.prefill_buckets == tuple(default_length_buckets(384, 1, 4)) and c.prefill_buckets[-1] == 384
     assert c.decode_buckets[-1] == 512
     assert c.max_prompt_len == 384
     assert RuntimeConfig(max_seq_len=512, max_input_len=384, prefill_buckets=[128, 384]).max_prompt_len == 384

@@ -353,8 +353,31 @@ def test_a_prefix_held_by_another_slot_is_copied_and_matches_transformers(tmp_pa
     assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
     out = runner.decode([1, 2], first, [len(a), len(b)])
     assert out == [reference_greedy(ref_model, a, 2)[1], reference_greedy(ref_model, b, 2)[1]]
-    # a slot that this group writes into is never another prompt's source: slot 0 is written by the first
-    assert runner.cache.plan([0, 1], [[9, 9, 9], [*base, 3]]) == [(0, 0), (1, len(shared))]
+    # a slot this group writes into is still a source: its copy is read before the pass writes it (slot 0
+    # holds base; a prompt of its own goes there, and the second prompt copies base from it first)
+    other, longer = [1, 9, 9, 9], [*base, 3]
+    assert runner.cache.plan([0, 1], [other, longer]) == [(0, 0), (0, len(base))]
+    for slot, ids in ((0, other), (1, longer)):
+        runner.start(slot, ids)
+    first = runner.prefill([0, 1], [other, longer])
+    assert first == [reference_greedy(ref_model, other, 1)[0], reference_greedy(ref_model, longer, 1)[0]]
+
+
+def test_a_slot_an_earlier_prompt_of_the_group_copied_into_is_no_source(tmp_path):
+    """Copies run in the group's order: after one lands in a slot, that slot no longer holds what it did."""
+    model_dir = make_tiny_llama(tmp_path, seed=13)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = make_slots(model_dir, slots=3, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    p0, p1 = [1, *range(20, 40)], [1, *range(60, 75)]  # what slots 0 and 1 hold
+    for slot, ids in ((0, p0), (1, p1)):
+        runner.start(slot, ids)
+    runner.prefill([0, 1], [p0, p1])
+    a, b = [*p0, 5], [*p1, 6]  # a goes into slot 1 (copying p0 from slot 0 over p1); b into slot 2
+    assert runner.cache.plan([1, 2], [a, b]) == [(0, len(p0)), (2, 0)]
+    for slot, ids in ((1, a), (2, b)):
+        runner.start(slot, ids)
+    first = runner.prefill([1, 2], [a, b])
+    assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
 
 
 def test_prefix_reuse_off_prefills_everything(tmp_path):
