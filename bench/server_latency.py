@@ -85,8 +85,9 @@ class LevelResult:
     def steady_tokens_per_s(self) -> float:
         """Output tokens/s while every client had a request to send: from the start until the first client
         ran out of requests. After that the run drains (the clients still streaming finish one by one, fewer
-        and fewer at a time), which the whole run's tokens/s counts in: with two requests per client, that
-        tail is a large part of a batching server's run at 32 clients and none of a one-at-a-time server's."""
+        and fewer at a time), which the whole run's tokens/s counts in, and which costs a batching server and
+        not a one-at-a-time one. Measured with SmolLM2 on a 2-core AVX2 CPU, two requests per client: within
+        a few percent of the whole run's at every level (the defaults at 32 clients: 156.3 against 156.0)."""
         end = self.end if self.steady_end is None else self.steady_end
         return sum(r.tokens_by(end) for r in self.requests) / (end - self.start)
 

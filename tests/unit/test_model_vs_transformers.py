@@ -38,6 +38,11 @@ def reference_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+def reference_first(model, prompts: list[list[int]]) -> list[int]:
+    """Each prompt's first greedy token from transformers."""
+    return [reference_greedy(model, ids, 1)[0] for ids in prompts]
+
+
 class Slots:
     """The runner as the engine drives it: each step reuses the prefixes the slots' caches hold (planned by
     the prefix cache, which then books what the step wrote)."""
@@ -57,6 +62,12 @@ class Slots:
 
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
         return self.step(slots, prompts, [], [], [])[0]
+
+    def admit(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        """Start each prompt's sampler in its slot and prefill them as one group: their first tokens."""
+        for slot, ids in zip(slots, prompts, strict=True):
+            self.start(slot, ids)
+        return self.prefill(slots, prompts)
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> list[int]:
         return self.step([], [], slots, tokens, positions)[1]
@@ -330,11 +341,8 @@ def test_prompts_reusing_a_slots_cached_prefix_match_transformers(tmp_path, arch
     assert our_greedy(runner, 0, follow, 8) == reference_greedy(ref_model, follow, 8)
     # one prefill group: slot 0 reuses (a prompt that is the held one plus more), slot 1 starts from scratch
     again, fresh = [*follow, 99, 98], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13]
-    for slot, ids in ((0, again), (1, fresh)):
-        runner.start(slot, ids)
     assert runner.cache.reusable(0, again) == len(follow)
-    got = runner.prefill([0, 1], [again, fresh])
-    assert got == [reference_greedy(ref_model, again, 1)[0], reference_greedy(ref_model, fresh, 1)[0]]
+    assert runner.admit([0, 1], [again, fresh]) == reference_first(ref_model, [again, fresh])
 
 
 def test_a_prefix_held_by_another_slot_is_copied_and_matches_transformers(tmp_path):
@@ -347,20 +355,15 @@ def test_a_prefix_held_by_another_slot_is_copied_and_matches_transformers(tmp_pa
     a, b = [*shared, 7, 8, 9], [*shared, 10, 11]
     # a goes into slot 1 and b into slot 2, in one group: both copy the shared 41 tokens from slot 0
     assert runner.cache.plan([1, 2], [a, b]) == [(0, len(shared)), (0, len(shared))]
-    for slot, ids in ((1, a), (2, b)):
-        runner.start(slot, ids)
-    first = runner.prefill([1, 2], [a, b])
-    assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
+    first = runner.admit([1, 2], [a, b])
+    assert first == reference_first(ref_model, [a, b])
     out = runner.decode([1, 2], first, [len(a), len(b)])
     assert out == [reference_greedy(ref_model, a, 2)[1], reference_greedy(ref_model, b, 2)[1]]
     # a slot this group writes into is still a source: its copy is read before the pass writes it (slot 0
     # holds base; a prompt of its own goes there, and the second prompt copies base from it first)
     other, longer = [1, 9, 9, 9], [*base, 3]
     assert runner.cache.plan([0, 1], [other, longer]) == [(0, 0), (0, len(base))]
-    for slot, ids in ((0, other), (1, longer)):
-        runner.start(slot, ids)
-    first = runner.prefill([0, 1], [other, longer])
-    assert first == [reference_greedy(ref_model, other, 1)[0], reference_greedy(ref_model, longer, 1)[0]]
+    assert runner.admit([0, 1], [other, longer]) == reference_first(ref_model, [other, longer])
 
 
 def test_a_slot_an_earlier_prompt_of_the_group_copied_into_is_no_source(tmp_path):
@@ -369,15 +372,10 @@ def test_a_slot_an_earlier_prompt_of_the_group_copied_into_is_no_source(tmp_path
     ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     runner = make_slots(model_dir, slots=3, max_seq_len=128, prefill_buckets=[8, 16, 48])
     p0, p1 = [1, *range(20, 40)], [1, *range(60, 75)]  # what slots 0 and 1 hold
-    for slot, ids in ((0, p0), (1, p1)):
-        runner.start(slot, ids)
-    runner.prefill([0, 1], [p0, p1])
+    runner.admit([0, 1], [p0, p1])
     a, b = [*p0, 5], [*p1, 6]  # a goes into slot 1 (copying p0 from slot 0 over p1); b into slot 2
     assert runner.cache.plan([1, 2], [a, b]) == [(0, len(p0)), (2, 0)]
-    for slot, ids in ((1, a), (2, b)):
-        runner.start(slot, ids)
-    first = runner.prefill([1, 2], [a, b])
-    assert first == [reference_greedy(ref_model, a, 1)[0], reference_greedy(ref_model, b, 1)[0]]
+    assert runner.admit([1, 2], [a, b]) == reference_first(ref_model, [a, b])
 
 
 def test_prefix_reuse_off_prefills_everything(tmp_path):
