@@ -3,7 +3,8 @@
 It loads the model (`llama.LlamaModel`: weights and the static KV cache) for a `RuntimeConfig`, and runs what
 the engine planned: one pass that prefills a group of prompts, padded to a length bucket, into their slots
 (after copying the cached prefixes they reuse from other slots) and decodes one token for the slots
-`0..batch-1` (a batch bucket) over a length bucket of the cache; then samples the next tokens (`sampler`). It
+`0..batch-1` (a batch bucket) over a length bucket of the cache, a prompt with one token left to prefill
+counting as a decode row; then samples the next tokens (`sampler`). It
 also moves running requests between slots and exports or imports a slot's keys and values (a KV handoff).
 Which slot holds which tokens is the scheduler's bookkeeping (`prefix_cache`), not the runner's.
 """
@@ -69,16 +70,45 @@ class ModelRunner:
 
         `prefixes` (per prompt: the slot whose cache holds its first tokens and how many; default none) says
         what each prompt reuses: it prefills only the rest, after those positions are copied from that slot
-        when it is another one. Returns the prompts' first new tokens and the decode slots' next tokens.
+        when it is another one (a rest of one token is decoded). Returns the prompts' first new tokens and the
+        decode slots' next tokens.
         """
+        prefixes = prefixes or [(slot, 0) for slot in prefill_slots]
+        for slot, (source, n) in zip(prefill_slots, prefixes, strict=True):
+            if source != slot and n:
+                self.copy_prefix(source, slot, n)
+        # A prompt whose every token but the last is now in its slot's cache is one decode row: its last token
+        # at its position, as a running request's next one (the same arithmetic as prefilling one token after
+        # a prefix). A step that admits only such prompts is then a decode-only pass, replayed from the
+        # recorded graph on CPU, and none pays for a prefill pass's own ops and padded rows.
+        one_left = [
+            i for i, (ids, (_, n)) in enumerate(zip(prompts, prefixes, strict=True)) if len(ids) - n == 1
+        ]
+        if not one_left:
+            return self._pass(
+                prefill_slots, prompts, [n for _, n in prefixes], decode_slots, tokens, positions
+            )
+        rest = [i for i in range(len(prompts)) if i not in set(one_left)]
+        first_rest, next_tokens = self._pass(
+            [prefill_slots[i] for i in rest], [prompts[i] for i in rest], [prefixes[i][1] for i in rest],
+            [*decode_slots, *(prefill_slots[i] for i in one_left)],
+            [*tokens, *(prompts[i][-1] for i in one_left)],
+            [*positions, *(len(prompts[i]) - 1 for i in one_left)],
+        )  # fmt: skip
+        first = dict(zip(rest, first_rest, strict=True)) | dict(
+            zip(one_left, next_tokens[len(decode_slots) :], strict=True)
+        )
+        return [first[i] for i in range(len(prompts))], next_tokens[: len(decode_slots)]
+
+    def _pass(
+        self, prefill_slots: Sequence[int], prompts: Sequence[Sequence[int]], starts: Sequence[int],
+        decode_slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+    ) -> tuple[list[int], list[int]]:  # fmt: skip
+        """One pass: prompts prefilled from position `starts` (what their slots hold before it) into their
+        slots, one token decoded for each decode slot; the sampled tokens of both."""
         c, model = self.config, self.model
         prefill = decode = None
         if prompts:
-            prefixes = prefixes or [(slot, 0) for slot in prefill_slots]
-            starts = [n for _, n in prefixes]
-            for slot, (source, n) in zip(prefill_slots, prefixes, strict=True):
-                if source != slot and n:
-                    self.copy_prefix(source, slot, n)
             bucket = pick_bucket(
                 c.prefill_buckets, max(len(p) - a for p, a in zip(prompts, starts, strict=True))
             )

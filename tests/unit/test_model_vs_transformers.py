@@ -378,6 +378,41 @@ def test_a_slot_an_earlier_prompt_of_the_group_copied_into_is_no_source(tmp_path
     assert runner.admit([1, 2], [a, b]) == reference_first(ref_model, [a, b])
 
 
+@pytest.mark.parametrize("architecture", ["llama", "mistral"])
+def test_prompts_with_one_token_left_decode_it_and_match_transformers(tmp_path, architecture):
+    """A prompt whose every token but the last is cached (in its own slot, or copied from another) runs that
+    token as a decode row, beside running requests and a prompt prefilled in the same step: every first
+    token is transformers', each slot's keys and values are those a whole prefill writes, and all continue
+    as transformers do. So does a one-token prompt, which has nothing cached."""
+    extra = {"sliding_window": 12} if architecture == "mistral" else {}
+    model_dir = make_tiny_llama(tmp_path, seed=17, architecture=architecture, **extra)
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    settings = dict(slots=6, max_seq_len=128, prefill_buckets=[8, 16, 48])
+    runner = make_slots(model_dir, **settings)
+    held = [1, *range(100, 130)]  # 31 tokens, slot 0's after its first request
+    running = [1, 7, 7, 8, 9]
+    runner.admit([0, 5], [held, running])
+    again = [*held, 200]  # slot 0 holds all of it but its last token
+    elsewhere = [*held, 201]  # into slot 1, its prefix copied from slot 0 first
+    fresh = [1, 44, 45, 46, 47, 48]  # nothing cached: a prefill
+    one = [3]  # one token, nothing cached
+    slots, prompts = [1, 0, 2, 3], [elsewhere, again, fresh, one]
+    assert runner.cache.plan(slots, prompts) == [(0, len(held)), (0, len(held)), (2, 0), (3, 0)]
+    for slot, ids in zip(slots, prompts, strict=True):
+        runner.start(slot, ids)
+    second = reference_greedy(ref_model, running, 2)  # slot 5 decodes its second token in the same step
+    first, (decoded,) = runner.step(slots, prompts, [5], [second[0]], [len(running)])
+    assert first == reference_first(ref_model, prompts)
+    assert decoded == second[1]
+    whole = make_slots(model_dir, **settings)  # the same prompts prefilled whole, prompt i into slot i
+    whole.admit(list(range(len(prompts))), prompts)
+    for i, (slot, ids) in enumerate(zip(slots, prompts, strict=True)):
+        ours, reference = runner.runner.export_kv(slot, len(ids)), whole.runner.export_kv(i, len(ids))
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+    out = runner.decode(slots, first, [len(ids) for ids in prompts])
+    assert out == [reference_greedy(ref_model, ids, 2)[1] for ids in prompts]
+
+
 def test_prefix_reuse_off_prefills_everything(tmp_path):
     model_dir = make_tiny_llama(tmp_path, seed=7)
     runner = make_slots(model_dir, slots=1, max_seq_len=64, prefill_buckets=[16, 32], prefix_reuse=False)
