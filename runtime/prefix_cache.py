@@ -14,6 +14,14 @@ from collections.abc import Sequence
 MIN_PREFIX_REUSE = 8  # tokens: a shorter common prefix is prefilled again
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token sequences share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
 class PrefixCache:
     """Per slot, the tokens at cache positions 0, 1, ..."""
 
@@ -27,10 +35,7 @@ class PrefixCache:
         shorter than MIN_PREFIX_REUSE (not worth a scattered prefill)."""
         if not self.enabled:
             return 0
-        held = self.held[slot]
-        n, limit = 0, min(len(held), len(prompt_ids) - 1)
-        while n < limit and held[n] == prompt_ids[n]:
-            n += 1
+        n = min(common_prefix(self.held[slot], prompt_ids), len(prompt_ids) - 1)
         return n if n >= MIN_PREFIX_REUSE else 0
 
     def plan(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:

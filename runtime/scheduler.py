@@ -4,7 +4,8 @@ A fixed number of slots (Neuron compiles a static batch) hold running sequences.
 admits waiting requests into the lowest free slots (so active slots stay packed at the front and the decode
 batch bucket stays small), grouped into one prefill padded to a length bucket under a token budget, and
 decodes every running sequence that already has its first token. It also owns which tokens each slot's cache
-holds (`prefix_cache`), so it sends a prompt to the free slot that holds most of it.
+holds (`prefix_cache`), so it sends a prompt to the free slot that holds most of it, and holds back a prompt
+that shares a prefix no cache holds with one of the group: a step later it copies what that one computed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from .backend import FinishReason
 from .config import RuntimeConfig, pick_bucket
 from .errors import QueueFull, queue_full_message
-from .prefix_cache import PrefixCache
+from .prefix_cache import MIN_PREFIX_REUSE, PrefixCache, common_prefix
 from .sampling_params import SamplingParams
 
 
@@ -97,12 +98,15 @@ class Scheduler:
         """Admit waiting sequences into free slots (one padded prefill group) and list the decode rows.
 
         A request goes to the free slot whose cache holds the most of its prompt (prefix reuse), else to the
-        lowest free slot."""
+        lowest free slot. Admission stops, in arrival order, at a prompt that would compute a prefix a prompt
+        of the group computes (`_computed_twice`)."""
         decode = [s for s in self.running.values() if s.output_ids and not s.finished]
         prefill: list[Sequence] = []
         longest = 0
         while self.waiting and self._free:
             seq = self.waiting[0]
+            if self._computed_twice(seq.prompt_ids, prefill):
+                break  # it waits a step and copies that prefix from the slot this step writes it into
             bucket = pick_bucket(self.prefill_buckets, max(longest, len(seq.prompt_ids)))
             if prefill and bucket * (len(prefill) + 1) > self.max_prefill_tokens:
                 break
@@ -112,6 +116,20 @@ class Scheduler:
             prefill.append(seq)
             longest = max(longest, len(seq.prompt_ids))
         return StepPlan(prefill=prefill, decode=decode)
+
+    def _computed_twice(self, prompt_ids: list[int], group: list[Sequence]) -> bool:
+        """Whether admitting the prompt into this group would compute a prefix twice: it starts like a prompt
+        of the group by MIN_PREFIX_REUSE tokens or more beyond what any slot's cache holds of it (a burst of
+        chat requests to a fresh engine, all with one system prompt). Admitted a step later, it copies that
+        prefix from the slot the group's prompt went into. Never without prefix reuse (nothing is copied)."""
+        if not (group and self.prefixes.enabled):
+            return False
+        shared = max(common_prefix(prompt_ids, s.prompt_ids) for s in group)
+        shared = min(shared, len(prompt_ids) - 1)  # the last token is always computed
+        if shared < MIN_PREFIX_REUSE:
+            return False
+        cached = max(self.prefixes.reusable(slot, prompt_ids) for slot in range(self.num_slots))
+        return shared - cached >= MIN_PREFIX_REUSE
 
     def compact(self) -> list[tuple[int, int, Sequence]]:
         """Move running sequences out of slots above the smallest batch bucket that holds them all, into free

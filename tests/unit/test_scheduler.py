@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 
 import pytest
 
 from neuronfleet.runtime.backend import FinishReason, Limits, check_fits
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.errors import InvalidRequest, QueueFull
+from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE
 from neuronfleet.runtime.sampling_params import SamplingParams
 from neuronfleet.runtime.scheduler import Scheduler, Sequence
 
 
 def seq(rid: str, prompt_len: int, max_tokens: int = 8) -> Sequence:
-    return Sequence(
-        request_id=rid, prompt_ids=[1] * prompt_len, params=SamplingParams(), max_tokens=max_tokens
-    )
+    """A request whose prompt shares no prefix with another's (its first token is its own)."""
+    first = zlib.crc32(rid.encode()) % 30000 + 2
+    prompt_ids = [first, *[1] * (prompt_len - 1)]
+    return Sequence(request_id=rid, prompt_ids=prompt_ids, params=SamplingParams(), max_tokens=max_tokens)
+
+
+def chat(rid: str, system: list[int], question: list[int]) -> Sequence:
+    return Sequence(request_id=rid, prompt_ids=[*system, *question], params=SamplingParams(), max_tokens=8)
 
 
 def scheduler(slots: int, max_seq_len: int, prefill_buckets: list[int], **kw) -> Scheduler:
@@ -137,10 +144,55 @@ def test_compaction_moves_running_sequences_below_the_batch_bucket_that_holds_th
     s.schedule()
     for i in (0, 1, 3, 4, 5):  # three left, in slots 2, 6 and 7: bucket 4 holds them
         s.finish(seqs[i], FinishReason.STOP)
-    s.prefixes.holds(7, [1, 1, 1, 1, 5])  # r7's prompt, and a position beyond it
+    s.prefixes.holds(7, [*seqs[7].prompt_ids, 5])  # r7's prompt, and a position beyond it
     moves = s.compact()
     assert [(src, dst, x.request_id) for src, dst, x in moves] == [(7, 0, "r7"), (6, 1, "r6")]
     assert sorted(s.running) == [0, 1, 2] and seqs[7].slot == 0 and seqs[6].slot == 1
-    assert s.prefixes.held[0] == [1, 1, 1, 1]  # the destination holds what the source held of r7
+    assert s.prefixes.held[0] == seqs[7].prompt_ids  # the destination holds what the source held of r7
     assert s.compact() == []  # nothing left to move
     assert s.num_free_slots == 5
+
+
+SYSTEM = list(range(100, 124))  # a chat template's system prompt: 24 tokens
+
+
+def test_a_prompt_sharing_an_uncached_prefix_with_the_group_waits_a_step_and_copies_it():
+    """A burst of chat requests to a fresh engine: the first computes the system prompt, the others wait one
+    step and then copy it from its slot, instead of each computing it again."""
+    s = scheduler(8, 128, [16, 32, 64])
+    a, b, c = (chat(r, SYSTEM, [r.encode()[0], 7, 8]) for r in "abc")
+    other = seq("other", 20)  # arrived after them: admission keeps arrival order
+    for x in (a, b, c, other):
+        s.add(x)
+    first = s.schedule()
+    assert [x.request_id for x in first.prefill] == ["a"]
+    assert s.prefixes.plan([a.slot], [a.prompt_ids]) == [(a.slot, 0)]  # nothing cached: a computes it all
+    s.prefixes.holds(a.slot, a.prompt_ids)  # what the step wrote (the engine books it)
+    a.output_ids.append(5)
+    second = s.schedule()
+    assert [x.request_id for x in second.prefill] == ["b", "c", "other"]
+    assert second.decode == [a]
+    plan = s.prefixes.plan([x.slot for x in second.prefill], [x.prompt_ids for x in second.prefill])
+    assert plan[:2] == [(a.slot, len(SYSTEM)), (a.slot, len(SYSTEM))] and plan[2][1] == 0
+
+
+def test_prompts_whose_shared_prefix_a_slot_holds_or_is_short_are_admitted_together():
+    # a slot holds the system prompt already (an earlier request's): each copies it, none waits
+    s = scheduler(8, 128, [16, 32, 64])
+    s.prefixes.holds(7, [*SYSTEM, 1, 2, 3])
+    burst = [chat(r, SYSTEM, [r.encode()[0], 7, 8]) for r in "abc"]
+    for x in burst:
+        s.add(x)
+    assert s.schedule().prefill == burst
+    # a common prefix shorter than worth copying (MIN_PREFIX_REUSE): none waits
+    s = scheduler(8, 128, [16, 32, 64])
+    short = [chat(r, SYSTEM[: MIN_PREFIX_REUSE - 1], [r.encode()[0], 7, 8]) for r in "abc"]
+    for x in short:
+        s.add(x)
+    assert s.schedule().prefill == short
+    # without prefix reuse nothing would be copied: none waits
+    s = scheduler(8, 128, [16, 32, 64], prefix_reuse=False)
+    burst = [chat(r, SYSTEM, [r.encode()[0], 7, 8]) for r in "abc"]
+    for x in burst:
+        s.add(x)
+    assert s.schedule().prefill == burst
