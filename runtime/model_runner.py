@@ -81,14 +81,13 @@ class ModelRunner:
         # at its position, as a running request's next one (the same arithmetic as prefilling one token after
         # a prefix). A step that admits only such prompts is then a decode-only pass, replayed from the
         # recorded graph on CPU, and none pays for a prefill pass's own ops and padded rows.
-        one_left = [
-            i for i, (ids, (_, n)) in enumerate(zip(prompts, prefixes, strict=True)) if len(ids) - n == 1
-        ]
+        left = [len(ids) - n for ids, (_, n) in zip(prompts, prefixes, strict=True)]
+        one_left = [i for i, k in enumerate(left) if k == 1]
         if not one_left:
             return self._pass(
                 prefill_slots, prompts, [n for _, n in prefixes], decode_slots, tokens, positions
             )
-        rest = [i for i in range(len(prompts)) if i not in set(one_left)]
+        rest = [i for i, k in enumerate(left) if k != 1]
         first_rest, next_tokens = self._pass(
             [prefill_slots[i] for i in rest], [prompts[i] for i in rest], [prefixes[i][1] for i in rest],
             [*decode_slots, *(prefill_slots[i] for i in one_left)],
