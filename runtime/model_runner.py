@@ -83,10 +83,6 @@ class ModelRunner:
         # recorded graph on CPU, and none pays for a prefill pass's own ops and padded rows.
         left = [len(ids) - n for ids, (_, n) in zip(prompts, prefixes, strict=True)]
         one_left = [i for i, k in enumerate(left) if k == 1]
-        if not one_left:
-            return self._pass(
-                prefill_slots, prompts, [n for _, n in prefixes], decode_slots, tokens, positions
-            )
         rest = [i for i, k in enumerate(left) if k != 1]
         first_rest, next_tokens = self._pass(
             [prefill_slots[i] for i in rest], [prompts[i] for i in rest], [prefixes[i][1] for i in rest],
