@@ -2,21 +2,24 @@
 or SGLang prefill and decode servers sends each of them, and what it makes of their answers. The HTTP side
 (peers, probes, retries, streaming) is `runtime/pd_proxy.py`.
 
-vLLM 0.11.0, NixlConnector (prefill pods `kv_role: kv_producer`, decode pods `kv_consumer`), as vLLM's own P/D
-proxy does it: vllm-project/vllm@v0.11.0:tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, the proxy
-that https://docs.vllm.ai/en/v0.11.0/features/nixl_connector_usage.html starts, and the one the Neuron
-disaggregated-inference tutorial drives vllm-neuron with
-(https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.html,
-"proxy server: dispatch (max_tokens=1), then dispatch with kv_transfer_params"):
+vLLM with the vLLM Neuron plugin of Neuron SDK 2.32.0 (vLLM 0.24.0, NixlConnector or NeuronNixlConnector:
+prefill pods `kv_role: kv_producer`, decode pods `kv_consumer`), in the read mode the plugin documents
+(aws-neuron/aws-neuron-sdk@v2.32.0:vllm-neuron/docs/design/vllm/disaggregated-inference.md, "Request Flow
+(read mode)"; tutorials/tutorial-di-1p1d-xpyd.md runs the plugin's example proxy,
+examples/vllm_neuron/vllm/disaggregated_inference/toy_proxy_server.py, read in a copy of the plugin's
+repository, and vLLM's own tests/v1/kv_connector/nixl_integration/toy_proxy_server.py it follows):
 
 1. to a prefill server, the client's body with `kv_transfer_params` = {do_remote_decode: true,
    do_remote_prefill: false, remote_engine_id, remote_block_ids, remote_host, remote_port: null},
    `stream: false`, `max_tokens: 1` (and `max_completion_tokens: 1` where the client gave it), without
-   `stream_options`, `min_tokens` and `min_completion_tokens` (one token is all a prefill makes); header
-   `X-Request-Id`: the request's id;
+   `stream_options`, `min_tokens` and `min_completion_tokens` (one token is all a prefill makes; the plugin
+   discards it); header `X-Request-Id`: the request's id;
 2. to a decode server, the client's body with the `kv_transfer_params` of the prefill server's answer (its
-   engine, the KV blocks, the host and port the decode server reads them from over NIXL), the same
-   `X-Request-Id`. Its answer, streamed or not, is the client's.
+   engine, the KV blocks, the host and port the decode server reads them from over NIXL), `remote_host` set
+   to the address the router reached the prefill server at, as the plugin's example proxy does (a prefill
+   server advertises its VLLM_NIXL_SIDE_CHANNEL_HOST there, which the tutorial sets to 0.0.0.0), and the same
+   `X-Request-Id`. The decode server generates every token, the first included; its answer, streamed or not,
+   is the client's.
 
 One deliberate difference: the toy proxy sends the decode request without `kv_transfer_params` when the
 prefill server answered none, and the decode server then prefills the prompt itself: a silently degraded
@@ -103,9 +106,11 @@ def vllm_kv_params(prefill_answer: Any) -> dict[str, Any]:
     return params
 
 
-def vllm_decode_body(body: dict[str, Any], kv_params: dict[str, Any]) -> dict[str, Any]:
-    """The decode server's request: the client's, naming the KV cache the prefill server holds."""
-    return {**body, "kv_transfer_params": kv_params}
+def vllm_decode_body(body: dict[str, Any], kv_params: dict[str, Any], prefill_url: str) -> dict[str, Any]:
+    """The decode server's request: the client's, naming the KV cache the prefill server holds, at the host
+    the router reached that server at (`prefill_url`)."""
+    host = urlsplit(prefill_url).hostname
+    return {**body, "kv_transfer_params": {**kv_params, **({"remote_host": host} if host else {})}}
 
 
 # ---- SGLang ----------------------------------------------------------------------------------------------

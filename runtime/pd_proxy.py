@@ -289,11 +289,12 @@ class EngineRouter:
                 raise NoPod(pd.no_pod_message("decode", failures, self.decode.specs))
             rid = f"nf-{uuid.uuid4().hex}"  # one per exchange: the prefill's KV cache is kept under it
             headers = {pd.REQUEST_ID_HEADER: rid}
-            kv = await self._vllm_prefill(path, body, headers)
+            kv, prefill_url = await self._vllm_prefill(path, body, headers)
             if attempt:
                 self._retried("decode")
             try:
-                response = await self._post(self.decode, decode, path, pd.vllm_decode_body(body, kv), headers,
+                decode_body = pd.vllm_decode_body(body, kv, prefill_url)
+                response = await self._post(self.decode, decode, path, decode_body, headers,
                                             self.peer_timeout if pd.streams(body) else None)  # fmt: skip
                 return await self._answer(request, decode, response)
             except PeerFailed as e:
@@ -301,9 +302,9 @@ class EngineRouter:
                 log.warning("request %s: decode server failed (%s); starting over on another one", rid, e)
         raise AssertionError("unreachable")
 
-    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> dict:
-        """The prefill server's `kv_transfer_params`, from the first prefill server that gives them; NoPod
-        when none does."""
+    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> tuple[dict, str]:
+        """The prefill server's `kv_transfer_params` and URL, from the first prefill server that gives them;
+        NoPod when none does."""
         tried: set[str] = set()
         failures: list[str] = []
         while (peer := self._pick(self.prefill, tried)) is not None:
@@ -315,7 +316,7 @@ class EngineRouter:
                     self.prefill, peer, path, prefill_body, headers, self.peer_timeout
                 )
                 try:
-                    return pd.vllm_kv_params(await response.json(content_type=None))
+                    return pd.vllm_kv_params(await response.json(content_type=None)), peer.url
                 except (ValueError, *PEER_FAILURES) as e:  # not JSON, no kv_transfer_params, a broken read
                     self.prefill.failed(peer.url, str(e))
                     raise PeerFailed(f"{peer.url}: {e}") from None

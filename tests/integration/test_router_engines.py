@@ -297,6 +297,25 @@ def test_a_vllm_prefill_answer_without_kv_params_is_a_failed_prefill_never_a_dec
     assert len([r for n in ("decode-a", "decode-b") for r in fleet.requests(n)]) == 3  # none decode-only
 
 
+def test_vllm_decode_reads_the_kv_cache_at_the_prefill_servers_address_not_the_one_it_advertises(fleet_of):
+    """The plugin's DI tutorial sets VLLM_NIXL_SIDE_CHANNEL_HOST to 0.0.0.0, which its prefill servers then
+    advertise as remote_host; its example proxy names the prefill server's own address instead. Here the
+    prefill stand-ins advertise 127.0.0.9, where nothing listens: decode reads the blocks only at the
+    address the router reached the prefill at."""
+    fleet = fleet_of(
+        "vllm", prefill_a=["--advertise-host", "127.0.0.9"], prefill_b=["--advertise-host", "127.0.0.9"]
+    )
+    for stream in (False, True):
+        before = counts(fleet)
+        _, text = ask(fleet, chat=True, stream=stream)
+        pname, prefill = one_of(fleet, ("prefill-a", "prefill-b"), before)
+        _, decode = one_of(fleet, ("decode-a", "decode-b"), before)
+        assert prefill["answer"]["json"]["kv_transfer_params"]["remote_host"] == "127.0.0.9"
+        assert decode["body"]["kv_transfer_params"]["remote_host"] == host_of(fleet.urls[pname])
+        assert decode["answer"]["status"] == 200 and "prefilled_here" not in decode
+        assert text.startswith("decode-")
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_decode_server_that_dies_mid_stream_ends_the_stream_with_an_error(fleet_of, engine):
     from openai import APIError

@@ -4,8 +4,8 @@ runtime/pd_protocols.py's docstring), so that tests can drive neuronfleet's rout
 request it sends. They generate no real text: an answer's tokens are `<name>-0 <name>-1 ...`.
 
     python tests/standins/engines.py --engine vllm|sglang --role prefill|decode --host H --port P --name N
-        --record FILE [--side-port S] [--bootstrap-port B] [--model M] [--max-model-len L]
-        [--no-kv-params] [--die-mid-stream]
+        --record FILE [--side-port S] [--bootstrap-port B] [--advertise-host A] [--model M]
+        [--max-model-len L] [--no-kv-params] [--die-mid-stream]
 
 Every request is appended to FILE (one JSON object a line) before it is answered: the server's name, the path,
 the X-Request-Id header, the body, and the answer (its status and JSON body, or the text it streamed).
@@ -154,7 +154,7 @@ class StandIn:
         blocks = tuple(secrets.randbelow(1 << 20) for _ in range(3))
         self.blocks[blocks] = str(request_id)
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
-                "remote_block_ids": list(blocks), "remote_host": self.args.host,
+                "remote_block_ids": list(blocks), "remote_host": self.args.advertise_host or self.args.host,
                 "remote_port": self.args.side_port, "tp_size": 1}  # fmt: skip
 
     async def give_blocks(self, request: web.Request) -> web.Response:
@@ -236,6 +236,11 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--side-port", type=int, default=0, help="vLLM prefill: the side channel's port")
     parser.add_argument("--bootstrap-port", type=int, default=0, help="SGLang prefill: the bootstrap port")
+    parser.add_argument(
+        "--advertise-host",
+        default="",
+        help="vLLM prefill: the remote_host its answers name (VLLM_NIXL_SIDE_CHANNEL_HOST; default --host)",
+    )
     parser.add_argument("--name", required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--model", default="m")

@@ -53,7 +53,12 @@ def test_the_vllm_prefill_request_asks_one_unstreamed_token_and_a_kept_kv_cache(
 
 
 def test_the_vllm_decode_request_is_the_clients_with_the_prefill_answers_kv_params():
-    assert pd.vllm_decode_body(CHAT, KV) == {**CHAT, "kv_transfer_params": KV}
+    """At the prefill server's address as the router reached it: the plugin's example proxy does so, since a
+    prefill server advertises its VLLM_NIXL_SIDE_CHANNEL_HOST (0.0.0.0 in the plugin's tutorial)."""
+    advertised = {**KV, "remote_host": "0.0.0.0"}
+    sent = pd.vllm_decode_body(CHAT, advertised, "http://10.1.2.3:8000")
+    assert sent == {**CHAT, "kv_transfer_params": {**KV, "remote_host": "10.1.2.3"}}
+    assert advertised["remote_host"] == "0.0.0.0"  # the answer is left as it was
 
 
 @pytest.mark.parametrize("answer", [{}, {"kv_transfer_params": None}, {"kv_transfer_params": {}}, [], "x"])
