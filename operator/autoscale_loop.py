@@ -302,7 +302,10 @@ class AutoscaleLoop:
         ready = [p for p in mine if pod_state(p) == "ready" and p["metadata"]["name"] in where]
         doors = [p for p in doors if p["metadata"]["name"] in where]
         loads = await asyncio.gather(
-            *(self._scrape(ns, p["metadata"]["name"], where, policy) for p in ready + doors)
+            *(
+                self._scrape(ns, p["metadata"]["name"], where, policy, policy.metrics.get(role_of(p)))
+                for p in ready + doors
+            )
         )
         by_name = {p["metadata"]["name"]: r for p, r in zip(ready + doors, loads, strict=True)}
         held = sum(
@@ -332,9 +335,11 @@ class AutoscaleLoop:
         return out, held
 
     async def _scrape(
-        self, ns: str, pod: str, where: dict[str, str], policy: autoscaler.Policy
-    ) -> tuple[float | None, pod_metrics.PodLoad | None]:
-        """(when, load) of one pod's /metrics; its last good scrape's time and load when this one fails."""
+        self, ns: str, pod: str, where: dict[str, str], policy: autoscaler.Policy,
+        names: pod_metrics.Names | None,
+    ) -> tuple[float | None, pod_metrics.PodLoad | None]:  # fmt: skip
+        """(when, load) of one pod's /metrics, read with its engine's metric `names` (None: ours); its last
+        good scrape's time and load when this one fails."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT))
         before = self._scrapes.get((ns, pod))
@@ -342,7 +347,7 @@ class AutoscaleLoop:
             async with self._limit, self._session.get(f"http://{where[pod]}/metrics") as response:
                 response.raise_for_status()
                 text = await response.text()
-            scrape = pod_metrics.read(text)
+            scrape = pod_metrics.read(text, names=names or pod_metrics.NEURONFLEET)
         except (aiohttp.ClientError, TimeoutError, OSError, pod_metrics.MetricsError) as e:
             log.info("reading /metrics of pod %s/%s failed: %r (its metrics go stale)", ns, pod, e)
             metrics.AUTOSCALER_SCRAPES.labels("failed").inc()

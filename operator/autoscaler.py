@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .pod_metrics import PodLoad
+from .pod_metrics import Names, PodLoad
 
 Signal = Literal["queue", "occupancy", "kv", "ttft", "itl"]
 SIGNALS = ("queue", "occupancy", "kv", "ttft", "itl")
@@ -79,6 +79,7 @@ class Policy:
     cold_start: float = 0.0  # measured seconds from scale-up to serving; the lead of the extrapolation
     slots: int = 1  # per pod, to turn held requests into occupancy
     dry_run: bool = False
+    metrics: Mapping[str, Names] = field(default_factory=dict)  # per role, its pods' metric names (ours)
 
     def __post_init__(self) -> None:
         roles = set(self.roles)

@@ -37,7 +37,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from . import engines, front_door, gateway, names, pod_parts, scaling, topology
+from . import engines, front_door, gateway, names, parallelism, pod_parts, scaling, topology
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -51,6 +51,9 @@ COMPILE_JOB_TTL = 3600  # seconds a finished compile Job stays (ttlSecondsAfterF
 # and the grace period counts it. The `sleep` action is beta and on by default from Kubernetes 1.30, GA in
 # 1.34 (KEP-3960); this project supports 1.31 and later, and it needs no sleep binary in any engine's image.
 ENDPOINT_DRAIN_SECONDS = 5
+# Where an engine's image compiles without Neuron devices: its images are linux/amd64 (well-known node labels,
+# https://kubernetes.io/docs/reference/labels-annotations-taints/)
+CPU_COMPILE_NODE = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,14 @@ def compile_hash(spec: NeuronModelSpec) -> str:
     }
     if spec.model.tokenizer:  # only when set: the hashes of models without one stay as they were
         identity["tokenizer"] = spec.model.tokenizer
+    for name in ("expertParallel", "memoryFraction"):  # likewise
+        if getattr(n, name) is not None:
+            identity[name] = getattr(n, name)
+    if n.kvCacheDtype != "auto":
+        identity["kvCacheDtype"] = n.kvCacheDtype
+    degrees = parallelism.tensor_parallel_degrees(spec)
+    if degrees != [n.tensorParallel]:  # prefill and decode at tensor parallelisms of their own
+        identity["tensorParallelDegrees"] = degrees
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -219,16 +230,16 @@ def build_compile_job(
     )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "securityContext": pod_parts.pod_security(),
+        "securityContext": pod_parts.pod_security(container),
         "containers": [
             {
                 "name": "compile",
                 "image": container.image,
                 "command": container.command,
-                "env": pod_parts.env(spec, container.env, hub_token=True),
+                "env": pod_parts.env(spec, container.env, hub_token=True, fields=container.field_env),
                 "volumeMounts": mounts,
-                "resources": pod_parts.compile_resources(spec, container.needs_neuron),
-                "securityContext": pod_parts.security(read_only_root=container.read_only_root),
+                "resources": pod_parts.compile_resources(spec, container),
+                "securityContext": pod_parts.security(container),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
@@ -239,10 +250,19 @@ def build_compile_job(
         pod_spec["initContainers"] = [fetch]
     if spec.compile.serviceAccountName:  # its IAM role (IRSA, EKS Pod Identity) reads an s3:// model
         pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
+    tolerations = list(spec.compile.tolerations)
     if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
-        pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), [])
-    elif spec.compile.nodeSelector:
-        pod_spec["nodeSelector"] = dict(spec.compile.nodeSelector)
+        cores = parallelism.compile_cores(spec)
+        pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), tolerations, cores)
+    else:
+        # an engine's image compiling on CPU: any linux/amd64 node (the images are built for it) the spec's
+        # compile.nodeSelector admits; our own compile: where compile.nodeSelector says
+        node_selector = dict(CPU_COMPILE_NODE) if container.third_party else {}
+        node_selector.update(spec.compile.nodeSelector)
+        if node_selector:
+            pod_spec["nodeSelector"] = node_selector
+        if tolerations:
+            pod_spec["tolerations"] = tolerations
     meta = metadata(owner, compile_job_name(owner, chash), "compile", chash)
     if attempt:
         meta["annotations"] = {ATTEMPT_ANNOTATION: attempt}
@@ -284,7 +304,7 @@ def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[
         "env": pod_parts.env(spec, {}, hub_token=spec.model.uri.startswith("hf://")),
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
-        "securityContext": pod_parts.security(read_only_root=True),
+        "securityContext": pod_parts.security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec = {"restartPolicy": "Never", "securityContext": pod_parts.pod_security(),
@@ -372,7 +392,12 @@ def build_deployment(
     pods_set = serving_set(spec, chash)
     config = serve_config(owner, spec, role, chash, pods_set, wake_base) if ours else None
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
-    env = pod_parts.env(spec, container.env, hub_token=pod_parts.reads_hub_when_serving(spec, role))
+    env = pod_parts.env(
+        spec,
+        container.env,
+        hub_token=pod_parts.reads_hub_when_serving(spec, role),
+        fields=container.field_env,
+    )
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     volumes, mounts = pod_parts.volumes(
         spec, False, cache_claim_name(owner, spec), config_map_name(owner), container.writable
@@ -387,7 +412,8 @@ def build_deployment(
              "secret": {"secretName": internal_secret_name(owner), "defaultMode": 0o440}}
         )  # fmt: skip
         mounts.append({"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True})
-    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
+    ports += [{"name": name, "containerPort": number, "protocol": "TCP"} for name, number in container.ports]
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": container.shm_size}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if _engine_router(spec, role):  # no model files, no token, no shared memory: only its /tmp
         volumes, mounts = ([x for x in xs if x["name"] == "tmp"] for xs in (volumes, mounts))
@@ -404,7 +430,7 @@ def build_deployment(
         }
 
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_parts.pod_security(),
+        "securityContext": pod_parts.pod_security(container),
         # the preStop sleep, then requests in flight finish within the server's grace period, then it exits
         "terminationGracePeriodSeconds": (
             ENDPOINT_DRAIN_SECONDS + int(config.grace_period if config else GRACE_PERIOD) + 15
@@ -423,15 +449,18 @@ def build_deployment(
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
                 "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_DRAIN_SECONDS}}},
-                "securityContext": pod_parts.security(read_only_root=container.read_only_root, efa=efa),
+                "securityContext": pod_parts.security(container, efa=efa),
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": volumes,
     }
+    if container.init_process:  # the pause container is PID 1 and reaps orphaned workers (docker's --init)
+        pod_spec["shareProcessNamespace"] = True
     sched = spec.scheduling
     if neuron:
-        pod_parts.place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations))
+        cores = parallelism.role_cores(spec, role)
+        pod_parts.place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations), cores)
     else:
         if sched.nodeSelector:
             pod_spec["nodeSelector"] = dict(sched.nodeSelector)
@@ -617,10 +646,10 @@ def build_all(
     chash = compile_hash(spec)
     serving = serving_spec or spec
     objects: list[dict[str, Any] | None] = []
-    if engines.compiles(
-        spec
-    ):  # the compile's cache and its config; an engine that compiles as it starts: none
-        objects += [build_pvc(owner, spec), build_config_map(owner, spec, chash)]
+    if engines.shared_cache(spec):  # the compile cache (also the servers' own, for SGLang-Neuron)
+        objects.append(build_pvc(owner, spec))
+    if engines.compiles(spec):  # the compile's config; an engine that compiles as it starts: none
+        objects.append(build_config_map(owner, spec, chash))
     else:
         compile_job = False
     if serving.serving.mode == "disaggregated":  # before the pods that mount the Secret

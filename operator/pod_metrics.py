@@ -32,6 +32,36 @@ ITL = "vllm:inter_token_latency_seconds"
 GAUGES = (WAITING, RUNNING, KV_USAGE, SLOTS_BUSY, ROLE_QUEUE, HELD)
 HISTOGRAMS = (TTFT, ITL)
 
+
+@dataclass(frozen=True)
+class Names:
+    """An engine's own names for the signals (None: it exports no such metric), read into ours. Each
+    engine's module says its names and their source for its pinned version."""
+
+    waiting: str | None  # gauge: requests waiting for a slot
+    running: str | None  # gauge: requests in slots
+    kv_usage: str | None  # gauge, 0-1: KV cache in use
+    ttft: str | None  # histogram, seconds: time to first token
+
+    def renames(self) -> dict[str, str]:
+        """engine name -> ours, for the names that differ."""
+        ours = _OURS
+        return {
+            theirs: ours[k] for k, theirs in vars(self).items() if theirs is not None and theirs != ours[k]
+        }
+
+    def unused(self) -> set[str]:
+        """Our names of the signals this engine names otherwise or not at all (a sample so named is not
+        it)."""
+        return {_OURS[k] for k, theirs in vars(self).items() if theirs != _OURS[k]}
+
+
+_OURS = {"waiting": WAITING, "running": RUNNING, "kv_usage": KV_USAGE, "ttft": TTFT}
+
+
+# Our runtime's (the embedded engine and every router): vLLM's names for the common four, and our own
+NEURONFLEET = Names(WAITING, RUNNING, KV_USAGE, TTFT)
+
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LINE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
 _LABEL = re.compile(rf'\s*({_NAME})\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -135,15 +165,25 @@ class Scrape:
     histograms: dict[str, Histogram]
 
 
-def read(text: str, model_name: str | None = None) -> Scrape:
+def read(text: str, model_name: str | None = None, names: Names = NEURONFLEET) -> Scrape:
     """The autoscaler's gauges (summed over their other labels, e.g. a role) and histograms
-    from one /metrics body, for one model (all models when `model_name` is None)."""
+    from one /metrics body, for one model (all models when `model_name` is None), the engine's `names` read
+    as ours."""
     gauges: dict[str, float] = {}
     parts: dict[str, dict[str, float]] = {name: {} for name in HISTOGRAMS}
     buckets: dict[str, list[tuple[float, float]]] = {name: [] for name in HISTOGRAMS}
+    renames, unused = names.renames(), names.unused()
     for s in parse(text):
         if model_name is not None and s.labels.get("model_name", model_name) != model_name:
             continue
+        base, suffix = s.name, ""
+        for end in ("_bucket", "_count", "_sum"):
+            if s.name.endswith(end) and s.name[: -len(end)] in renames:
+                base, suffix = s.name[: -len(end)], end
+        if base in renames:
+            s = Sample(renames[base] + suffix, s.labels, s.value)
+        elif base in unused:
+            continue  # a name of ours this engine does not use for the signal
         if s.name in GAUGES:
             gauges[s.name] = gauges.get(s.name, 0.0) + s.value
             continue

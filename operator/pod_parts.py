@@ -1,58 +1,90 @@
 """What every pod the operator makes is given, whatever builds it (the compile Job, a serving Deployment):
-its security context (non-root, read-only root where the engine allows, no capabilities but EFA's
-IPC_LOCK), its environment (the Hub token only from the model's Secret, only where it is used), its volumes
-(the compile cache, the compile config, a pvc:// model, the engine's writable places), its resources and,
-on Neuron, its placement (instance type, the Neuron taint, the scheduler extension); a compile pod's
-initContainer that downloads an s3:// model. Pure."""
+its security context (our images: non-root, read-only root, no capabilities but EFA's IPC_LOCK; an engine's
+image: its own user and root file system, and only the capabilities its documentation adds), its environment
+(the Hub token only from the model's Secret, only where it is used), its volumes (the compile cache, the
+compile config, a pvc:// model, the engine's writable places), its resources (`host_resources` fills what the
+spec leaves out) and, on Neuron, its placement (instance type, the Neuron taint, a scheduler only where one is
+named); a compile pod's initContainer that downloads an s3:// model. Pure, but for the operator's settings
+read once from its environment (the chart's values)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, HF_TOKEN_ENVS, MODEL_MOUNT
 
-from . import engines, validation
+from . import engines, host_resources, parallelism
+from .engines.common import Container
 from .spec import NeuronModelSpec
 
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-NEURON_SCHEDULER = "my-scheduler"  # AWS's Neuron scheduler extension chart names it so
-RUN_AS_USER = 10001  # the images' own user (Dockerfile)
+# The scheduler of pods asking for more than one Neuron core, when the cluster runs the Neuron scheduler
+# extension: the chart's neuron.schedulerName (AWS's Neuron helm chart installs it, as `my-scheduler`, only
+# with scheduler.enabled=true, which is off by default: aws-neuron/neuron-helm-charts values.yaml). Empty: the
+# cluster's default scheduler; a pod never names a scheduler the cluster may not run (it would stay Pending).
+NEURON_SCHEDULER_ENV = "NEURONFLEET_NEURON_SCHEDULER"
+NEURON_SCHEDULER = os.environ.get(NEURON_SCHEDULER_ENV, "")
+RUN_AS_USER = 10001  # our images' own user (Dockerfile)
+RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
 
 
-def pod_security() -> dict[str, Any]:
-    """The pod's security context: the images' own non-root user, owning its volumes."""
+def pod_security(container: Container | None = None) -> dict[str, Any]:
+    """The pod's security context: for our images (`container` None or not `third_party`) their own
+    non-root user, owning the volumes; an engine's image runs as the user it declares."""
+    if container is not None and container.third_party:
+        return {"seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP)}
     return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER}
 
 
-def security(read_only_root: bool, efa: bool = False) -> dict[str, Any]:
+def security(container: Container | None = None, efa: bool = False) -> dict[str, Any]:
+    """A container's security context. Ours: non-root, read-only root (unless the container writes it), no
+    capabilities. An engine's image: its own user and a writable root file system (the images declare no
+    unprivileged user and write under their working folders, e.g. the vLLM image's /workspace), the
+    container runtime's default capabilities plus those the engine's documentation adds
+    (`Container.capabilities`), no privilege escalation. Both add IPC_LOCK with EFA: libfabric's EFA
+    provider pins the memory it registers for RDMA, which needs CAP_IPC_LOCK unless the node lifts the
+    memlock limit (AWS, "Manage EFA devices on Amazon EKS"; libfabric's fi_efa(7))."""
+    add = list(container.capabilities) if container is not None else []
+    if efa and "IPC_LOCK" not in add:
+        add.append("IPC_LOCK")
+    if container is not None and container.third_party:
+        out: dict[str, Any] = {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP),
+        }
+        if add:
+            out["capabilities"] = {"add": add}
+        return out
     capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
-    if efa:
-        # IPC_LOCK only: libfabric's EFA provider pins the memory it registers for RDMA, which needs
-        # CAP_IPC_LOCK unless the node lifts the memlock limit (AWS, "Manage EFA devices on Amazon EKS",
-        # and the aws-efa-k8s-device-plugin's example pods; libfabric's fi_efa(7)).
-        capabilities["add"] = ["IPC_LOCK"]
+    if add:
+        capabilities["add"] = add
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
         "allowPrivilegeEscalation": False,
         "privileged": False,
-        "readOnlyRootFilesystem": read_only_root,
+        "readOnlyRootFilesystem": container.read_only_root if container is not None else True,
         "capabilities": capabilities,
-        "seccompProfile": {"type": "RuntimeDefault"},
+        "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP),
     }
 
 
 def reads_hub_when_serving(spec: NeuronModelSpec, role: str) -> bool:
-    """Whether a role's pods download from the Hugging Face Hub at start, so need the model's token. Ours
-    (embedded, every router) and TGI serve the compiled folder only; vLLM and SGLang are given the Hub id
-    (`engines.model_reference`) and load its config and tokenizer from the Hub (vLLM: `vllm serve <model>`
-    "Hugging Face model name or path", docs.vllm.ai/en/stable/cli/serve.html; SGLang: `--model-path`
-    "local folder or a Hugging Face repo ID", docs.sglang.ai/advanced_features/server_arguments.html)."""
-    return role != "router" and spec.engine in ("vllm", "sglang") and spec.model.uri.startswith("hf://")
+    """Whether a role's pods download from the Hugging Face Hub at start, so need the model's token: the
+    engine's word (`engines.reads_hub_when_serving`); never our router."""
+    return role != "router" and engines.reads_hub_when_serving(spec)
 
 
-def env(spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool) -> list[dict[str, Any]]:
+def env(
+    spec: NeuronModelSpec, extra: dict[str, str], hub_token: bool, fields: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """A container's environment: `extra` (name -> value), `fields` (name -> the pod field it holds), and
+    the Hub token from the model's Secret where `hub_token`."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(extra.items())]
+    for name, path in sorted((fields or {}).items()):
+        env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     ref = spec.model.secretRef
     if ref is not None and hub_token:  # the token comes from the Secret, never from a plain field
         for name in HF_TOKEN_ENVS:
@@ -78,9 +110,12 @@ def volumes(
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
     never touches running pods), beside the `source_volumes`."""
     volumes, mounts = source_volumes(spec)
-    if engines.compiles(spec):  # (an engine that compiles as it starts has no artifacts to read)
+    if engines.shared_cache(
+        spec
+    ):  # (read-only for serving, but where the servers keep their own cache there)
+        read_only = not compiling and not engines.serving_writes_cache(spec)
         volumes.insert(0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim}})
-        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": not compiling})
+        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": read_only})
     if compiling:
         volumes.insert(1, {"name": "config", "configMap": {"name": config_map}})
         mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
@@ -90,43 +125,53 @@ def volumes(
     return volumes, mounts
 
 
-def compile_resources(spec: NeuronModelSpec, needs_neuron: bool) -> dict[str, Any]:
-    """The compile container's resources: the spec's, plus the serving pods' Neuron cores when the
-    engine's compile runs the model on devices."""
-    out = {k: dict(v) for k, v in spec.compile.resources.model_dump().items() if v}
-    if needs_neuron:
-        cores = str(validation.neuron_devices(spec)[1])
+def compile_resources(spec: NeuronModelSpec, container: Container) -> dict[str, Any]:
+    """The compile container's resources: the spec's, the derived CPU and memory requests for what it leaves
+    out (`host_resources`), plus the Neuron cores of its largest tensor parallelism when the engine's
+    compile runs the model on devices."""
+    derived = host_resources.compile_job(spec, container.needs_neuron, container.loads_model)
+    out = host_resources.with_defaults(spec.compile.resources.model_dump(), derived)
+    if container.needs_neuron:
+        cores = str(parallelism.compile_cores(spec))
         for kind in ("requests", "limits"):  # extended resources: requests equal limits
             out.setdefault(kind, {})["aws.amazon.com/neuroncore"] = cores
     return out
 
 
 def place_on_neuron(
-    spec: NeuronModelSpec, pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list
-) -> None:
-    """Puts a pod that uses Neuron cores on a node of the spec's instance type: its label, the Neuron
-    taint tolerated, and the Neuron scheduler extension when it needs contiguous cores."""
+    spec: NeuronModelSpec, pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list,
+    cores: int,
+) -> None:  # fmt: skip
+    """Puts a pod that uses `cores` Neuron cores on a node of the spec's instance type: its label and the
+    Neuron taint tolerated; its scheduler is the spec's, else, for more than one core (contiguous cores, which
+    the Neuron scheduler extension places), the operator's NEURON_SCHEDULER when the cluster runs one."""
     node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
     pod_spec["nodeSelector"] = node_selector
     pod_spec["tolerations"] = [dict(NEURON_TAINT), *tolerations]
-    if validation.neuron_devices(spec)[1] > 1:  # contiguous cores: the Neuron scheduler extension
-        pod_spec["schedulerName"] = spec.scheduling.schedulerName or NEURON_SCHEDULER
+    scheduler = spec.scheduling.schedulerName or (NEURON_SCHEDULER if cores > 1 else "")
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
 
 
 def serving_resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     s = spec.serving
     role_spec = {"unified": s.unified, "prefill": s.prefill, "decode": s.decode}.get(role)
-    requests = dict(role_spec.resources.requests) if role_spec else {"cpu": "500m", "memory": "512Mi"}
-    limits = dict(role_spec.resources.limits) if role_spec else {"memory": "1Gi"}
-    _, cores = validation.neuron_devices(spec)
+    given = (
+        role_spec.resources.model_dump()
+        if role_spec
+        else {"requests": dict(host_resources.SMALL), "limits": dict(host_resources.SMALL_LIMITS)}
+    )
+    out = host_resources.with_defaults(given, host_resources.serving(spec, role))
+    requests, limits = out.setdefault("requests", {}), out.setdefault("limits", {})
+    cores = parallelism.role_cores(spec, role)
     extended: dict[str, str] = {}
-    if role != "router" and cores:
+    if cores:
         extended["aws.amazon.com/neuroncore"] = str(cores)
     if role in ("prefill", "decode") and s.kvTransfer.transport == "efa" and s.kvTransfer.efaInterfaces:
         extended["vpc.amazonaws.com/efa"] = str(s.kvTransfer.efaInterfaces)
     requests.update(extended)  # extended resources: requests equal limits
     limits.update(extended)
-    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    return {k: v for k, v in out.items() if v}
 
 
 def fetch_init_container(spec: NeuronModelSpec, mounts: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -140,7 +185,7 @@ def fetch_init_container(spec: NeuronModelSpec, mounts: list[dict[str, Any]]) ->
         "image": fetch.image,
         "command": fetch.command,
         "volumeMounts": [m for m in mounts if m["name"] in ("cache", "tmp")],
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": security(read_only_root=True),
+        "resources": {"requests": dict(host_resources.SMALL), "limits": dict(host_resources.SMALL_LIMITS)},
+        "securityContext": security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }

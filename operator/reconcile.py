@@ -292,8 +292,8 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
         old=old, generation=generation, errors=errors, compile_hash=chash, serving_hash=serving,
         job=job, roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
         serving_spec=stored, drain_until=drain_until, retry_at=retry_at, source_check=source_check,
-        failing=failing, endpoint=endpoint, compiling=progress,
-        compile_step=compile_step, at=now(),
+        failing=failing, endpoint=endpoint, compiling=progress, compile_step=compile_step,
+        notice=engines.notice(spec) if spec is not None else None, at=now(),
     )  # fmt: skip
     made = scaling.made_autoscaler(old.get("conditions") or [])  # what a former spec had made, if any
     autoscaler = None

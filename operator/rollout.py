@@ -43,9 +43,19 @@ RETRY_ANNOTATION = f"{LABEL_PREFIX}/retry"
 STALE_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Secret")
 
 
+ROLE_TP = "roleTensorParallel"  # in status.servingSpec: the per-role tensor parallelism the compile made
+
+
 def compiled_sections(spec: NeuronModelSpec) -> dict[str, Any]:
-    """The sections of a spec that decide its compile (kept in status.servingSpec)."""
-    return spec.model_dump(mode="json", include=set(COMPILE_SECTIONS))
+    """The sections of a spec that decide its compile (kept in status.servingSpec), and the prefill and decode
+    pods' own tensor parallelism where set (a compile makes the graphs of each)."""
+    out = spec.model_dump(mode="json", include=set(COMPILE_SECTIONS))
+    roles = {
+        r: getattr(spec.serving, r).tensorParallel for r in ("prefill", "decode") if getattr(spec.serving, r)
+    }
+    if any(roles.values()):
+        out[ROLE_TP] = roles
+    return out
 
 
 def serving_spec(
@@ -57,6 +67,9 @@ def serving_spec(
     if serving_hash is None or serving_hash == chash or not stored:
         return spec
     merged = {**spec.model_dump(mode="json"), **{k: v for k, v in stored.items() if k in COMPILE_SECTIONS}}
+    for role in ("prefill", "decode"):  # the roles' compiled tensor parallelism (none stored: the model's)
+        if merged["serving"].get(role) is not None:
+            merged["serving"][role]["tensorParallel"] = (stored.get(ROLE_TP) or {}).get(role)
     try:
         return NeuronModelSpec.model_validate(merged)
     except ValidationError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import front_door
+from . import engines, front_door
 from .autoscaler import Policy, RolePolicy
 from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSpec
 
@@ -108,6 +108,7 @@ def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
             "and a HorizontalPodAutoscaler does nothing while it reads 0 replicas: set spec.replicas (the "
             f"starting count, {a.min} to {a.max})"
         )
+    errors += _missing_signals(spec)
     if a.provider == "hpa" and a.metric == "ttft" and disaggregated:
         errors.append(
             "autoscaling.metric ttft with provider hpa needs serving.mode unified: a disaggregated model's "
@@ -115,6 +116,45 @@ def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
             "use metric occupancy or queue, or provider keda or builtin"
         )
     return errors
+
+
+def signal_metric(spec: NeuronModelSpec, role: str, signal: str) -> str | None:
+    """The name a role's pods export a signal under (`engines.metric_names`): waiting requests (queue), KV
+    cache use (occupancy, as an HPA or a ScaledObject reads it) or the TTFT histogram; None: not exported."""
+    names = engines.metric_names(spec, role)
+    return {"queue": names.waiting, "occupancy": names.kv_usage, "ttft": names.ttft}[signal]
+
+
+def entry_role(spec: NeuronModelSpec) -> str:
+    """The role whose pods see a request's first token first: the unified pods, or the routers."""
+    return "unified" if spec.serving.mode == "unified" and not front_door.has_front_door(spec) else "router"
+
+
+def _missing_signals(spec: NeuronModelSpec) -> list[str]:
+    """Refusals of a signal the engine's pods do not export. The builtin autoscaler reads occupancy as
+    requests over slots (running and waiting), an HPA or a ScaledObject as the KV cache in use; TTFT comes
+    from the entry pods (a router's is ours)."""
+    a = spec.autoscaling
+    role = scaled_role(spec)
+    if a.metric == "ttft":
+        role = entry_role(spec)
+    name = signal_metric(spec, role, a.metric)
+    if a.metric == "occupancy" and a.provider == "builtin":
+        names = engines.metric_names(spec, role)
+        name = names.running or names.waiting
+    if name is not None:
+        return []
+    usable = [m for m in ("queue", "occupancy") if signal_metric(spec, role, m) is not None]
+    what = {
+        "queue": "waiting requests",
+        "occupancy": "KV cache use",
+        "ttft": "a time-to-first-token histogram",
+    }
+    instead = " or ".join(usable) or "queue with provider builtin"
+    return [
+        f"autoscaling.metric {a.metric}: engine {spec.engine}'s {role} pods export no {what[a.metric]} "
+        f"metric for provider {a.provider} to read; use metric {instead}"
+    ]
 
 
 def target(a: Autoscaling) -> float:
@@ -153,6 +193,8 @@ def build_hpa(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any]:
     metadata, named as the model, owned by it): one Pods metric, averaged over the pods of status.selector,
     against the target per replica; the stabilisation windows as its behaviour."""
     a = spec.autoscaling
+    name = signal_metric(spec, scaled_role(spec), a.metric) or HPA_METRIC[a.metric]
+    metric = f"{name}:p90" if a.metric == "ttft" else name
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -165,7 +207,7 @@ def build_hpa(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any]:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": HPA_METRIC[a.metric]},
+                        "metric": {"name": metric},
                         "target": {"type": "AverageValue", "averageValue": quantity(target(a))},
                     },
                 }
@@ -187,15 +229,16 @@ def keda_triggers(spec: NeuronModelSpec, namespace: str, model: str) -> list[dic
     a = spec.autoscaling
     address = a.prometheusAddress
     scaled = _pods(namespace, f"{model}-{scaled_role(spec)}")
-    entry = _pods(namespace, f"{model}-{'unified' if spec.serving.mode == 'unified' else 'router'}")
+    entry_pods = "unified" if spec.serving.mode == "unified" else "router"
+    entry = _pods(namespace, f"{model}-{entry_pods}")
     if a.metric == "ttft":
-        query = (
-            f"histogram_quantile({TTFT_QUANTILE}, sum by (le) "
-            f"(rate({TTFT_METRIC}_bucket{{{entry}}}[{RATE_WINDOW}])))"
-        )
+        ttft = signal_metric(spec, entry_pods, "ttft") or TTFT_METRIC
+        rate = f"rate({ttft}_bucket{{{entry}}}[{RATE_WINDOW}])"
+        query = f"histogram_quantile({TTFT_QUANTILE}, sum by (le) ({rate}))"
         signal = {"metricType": "Value"}
     else:
-        query = f"sum({HPA_METRIC[a.metric]}{{{scaled}}})"
+        name = signal_metric(spec, scaled_role(spec), a.metric) or HPA_METRIC[a.metric]
+        query = f"sum({name}{{{scaled}}})"
         signal = {"metricType": "AverageValue"}
     triggers = [
         {
@@ -319,6 +362,7 @@ def policy(spec: NeuronModelSpec, cold_start: float = 0.0) -> Policy:
         ratio=ratio,
         slots=spec.neuron.batchSize,
         dry_run=a.dryRun,
+        metrics={role: engines.metric_names(spec, role) for role in roles},
         cold_start=max(0.0, cold_start),
     )
 

@@ -158,6 +158,27 @@ class NeuronSettings(Spec):
         description="Weight quantization: int8 (engine vllm on Neuron; engine embedded on cpu), int4 (engine "
         "embedded on cpu), fp8 (engine vllm on Neuron).",
     )
+    expertParallel: int | None = Field(
+        None,
+        description="Expert parallelism of a mixture-of-experts model: experts spread over this many of "
+        "the replica's cores (engine vllm on Trn2/Trn3: --enable-expert-parallel with neuron_config "
+        "ep_degree; engine sglang: --ep-size). Must divide tensorParallel.",
+        ge=1,
+        le=128,
+    )
+    kvCacheDtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="KV cache type: auto (the model's dtype) or fp8 (engine vllm on Trn2/Trn3: "
+        "--kv-cache-dtype fp8, which needs calibrated scales in the checkpoint; engine sglang: "
+        "--kv-cache-dtype fp8_e4m3).",
+    )
+    memoryFraction: float | None = Field(
+        None,
+        description="Engine sglang: the share of device memory for weights and the KV cache pool "
+        "(--mem-fraction-static, e.g. 0.8).",
+        gt=0,
+        le=1,
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields).",
@@ -200,8 +221,23 @@ class CompileCache(Spec):
 
 class Compile(Spec):
     cache: CompileCache = section(CompileCache, "The shared volume that holds compiled artifacts.")
-    resources: Resources = section(Resources, "Resources of the compile Job's pod (compiles need memory).")
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Where the compile Job runs.")
+    resources: Resources = section(
+        Resources,
+        "CPU and memory of the compile Job's pod; unset keys are derived from the model's size and where "
+        "the compile runs (docs/resources.md).",
+    )
+    nodeSelector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra node labels the compile Job's pod matches: a compile that runs on CPU (engine "
+        "vllm on Trn2/Trn3) goes to any linux/amd64 node unless this narrows it; one that needs Neuron "
+        "devices goes to the serving instance type.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Tolerations of the compile Job's pod (the Neuron taint is tolerated already where it "
+        "runs on a Neuron node).",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
     backoffLimit: int = Field(2, description="Retries of a failed compile.", ge=0, le=10)
     activeDeadlineSeconds: int = Field(
         14400, description="A compile running longer than this fails.", ge=60, le=604800
@@ -217,7 +253,18 @@ class Compile(Spec):
 
 class RoleSpec(Spec):
     replicas: int = Field(1, description="Pods of this role.", ge=0, le=1000)
-    resources: Resources = section(Resources, "CPU and memory of each pod (Neuron resources are derived).")
+    resources: Resources = section(
+        Resources,
+        "CPU and memory of each pod (Neuron resources are derived); unset keys are derived from the "
+        "instance type and the model's size (docs/resources.md).",
+    )
+    tensorParallel: int | None = Field(
+        None,
+        description="Mode disaggregated, engine vllm on Trn2/Trn3: this role's tensor parallelism when it "
+        "differs from neuron.tensorParallel (e.g. a smaller prefill and a larger decode).",
+        ge=1,
+        le=128,
+    )
 
 
 class Router(Spec):
@@ -247,6 +294,12 @@ class KVTransfer(Spec):
     )
     efaInterfaces: int = Field(
         1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
+    )
+    connector: Literal["NixlConnector", "NeuronNixlConnector"] | None = Field(
+        None,
+        description="Engine vllm on Trn2/Trn3: vLLM's KV connector. Default: NeuronNixlConnector for the "
+        "sliding-window models the table knows (GPT-OSS), NixlConnector otherwise; name NeuronNixlConnector "
+        "for any other model whose attention slides.",
     )
 
 
@@ -466,7 +519,10 @@ class Scheduling(Spec):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     schedulerName: str | None = Field(
-        None, description="Scheduler for pods asking for more than one Neuron core (the Neuron extension)."
+        None,
+        description="Scheduler of the model's Neuron pods (serving and compile), e.g. my-scheduler of the "
+        "Neuron scheduler extension. Unset: the operator's setting neuron.schedulerName (its chart value, "
+        "for pods asking for more than one Neuron core), else the cluster's default scheduler.",
     )
     priorityClassName: str | None = Field(None, description="Priority class of the serving pods.")
 

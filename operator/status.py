@@ -12,6 +12,7 @@ from typing import Any, Literal
 from neuronfleet.contract import parse_progress, progress_text
 
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
+VALID = "the spec fits its instance type"
 
 
 def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
@@ -213,6 +214,7 @@ def compute_status(
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
     compiling: dict[str, Any] | None = None,  # a running compile's progress (`compile_progress`)
+    notice: str | None = None,  # what a user of this engine should know (`engines.notice`): said once
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -289,7 +291,14 @@ def compute_status(
         "observedGeneration": generation,
         "compileHash": serving_hash,
         "conditions": [
-            condition(conds, "Validated", True, "Valid", "the spec fits its instance type", generation, at),
+            condition(
+                conds,
+                "Validated",
+                True,
+                *(("LegacyEngine", notice) if notice else ("Valid", VALID)),
+                generation,
+                at,
+            ),
             condition(conds, "Compiled", compiled and compile_step, *compiled_cond, generation, at),
             condition(
                 conds, "Ready", all_ready, ready_reason, f"{ready}/{desired} pods ready", generation, at
@@ -361,6 +370,8 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
         kind, status, reason, message = c["type"], c["status"], c["reason"], c.get("message") or c["reason"]
         if kind == "Validated" and status == "False" and (changed or prev.get("message") != message):
             out.append(("Warning", "Refused", message))
+        elif kind == "Validated" and reason == "LegacyEngine" and changed:
+            out.append(("Normal", "LegacyEngine", message))
         elif kind == "Compiled" and reason == "Compiling" and (changed or prev.get("message") != message):
             if prev.get("message", "").split(":")[0] != message.split(":")[0]:  # a new hash, not progress
                 out.append(("Normal", "CompileStarted", message))

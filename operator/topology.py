@@ -27,6 +27,11 @@ named below, as of SDK 2.26-2.29):
 - Tensor-parallel degrees (no single published list; these are ours): Trn1's follow from the scheduler
   extension's device counts (one core, or 1/4/8/16 devices = 2/8/16/32 cores); Inf2's, Trn2's and Trn3's are
   powers of two (plus all 24 cores of inf2.48xlarge), each limited at validation to the instance's cores.
+- Host vCPUs and memory (what a pod's CPU and memory requests are a share of): the instance tables of
+  about-neuron/arch/neuron-hardware/inf2-arch.rst, trn1-arch.rst and trn2-arch.rst at SDK v2.32.0 (inf2
+  4/16, 32/128, 96/384, 192/768 GiB; trn1.2xlarge 8/32; trn1.32xlarge and trn1n.32xlarge 128/512;
+  trn2.48xlarge and trn2u.48xlarge 192/2048). Trn3 has no per-server table: trn3-arch.rst gives a Gen1
+  UltraServer (four 16-chip servers) 768 vCPUs and 8,192 GiB, so 192/2048 per server, the same as Trn2's.
 - The compile target family: Inf2 and Trn1 share NeuronCore-v2 (one compiled artifact serves both); Trn2's
   NeuronCore-v3 and Trn3's NeuronCore-v4 each need their own.
 - Model families (`model_type` in each model's config.json), which engines that support only some check.
@@ -49,6 +54,8 @@ class Instance:
     device_counts: tuple[int, ...] | None  # devices per pod the scheduler extension accepts; None: any
     efa_interfaces: int
     platform: str  # compile target family: Inf2 and Trn1 share one; Trn2 and Trn3 each differ
+    vcpus: int  # the host's
+    host_memory_gib: int
     default_logical_cores: int = 1  # LNC
 
     @property
@@ -75,17 +82,19 @@ _TRN3_TP = (1, 2, 4, 8, 16, 32, 64)  # powers of two up to the 64 logical cores 
 INSTANCES: dict[str, Instance] = {
     i.name: i
     for i in (
-        Instance("inf2.xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
-        Instance("inf2.8xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
-        Instance("inf2.24xlarge", 6, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
-        Instance("inf2.48xlarge", 12, 2, 32, _INF2_TP, None, 0, "inf2-trn1"),
-        Instance("trn1.2xlarge", 1, 2, 32, _TRN1_TP, None, 0, "inf2-trn1"),
-        Instance("trn1.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 8, "inf2-trn1"),
-        Instance("trn1n.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 16, "inf2-trn1"),
-        Instance("trn2.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", default_logical_cores=2),
-        Instance("trn2u.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", default_logical_cores=2),
-        Instance("trn3.48xlarge", 16, 8, 144, _TRN3_TP, None, 16, "trn3", default_logical_cores=2),
-        Instance("trn3p.48xlarge", 16, 8, 144, _TRN3_TP, None, 16, "trn3", default_logical_cores=2),
+        Instance("inf2.xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1", 4, 16),
+        Instance("inf2.8xlarge", 1, 2, 32, _INF2_TP, None, 0, "inf2-trn1", 32, 128),
+        Instance("inf2.24xlarge", 6, 2, 32, _INF2_TP, None, 0, "inf2-trn1", 96, 384),
+        Instance("inf2.48xlarge", 12, 2, 32, _INF2_TP, None, 0, "inf2-trn1", 192, 768),
+        Instance("trn1.2xlarge", 1, 2, 32, _TRN1_TP, None, 0, "inf2-trn1", 8, 32),
+        Instance("trn1.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 8, "inf2-trn1", 128, 512),
+        Instance("trn1n.32xlarge", 16, 2, 32, _TRN1_TP, (1, 4, 8, 16), 16, "inf2-trn1", 128, 512),
+        Instance("trn2.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", 192, 2048, default_logical_cores=2),
+        Instance("trn2u.48xlarge", 16, 8, 96, _TRN2_TP, None, 16, "trn2", 192, 2048, default_logical_cores=2),
+        Instance("trn3.48xlarge", 16, 8, 144, _TRN3_TP, None, 16, "trn3", 192, 2048, default_logical_cores=2),
+        Instance(
+            "trn3p.48xlarge", 16, 8, 144, _TRN3_TP, None, 16, "trn3", 192, 2048, default_logical_cores=2
+        ),
     )
 }
 

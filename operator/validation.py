@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import engines, names, scaling, topology
+from .parallelism import neuron_devices, role_tensor_parallel, tensor_parallel_degrees
 from .spec import NeuronModelSpec, valued
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
@@ -44,16 +45,6 @@ class Report:
 
 def gib(n: float) -> str:
     return f"{n / topology.GIB:.1f} GiB"
-
-
-def neuron_devices(spec: NeuronModelSpec) -> tuple[int, int]:
-    """(devices, cores) a replica asks the device plugin for; (0, 0) on cpu."""
-    n = spec.neuron
-    inst = topology.INSTANCES.get(n.instanceType)
-    if inst is None:
-        return 0, 0
-    per_device = inst.cores_per_device(n.logicalCores)
-    return math.ceil(n.tensorParallel / per_device), n.tensorParallel
 
 
 def model_shape(spec: NeuronModelSpec) -> topology.ModelShape | None:
@@ -198,25 +189,31 @@ def validate(spec: NeuronModelSpec) -> Report:
                 f"neuron.logicalCores applies to Trn2 and Trn3 instances only, not {inst.name}; remove it"
             )
         allowed = ", ".join(map(str, _placeable_tp(spec, inst)))
-        if n.tensorParallel not in inst.tensor_parallel:
-            r.errors.append(
-                f"tensorParallel {n.tensorParallel} is not a documented degree on {inst.name}; choose one of "
-                f"{allowed}"
-            )
-        elif n.tensorParallel > inst.total_cores(lnc):
-            r.errors.append(
-                f"tensorParallel {n.tensorParallel} needs more cores than one {inst.name} has "
-                f"({inst.total_cores(lnc)}); choose one of {allowed} or a larger instance"
-            )
-        else:
-            devices, _ = neuron_devices(spec)
-            if inst.device_counts is not None and devices not in inst.device_counts:
+        roles = [(None, "tensorParallel")] + [
+            (role, f"serving.{role}.tensorParallel")
+            for role in ("prefill", "decode")
+            if disaggregated and getattr(serving, role).tensorParallel is not None
+        ]
+        for role, name in roles:
+            tp = role_tensor_parallel(spec, role)
+            if tp not in inst.tensor_parallel:
                 r.errors.append(
-                    f"tensorParallel {n.tensorParallel} needs {devices} Neuron devices per pod, but the "
-                    f"Neuron scheduler extension on {inst.name} places only "
-                    f"{', '.join(map(str, inst.device_counts))} devices; choose tensorParallel "
-                    f"{allowed}"
+                    f"{name} {tp} is not a documented degree on {inst.name}; choose one of {allowed}"
                 )
+            elif tp > inst.total_cores(lnc):
+                r.errors.append(
+                    f"{name} {tp} needs more cores than one {inst.name} has ({inst.total_cores(lnc)}); "
+                    "choose "
+                    f"one of {allowed} or a larger instance"
+                )
+            else:
+                devices, _ = neuron_devices(spec, role)
+                if inst.device_counts is not None and devices not in inst.device_counts:
+                    r.errors.append(
+                        f"{name} {tp} needs {devices} Neuron devices per pod, but the Neuron scheduler "
+                        f"extension on {inst.name} places only {', '.join(map(str, inst.device_counts))} "
+                        f"devices; choose {name} {allowed}"
+                    )
         if disaggregated and serving.kvTransfer.transport == "efa":
             if inst.efa_interfaces == 0:
                 r.errors.append(f"{inst.name} has no EFA; use kvTransfer.transport tcp or an EFA instance")
@@ -248,10 +245,21 @@ def validate(spec: NeuronModelSpec) -> Report:
     ):
         if buckets and buckets != sorted(set(buckets)):
             r.errors.append(f"neuron.buckets.{kind} must be increasing without repeats, got {buckets}")
-        elif buckets and buckets[-1] != limit:
+        elif buckets and buckets[-1] != limit and engines.bucket_limits(spec):
             r.errors.append(
                 f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal {valued(n, name)}, or "
                 "requests that the spec accepts would fit no bucket"
+            )
+    for tp in tensor_parallel_degrees(spec):  # a role's own tensor parallelism must fit too
+        fit = estimate_fit(spec, tp)
+        if (
+            tp != n.tensorParallel
+            and fit.checked
+            and fit.needed_bytes_per_core > fit.available_bytes_per_core
+        ):
+            r.errors.append(
+                f"the model does not fit a prefill or decode pod at tensor parallelism {tp}: it needs "
+                f"{fit.reason}; give that role a larger serving.*.tensorParallel"
             )
     r.fit = estimate_fit(spec)
     if r.fit.checked and r.fit.needed_bytes_per_core > r.fit.available_bytes_per_core and inst is not None:

@@ -16,6 +16,7 @@ from types import ModuleType
 
 from neuronfleet.contract import ServeConfig
 
+from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
 from . import embedded, sglang, tgi, vllm
 from .common import (
@@ -36,17 +37,23 @@ __all__ = [
     "ENGINES",
     "Container",
     "artifacts_dir",
+    "bucket_limits",
     "compile_container",
     "compile_files",
     "compiles",
     "engine_router_config",
     "fetch_container",
     "image_for",
+    "metric_names",
     "model_reference",
+    "notice",
     "nxdi_neuron_config",
     "peer_protocol",
+    "reads_hub_when_serving",
     "serve_config",
     "serve_container",
+    "serving_writes_cache",
+    "shared_cache",
     "unsupported",
 ]
 
@@ -60,8 +67,45 @@ def compiles(spec: NeuronModelSpec) -> bool:
     return getattr(engine, "COMPILES", True)
 
 
+def shared_cache(spec: NeuronModelSpec) -> bool:
+    """Whether the model has the compile cache claim: an engine that compiles ahead, or one whose servers keep
+    their compile cache and downloads on it (`serving_writes_cache`)."""
+    return compiles(spec) or serving_writes_cache(spec)
+
+
+def serving_writes_cache(spec: NeuronModelSpec) -> bool:
+    """Whether serving pods mount the cache claim writable: an engine that compiles as each server starts,
+    into a folder of the claim that the next server reuses (SGLang-Neuron)."""
+    return getattr(ENGINES[spec.engine], "SERVING_WRITES_CACHE", False)
+
+
+def notice(spec: NeuronModelSpec) -> str | None:
+    """What a user of the spec's engine should know when it is accepted (TGI: legacy), else None."""
+    return getattr(ENGINES[spec.engine], "notice", lambda _: None)(spec)
+
+
+def metric_names(spec: NeuronModelSpec, role: str) -> Names:
+    """The names a role's pods export the autoscaler's signals under: our runtime's (the embedded engine's
+    pods and every router), or the engine's own."""
+    if spec.engine == "embedded" or role == "router":
+        return NEURONFLEET
+    engine = ENGINES[spec.engine]
+    return vllm.contract(spec).METRICS if spec.engine == "vllm" else engine.METRICS
+
+
 def image_for(spec: NeuronModelSpec) -> str:
     return spec.image or ENGINES[spec.engine].image(spec)
+
+
+def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
+    """Whether the engine's serving pods read the Hugging Face Hub at start (so get the model's token)."""
+    return getattr(ENGINES[spec.engine], "reads_hub_when_serving", lambda _: False)(spec)
+
+
+def bucket_limits(spec: NeuronModelSpec) -> bool:
+    """Whether the spec's buckets are bounded by its limits (the largest context bucket is maxInputLength, the
+    largest generation bucket sequenceLength), or are the engine's own kind of bucket."""
+    return getattr(ENGINES[spec.engine], "bucket_limits", lambda _: True)(spec)
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:

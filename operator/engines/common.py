@@ -23,6 +23,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
+from ..pod_metrics import Names
 from ..spec import NeuronModelSpec
 
 # Our own runtime's images, built from the repository's Dockerfile; the chart's runtimeImages may name others.
@@ -62,12 +63,27 @@ class Pinned:
         return next((f for f in self.facts if f.name == name), None)
 
 
+# Where the Hub's token variables are read (HF_TOKEN, and HUGGING_FACE_HUB_TOKEN, its older name)
+HF_HUB = "huggingface_hub 2.4.0 (the version read here): huggingface_hub/_login.py (both token variables)"
+# vLLM's names for the autoscaler's signals: vllm/v1/metrics/loggers.py, read in the vllm 0.16.0 wheel (PyPI);
+# the same four are the plugin image's vLLM 0.24.0's (its loggers were not read at that version)
+VLLM_METRICS = Names(
+    waiting="vllm:num_requests_waiting",
+    running="vllm:num_requests_running",
+    kv_usage="vllm:kv_cache_usage_perc",
+    ttft="vllm:time_to_first_token_seconds",
+)
+
+
 @dataclass
 class Container:
     """What a container of one role runs: image, command + args, environment (name -> value); the folders it
-    writes (each an emptyDir; /tmp always is one) and whether the rest of its root can be read-only; for a
-    compile container, whether the compile needs Neuron devices (it then runs on a node of the serving
-    instance type with the serving pods' cores)."""
+    writes (each an emptyDir; /tmp always is one) and whether the rest of its root can be read-only. An
+    engine's own image (`third_party`) runs as the user it declares, with a writable root, the container
+    runtime's default capabilities and the `capabilities` its documentation adds. For a compile container:
+    whether it needs Neuron devices (it then runs on a node of the serving instance type with the cores of
+    the largest tensor parallelism it compiles) and whether it loads the model (its memory follows the
+    model's size: `host_resources`)."""
 
     image: str
     command: list[str]
@@ -75,6 +91,13 @@ class Container:
     writable: tuple[str, ...] = ()
     read_only_root: bool = True
     needs_neuron: bool = False
+    third_party: bool = False
+    capabilities: tuple[str, ...] = ()
+    loads_model: bool = True
+    ports: tuple[tuple[str, int], ...] = ()  # (name, port) the container listens on beside its HTTP port
+    field_env: dict[str, str] = field(default_factory=dict)  # name -> the pod field it holds (status.podIP)
+    shm_size: str = "8Gi"  # its memory-backed /dev/shm
+    init_process: bool = False  # the pod's first process reaps the server's orphaned workers (docker --init)
 
 
 def artifacts_dir(compile_hash: str) -> str:
@@ -178,6 +201,24 @@ def hub_download_failure(indent: str = "") -> str:
     )
 
 
+HUB_DOWNLOAD_SCRIPT = "hub_download.py"
+
+
+def hub_download_script() -> str:
+    """hub_download.py MODEL REVISION FOLDER: a Hub model at its revision into FOLDER (without the original/
+    second copy some repos carry, nor .pth files: what the engines load is the safetensors), its failure left
+    as the termination message the operator retries on (`hub_download_failure`)."""
+    return (
+        "import os\nimport sys\n\nfrom huggingface_hub import snapshot_download\n\n"
+        "MODEL = sys.argv[1]\n"
+        "try:\n"
+        "    snapshot_download(\n        repo_id=MODEL,\n        revision=sys.argv[2] or None,\n"
+        '        local_dir=sys.argv[3],\n        ignore_patterns=["original/*", "*.pth"],\n    )\n'
+        "except Exception as e:  # not found, gated, refused: the operator tries again later\n"
+        f"{hub_download_failure('    ')}"
+    )
+
+
 def progress_echo(phase: str) -> str:
     """sh: the progress line (`contract.CompileProgress`) of a phase boundary, with the seconds since $T0."""
     head = shlex.quote(
@@ -225,18 +266,51 @@ def refusals_of_nxdi_fields(spec: NeuronModelSpec, where: str, use: str) -> list
     return out
 
 
+# The fields only some engines take, and what each means there (for refusals)
+ENGINE_FIELDS = {
+    "expertParallel": "expert parallelism",
+    "kvCacheDtype": "a KV cache type",
+    "memoryFraction": "a device memory fraction",
+}
+
+
+def refusals_of_engine_fields(
+    spec: NeuronModelSpec, where: str, use: str, takes: tuple[str, ...] = ()
+) -> list[str]:  # fmt: skip
+    """Refusals of the neuron fields of ENGINE_FIELDS (but those the engine `takes`) and of a per-role tensor
+    parallelism, on an engine (`where`) that has no setting for them, suggesting `use`."""
+    n, out = spec.neuron, []
+    for name, what in ENGINE_FIELDS.items():
+        if name not in takes and getattr(n, name) not in (None, "auto"):
+            out.append(f"neuron.{name}: {where} has no setting for {what}; remove it, or use {use}")
+    if "tensorParallel" not in takes:
+        for role in ("prefill", "decode"):
+            role_spec = getattr(spec.serving, role)
+            if role_spec is not None and role_spec.tensorParallel not in (None, n.tensorParallel):
+                out.append(
+                    f"serving.{role}.tensorParallel: {where} runs neuron.tensorParallel in every role; "
+                    "remove "
+                    f"it, or use {use}"
+                )
+    if spec.serving.kvTransfer.connector and "connector" not in takes:
+        out.append(
+            f"serving.kvTransfer.connector names vLLM's KV connector, which {where} has not; remove it"
+        )
+    return out
+
+
 def missing_files(folder: str, files: list[str]) -> str:
     """sh: collects the files of `files` absent under `folder` in $missing."""
     names = " ".join(shlex.quote(f) for f in files)
     return f'missing=""\nfor f in {names}; do [ -f "{folder}/$f" ] || missing="$missing $f"; done\n'
 
 
-def start_guard(compile_hash: str, files: list[str], why: str) -> str:
+def start_guard(compile_hash: str, files: list[str], why: str, before_exec: str = "") -> str:
     """sh run before an engine's server (its command follows as "$@"): starts it only when artifacts/<hash>/
     holds this hash's manifest (written last by the compile) and `files`; otherwise writes what is missing
     and `why` the engine is not started to the termination log (Kubernetes' termination message, which the
     operator shows as PodsFailing) and exits 1: a serving pod never compiles or exports into its read-only
-    mount."""
+    mount. `before_exec`: sh lines run once the artifacts are there, before the server starts."""
     art = artifacts_dir(compile_hash)
     marker = f'"compileHash": "{compile_hash}"'  # as compile_script writes the manifest
     return (
@@ -250,5 +324,6 @@ def start_guard(compile_hash: str, files: list[str], why: str) -> str:
         'has not completed"\n'
         '  echo "$msg" >&2; echo "$msg" > "$LOG" || true; exit 1\n'
         "fi\n"
+        f"{before_exec}"
         'exec "$@"\n'
     )

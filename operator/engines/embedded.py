@@ -6,7 +6,7 @@ from __future__ import annotations
 from neuronfleet.contract import COMPILE_CONFIG_FILE, CONFIG_MOUNT, MODEL_MOUNT, ServeConfig
 
 from ..spec import NeuronModelSpec
-from .common import Container, artifacts_dir, own_image, serve_config
+from .common import Container, artifacts_dir, own_image, refusals_of_engine_fields, serve_config
 
 
 def image(spec: NeuronModelSpec) -> str:
@@ -33,4 +33,6 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
-    return []  # NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides
+    """NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides; what only the external
+    engines take is refused."""
+    return refusals_of_engine_fields(spec, "engine embedded (neuronfleet's runtime)", "engine vllm or sglang")

@@ -2,21 +2,26 @@
 (SGLANG_PLATFORM=neuron), prefill/decode with `--disaggregation-mode` over NIXL on EFA; `PINNED` records every
 name emitted here, with its source for the pinned version.
 
-No compile step: SGLang-Neuron 0.1.0 compiles when each server starts, "a graph runner that compiles every
-prefill and decode shape at startup, so the server never compiles while it serves"
+No compile step ahead: SGLang-Neuron 0.1.0 compiles when each server starts, "a graph runner that compiles
+every prefill and decode shape at startup, so the server never compiles while it serves"
 (github.com/sgl-project/sglang-neuron@4e24326:README.md), and documents no separate compile that a Job could
-run and the serving pods reuse. So `compiles` is False: the operator runs no compile Job, keeps no artifacts
-and says so (Compiled=False, reason NoCompileStep); the pods' startup (the startup probe allows an hour)
-includes the compile. An s3:// model is the exception: the compile Job (as compile.serviceAccountName) only
-downloads it into the compile cache (the `fetch-model` initContainer, then `compile.sh` checks the folder
-and writes the manifest), and the serving pods, which hold no S3 credentials, read it there.
+run. So the operator runs no compile Job and says so (Compiled=False, reason NoCompileStep); but the servers
+keep what they compile and download on the model's cache claim, mounted writable (`SERVING_WRITES_CACHE`):
+TorchNeuron's persistent NEFF cache and the Hub cache live in a folder of the claim per image (the
+troubleshooting page: a cache built by another image version stops the server, "Give this image its own
+cache directory"), so a restart or a scale-up loads instead of compiling and downloading again. An s3:// model
+is fetched into the claim by a Job (as compile.serviceAccountName: the `fetch-model` initContainer, then
+`compile.sh` checks the folder and writes the manifest), since the serving pods hold no S3 credentials.
 """
 
 from __future__ import annotations
 
-from neuronfleet.contract import CONFIG_MOUNT
+import hashlib
+
+from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT
 
 from .. import topology
+from ..pod_metrics import Names
 from ..spec import NeuronModelSpec, valued
 from .common import (
     OWN_IMAGES,
@@ -25,6 +30,7 @@ from .common import (
     Pinned,
     compile_script,
     model_reference,
+    refusals_of_engine_fields,
     refusals_of_nxdi_fields,
 )
 
@@ -36,17 +42,37 @@ PLATFORMS = ("trn3",)
 BOOTSTRAP_PORT = 8998
 # NIXL's transport: SGLang reads SGLANG_DISAGGREGATION_NIXL_BACKEND (default UCX); EFA is libfabric's provider
 NIXL_BACKEND = "LIBFABRIC"
-# The writable places, each an emptyDir beside /tmp, the root read-only: HOME (a Hub model is downloaded into
-# HF_HOME, ~/.cache/huggingface, at start; torch's caches; the image's user has no home) and /var/tmp (the
-# Neuron compiler's cache, /var/tmp/neuron-compile-cache by default). torch.compile's own cache is under /tmp.
-HOME = "/home/neuronfleet"
-NEURON_CACHE_DIR = "/var/tmp"
+SERVING_WRITES_CACHE = True
+# The servers' own folder on the cache claim, one per image (its tag's hash)
+SERVER_CACHE = f"{CACHE_MOUNT}/sglang/{hashlib.sha256(IMAGE.encode()).hexdigest()[:16]}"
+# --cap-add SYS_NICE in the container options of the configuration reference (IPC_LOCK with EFA: pod_parts)
+CAPABILITIES = ("SYS_NICE",)
+KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}  # spec -> --kv-cache-dtype (the announcement's)
+# The scheduler's gauges and the tokenizer manager's TTFT histogram, with --enable-metrics
+# (sgl-project/sglang python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector and
+# TokenizerMetricsCollector; read at 00ae9c1, the image's 43881a7 not being readable)
+METRICS = Names(
+    waiting="sglang:num_queue_reqs",
+    running="sglang:num_running_reqs",
+    kv_usage="sglang:token_usage",
+    ttft="sglang:time_to_first_token_seconds",
+)
 
 _ARGS = (
     "github.com/sgl-project/sglang@43881a7:python/sglang/srt/server_args.py (ServerArgs, the commit the "
     "image holds); https://docs.sglang.io/advanced_features/server_arguments.html"
 )
 _PD = "https://docs.sglang.io/advanced_features/pd_disaggregation.html; " + _ARGS
+_CONFIG = (
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/sglang-neuron/reference/configuration.html "
+    "(SGLang-Neuron 0.1.0: Container options --cap-add SYS_NICE, --init, --ipc=host) and "
+    "reference/troubleshooting.html (a cache directory per image; EFA devices, IPC_LOCK and memlock for P/D)"
+)
+_TORCHNEURON = (
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/about-compiler-artifacts.html "
+    "(TorchNeuron stores each NEFF in the persistent NEFF cache, TORCH_NEURONX_NEFF_CACHE_DIR)"
+)
+_METRICS = "github.com/sgl-project/sglang python/sglang/srt/metrics/collector.py (sglang:* names)"
 _PLUGIN = (
     "github.com/sgl-project/sglang-neuron@4e24326:README.md, @v0.1.0:docs/getting-started/setup-guide.md; "
     "the AWS announcement of SGLang-Neuron (SGLANG_PLATFORM=neuron python -m sglang.launch_server on Trn3)"
@@ -77,8 +103,16 @@ PINNED = Pinned(
         Fact("--disaggregation-bootstrap-port", "arg", f"the prefill's port ({BOOTSTRAP_PORT})", _PD),
         Fact("SGLANG_DISAGGREGATION_NIXL_BACKEND", "env", f"{NIXL_BACKEND}: NIXL over libfabric (EFA)",
              "github.com/sgl-project/sglang@43881a7:python/sglang/srt/environ.py (default UCX); " + _PD),
-        Fact("HOME", "env", "a writable home: HF_HOME (~/.cache/huggingface) and torch's caches",
+        Fact("--enable-metrics", "arg", "Prometheus metrics on /metrics (off by default)", _ARGS, "flag"),
+        Fact("--ep-size", "arg", "expert parallelism", f"{_ARGS}; the announcement (--ep-size 8)", "int"),
+        Fact("--kv-cache-dtype", "arg", "the KV cache's type: fp8_e4m3", f"{_ARGS}; the announcement",
+             "fp8_e4m3"),
+        Fact("--mem-fraction-static", "arg", "share of device memory for weights and the KV cache pool",
+             f"{_ARGS}; the announcement (0.8)", "float"),
+        Fact("HF_HOME", "env", "the Hub cache: downloads on the cache claim, once per image",
              "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"),
+        Fact("TORCH_NEURONX_NEFF_CACHE_DIR", "env", "TorchNeuron's persistent NEFF cache, on the cache claim",
+             _TORCHNEURON),
     ),
 )  # fmt: skip
 
@@ -116,24 +150,50 @@ def serve(
     command = ["python", "-m", "sglang.launch_server", "--model-path", model_reference(spec)]
     command += ["--host", "0.0.0.0", "--port", str(port), "--tp-size", str(n.tensorParallel)]
     command += ["--max-running-requests", str(n.batchSize), "--context-length", str(n.sequenceLength)]
-    command += ["--dtype", n.dtype]
+    command += ["--dtype", n.dtype, "--enable-metrics"]
+    if n.expertParallel:
+        command += ["--ep-size", str(n.expertParallel)]
+    if n.kvCacheDtype != "auto":
+        command += ["--kv-cache-dtype", KV_CACHE_DTYPES[n.kvCacheDtype]]
+    if n.memoryFraction is not None:
+        command += ["--mem-fraction-static", str(n.memoryFraction)]
     if served_name:
         command += ["--served-model-name", served_name]
     if spec.model.revision:
         command += ["--revision", spec.model.revision]
-    env = {"SGLANG_PLATFORM": "neuron", "HOME": HOME}
+    env = {
+        "SGLANG_PLATFORM": "neuron",
+        "HF_HOME": f"{SERVER_CACHE}/hf",
+        "TORCH_NEURONX_NEFF_CACHE_DIR": f"{SERVER_CACHE}/neff",
+    }
     if role in ("prefill", "decode"):
         command += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
         env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = NIXL_BACKEND
+    container = Container(
+        IMAGE, command, env, read_only_root=False, third_party=True, capabilities=CAPABILITIES,
+        init_process=True,
+    )  # fmt: skip
     if role == "prefill":
         command += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
-    return Container(IMAGE, command, env, writable=(HOME, NEURON_CACHE_DIR))
+        container.ports = (("bootstrap", BOOTSTRAP_PORT),)
+    return container
+
+
+def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
+    """Given a Hub id, the server downloads the model at start (into HF_HOME, on the claim: once)."""
+    return spec.model.uri.startswith("hf://")
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
     """What SGLang-Neuron 0.1.0 cannot do as asked, each refusal saying what works."""
     n, use = spec.neuron, "engine vllm"
     out = refusals_of_nxdi_fields(spec, "SGLang-Neuron", use)
+    if n.expertParallel and n.tensorParallel % n.expertParallel:
+        out.append(f"neuron.expertParallel {n.expertParallel} must divide neuron.tensorParallel "
+                   f"{n.tensorParallel} (SGLang's --ep-size)")  # fmt: skip
+    out += refusals_of_engine_fields(
+        spec, "SGLang-Neuron", f"{use} on Trn2", takes=("expertParallel", "kvCacheDtype", "memoryFraction")
+    )
     if n.maxInputLength != n.sequenceLength - 1:  # (its default: unset, it is that)
         out.append(
             f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "

@@ -16,15 +16,18 @@ import shlex
 from neuronfleet.contract import CONFIG_MOUNT
 
 from .. import topology
+from ..pod_metrics import Names
 from ..spec import NeuronModelSpec
 from .common import (
+    HUB_DOWNLOAD_SCRIPT,
     Container,
     Fact,
     Pinned,
     artifacts_dir,
     compile_script,
-    hub_download_failure,
+    hub_download_script,
     model_reference,
+    refusals_of_engine_fields,
     refusals_of_nxdi_fields,
     start_guard,
 )
@@ -101,16 +104,12 @@ PINNED = Pinned(
     ),
 )  # fmt: skip
 
-DOWNLOAD_SCRIPT = "tgi_download.py"
-_DOWNLOAD = (
-    "import os\nimport sys\n\nfrom huggingface_hub import snapshot_download\n\n"
-    "MODEL = sys.argv[1]\n"
-    "try:\n"
-    "    snapshot_download(\n        repo_id=MODEL,\n        revision=sys.argv[2] or None,\n"
-    '        local_dir=sys.argv[3],\n        ignore_patterns=["original/*", "*.pth"],\n    )\n'
-    "except Exception as e:  # not found, gated, refused: the operator tries again later\n"
-    f"{hub_download_failure('    ')}"
-)
+DOWNLOAD_SCRIPT = HUB_DOWNLOAD_SCRIPT
+# The router's gauges (backends/v2/src/queue.rs tgi_queue_size; backends/v2/src/backend.rs
+# tgi_batch_current_size, the v2 router the Neuron image installs: Dockerfile.neuron@v3.3.5); no KV usage
+# and no time-to-first-token histogram (tgi_request_* histograms time whole requests), so no occupancy from
+# the KV cache and no ttft signal (`scaling.autoscaling_errors`)
+METRICS = Names(waiting="tgi_queue_size", running="tgi_batch_current_size", kv_usage=None, ttft=None)
 
 
 def image(spec: NeuronModelSpec) -> str:
@@ -176,7 +175,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
             _shell(["rm", "-rf", "$OUT/checkpoint"]),
         )
     )
-    return {DOWNLOAD_SCRIPT: _DOWNLOAD, "compile.sh": compile_script(spec, compile_hash, step)}
+    return {DOWNLOAD_SCRIPT: hub_download_script(), "compile.sh": compile_script(spec, compile_hash, step)}
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
@@ -186,10 +185,26 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     )  # fmt: skip
 
 
+# The backend's status: huggingface/optimum-neuron removed its TGI image and docs (commits 20b28fb9 and
+# ccb15d79, 2026-01-19, first in tag v0.4.5), and huggingface/text-generation-inference says it "is now in
+# maintenance mode" (README, commit 34988476, 2025-12-11); its Neuron backend last changed at v3.3.5.
+LEGACY = (
+    "engine tgi is legacy: TGI's Neuron backend is no longer developed (optimum-neuron dropped it in January "
+    "2026; TGI is in maintenance mode), so neuronfleet serves it on Inferentia2 and Trainium1 with the "
+    "pinned "
+    f"image {IMAGE} only; engine vllm serves these instances too and gets new Neuron releases"
+)
+
+
+def notice(spec: NeuronModelSpec) -> str:
+    return LEGACY
+
+
 def unsupported(spec: NeuronModelSpec) -> list[str]:
     """What TGI's Neuron export cannot take, each refusal saying what works."""
     use = "engine vllm"  # the embedded engine has no Neuron backend yet (issue 15, item 6)
     out = refusals_of_nxdi_fields(spec, "TGI's Neuron export (optimum-neuron)", use)
+    out += refusals_of_engine_fields(spec, "TGI's Neuron backend", use)
     inst = topology.INSTANCES.get(spec.neuron.instanceType)
     if inst is not None and inst.platform not in PLATFORMS:
         names = ", ".join(name for name, i in topology.INSTANCES.items() if i.platform in PLATFORMS)

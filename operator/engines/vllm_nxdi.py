@@ -16,6 +16,8 @@ from neuronfleet.contract import CONFIG_MOUNT
 
 from ..spec import NeuronModelSpec, valued
 from .common import (
+    HF_HUB,
+    VLLM_METRICS,
     Container,
     Fact,
     Pinned,
@@ -62,18 +64,18 @@ NXDI_APP = (
     "aws-neuron/neuronx-distributed-inference@c63afe0:src/neuronx_distributed_inference/models/"
     "application_base.py"
 )
-LNC_DOC = "aws-neuron/aws-neuron-sdk@v2.31.1:about-neuron/arch/neuron-features/logical-neuroncore-config.rst"
 QUICKSTART = (
     "aws-neuron/aws-neuron-sdk@v2.32.0:deploy/environments/quickstart-deploy-dlc.rst (Step 2: docker run "
     "--cap-add SYS_ADMIN --cap-add IPC_LOCK, for Trainium and Inferentia)"
 )
-HF_ENVS = "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.16.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
 PLATFORMS = ("inf2-trn1",)
 CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")  # QUICKSTART
 OVERRIDE = "override_neuron_config"  # the key of --additional-config the plugin reads (PLUGIN_LOADER)
 QUANTIZATION_DTYPES = {"int8": "int8", "fp8": "f8e4m3"}  # spec -> NxDI quantization_dtype (NXDI_API)
+
+METRICS = VLLM_METRICS
 
 
 def _arg(name: str, meaning: str, value: str, source: str = VLLM_ARGS) -> Fact:
@@ -172,9 +174,6 @@ PINNED = Pinned(
             NXDI_API,
         ),
         _config(
-            "logical_nc_config", "logical NeuronCore configuration (LNC)", "1|2", f"{NXDI_API}; {NXDI_CONFIG}"
-        ),
-        _config(
             "quantized",
             "weight quantization on (the plugin takes quantized, quantization_dtype and "
             "quantized_checkpoints_path from the overrides)",
@@ -194,16 +193,10 @@ PINNED = Pinned(
             "path",
             f"{USER_GUIDE} (Loading pre-compiled models); {PLUGIN_LOADER} (_get_compiled_model_path)",
         ),
-        _env(
-            "NEURON_LOGICAL_NC_CONFIG",
-            "the Neuron runtime's LNC; NxDI takes it over logical_nc_config, so both say the same",
-            "1|2",
-            f"{LNC_DOC}; {NXDI_CONFIG} (_get_lnc)",
-        ),
         _env("XLA_HANDLE_SPECIAL_SCALAR", "required for f8e4m3 quantization", "1", NXDI_API),
-        _env("HF_TOKEN", "the Hub token (from the model's secretRef)", "str", HF_ENVS),
+        _env("HF_TOKEN", "the Hub token (from the model's secretRef)", "str", HF_HUB),
         _env(
-            "HUGGING_FACE_HUB_TOKEN", "the Hub token, older name (from the model's secretRef)", "str", HF_ENVS
+            "HUGGING_FACE_HUB_TOKEN", "the Hub token, older name (from the model's secretRef)", "str", HF_HUB
         ),
     ),
 )
@@ -219,7 +212,7 @@ DERIVED = {
     "torch_dtype": "neuron.dtype",
     "context_encoding_buckets": "neuron.buckets.context",
     "token_generation_buckets": "neuron.buckets.generation",
-    "logical_nc_config": "neuron.logicalCores",
+    "logical_nc_config": "nothing: LNC applies to Trn2 and Trn3 only",
     "quantized": "neuron.quantization",
     "quantization_dtype": "neuron.quantization",
     "quantized_checkpoints_path": "neuron.quantization",
@@ -242,7 +235,7 @@ def model_dir(compile_hash: str) -> str:
 
 def override_neuron_config(spec: NeuronModelSpec, compile_hash: str) -> dict:
     """NxDI NeuronConfig fields over the plugin's defaults (which already carry TP, batch, sequence length,
-    context length and dtype from vLLM's flags): self-contained artifacts, buckets, LNC, quantization, then
+    context length and dtype from vLLM's flags): self-contained artifacts, buckets, quantization, then
     the spec's own overrides (none of them a derived field: `unsupported`)."""
     n = spec.neuron
     config: dict = {"save_sharded_checkpoint": True}
@@ -250,8 +243,6 @@ def override_neuron_config(spec: NeuronModelSpec, compile_hash: str) -> dict:
         config["context_encoding_buckets"] = list(n.buckets.context)
     if n.buckets.generation:
         config["token_generation_buckets"] = list(n.buckets.generation)
-    if n.logicalCores is not None:
-        config["logical_nc_config"] = n.logicalCores
     if n.quantization != "none":
         config["quantized"] = True
         config["quantization_dtype"] = QUANTIZATION_DTYPES[n.quantization]
@@ -278,8 +269,6 @@ def engine_args(spec: NeuronModelSpec, compile_hash: str) -> list[tuple[str, obj
 
 def engine_env(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
     env = {"NEURON_COMPILED_ARTIFACTS": model_dir(compile_hash)}
-    if spec.neuron.logicalCores is not None:
-        env["NEURON_LOGICAL_NC_CONFIG"] = str(spec.neuron.logicalCores)
     if spec.neuron.quantization == "fp8":
         env["XLA_HANDLE_SPECIAL_SCALAR"] = "1"
     return env

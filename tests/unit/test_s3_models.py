@@ -110,7 +110,8 @@ def test_vllm_serves_from_the_downloaded_folder_on_the_cache_it_mounts():
 def test_sglang_gets_a_compile_job_for_the_download_alone_and_serves_the_folder():
     """SGLang-Neuron compiles as each server starts: for an s3:// model its Job only fetches (our CPU image,
     no Neuron device, a check that files arrived) and its prefill and decode pods, which hold no S3
-    credentials, read the folder from the cache they mount read-only. Other sources keep no Job at all."""
+    credentials, read the folder from the cache they mount (writable: they keep their compiled graphs there).
+    Other sources keep no Job at all."""
     spec = spec_of("sglang")
     assert engines.compiles(spec) and not engines.compiles(spec_of("sglang", uri="hf://openai/gpt-oss-120b"))
     built = objects(spec)
@@ -130,7 +131,7 @@ def test_sglang_gets_a_compile_job_for_the_download_alone_and_serves_the_folder(
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["command"][container["command"].index("--model-path") + 1] == SOURCE_DIR
         cache = next(m for m in container["volumeMounts"] if m["name"] == "cache")
-        assert cache["mountPath"] == CACHE_MOUNT and cache["readOnly"] is True
+        assert cache["mountPath"] == CACHE_MOUNT and cache["readOnly"] is False
 
 
 def test_the_source_probe_runs_as_the_compile_service_account_and_fingerprints_s3():

@@ -4,9 +4,10 @@ and compile config is read back, field by field, the way the process reads it:
 
 - our runtime (the embedded engine, and every engine's router): the real `neuronfleet serve` parser into
   `contract.ServeConfig`, then the runtime's own `RuntimeConfig`, whose limits are what `/info` reports;
-- vLLM, TGI and SGLang: an argparse parser that knows only the flags documented for the pinned version (an
-  unknown flag fails the parse), and TGI's documented environment variables (the names and their sources are
-  each engine module's PINNED; tests/unit/test_engine_tgi.py and test_engine_sglang.py check them in depth).
+- vLLM (over NxD Inference on Inf2/Trn1, the vLLM Neuron plugin on Trn2/Trn3), TGI and SGLang: an argparse
+  parser that knows only the flags documented for the pinned version (an unknown flag fails the parse), and
+  TGI's documented environment variables (the names and their sources are each engine module's PINNED;
+  tests/unit/test_engine_tgi.py, test_engine_sglang.py and test_engine_vllm_*.py check them in depth).
 
 A field an engine has no setting for must be refused by validation (never dropped): checked below too."""
 
@@ -73,8 +74,8 @@ def serve_args(command: list[str]) -> ServeConfig:
 
 
 def vllm_parser() -> argparse.ArgumentParser:
-    """`vllm serve` flags of vLLM 0.11.0 used here (https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html;
-    every emitted name with its source and values: tests/unit/test_engine_vllm.py)."""
+    """`vllm serve` flags used here (vLLM 0.16.0 and 0.24.0: vllm/engine/arg_utils.py; every emitted name with
+    its source and values: tests/unit/test_engine_vllm_nxdi.py and test_engine_vllm_plugin.py)."""
     p = argparse.ArgumentParser(prog="vllm serve", exit_on_error=False)
     p.add_argument("model")
     for flag in ("--host", "--revision", "--served-model-name"):
@@ -85,11 +86,15 @@ def vllm_parser() -> argparse.ArgumentParser:
         "--max-num-seqs",
         "--max-model-len",
         "--num-gpu-blocks-override",
+        "--max-num-batched-tokens",
     ):
         p.add_argument(flag, type=int)
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
     p.add_argument("--no-enable-prefix-caching", action="store_true")
+    p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--additional-config", type=json.loads)
+    p.add_argument("--kv-transfer-config", type=json.loads)
     return p
 
 
@@ -106,9 +111,13 @@ def sglang_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(flag)
     for flag in (
-        "--port", "--tp-size", "--max-running-requests", "--context-length", "--disaggregation-bootstrap-port"
+        "--port", "--tp-size", "--max-running-requests", "--context-length", "--ep-size",
+        "--disaggregation-bootstrap-port",
     ):  # fmt: skip
         p.add_argument(flag, type=int)
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e5m2", "fp8_e4m3"])
     p.add_argument("--dtype", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"])
     return p
@@ -241,9 +250,42 @@ def check_vllm_neuron_config(engine: dict, spec) -> None:
         assert nc[key] == value
 
 
+def check_vllm_plugin(c: dict, spec, name: str, role: str) -> None:
+    """The vLLM Neuron plugin (Trn2/Trn3): the shapes in vLLM's flags, the buckets and expert parallelism in
+    --additional-config's neuron_config (reference-configuration.md at SDK v2.32.0), the role's own tensor
+    parallelism and KV connector, the model from the compile's folder."""
+    n = spec.neuron
+    assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:6] == ["vllm", "serve"]  # start guard
+    args = vllm_parser().parse_args(c["command"][6:])
+    assert args.port == spec.serving.port and args.served_model_name == name
+    assert args.model.startswith("/")  # a folder: the compile's download, or the mounted source
+    assert args.tensor_parallel_size == validation.role_tensor_parallel(spec, role)
+    assert (args.max_num_seqs, args.max_model_len, args.dtype) == (n.batchSize, n.sequenceLength, n.dtype)
+    config = (args.additional_config or {}).get("neuron_config", {})
+    assert config.get("num_batched_tokens_buckets", []) == n.buckets.context
+    assert args.max_num_batched_tokens == (max(n.buckets.context) if n.buckets.context else None)
+    assert config.get("decode_context_length_buckets", []) == n.buckets.generation
+    assert config.get("ep_degree") == n.expertParallel and args.enable_expert_parallel == bool(
+        n.expertParallel
+    )
+    assert args.kv_cache_dtype == (None if n.kvCacheDtype == "auto" else n.kvCacheDtype)
+    for key, value in n.overrides.items():
+        assert config[key] == value
+    kv = args.kv_transfer_config
+    if role == "unified":
+        assert kv is None
+    else:
+        assert kv["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+        assert kv["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"]}  # NIXL over EFA
+    lnc = n.logicalCores or validation.topology.INSTANCES[n.instanceType].default_logical_cores
+    assert env_of(c)["NEURON_LOGICAL_NC_CONFIG"] == str(lnc)
+
+
 def check_vllm(c: dict, spec, name: str, role: str) -> None:
     n = spec.neuron
-    assert role == "unified"  # disaggregated vLLM is refused (tests/unit/test_engine_vllm.py)
+    if n.instanceType.startswith("trn2") or n.instanceType.startswith("trn3"):
+        return check_vllm_plugin(c, spec, name, role)
+    assert role == "unified"  # disaggregated vLLM over NxD Inference is refused
     assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:6] == ["vllm", "serve"]  # start guard
     args = vllm_parser().parse_args(c["command"][6:])
     assert args.port == spec.serving.port
@@ -256,14 +298,34 @@ def check_vllm(c: dict, spec, name: str, role: str) -> None:
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
     }  # fmt: skip
     check_vllm_neuron_config(engine, spec)
-    assert env_of(c).get("NEURON_LOGICAL_NC_CONFIG") == (
-        None if n.logicalCores is None else str(n.logicalCores)
-    )
+
+
+def check_vllm_plugin_compile(objects: list[dict], spec) -> None:
+    """compile.sh starts `vllm serve` once per tensor parallelism the pods run, with their arguments (no KV
+    connector), so the graphs it compiles are the ones they load."""
+    script = next(o["data"]["compile.sh"] for o in objects if "compile.sh" in o.get("data", {}))
+    roles = ("prefill", "decode") if spec.serving.mode == "disaggregated" else ("unified",)
+    serving = {validation.role_tensor_parallel(spec, r): r for r in roles}
+    started = [
+        shlex.split(line.rstrip(" &")) for line in script.splitlines() if line.startswith("vllm serve")
+    ]
+    assert sorted(int(w[w.index("--tensor-parallel-size") + 1]) for w in started) == (
+        validation.tensor_parallel_degrees(spec))  # fmt: skip
+    for words in started:
+        args = vllm_parser().parse_args(words[2:])
+        role = serving[args.tensor_parallel_size]
+        pod = vllm_parser().parse_args(container(deployments(objects)[role])["command"][6:])
+        ignored = ("host", "port", "kv_transfer_config", "served_model_name")
+        assert {k: v for k, v in vars(args).items() if k not in ignored} == {
+            k: v for k, v in vars(pod).items() if k not in ignored
+        }
 
 
 def check_vllm_compile(objects: list[dict], spec) -> None:
     """The compile Job's `LLM(model, **ENGINE_ARGS)` (vllm.LLM takes the engine arguments as keywords): the
     same shapes as the serving pods', or the artifacts would not be the ones they load."""
+    if spec.neuron.instanceType.startswith(("trn2", "trn3")):
+        return check_vllm_plugin_compile(objects, spec)
     script = next(o["data"]["compile_vllm.py"] for o in objects if "compile_vllm.py" in o.get("data", {}))
     assigned = {
         node.targets[0].id: ast.literal_eval(node.value)
@@ -288,6 +350,8 @@ def check_sglang(c: dict, spec, name: str, role: str) -> None:
     assert args.revision == spec.model.revision
     assert args.disaggregation_mode == (role if role in ("prefill", "decode") else None)
     assert args.disaggregation_bootstrap_port == (sglang.BOOTSTRAP_PORT if role == "prefill" else None)
+    assert args.ep_size == n.expertParallel and args.mem_fraction_static == n.memoryFraction
+    assert args.kv_cache_dtype == {"auto": None, "fp8": "fp8_e4m3"}[n.kvCacheDtype]
     assert env_of(c)["SGLANG_PLATFORM"] == "neuron"
     assert {e["name"] for e in c["env"]} - set(HF_TOKEN_ENVS) <= pinned_names(sglang.PINNED, "env")
 
@@ -333,9 +397,13 @@ def test_every_runtime_field_of_every_sample_reaches_every_roles_process(path):
 @pytest.mark.parametrize(
     ("base", "neuron"),
     [
-        ("llama-3.3-70b-vllm-trn2.yaml", {"revision": "v1", "quantization": "fp8", "dtype": "float16",
+        ("llama-3.1-8b-vllm-inf2.yaml", {"revision": "v1", "quantization": "fp8", "dtype": "float16",
          "overrides": {"fused_qkv": True},
-         "buckets": {"context": [1024, 16383], "generation": [4096, 16384]}}),
+         "buckets": {"context": [1024, 8191], "generation": [4096, 8192]}}),
+        ("llama-3.3-70b-vllm-trn2.yaml", {"revision": "v5", "dtype": "float16", "expertParallel": 8,
+         "kvCacheDtype": "fp8", "overrides": {"num_seqs_buckets": [1, 16]},
+         "buckets": {"context": [1024, 8192], "generation": [4096, 8192]}}),
+        ("llama-3.3-70b-vllm-trn2-disaggregated.yaml", {"dtype": "float16", "kvCacheDtype": "fp8"}),
         ("llama-3.1-70b-vllm-trn1.yaml", {"revision": "v2", "quantization": "int8"}),
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"revision": "v3", "dtype": "float16"}),
         ("llama-3.2-3b-tgi-inf2.yaml", {"revision": "v4", "dtype": "float16", "maxInputLength": 1024}),
@@ -421,8 +489,12 @@ def test_a_field_the_engine_cannot_honour_is_refused_saying_what_works(base, neu
 
 
 def test_engines_that_take_every_field_refuse_none_of_them():
-    obj = spec_with(
-        "llama-3.3-70b-vllm-trn2.yaml", quantization="fp8", overrides={"fused_qkv": True},
-        buckets={"context": [1024, 16383], "generation": [4096, 16384]},
-    )  # fmt: skip
-    assert validation.check(obj).ok, validation.check(obj).errors
+    for obj in (
+        spec_with("llama-3.1-8b-vllm-inf2.yaml", quantization="fp8", overrides={"fused_qkv": True},
+                  buckets={"context": [1024, 8191], "generation": [4096, 8192]}),
+        spec_with("llama-3.3-70b-vllm-trn2-disaggregated.yaml", expertParallel=8, kvCacheDtype="fp8",
+                  overrides={"num_seqs_buckets": [1, 16]}, buckets={"context": [1024], "generation": [4096]}),
+        spec_with("gpt-oss-120b-sglang-trn3-disaggregated.yaml", expertParallel=4, kvCacheDtype="fp8",
+                  memoryFraction=0.7),
+    ):  # fmt: skip
+        assert validation.check(obj).ok, validation.check(obj).errors

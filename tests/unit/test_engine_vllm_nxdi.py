@@ -1,19 +1,20 @@
-"""The vLLM engine against its pinned contract (operator/engines/vllm.py `PINNED`): every vLLM sample, and
-variants that switch on each optional setting, is rendered by the builders, and every argument, config key and
-environment variable of the serving pod and of the compile Job is read back with a parser built from the
-recorded facts (their names and values), not from the code that emits them: an unrecorded name, or a value of
-another type or outside the recorded choices, fails. Every recorded fact is emitted by some rendering (none is
-stale) and names its source at a version.
+"""vLLM on Inf2 and Trn1 (the plugin over NxD Inference) against its pinned contract
+(operator/engines/vllm_nxdi.py `PINNED`): every vLLM sample on those instances, and variants that switch on
+each optional setting, is rendered by the builders, and every argument, config key and environment variable of
+the serving pod and of the compile Job is read back with a parser built from the recorded facts (their names
+and values), not from the code that emits them: an unrecorded name, or a value of another type or outside the
+recorded choices, fails. Every recorded fact is emitted by some rendering (none is stale), names its source at
+a version, and is found in the record of the pin's sources (tests/data/vllm-nxdi-sdk2.31.1-names.json: where
+each name appears in the v2.31.1 user and API guides and the vllm 0.16.0 wheel).
 
-vLLM's own parser is not used: `pip download vllm==0.11.0 --no-deps` is a 438.2 MB wheel (measured), and
-`vllm.engine.arg_utils` imports vllm.config, which needs torch==2.8.0 and vLLM's other dependencies; the
-plugin (vllm-neuron) is not on PyPI. The facts were checked by hand against vllm/engine/arg_utils.py,
-vllm/entrypoints/openai/serving_engine.py and vllm/envs.py of that wheel (docs/engine-vllm.md).
+vLLM's own parser is not used: the vllm 0.16.0 wheel is 508 MB and its modules import vLLM's torch; the
+plugin is not on PyPI (docs/engine-vllm.md says what was read).
 
-Also: the compile Job runs on the serving instance type with the serving pods' Neuron cores, the Neuron taint
-tolerated and the Neuron scheduler extension; the serving start guard (run with /bin/sh against a folder)
-starts vLLM only on complete artifacts of its hash, and otherwise exits 1 with the reason in the termination
-log; what the engine cannot do is refused at validation with a message."""
+Also: the compile Job runs on the serving instance type with the serving pods' Neuron cores and the Neuron
+taint tolerated; the containers run as the image's own user, with the capabilities its quickstart adds; the
+serving start guard (run with /bin/sh against a folder) starts vLLM only on complete artifacts of its hash,
+and otherwise exits 1 with the reason in the termination log; what the engine cannot do is refused at
+validation with a message."""
 
 from __future__ import annotations
 
@@ -30,27 +31,28 @@ from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
 from neuronfleet.operator import builders, pod_parts, validation
-from neuronfleet.operator.engines import vllm
+from neuronfleet.operator.engines import vllm_nxdi as vllm
 from neuronfleet.operator.engines.common import Fact
 
 SAMPLES = sorted(
-    p.name for p in (ROOT / "crds" / "samples").glob("*.yaml") if "engine: vllm" in p.read_text()
+    p.name
+    for p in (ROOT / "crds" / "samples").glob("*.yaml")
+    if "engine: vllm" in p.read_text() and re.search(r"instanceType: (inf2|trn1)", p.read_text())
 )
+RECORD = json.loads((ROOT / "tests" / "data" / "vllm-nxdi-sdk2.31.1-names.json").read_text())["names"]
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 # Variants of the samples that switch on every optional setting (revision, buckets, quantization, LNC, a user
 # override, a pvc:// model): each must validate, and its rendering is checked like the samples'.
 VARIANTS = {
-    "trn2 fp8, buckets, revision, override": (
-        "llama-3.3-70b-vllm-trn2.yaml",
+    "inf2 fp8, buckets, revision, override": (
+        "llama-3.1-8b-vllm-inf2.yaml",
         {"neuron": {"quantization": "fp8", "dtype": "float16", "overrides": {"fused_qkv": True},
-                    "buckets": {"context": [1024, 16383], "generation": [4096, 16384]}},
+                    "buckets": {"context": [1024, 8191], "generation": [4096, 8192]}},
          "model": {"revision": "v1"}},
     ),
     "trn1 int8": ("llama-3.1-70b-vllm-trn1.yaml", {"neuron": {"quantization": "int8"}}),
-    "trn2 LNC 1, pvc model": (
-        "llama-3.3-70b-vllm-trn2.yaml",
-        {"neuron": {"logicalCores": 1, "tensorParallel": 64},
-         "model": {"uri": "pvc://models/llama-3.3-70b", "secretRef": None}},
+    "trn1 pvc model": (
+        "llama-3.1-70b-vllm-trn1.yaml", {"model": {"uri": "pvc://models/llama-3.1-70b", "secretRef": None}},
     ),
 }  # fmt: skip
 
@@ -211,7 +213,7 @@ def test_every_recorded_fact_is_emitted_somewhere_and_names_a_versioned_source()
         check_serving(of_kind(objects, "Deployment")[0], spec, seen)
         check_compile(objects, spec, seen)
     assert {f.name for f in vllm.PINNED.facts} == seen
-    versioned = re.compile(r"(@v?\d+\.\d+|/v\d+\.\d+)")
+    versioned = re.compile(r"(@(v|release-)?\d+\.\d+|/v\d+\.\d+|\b\d+\.\d+\.\d+\b|@c63afe0)")
     for fact in vllm.PINNED.facts:
         assert fact.meaning and versioned.search(fact.source), fact
     assert vllm.PINNED.image.split(":")[1].startswith(vllm.PINNED.versions["vllm"])
@@ -248,17 +250,25 @@ def test_the_compile_job_runs_where_a_serving_pod_runs_with_its_neuron_cores(nam
     assert serving_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == cores
     assert job["nodeSelector"]["node.kubernetes.io/instance-type"] == spec.neuron.instanceType
     assert pod_parts.NEURON_TAINT in job["tolerations"]
-    assert job["schedulerName"] == serving["schedulerName"] == "my-scheduler"
-    # the compile writes the cache; serving pods read it only, with a read-only root and a writable HOME
+    assert "schedulerName" not in job and "schedulerName" not in serving  # the chart names none by default
+    # the compile writes the cache; serving pods read it only
     mounts = {m["name"]: m for m in compile_c["volumeMounts"]}
     assert mounts["cache"]["readOnly"] is False
     serving_mounts = {m["mountPath"]: m for m in serving_c["volumeMounts"]}
     assert serving_mounts[CACHE_MOUNT]["readOnly"] is True
-    for c, mounts_by_path in ((compile_c, {m["mountPath"] for m in compile_c["volumeMounts"]}),
-                              (serving_c, set(serving_mounts))):  # fmt: skip
-        assert c["securityContext"]["readOnlyRootFilesystem"] is True
-        home = next(e["value"] for e in c["env"] if e["name"] == "HOME")
-        assert home in mounts_by_path and "/tmp" in mounts_by_path
+    # the image's own user (it declares none: root) and root file system, the capabilities of its quickstart
+    for pod, c in ((job, compile_c), (serving, serving_c)):
+        assert "runAsUser" not in pod["securityContext"] and "runAsNonRoot" not in pod["securityContext"]
+        sc = c["securityContext"]
+        assert (
+            "runAsUser" not in sc
+            and "readOnlyRootFilesystem" not in sc
+            and not sc["allowPrivilegeEscalation"]
+        )
+        assert sc["capabilities"] == {"add": ["SYS_ADMIN", "IPC_LOCK"]}
+        assert all(RECORD.get(cap) for cap in sc["capabilities"]["add"])
+        assert not any(e["name"] == "HOME" for e in c["env"])
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
 
 
 def run_script(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -372,7 +382,11 @@ def test_the_compile_script_writes_the_manifest_only_after_a_complete_compile(tm
     [
         ({"serving": {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
                       "unified": None}},
-         r"serving.mode disaggregated: the pinned vLLM image .* has no KV-cache connector on Neuron"),
+         r"serving.mode disaggregated: engine vllm on Inf2 and Trn1 .* has no KV-cache connector .* or "
+         r"engine vllm on Trn2 or Trn3"),
+        ({"neuron": {"kvCacheDtype": "fp8"}},
+         r"neuron.kvCacheDtype: engine vllm on Inf2/Trn1 \(NxD Inference\) has no setting for a KV "
+         r"cache type"),
         ({"neuron": {"maxInputLength": 6144}},
          r"neuron.maxInputLength 6144 must be neuron.sequenceLength - 1 \(8191\) for engine vllm: vLLM "
          r"bounds a prompt only by --max-model-len"),
@@ -388,9 +402,12 @@ def test_what_vllm_cannot_honour_is_refused_saying_what_works(change, message):
     assert any(re.search(message, e) for e in report.errors), report.errors
 
 
-def test_vllm_on_trn3_is_refused_naming_what_runs_there():
-    """The pinned image's Neuron SDK (2.27.1) predates Trn3: refused, naming SGLang-Neuron there."""
-    obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml").read_text())
-    obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
-    report = validation.check(obj)
-    assert any("predates Trn3" in e and "use engine sglang there" in e for e in report.errors), report.errors
+def test_every_emitted_name_is_found_in_the_record_of_the_pins_sources():
+    for _, obj in cases():
+        spec, objects = rendered(obj)
+        seen: set[str] = set()
+        check_serving(of_kind(objects, "Deployment")[0], spec, seen)
+        check_compile(objects, spec, seen)
+        names = {n.removeprefix(f"{vllm.OVERRIDE}.") for n in seen} - {"model_tag"}
+        missing = sorted(n for n in names if not RECORD.get(n))
+        assert not missing, f"emitted but not found in the pin's sources: {missing}"

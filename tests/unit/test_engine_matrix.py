@@ -1,0 +1,64 @@
+"""The engine matrix (operator/engines/matrix.py) against what it summarises: each cell says "refused" exactly
+where `neuronfleet validate` refuses that engine and mode on the family's largest instance type (Llama 3.1 8B,
+tensor parallelism 8, 1 on cpu, the prompt limit the engine takes), each pinned contract is the one the engine
+renders for that family, and the README's "What runs where" and "Pinned images" tables are the matrix's."""
+
+from __future__ import annotations
+
+import pytest
+from support import ROOT
+
+from neuronfleet.operator import builders, spec, validation
+from neuronfleet.operator.engines import matrix
+
+README = (ROOT / "README.md").read_text()
+DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
+
+
+def instance_of(family: str) -> str:
+    return (
+        "cpu" if family == "cpu" else [i for i in validation.topology.INSTANCES if i.startswith(family)][-1]
+    )
+
+
+def model(engine: str, mode: str, family: str) -> dict:
+    neuron = {"instanceType": instance_of(family), "tensorParallel": 1 if family == "cpu" else 8}
+    if engine == "vllm":
+        neuron["maxInputLength"] = 4096 - 1  # the default sequenceLength - 1
+    return {
+        "apiVersion": spec.API_VERSION, "kind": spec.KIND, "metadata": {"name": "m"},
+        "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine,
+                 "neuron": neuron, "serving": dict(DISAGGREGATED) if mode == "disaggregated" else {}},
+    }  # fmt: skip
+
+
+CELLS = [(e, m, f) for e in matrix.ENGINES for m in matrix.MODES for f in matrix.FAMILIES]
+
+
+@pytest.mark.parametrize(("engine", "mode", "family"), CELLS)
+def test_every_cell_is_what_validation_says(engine, mode, family):
+    cell = matrix.cell(engine, mode, family)
+    assert cell.split(" ")[0] in ("works", "refused"), cell
+    report = validation.check(model(engine, mode, family))
+    assert report.ok == cell.startswith("works"), (cell, report.errors)
+
+
+@pytest.mark.parametrize(("engine", "family"), [k for k, s in matrix.MATRIX.items() if s.pinned is not None])
+def test_each_pinned_contract_is_the_one_the_engine_renders_there(engine, family):
+    obj = model(engine, "unified", family)
+    parsed, errors = validation.parse(obj)
+    assert not errors
+    pinned = matrix.MATRIX[(engine, family)].pinned
+    assert builders.engines.image_for(parsed) == pinned.image
+    for deployment in (o for o in builders.build_all(builders.Owner("m", "ns"), parsed, serving_hash="h")
+                       if o["kind"] == "Deployment"):  # fmt: skip
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == pinned.image
+
+
+@pytest.mark.parametrize(
+    ("marker", "table"),
+    [("what-runs-where", matrix.what_runs_where), ("pinned-images", matrix.pinned_images)],
+)
+def test_the_readmes_tables_are_the_matrixs(marker, table):
+    written = README.split(f"<!-- {marker}: begin -->")[1].split(f"<!-- {marker}: end -->")[0].strip()
+    assert written == table(), f"README's {marker} table is stale; it should read:\n{table()}"
