@@ -130,30 +130,32 @@ def entry_role(spec: NeuronModelSpec) -> str:
     return "unified" if spec.serving.mode == "unified" and not front_door.has_front_door(spec) else "router"
 
 
-def _missing_signals(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of a signal the engine's pods do not export. The builtin autoscaler reads occupancy as
-    requests over slots (running and waiting), an HPA or a ScaledObject as the KV cache in use; TTFT comes
-    from the entry pods (a router's is ours)."""
-    a = spec.autoscaling
-    role = scaled_role(spec)
-    if a.metric == "ttft":
-        role = entry_role(spec)
-    name = signal_metric(spec, role, a.metric)
-    if a.metric == "occupancy" and a.provider == "builtin":
+def _read_as(spec: NeuronModelSpec, role: str, metric: str, provider: str) -> str | None:
+    """The name a provider reads a signal under from a role's pods; None: they export nothing for it. The
+    builtin autoscaler reads occupancy as requests over slots (running and waiting), an HPA or a ScaledObject
+    as the KV cache in use."""
+    if metric == "occupancy" and provider == "builtin":
         names = engines.metric_names(spec, role)
-        name = names.running or names.waiting
-    if name is not None:
+        return names.running or names.waiting
+    return signal_metric(spec, role, metric)
+
+
+def _missing_signals(spec: NeuronModelSpec) -> list[str]:
+    """Refusals of a signal the engine's pods do not export (TTFT comes from the entry pods: a router's is
+    ours)."""
+    a = spec.autoscaling
+    role = entry_role(spec) if a.metric == "ttft" else scaled_role(spec)
+    if _read_as(spec, role, a.metric, a.provider) is not None:
         return []
-    usable = [m for m in ("queue", "occupancy") if signal_metric(spec, role, m) is not None]
-    what = {
-        "queue": "waiting requests",
-        "occupancy": "KV cache use",
-        "ttft": "a time-to-first-token histogram",
-    }
+    usable = [
+        m for m in ("queue", "occupancy") if _read_as(spec, scaled_role(spec), m, a.provider) is not None
+    ]
+    what = {"queue": "waiting-requests metric", "occupancy": "KV-cache-use metric",
+            "ttft": "time-to-first-token histogram"}  # fmt: skip
     instead = " or ".join(usable) or "queue with provider builtin"
     return [
-        f"autoscaling.metric {a.metric}: engine {spec.engine}'s {role} pods export no {what[a.metric]} "
-        f"metric for provider {a.provider} to read; use metric {instead}"
+        f"autoscaling.metric {a.metric}: engine {spec.engine}'s {role} pods export no {what[a.metric]} for "
+        f"provider {a.provider} to read; use metric {instead}"
     ]
 
 

@@ -321,3 +321,32 @@ def test_the_serving_pod_never_starts_tgi_without_a_complete_export(tmp_path):
         ["/bin/sh", "-c", guard, "g", "echo", "started"], capture_output=True, text=True, env=env
     )
     assert run.returncode == 0 and run.stdout.strip() == "started"
+
+
+def test_a_tgi_model_is_accepted_saying_once_that_the_engine_is_legacy():
+    """Validated=True with reason LegacyEngine and a Normal Event the first time; no repeat after."""
+    from neuronfleet.operator.status import compute_status, transitions
+
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.2-3b-tgi-inf2.yaml").read_text())
+    spec = spec_of(obj)
+    assert validation.validate(spec).ok
+    notice = builders.engines.notice(spec)
+    assert notice.startswith("engine tgi is legacy") and tgi.IMAGE in notice
+
+    def status(old: dict) -> dict:
+        return compute_status(
+            old=old, generation=1, errors=[], compile_hash="h", serving_hash=None, job=("running", ""),
+            roles={"unified": (1, 0)}, notice=notice, endpoint=None, at="2026-12-03T00:00:00Z",
+        )  # fmt: skip
+
+    first = status({})
+    validated = next(c for c in first["conditions"] if c["type"] == "Validated")
+    assert (validated["status"], validated["reason"], validated["message"]) == (
+        "True",
+        "LegacyEngine",
+        notice,
+    )
+    assert ("Normal", "LegacyEngine", notice) in transitions({}, first)
+    assert not [t for t in transitions(first, status(first)) if t[1] == "LegacyEngine"]
+    other = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml").read_text())
+    assert builders.engines.notice(spec_of(other)) is None

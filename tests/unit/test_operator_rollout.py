@@ -63,6 +63,30 @@ def test_a_change_that_needs_no_compile_rolls_at_once_even_while_another_compile
     assert cmd[cmd.index("--slots") + 1] == "4"  # still the compiled shapes
 
 
+def test_a_new_tensor_parallelism_of_a_role_rolls_once_its_compile_has_made_its_graphs():
+    """vLLM prefill/decode on Trn2 compile each role's tensor parallelism: a change of decode's is a new
+    compile, and until it is done the decode pods keep the one the serving compile made."""
+    obj = yaml.safe_load(
+        (ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2-disaggregated.yaml").read_text()
+    )
+    before = NeuronModelSpec.model_validate(obj["spec"])
+    h1, stored = builders.compile_hash(before), rollout.compiled_sections(before)
+    assert stored[rollout.ROLE_TP] == {"prefill": 16, "decode": None}
+    obj["spec"]["serving"]["decode"]["tensorParallel"] = 16
+    after = NeuronModelSpec.model_validate(obj["spec"])
+    h2 = builders.compile_hash(after)
+    assert h2 != h1
+
+    def tp(built: NeuronModelSpec, chash: str, role: str) -> str:
+        (dep,) = [d for d in builders.build_serving(OWNER, built, chash) if d["kind"] == "Deployment"
+                  and d["metadata"]["labels"]["neuronfleet.dev/role"] == role]  # fmt: skip
+        cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+        return cmd[cmd.index("--tensor-parallel-size") + 1]
+
+    assert tp(rollout.serving_spec(after, stored, h2, h1), h1, "decode") == "32"  # the compiled one
+    assert tp(rollout.serving_spec(after, stored, h2, h2), h2, "decode") == "16"  # once h2 serves
+
+
 def test_without_stored_sections_the_current_spec_is_used():
     s = spec(batchSize=2)
     assert rollout.serving_spec(s, None, builders.compile_hash(s), "b" * 16) is s

@@ -480,6 +480,14 @@ def spec_with(base: str, **neuron) -> dict:
          r"neuron.overrides are NxDI NeuronConfig fields, which SGLang-Neuron does not read"),
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"logicalCores": 2},
          r"neuron.logicalCores: SGLang-Neuron has no setting for it"),
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"expertParallel": 3},
+         r"neuron.expertParallel 3 must divide neuron.tensorParallel 8 \(SGLang's --ep-size\)"),
+        ("llama-3.2-3b-tgi-inf2.yaml", {"kvCacheDtype": "fp8"},
+         r"neuron.kvCacheDtype: TGI's Neuron backend has no setting for a KV cache type; remove it, or use "
+         r"engine vllm"),
+        ("smollm2-135m-local-cpu.yaml", {"memoryFraction": 0.5},
+         r"neuron.memoryFraction: engine embedded \(neuronfleet's runtime\) has no setting for a device "
+         r"memory fraction"),
     ],
 )  # fmt: skip
 def test_a_field_the_engine_cannot_honour_is_refused_saying_what_works(base, neuron, message):
@@ -498,3 +506,13 @@ def test_engines_that_take_every_field_refuse_none_of_them():
                   memoryFraction=0.7),
     ):  # fmt: skip
         assert validation.check(obj).ok, validation.check(obj).errors
+
+
+def test_a_role_tensor_parallelism_is_refused_where_one_runs_for_both_roles():
+    obj = yaml.safe_load(
+        (ROOT / "crds" / "samples" / "gpt-oss-120b-sglang-trn3-disaggregated.yaml").read_text()
+    )
+    obj["spec"]["serving"]["decode"]["tensorParallel"] = 16
+    errors = validation.check(obj).errors
+    expected = "serving.decode.tensorParallel: SGLang-Neuron runs neuron.tensorParallel in every role"
+    assert any(e.startswith(expected) for e in errors), errors

@@ -1,0 +1,140 @@
+"""The CPU and memory each pod requests (operator/host_resources.py), and where pods go: requests from the
+instance table (host vCPUs and memory, a pod's share by its Neuron cores) and the model's size, what the spec
+sets winning key by key; no pod names a scheduler unless the operator's setting (the chart's
+neuron.schedulerName) or the spec does."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from support import ROOT
+
+from neuronfleet.operator import builders, host_resources, pod_parts, validation
+
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
+GIB = 1 << 30
+
+
+def parsed(obj: dict):
+    spec, errors = validation.parse(obj)
+    assert not errors, errors
+    return spec
+
+
+def sample(name: str, **neuron) -> dict:
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
+    obj["spec"]["neuron"].update(neuron)
+    return obj
+
+
+def pods(spec) -> list[tuple[str, dict]]:
+    """(role, pod spec) of every pod the model runs: its compile Job's and each serving Deployment's."""
+    out = []
+    for o in builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec)):
+        if o["kind"] in ("Job", "Deployment"):
+            out.append((o["metadata"]["labels"]["neuronfleet.dev/role"], o["spec"]["template"]["spec"]))
+    return out
+
+
+def quantity(value: str) -> float:
+    units = {"Gi": GIB, "Mi": 1 << 20, "m": 1e-3}
+    for unit, factor in units.items():
+        if value.endswith(unit):
+            return float(value.removesuffix(unit)) * factor
+    return float(value)
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_pod_of_every_sample_requests_cpu_and_memory_within_its_limits(path):
+    spec = parsed(yaml.safe_load(path.read_text()))
+    for role, pod in pods(spec):
+        for c in pod["containers"] + pod.get("initContainers", []):
+            requests, limits = c["resources"]["requests"], c["resources"].get("limits", {})
+            assert quantity(requests["cpu"]) > 0 and quantity(requests["memory"]) > 0, (role, c["resources"])
+            for key, limit in limits.items():
+                assert quantity(requests.get(key, limit)) <= quantity(limit), (role, key)
+
+
+def test_a_serving_pod_requests_its_cores_share_of_the_node():
+    """trn2.48xlarge: 192 vCPUs, 2048 GiB; 64 logical cores at LNC 2. A 64-core pod takes the node (less
+    what the node keeps), an 8-core one an eighth."""
+    whole = parsed(sample("llama-3.3-70b-vllm-trn2.yaml"))
+    assert host_resources.serving(whole, "unified") == {"cpu": "172", "memory": "1844Gi"}
+    eighth = parsed(sample("llama-3.3-70b-vllm-trn2.yaml", tensorParallel=8, batchSize=1, sequenceLength=2048,
+                           maxInputLength=2047))  # fmt: skip
+    assert host_resources.serving(eighth, "unified") == {"cpu": "21", "memory": "231Gi"}
+
+
+def test_a_serving_pod_requests_at_least_what_loading_its_model_takes():
+    """Llama 3.1 70B on 8 of trn1.32xlarge's 32 cores: a quarter of 512 GiB is 115 GiB, but the bfloat16
+    weights alone are 131 GiB (the engines read the checkpoint into host memory on its way to the devices)."""
+    spec = parsed(sample("llama-3.1-70b-vllm-trn1.yaml", tensorParallel=8, batchSize=1, sequenceLength=1024,
+                         maxInputLength=1023, buckets={}))  # fmt: skip
+    weights = host_resources.weight_bytes(spec)
+    assert weights == 2 * 70_553_706_496
+    share = 512 * GIB * 8 / 32 * (1 - host_resources.NODE_RESERVE)
+    memory = quantity(host_resources.serving(spec, "unified")["memory"])
+    assert memory >= weights + host_resources.LOAD_OVERHEAD_GIB * GIB > share
+
+
+def test_what_the_spec_sets_wins_key_by_key():
+    obj = sample("llama-3.3-70b-vllm-trn2.yaml")
+    obj["spec"]["serving"]["unified"]["resources"] = {"requests": {"cpu": "8"}, "limits": {"memory": "900Gi"}}
+    spec = parsed(obj)
+    (pod,) = [p for role, p in pods(spec) if role == "unified"]
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"]["cpu"] == "8"  # the spec's
+    assert "memory" not in resources["requests"]  # a limit alone is the request (Kubernetes defaults it)
+    assert resources["limits"]["memory"] == "900Gi"
+
+
+def test_a_compile_on_a_cpu_node_requests_a_slice_of_cpus_and_twice_the_weights():
+    spec = parsed(sample("llama-3.3-70b-vllm-trn2.yaml"))
+    (job,) = [p for role, p in pods(spec) if role == "compile"]
+    requests = job["containers"][0]["resources"]["requests"]
+    assert requests["cpu"] == str(host_resources.CPU_COMPILE_CPUS)
+    weights = host_resources.weight_bytes(spec)
+    assert quantity(requests["memory"]) >= 2 * weights + host_resources.LOAD_OVERHEAD_GIB * GIB
+
+
+def test_a_model_of_unknown_size_still_requests_memory():
+    obj = sample("llama-3.3-70b-vllm-trn2.yaml")
+    obj["spec"]["model"] = {"uri": "hf://someone/unknown-model"}
+    spec = parsed(obj)
+    assert host_resources.weight_bytes(spec) is None
+    (job,) = [p for role, p in pods(spec) if role == "compile"]
+    memory = quantity(job["containers"][0]["resources"]["requests"]["memory"])
+    assert memory == (host_resources.UNKNOWN_MODEL_GIB + host_resources.LOAD_OVERHEAD_GIB) * GIB
+
+
+# ---- the scheduler ---------------------------------------------------------------------------------------
+
+
+def test_no_pod_names_a_scheduler_unless_told(monkeypatch):
+    """Default (the chart's neuron.schedulerName empty): no pod names one. With the operator's setting, pods
+    asking for more than one Neuron core name it (contiguous cores), single-core and CPU pods do not; a
+    model's scheduling.schedulerName names its scheduler for every Neuron pod it runs."""
+    multi = parsed(sample("llama-3.1-8b-vllm-inf2.yaml"))
+    single = parsed(sample("llama-3.1-8b-vllm-inf2.yaml", tensorParallel=1, batchSize=1, sequenceLength=1024,
+                           maxInputLength=1023))  # fmt: skip
+    cpu = parsed(yaml.safe_load((ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml").read_text()))
+    for spec in (multi, single, cpu):
+        assert all("schedulerName" not in pod for _, pod in pods(spec))
+    monkeypatch.setattr(pod_parts, "NEURON_SCHEDULER", "my-scheduler")
+    assert {role: pod.get("schedulerName") for role, pod in pods(multi)} == {
+        "compile": "my-scheduler", "unified": "my-scheduler"}  # fmt: skip
+    assert all("schedulerName" not in pod for _, pod in pods(single) + pods(cpu))
+    single.scheduling.schedulerName = "neuron-scheduler"
+    assert {role: pod.get("schedulerName") for role, pod in pods(single)} == {
+        "compile": "neuron-scheduler", "unified": "neuron-scheduler"}  # fmt: skip
+
+
+def test_a_compile_on_a_cpu_node_goes_where_the_spec_narrows_it():
+    obj = sample("llama-3.3-70b-vllm-trn2.yaml")
+    obj["spec"]["compile"]["nodeSelector"] = {"node-pool": "compile"}
+    obj["spec"]["compile"]["tolerations"] = [{"key": "compile", "operator": "Exists", "effect": "NoSchedule"}]
+    (job,) = [p for role, p in pods(parsed(obj)) if role == "compile"]
+    assert job["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                   "node-pool": "compile"}  # fmt: skip
+    assert job["tolerations"] == [{"key": "compile", "operator": "Exists", "effect": "NoSchedule"}]
