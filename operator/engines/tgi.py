@@ -41,12 +41,9 @@ AUTO_CAST_TYPES = {"bfloat16": "bf16", "float16": "fp16"}
 # optimum-neuron 0.3.0 exports decoders of these model types only (@register_neuron_model_for_inference in
 # optimum/neuron/models/inference/auto_models.py; docs/source/package_reference/supported_models.mdx)
 MODEL_TYPES = ("granite", "llama", "mixtral", "phi3", "qwen2", "qwen3")
-# The writable places, each an emptyDir beside /tmp, the root read-only: HOME (Hugging Face's HF_HOME and
-# torch's caches default under it; the image's user has no home) and /var/tmp, where neuronx-cc keeps its
-# compile cache (optimum-neuron 0.3.0 get_neuron_cache_path: /var/tmp/neuron-compile-cache). The image puts
-# the Hub cache in /tmp (HUGGINGFACE_HUB_CACHE=/tmp in Dockerfile.neuron), the entrypoint its env file too.
-HOME = "/home/neuronfleet"
-NEURON_CACHE_DIR = "/var/tmp"
+# The image declares no user (Dockerfile.neuron: no USER line, so root, HOME /root) and writes its Hub cache
+# under /tmp (HUGGINGFACE_HUB_CACHE=/tmp) and neuronx-cc's cache under /var/tmp: it runs as it is built, its
+# root writable (pod_parts). TGI's Neuron guide runs it with the Neuron devices and no added capability.
 
 _TGI = "github.com/huggingface/text-generation-inference@v3.3.5"
 _ENV = f"{_TGI}:backends/neuron/server/text_generation_server/tgi_env.py"
@@ -86,8 +83,6 @@ PINNED = Pinned(
         Fact("MAX_INPUT_TOKENS", "env", "longest prompt, below sequence_length", f"{_ENV}; {_LAUNCHER}"),
         Fact("MAX_BATCH_PREFILL_TOKENS", "env", "batch_size x MAX_INPUT_TOKENS (neuron_config_to_env's)",
              f"{_ENV} (neuron_config_to_env); {_TGI}:docs/source/backends/neuron.md"),
-        Fact("HOME", "env", "a writable home: HF_HOME (~/.cache/huggingface) and torch's caches",
-             "https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables"),
         Fact("optimum-cli export neuron", "arg", "exports a decoder for the Neuron backend", _EXPORT),
         Fact("--model", "arg", "the checkpoint folder (or Hub id) to export", _EXPORT),
         Fact("--task", "arg", "text-generation", _EXPORT),
@@ -129,7 +124,6 @@ def serve_env(spec: NeuronModelSpec, port: int) -> dict[str, str]:
         "MAX_INPUT_TOKENS": str(n.maxInputLength),
         "MAX_BATCH_PREFILL_TOKENS": str(n.batchSize * n.maxInputLength),
         "PORT": str(port),
-        "HOME": HOME,
     }
 
 
@@ -142,7 +136,7 @@ def serve(
     command = ["/tgi-entrypoint.sh", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
     why = "TGI is not started, since it would export the model itself instead of serving"
     guarded = ["/bin/sh", "-c", start_guard(compile_hash, [], why), "tgi-start-guard", *command]
-    return Container(IMAGE, guarded, serve_env(spec, port), writable=(HOME,))
+    return Container(IMAGE, guarded, serve_env(spec, port), read_only_root=False, third_party=True)
 
 
 def export_args(spec: NeuronModelSpec, source: str, out: str) -> list[str]:
@@ -180,7 +174,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     return Container(
-        IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], {"HOME": HOME}, writable=(HOME, NEURON_CACHE_DIR),
+        IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], {}, read_only_root=False, third_party=True,
         needs_neuron=True,
     )  # fmt: skip
 
