@@ -4,6 +4,9 @@ runs the same tests.
 
     pytest tests/cluster --kubeconfig ~/.kube/config --sample crds/samples/llama-3.1-8b-vllm-inf2.yaml \\
         --chart-values my-values.yaml [--ready-timeout 7200] [--endpoint URL] [--no-chart]
+    # vLLM prefill/decode on Trn2, the KV cache over NIXL on EFA, the router speaking the plugin's protocol:
+    pytest tests/cluster --kubeconfig ~/.kube/config --chart-values my-values.yaml \
+        --sample crds/samples/llama-3.3-70b-vllm-trn2-disaggregated.yaml
 
 On a real cluster the chart is installed with `helm upgrade --install` when a `helm` binary is on PATH, else
 rendered by Helm's own engine (helm-python-sdk, as tests/unit/test_chart.py does) and applied with kubectl;
