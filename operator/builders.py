@@ -96,6 +96,8 @@ def compile_hash(spec: NeuronModelSpec) -> str:
     }
     if spec.model.tokenizer:  # only when set: the hashes of models without one stay as they were
         identity["tokenizer"] = spec.model.tokenizer
+    if spec.compile.image:  # likewise: the compiler the artifacts come from
+        identity["compileImage"] = spec.compile.image
     for name in ("expertParallel", "memoryFraction"):  # likewise
         if getattr(n, name) is not None:
             identity[name] = getattr(n, name)
@@ -466,6 +468,8 @@ def build_deployment(
             pod_spec["nodeSelector"] = dict(sched.nodeSelector)
         if sched.tolerations:
             pod_spec["tolerations"] = list(sched.tolerations)
+        if sched.schedulerName and role != "router":  # (Neuron pods get it in place_on_neuron)
+            pod_spec["schedulerName"] = sched.schedulerName
     if sched.affinity:
         pod_spec["affinity"] = dict(sched.affinity)
     if sched.priorityClassName:

@@ -238,6 +238,12 @@ class Compile(Spec):
         "runs on a Neuron node).",
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
+    image: str | None = Field(
+        None,
+        description="Container image of the compile Job when it runs the engine's own compile (e.g. the "
+        "engine's image from a mirror); default: the serving image (spec.image, else the engine's pinned "
+        "one).",
+    )
     backoffLimit: int = Field(2, description="Retries of a failed compile.", ge=0, le=10)
     activeDeadlineSeconds: int = Field(
         14400, description="A compile running longer than this fails.", ge=60, le=604800
@@ -520,9 +526,10 @@ class Scheduling(Spec):
     )
     schedulerName: str | None = Field(
         None,
-        description="Scheduler of the model's Neuron pods (serving and compile), e.g. my-scheduler of the "
-        "Neuron scheduler extension. Unset: the operator's setting neuron.schedulerName (its chart value, "
-        "for pods asking for more than one Neuron core), else the cluster's default scheduler.",
+        description="Scheduler of the model's serving pods and of a compile Job on Neuron nodes, e.g. "
+        "my-scheduler of the Neuron scheduler extension. Unset: the operator's setting neuron.schedulerName "
+        "(its chart value, for pods asking for more than one Neuron core), else the cluster's default "
+        "scheduler.",
     )
     priorityClassName: str | None = Field(None, description="Priority class of the serving pods.")
 

@@ -119,9 +119,12 @@ def _engines_that_run(spec: NeuronModelSpec) -> list[str]:
     engine shares (a tensor parallelism or a fit the instance does not allow, no EFA there...). Each engine
     is given its best chance: the spec as it is, or without what only our runtime reads (model.tokenizer) and
     with the prompt limit left to it (maxInputLength unset, or sequenceLength - 1, which vLLM needs). A KV
-    transport the spec does not name is that engine's default."""
+    transport the spec does not name is that engine's default; its compile Job's settings are dropped for an
+    engine that runs none."""
     base = spec.model_dump(exclude_unset=True)
     bare = {**base, "model": {k: v for k, v in base["model"].items() if k != "tokenizer"}}
+    if "compile" in base:  # a compile Job's settings mean nothing to an engine that runs none
+        bare["compile"] = {k: v for k, v in base["compile"].items() if k == "cache"}
     neuron = {k: v for k, v in base["neuron"].items() if k != "maxInputLength"}
     variants = [base, {**bare, "neuron": neuron}]
     variants.append({**bare, "neuron": {**neuron, "maxInputLength": spec.neuron.sequenceLength - 1}})
@@ -233,6 +236,7 @@ def validate(spec: NeuronModelSpec) -> Report:
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
+    r.errors += _unused_fields(spec)
     r.errors += scaling.autoscaling_errors(spec)
     if spec.model.tokenizer and spec.engine != "embedded":
         r.errors.append(
@@ -269,6 +273,45 @@ def validate(spec: NeuronModelSpec) -> Report:
             f"{_suggest(spec, inst)}"
         )
     return r
+
+
+COMPILE_JOB_FIELDS = (
+    "resources", "nodeSelector", "tolerations", "image", "backoffLimit", "activeDeadlineSeconds",
+    "serviceAccountName",
+)  # fmt: skip
+
+
+def _unused_fields(spec: NeuronModelSpec) -> list[str]:
+    """Refusals of fields that nothing would read for this spec (a field is used or refused, never dropped):
+    the compile Job's settings where the engine runs no Job, EFA devices without the efa transport, a
+    NetworkPolicy of a unified model."""
+    out = []
+    if not engines.compiles(spec):  # (compared with the defaults: the API server fills them in)
+        for name in COMPILE_JOB_FIELDS:
+            if _differs(spec.compile, name):
+                out.append(
+                    f"compile.{name}: engine {spec.engine} runs no compile Job for this model (it compiles "
+                    "as each server starts); remove it"
+                )
+    kv = spec.serving.kvTransfer
+    if _differs(kv, "efaInterfaces") and (spec.serving.mode != "disaggregated" or kv.transport != "efa"):
+        out.append(
+            "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
+            "kvTransfer.transport efa only; remove it, or use serving.mode disaggregated with transport efa"
+        )
+    if spec.serving.networkPolicy and spec.serving.mode != "disaggregated":
+        out.append(
+            "serving.networkPolicy fences off prefill and decode pods, which a unified model has not; remove "
+            "it, or use serving.mode disaggregated"
+        )
+    return out
+
+
+def _differs(section, name: str) -> bool:
+    """Whether a section's field holds other than its default."""
+    default = type(section).model_fields[name].get_default(call_default_factory=True)
+    value = getattr(section, name)
+    return (value.model_dump() != default.model_dump()) if hasattr(value, "model_dump") else value != default
 
 
 def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:

@@ -160,5 +160,5 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     engine = ENGINES[spec.engine]
     container = engine.compile_container(spec, compile_hash)
     if container.image == engine.image(spec):  # spec.image replaces the engine's image, not ours (SGLang's
-        container.image = image_for(spec)  # fetch-only Job runs our CPU image)
+        container.image = spec.compile.image or image_for(spec)  # fetch-only Job runs our CPU image)
     return container

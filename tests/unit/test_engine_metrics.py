@@ -89,7 +89,13 @@ def test_tgi_scales_on_what_it_exports(metric):
 
 
 def test_hpa_and_keda_name_the_engines_own_metrics():
-    unified = {"unified": {"replicas": 1}, "mode": "unified", "prefill": None, "decode": None}
+    unified = {
+        "unified": {"replicas": 1},
+        "mode": "unified",
+        "prefill": None,
+        "decode": None,
+        "kvTransfer": None,
+    }
     o = obj("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"provider": "hpa", "metric": "queue"}, **unified)
     o["spec"]["replicas"] = 1
     o["spec"]["serving"] = {k: v for k, v in o["spec"]["serving"].items() if v is not None}

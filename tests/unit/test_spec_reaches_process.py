@@ -516,3 +516,43 @@ def test_a_role_tensor_parallelism_is_refused_where_one_runs_for_both_roles():
     errors = validation.check(obj).errors
     expected = "serving.decode.tensorParallel: SGLang-Neuron runs neuron.tensorParallel in every role"
     assert any(e.startswith(expected) for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("base", "section", "fields", "message"),
+    [
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", "compile", {"nodeSelector": {"pool": "cpu"}},
+         r"compile.nodeSelector: engine sglang runs no compile Job for this model"),
+        ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", "compile", {"activeDeadlineSeconds": 600},
+         r"compile.activeDeadlineSeconds: engine sglang runs no compile Job"),
+        ("smollm2-135m-local-cpu-disaggregated.yaml", "serving",
+         {"kvTransfer": {"transport": "tcp", "efaInterfaces": 2}},
+         r"serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
+         r"kvTransfer.transport efa only"),
+        ("smollm2-135m-local-cpu.yaml", "serving", {"networkPolicy": True},
+         r"serving.networkPolicy fences off prefill and decode pods, which a unified model has not"),
+    ],
+)  # fmt: skip
+def test_a_field_nothing_would_read_is_refused(base, section, fields, message):
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / base).read_text())
+    obj["spec"].setdefault(section, {}).update(fields)
+    errors = validation.check(obj).errors
+    assert any(re.search(message, e) for e in errors), errors
+
+
+def test_the_compile_image_and_a_cpu_models_scheduler_are_used():
+    from neuronfleet.operator import builders
+
+    obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2.yaml").read_text())
+    plain = validation.parse(obj)[0]
+    obj["spec"]["compile"]["image"] = "mirror.example.com/vllm-neuronx:0.24.0.1.1.0"
+    spec = validation.parse(obj)[0]
+    assert builders.compile_hash(spec) != builders.compile_hash(plain)  # another compiler, other artifacts
+    (job,) = [o for o in builders.build_all(builders.Owner("m", "ns"), spec) if o["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == obj["spec"]["compile"]["image"]
+    cpu = yaml.safe_load((ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml").read_text())
+    cpu["spec"]["scheduling"] = {"schedulerName": "batch-scheduler"}
+    spec = validation.parse(cpu)[0]
+    (dep,) = [o for o in builders.build_all(builders.Owner("m", "ns"), spec, serving_hash="h")
+              if o["kind"] == "Deployment"]  # fmt: skip
+    assert dep["spec"]["template"]["spec"]["schedulerName"] == "batch-scheduler"
