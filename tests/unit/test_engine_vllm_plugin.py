@@ -497,3 +497,13 @@ def test_the_engine_contract_follows_the_instance_family():
         obj = manifest(TRN2, {"neuron": {"instanceType": instance, "tensorParallel": 8}})
         spec, _ = validation.parse(obj)
         assert vllm.contract(spec).__name__.rsplit(".", 1)[1] == contract
+
+
+@pytest.mark.parametrize(("label", "obj"), cases(), ids=[c[0] for c in cases()])
+def test_every_variant_renders_objects_that_validate_strictly(label, obj):
+    import kubernetes_validate
+
+    _, objects = rendered(obj)
+    for o in objects:
+        for version in ("1.31.0", "1.37.0"):  # the oldest and newest this project supports
+            kubernetes_validate.validate(o, version, strict=True)
