@@ -247,6 +247,9 @@ def build_compile_job(
         ],
         "volumes": volumes,
     }
+    if container.third_party:  # an engine's compile runs its server's workers, which share /dev/shm
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": container.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     fetch = pod_parts.fetch_init_container(spec, mounts)
     if fetch is not None:  # an s3:// model, for an engine whose image has no AWS SDK: downloaded first
         pod_spec["initContainers"] = [fetch]

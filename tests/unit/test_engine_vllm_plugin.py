@@ -301,6 +301,7 @@ def test_a_trn2_compile_runs_on_a_cpu_node_holding_no_neuron_core():
     assert not any(k.startswith("aws.amazon.com/") for k in c["resources"].get("limits", {}))
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     assert "tolerations" not in pod and "schedulerName" not in pod
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]  # the server's workers share it
     assert int(c["resources"]["requests"]["cpu"]) >= 8 and c["resources"]["requests"]["memory"].endswith("Gi")
     # the same LNC as the serving pods: the graphs are compiled for it
     serving_env = {e["name"]: e.get("value") for e in engine_pods(objects)["decode"]["containers"][0]["env"]}
