@@ -25,8 +25,9 @@ import re
 import subprocess
 from pathlib import Path
 
+import engine_renders
 import pytest
-import yaml
+from engine_renders import manifest, of_kind, rendered
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
@@ -40,7 +41,6 @@ SAMPLES = sorted(
     if "engine: vllm" in p.read_text() and re.search(r"instanceType: (inf2|trn1)", p.read_text())
 )
 RECORD = json.loads((ROOT / "tests" / "data" / "vllm-nxdi-sdk2.31.1-names.json").read_text())["names"]
-OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 # Variants of the samples that switch on every optional setting (revision, buckets, quantization, LNC, a user
 # override, a pvc:// model): each must validate, and its rendering is checked like the samples'.
 VARIANTS = {
@@ -57,29 +57,8 @@ VARIANTS = {
 }  # fmt: skip
 
 
-def manifest(name: str, change: dict | None = None) -> dict:
-    obj = yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
-    for section, fields in (change or {}).items():
-        obj["spec"][section].update(fields)
-        obj["spec"][section] = {k: v for k, v in obj["spec"][section].items() if v is not None}
-    return obj
-
-
 def cases() -> list[tuple[str, dict]]:
-    return [(name, manifest(name)) for name in SAMPLES] + [
-        (label, manifest(base, change)) for label, (base, change) in VARIANTS.items()
-    ]
-
-
-def rendered(obj: dict) -> tuple[object, list[dict]]:
-    report = validation.check(obj)
-    assert report.ok, report.errors
-    spec, _ = validation.parse(obj)
-    return spec, builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec))
-
-
-def of_kind(objects: list[dict], kind: str) -> list[dict]:
-    return [o for o in objects if o["kind"] == kind]
+    return engine_renders.cases(SAMPLES, VARIANTS)
 
 
 # ---- a reader built from the recorded facts ---------------------------------------------------------------

@@ -22,8 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import engine_renders
 import pytest
-import yaml
+from engine_renders import manifest, of_kind, rendered
 from support import ROOT, free_port
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
@@ -39,7 +40,6 @@ SAMPLES = sorted(
 RECORDED = json.loads((ROOT / "tests" / "data" / "vllm-neuron-sdk2.32.0-names.json").read_text())
 RECORD = RECORDED["names"]
 COMPILER_TARGETS = RECORDED["neuronx-cc --target"]["values"]  # the compiler's documented targets
-OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 TRN2 = "llama-3.3-70b-vllm-trn2.yaml"
 TRN2_PD = "llama-3.3-70b-vllm-trn2-disaggregated.yaml"
 VARIANTS = {
@@ -80,29 +80,8 @@ DOCUMENTED_CONNECTORS = {"NixlConnector", "NeuronNixlConnector"}
 DOCUMENTED_DI_ENV = {"FI_EFA_ENABLE_SHM_TRANSFER": "0"}  # "required for single-node DI"
 
 
-def manifest(name: str, change: dict | None = None) -> dict:
-    obj = yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
-    for section, fields in (change or {}).items():
-        merged = {**obj["spec"].get(section, {}), **fields}
-        obj["spec"][section] = {k: v for k, v in merged.items() if v is not None}
-    return obj
-
-
 def cases() -> list[tuple[str, dict]]:
-    return [(name, manifest(name)) for name in SAMPLES] + [
-        (label, manifest(base, change)) for label, (base, change) in VARIANTS.items()
-    ]
-
-
-def rendered(obj: dict) -> tuple[object, list[dict]]:
-    report = validation.check(obj)
-    assert report.ok, report.errors
-    spec, _ = validation.parse(obj)
-    return spec, builders.build_all(OWNER, spec, serving_hash=builders.compile_hash(spec))
-
-
-def of_kind(objects: list[dict], kind: str) -> list[dict]:
-    return [o for o in objects if o["kind"] == kind]
+    return engine_renders.cases(SAMPLES, VARIANTS)
 
 
 def engine_pods(objects: list[dict]) -> dict[str, dict]:
