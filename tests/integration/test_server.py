@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 from support import (
+    EXACT_DTYPE,
     EXACT_DTYPE_OPTIONS,
     HTTP_TIMEOUT,
     http_status,
@@ -55,13 +56,14 @@ def offline(smollm2_dir):
     from neuronfleet.runtime.config import RuntimeConfig
     from neuronfleet.runtime.engine import Engine
 
-    # Every prompt prefilled whole: the server's answers, which reuse cached prefixes, must equal these.
-    return Engine.from_model_dir(
-        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=512, prefix_reuse=False)
-    )
+    # Every prompt prefilled whole, float32: `exact_server`'s answers, which reuse cached prefixes, must equal
+    # these token for token (support.EXACT_DTYPE: bfloat16 rounds a reused prefix differently)
+    config = RuntimeConfig(slots=1, max_seq_len=512, prefix_reuse=False, dtype=EXACT_DTYPE)
+    return Engine.from_model_dir(str(smollm2_dir), config)
 
 
-def test_openai_chat_equals_the_engines_offline_greedy_output(server, offline):
+def test_openai_chat_equals_the_engines_offline_greedy_output(exact_server, offline):
+    server = exact_server
     from openai import OpenAI
 
     from neuronfleet.runtime.sampling_params import SamplingParams
@@ -142,7 +144,8 @@ def test_openai_seed_reproduces_sampled_output(server):
     assert a == b
 
 
-def test_tgi_client_generate_and_stream(server, offline):
+def test_tgi_client_generate_and_stream(exact_server, offline):
+    server = exact_server
     from text_generation import Client
 
     from neuronfleet.runtime.sampling_params import SamplingParams
@@ -213,9 +216,10 @@ def test_bad_input_gets_a_4xx_in_the_apis_format(server, path, body, status, nee
         assert payload["error_type"] == "validation"
 
 
-def test_a_prompt_starting_like_the_last_one_reuses_its_cached_prefix(server, offline):
+def test_a_prompt_starting_like_the_last_one_reuses_its_cached_prefix(exact_server, offline):
     """Chat prompts share the template's system preamble: the second one's prefill skips those tokens
     (counted in vLLM's prefix cache metrics) and still answers exactly as a whole prefill does."""
+    server = exact_server
     from neuronfleet.runtime.sampling_params import SamplingParams
 
     first, second = "Name a red fruit.", "Name a green vegetable."
