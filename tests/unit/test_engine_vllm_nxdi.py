@@ -27,7 +27,7 @@ from pathlib import Path
 
 import engine_renders
 import pytest
-from engine_renders import manifest, of_kind, rendered
+from engine_renders import check_env, check_value, manifest, of_kind, rendered
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
@@ -88,22 +88,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_value(fact: Fact, value: object) -> None:
-    """A value against the recorded kind (JSON values for config keys, strings for environment variables)."""
-    kinds = {
-        "bool": lambda v: isinstance(v, bool),
-        "int": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or str(v).isdigit(),
-        "int-list": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
-        "path": lambda v: isinstance(v, str) and v.startswith("/"),
-        "str": lambda v: isinstance(v, str) and v != "",
-        "json": lambda v: isinstance(v, dict),
-    }
-    if "|" in fact.value or fact.value.isdigit():
-        assert str(value) in fact.value.split("|"), (fact.name, value)
-    else:
-        assert kinds[fact.value](value), (fact.name, fact.value, value)
-
-
 def check_override(override: dict, spec, seen: set[str]) -> None:
     """override_neuron_config: recorded NxDI fields, and the spec's own overrides passed through as given."""
     recorded = facts("config")
@@ -123,16 +107,6 @@ def check_additional_config(config: dict, spec, seen: set[str]) -> None:
     check_override(config[vllm.OVERRIDE], spec, seen)
 
 
-def check_env(env: list[dict], seen: set[str]) -> None:
-    recorded = facts("env")
-    for e in env:
-        fact = recorded.get(e["name"])
-        assert fact is not None, f"environment variable {e['name']} is not recorded in PINNED"
-        if "value" in e:
-            check_value(fact, e["value"])
-        seen.add(fact.name)
-
-
 def check_serving(deployment: dict, spec, seen: set[str]) -> None:
     c = deployment["spec"]["template"]["spec"]["containers"][0]
     assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:6] == ["vllm", "serve"]
@@ -142,7 +116,7 @@ def check_serving(deployment: dict, spec, seen: set[str]) -> None:
     seen.update(a for a in args if a.startswith("--"))
     seen.add("model_tag")
     check_additional_config(parsed.additional_config, spec, seen)
-    check_env(c["env"], seen)
+    check_env(c["env"], facts("env"), seen)
 
 
 def kwarg_facts() -> dict[str, Fact]:
@@ -173,7 +147,7 @@ def check_compile(objects: list[dict], spec, seen: set[str]) -> None:
         else:
             check_value(fact, value)
     job = of_kind(objects, "Job")[0]
-    check_env(job["spec"]["template"]["spec"]["containers"][0]["env"], seen)
+    check_env(job["spec"]["template"]["spec"]["containers"][0]["env"], facts("env"), seen)
 
 
 @pytest.mark.parametrize(("label", "obj"), cases(), ids=[c[0] for c in cases()])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import engine_renders
 import pytest
-from engine_renders import manifest, of_kind, rendered
+from engine_renders import check_env, check_value, manifest, of_kind, rendered
 from support import ROOT, free_port
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
@@ -116,32 +116,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_value(fact: Fact, value: object) -> None:
-    kinds = {
-        "int": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or str(v).isdigit(),
-        "int-list": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
-        "path": lambda v: isinstance(v, str) and v.startswith("/"),
-        "str": lambda v: isinstance(v, str) and v != "",
-        "json": lambda v: isinstance(v, dict | list),
-    }
-    if fact.value in kinds:
-        assert kinds[fact.value](value), (fact.name, fact.value, value)
-    else:
-        assert str(value) in fact.value.split("|"), (fact.name, value)
-
-
-def check_env(env: list[dict], seen: set[str]) -> dict[str, object]:
-    recorded, out = facts("env"), {}
-    for e in env:
-        fact = recorded.get(e["name"])
-        assert fact is not None, f"environment variable {e['name']} is not recorded in PINNED"
-        if "value" in e:
-            check_value(fact, e["value"])
-        out[e["name"]] = e.get("value", e.get("valueFrom"))
-        seen.add(fact.name)
-    return out
-
-
 def check_server(pod: dict, spec, seen: set[str]) -> argparse.Namespace:
     c = pod["containers"][0]
     assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:6] == ["vllm", "serve"]
@@ -171,13 +145,13 @@ def check_server(pod: dict, spec, seen: set[str]) -> argparse.Namespace:
             else:
                 check_value(recorded[key], value)
                 seen.add(key)
-    check_env(c["env"], seen)
+    check_env(c["env"], facts("env"), seen)
     return parsed
 
 
 def check_compile(objects: list[dict], seen: set[str]) -> dict[str, object]:
     (job,) = of_kind(objects, "Job")
-    return check_env(job["spec"]["template"]["spec"]["containers"][0]["env"], seen)
+    return check_env(job["spec"]["template"]["spec"]["containers"][0]["env"], facts("env"), seen)
 
 
 @pytest.mark.parametrize(("label", "obj"), cases(), ids=[c[0] for c in cases()])
