@@ -110,9 +110,7 @@ def volumes(
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
     never touches running pods), beside the `source_volumes`."""
     volumes, mounts = source_volumes(spec)
-    if engines.shared_cache(
-        spec
-    ):  # (read-only for serving, but where the servers keep their own cache there)
+    if engines.shared_cache(spec):  # read-only for serving, but where servers keep their own cache there
         read_only = not compiling and not engines.serving_writes_cache(spec)
         volumes.insert(0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim}})
         mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": read_only})

@@ -206,8 +206,7 @@ def validate(spec: NeuronModelSpec) -> Report:
             elif tp > inst.total_cores(lnc):
                 r.errors.append(
                     f"{name} {tp} needs more cores than one {inst.name} has ({inst.total_cores(lnc)}); "
-                    "choose "
-                    f"one of {allowed} or a larger instance"
+                    f"choose one of {allowed} or a larger instance"
                 )
             else:
                 devices, _ = neuron_devices(spec, role)

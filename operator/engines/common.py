@@ -289,8 +289,7 @@ def refusals_of_engine_fields(
             if role_spec is not None and role_spec.tensorParallel not in (None, n.tensorParallel):
                 out.append(
                     f"serving.{role}.tensorParallel: {where} runs neuron.tensorParallel in every role; "
-                    "remove "
-                    f"it, or use {use}"
+                    f"remove it, or use {use}"
                 )
     if spec.serving.kvTransfer.connector and "connector" not in takes:
         out.append(

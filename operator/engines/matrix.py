@@ -32,6 +32,7 @@ _NXDI = "vLLM 0.16.0 over NxD Inference, SDK 2.31.1"
 _PLUGIN = "vLLM Neuron plugin, vLLM 0.24.0, SDK 2.32.0"
 _NXDI_TEST = "contract-tested: `tests/unit/test_engine_vllm_nxdi.py`"
 _PLUGIN_TEST = "contract-tested: `tests/unit/test_engine_vllm_plugin.py`"
+_SGLANG_TEST = "contract-tested: `tests/unit/test_engine_sglang.py`"
 _TGI = "refused (TGI 3.3.5 Neuron: Inferentia2 and Trainium1 only)"
 _SGLANG = "refused (SGLang-Neuron 0.1.0 serves LLMs on Trn3 only)"
 
@@ -73,9 +74,8 @@ MATRIX: dict[tuple[str, str], Support] = {
     ("sglang", "trn3"): Support(
         sglang.PINNED,
         "works (SGLang-Neuron 0.1.0, SDK 2.33.0, compiles as it starts into the cache claim; "
-        "contract-tested: "
-        "`tests/unit/test_engine_sglang.py`)",
-        "works (NIXL over EFA; contract-tested: `tests/unit/test_engine_sglang.py`)",
+        f"{_SGLANG_TEST})",
+        f"works (NIXL over EFA; {_SGLANG_TEST})",
     ),
     **{(e, "cpu"): Support(None, NEEDS_NEURON, NEEDS_NEURON) for e in ENGINES if e != "embedded"},
 }

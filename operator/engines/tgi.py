@@ -185,8 +185,7 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 LEGACY = (
     "engine tgi is legacy: TGI's Neuron backend is no longer developed (optimum-neuron dropped it in January "
     "2026; TGI is in maintenance mode), so neuronfleet serves it on Inferentia2 and Trainium1 with the "
-    "pinned "
-    f"image {IMAGE} only; engine vllm serves these instances too and gets new Neuron releases"
+    f"pinned image {IMAGE} only; engine vllm serves these instances too and gets new Neuron releases"
 )
 
 

@@ -34,8 +34,7 @@ from .common import start_guard as common_start_guard
 
 DLC = (
     "aws-neuron/deep-learning-containers@2.32.0:README.md (vllm-inference-neuronx: VLLM 0.16.0, Neuron "
-    "2.31.1, "
-    "the last row for trn1 and inf2) and @2.31.1:vllm/inference/0.16.0/Dockerfile.neuronx "
+    "2.31.1, the last row for trn1 and inf2) and @2.31.1:vllm/inference/0.16.0/Dockerfile.neuronx "
     "(GITHUB_REPO_BRANCH=release-0.5.3, NxDI 0.10.18399+ed62453e, neuronx-cc 2.26.6360.0, torch-neuronx "
     "2.9.0.2.15.32035; no USER line: root; WORKDIR /workspace/vllm)"
 )
@@ -386,11 +385,9 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
         out.append(
             f"serving.mode disaggregated: engine vllm on Inf2 and Trn1 (vLLM {PINNED.versions['vllm']}, "
             f"vllm-neuron {PINNED.versions['vllm-neuron']} over NxD Inference, the last image for them) has "
-            "no "
-            "KV-cache connector (its Known Issues: disaggregated inference only on the legacy vLLM fork); "
-            "use "
-            "serving.mode unified, or engine vllm on Trn2 or Trn3, whose plugin moves the KV cache with NIXL "
-            "over EFA"
+            "no KV-cache connector (its Known Issues: disaggregated inference only on the legacy vLLM fork); "
+            "use serving.mode unified, or engine vllm on Trn2 or Trn3, whose plugin moves the KV cache with "
+            "NIXL over EFA"
         )
     if n.maxInputLength != n.sequenceLength - 1:
         out.append(

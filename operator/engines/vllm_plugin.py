@@ -50,11 +50,9 @@ from .common import start_guard as common_start_guard
 SDK = "aws-neuron/aws-neuron-sdk@v2.32.0"
 DLC = (
     "aws-neuron/deep-learning-containers@2.32.0:README.md (vllm-inference-neuronx: 0.24.0.1.1.0, Neuron "
-    "2.32.0, "
-    "trn2, trn3, py313) and vllm/inference/0.24.0.1.1.0/Dockerfile.neuronx (vllm-neuron branch "
+    "2.32.0, trn2, trn3, py313) and vllm/inference/0.24.0.1.1.0/Dockerfile.neuronx (vllm-neuron branch "
     "release-0.24.0.1.1.0 into /opt/vllm, neuronx-cc 2.27.5334.0, libtorch-neuronx-lite 2.11.0.1.0.1284, the "
-    "EFA "
-    "installer, a libcuda.so.1 stub for NIXL's LIBFABRIC backend; no USER line: root; WORKDIR "
+    "EFA installer, a libcuda.so.1 stub for NIXL's LIBFABRIC backend; no USER line: root; WORKDIR "
     "/workspace/vllm)"
 )
 RELEASE = f"{SDK}:release-notes (2.32.0: vLLM Neuron 0.24.0.1.1.0 = vLLM 0.24.0, plugin 1.1.0)"
@@ -546,18 +544,15 @@ def unsupported(spec: NeuronModelSpec) -> list[str]:
     if n.quantization != "none":
         out.append(
             f"neuron.quantization {n.quantization} is NxD Inference's (engine vllm on Inf2/Trn1); {where} "
-            "reads "
-            "pre-quantized checkpoints and quantizes to mxfp4 or mxfp8 itself: remove neuron.quantization, "
-            "or "
-            'set neuron.overrides {"quantization": "mxfp8"}'
+            "reads pre-quantized checkpoints and quantizes to mxfp4 or mxfp8 itself: remove "
+            'neuron.quantization, or set neuron.overrides {"quantization": "mxfp8"}'
         )
     context, generation = n.buckets.context, n.buckets.generation
     if context and max(context) > n.sequenceLength:
         out.append(
             f"neuron.buckets.context {context}: {where} takes them as prefill token counts "
             "(num_batched_tokens_buckets, the largest --max-num-batched-tokens), at most "
-            "neuron.sequenceLength "
-            f"({n.sequenceLength})"
+            f"neuron.sequenceLength ({n.sequenceLength})"
         )
     bad = [b for b in generation if b % 128 or b >= n.sequenceLength]
     if bad:
