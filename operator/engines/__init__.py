@@ -87,10 +87,7 @@ def notice(spec: NeuronModelSpec) -> str | None:
 def metric_names(spec: NeuronModelSpec, role: str) -> Names:
     """The names a role's pods export the autoscaler's signals under: our runtime's (the embedded engine's
     pods and every router), or the engine's own."""
-    if spec.engine == "embedded" or role == "router":
-        return NEURONFLEET
-    engine = ENGINES[spec.engine]
-    return vllm.contract(spec).METRICS if spec.engine == "vllm" else engine.METRICS
+    return NEURONFLEET if role == "router" else ENGINES[spec.engine].METRICS
 
 
 def image_for(spec: NeuronModelSpec) -> str:

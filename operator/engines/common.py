@@ -23,7 +23,6 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 
-from ..pod_metrics import Names
 from ..spec import NeuronModelSpec
 
 # Our own runtime's images, built from the repository's Dockerfile; the chart's runtimeImages may name others.
@@ -65,14 +64,6 @@ class Pinned:
 
 # Where the Hub's token variables are read (HF_TOKEN, and HUGGING_FACE_HUB_TOKEN, its older name)
 HF_HUB = "huggingface_hub 2.4.0 (the version read here): huggingface_hub/_login.py (both token variables)"
-# vLLM's names for the autoscaler's signals: vllm/v1/metrics/loggers.py, read in the vllm 0.16.0 wheel (PyPI);
-# the same four are the plugin image's vLLM 0.24.0's (its loggers were not read at that version)
-VLLM_METRICS = Names(
-    waiting="vllm:num_requests_waiting",
-    running="vllm:num_requests_running",
-    kv_usage="vllm:kv_cache_usage_perc",
-    ttft="vllm:time_to_first_token_seconds",
-)
 
 
 @dataclass

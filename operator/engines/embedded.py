@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from neuronfleet.contract import COMPILE_CONFIG_FILE, CONFIG_MOUNT, MODEL_MOUNT, ServeConfig
 
+from ..pod_metrics import NEURONFLEET
 from ..spec import NeuronModelSpec
 from .common import Container, artifacts_dir, own_image, refusals_of_engine_fields, serve_config
+
+METRICS = NEURONFLEET  # our runtime exports the signals under these names
 
 
 def image(spec: NeuronModelSpec) -> str:

@@ -12,11 +12,20 @@ from __future__ import annotations
 from types import ModuleType
 
 from .. import topology
+from ..pod_metrics import Names
 from ..spec import NeuronModelSpec
 from . import vllm_nxdi, vllm_plugin
 from .common import Container, Pinned
 
 CONTRACTS: tuple[ModuleType, ...] = (vllm_plugin, vllm_nxdi)
+# vLLM's names for the autoscaler's signals, both contracts': vllm/v1/metrics/loggers.py, read in the vllm
+# 0.16.0 wheel (PyPI); the same four are the plugin image's vLLM 0.24.0's (its loggers were not read there)
+METRICS = Names(
+    waiting="vllm:num_requests_waiting",
+    running="vllm:num_requests_running",
+    kv_usage="vllm:kv_cache_usage_perc",
+    ttft="vllm:time_to_first_token_seconds",
+)
 
 
 def contract(spec: NeuronModelSpec) -> ModuleType:

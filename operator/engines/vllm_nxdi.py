@@ -17,7 +17,6 @@ from neuronfleet.contract import CONFIG_MOUNT
 from ..spec import NeuronModelSpec, valued
 from .common import (
     HF_HUB,
-    VLLM_METRICS,
     Container,
     Fact,
     Pinned,
@@ -73,8 +72,6 @@ PLATFORMS = ("inf2-trn1",)
 CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")  # QUICKSTART
 OVERRIDE = "override_neuron_config"  # the key of --additional-config the plugin reads (PLUGIN_LOADER)
 QUANTIZATION_DTYPES = {"int8": "int8", "fp8": "f8e4m3"}  # spec -> NxDI quantization_dtype (NXDI_API)
-
-METRICS = VLLM_METRICS
 
 
 def _arg(name: str, meaning: str, value: str, source: str = VLLM_ARGS) -> Fact:

@@ -33,7 +33,6 @@ from ..spec import NeuronModelSpec, valued
 from .common import (
     HF_HUB,
     HUB_DOWNLOAD_SCRIPT,
-    VLLM_METRICS,
     Container,
     Fact,
     Pinned,
@@ -88,8 +87,6 @@ SLIDING_WINDOW_MODEL_TYPES = ("gpt_oss",)
 # The capabilities the image is documented with (QUICKSTART: docker run --cap-add SYS_ADMIN --cap-add
 # IPC_LOCK)
 CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")
-
-METRICS = VLLM_METRICS
 
 
 def _arg(name: str, meaning: str, value: str, source: str = VLLM_ARGS) -> Fact:
