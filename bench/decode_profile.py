@@ -39,6 +39,7 @@ from neuronfleet.runtime.engine import Engine
 from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
 from neuronfleet.runtime.quantize import quantize_folder
 from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.scheduler import Row, Sequence, StepPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_OPS = {
@@ -157,15 +158,15 @@ def dispatch_floor(real: Path, args, batch: int) -> dict:
         config = RuntimeConfig(slots=slots, max_seq_len=512, dtype=args.dtype, quantization=args.quantization)
         runners[name] = runner = ModelRunner(folder, config)
         prompt = list(range(3, 40))  # within both vocabularies
-        for s in range(batch):
-            runner.sampler.start(s, SamplingParams(temperature=0.0), prompt)
-        runner.step(list(range(batch)), [prompt] * batch, [], [], [])
+        greedy = SamplingParams(temperature=0.0)
+        seqs = [Sequence(f"r{s}", prompt, greedy, max_tokens=1, slot=s) for s in range(batch)]
+        runner.run(StepPlan(admitted=seqs, prefill=[Row(seq, prompt, 0) for seq in seqs]))
         times[name] = []
     position = 37
     for i in range(args.steps + 3):
         for name, runner in runners.items():
             t = time.perf_counter()
-            runner.step([], [], list(range(batch)), [5] * batch, [position] * batch)
+            runner.run(StepPlan(decode=[Row(seq, [5], position) for seq in seqs]))
             if i >= 3:
                 times[name].append(time.perf_counter() - t)
         position += 1

@@ -1,9 +1,11 @@
 """The continuous-batching engine: requests in, token and text deltas out.
 
-`Engine` is the synchronous core: each `step()` asks the scheduler for a plan, runs the prefill group and the
-decode rows on the model runner, then applies stop conditions (EOS ids, stop strings that are never emitted,
-`max_tokens`, the slot's length) and incremental detokenization. `AsyncEngine` runs that loop on a background
-thread and gives the server an async interface: submit a request, iterate over its outputs, cancel it.
+`Engine` is the synchronous core: each `step()` is the scheduler's plan (`Scheduler.schedule`), run as it is
+by the model runner (`ModelRunner.run`: the next token of every row), then incremental detokenization and the
+stop conditions (EOS ids, stop strings that are never emitted, `max_tokens`, the slot's length), and the
+scheduler's bookkeeping (`Scheduler.postprocess`: tokens appended, prefixes booked, finished slots freed).
+`AsyncEngine` runs that loop on a background thread and gives the server an async interface: submit a
+request, iterate over its outputs, cancel it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from .backend import FinishReason, Limits, RequestOutput, check_fits
 from .config import RuntimeConfig
 from .engine_metrics import StepMetrics, StepReport
 from .errors import EngineFailed, InvalidRequest, QueueFull, RequestFailed, queue_full_message
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, StepResult
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, StepPlan
 from .scheduler import Sequence as Seq
 from .text_output import TextOutput
 from .tokenizer import Tokenizer
@@ -121,36 +123,29 @@ class Engine:
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return None
-        seq = self.scheduler.abort(request_id) or stream.seq
-        if seq.slot is not None:
-            self.runner.sampler.release(seq.slot)
+        self.scheduler.abort(request_id)
         return self._output(stream, [], "", FinishReason.ABORT)
 
     def prefill_and_export(self, token_ids: Sequence[int], params: SamplingParams | None = None):
         """A prefill pod's work for one prompt: run it in a free slot (reusing any cached prefix) and return
         its first token and its keys and values ([layers, 2, kv_heads, len, head_dim]). The slot keeps the
         prompt for prefix reuse and is free again at once."""
-        free = self.scheduler.free_slots()
-        if not free:
-            raise QueueFull(queue_full_message(self.scheduler.num_slots, self.scheduler.max_waiting))
-        slot = free[0]
-        self.runner.sampler.start(slot, params or SamplingParams(), token_ids)
-        try:
-            ((first,), _), _ = self._run_step([slot], [list(token_ids)], [], [], [])
-            return first, self.runner.export_kv(slot, len(token_ids))
-        finally:
-            self.runner.sampler.release(slot)
+        ids = list(token_ids)
+        seq = Seq(request_id="export", prompt_ids=ids, params=params or SamplingParams(), max_tokens=1)
+        plan = self.scheduler.plan_export(seq)
+        result = self._run(plan)
+        if result.failed:
+            raise result.failed[0][1]
+        self.scheduler.postprocess(plan, result.tokens, {})
+        return result.tokens[seq], self.runner.export_kv(seq.slot, len(ids))
 
     def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
         """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so
         that a request for that prompt prefills only its last token. Returns the slot, or None when no slot
         is free (the request then prefills whole: slower, never wrong)."""
-        free = self.scheduler.free_slots()
-        if not free:
-            return None
-        slot = free[-1]  # the highest free slot: low ones stay free for new requests
-        self.runner.import_kv(slot, kv, len(token_ids))
-        self.scheduler.prefixes.holds(slot, token_ids)
+        slot = self.scheduler.slot_for_import(list(token_ids))
+        if slot is not None:
+            self.runner.import_kv(slot, kv, len(token_ids))
         return slot
 
     def has_work(self) -> bool:
@@ -159,105 +154,88 @@ class Engine:
     # ---- the step ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one prefill group and one decode step together; returns the outputs they produced.
+        """Run one planned step (a prefill group and the decode rows together); returns its outputs.
 
         A failure that belongs to one request (setting up its sampler, detokenizing, stop handling) ends that
         request with an error output and leaves the others running; a failing model call raises.
         """
         start = time.perf_counter()
-        for src, dst, seq in self.scheduler.compact():
-            self.runner.move_slot(src, dst, seq.num_tokens)
         plan = self.scheduler.schedule()
-        outputs: list[RequestOutput | None] = []
-        prefill = []
-        for seq in plan.prefill:
-            try:
-                self.runner.sampler.start(seq.slot, seq.params, seq.prompt_ids)
-                prefill.append(seq)
-            except Exception as e:
-                outputs.append(self._fail(seq, e))
+        result = self._run(plan)
+        outputs, finished = [], {}
+        for seq, error in result.failed:
+            outputs.append(self._failed(seq, error))
+            finished[seq] = FinishReason.ABORT
+        for seq, token in result.tokens.items():
+            out = self._accept(seq, token)
+            outputs.append(out)
+            if out is not None and out.finish_reason is not None:
+                finished[seq] = out.finish_reason
+        self.scheduler.postprocess(plan, result.tokens, finished)
+        self._report(plan, result, time.perf_counter() - start)
+        return [o for o in outputs if o is not None]
+
+    def _run(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
-        (first_tokens, next_tokens), prefixes = self._run_step(
-            [s.slot for s in prefill],
-            [s.prompt_ids for s in prefill],
-            [s.slot for s in plan.decode],
-            [s.output_ids[-1] for s in plan.decode],
-            [s.num_tokens - 1 for s in plan.decode],
-        )
+        try:
+            result = self.runner.run(plan)
+        except BaseException:
+            self.scheduler.lost_cache()
+            raise
         self.stats.model_seconds += time.perf_counter() - t0
-        self.stats.prefill_calls += bool(prefill)
+        return result
+
+    def _report(self, plan: StepPlan, result: StepResult, seconds: float) -> None:
+        ran = [s for s in plan.admitted if s in result.tokens]
         now = time.monotonic()
-        for seq in prefill:
-            seq.first_token_time = now
-        new_tokens = [*zip(prefill, first_tokens, strict=True), *zip(plan.decode, next_tokens, strict=True)]
-        for seq, token in new_tokens:
-            try:
-                outputs.append(self._accept(seq, token))
-            except Exception as e:
-                outputs.append(self._fail(seq, e))
-        seconds = time.perf_counter() - start
         self.stats.steps += 1
+        self.stats.prefill_calls += bool(ran)
         self.stats.step_seconds += seconds
         report = StepReport(
-            prefill_requests=len(prefill),
-            decode_requests=len(plan.decode),
+            prefill_requests=len(ran),
+            decode_requests=len(result.tokens) - len(ran),
             seconds=seconds,
-            queue_seconds=[now - s.arrival_time for s in prefill],
-            prompt_tokens=sum(len(s.prompt_ids) for s in prefill),
-            reused_prompt_tokens=sum(n for _, n in prefixes),
+            queue_seconds=[now - s.arrival_time for s in ran],
+            prompt_tokens=sum(len(s.prompt_ids) for s in ran),
+            reused_prompt_tokens=plan.reused_tokens,
         )
         for observer in self.step_observers:
             observer(report)
-        return [o for o in outputs if o is not None]
 
-    def _run_step(
-        self, prefill_slots: list[int], prompts: list[list[int]], decode_slots: list[int], tokens: list[int],
-        positions: list[int],
-    ) -> tuple[tuple[list[int], list[int]], list[tuple[int, int]]]:  # fmt: skip
-        """Run one step on the runner with the prefixes the slots' caches offer, and book what it wrote.
-        Returns the new tokens (prefill, decode) and the prefixes reused."""
-        cache = self.scheduler.prefixes
-        prefixes = cache.plan(prefill_slots, prompts)
-        try:
-            new = self.runner.step(prefill_slots, prompts, decode_slots, tokens, positions, prefixes)
-        except BaseException:
-            cache.forget_all()
-            raise
-        cache.stepped(prefill_slots, prompts, decode_slots, tokens, positions)
-        return new, prefixes
-
-    def _fail(self, seq: Seq, error: Exception) -> RequestOutput | None:
-        """End one request that failed inside the engine; its slot is freed, the others go on."""
+    def _failed(self, seq: Seq, error: Exception) -> RequestOutput | None:
+        """The output of a request that failed inside the engine; the scheduler frees its slot, the others
+        go on."""
         log.exception("request %s failed", seq.request_id, exc_info=error)
-        out = self.abort(seq.request_id)
-        if out is not None:
-            out.error = f"{type(error).__name__}: {error}"
+        stream = self._streams.pop(seq.request_id, None)
+        if stream is None:
+            return None
+        out = self._output(stream, [], "", FinishReason.ABORT)
+        out.error = f"{type(error).__name__}: {error}"
         return out
 
     def _accept(self, seq: Seq, token: int) -> RequestOutput | None:
-        """Apply one new token to a sequence: stop checks, detokenization, slot release when finished."""
+        """One new token of a sequence as its output: detokenization and the stop checks (the scheduler
+        appends the token and frees a finished one's slot); a failure here ends this request alone."""
         stream = self._streams.get(seq.request_id)
         if stream is None:  # aborted while the step ran
             return None
-        seq.output_ids.append(token)
-        text, reason = stream.text.accept(
-            token,
-            eos=token in self.eos_ids and not seq.params.ignore_eos,
-            last=len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= self.config.max_seq_len,
-        )
+        n = len(seq.output_ids) + 1
+        try:
+            text, reason = stream.text.accept(
+                token,
+                eos=token in self.eos_ids and not seq.params.ignore_eos,
+                last=n >= seq.max_tokens or len(seq.prompt_ids) + n >= self.config.max_seq_len,
+            )
+        except Exception as e:
+            return self._failed(seq, e)
         if reason is not None:
-            return self._finish(stream, [token], text, reason)
-        return self._output(stream, [token], text, None)
-
-    def _finish(self, stream: _Stream, ids: list[int], text: str, reason: FinishReason) -> RequestOutput:
-        seq = stream.seq
-        self.scheduler.finish(seq, reason)
-        self.runner.sampler.release(seq.slot)
-        del self._streams[seq.request_id]
-        return self._output(stream, ids, text, reason)
+            del self._streams[seq.request_id]
+        return self._output(stream, [token], text, reason, completion_tokens=n)
 
     @staticmethod
-    def _output(stream: _Stream, ids: list[int], text: str, reason: FinishReason | None) -> RequestOutput:
+    def _output(
+        stream: _Stream, ids: list[int], text: str, reason: FinishReason | None, completion_tokens: int = -1
+    ) -> RequestOutput:
         seq = stream.seq
         return RequestOutput(
             request_id=seq.request_id,
@@ -265,7 +243,7 @@ class Engine:
             text=text,
             finish_reason=reason,
             prompt_tokens=len(seq.prompt_ids),
-            completion_tokens=len(seq.output_ids),
+            completion_tokens=len(seq.output_ids) if completion_tokens < 0 else completion_tokens,
         )
 
     # ---- offline use ---------------------------------------------------------------------------------------
@@ -307,7 +285,7 @@ class AsyncEngine:
     a command queue that the thread drains before every step, so the event loop never waits for a model call.
     The engine is also built on that thread (`make_engine` runs there): torch's OpenMP pool belongs to the
     thread that first runs parallel work, and a second pool on another thread contends with the first for the
-    cores (a decode step took 35 ms instead of 24 on two cores when the model was loaded on another thread).
+    cores (a decode step is much slower when the model was loaded on another thread).
     """
 
     def __init__(self, make_engine: Callable[[], Engine]) -> None:

@@ -1,17 +1,17 @@
 """The model runner: executes a planned step on the device (torch).
 
-It loads the model (`llama.LlamaModel`: weights and the static KV cache) for a `RuntimeConfig`, and runs what
-the engine planned: one pass that prefills a group of prompts, padded to a length bucket, into their slots
-(after copying the cached prefixes they reuse from other slots) and decodes one token for the slots
-`0..batch-1` (a batch bucket) over a length bucket of the cache, a prompt with one token left to prefill
-counting as a decode row; then samples the next tokens (`sampler`). It
-also moves running requests between slots and exports or imports a slot's keys and values (a KV handoff).
-Which slot holds which tokens is the scheduler's bookkeeping (`prefix_cache`), not the runner's.
+It loads the model (`llama.LlamaModel`: weights and the static KV cache) for a `RuntimeConfig`, and runs the
+scheduler's `StepPlan` as it is: releases and starts the slots' sampling state (its own `sampler`), moves
+requests between slots, copies cached prefixes, then one pass that prefills the prefill rows, padded to a
+length bucket, and decodes one token for the decode rows over slots `0..batch-1` (a batch bucket) and a
+length bucket of the cache; then samples each row's next token. It also exports or imports a slot's keys and
+values (a KV handoff). Which slot holds which tokens is the scheduler's bookkeeping, not the runner's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +22,8 @@ from .dtypes import resolve_dtype, resolve_weights_dtype
 from .llama import LlamaModel, PrefillBatch, stored_quantization
 from .model_config import load_model_config
 from .sampler import Sampler
+from .scheduler import Row, StepPlan
+from .scheduler import Sequence as Seq
 
 
 def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
@@ -32,6 +34,15 @@ def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
 
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
     return (config.quantization or stored_quantization(model_dir)) != "none"
+
+
+@dataclass
+class StepResult:
+    """What a step produced: each row's next token, by sequence; and the admitted requests that did not run,
+    with why."""
+
+    tokens: dict[Seq, int] = field(default_factory=dict)
+    failed: list[tuple[Seq, Exception]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -57,90 +68,68 @@ class ModelRunner:
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()
 
-    def step(
-        self,
-        prefill_slots: Sequence[int],
-        prompts: Sequence[Sequence[int]],
-        decode_slots: Sequence[int],
-        tokens: Sequence[int],
-        positions: Sequence[int],
-        prefixes: Sequence[tuple[int, int]] | None = None,
-    ) -> tuple[list[int], list[int]]:
-        """Prefill prompts into their slots and decode one token for other slots, in one pass.
+    def run(self, plan: StepPlan) -> StepResult:
+        """Run one planned step: each row's next token, and the admitted requests whose sampling state could
+        not be set up (they do not run; the others do)."""
+        for slot in plan.released:
+            self.sampler.release(slot)
+        for move in plan.moves:
+            self.copy_prefix(move.src, move.dst, move.length)
+            self.sampler.move(move.src, move.dst)
+        result = StepResult()
+        for seq in plan.admitted:
+            try:
+                self.sampler.start(seq.slot, seq.params, seq.prompt_ids)
+            except Exception as e:  # this request's failure (its seed, its penalty's history), not the step's
+                result.failed.append((seq, e))
+        failed = {id(seq) for seq, _ in result.failed}
+        for copy in plan.copies:
+            if id(copy.seq) not in failed:
+                self.copy_prefix(copy.src, copy.dst, copy.length)
+        prefill = [r for r in plan.prefill if id(r.seq) not in failed]
+        decode = [r for r in plan.decode if id(r.seq) not in failed]
+        tokens = self._pass(prefill, decode)
+        result.tokens = {r.seq: t for r, t in zip([*prefill, *decode], tokens, strict=True)}
+        return result
 
-        `prefixes` (per prompt: the slot whose cache holds its first tokens and how many; default none) says
-        what each prompt reuses: it prefills only the rest, after those positions are copied from that slot
-        when it is another one (a rest of one token is decoded). Returns the prompts' first new tokens and the
-        decode slots' next tokens.
-        """
-        prefixes = prefixes or [(slot, 0) for slot in prefill_slots]
-        for slot, (source, n) in zip(prefill_slots, prefixes, strict=True):
-            if source != slot and n:
-                self.copy_prefix(source, slot, n)
-        # A prompt whose every token but the last is now in its slot's cache is one decode row: its last token
-        # at its position, as a running request's next one (the same arithmetic as prefilling one token after
-        # a prefix). A step that admits only such prompts is then a decode-only pass, replayed from the
-        # recorded graph on CPU, and none pays for a prefill pass's own ops and padded rows.
-        left = [len(ids) - n for ids, (_, n) in zip(prompts, prefixes, strict=True)]
-        one_left = [i for i, k in enumerate(left) if k == 1]
-        rest = [i for i, k in enumerate(left) if k != 1]
-        first_rest, next_tokens = self._pass(
-            [prefill_slots[i] for i in rest], [prompts[i] for i in rest], [prefixes[i][1] for i in rest],
-            [*decode_slots, *(prefill_slots[i] for i in one_left)],
-            [*tokens, *(prompts[i][-1] for i in one_left)],
-            [*positions, *(len(prompts[i]) - 1 for i in one_left)],
-        )  # fmt: skip
-        first = dict(zip(rest, first_rest, strict=True)) | dict(
-            zip(one_left, next_tokens[len(decode_slots) :], strict=True)
-        )
-        return [first[i] for i in range(len(prompts))], next_tokens[: len(decode_slots)]
-
-    def _pass(
-        self, prefill_slots: Sequence[int], prompts: Sequence[Sequence[int]], starts: Sequence[int],
-        decode_slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
-    ) -> tuple[list[int], list[int]]:  # fmt: skip
-        """One pass: prompts prefilled from position `starts` (what their slots hold before it) into their
-        slots, one token decoded for each decode slot; the sampled tokens of both."""
+    def _pass(self, prefill: Sequence[Row], decode: Sequence[Row]) -> list[int]:
+        """One pass: the prefill rows' tokens written into their slots from their start positions, one token
+        decoded for each decode row; the sampled next token of every row, prefill rows first."""
         c, model = self.config, self.model
-        prefill = decode = None
-        if prompts:
-            bucket = pick_bucket(
-                c.prefill_buckets, max(len(p) - a for p, a in zip(prompts, starts, strict=True))
-            )
-            padded = torch.zeros((len(prompts), bucket), dtype=torch.long)
-            at = torch.full((len(prompts), bucket), c.max_seq_len, dtype=torch.long)
-            for row, (ids, a) in enumerate(zip(prompts, starts, strict=True)):
-                padded[row, : len(ids) - a] = torch.tensor(ids[a:], dtype=torch.long)
-                at[row, : len(ids) - a] = torch.arange(a, len(ids))
-            prefill = PrefillBatch(
+        prefill_batch = decode_batch = None
+        if prefill:
+            bucket = pick_bucket(c.prefill_buckets, max(len(r.tokens) for r in prefill))
+            padded = torch.zeros((len(prefill), bucket), dtype=torch.long)
+            at = torch.full((len(prefill), bucket), c.max_seq_len, dtype=torch.long)
+            for i, r in enumerate(prefill):
+                padded[i, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.long)
+                at[i, : len(r.tokens)] = torch.arange(r.start, r.start + len(r.tokens))
+            prefill_batch = PrefillBatch(
                 tokens=padded.to(self.device),
-                last_index=torch.tensor(
-                    [len(p) - a - 1 for p, a in zip(prompts, starts, strict=True)], device=self.device
-                ),
-                slot_ids=torch.tensor(list(prefill_slots), dtype=torch.long, device=self.device),
-                positions=at.to(self.device) if any(starts) else None,
+                last_index=torch.tensor([len(r.tokens) - 1 for r in prefill], device=self.device),
+                slot_ids=torch.tensor([r.slot for r in prefill], dtype=torch.long, device=self.device),
+                positions=at.to(self.device) if any(r.start for r in prefill) else None,
             )
-        if decode_slots:
-            batch = pick_bucket(c.batch_buckets, max(decode_slots) + 1)
-            length = pick_bucket(c.decode_buckets, max(positions) + 1)
+        if decode:
+            batch = pick_bucket(c.batch_buckets, max(r.slot for r in decode) + 1)
+            length = pick_bucket(c.decode_buckets, max(r.start for r in decode) + 1)
             tok = [0] * batch
             pos = [c.max_seq_len] * batch  # idle rows write the scratch column
-            for s, t, p in zip(decode_slots, tokens, positions, strict=True):
-                tok[s], pos[s] = t, p
-            decode = model.decode_batch(
+            for r in decode:
+                tok[r.slot], pos[r.slot] = r.tokens[0], r.start
+            decode_batch = model.decode_batch(
                 torch.tensor(tok, dtype=torch.long, device=self.device),
                 torch.tensor(pos, dtype=torch.long, device=self.device),
                 length,
-                torch.tensor(list(decode_slots), dtype=torch.long, device=self.device),
+                torch.tensor([r.slot for r in decode], dtype=torch.long, device=self.device),
             )
-        if prefill is None and decode is None:
-            return [], []
-        prefill_logits, decode_logits = model.forward(prefill, decode)
+        if prefill_batch is None and decode_batch is None:
+            return []
+        prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)
         logits = [t for t in (prefill_logits, decode_logits) if t is not None]
-        sampled = self.sampler.sample(
-            torch.cat(logits) if len(logits) > 1 else logits[0], [*prefill_slots, *decode_slots]
+        return self.sampler.sample(
+            torch.cat(logits) if len(logits) > 1 else logits[0], [r.slot for r in [*prefill, *decode]]
         )
-        return sampled[: len(prompts)], sampled[len(prompts) :]
 
     # ---- moving keys and values ----------------------------------------------------------------------------
 
@@ -149,12 +138,6 @@ class ModelRunner:
         """Copy cache positions [0, length) of slot src into slot dst."""
         cache = self.model.kv_cache  # [layers, 2, slots, kv_heads, positions, head_dim]
         cache[:, :, dst, :, :length] = cache[:, :, src, :, :length]
-
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Move a running request from slot src to slot dst: its cache positions [0, length) and its sampler.
-        src keeps its copy of the cache for prefix reuse."""
-        self.copy_prefix(src, dst, length)
-        self.sampler.move(src, dst)
 
     @torch.inference_mode()
     def export_kv(self, slot: int, length: int, layer: int | None = None) -> torch.Tensor:

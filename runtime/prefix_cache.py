@@ -3,8 +3,8 @@
 A slot keeps what it holds after its request ends. A prompt that starts with tokens some slot holds (a chat
 template's preamble, a shared system prompt, a conversation's earlier turns) skips prefilling them: read in
 place when it is the prompt's own slot (the scheduler prefers such a slot), else copied from that slot first,
-which costs far less than computing them. The scheduler owns this bookkeeping; the engine tells it what each
-step wrote, and the model runner only executes the copies it is given.
+which costs far less than computing them. The scheduler owns this bookkeeping (it plans the copies and
+books what each step wrote); the model runner only executes the copies it is given.
 """
 
 from __future__ import annotations
@@ -69,19 +69,13 @@ class PrefixCache:
         """Positions [0, length) of slot src were copied into slot dst."""
         self.held[dst] = self.held[src][:length]
 
-    def stepped(
-        self, prefill_slots: Sequence[int], prompts: Sequence[Sequence[int]], decode_slots: Sequence[int],
-        tokens: Sequence[int], positions: Sequence[int],
-    ) -> None:  # fmt: skip
-        """A step prefilled these prompts and wrote each decode slot's token at its position."""
-        for slot, ids in zip(prefill_slots, prompts, strict=True):
-            self.holds(slot, ids)
-        for slot, token, position in zip(decode_slots, tokens, positions, strict=True):
-            held = self.held[slot]
-            if len(held) == position:
-                held.append(token)
-            else:  # not the continuation of what the slot holds: trust none of it
-                held.clear()
+    def wrote(self, slot: int, token: int, position: int) -> None:
+        """A pass wrote one token at this position of the slot's cache (a decode row)."""
+        held = self.held[slot]
+        if len(held) == position:
+            held.append(token)
+        else:  # not the continuation of what the slot holds: trust none of it
+            held.clear()
 
     def forget_all(self) -> None:
         """A step failed: what the cache holds is unknown now."""

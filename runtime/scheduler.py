@@ -1,11 +1,15 @@
 """Slot bookkeeping and step planning for continuous batching (pure Python; imports no torch).
 
-A fixed number of slots (Neuron compiles a static batch) hold running sequences. Each step the scheduler
-admits waiting requests into the lowest free slots (so active slots stay packed at the front and the decode
-batch bucket stays small), grouped into one prefill padded to a length bucket under a token budget, and
-decodes every running sequence that already has its first token. It also owns which tokens each slot's cache
-holds (`prefix_cache`), so it sends a prompt to the free slot that holds most of it, and holds back a prompt
-that shares a prefix no cache holds with one of the group: a step later it copies what that one computed.
+A fixed number of slots (Neuron compiles a static batch) hold running sequences. Each step `schedule()`
+returns exactly what the model runner runs (`StepPlan`): the sampling state of slots released since the last
+step, requests moved down into lower free slots (so a decode step's batch bucket stays small), requests
+admitted into free slots (one prefill group padded to a length bucket under a token budget), the cached
+prefixes they copy from other slots, the prefill rows, and the decode rows (every running sequence's next
+token, and each admitted prompt with one token left to compute). After the runner has run it,
+`postprocess()` appends the new tokens, books what each slot's cache now holds (`prefix_cache`) and frees
+the slots of finished requests. Because the scheduler owns that bookkeeping it sends a prompt to the free
+slot that holds most of it, and holds back a prompt that shares a prefix no cache holds with one of the
+group: a step later it copies what that one computed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .backend import FinishReason
@@ -45,12 +50,79 @@ class Sequence:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True, eq=False)
+class Row:
+    """What one sequence computes in a pass: `tokens` at positions `start`, `start + 1`, ... of its slot,
+    whose cache holds positions [0, start) when the pass runs. One token is a decode row (a running request's
+    last token, or an admitted prompt whose every token but the last is cached); more is a prefill row."""
+
+    seq: Sequence
+    tokens: list[int]
+    start: int
+
+    @property
+    def slot(self) -> int:
+        assert self.seq.slot is not None
+        return self.seq.slot
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Before the pass: cache positions [0, length) of slot `src` copied into slot `dst` (an admitted prompt's
+    cached prefix held by another slot)."""
+
+    seq: Sequence
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Move:
+    """Before the pass: a running request moved from slot `src` to the free slot `dst`, with its cache
+    positions [0, length) and its sampling state (`src` keeps its copy of the cache for prefix reuse)."""
+
+    src: int
+    dst: int
+    length: int
+
+
 @dataclass
 class StepPlan:
-    """What one engine step runs: a prefill group (may be empty) and the decode rows."""
+    """Exactly what one step runs, in this order: release, move, admit (start sampling), copy, one pass over
+    the prefill and decode rows."""
 
-    prefill: list[Sequence]
-    decode: list[Sequence]
+    released: list[int] = field(default_factory=list)  # slots whose sampling state goes
+    moves: list[Move] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # their sampling state starts
+    copies: list[Copy] = field(default_factory=list)  # in the group's order, all before the pass writes
+    prefill: list[Row] = field(default_factory=list)
+    decode: list[Row] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[Row]:
+        return [*self.prefill, *self.decode]
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens the admitted requests did not compute (found in a slot's cache)."""
+        admitted = {id(s) for s in self.admitted}
+        return sum(r.start for r in self.rows if id(r.seq) in admitted)
+
+
+def prompt_rows(prefixes: PrefixCache, admitted: list[Sequence]) -> tuple[list[Copy], list[Row], list[Row]]:
+    """The copies, prefill rows and decode rows of prompts admitted into their slots: each reuses the longest
+    prefix a slot's cache holds (`PrefixCache.plan`: copied first when that is another slot) and computes the
+    rest; a rest of one token is a decode row (the same arithmetic as prefilling one token after a prefix,
+    and a step that admits only such prompts is then a decode-only pass, replayed from the recorded graph)."""
+    plan = prefixes.plan([s.slot for s in admitted], [s.prompt_ids for s in admitted])
+    copies, prefill, decode = [], [], []
+    for seq, (source, n) in zip(admitted, plan, strict=True):
+        if source != seq.slot and n:
+            copies.append(Copy(seq, source, seq.slot, n))
+        row = Row(seq, seq.prompt_ids[n:], n)
+        (decode if len(row.tokens) == 1 else prefill).append(row)
+    return copies, prefill, decode
 
 
 class Scheduler:
@@ -67,6 +139,7 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}
         self._free: list[int] = list(range(config.slots))
         heapq.heapify(self._free)
+        self._released: list[int] = []  # slots freed since the last plan: their sampling state goes
 
     # ---- admission -----------------------------------------------------------------------------------------
 
@@ -95,12 +168,33 @@ class Scheduler:
         return best
 
     def schedule(self) -> StepPlan:
-        """Admit waiting sequences into free slots (one padded prefill group) and list the decode rows.
+        """Plan the next step: releases, moves down, admissions (one padded prefill group), copies, rows.
 
         A request goes to the free slot whose cache holds the most of its prompt (prefix reuse), else to the
         lowest free slot. Admission stops, in arrival order, at a prompt that would compute a prefix a prompt
         of the group computes (`_computed_twice`)."""
-        decode = [s for s in self.running.values() if s.output_ids and not s.finished]
+        released, self._released = self._released, []
+        moves = self._compact()
+        running = [
+            Row(s, [s.output_ids[-1]], s.num_tokens - 1)
+            for s in self.running.values()
+            if s.output_ids and not s.finished
+        ]
+        admitted = self._admit()
+        copies, prefill, first = prompt_rows(self.prefixes, admitted)
+        return StepPlan(released, moves, admitted, copies, prefill, [*running, *first])
+
+    def plan_export(self, seq: Sequence) -> StepPlan:
+        """A prefill pod's step for one prompt, run alone: it borrows the lowest free slot (reusing any prefix
+        a slot holds), which stays free; its sampling state goes at the next step."""
+        if not self._free:
+            raise QueueFull(queue_full_message(self.num_slots, self.max_waiting))
+        seq.slot = self._free[0]
+        copies, prefill, decode = prompt_rows(self.prefixes, [seq])
+        self._released.append(seq.slot)
+        return StepPlan(admitted=[seq], copies=copies, prefill=prefill, decode=decode)
+
+    def _admit(self) -> list[Sequence]:
         prefill: list[Sequence] = []
         longest = 0
         while self.waiting and self._free:
@@ -115,7 +209,7 @@ class Scheduler:
             self.running[seq.slot] = seq
             prefill.append(seq)
             longest = max(longest, len(seq.prompt_ids))
-        return StepPlan(prefill=prefill, decode=decode)
+        return prefill
 
     def _computed_twice(self, prompt_ids: list[int], group: list[Sequence]) -> bool:
         """Whether admitting the prompt into this group would compute a prefix twice: it starts like a prompt
@@ -131,11 +225,11 @@ class Scheduler:
         cached = max(self.prefixes.reusable(slot, prompt_ids) for slot in range(self.num_slots))
         return shared - cached >= MIN_PREFIX_REUSE
 
-    def compact(self) -> list[tuple[int, int, Sequence]]:
+    def _compact(self) -> list[Move]:
         """Move running sequences out of slots above the smallest batch bucket that holds them all, into free
         slots below it, so a decode step computes no more rows than its bucket needs (a few requests left in
-        high slots would otherwise keep every step at full width). Returns the moves (from, to, sequence),
-        already booked here (the destination holds what the source held); the caller moves the cache."""
+        high slots would otherwise keep every step at full width). Booked here: the destination holds what
+        the source held."""
         target = next((b for b in self.batch_buckets if b >= len(self.running)), self.num_slots)
         moves = []
         for src in sorted((s for s in self.running if s >= target), reverse=True):
@@ -148,10 +242,43 @@ class Scheduler:
             self.running[dst] = seq
             heapq.heappush(self._free, src)
             self.prefixes.copied(src, dst, seq.num_tokens)
-            moves.append((src, dst, seq))
+            moves.append(Move(src, dst, seq.num_tokens))
         return moves
 
     # ---- completion ----------------------------------------------------------------------------------------
+
+    def postprocess(
+        self, plan: StepPlan, tokens: Mapping[Sequence, int], finished: Mapping[Sequence, FinishReason]
+    ) -> None:
+        """After the runner ran `plan`: book what each row wrote into its slot's cache, append each new token
+        (`tokens`: per sequence that ran), stamp the admitted ones' first token, and free the slots of the
+        `finished` sequences (those that stopped, failed or never ran)."""
+        now = time.monotonic()
+        for row in plan.rows:
+            seq = row.seq
+            if seq not in tokens:
+                continue
+            if seq in plan.admitted:
+                self.prefixes.holds(row.slot, seq.prompt_ids)
+                seq.first_token_time = now
+            else:
+                self.prefixes.wrote(row.slot, row.tokens[0], row.start)
+            seq.output_ids.append(tokens[seq])
+        for seq, reason in finished.items():
+            self.finish(seq, reason)
+
+    def lost_cache(self) -> None:
+        """A pass failed: what each slot's cache holds is unknown now."""
+        self.prefixes.forget_all()
+
+    def slot_for_import(self, token_ids: list[int]) -> int | None:
+        """The highest free slot (low ones stay free for new requests), booked as holding `token_ids`, whose
+        keys and values the caller places there; None when none is free."""
+        if not self._free:
+            return None
+        slot = max(self._free)
+        self.prefixes.holds(slot, token_ids)
+        return slot
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark a sequence finished and release its slot (idempotent)."""
@@ -160,6 +287,7 @@ class Scheduler:
         if seq.slot is not None and self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
             heapq.heappush(self._free, seq.slot)
+            self._released.append(seq.slot)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Cancel a waiting or running request; returns it, or None when it is unknown or already done."""

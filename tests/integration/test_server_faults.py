@@ -75,7 +75,7 @@ def test_one_failing_request_leaves_the_engine_and_other_requests_running(engine
 
 def test_an_engine_failure_fails_requests_with_500_and_turns_ready_false(engine, monkeypatch):
     runner = engine.engine.runner
-    model_step = runner.step
+    model_step = runner.run
     calls = {"n": 0}
 
     def step_that_loses_the_device(*args):  # an injected device fault on the 5th model call
@@ -84,7 +84,7 @@ def test_an_engine_failure_fails_requests_with_500_and_turns_ready_false(engine,
             raise RuntimeError("injected device failure")
         return model_step(*args)
 
-    monkeypatch.setattr(runner, "step", step_that_loses_the_device)
+    monkeypatch.setattr(runner, "run", step_that_loses_the_device)
     server = RuntimeServer(engine, "smollm2")
 
     async def scenario(client):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 
+import pinned_steps
 import pytest
 import torch
 from support import make_tiny_llama
 
 from neuronfleet.runtime.config import RuntimeConfig
 from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.prefix_cache import PrefixCache
 
 SLOTS = 4
 # which slots decode at each step: one request, two, all four, two with idle slots between them (bucket 4)
@@ -36,19 +37,20 @@ def decode_alike(graph: ModelRunner, eager: ModelRunner, steps_per_round: int = 
     chose the same tokens and hold the same cache. Returns the furthest position reached."""
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (58 + s,), generator=generator).tolist() for s in range(SLOTS)]
-    for runner in (graph, eager):
-        runner.sampler.slots.clear()
-        for slot, prompt in enumerate(prompts):
-            runner.sampler.start(slot, SamplingParams(max_tokens=64), prompt)  # greedy
-    first_a, _ = graph.step(range(SLOTS), prompts, [], [], [])
-    first_b, _ = eager.step(range(SLOTS), prompts, [], [], [])
+    caches = {id(r): PrefixCache(SLOTS) for r in (graph, eager)}
+
+    def step(runner: ModelRunner, *args) -> tuple[list[int], list[int]]:  # greedy
+        return pinned_steps.step(runner, caches[id(runner)], *args)
+
+    first_a, _ = step(graph, range(SLOTS), prompts, [], [], [])
+    first_b, _ = step(eager, range(SLOTS), prompts, [], [], [])
     assert first_a == first_b
     tokens, positions = dict(enumerate(first_a)), {s: len(p) for s, p in enumerate(prompts)}
     for slots in ROUNDS:
         for _ in range(steps_per_round):
             args = (slots, [tokens[s] for s in slots], [positions[s] for s in slots])
-            _, next_a = graph.step([], [], *args)
-            _, next_b = eager.step([], [], *args)
+            _, next_a = step(graph, [], [], *args)
+            _, next_b = step(eager, [], [], *args)
             assert next_a == next_b, (slots, positions)
             assert torch.equal(graph.model.kv_cache, eager.model.kv_cache), (slots, positions)
             for s, t in zip(slots, next_a, strict=True):

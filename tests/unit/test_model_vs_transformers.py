@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 
+import pinned_steps
 import pytest
 import torch
 from support import make_tiny_llama
@@ -14,7 +15,6 @@ from neuronfleet.runtime.llama import HalfWeightLinear, Linear, LlamaModel, Pref
 from neuronfleet.runtime.model_config import ModelLoadError, load_model_config
 from neuronfleet.runtime.model_runner import ModelRunner
 from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE, PrefixCache
-from neuronfleet.runtime.sampling_params import SamplingParams
 
 LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation order
 
@@ -51,23 +51,15 @@ class Slots:
         self.runner = runner
         self.cache = PrefixCache(runner.config.slots, runner.config.prefix_reuse)
 
-    def start(self, slot: int, ids: list[int]) -> None:
-        self.runner.sampler.start(slot, SamplingParams(), ids)
-
     def step(self, prefill_slots, prompts, decode_slots, tokens, positions) -> tuple[list[int], list[int]]:
-        prefixes = self.cache.plan(prefill_slots, prompts)
-        new = self.runner.step(prefill_slots, prompts, decode_slots, tokens, positions, prefixes)
-        self.cache.stepped(prefill_slots, prompts, decode_slots, tokens, positions)
-        return new
-
-    def prefill(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
-        return self.step(slots, prompts, [], [], [])[0]
+        """Greedy: the prompts' first tokens and the decode slots' next ones (`pinned_steps.step`)."""
+        return pinned_steps.step(
+            self.runner, self.cache, prefill_slots, prompts, decode_slots, tokens, positions
+        )
 
     def admit(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
-        """Start each prompt's sampler in its slot and prefill them as one group: their first tokens."""
-        for slot, ids in zip(slots, prompts, strict=True):
-            self.start(slot, ids)
-        return self.prefill(slots, prompts)
+        """Prefill the prompts into their slots as one group: their first tokens."""
+        return self.step(slots, prompts, [], [], [])[0]
 
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> list[int]:
         return self.step([], [], slots, tokens, positions)[1]
@@ -89,11 +81,9 @@ def make_slots(model_dir, **settings) -> Slots:
 
 
 def our_greedy(runner: Slots, slot: int, ids: list[int], n: int) -> list[int]:
-    runner.start(slot, ids)
-    out = runner.prefill([slot], [ids])
+    out = runner.admit([slot], [ids])
     while len(out) < n:
         out += runner.decode([slot], [out[-1]], [len(ids) + len(out) - 1])
-    runner.runner.sampler.release(slot)
     return out
 
 
@@ -309,9 +299,7 @@ def test_fused_prefill_and_decode_step_equals_separate_passes(tmp_path):
     runner = make_slots(model_dir, slots=4, max_seq_len=64, prefill_buckets=[8, 16])
 
     old, new = [1, 5, 9, 13, 200], [1, 300, 301, 302, 17, 18, 19, 20, 21]
-    for slot, ids in ((0, old), (2, new)):
-        runner.start(slot, ids)
-    first_old = runner.prefill([0], [old])[0]
+    first_old = runner.admit([0], [old])[0]
     # slot 2 is prefilled while slot 0 decodes its second token, in one pass
     (first_new,), (second_old,) = runner.step([2], [new], [0], [first_old], [len(old)])
     assert first_new == reference_greedy(ref_model, new, 1)[0]
@@ -398,8 +386,6 @@ def test_prompts_with_one_token_left_decode_it_and_match_transformers(tmp_path, 
     one = [3]  # one token, nothing cached
     slots, prompts = [1, 0, 2, 3], [elsewhere, again, fresh, one]
     assert runner.cache.plan(slots, prompts) == [(0, len(held)), (0, len(held)), (2, 0), (3, 0)]
-    for slot, ids in zip(slots, prompts, strict=True):
-        runner.start(slot, ids)
     second = reference_greedy(ref_model, running, 2)  # slot 5 decodes its second token in the same step
     first, (decoded,) = runner.step(slots, prompts, [5], [second[0]], [len(running)])
     assert first == reference_first(ref_model, prompts)

@@ -44,25 +44,28 @@ def test_admits_into_lowest_free_slots_and_reuses_released_ones():
     for x in seqs:
         s.add(x)
     plan = s.schedule()
-    assert [x.slot for x in plan.prefill] == [0, 1, 2]
-    assert plan.decode == []
+    assert [x.slot for x in plan.admitted] == [0, 1, 2] and plan.prefill == plan.rows
+    assert [(r.tokens, r.start) for r in plan.prefill] == [(x.prompt_ids, 0) for x in seqs[:3]]
+    assert plan.decode == [] and plan.released == []
     assert len(s.waiting) == 2 and s.num_free_slots == 0
-    for x in plan.prefill:
-        x.output_ids.append(5)
-    s.finish(seqs[1], FinishReason.STOP)
+    s.postprocess(plan, {x: 5 for x in plan.admitted}, {seqs[1]: FinishReason.STOP})
+    assert seqs[0].output_ids == [5] and seqs[1].finished and s.num_free_slots == 1
     plan = s.schedule()
-    assert [x.request_id for x in plan.prefill] == ["r3"] and seqs[3].slot == 1
-    assert {x.request_id for x in plan.decode} == {"r0", "r2"}
+    assert plan.released == [1]  # r1's sampling state goes first
+    # two running fit batch bucket 2: r2 moves down into slot 1 (cache and sampling state), r3 takes slot 2
+    assert [(m.src, m.dst, m.length) for m in plan.moves] == [(2, 1, 5)] and seqs[2].slot == 1
+    assert [x.request_id for x in plan.admitted] == ["r3"] and seqs[3].slot == 2
+    assert {(r.seq.request_id, r.tokens[0], r.start) for r in plan.decode} == {("r0", 5, 4), ("r2", 5, 4)}
 
 
 def test_prefill_group_respects_token_budget_in_padded_tokens():
     s = scheduler(8, 256, [16, 64, 128], max_prefill_tokens=128)
     for i, n in enumerate([10, 12, 60, 5]):
         s.add(seq(f"r{i}", n))
-    first = s.schedule().prefill
+    first = s.schedule().admitted
     # two prompts of <= 16 tokens pad to 16 each; the 60-token one would pad three rows to 64 (192 > 128)
     assert [x.request_id for x in first] == ["r0", "r1"]
-    assert [x.request_id for x in s.schedule().prefill] == ["r2", "r3"]  # 2 x 64 = 128 fits
+    assert [x.request_id for x in s.schedule().admitted] == ["r2", "r3"]  # 2 x 64 = 128 fits
 
 
 def test_refuses_requests_that_can_never_fit_with_the_limits_in_the_message():
@@ -132,7 +135,12 @@ def test_admits_into_the_free_slot_whose_cache_holds_the_longest_prefix():
     plan = s.schedule()
     # a: slots 2 and 3 both hold 12 of its tokens -> the lower; b: nothing anywhere -> lowest free (0);
     # c: slot 1 and slot 3 hold 10 -> the lower, 1
-    assert [(x.request_id, x.slot) for x in plan.prefill] == [("a", 2), ("b", 0), ("c", 1)]
+    assert [(x.request_id, x.slot) for x in plan.admitted] == [("a", 2), ("b", 0), ("c", 1)]
+    # a and c find all but their last token in their own slots (no copy): one decode row each; b prefills
+    assert plan.copies == []
+    assert [(r.seq.request_id, r.start) for r in plan.prefill] == [("b", 0)]
+    assert [(r.seq.request_id, r.tokens, r.start) for r in plan.decode] == [("a", [13], 12), ("c", [99], 10)]
+    assert plan.reused_tokens == 22
     assert s.num_free_slots == 1
 
 
@@ -145,11 +153,11 @@ def test_compaction_moves_running_sequences_below_the_batch_bucket_that_holds_th
     for i in (0, 1, 3, 4, 5):  # three left, in slots 2, 6 and 7: bucket 4 holds them
         s.finish(seqs[i], FinishReason.STOP)
     s.prefixes.holds(7, [*seqs[7].prompt_ids, 5])  # r7's prompt, and a position beyond it
-    moves = s.compact()
-    assert [(src, dst, x.request_id) for src, dst, x in moves] == [(7, 0, "r7"), (6, 1, "r6")]
+    plan = s.schedule()
+    assert [(m.src, m.dst, m.length) for m in plan.moves] == [(7, 0, 4), (6, 1, 4)]
     assert sorted(s.running) == [0, 1, 2] and seqs[7].slot == 0 and seqs[6].slot == 1
     assert s.prefixes.held[0] == seqs[7].prompt_ids  # the destination holds what the source held of r7
-    assert s.compact() == []  # nothing left to move
+    assert s.schedule().moves == []  # nothing left to move
     assert s.num_free_slots == 5
 
 
@@ -165,15 +173,15 @@ def test_a_prompt_sharing_an_uncached_prefix_with_the_group_waits_a_step_and_cop
     for x in (a, b, c, other):
         s.add(x)
     first = s.schedule()
-    assert [x.request_id for x in first.prefill] == ["a"]
-    assert s.prefixes.plan([a.slot], [a.prompt_ids]) == [(a.slot, 0)]  # nothing cached: a computes it all
-    s.prefixes.holds(a.slot, a.prompt_ids)  # what the step wrote (the engine books it)
-    a.output_ids.append(5)
+    assert [x.request_id for x in first.admitted] == ["a"]
+    assert [(r.seq, r.start) for r in first.prefill] == [(a, 0)]  # nothing cached: a computes it all
+    s.postprocess(first, {a: 5}, {})  # what the step wrote
     second = s.schedule()
-    assert [x.request_id for x in second.prefill] == ["b", "c", "other"]
-    assert second.decode == [a]
-    plan = s.prefixes.plan([x.slot for x in second.prefill], [x.prompt_ids for x in second.prefill])
-    assert plan[:2] == [(a.slot, len(SYSTEM)), (a.slot, len(SYSTEM))] and plan[2][1] == 0
+    assert [x.request_id for x in second.admitted] == ["b", "c", "other"]
+    assert [r.seq for r in second.decode] == [a]
+    copies = [(x.seq, x.src, x.length) for x in second.copies]
+    assert copies == [(b, a.slot, len(SYSTEM)), (c, a.slot, len(SYSTEM))]
+    assert [(r.seq, r.start) for r in second.prefill] == [(b, len(SYSTEM)), (c, len(SYSTEM)), (other, 0)]
 
 
 def test_prompts_whose_shared_prefix_a_slot_holds_or_is_short_are_admitted_together():
@@ -183,16 +191,16 @@ def test_prompts_whose_shared_prefix_a_slot_holds_or_is_short_are_admitted_toget
     burst = [chat(r, SYSTEM, [r.encode()[0], 7, 8]) for r in "abc"]
     for x in burst:
         s.add(x)
-    assert s.schedule().prefill == burst
+    assert s.schedule().admitted == burst
     # a common prefix shorter than worth copying (MIN_PREFIX_REUSE): none waits
     s = scheduler(8, 128, [16, 32, 64])
     short = [chat(r, SYSTEM[: MIN_PREFIX_REUSE - 1], [r.encode()[0], 7, 8]) for r in "abc"]
     for x in short:
         s.add(x)
-    assert s.schedule().prefill == short
+    assert s.schedule().admitted == short
     # without prefix reuse nothing would be copied: none waits
     s = scheduler(8, 128, [16, 32, 64], prefix_reuse=False)
     burst = [chat(r, SYSTEM, [r.encode()[0], 7, 8]) for r in "abc"]
     for x in burst:
         s.add(x)
-    assert s.schedule().prefill == burst
+    assert s.schedule().admitted == burst
