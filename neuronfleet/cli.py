@@ -12,7 +12,6 @@ from pathlib import Path
 
 from neuronfleet.contract import (
     AUTO_HELP,
-    INTERNAL_TOKEN_ENV,
     MODEL_MOUNT,
     QUANT_HELP,
     TERMINATION_LOG,
@@ -66,41 +65,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(parsed: argparse.Namespace) -> int:
-    args = ServeConfig.from_namespace(parsed)  # the contract the operator rendered, validated
-    if args.role == "router":  # before the engine's imports: a router loads no torch
-        return _serve_router(args)
-    from neuronfleet.runtime.engine import AsyncEngine, Engine
-    from neuronfleet.runtime.server import RuntimeServer
+    from neuronfleet.runtime import assemble
 
-    config = _runtime_config(args)
-    role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
-    _log_info()
-    engine = AsyncEngine(lambda: Engine.from_model_dir(args.model, config))
-    server = RuntimeServer(
-        engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
-    )
-    if role_setup is not None:  # the role's routes, and its metrics in the server's registry
-        routes, startup = role_setup(engine, server.metrics.registry)
-        server.extra_routes.extend(routes)
-        server.on_startup.extend(startup)
-    return _serve_until_stopped(server, args)
-
-
-def _log_info() -> None:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _serve_until_stopped(server, args: ServeConfig) -> int:
-    """Serve (runtime.server.serve), logging at INFO, until SIGTERM or SIGINT, then drain."""
-    import asyncio
-
-    from neuronfleet.runtime.server import serve
-
-    _log_info()  # (a unified server set it up before loading its model: once is enough)
-    asyncio.run(serve(server, args.host, args.port, args.grace_period))
-    return 0
+    return assemble.run(ServeConfig.from_namespace(parsed))  # the contract the operator rendered, validated
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -261,150 +228,6 @@ def _cmd_local(args: argparse.Namespace) -> int:
     except local.LocalError as e:
         print(f"neuronfleet: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-
-
-def _internal_token(args: ServeConfig) -> str:
-
-    token = os.environ.get(INTERNAL_TOKEN_ENV, "")
-    if args.internal_token_file:
-        token = Path(args.internal_token_file).read_text().strip()
-    if not token:
-        raise ValueError(
-            f"--role {args.role} needs the model's internal token: --internal-token-file FILE (mounted from "
-            f"a Secret) or {INTERNAL_TOKEN_ENV}"
-        )
-    return token
-
-
-def _runtime_config(args: ServeConfig):
-    """The serve flags' one RuntimeConfig, validated here (a bad flag fails before anything loads)."""
-    from neuronfleet.runtime.config import RuntimeConfig
-
-    return RuntimeConfig(
-        slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
-        prefill_buckets=args.prefill_buckets or (),
-        decode_buckets=args.decode_buckets or (), dtype=args.dtype, prefix_reuse=args.prefix_reuse,
-        max_waiting=args.max_waiting, quantization=args.quantization, decode_graph=args.decode_graph,
-    )  # fmt: skip
-
-
-def _serve_router(args: ServeConfig) -> int:
-    """The public endpoint of a disaggregated model: tokenizer and chat template here, the work on peers.
-    Imports no torch (the router's image needs none)."""
-    from neuronfleet.contract import PEER_HOSTS_FILE_ENV
-
-    if args.peer_hosts_file:  # before any peer is resolved
-        os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
-    if args.unified:  # a front door to unified pods: no model files, no token
-        return _serve_front_door(args)
-    if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
-        return _serve_engine_router(args)
-
-    from neuronfleet.runtime.backend import Limits
-    from neuronfleet.runtime.model_config import load_model_config
-    from neuronfleet.runtime.router import RemoteBackend
-    from neuronfleet.runtime.server import RuntimeServer
-    from neuronfleet.runtime.tokenizer import Tokenizer
-
-    token = _internal_token(args)
-    model = load_model_config(Path(args.model))
-    config = _runtime_config(args).check_model(model)
-    tokenizer = Tokenizer(args.model, model.eos_token_ids)
-    # --dtype auto stays `auto` here: each peer resolves it for its own CPU (a router loads no torch)
-    limits = Limits(
-        config.max_seq_len, config.max_prompt_len, config.slots, config.dtype, "remote",
-        dtype_auto=config.dtype == "auto",
-    )  # fmt: skip
-    eos = frozenset(model.eos_token_ids) | tokenizer.eos_token_ids
-    backend = RemoteBackend(
-        tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
-        probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
-        local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
-    )  # fmt: skip
-    name = args.served_model_name or Path(args.model).name
-    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
-    return _serve_until_stopped(server, args)
-
-
-def _serve_engine_router(args: ServeConfig) -> int:
-    """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
-    from neuronfleet.runtime.pd_proxy import EngineRouter
-
-    router = EngineRouter(
-        args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
-        bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
-        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
-    )  # fmt: skip
-    return _serve_until_stopped(router, args)
-
-
-def _serve_front_door(args: ServeConfig) -> int:
-    """A front door to unified pods of any engine: every request passed on as is, held at zero."""
-    from neuronfleet.runtime.front_door import FrontDoor
-
-    door = FrontDoor(
-        args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
-        peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
-    )  # fmt: skip
-    return _serve_until_stopped(door, args)
-
-
-def _role_setup(args: ServeConfig, config):
-    """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
-    NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
-    import secrets
-
-    from neuronfleet.contract import POD_IP_ENV
-    from neuronfleet.runtime.kv_transfer import TransportUnavailable, make_agent
-    from neuronfleet.runtime.model_config import load_model_config
-
-    token = _internal_token(args)
-    model_id = args.served_model_name or Path(args.model).name
-    advertise = None
-    if args.kv_advertise or os.environ.get(POD_IP_ENV):
-        host, _, port = (args.kv_advertise or os.environ[POD_IP_ENV]).partition(":")
-        advertise = (host, int(port) if port else None)
-    elif args.host in ("0.0.0.0", "::"):
-        raise ValueError(
-            f"--role {args.role} listening on {args.host} needs the address prefill pods reach it at: "
-            f"--kv-advertise HOST or the {POD_IP_ENV} environment variable"
-        )
-    identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
-    try:  # a writer stalled mid-payload loses its connection after twice its own deadline
-        agent = make_agent(args.kv_transport, identity, model_id, args.host, advertise=advertise,
-                           stall_seconds=2 * args.kv_wait)  # fmt: skip
-    except TransportUnavailable as e:  # a usage error, reported as main() reports a bad flag
-        raise ValueError(str(e)) from None
-
-    def build(engine, registry):
-        import torch
-
-        from neuronfleet.runtime.leases import LeasePool
-        from neuronfleet.runtime.model_runner import model_dtype
-        from neuronfleet.runtime.roles import DecodeRole, KVMetrics, PrefillRole
-
-        if args.role == "prefill":
-            metrics = KVMetrics(registry, model_id, role="prefill")
-            return PrefillRole(engine, agent, token, timeout=args.kv_wait, metrics=metrics).routes(), []
-
-        async def start_agent(app) -> None:
-            await agent.start(args.kv_port)
-
-        c = load_model_config(args.model)
-        leases = LeasePool(
-            agent, count=args.kv_leases or config.slots, layers=c.num_layers, kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim, max_tokens=config.max_prompt_len,
-            dtype=getattr(torch, model_dtype(Path(args.model), config)),  # what import_kv takes
-            ttl=args.kv_lease_ttl,
-        )  # fmt: skip
-        metrics = KVMetrics(registry, model_id, leases)
-        role = DecodeRole(engine, agent, leases, token, wait_seconds=args.kv_wait, metrics=metrics)
-        return role.routes(), [start_agent]
-
-    return build
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,14 +27,12 @@ from neuronfleet.contract import (
     COMPILE_CONFIG_FILE,
     GRACE_PERIOD,
     INTERNAL_TOKEN_DIR,
-    INTERNAL_TOKEN_FILE,
     KV_PORT,
     MODEL_MOUNT,
     POD_IP_ENV,
     CompileBuckets,
     CompileConfig,
     CompileModel,
-    ServeConfig,
 )
 
 from . import engines, front_door, gateway, names, parallelism, pod_parts, scaling, topology
@@ -352,35 +350,6 @@ def deployment_name(owner: Owner, role: str, serving_set_name: str | None = None
     return names.deployment(owner.name, role, _set_suffix(serving_set_name))
 
 
-def serve_config(
-    owner: Owner, spec: NeuronModelSpec, role: str, chash: str, serving_set_name: str | None = None,
-    wake_base: str | None = None,
-) -> ServeConfig:  # fmt: skip
-    """Our runtime's serve options for a role's pods: the spec's (`engines.serve_config`), plus the model's
-    name, its peers (its own set's headless Services), the KV transport and port, and the internal token's
-    file; a front door's routers hold requests at zero and wake the autoscaler (`front_door`, `wake_base`:
-    the operator's wake URL)."""
-    port, transport = spec.serving.port, spec.serving.kvTransfer.transport
-    pod: dict[str, Any] = {"served_model_name": owner.name}  # clients name the model as the NeuronModel
-    if role == "router":
-        pod.update(front_door.router_options(spec, owner.namespace, owner.name, wake_base))
-    if role == "router" and spec.serving.mode == "unified":  # a unified model's front door: no model files
-        pod["unified"] = [front_door.peers_url(owner.name, port)]
-        return ServeConfig(role="router", host="0.0.0.0", port=port, **pod)
-    if role == "router":
-        pod["prefill"] = [f"dns://{deployment_name(owner, 'prefill', serving_set_name)}:{port}"]
-        pod["decode"] = [f"dns://{deployment_name(owner, 'decode', serving_set_name)}:{port}"]
-        if _engine_router(spec, role):  # the engine's own P/D protocol: no model, no token (peers need none)
-            return engines.engine_router_config(spec, port).model_copy(update=pod)
-    if role in ("prefill", "decode"):
-        pod["kv_transport"] = transport
-    if role == "decode":  # prefill pods send KV caches to the pod's own IP
-        pod["kv_port"] = KV_PORT
-    if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
-        pod["internal_token_file"] = INTERNAL_TOKEN_FILE
-    return engines.serve_config(spec, role, chash, port).model_copy(update=pod)
-
-
 def _engine_router(spec: NeuronModelSpec, role: str) -> bool:
     """A router in front of an engine's own prefill and decode servers, or a unified model's front door (it
     mounts no artifacts or token)."""
@@ -395,7 +364,10 @@ def build_deployment(
     port = spec.serving.port
     ours = spec.engine == "embedded" or role == "router"
     pods_set = serving_set(spec, chash)
-    config = serve_config(owner, spec, role, chash, pods_set, wake_base) if ours else None
+    config = engines.serve_config(
+        spec, role, chash, model=owner.name, namespace=owner.namespace, set_suffix=_set_suffix(pods_set),
+        wake_base=wake_base,
+    ) if ours else None  # fmt: skip
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
     env = pod_parts.env(
         spec,

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from neuronfleet.contract import ServeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -44,9 +48,9 @@ class RuntimeConfig:
 
     Unset buckets (empty) are derived: prefill is compute-bound, so padding costs in proportion and its
     buckets are fine (4 per octave, up to `max_input_len`, from 16 on a compiling device and from 1 on CPU,
-    where a shape costs nothing to add: a prompt whose cache prefix is reused prefills a few tokens, and a
-    step admitting one such prompt beside 31 decoding ones took 155 ms with its 1 new token padded to 16
-    rows, 135-141 ms unpadded, SmolLM2 on a 2-core AVX2 CPU); decode reads the cache, coarser is fine (2 per
+    where a shape costs nothing to add: a prompt whose cache prefix is reused prefills a few tokens, and
+    padding them to 16 rows slows the step it shares with the decoding requests; docs/benchmarks.md); decode
+    reads the cache, coarser is fine (2 per
     octave from 64, up to `max_seq_len`). The largest decode bucket is `max_seq_len`; the largest prefill
     bucket is the longest prompt accepted, `max_input_len` when it is set (0: `max_seq_len`, or the largest
     prefill bucket given).
@@ -116,6 +120,17 @@ class RuntimeConfig:
                 f"(--{kind}-buckets)"
             )
         return out
+
+    @classmethod
+    def from_serve(cls, args: ServeConfig) -> RuntimeConfig:
+        """The one RuntimeConfig of `neuronfleet serve`'s settings (the contract's `ServeConfig`), validated
+        here: a bad setting fails before anything loads."""
+        return cls(
+            slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
+            prefill_buckets=args.prefill_buckets or (), decode_buckets=args.decode_buckets or (),
+            dtype=args.dtype, prefix_reuse=args.prefix_reuse, max_waiting=args.max_waiting,
+            quantization=args.quantization, decode_graph=args.decode_graph,
+        )  # fmt: skip
 
     def check_model(self, model: ModelConfig) -> RuntimeConfig:
         """Refuse settings the model cannot serve; returns self."""

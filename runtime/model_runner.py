@@ -26,12 +26,6 @@ from .scheduler import Row, StepPlan
 from .scheduler import Sequence as Seq
 
 
-def model_dtype(model_dir: Path, config: RuntimeConfig) -> str:
-    """The dtype the runner serves the folder's model in (activations and KV cache): --dtype, where `auto`
-    depends on the CPU and on whether the layers are weight-only quantized (`dtypes.resolve_dtype`)."""
-    return resolve_dtype(config.dtype, config.device, _quantized(model_dir, config))
-
-
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
     return (config.quantization or stored_quantization(model_dir)) != "none"
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from neuronfleet.contract import ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_PORT, ServeConfig
 
+from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
 from . import embedded, sglang, tgi, vllm
@@ -26,7 +27,6 @@ from .common import (
     fetch_container,
     model_reference,
     nxdi_neuron_config,
-    serve_config,
 )
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
@@ -124,18 +124,55 @@ def engine_router_config(spec: NeuronModelSpec, port: int) -> ServeConfig:
     return ServeConfig(role="router", host="0.0.0.0", port=port, peer_protocol=protocol, **extra)  # type: ignore[arg-type]
 
 
+def serve_config(
+    spec: NeuronModelSpec, role: str, compile_hash: str, *, model: str, namespace: str,
+    set_suffix: str | None = None, wake_base: str | None = None,
+) -> ServeConfig:  # fmt: skip
+    """Our runtime's serve options (`neuronfleet serve`) for a role's pods: every role of the embedded engine,
+    and every engine's router. `model` is the NeuronModel's name (the name clients use), `set_suffix` the
+    serving set whose prefill and decode Services a router names, `wake_base` the operator's wake URL (a
+    front door's routers hold requests at zero and wake the autoscaler)."""
+    port, n = spec.serving.port, spec.neuron
+    pod: dict = {"served_model_name": model}
+    if role == "router":
+        pod.update(front_door.router_options(spec, namespace, model, wake_base))
+        if spec.serving.mode == "unified":  # a unified model's front door: no model files
+            door = [front_door.peers_url(model, port)]
+            return ServeConfig(role="router", host="0.0.0.0", port=port, unified=door, **pod)
+        pod["prefill"] = [f"dns://{names.deployment(model, 'prefill', set_suffix)}:{port}"]
+        pod["decode"] = [f"dns://{names.deployment(model, 'decode', set_suffix)}:{port}"]
+        if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no model, no token
+            return engine_router_config(spec, port).model_copy(update=pod)
+    if role in ("prefill", "decode"):
+        pod["kv_transport"] = spec.serving.kvTransfer.transport
+    if role == "decode":  # prefill pods send KV caches to the pod's own IP
+        pod["kv_port"] = KV_PORT
+    if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
+        pod["internal_token_file"] = INTERNAL_TOKEN_FILE
+    # the compiled model and shapes, for every role: the router checks requests against the same limits
+    if n.buckets.context:
+        pod["prefill_buckets"] = list(n.buckets.context)
+    if n.buckets.generation:
+        pod["decode_buckets"] = list(n.buckets.generation)
+    return ServeConfig(
+        model=f"{artifacts_dir(compile_hash)}/model", role=role, host="0.0.0.0", port=port, dtype=n.dtype,
+        slots=n.batchSize, max_seq_len=n.sequenceLength, max_input_len=n.maxInputLength, **pod,
+    )  # fmt: skip
+
+
 def serve_container(
     spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None = None,
     served_name: str | None = None,
 ) -> Container:  # fmt: skip
     """The serving container of a role (unified, prefill, decode or router). For our runtime (the embedded
-    engine, and every engine's router) `config` is the role's serve options (default: `serve_config`); the
-    other engines name the model `served_name` in their APIs (default: their own choice)."""
+    engine, and every engine's router) `config` is the role's serve options (`serve_config`); the other
+    engines name the model `served_name` in their APIs (default: their own choice)."""
     if spec.engine == "embedded" or role == "router":  # the router is ours whatever the engine
+        assert config is not None, "our runtime's container needs its serve_config"
         own = spec
         if spec.engine != "embedded":
             own = spec.model_copy(update={"engine": "embedded", "image": None})
-        container = embedded.serve(own, role, compile_hash, port, config)
+        container = embedded.serve(config, own)
         if role == "router":  # routers use no Neuron device (they run on any node): the CPU image will do
             container.image = OWN_IMAGES["cpu"]
         if spec.engine == "embedded" and spec.image:

@@ -20,7 +20,6 @@ from neuronfleet.contract import (
     SOURCE_UNAVAILABLE,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
-    ServeConfig,
 )
 
 from ..spec import NeuronModelSpec
@@ -153,20 +152,6 @@ def nxdi_neuron_config(spec: NeuronModelSpec) -> dict:
         config["quantized"] = True
         config["quantization_dtype"] = n.quantization
     return {**config, **n.overrides}
-
-
-def serve_config(spec: NeuronModelSpec, role: str, compile_hash: str, port: int) -> ServeConfig:
-    """Our runtime's serve options for a role that follow from the spec alone (the pod's own are added by
-    the caller): the compiled model, the port, and the compiled shapes (slots, lengths, buckets, dtype), for
-    every role: the router checks requests against the same limits and reports them (`/info`)."""
-    n = spec.neuron
-    shapes: dict = {"slots": n.batchSize, "max_seq_len": n.sequenceLength, "max_input_len": n.maxInputLength}
-    if n.buckets.context:
-        shapes["prefill_buckets"] = list(n.buckets.context)
-    if n.buckets.generation:
-        shapes["decode_buckets"] = list(n.buckets.generation)
-    model = f"{artifacts_dir(compile_hash)}/model"
-    return ServeConfig(model=model, role=role, host="0.0.0.0", port=port, dtype=n.dtype, **shapes)  # type: ignore[arg-type]
 
 
 def source_check(spec: NeuronModelSpec) -> str:

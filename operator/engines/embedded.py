@@ -7,7 +7,7 @@ from neuronfleet.contract import COMPILE_CONFIG_FILE, CONFIG_MOUNT, MODEL_MOUNT,
 
 from ..pod_metrics import NEURONFLEET
 from ..spec import NeuronModelSpec
-from .common import Container, artifacts_dir, own_image, refusals_of_engine_fields, serve_config
+from .common import Container, artifacts_dir, own_image, refusals_of_engine_fields
 
 METRICS = NEURONFLEET  # our runtime exports the signals under these names
 
@@ -16,10 +16,8 @@ def image(spec: NeuronModelSpec) -> str:
     return own_image(spec)
 
 
-def serve(
-    spec: NeuronModelSpec, role: str, compile_hash: str, port: int, config: ServeConfig | None
-) -> Container:
-    config = config or serve_config(spec, role, compile_hash, port)
+def serve(config: ServeConfig, spec: NeuronModelSpec) -> Container:
+    """`neuronfleet serve` with a role's options (`engines.serve_config`)."""
     return Container(own_image(spec), ["neuronfleet", "serve", *config.to_args()])
 
 

@@ -13,7 +13,7 @@ from support import ROOT
 from neuronfleet import contract
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import CompileConfig, ServeConfig
-from neuronfleet.operator import builders, validation
+from neuronfleet.operator import builders, engines, validation
 from neuronfleet.runtime.compile_artifacts import CompileError, load_config
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -78,7 +78,11 @@ def test_the_operators_serve_commands_parse_into_the_configuration_it_rendered(p
     ours = [r for r in builders.serving_roles(spec) if spec.engine == "embedded" or r == "router"]
     assert ours or spec.engine != "embedded"
     for role in ours:
-        rendered = builders.serve_config(OWNER, spec, role, chash, builders.serving_set(spec, chash))
+        suffix = builders.serving_set(spec, chash)
+        rendered = engines.serve_config(
+            spec, role, chash, model=OWNER.name, namespace=OWNER.namespace,
+            set_suffix=None if suffix == builders.UNIFIED_SET else suffix,
+        )  # fmt: skip
         command = deployments[role]["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[:2] == ["neuronfleet", "serve"]
         args = build_parser().parse_args(command[1:])

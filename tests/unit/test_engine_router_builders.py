@@ -11,7 +11,7 @@ from support import ROOT
 
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import ServeConfig
-from neuronfleet.operator import builders, validation
+from neuronfleet.operator import builders, engines, validation
 from neuronfleet.operator.engines import sglang
 from neuronfleet.operator.engines.common import OWN_IMAGES
 from neuronfleet.operator.spec import NeuronModelSpec
@@ -69,7 +69,7 @@ def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_re
     # a vLLM model's router would speak vLLM's protocol (validation refuses disaggregated vLLM for the
     # pinned image: operator/engines/vllm.unsupported)
     vllm = spec.model_copy(update={"engine": "vllm"})
-    config = builders.serve_config(OWNER, vllm, "router", "h", rev)
+    config = engines.serve_config(vllm, "router", "h", model="m", namespace=OWNER.namespace, set_suffix=rev)
     assert (config.peer_protocol, config.model, config.bootstrap_port) == ("vllm", None, None)
     assert (config.prefill, config.decode) == peers
 
