@@ -33,7 +33,7 @@ def run(args: ServeConfig) -> int:
         engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
     )
     if role_setup is not None:  # the role's routes, and its metrics in the server's registry
-        routes, startup = role_setup(engine, server.metrics.registry)
+        routes, startup = role_setup(engine, server.registry)
         server.extra_routes.extend(routes)
         server.on_startup.extend(startup)
     return _serve_until_stopped(server, args)

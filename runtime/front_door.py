@@ -20,10 +20,11 @@ from collections.abc import Sequence
 import aiohttp
 import yarl
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .errors import openai_error_body, tgi_error_body
 from .holding import Hold, HoldRejected
+from .http_app import HttpApp
 from .peers import Peer, PeerSet, PeerWatch, resolve_peers
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class PodRefused(Exception):
     """A pod answered 503 (draining, or full): the request may go to another."""
 
 
-class FrontDoor:
+class FrontDoor(HttpApp):
     """The HTTP app and its unified peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
 
     def __init__(
@@ -55,18 +56,18 @@ class FrontDoor:
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
             )
         resolve_peers(unified)  # malformed specs fail at start-up
+        super().__init__(model_name, max_body_bytes, CollectorRegistry())
         self.unified = PeerSet("unified", unified)
-        self.peer_timeout, self.max_body_bytes = peer_timeout, max_body_bytes
+        self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
                          ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
                          draining=lambda: self.draining)  # fmt: skip
-        self.backend, self.model_name = self, model_name  # what serve() drains and names
-        self.draining = False
-        self.in_flight = 0  # requests whose handlers run
+        self.backend = self  # what serve() drains
         self.forwarded = 0  # requests sent to a pod and not finished
-        self.registry = CollectorRegistry()
+        self.on_startup.append(self._start)
+        self.on_cleanup.append(self._close)
         labels = self.labels = {"model_name": model_name}
         Gauge("vllm:num_requests_running", "Requests forwarded to a pod and not finished.", ["model_name"],
               registry=self.registry).labels(**labels).set_function(lambda: self.forwarded)  # fmt: skip
@@ -86,15 +87,8 @@ class FrontDoor:
     def shutdown(self) -> None:
         self.watch.stop()
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
-        app.add_routes([
-            web.get("/health", self.health), web.get("/ready", self.ready), web.get("/metrics", self.metrics),
-            web.route("*", "/{tail:.*}", self.forward),
-        ])  # fmt: skip
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._close)
-        return app
+    def routes(self) -> list[web.RouteDef]:
+        return [web.route("*", "/{tail:.*}", self._forward)]  # every path but the base's own
 
     # ---- peers ----
 
@@ -135,20 +129,13 @@ class FrontDoor:
 
     # ---- endpoints ----
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def ready(self, request: web.Request) -> web.Response:
+    def not_ready(self) -> str | None:
         """Ready while some pod is ready (its last probe answered), or always with holding (it takes requests
         at zero)."""
-        ok = not self.draining and (self.hold.enabled or self.unified.ready > 0)
-        status = "ready" if ok else ("draining" if self.draining else "no unified pod")
-        return web.json_response({"ready": ok, "status": status}, status=200 if ok else 503)
+        return None if self.hold.enabled or self.unified.ready > 0 else "no unified pod"
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+    def error(self, path: str, status: int, message: str) -> web.Response:
+        return self._error(path, status, message)
 
     @staticmethod
     def _error(path: str, status: int, message: str, retry_after: int | None = None) -> web.Response:
@@ -158,13 +145,6 @@ class FrontDoor:
             openai_error_body(status, message) if path.startswith("/v1/") else tgi_error_body(status, message)
         )
         return web.json_response(body, status=status, headers=headers)
-
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        self.in_flight += 1
-        try:
-            return await self._forward(request)
-        finally:
-            self.in_flight -= 1
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         path = request.path

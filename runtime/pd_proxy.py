@@ -26,11 +26,12 @@ from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from . import pd_protocols as pd
 from .errors import openai_error_body
 from .holding import Hold, HoldRejected
+from .http_app import HttpApp
 from .peers import Peer, PeerSet, PeerWatch, resolve_peers
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Refused(Exception):
         self.status, self.body, self.content_type = status, body, content_type
 
 
-class EngineRouter:
+class EngineRouter(HttpApp):
     """The HTTP app and its peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
 
     def __init__(
@@ -70,15 +71,15 @@ class EngineRouter:
         if protocol == "sglang" and bootstrap_port is None:
             raise ValueError("--peer-protocol sglang needs --bootstrap-port (the prefill servers')")
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
-        self.protocol, self.bootstrap_port, self.model_name = protocol, bootstrap_port, model_name
+        super().__init__(model_name, max_body_bytes, CollectorRegistry())
+        self.protocol, self.bootstrap_port = protocol, bootstrap_port
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
-        self.peer_timeout, self.max_body_bytes = peer_timeout, max_body_bytes
+        self.peer_timeout = peer_timeout
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval)
         self.backend = self  # what serve() drains
-        self.draining = False
-        self.in_flight = 0  # requests whose handlers run
         self._background: set[asyncio.Task] = set()
-        self.registry = CollectorRegistry()
+        self.on_startup.append(self._start)
+        self.on_cleanup.append(self._close)
         labels = {"model_name": model_name}
         self.watch.register_metrics(self.registry, model_name)
         self.retries = Counter(
@@ -109,34 +110,15 @@ class EngineRouter:
     def shutdown(self) -> None:
         self.watch.stop()
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
-        app.add_routes([
-            web.get("/health", self.health), web.get("/ready", self.ready),
-            web.get("/metrics", self.metrics), web.get("/v1/models", self.models),
-            web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
-        ])  # fmt: skip
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._close)
-        return app
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/v1/models", self.models), web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat),
+        ]  # fmt: skip
 
-    @web.middleware
-    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
-        """Every error in the OpenAI format: unknown routes, a body over the limit, anything unexpected."""
-        self.in_flight += 1
-        try:
-            return await handler(request)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            return self._error(e.status, e.reason)
-        except ConnectionResetError:
-            raise
-        except Exception as e:
-            log.exception("unexpected error serving %s", request.path)
-            return self._error(500, f"internal error: {type(e).__name__}: {e}")
-        finally:
-            self.in_flight -= 1
+    def error(self, path: str, status: int, message: str) -> web.Response:
+        """Every error in the OpenAI format (the only API this router speaks)."""
+        return self._error(status, message)
 
     @staticmethod
     def _error(status: int, message: str, param: str | None = None, retry_after: int = 1) -> web.Response:
@@ -211,21 +193,11 @@ class EngineRouter:
 
     # ---- endpoints ----
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def ready(self, request: web.Request) -> web.Response:
+    def not_ready(self) -> str | None:
         """Ready while some prefill and some decode server is in rotation (a request needs both), or always
         with holding (the router then takes requests at zero and holds them)."""
         missing = [p.role for p in (self.prefill, self.decode) if p.healthy == 0]
-        ok = not self.draining and (not missing or self.hold.enabled)
-        status = "ready" if ok else ("draining" if self.draining else f"no {' or '.join(missing)} server")
-        return web.json_response({"ready": ok, "status": status}, status=200 if ok else 503)
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return f"no {' or '.join(missing)} server" if missing and not self.hold.enabled else None
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         """The decode servers' model list (they serve the model under the name clients use)."""

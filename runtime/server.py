@@ -20,18 +20,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
 from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
 from .backend import Backend, RequestOutput
 from .engine_metrics import LATENCY_BUCKETS
 from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError, openai_error_body, tgi_error_body
+from .http_app import HttpApp
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +70,8 @@ class Metrics:
         self.labels = labels
         backend.register_metrics(self.registry, model_name)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
-
-class RuntimeServer:
+class RuntimeServer(HttpApp):
     """Routes HTTP requests to the backend."""
 
     def __init__(
@@ -88,53 +84,27 @@ class RuntimeServer:
         on_startup: Sequence[Callable[[web.Application], Awaitable[None]]] = (),
     ) -> None:
         """`extra_routes`: a role's internal endpoints (runtime.roles); `on_startup`: what they start."""
-        self.extra_routes, self.on_startup = list(extra_routes), list(on_startup)
         self.backend = backend
-        self.model_name = model_name
-        self.max_body_bytes = max_body_bytes
-        self.metrics = Metrics(backend, model_name)
-        self.draining = False
-        self.in_flight = 0  # requests whose handlers run: a drain waits for them
+        self.served = Metrics(backend, model_name)
+        super().__init__(model_name, max_body_bytes, self.served.registry)
+        self.extra_routes = list(extra_routes)
+        self.on_startup.extend(on_startup)
         self.created = int(time.time())
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
-        app.add_routes(
-            [
-                web.get("/health", self.health),
-                web.get("/ready", self.ready),
-                web.get("/metrics", self.metrics_endpoint),
-                web.get("/v1/models", self.models),
-                web.post("/v1/completions", self.completions),
-                web.post("/v1/chat/completions", self.chat_completions),
-                web.get("/info", self.info),
-                web.post("/generate", self.tgi_generate),
-                web.post("/generate_stream", self.tgi_generate_stream),
-                web.post("/", self.tgi_compat),
-                *self.extra_routes,
-            ]
-        )
-        app.on_startup.extend(self.on_startup)
-        return app
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/info", self.info),
+            web.post("/generate", self.tgi_generate),
+            web.post("/generate_stream", self.tgi_generate_stream),
+            web.post("/", self.tgi_compat),
+            *self.extra_routes,
+        ]
 
-    @web.middleware
-    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
-        """Every error leaves in the API's own format: unknown routes and methods, and anything unexpected
-        (logged, answered 500, and the server goes on)."""
-        self.in_flight += 1
-        try:
-            return await handler(request)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            return self._error(request.path, e.status, e.reason, None)
-        except ConnectionResetError:  # the client left; nothing to answer
-            raise
-        except Exception as e:
-            log.exception("unexpected error serving %s", request.path)
-            return self._error(request.path, 500, f"internal error: {type(e).__name__}: {e}", None)
-        finally:
-            self.in_flight -= 1
+    def error(self, path: str, status: int, message: str) -> web.Response:
+        return self._error(path, status, message, None)
 
     def _error(self, path: str, status: int, message: str, param: str | None) -> web.Response:
         """An error in the format of the API that `path` belongs to."""
@@ -144,20 +114,11 @@ class RuntimeServer:
 
     # ---- plain endpoints -----------------------------------------------------------------------------------
 
-    async def health(self, request: web.Request) -> web.Response:
-        """Liveness: 200 while the process can serve (also while draining); 503 once the engine has failed,
-        so that a liveness probe restarts the pod."""
-        if self.backend.error is not None:
-            return web.json_response({"status": f"engine failed: {self.backend.error!r}"}, status=503)
-        return web.json_response({"status": "ok"})
+    def not_alive(self) -> str | None:
+        return f"engine failed: {self.backend.error!r}" if self.backend.error is not None else None
 
-    async def ready(self, request: web.Request) -> web.Response:
-        ok = self.backend.alive and not self.draining
-        reason = "ready" if ok else ("draining" if self.draining else "engine failed")
-        return web.json_response({"ready": ok, "status": reason}, status=200 if ok else 503)
-
-    async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def not_ready(self) -> str | None:
+        return None if self.backend.alive else "engine failed"
 
     async def models(self, request: web.Request) -> web.Response:
         limits = self.backend.limits
@@ -230,8 +191,8 @@ class RuntimeServer:
         except asyncio.CancelledError:  # the client left while the request waited for its first token
             self._count_finished("abort", start)
             raise
-        self.metrics.ttft.observe(time.monotonic() - start)
-        self.metrics.prompt_tokens.inc(first.prompt_tokens)
+        self.served.ttft.observe(time.monotonic() - start)
+        self.served.prompt_tokens.inc(first.prompt_tokens)
         return self._timed(first, gen, start)
 
     async def _timed(self, first: RequestOutput, gen, start: float) -> AsyncIterator[RequestOutput]:
@@ -240,7 +201,7 @@ class RuntimeServer:
         finished = False
         try:
             while True:
-                self.metrics.generation_tokens.inc(len(out.token_ids))
+                self.served.generation_tokens.inc(len(out.token_ids))
                 yield out
                 if out.finished:
                     finished = True
@@ -248,7 +209,7 @@ class RuntimeServer:
                     return
                 out = await anext(gen)
                 now = time.monotonic()
-                self.metrics.itl.observe(now - last)
+                self.served.itl.observe(now - last)
                 last = now
         finally:
             await gen.aclose()  # a client that went away aborts the request and frees its slot
@@ -256,8 +217,8 @@ class RuntimeServer:
                 self._count_finished("abort", start)
 
     def _count_finished(self, reason: str, start: float) -> None:
-        self.metrics.e2e.observe(time.monotonic() - start)
-        self.metrics.success.labels(**self.metrics.labels, finished_reason=reason).inc()
+        self.served.e2e.observe(time.monotonic() - start)
+        self.served.success.labels(**self.served.labels, finished_reason=reason).inc()
 
     async def _collect(self, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
         """The whole answer of a non-streaming request."""
@@ -282,7 +243,7 @@ class RuntimeServer:
     def _refusal(self, error: ServingError, tgi: bool) -> web.Response:
         """The response for a request refused or failed before its answer started."""
         status = error.http_status(tgi)
-        self.metrics.rejected.labels(**self.metrics.labels, reason=error.reason).inc()
+        self.served.rejected.labels(**self.served.labels, reason=error.reason).inc()
         if tgi:
             return self._tgi_error(status, str(error), error.retry_after)
         return self._openai_error(status, str(error), error.field_name, error.retry_after)
