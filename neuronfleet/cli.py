@@ -202,6 +202,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         os.environ[wake.PORT_ENV], os.environ[wake.HOST_ENV] = str(args.wake_port), args.wake_host
         if args.wake_url:
             os.environ[wake.URL_ENV] = args.wake_url
+    from neuronfleet.operator import scaling
+
+    if args.autoscale_interval is not None:
+        os.environ[scaling.TICK_ENV] = str(args.autoscale_interval)
+    scaling.tick_seconds(os.environ)  # a bad setting stops here, saying what would be right
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -330,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve POST /wake/NAMESPACE/NAME (scale-to-zero routers call it) on this port",
     )
     opr.add_argument("--wake-host", default="0.0.0.0", help="address of the wake endpoint")
+    opr.add_argument(
+        "--autoscale-interval",
+        type=float,
+        help="seconds between the builtin autoscaler's decisions (default 15, or "
+        "NEURONFLEET_AUTOSCALE_INTERVAL_SECONDS)",
+    )
     opr.add_argument(
         "--wake-url",
         help="the wake endpoint's base URL as the routers reach it (default: NEURONFLEET_WAKE_URL; without "

@@ -1,5 +1,6 @@
-"""The built-in autoscaler's shell (autoscaling provider builtin): every `scaling.TICK_SECONDS`, for each
-NeuronModel it scales, read every ready serving pod's `/metrics`, decide with `autoscaler.decide` (pure) and
+"""The built-in autoscaler's shell (autoscaling provider builtin): every `scaling.tick_seconds` (15 s unless
+the operator's setting says otherwise), for each NeuronModel it scales, read every ready serving pod's
+`/metrics`, decide with `autoscaler.decide` (pure) and
 the history it keeps in memory per model, and when the decision changes the replicas: write it to
 `status.autoscaling` (the autoscaler is the only writer of the replicas of the models it scales), post an
 Event (Normal ScaledUp / ScaledDown with the reason and the signal values; Warning ScaleUpStuck for pods
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -143,10 +145,11 @@ class AutoscaleLoop:
             await self._session.close()
 
     async def _run(self) -> None:
+        every = scaling.tick_seconds(os.environ)
         while True:
             started = time.monotonic()
             await self.tick()
-            await asyncio.sleep(max(0.0, scaling.TICK_SECONDS - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
 
     async def tick(self) -> None:
         """One decision for every model the builtin autoscaler scales; a model's failure is logged and the

@@ -11,6 +11,7 @@ them as custom Pods metrics, which an adapter such as prometheus-adapter serves 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from . import engines, front_door
@@ -315,6 +316,27 @@ def build_autoscaler(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, A
 # ---- provider builtin: the spec in the autoscaler's terms, and the replicas it decided -------------------
 
 TICK_SECONDS = 15.0  # how often the operator reads the pods' /metrics and decides (autoscale_loop.py)
+TICK_ENV = (
+    "NEURONFLEET_AUTOSCALE_INTERVAL_SECONDS"  # the operator's setting (--autoscale-interval, the chart)
+)
+
+
+def tick_seconds(environ: Mapping[str, str]) -> float:
+    """How often the builtin autoscaler decides: the operator's setting, else TICK_SECONDS. A setting that is
+    not a number of seconds above 0 is refused with what would be right."""
+    raw = environ.get(TICK_ENV)
+    if raw is None:
+        return TICK_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(
+            f"{TICK_ENV}={raw!r}: the autoscaler's interval must be a number of seconds above 0, e.g. "
+            f"{TICK_SECONDS:g}"
+        )
+    return seconds
 
 
 def builtin(spec: NeuronModelSpec) -> bool:

@@ -194,3 +194,11 @@ def test_a_pods_ready_time_is_its_ready_conditions_when_it_has_one():
     assert autoscale_loop.ready_at({"status": {"conditions": [ready]}}) == 100.0
     assert autoscale_loop.ready_at({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}) is None
     assert autoscale_loop.ready_at({"status": {"conditions": [{**ready, "status": "False"}]}}) is None
+
+
+def test_the_autoscalers_interval_is_the_operators_setting_and_a_bad_one_is_refused_saying_what_is_right():
+    assert scaling.tick_seconds({}) == scaling.TICK_SECONDS
+    assert scaling.tick_seconds({scaling.TICK_ENV: "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(ValueError, match=r"number of seconds above 0, e\.g\. 15"):
+            scaling.tick_seconds({scaling.TICK_ENV: bad})

@@ -51,6 +51,12 @@ def render(values: dict) -> list[dict]:
     ]
 
 
+def operator_env(objects: list[dict]) -> dict[str, str | None]:
+    """The operator container's environment in the rendered chart."""
+    (deployment,) = kinds(objects, "Deployment")
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
 def kinds(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
 
@@ -152,15 +158,22 @@ def test_the_neuron_scheduler_is_named_only_where_the_chart_says_the_cluster_run
     neuron.schedulerName: the operator's NEURONFLEET_NEURON_SCHEDULER, which pod_parts reads."""
     from neuronfleet.operator import pod_parts
 
+    assert pod_parts.NEURON_SCHEDULER_ENV not in operator_env(render({}))
+    named = operator_env(render({"neuron": {"schedulerName": "my-scheduler"}}))
+    assert named[pod_parts.NEURON_SCHEDULER_ENV] == "my-scheduler"
+
+
+def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads():
+    from neuronfleet.operator import scaling
+
     def env(objects):
         (deployment,) = kinds(objects, "Deployment")
         return {
             e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         }
 
-    assert pod_parts.NEURON_SCHEDULER_ENV not in env(render({}))
-    named = env(render({"neuron": {"schedulerName": "my-scheduler"}}))
-    assert named[pod_parts.NEURON_SCHEDULER_ENV] == "my-scheduler"
+    assert scaling.tick_seconds(env(render({}))) == scaling.TICK_SECONDS
+    assert scaling.tick_seconds(env(render({"autoscaler": {"intervalSeconds": 5}}))) == 5.0
 
 
 @pytest.mark.parametrize(
@@ -174,6 +187,7 @@ def test_the_neuron_scheduler_is_named_only_where_the_chart_says_the_cluster_run
         ({"replicaCount": 2}, "replicaCount"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"serviceAccount": {"create": "yes"}}, "create"),
+        ({"autoscaler": {"intervalSeconds": 0}}, "intervalSeconds"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):
