@@ -1,7 +1,7 @@
 """What dtype `auto` means on this machine and for this model's weights, decided once per process.
 
 bfloat16 where the CPU computes it natively, else float32. Without native support torch emulates bfloat16
-matmuls (about 100x slower than float32 on an AVX2 machine, see the README's benchmark notes), so a prefill
+matmuls (orders of magnitude slower than float32 on an AVX2 machine), so a prefill
 would crawl. The check is torch's own CPU feature detection, `torch.cpu.get_capabilities()` (torch 2.13.0,
 torch/cpu/__init__.py, from cpuinfo): on x86 the AVX512-BF16 or AMX-BF16 instructions (`avx512_bf16`,
 `amx_bf16`), on ARM64 the BF16 extension (`bf16`, or `sve_bf16`). Other devices (Neuron) compute bfloat16
@@ -9,23 +9,18 @@ natively.
 
 A model served with weight-only int8/int4 weights gets bfloat16 on every CPU: its quantized kernels take
 bfloat16 activations whatever the model's dtype (`quantize`: their float32 paths are scalar loops), so
-float32 buys those layers nothing, and the KV cache and activations in bfloat16 take half the memory. Measured
-on a 2-core AVX2 EPYC without native bfloat16 (SmolLM2-135M int4, 64 slots, unprofiled decode step medians,
-float32 against bfloat16 activations): 23.9 against 22.5 ms for 1 stream, 253 against 245 ms for 32; the
-KV cache of 64 clients' requests 311 MiB in float32.
+float32 buys those layers nothing (a step is no slower in bfloat16 even on an AVX2 CPU), and the KV cache and
+activations in bfloat16 take half the memory (docs/benchmarks.md).
 
 Where `auto` is float32 on an x86 CPU, the float layers' weights are held in float16 (`resolve_weights_dtype`)
 and multiplied by fbgemm's float16-weight GEMM (part of torch's x86 builds), which widens them to float32 in
 registers and accumulates in float32: a decode step is bound by reading the weights, and this reads half of
 float32's bytes. Answers stay right: float16 keeps 11 bits of each weight (bfloat16, what `auto` serves where
 the CPU has it, keeps 8), and weights published in bfloat16, as most checkpoints are, convert to it exactly.
-Measured on a 2-core AVX2 EPYC, SmolLM2-135M's 120 layer projections with weights past the cache: 20.9
-against oneDNN's float32 43.2 ms for 1 row, 54 against 84 ms for 32, at par from 256 rows (a long prefill);
-perplexity in the README. An explicit `float32` keeps float32 weights. Memory: fbgemm (torch 2.13.0) pads
-a packed weight's input features to a multiple of 512 in memory, not in what a product reads (measured: 8192
-rows packed with 512, 576, 1024 and 1536 features hold 8.6, 16, 16 and 24 MiB; a 3072 x 576 product takes
-321 us, 3072 x 1024 538 us). So SmolLM2-135M's 576 take the room of 1024 and holding them in float16 saves
-far less than half: loaded with 32 slots, 699 MiB resident against float32's 746.
+It is about twice as fast as oneDNN's float32 for a decode step's few rows and at par for a long prefill,
+with the same perplexity (docs/benchmarks.md). An explicit `float32` keeps float32 weights. Memory: fbgemm
+(torch 2.13.0) pads a packed weight's input features to a multiple of 512 in memory, not in what a product
+reads, so SmolLM2-135M's 576 take the room of 1024 and holding them in float16 saves far less than half.
 """
 
 from __future__ import annotations

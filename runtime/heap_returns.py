@@ -4,14 +4,13 @@ glibc serves an allocation from its heap unless it is at least the mmap threshol
 and then rises to the size of each larger block freed, up to 32 MiB, with the trim threshold at twice that
 (glibc's mallopt(3): M_MMAP_THRESHOLD, M_TRIM_THRESHOLD). Loading a model frees thousands of temporaries of a
 few MiB (file buffers, the int4 repacking) between blocks it keeps, so afterwards the heap is mostly free
-chunks it never returns: 223 MiB of them after loading SmolLM2-135M int4, whose kept tensors are 117 MiB.
+chunks it never returns (more than the kept tensors themselves, for SmolLM2-135M int4).
 
 So while the model loads the threshold is fixed at 128 KiB (every larger block is its own mapping, unmapped
 when freed: resident memory follows what is alive); afterwards it is fixed where glibc's own rule ends up,
 32 MiB with the trim threshold at 64 MiB, because a decode step's activations of a few hundred KiB would
-otherwise each cost a fresh mapping, its pages zeroed on first touch (a 32-row bfloat16 step of SmolLM2 took
-6-8% longer). Measured on a 2-core Zen 4, SmolLM2-135M int4: the load peaked at 363 MiB instead of 563, and 64
-requests after it at 597 MiB instead of 827.
+otherwise each cost a fresh mapping, its pages zeroed on first touch (a decode step would take longer). What
+it saves is in docs/benchmarks.md.
 
 Where the C library is not glibc (musl, macOS) nothing is changed.
 """

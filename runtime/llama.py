@@ -43,11 +43,9 @@ class Linear:
       oneDNN while it is enabled, so it is switched off around that call (the engine steps the model on one
       thread). The plain copy doubles these weights' memory on CPU, the price of that single-stream speed.
     - float32 (x86): oneDNN on the packed weight is faster than torch's own route (MKL) at every row count,
-      and the plain weight is not kept. Measured on a 2-core AVX2 EPYC, SmolLM2-135M's 120 layer projections:
-      40.7 against 57.1 ms for 1 row, 41 against 89 ms for 2, 90 against 153 ms for 32 (MKL's matrix-vector
-      kernel reads about 9 GB/s there, oneDNN 15.6 of the 18 GB/s a plain sum reads). A weight `shared` with
-      another tensor (a tied LM head reads the embedding table) is read in place, not packed into a copy:
-      SmolLM2's head took 9.2 against 17.7 ms for 1 row, 25 against 55 ms for 32.
+      and the plain weight is not kept (MKL's matrix-vector kernel reads memory at about half oneDNN's rate;
+      docs/benchmarks.md). A weight `shared` with another tensor (a tied LM head reads the embedding table)
+      is read in place, not packed into a copy, which is also faster.
     All accumulate in float32.
     """
 
@@ -311,11 +309,9 @@ class RMSNorm:
     variance is mean(x^2), so layer_norm's (x - mean) * rsqrt(var + eps) * w is RMSNorm's. One kernel (it
     computes in float32 and rounds once) and two small ops, where torch 2.13.0's `rms_norm` on CPU is a
     composite of about 8 ops for float32 x and 15 for bfloat16 or float16 (casts, pow, mean, rsqrt, ...), at
-    microseconds of dispatch each; a decode step runs two a layer. Measured on a 2-core AVX2 EPYC, SmolLM2's
-    whole decode step in its recorded graph, the two norms alternating in one process: float32 25.2 against
-    23.2 ms for 1 stream, 37.0 against 34.1 for 4, 126 against 125 for 32; a 576-wide bfloat16 row, the norm
-    alone: 30 against 71 us. (The norm alone over 32 or more float32 rows is slower this way, 43 against
-    34 us, which the step does not show; a prefill of 256 rows spends 5 ms more on its 61 norms.)
+    microseconds of dispatch each; a decode step runs two a layer, and a one-stream step is faster this way
+    (docs/benchmarks.md). (Over many float32 rows the norm alone is a little slower this way, which a whole
+    step does not show.)
     """
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
@@ -448,7 +444,7 @@ class LlamaModel:
         self.dtype, self.device = dtype, device
         self.weights = load_weights(model_dir, config, dtype, device, quantization, weights_dtype)
         # decode-only passes replay a graph of their layers recorded on the first one (on CPU: the device
-        # it is measured and tested on)
+        # it is tested on)
         self.capture_decode = capture_decode and device.type == "cpu"
         self.decode_graph: DecodeGraph | None = None
         # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write). Slot-major, and

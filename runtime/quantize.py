@@ -112,7 +112,7 @@ def quantize_tensors(
 def kernel_aligned(t: torch.Tensor) -> torch.Tensor:
     """`t`, or a copy of it at a 64-byte boundary (where torch's CPU allocator puts every tensor it makes).
 
-    torch 2.13.0's `_weight_int8pack_mm` on an AVX512 CPU (AMD EPYC Zen 4, measured) dies of a segmentation
+    torch 2.13.0's `_weight_int8pack_mm` on an AVX512 CPU (AMD EPYC Zen 4) dies of a segmentation
     fault for 16 or more rows when its weight does not start on a 16-byte boundary. A tensor read from a file
     mapping sits at its offset in the file (safetensors' own reader: 24 bytes past one for SmolLM2's
     embedding); `weights_file` gives each tensor memory of its own, but the layer does not rely on that."""
@@ -128,13 +128,12 @@ def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Int8Linear:
     """y = x W^T + b with W int8 per output channel (aten._weight_int8pack_mm).
 
-    That kernel's cost grows with the rows (torch 2.13.0, Zen 4, SmolLM2's 49152 x 576 LM head: 2.6 ms for
-    1 row, 5.8 ms for 8, 13 ms for 16, 24 ms for 32). A layer made with `widen_from_rows` (the LM head)
-    instead multiplies that many rows or more with oneDNN's bfloat16 matmul, widening the weight to bfloat16
-    one block of WIDEN_ELEMENTS at a time (int8 values are exact in bfloat16; the scales are applied to the
-    result): 8 ms for 16 rows, 10 ms for 32, the same error against float64 (0.4% of the largest logit), and
-    only a few MiB of bfloat16 weights at any time. The decoder layers' small weights gain nothing that way
-    (measured over 30 layers: 65 ms against 57 ms for 32 rows), so they keep the kernel at every size.
+    That kernel's cost grows with the rows (torch 2.13.0), steeply for a layer as large as an LM head. A layer
+    made with `widen_from_rows` (the LM head) instead multiplies that many rows or more with oneDNN's bfloat16
+    matmul, widening the weight to bfloat16 one block of WIDEN_ELEMENTS at a time (int8 values are exact in
+    bfloat16; the scales are applied to the result): faster from 16 rows where the CPU has native bfloat16,
+    with the same error against float64, and only a few MiB of bfloat16 weights at any time. The decoder
+    layers' small weights gain nothing that way, so they keep the kernel at every size (docs/benchmarks.md).
     """
 
     WIDEN_ELEMENTS = 4096 * 576  # a block of the widened weight: 4.5 MiB in bfloat16
@@ -159,19 +158,16 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
-HEAD_WIDEN_FROM_ROWS = 16  # the LM head's rows from which Int8Linear widens blocks (measured above)
+HEAD_WIDEN_FROM_ROWS = 16  # the LM head's rows from which Int8Linear widens blocks (docs/benchmarks.md)
 
 
 def head_widen_from_rows() -> int | None:
     """The LM head's `widen_from_rows`: HEAD_WIDEN_FROM_ROWS where the CPU multiplies bfloat16 natively; None
-    (the kernel at every size) elsewhere, where oneDNN emulates bfloat16 and the widened blocks are about 3x
-    slower than the kernel (2-core AVX2 EPYC, SmolLM2's head: 98 against 29.5 ms for 16 rows, 203 against 60
-    for 32; widened to float32 instead, 87 and 62 ms: no gain either). fbgemm's float16-weight GEMM on the
-    int8 values (exact in float16), scales applied after, is faster there: the int4 decode step 20.9 against
-    22.3 ms for 1 stream, 228 against 250 for 32. It is not used: fbgemm pads a packed weight's input
-    features to a multiple of 512 (576 -> 1024 for SmolLM2), so that head held 97 MiB more than the int8 one
-    and the int4 server's peak memory went from 510 to 617 MiB: on such a CPU int4 is chosen for memory (at
-    one stream it is about as fast as the float16-held defaults, at 32 half as fast)."""
+    (the kernel at every size) elsewhere, where oneDNN emulates bfloat16 and the widened blocks are several
+    times slower than the kernel (widened to float32 instead, no gain either). fbgemm's float16-weight GEMM
+    on the int8 values (exact in float16), scales applied after, is a little faster there, but it is not
+    used: fbgemm pads a packed weight's input features to a multiple of 512 (576 -> 1024 for SmolLM2), so
+    that head holds far more memory than the int8 one, and on such a CPU int4 is chosen for memory."""
     return HEAD_WIDEN_FROM_ROWS if native_bfloat16() else None
 
 
