@@ -1,10 +1,20 @@
-"""Shared fixtures: the real SmolLM2 model, imported once per session."""
+"""Shared fixtures (the real SmolLM2 model, imported once per session) and the tiers: every test is marked
+`unit`, `integration` or `e2e` by its folder (tests/cluster is e2e), so `pytest -m unit` runs one tier."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+TIERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "cluster": "e2e"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.path)).parent.name
+        if folder in TIERS:
+            item.add_marker(TIERS[folder])
 
 
 @pytest.fixture(scope="session")
