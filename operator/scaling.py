@@ -305,6 +305,14 @@ def made_autoscaler(conditions: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def autoscaler_kind(spec: NeuronModelSpec) -> str | None:
+    """The kind of object the cluster scales the model with (`build_autoscaler`), or None."""
+    a = spec.autoscaling
+    if not a.enabled or a.provider == "builtin":
+        return None
+    return "HorizontalPodAutoscaler" if a.provider == "hpa" else "ScaledObject"
+
+
 def build_autoscaler(spec: NeuronModelSpec, meta: dict[str, Any]) -> dict[str, Any] | None:
     """The object the cluster scales the model with: an HPA, a ScaledObject, or none (builtin, disabled)."""
     a = spec.autoscaling

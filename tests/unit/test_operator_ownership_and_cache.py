@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from neuronfleet.operator.cache import Cache, selector_matcher, watch_namespaces
-from neuronfleet.operator.reconcile import foreign_owner
+from neuronfleet.operator.planner import foreign_owner
 from neuronfleet.operator.status import transitions, with_conflicts
 
 

@@ -1,0 +1,188 @@
+"""The reconcile's pure core (operator/planner.py) as tables: the compile state machine, the rollout and the
+public Service's switch, the deletions once a new set serves, and whole plans from a model and what the
+cluster held. The e2e operator tests drive the same code through the API server; these pin each case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from support import ROOT
+
+from neuronfleet.contract import SOURCE_UNAVAILABLE
+from neuronfleet.operator import builders, names, planner, rollout
+from neuronfleet.operator.planner import Apply, Delete, Observed, Settings
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+AT = "2026-12-03T12:00:00Z"
+UID = "uid-1"
+
+
+def model(generation: int = 1, status: dict | None = None, annotations: dict | None = None, **spec) -> dict:
+    body = yaml.safe_load(SAMPLE.read_text())
+    body["metadata"].update(uid=UID, generation=generation, annotations=annotations or {})
+    body["spec"].update(spec)
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def job(
+    state: str, *, attempt: str = "1/", failed_at: str = "2026-12-03T11:59:00Z", retries: int = 0
+) -> dict:
+    conditions = {
+        "running": [],
+        "succeeded": [{"type": "Complete", "status": "True"}],
+        "failed": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "failed",
+                    "lastTransitionTime": failed_at}],
+    }[state]  # fmt: skip
+    annotations = {rollout.ATTEMPT_ANNOTATION: attempt, rollout.SOURCE_RETRIES_ANNOTATION: str(retries)}
+    return {"metadata": {"name": "j", "annotations": annotations}, "status": {"conditions": conditions}}
+
+
+def pod_that_ended(message: str, code: int = 1) -> dict:
+    terminated = {"exitCode": code, "message": message, "finishedAt": AT}
+    return {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "c", "state": {"terminated": terminated}}],
+        }
+    }
+
+
+REPORT = {"path": "artifacts/x", "bytes": 1, "cacheHit": False}
+FINGERPRINT_REPORT = {"fingerprint": "new"}
+
+
+@pytest.mark.parametrize(
+    "case, status, annotations, observed, want_job, want_writes, want_event",
+    [
+        ("nothing yet", None, None, Observed(), "absent", [], None),
+        ("running", None, None, Observed(job=job("running")), "running", [], None),
+        ("succeeded: its report", None, None,
+         Observed(job=job("succeeded"), job_pods=[pod_that_ended(json.dumps(REPORT), 0)]),
+         "succeeded", [], None),
+        ("failed: retry asked for", None, {rollout.RETRY_ANNOTATION: "again"},
+         Observed(job=job("failed")), "absent", ["Delete Job"], "again (attempt 1/again)"),
+        ("failed: unreadable source, not due yet", None, None,
+         Observed(job=job("failed", failed_at=AT), job_pods=[pod_that_ended(f"{SOURCE_UNAVAILABLE} x")]),
+         "failed", [], None),
+        ("failed: unreadable source, due", None, None,
+         Observed(job=job("failed"), job_pods=[pod_that_ended(f"{SOURCE_UNAVAILABLE} x")]),
+         "absent", ["Delete Job"], "may be readable now (try 1"),
+        ("failed: other reason, the source probed first", None, None,
+         Observed(job=job("failed"), job_pods=[pod_that_ended("boom")]), "failed", ["Apply Job"], None),
+        ("failed: the probe shows the source changed", {"sourceFingerprint": "old"}, None,
+         Observed(job=job("failed"), job_pods=[pod_that_ended("boom")], probe=job("succeeded"),
+                  probe_pods=[pod_that_ended(json.dumps(FINGERPRINT_REPORT), 0)]),
+         "absent", ["Delete Job", "Delete Job"], "the model source changed"),
+        ("failed: the probe shows the same source", {"sourceFingerprint": "new"}, None,
+         Observed(job=job("failed"), job_pods=[pod_that_ended("boom")], probe=job("succeeded"),
+                  probe_pods=[pod_that_ended(json.dumps(FINGERPRINT_REPORT), 0)]),
+         "failed", ["Delete Job"], None),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else "",
+)  # fmt: skip
+def test_the_compile_state_machine(case, status, annotations, observed, want_job, want_writes, want_event):
+    body = model(status=status, annotations=annotations)
+    parsed = planner.parse(body)
+    step = planner.compile_step(parsed, body, observed, AT, Settings())
+    assert step.job[0] == want_job, step.job
+    writes = [f"{type(w).__name__} {getattr(w, 'kind', None) or w.obj['kind']}" for w in step.writes]
+    assert writes == want_writes
+    retried = [e[2] for e in step.events if e[1] == "CompileRetried"]
+    assert (retried and want_event in retried[0]) if want_event else not retried, step.events
+    if want_job == "succeeded":
+        assert (step.serving, step.report, step.compiled) == (parsed.chash, REPORT, (observed.job, REPORT))
+    else:
+        assert step.serving is None and step.compiled is None
+
+
+def test_a_compiled_hash_is_remembered_and_never_compiled_again():
+    parsed = planner.parse(model())
+    body = model(status={"compileHash": parsed.chash, "artifacts": REPORT})
+    step = planner.compile_step(parsed, body, Observed(), AT, Settings())
+    assert (step.serving, step.job, step.report, step.writes) == (parsed.chash, ("succeeded", ""), REPORT, [])
+
+
+def compiled(**spec) -> tuple[dict, planner.Parsed]:
+    parsed = planner.parse(model(**spec))
+    return model(status={"compileHash": parsed.chash, "artifacts": REPORT}, **spec), parsed
+
+
+def as_cluster_holds(obj: dict, ready: bool) -> dict:
+    """A Deployment as the API server and its controller hold it, applied, rolled out and ready (or not)."""
+    held = json.loads(json.dumps(obj))
+    held["metadata"]["generation"] = 1
+    replicas = held["spec"]["replicas"]
+    held["status"] = {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas,
+                      "readyReplicas": replicas if ready else 0}  # fmt: skip
+    return held
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_the_public_service_selects_the_new_set_only_once_it_is_ready(ready):
+    body, parsed = compiled()
+    first = planner.plan(body, parsed, Observed(), AT, Settings())
+    applied = [w.obj for w in first.writes if isinstance(w, Apply)]
+    (deployment,) = [o for o in applied if o["kind"] == "Deployment"]
+    assert first.status["phase"] != "Ready"  # just created: nothing ready
+    held = {**as_cluster_holds(deployment, ready), "kind": "Deployment"}
+    held["metadata"]["ownerReferences"] = deployment["metadata"]["ownerReferences"]
+    observed = Observed(deployments=[held])
+    second = planner.plan(body, parsed, observed, AT, Settings())
+    (public,) = [w.obj for w in second.writes if isinstance(w, Apply) and w.obj["kind"] == "Service"
+                 and w.obj["metadata"]["name"] == parsed.owner.name]  # fmt: skip
+    assert public["spec"]["selector"]  # the only set: selected at once (nothing else serves)
+    assert (second.status["phase"] == "Ready") == ready, second.status["phase"]
+
+
+def test_a_deployment_that_will_be_patched_is_not_rolled_out_yet():
+    _, parsed = compiled()
+    objects = builders.build_all(parsed.owner, parsed.spec, parsed.chash)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    held = as_cluster_holds(deployment, ready=True)
+    held["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"  # drifted
+    will_be = planner.projected(deployment, held)
+    assert will_be["metadata"]["generation"] == 2 and will_be["status"]["observedGeneration"] == 1
+    assert rollout.deployment_progress(will_be, parsed.chash) == (1, False)
+    assert planner.projected(deployment, as_cluster_holds(deployment, True))["metadata"]["generation"] == 1
+    assert planner.projected(deployment, None) is deployment
+
+
+def test_once_the_wanted_set_serves_the_old_sets_objects_and_superseded_jobs_go():
+    _, parsed = compiled()
+    owner = parsed.owner
+    ref = [{"uid": UID, "controller": True, "kind": "NeuronModel", "name": owner.name}]
+
+    def obj(name: str, **labels: str) -> dict:
+        return {"metadata": {"name": name, "ownerReferences": ref, "labels": labels}}
+
+    wanted = builders.build_all(owner, parsed.spec, parsed.chash)
+    old_pdb = obj(f"{owner.name}-router-old")
+    old_job = obj(names.source_probe(owner.name, "old"), **{f"{builders.LABEL_PREFIX}/compile-hash": "old"})
+    observed = Observed(pdbs=[old_pdb], jobs=[old_job])
+    writes, drain = planner.stale_deletions(owner, wanted, [], observed, parsed.chash, None, AT)
+    assert Delete("PodDisruptionBudget", old_pdb["metadata"]["name"]) in writes
+    assert drain is None
+    # nothing of the wanted set is deleted
+    kept = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+    assert not [w for w in writes if (w.kind, w.name) in kept]
+
+
+def test_a_refused_spec_writes_nothing_but_its_status():
+    body = model(neuron={"instanceType": "cpu", "tensorParallel": 3, "batchSize": 4, "sequenceLength": 512,
+                         "maxInputLength": 384})  # fmt: skip
+    parsed = planner.parse(body)
+    assert parsed.errors
+    plan = planner.plan(body, parsed, Observed(), AT, Settings())
+    assert plan.writes == [] and plan.status["phase"] == "Failed"
+
+
+def test_reads_outside_the_caches_only_what_a_changed_spec_may_leave_behind():
+    body, parsed = compiled()
+    body["status"]["observedGeneration"] = 1
+    assert planner.reads(parsed, body) == {}  # nothing changed, nothing made
+    body["metadata"]["generation"] = 2
+    assert set(planner.reads(parsed, body)) == {"InferencePool", "HTTPRoute"}  # a new spec: its gateway kinds
