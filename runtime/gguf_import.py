@@ -113,11 +113,13 @@ def import_gguf(
     if not gguf_path.is_file():
         raise ModelImportError(f"GGUF file not found: {gguf_path} (pass the path of an existing .gguf file).")
 
-    from gguf import GGUFReader
+    import struct
+
+    from .gguf_file import GGUFFile
 
     try:
-        reader = GGUFReader(gguf_path)
-    except (ValueError, OSError) as error:
+        reader = GGUFFile(gguf_path)
+    except (ValueError, OSError, struct.error) as error:
         raise ModelImportError(f"{gguf_path} is not a readable GGUF file: {error}") from error
 
     meta = _Metadata(reader)
@@ -158,13 +160,12 @@ class _Metadata:
         return key in self._fields
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self._fields.get(key)
-        return default if field is None else field.contents()
+        return self._fields.get(key, default)
 
     def require(self, key: str) -> Any:
         if key not in self._fields:
             raise ModelImportError(f"The GGUF file has no `{key}` metadata, which a Llama model needs.")
-        return self._fields[key].contents()
+        return self._fields[key]
 
 
 def _f32(value: float) -> float:
