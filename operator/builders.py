@@ -39,6 +39,9 @@ from . import engines, front_door, gateway, names, parallelism, pod_parts, scali
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
+# the startup probe (period, failures) of a serving pod that loads onto Neuron devices, and of one that does
+# not (a cpu model, a router): each allows an hour
+STARTUP_PROBE = {True: (10, 360), False: (2, 1800)}
 UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, rolled in place)
 ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
 SOURCE_RETRIES_ANNOTATION = f"{LABEL_PREFIX}/source-retries"  # on a compile Job: tries after a source failed
@@ -421,8 +424,9 @@ def build_deployment(
                 "ports": ports,
                 "resources": pod_parts.serving_resources(spec, role),
                 "volumeMounts": mounts,
-                # model loads take minutes on Neuron: up to an hour to start, then strict liveness
-                "startupProbe": probe(health, 10, 360),
+                # model loads take minutes on Neuron: up to an hour to start, then strict liveness; a cpu
+                # model or a router loads in seconds, so its startup is checked often (Ready soon after)
+                "startupProbe": probe(health, *STARTUP_PROBE[neuron]),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
                 "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_DRAIN_SECONDS}}},

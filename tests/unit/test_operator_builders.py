@@ -80,6 +80,22 @@ def test_before_the_first_compile_only_the_cache_config_and_compile_job_exist():
     assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Job"]
 
 
+def test_a_pod_that_loads_in_seconds_is_probed_often_and_every_pod_may_take_an_hour_to_start():
+    """A cpu model's pods and every router load in seconds: their startup probe runs every 2 s, so they are
+    Ready soon after loading; a pod that loads onto Neuron devices is probed every 10 s. Each allows an
+    hour."""
+    cpu = sample("smollm2-135m-local-cpu-disaggregated.yaml")
+    neuron = sample("llama-3.3-70b-vllm-trn2-disaggregated.yaml")
+    for spec, loads_on_neuron in ((cpu, {"prefill": False, "decode": False, "router": False}),
+                                  (neuron, {"prefill": True, "decode": True, "router": False})):  # fmt: skip
+        chash = builders.compile_hash(spec)
+        for dep in by_kind(builders.build_all(OWNER, spec, serving_hash=chash))["Deployment"]:
+            role = dep["metadata"]["labels"]["neuronfleet.dev/role"]
+            probe = container(dep)["startupProbe"]
+            assert probe["periodSeconds"] == (10 if loads_on_neuron[role] else 2), role
+            assert probe["periodSeconds"] * probe["failureThreshold"] >= 3600, role
+
+
 def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     spec = sample("llama-3.1-8b-vllm-inf2.yaml")
     chash = builders.compile_hash(spec)
