@@ -497,10 +497,16 @@ def run_neuronfleet(*args: str, env: dict[str, str] | None = None) -> subprocess
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=CEILING, env=env)
 
 
+# the builtin autoscaler decides every 2 s in the tests' local clusters (the operator's setting; 15 s by
+# default): timing behaviour is proven in the decision's simulator, the tests need only see it act
+AUTOSCALE_INTERVAL = {"NEURONFLEET_AUTOSCALE_INTERVAL_SECONDS": "2"}
+
+
 @contextlib.contextmanager
 def local_mode(state: Path, make: Callable[[Path], Any] = LocalCluster, env: dict[str, str] | None = None):
-    """`neuronfleet up --detach` in `state`, the cluster as `make(state)` gives it, then `neuronfleet down`
-    (each checked)."""
+    """`neuronfleet up --detach` in `state` (its operator deciding every AUTOSCALE_INTERVAL), the cluster as
+    `make(state)` gives it, then `neuronfleet down` (each checked)."""
+    env = {**(os.environ if env is None else env), **AUTOSCALE_INTERVAL}
     run = run_neuronfleet("up", "--state", str(state), "--detach", env=env)
     assert run.returncode == 0, run.stderr + run.stdout
     try:

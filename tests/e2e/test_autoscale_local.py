@@ -1,6 +1,6 @@
 """The built-in autoscaler acts, in local mode (the real operator, kubelet, runtime and `kubectl`): the cpu
 sample with autoscaling provider builtin (min 1, max 2, metric queue, target 1 waiting request per replica,
-scale-down stabilisation 60 s). Concurrent chat requests beyond its slots make it scale 1 -> 2 (the model's
+scale-down stabilisation 20 s). Concurrent chat requests beyond its slots make it scale 1 -> 2 (the model's
 status.autoscaling and `kubectl get events` say ScaledUp, with the reason and the signal values); once the
 load is gone and the window has passed it scales back to 1 (ScaledDown); every request is answered. In dry
 run the same load is only recorded (status.autoscaling.lastDecision, a DryRunScale Event). The measured
@@ -21,9 +21,9 @@ NAME = "smollm2"
 WORKERS = 8  # concurrent requests: 4 slots, so about 4 wait (the queue signal), well above target 1
 # a request of the load may wait for a whole batch on a busy machine: answered late is answered, so the
 # load's requests wait up to CEILING, not HTTP_TIMEOUT (a request lost is a failure, a slow one is not)
-# scaleDown.stabilizationSeconds: long enough for the load's last requests to finish after it stops (a pod
-# scaled down with requests in flight has its grace period to finish them)
-WINDOW = 60
+# scaleDown.stabilizationSeconds: the load's requests have all finished when it stops (ChatLoad waits for
+# them), and a pod scaled down with requests in flight has its grace period to finish them
+WINDOW = 20
 
 pytestmark = pytest.mark.real_model
 
