@@ -407,6 +407,8 @@ def test_a_body_that_is_not_prometheus_text_says_where(text, message):
 def test_the_names_read_are_the_ones_the_runtime_exports(smollm2_dir):
     """A real engine's /metrics registry (server.Metrics over an AsyncEngine, with the role queue of a prefill
     pod) rendered as the server renders it, read back by the operator's reader."""
+    from prometheus_client import generate_latest
+
     from neuronfleet.runtime.config import RuntimeConfig
     from neuronfleet.runtime.engine import AsyncEngine, Engine
     from neuronfleet.runtime.roles import KVMetrics
@@ -421,7 +423,7 @@ def test_the_names_read_are_the_ones_the_runtime_exports(smollm2_dir):
         role_queue.queued = 5
         for seconds in (0.03, 0.03, 0.3, 3.0):
             metrics.ttft.observe(seconds)
-        scrape = pod_metrics.read(metrics.render().decode(), "m")
+        scrape = pod_metrics.read(generate_latest(metrics.registry).decode(), "m")
     exported = set(scrape.gauges)
     names = (pod_metrics.WAITING, pod_metrics.RUNNING, pod_metrics.KV_USAGE, pod_metrics.SLOTS_BUSY)
     assert exported == {*names, pod_metrics.ROLE_QUEUE}
