@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The workers (pyproject's addopts) and the servers the tests start share the machine's cores: one torch
+# thread per process, unless set otherwise (torch's OpenMP threads wait by spinning, so more threads than
+# cores slow every process). Set before any test imports torch; started processes inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TIERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "cluster": "e2e"}
 
