@@ -22,6 +22,7 @@ from typing import Any
 from . import builders, engines, gateway, manual_scale, names, rollout, scaling, validation
 from .spec import NeuronModelSpec
 from .status import (
+    PROGRESS_WRITE_SECONDS,
     autoscaling_condition,
     compile_failure,
     compile_progress,
@@ -91,7 +92,7 @@ class Settings:
     """The operator's settings a plan reads (its environment may change the defaults)."""
 
     source_check_seconds: float = rollout.SOURCE_CHECK_SECONDS
-    progress_write_seconds: float = 15.0
+    progress_write_seconds: float = PROGRESS_WRITE_SECONDS
     wake_base: str | None = None
 
 

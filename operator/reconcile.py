@@ -153,7 +153,8 @@ async def observe(kube: Kube, body: dict[str, Any], parsed: planner.Parsed) -> O
     if parsed.valid and parsed.chash is not None:
         job_name = builders.compile_job_name(owner, parsed.chash)
         seen.job = await kube.get("Job", ns, job_name)
-        seen.job_pods = await kube.list("Pod", ns, f"job-name={job_name}")
+        if seen.job is not None:
+            seen.job_pods = await kube.list("Pod", ns, f"job-name={job_name}")
         probe_name = names.source_probe(owner.name, parsed.chash)
         seen.probe = await kube.get("Job", ns, probe_name)
         if seen.probe is not None:

@@ -197,7 +197,7 @@ class Engine:
             seconds=seconds,
             queue_seconds=[now - s.arrival_time for s in ran],
             prompt_tokens=sum(len(s.prompt_ids) for s in ran),
-            reused_prompt_tokens=plan.reused_tokens,
+            reused_prompt_tokens=plan.reused_tokens(result.tokens),
         )
         for observer in self.step_observers:
             observer(report)

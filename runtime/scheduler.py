@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from .backend import FinishReason
@@ -103,11 +103,10 @@ class StepPlan:
     def rows(self) -> list[Row]:
         return [*self.prefill, *self.decode]
 
-    @property
-    def reused_tokens(self) -> int:
-        """Prompt tokens the admitted requests did not compute (found in a slot's cache)."""
-        admitted = {id(s) for s in self.admitted}
-        return sum(r.start for r in self.rows if id(r.seq) in admitted)
+    def reused_tokens(self, ran: Collection[Sequence]) -> int:
+        """Prompt tokens the admitted requests among `ran` did not compute (found in a slot's cache)."""
+        admitted = set(self.admitted)
+        return sum(r.start for r in self.rows if r.seq in admitted and r.seq in ran)
 
 
 def prompt_rows(prefixes: PrefixCache, admitted: list[Sequence]) -> tuple[list[Copy], list[Row], list[Row]]:
@@ -253,12 +252,12 @@ class Scheduler:
         """After the runner ran `plan`: book what each row wrote into its slot's cache, append each new token
         (`tokens`: per sequence that ran), stamp the admitted ones' first token, and free the slots of the
         `finished` sequences (those that stopped, failed or never ran)."""
-        now = time.monotonic()
+        now, admitted = time.monotonic(), set(plan.admitted)
         for row in plan.rows:
             seq = row.seq
             if seq not in tokens:
                 continue
-            if seq in plan.admitted:
+            if seq in admitted:
                 self.prefixes.holds(row.slot, seq.prompt_ids)
                 seq.first_token_time = now
             else:

@@ -140,7 +140,7 @@ def test_admits_into_the_free_slot_whose_cache_holds_the_longest_prefix():
     assert plan.copies == []
     assert [(r.seq.request_id, r.start) for r in plan.prefill] == [("b", 0)]
     assert [(r.seq.request_id, r.tokens, r.start) for r in plan.decode] == [("a", [13], 12), ("c", [99], 10)]
-    assert plan.reused_tokens == 22
+    assert plan.reused_tokens(plan.admitted) == 22
     assert s.num_free_slots == 1
 
 
