@@ -8,6 +8,7 @@
 - `store`: the objects, their indexes and bounded history, the REST semantics of writes; `ClusterClient`.
 - `apiserver`: the emulated API server's HTTP face (`python -m neuronfleet.localcluster.apiserver`).
 - `processes`: one pod as a local process (command rewriting, supervision, restarts, status).
+- `ports`: the loopback ports local processes get (below the ephemeral range).
 - `probes`: a container's startup, readiness and liveness probes at their declared periods and thresholds.
 - `events`: Events as the kubelet and controllers record them (repeats counted).
 - `podlogs`: pod logs in the CRI format, read back under `kubectl logs`' options (follow, tail, since...).

@@ -38,11 +38,11 @@ from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
 from . import jobs, podlogs
 from .events import Recorder, reference
+from .ports import loopback_port
 from .probes import Prober, Target
 from .processes import (
     POD_IP,
     LocalPod,
-    free_port,
     kill,
     map_path,
     pod_status,
@@ -336,7 +336,7 @@ class ProcessKubelet:
         ports: dict[str, int] = {}
         numbers: dict[int, int] = {}
         for p in container.get("ports", []):
-            local = free_port()
+            local = loopback_port()
             numbers[p["containerPort"]] = local
             ports[p.get("name") or str(p["containerPort"])] = local
             ports[str(p["containerPort"])] = local

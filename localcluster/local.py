@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from neuronfleet.operator import crd, spec
+
+from .ports import loopback_port
 
 MODELS = f"/apis/{spec.GROUP}/{spec.VERSION}/{spec.PLURAL}"  # the NeuronModels of every namespace
 COMPILE_RETRY = 2.0  # seconds before `show_compiles` watches the models again (starting, stopping)
@@ -156,7 +157,7 @@ def _start(state: Path, say) -> None:
     _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "POST", crd.build_crd())
     _local_models(url, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
-    wake, metrics = _free_port(), _free_port()
+    wake, metrics = loopback_port(), loopback_port()
     operator = subprocess.Popen(
         [
             shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
@@ -191,14 +192,6 @@ def _start(state: Path, say) -> None:
     say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
     say(f"  {k} get neuronmodels -w")
     say(f"  neuronfleet status --state {state}")
-
-
-def _free_port() -> int:
-    """A loopback port free now, for the operator to bind a moment later (should another process take it
-    first, the operator fails to start, says so in its log, and `up` stops)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _local_models(url: str, state: Path) -> None:

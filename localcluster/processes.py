@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -38,12 +37,6 @@ MAX_GRACE_SECONDS = 60.0
 # "Termination of Pods")
 MIN_GRACE_AFTER_HOOK_SECONDS = 2.0
 POD_IP = "127.0.0.1"  # every pod's address: its ports, not its address, tell pods apart
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def map_path(value: str, mounts: list[tuple[str, Path]]) -> str:

@@ -13,6 +13,23 @@ import pytest
 # cores slow every process). Set before any test imports torch; started processes inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def _worker_ports() -> None:
+    """Each pytest-xdist worker (and what it starts: servers, `neuronfleet up`, the process kubelet) takes
+    loopback ports from its own share of local mode's pool, so two workers never pick the same one."""
+    from neuronfleet.localcluster import ports
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if ports.POOL_ENV in os.environ or not worker.startswith("gw") or not count.isdigit():
+        return
+    whole, index = ports.pool(), int(worker[2:])
+    share = len(whole) // int(count)
+    low = whole.start + index * share
+    os.environ[ports.POOL_ENV] = f"{low}-{low + share - 1}"
+
+
+_worker_ports()
+
 TIERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "cluster": "e2e"}
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from neuronfleet.localcluster.ports import loopback_port
+
 ROOT = Path(__file__).resolve().parent.parent
 CEILING = 600.0  # the longest any single wait may take (under pytest's per-test timeout, 720 s)
 PATIENCE = 120.0  # how long a wait with a progress signal tolerates no progress at all
@@ -39,9 +40,9 @@ KUBECTL_HELP = (
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server a test starts (local mode's pool: below the ephemeral range, this
+    worker's share of it, conftest.py)."""
+    return loopback_port()
 
 
 # ---- waiting ----------------------------------------------------------------------------------------------

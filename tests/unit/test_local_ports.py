@@ -1,0 +1,36 @@
+"""Local mode's loopback ports: from a pool below the ephemeral range (or the setting), never handed out twice
+while the pool lasts, and a clear error for a setting that is not a range."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from neuronfleet.localcluster import ports
+
+
+def test_the_default_pool_lies_below_the_ephemeral_range(tmp_path, monkeypatch):
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", ranges)
+    assert ports.pool({}) == range(32768 - ports.POOL_SIZE, 32768)
+    ranges.write_text("1500\t40000\n")  # no room below: the ports above it
+    assert ports.pool({}) == range(40001, 65536)
+
+
+@pytest.mark.parametrize("value", ["20000", "a-b", "30000-20000", "80-2000", "20000-70000"])
+def test_a_setting_that_is_not_a_range_says_what_is_expected(value):
+    with pytest.raises(ValueError, match=f"{ports.POOL_ENV}=.*expected"):
+        ports.pool({ports.POOL_ENV: value})
+
+
+def test_ports_come_from_the_setting_each_once_and_free():
+    environ = {ports.POOL_ENV: "21000-21009"}
+    with socket.socket() as taken:
+        try:
+            taken.bind(("127.0.0.1", 21003))
+        except OSError:
+            pytest.skip("port 21003 is in use on this machine")
+        taken.listen()
+        picked = [ports.loopback_port(environ) for _ in range(4)]
+    assert len(set(picked)) == 4 and all(21000 <= p <= 21009 and p != 21003 for p in picked)
