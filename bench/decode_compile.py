@@ -29,11 +29,11 @@ from decode_profile import ROOT, profiled_model, runner_dtypes  # bench/ is the 
 from prompts import QUESTIONS
 from safetensors.torch import load_file, save_file
 
-from neuronfleet.runtime import quantize
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.llama import LlamaModel, PrefillBatch
-from neuronfleet.runtime.model_config import load_model_config
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.model import quantize
+from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch
+from neuronfleet.runtime.model.model_config import load_model_config
 
 
 def dequantized(model_dir: Path) -> Path:

@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
-from neuronfleet.runtime.quantize import quantize_folder
-from neuronfleet.runtime.sampling_params import SamplingParams
-from neuronfleet.runtime.scheduler import Row, Sequence, StepPlan
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.engine.scheduler import Row, Sequence, StepPlan
+from neuronfleet.runtime.model.gguf_import import default_gguf_path, import_gguf
+from neuronfleet.runtime.model.quantize import quantize_folder
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_OPS = {
@@ -127,7 +127,7 @@ def narrow_model(real: Path, quantization: str) -> Path:
     dispatches the same ops as the real one's with almost no arithmetic."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from neuronfleet.runtime.model_config import load_model_config
+    from neuronfleet.runtime.model.model_config import load_model_config
 
     out = ROOT / "models" / f"bench-narrow-{quantization}"
     if (out / "model.safetensors").is_file():
@@ -149,7 +149,7 @@ def narrow_model(real: Path, quantization: str) -> Path:
 def dispatch_floor(real: Path, args, batch: int) -> dict:
     """Unprofiled model calls (`ModelRunner.step`: input tensors, the pass, sampling) of one decode step over
     `batch` slots, on the real model and on its narrow twin (`narrow_model`), alternating, medians."""
-    from neuronfleet.runtime.model_runner import ModelRunner
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
 
     slots = max(batch, args.slots)
     times: dict[str, list[float]] = {}

@@ -41,7 +41,7 @@ TOKEN = "bench-internal-token"
 
 def long_prompts(count: int, tokens: int, seed: int = 0) -> list[str]:
     """Prompts of random words, each about `tokens` tokens long and unlike any other."""
-    from neuronfleet.runtime.tokenizer import Tokenizer
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(MODEL)
     words = [w for q in QUESTIONS for w in q.lower().strip("?.!").split()] or ["word"]

@@ -26,10 +26,10 @@ import torch
 from prompts import QUESTIONS  # bench/prompts.py: the script folder is on sys.path
 from transformers import AutoModelForCausalLM
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.model.gguf_import import default_gguf_path, import_gguf
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 def ensure_model(path: Path, dtype: str) -> Path:

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from neuronfleet.runtime.kv_transfer import Descriptor, TcpAgent, tensor_bytes
+from neuronfleet.runtime.kv.kv_transfer import Descriptor, TcpAgent, tensor_bytes
 
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64
 

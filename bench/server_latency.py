@@ -206,7 +206,7 @@ PEER = "llama.cpp"
 
 
 def gguf_path() -> str:
-    code = "from neuronfleet.runtime.gguf_import import default_gguf_path; print(default_gguf_path())"
+    code = "from neuronfleet.runtime.model.gguf_import import default_gguf_path; print(default_gguf_path())"
     return subprocess.check_output([str(PROJECT_PYTHON), "-P", "-c", code], text=True).strip()
 
 

@@ -196,7 +196,7 @@ def _start(state: Path, say) -> None:
 
 def _local_models(url: str, state: Path) -> None:
     """The claim the local samples read their model from, holding the SmolLM2 GGUF file."""
-    from neuronfleet.runtime.gguf_import import default_gguf_path
+    from neuronfleet.runtime.model.gguf_import import default_gguf_path
 
     claim = {
         "apiVersion": "v1",

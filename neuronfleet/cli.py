@@ -24,14 +24,14 @@ EXIT_USAGE = 2
 
 
 def _cmd_import_gguf(args: argparse.Namespace) -> int:
-    from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
+    from neuronfleet.runtime.model.gguf_import import default_gguf_path, import_gguf
     from neuronfleet.runtime.progress import Console, Reporter
 
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()
     progress = Reporter(Console(sys.stderr, label="import"))  # a bar on a terminal, else plain lines
     out = import_gguf(gguf, Path(args.out), dtype=args.dtype, progress=progress)
     if args.quantization != "none":
-        from neuronfleet.runtime.quantize import quantize_folder
+        from neuronfleet.runtime.model.quantize import quantize_folder
 
         progress.phase("quantize")
         quantize_folder(out, args.quantization)
@@ -41,9 +41,9 @@ def _cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.engine import Engine
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     engine = Engine.from_model_dir(
         args.model,
@@ -71,7 +71,7 @@ def _cmd_serve(parsed: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from neuronfleet.runtime.compile_artifacts import compile_artifacts
+    from neuronfleet.runtime.artifacts.compile_artifacts import compile_artifacts
     from neuronfleet.runtime.progress import Console, LogLines, Reporter
 
     compile_artifacts(
@@ -89,7 +89,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_source_fingerprint(args: argparse.Namespace) -> int:
     import json
 
-    from neuronfleet.runtime.source_fingerprint import source_fingerprint
+    from neuronfleet.runtime.artifacts.source_fingerprint import source_fingerprint
 
     fingerprint = source_fingerprint(args.uri, args.revision, args.model_mount)
     print(fingerprint)
@@ -98,8 +98,8 @@ def _cmd_source_fingerprint(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch_model(args: argparse.Namespace) -> int:
+    from neuronfleet.runtime.artifacts.s3_source import download
     from neuronfleet.runtime.progress import Console, LogLines, Reporter
-    from neuronfleet.runtime.s3_source import download
 
     progress = Reporter(LogLines(sys.stdout), Console(sys.stderr, label="fetch"))  # as `compile` reports
     progress.phase("download")

@@ -52,7 +52,7 @@ GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after S
 
 Role = Literal["unified", "prefill", "decode", "router"]
 # what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
-# protocol at the OpenAI HTTP level (runtime/pd_protocols.py)
+# protocol at the OpenAI HTTP level (runtime/routing/pd_protocols.py)
 PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
 ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]

@@ -3,9 +3,9 @@ decides on: waiting and running requests, slot occupancy, KV cache use, the role
 at the router, and time-to-first-token and inter-token-latency p90 over the window between two scrapes.
 
 Pure: text in, numbers out; no HTTP and no Prometheus client (the operator image keeps the pure layer free of
-it). The names are the ones our runtime exports (runtime/engine.py's load gauges, runtime/server.py's
-histograms, runtime/roles.py's role queue; the router's held requests are issue 16 item 3's gauge);
-tests/unit/test_autoscaler.py checks them against a real runtime registry.
+it). The names are the ones our runtime exports (runtime/engine/engine.py's load gauges,
+runtime/serving/server.py's histograms, runtime/kv/roles.py's role queue; the router's held requests are issue
+16 item 3's gauge); tests/unit/test_autoscaler.py checks them against a real runtime registry.
 
 The format is Prometheus' text-based exposition format 0.0.4
 (https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format): one sample per line,

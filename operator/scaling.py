@@ -3,8 +3,8 @@ serving role; the scale status (`status.scaleReplicas`, `status.selector`); the 
 sections; and the objects that let the cluster scale a model: an autoscaling/v2 HorizontalPodAutoscaler
 (`provider: hpa`) or a KEDA ScaledObject (`provider: keda`), both on the NeuronModel's scale subresource.
 
-The metric names are the runtime's (`runtime/server.py`, `runtime/engine.py`, vLLM's names). An HPA reads
-them as custom Pods metrics, which an adapter such as prometheus-adapter serves under the same names
+The metric names are the runtime's (`runtime/serving/server.py`, `runtime/engine/engine.py`, vLLM's names). An
+HPA reads them as custom Pods metrics, which an adapter such as prometheus-adapter serves under the same names
 (docs/autoscaling.md has its rules); a ScaledObject queries Prometheus itself.
 """
 

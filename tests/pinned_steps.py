@@ -5,10 +5,10 @@ slot."""
 
 from __future__ import annotations
 
-from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.prefix_cache import PrefixCache
-from neuronfleet.runtime.sampling_params import SamplingParams
-from neuronfleet.runtime.scheduler import Row, Sequence, StepPlan, prompt_rows
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.engine.prefix_cache import PrefixCache
+from neuronfleet.runtime.engine.scheduler import Row, Sequence, StepPlan, prompt_rows
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 def step(

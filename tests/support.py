@@ -186,8 +186,8 @@ EXACT_DTYPE_OPTIONS = ("--dtype", EXACT_DTYPE)
 
 def unified_reference(model_dir: Path):
     """One slot, every prompt prefilled whole, float32: the engine whose answers other paths must equal."""
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.engine import Engine
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
 
     config = RuntimeConfig(slots=1, max_seq_len=256, prefix_reuse=False, dtype=EXACT_DTYPE)
     return Engine.from_model_dir(str(model_dir), config)

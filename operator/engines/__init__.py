@@ -3,7 +3,7 @@ environment, following that engine's documented contract for its pinned version 
 `embedded`, `vllm`, `tgi`, `sglang`), including where it finds the compiled artifacts. Every engine's
 router is ours (`neuronfleet serve --role router`): in front of our runtime's prefill and decode pods it
 speaks our own KV handoff; in front of vLLM's or SGLang's it speaks that engine's P/D protocol
-(`--peer-protocol`, runtime/pd_protocols.py) and reads no model files.
+(`--peer-protocol`, runtime/routing/pd_protocols.py) and reads no model files.
 
 Every spec field meant for the runtime reaches each role's command, environment or compile config
 (tests/unit/test_spec_reaches_process.py checks it for every sample); a field an engine has no setting for is

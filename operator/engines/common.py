@@ -100,7 +100,8 @@ def own_image(spec: NeuronModelSpec) -> str:
 
 def s3_source_dir(uri: str) -> str:
     """Where an s3:// model is downloaded on the compile cache: sources/<sha256 of the URI, 16 hex>/ (as
-    runtime/s3_source.py cache_folder names it; serving pods mount the cache read-only: they read it too)."""
+    runtime/artifacts/s3_source.py cache_folder names it; serving pods mount the cache read-only: they read it
+    too)."""
     return f"{CACHE_MOUNT}/sources/{hashlib.sha256(uri.encode()).hexdigest()[:16]}"
 
 

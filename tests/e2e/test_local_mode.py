@@ -18,10 +18,10 @@ import pytest
 import yaml
 from support import HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text, run_neuronfleet
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.dtypes import resolve_dtype
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.model.dtypes import resolve_dtype
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"

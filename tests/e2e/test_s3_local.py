@@ -21,7 +21,7 @@ import yaml
 from s3_server import ALLOW_ALL, CuttingProxy, MotoServer, env_of
 from support import ROOT, chat, local_mode
 
-from neuronfleet.runtime.gguf_import import default_gguf_path
+from neuronfleet.runtime.model.gguf_import import default_gguf_path
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 GGUF = default_gguf_path()

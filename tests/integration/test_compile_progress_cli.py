@@ -13,7 +13,7 @@ import pytest
 from support import CEILING, make_tiny_llama, neuronfleet_command
 
 from neuronfleet.contract import PROGRESS_PREFIX, parse_progress
-from neuronfleet.runtime.gguf_import import default_gguf_path
+from neuronfleet.runtime.model.gguf_import import default_gguf_path
 
 
 def write_config(path, uri: str) -> None:

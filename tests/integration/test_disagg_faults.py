@@ -27,7 +27,7 @@ from support import (
     unified_reference,
 )
 
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
 

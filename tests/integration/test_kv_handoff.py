@@ -9,10 +9,10 @@ import pytest
 import torch
 from support import CEILING, EXACT_DTYPE
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.kv_transfer import Descriptor, TcpAgent
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.kv.kv_transfer import Descriptor, TcpAgent
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits that are red.", "Explain gravity briefly."]
 
@@ -84,7 +84,7 @@ def test_kv_that_does_not_fit_the_slot_is_refused(engines):
 def test_prefill_and_decode_engines_hand_over_through_their_own_threads(engines):
     """The serving path: each side's runner work runs on its engine thread (AsyncEngine.call); the decode
     side streams exactly the unified tokens, and the prefill side's first token is the first of them."""
-    from neuronfleet.runtime.engine import AsyncEngine
+    from neuronfleet.runtime.engine.engine import AsyncEngine
 
     prefill, decode, unified = engines
     question = "Write one sentence about the sea."

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support import CEILING
 
-from neuronfleet.runtime.kv_transfer import (
+from neuronfleet.runtime.kv.kv_transfer import (
     HEADER,
     Descriptor,
     IntegrityError,

@@ -20,12 +20,12 @@ from support import (
     unified_reference,
 )
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import AsyncEngine, Engine
-from neuronfleet.runtime.kv_transfer import TcpAgent
-from neuronfleet.runtime.leases import LeasePool
-from neuronfleet.runtime.roles import DecodeRole, PrefillRole
-from neuronfleet.runtime.sampling_params import SamplingParams
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import AsyncEngine, Engine
+from neuronfleet.runtime.kv.kv_transfer import TcpAgent
+from neuronfleet.runtime.kv.leases import LeasePool
+from neuronfleet.runtime.kv.roles import DecodeRole, PrefillRole
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -232,7 +232,7 @@ def dns(url: str) -> str:
 
 
 def test_peers_resolve_from_urls_and_dns_names():
-    from neuronfleet.runtime.router import resolve_peers
+    from neuronfleet.runtime.routing.router import resolve_peers
 
     assert resolve_peers(["http://10.0.0.5:8000/"]) == ["http://10.0.0.5:8000"]
     assert "http://127.0.0.1:8000" in resolve_peers(["dns://localhost:8000"])

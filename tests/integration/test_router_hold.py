@@ -130,7 +130,7 @@ def test_the_front_door_to_another_engine_passes_requests_on_as_sent(tmp_path):
 
 @pytest.mark.real_model
 def test_our_pd_router_holds_at_zero_until_a_decode_pod_is_ready(smollm2_dir, tmp_path):
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     (tmp_path / "token").write_text(TOKEN)
     common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)

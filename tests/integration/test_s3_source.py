@@ -1,6 +1,7 @@
 """Models from S3 against a real S3 API server (moto's server mode, a subprocess on a free loopback port),
-through boto3's default credential chain and AWS_ENDPOINT_URL as a pod has them (runtime/s3_source.py, the
-`neuronfleet fetch-model` and `source-fingerprint` commands, `neuronfleet compile` of an s3:// model):
+through boto3's default credential chain and AWS_ENDPOINT_URL as a pod has them
+(runtime/artifacts/s3_source.py, the `neuronfleet fetch-model` and `source-fingerprint` commands,
+`neuronfleet compile` of an s3:// model):
 - a prefix downloads whole and verified (single-part and multipart ETags), a second run rewrites nothing, a
   changed object is fetched again and a removed one removed;
 - a download cut in the middle (a proxy that closes the connection mid-body) fails saying so, and the next
@@ -21,8 +22,8 @@ from s3_server import ALLOW_ALL, KEYS, CuttingProxy, MotoServer
 from support import make_tiny_llama, run_neuronfleet
 
 from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV, parse_progress
-from neuronfleet.runtime import s3_source
-from neuronfleet.runtime.compile_artifacts import SourceUnavailable, compile_artifacts
+from neuronfleet.runtime.artifacts import s3_source
+from neuronfleet.runtime.artifacts.compile_artifacts import SourceUnavailable, compile_artifacts
 from neuronfleet.runtime.progress import Reporter
 
 MB = 1 << 20

@@ -53,8 +53,8 @@ def small_server(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def offline(smollm2_dir):
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.engine import Engine
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
 
     # Every prompt prefilled whole, float32: `exact_server`'s answers, which reuse cached prefixes, must equal
     # these token for token (support.EXACT_DTYPE: bfloat16 rounds a reused prefix differently)
@@ -66,7 +66,7 @@ def test_openai_chat_equals_the_engines_offline_greedy_output(exact_server, offl
     server = exact_server
     from openai import OpenAI
 
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     client = OpenAI(base_url=server + "/v1", api_key="unused")
     resp = client.chat.completions.create(
@@ -83,7 +83,7 @@ def test_openai_chat_equals_the_engines_offline_greedy_output(exact_server, offl
 
 
 def test_info_states_the_dtype_auto_resolved_to(server):
-    from neuronfleet.runtime.dtypes import float16_weight_gemm, native_bfloat16
+    from neuronfleet.runtime.model.dtypes import float16_weight_gemm, native_bfloat16
 
     info = json.loads(urllib.request.urlopen(server + "/info", timeout=HTTP_TIMEOUT).read())
     expected = "bfloat16" if native_bfloat16() else "float32"  # serve's default is --dtype auto
@@ -148,7 +148,7 @@ def test_tgi_client_generate_and_stream(exact_server, offline):
     server = exact_server
     from text_generation import Client
 
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     client = Client(server, timeout=120)
     resp = client.generate("The capital of France is", max_new_tokens=12)
@@ -220,7 +220,7 @@ def test_a_prompt_starting_like_the_last_one_reuses_its_cached_prefix(exact_serv
     """Chat prompts share the template's system preamble: the second one's prefill skips those tokens
     (counted in vLLM's prefix cache metrics) and still answers exactly as a whole prefill does."""
     server = exact_server
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     first, second = "Name a red fruit.", "Name a green vegetable."
     ids = [offline.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in (first, second)]
@@ -275,7 +275,7 @@ def test_64_concurrent_streams_complete_with_correct_token_counts(exact_server, 
 
     from openai import AsyncOpenAI
 
-    from neuronfleet.runtime.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
     server = exact_server
     prompts = [f"Here is fact number {i} about the ocean:" for i in range(8)]

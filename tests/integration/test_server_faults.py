@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import AsyncEngine, Engine
-from neuronfleet.runtime.server import RuntimeServer
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import AsyncEngine, Engine
+from neuronfleet.runtime.serving.server import RuntimeServer
 
 pytestmark = pytest.mark.real_model
 

@@ -1,7 +1,7 @@
 """STAND-INS for third-party engines' prefill and decode servers: NOT vLLM and NOT SGLang, but small aiohttp
 servers written from their documented prefill/decode protocols (the sources are in
-runtime/pd_protocols.py's docstring), so that tests can drive neuronfleet's router against them and see every
-request it sends. They generate no real text: an answer's tokens are `<name>-0 <name>-1 ...`.
+runtime/routing/pd_protocols.py's docstring), so that tests can drive neuronfleet's router against them and
+see every request it sends. They generate no real text: an answer's tokens are `<name>-0 <name>-1 ...`.
 
     python tests/standins/engines.py --engine vllm|sglang --role prefill|decode --host H --port P --name N
         --record FILE [--side-port S] [--bootstrap-port B] [--advertise-host A] [--model M]

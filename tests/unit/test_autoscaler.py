@@ -409,10 +409,10 @@ def test_the_names_read_are_the_ones_the_runtime_exports(smollm2_dir):
     pod) rendered as the server renders it, read back by the operator's reader."""
     from prometheus_client import generate_latest
 
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.engine import AsyncEngine, Engine
-    from neuronfleet.runtime.roles import KVMetrics
-    from neuronfleet.runtime.server import Metrics
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import AsyncEngine, Engine
+    from neuronfleet.runtime.kv.roles import KVMetrics
+    from neuronfleet.runtime.serving.server import Metrics
 
     engine = Engine.from_model_dir(
         str(smollm2_dir), RuntimeConfig(slots=4, max_seq_len=128, prefill_buckets=[64])

@@ -298,7 +298,9 @@ def test_provider_hpa_emits_a_valid_autoscaling_v2_hpa_on_the_neuronmodel(versio
 
 
 def test_hpa_metric_names_are_the_ones_the_runtime_exports():
-    sources = (ROOT / "runtime" / "engine.py").read_text() + (ROOT / "runtime" / "server.py").read_text()
+    sources = (ROOT / "runtime" / "engine" / "engine.py").read_text() + (
+        ROOT / "runtime" / "serving" / "server.py"
+    ).read_text()
     for name in (scaling.QUEUE_METRIC, scaling.OCCUPANCY_METRIC, scaling.TTFT_METRIC):
         assert f'"{name}"' in sources, name
     assert scaling.HELD_METRIC == pod_metrics.HELD  # the front door's gauge, as the builtin loop reads it

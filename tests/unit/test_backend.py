@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from neuronfleet.runtime.backend import Limits, check_fits
-from neuronfleet.runtime.errors import (
+from neuronfleet.runtime.routing.router import RemoteBackend
+from neuronfleet.runtime.serving.backend import Limits, check_fits
+from neuronfleet.runtime.serving.errors import (
     BodyTooLarge,
     Draining,
     EngineFailed,
@@ -19,15 +20,15 @@ from neuronfleet.runtime.errors import (
     RequestFailed,
     Unavailable,
 )
-from neuronfleet.runtime.router import RemoteBackend
 
 LIMITS = Limits(max_seq_len=64, max_prompt_len=64, slots=1, dtype="float32", device="remote")
 
 
 def test_backend_errors_and_the_server_import_no_torch():
     code = (
-        "import sys, neuronfleet.runtime.backend, neuronfleet.runtime.errors, neuronfleet.runtime.server, "
-        "neuronfleet.runtime.router; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys, neuronfleet.runtime.serving.backend, neuronfleet.runtime.serving.errors, "
+        "neuronfleet.runtime.serving.server, neuronfleet.runtime.routing.router; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-P", "-c", code], check=True)
 

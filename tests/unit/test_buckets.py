@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuronfleet.runtime.config import default_length_buckets, pick_bucket
+from neuronfleet.runtime.engine.config import default_length_buckets, pick_bucket
 
 
 def test_default_buckets_are_sorted_end_at_max_len_and_bound_padding():

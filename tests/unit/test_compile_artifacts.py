@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 from support import make_tiny_llama
 
-from neuronfleet.runtime.compile_artifacts import CompileError, compile_artifacts
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.model_runner import ModelRunner
+from neuronfleet.runtime.artifacts.compile_artifacts import CompileError, compile_artifacts
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
 
 
 def write_config(path, uri: str, **extra) -> None:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from neuronfleet.runtime.config import RuntimeConfig, default_length_buckets, pick_bucket
-from neuronfleet.runtime.model_config import parse_model_config
+from neuronfleet.runtime.engine.config import RuntimeConfig, default_length_buckets, pick_bucket
+from neuronfleet.runtime.model.model_config import parse_model_config
 
 MODEL = parse_model_config(
     {
@@ -24,7 +24,9 @@ MODEL = parse_model_config(
 
 
 def test_config_imports_no_torch():
-    code = "import sys, neuronfleet.runtime.config; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, neuronfleet.runtime.engine.config; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 

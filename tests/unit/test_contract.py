@@ -14,7 +14,7 @@ from neuronfleet import contract
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import CompileConfig, ServeConfig
 from neuronfleet.operator import builders, engines, validation
-from neuronfleet.runtime.compile_artifacts import CompileError, load_config
+from neuronfleet.runtime.artifacts.compile_artifacts import CompileError, load_config
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from neuronfleet.runtime.cpu_threads import quota_cpus, thread_count
+from neuronfleet.runtime.model.cpu_threads import quota_cpus, thread_count
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ import pytest
 import torch
 from support import make_tiny_llama
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.prefix_cache import PrefixCache
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.engine.prefix_cache import PrefixCache
 
 SLOTS = 4
 # which slots decode at each step: one request, two, all four, two with idle slots between them (bucket 4)
@@ -106,7 +106,7 @@ def test_a_failed_capture_decodes_op_by_op_with_the_same_results(tmp_path, caplo
         raise RuntimeError("an op the tracer cannot record")
 
     monkeypatch.setattr(torch.jit, "trace", refuse)  # (torch's tracer, not ours)
-    with caplog.at_level(logging.WARNING, logger="neuronfleet.runtime.llama"):
+    with caplog.at_level(logging.WARNING, logger="neuronfleet.runtime.model.llama"):
         decode_alike(graph, eager)
     assert "capturing the decode pass failed, it runs op by op: an op the tracer cannot record" in caplog.text
     assert caplog.text.count("capturing the decode pass failed") == 1  # once, not at every step

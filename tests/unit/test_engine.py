@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from support import wait_until_async
 
-from neuronfleet.runtime.backend import FinishReason
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.engine import AsyncEngine, Engine
-from neuronfleet.runtime.errors import InvalidRequest
-from neuronfleet.runtime.sampling_params import SamplingParams
-from neuronfleet.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import AsyncEngine, Engine
+from neuronfleet.runtime.serving.backend import FinishReason
+from neuronfleet.runtime.serving.errors import InvalidRequest
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import IncrementalDetokenizer, Tokenizer
 
 pytestmark = pytest.mark.real_model
 

@@ -240,7 +240,7 @@ def test_the_engines_registry_has_every_static_family_the_picker_reads():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from neuronfleet.runtime.engine_metrics import KV_BLOCK_TOKENS, StepMetrics
+    from neuronfleet.runtime.serving.engine_metrics import KV_BLOCK_TOKENS, StepMetrics
 
     registry = CollectorRegistry()
     StepMetrics(registry, "m", slots=4, max_seq_len=512)

@@ -1,4 +1,4 @@
-"""Tests for `neuronfleet.runtime.gguf_import`.
+"""Tests for `neuronfleet.runtime.model.gguf_import`.
 
 The real SmolLM2-135M-Instruct GGUF is converted once per session (`smollm2_dir` in conftest.py) and checked
 against transformers' own GGUF loading of the same file. Small GGUF files written with `gguf.GGUFWriter`
@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from neuronfleet.runtime.gguf_import import ModelImportError, default_gguf_path, import_gguf
+from neuronfleet.runtime.model.gguf_import import ModelImportError, default_gguf_path, import_gguf
 
 FOLDER_FILES = (
     "model.safetensors",
@@ -517,8 +517,8 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(
 
 def test_import_gguf_command_stores_int8_weights_that_load_as_stored(tmp_path: Path) -> None:
     from neuronfleet.cli import main
-    from neuronfleet.runtime.config import RuntimeConfig
-    from neuronfleet.runtime.model_runner import ModelRunner
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
 
     path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()))
     out = tmp_path / "int8"

@@ -1,5 +1,6 @@
-"""runtime/heap_returns.py: while a model loads, the large blocks it frees go back to the system at once,
-also after glibc's own rule has raised its mmap threshold (which it does when a large block is freed)."""
+"""runtime/model/heap_returns.py: while a model loads, the large blocks it frees go back to the system at
+once, also after glibc's own rule has raised its mmap threshold (which it does when a large block is
+freed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from neuronfleet.runtime import heap_returns
+from neuronfleet.runtime.model import heap_returns
 
 # In a fresh process: raise glibc's threshold the way loading does (free one 16 MiB block), then hold twenty
 # 4 MiB temporaries between small kept blocks, as file buffers lie between kept weights, and free them.
@@ -16,7 +17,7 @@ from neuronfleet.runtime import heap_returns
 PROGRAM = """
 import contextlib, sys
 import torch
-from neuronfleet.runtime import heap_returns
+from neuronfleet.runtime.model import heap_returns
 
 def rss_mib():
     for line in open("/proc/self/status"):

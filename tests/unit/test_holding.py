@@ -1,6 +1,6 @@
-"""Holding requests at zero (runtime/holding.py) on its own: held until a probe round finds a pod ready,
-bounded in number (429) and time (503), Retry-After from the cold start measured, off at 0; and the serve
-flags that turn it on (contract)."""
+"""Holding requests at zero (runtime/routing/holding.py) on its own: held until a probe round finds a pod
+ready, bounded in number (429) and time (503), Retry-After from the cold start measured, off at 0; and the
+serve flags that turn it on (contract)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import ServeConfig
-from neuronfleet.runtime.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 
 
 class Pods:

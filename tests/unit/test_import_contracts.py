@@ -47,10 +47,10 @@ def test_a_broken_layer_is_caught(tmp_path):
     """The check can fail: an operator module that imports the runtime breaks its contract."""
     layout = installed_layout(tmp_path)
     topology = layout / "neuronfleet" / "operator" / "topology.py"
-    topology.write_text(topology.read_text() + "\nfrom neuronfleet.runtime import scheduler  # noqa\n")
+    topology.write_text(topology.read_text() + "\nfrom neuronfleet.runtime.engine import scheduler  # noqa\n")
     run = lint_imports(layout)
     assert run.returncode != 0
-    assert "neuronfleet.operator.topology -> neuronfleet.runtime.scheduler" in run.stdout
+    assert "neuronfleet.operator.topology -> neuronfleet.runtime.engine.scheduler" in run.stdout
 
 
 def test_no_test_module_imports_another():

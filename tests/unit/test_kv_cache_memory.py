@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from neuronfleet.runtime.llama import zeros_on_demand
+from neuronfleet.runtime.model.llama import zeros_on_demand
 
 MIB = 1 << 20
 

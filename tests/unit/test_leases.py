@@ -10,8 +10,8 @@ import pytest
 import torch
 from support import wait_until_async
 
-from neuronfleet.runtime.kv_transfer import Descriptor, IntegrityError, TcpAgent
-from neuronfleet.runtime.leases import LeasePool, NoRegionFree
+from neuronfleet.runtime.kv.kv_transfer import Descriptor, IntegrityError, TcpAgent
+from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
 
 
 class Clock:
@@ -73,7 +73,7 @@ def test_a_region_whose_payload_is_still_landing_is_not_leased_again_until_it_en
     import socket
     import time
 
-    from neuronfleet.runtime.kv_transfer import HEADER
+    from neuronfleet.runtime.kv.kv_transfer import HEADER
 
     async def main():
         clock, receiver = Clock(), TcpAgent("decode", "m", stall_seconds=0.5)

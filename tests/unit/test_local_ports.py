@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from neuronfleet.localcluster import ports
 
 

@@ -8,9 +8,9 @@ import shutil
 import pytest
 from support import make_tiny_llama
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.model_config import ModelLoadError, load_model_config, parse_model_config
-from neuronfleet.runtime.model_runner import ModelRunner
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.model.model_config import ModelLoadError, load_model_config, parse_model_config
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],

@@ -10,11 +10,11 @@ import torch
 from support import make_tiny_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.llama import HalfWeightLinear, Linear, LlamaModel, PrefillBatch
-from neuronfleet.runtime.model_config import ModelLoadError, load_model_config
-from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE, PrefixCache
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.engine.prefix_cache import MIN_PREFIX_REUSE, PrefixCache
+from neuronfleet.runtime.model.llama import HalfWeightLinear, Linear, LlamaModel, PrefillBatch
+from neuronfleet.runtime.model.model_config import ModelLoadError, load_model_config
 
 LOGIT_ATOL = 1e-4  # float32, same weights: differences come only from summation order
 
@@ -273,7 +273,7 @@ def test_sliding_window_matches_transformers_mistral(tmp_path):
 
 @pytest.mark.real_model
 def test_smollm2_matches_transformers(smollm2_dir):
-    from neuronfleet.runtime.tokenizer import Tokenizer
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
     tok = Tokenizer(smollm2_dir)
     ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()

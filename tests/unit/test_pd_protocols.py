@@ -1,6 +1,6 @@
-"""The engines' P/D protocols as the router speaks them (runtime/pd_protocols.py), and the serve options that
-select them (contract.ServeConfig): what each peer is sent, what is taken from its answer, what passes to the
-client, and the refusals of options that cannot go together."""
+"""The engines' P/D protocols as the router speaks them (runtime/routing/pd_protocols.py), and the serve
+options that select them (contract.ServeConfig): what each peer is sent, what is taken from its answer, what
+passes to the client, and the refusals of options that cannot go together."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import ServeConfig
-from neuronfleet.runtime import pd_protocols as pd
+from neuronfleet.runtime.routing import pd_protocols as pd
 
 CHAT = {
     "model": "m",

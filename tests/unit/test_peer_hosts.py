@@ -7,7 +7,7 @@ import json
 
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV
-from neuronfleet.runtime.router import resolve_peers
+from neuronfleet.runtime.routing.router import resolve_peers
 
 
 def test_dns_peers_resolve_through_the_static_map_first(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import asyncio
 
 from support import wait_until_async
 
-from neuronfleet.runtime.peers import PeerSet, PeerWatch
+from neuronfleet.runtime.routing.peers import PeerSet, PeerWatch
 
 
 def test_start_probes_every_peer_of_every_set_now_and_again_after_a_failed_round():

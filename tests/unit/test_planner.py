@@ -4,7 +4,9 @@ cluster held. The e2e operator tests drive the same code through the API server;
 
 from __future__ import annotations
 
+import calendar
 import json
+import time
 
 import pytest
 import yaml
@@ -13,6 +15,8 @@ from support import ROOT
 from neuronfleet.contract import SOURCE_UNAVAILABLE
 from neuronfleet.operator import builders, names, planner, rollout
 from neuronfleet.operator.planner import Apply, Delete, Observed, Settings
+from neuronfleet.operator.reconcile import CREATE_ONLY
+from neuronfleet.operator.status import transitions
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 AT = "2026-12-03T12:00:00Z"
@@ -186,3 +190,166 @@ def test_reads_outside_the_caches_only_what_a_changed_spec_may_leave_behind():
     assert planner.reads(parsed, body) == {}  # nothing changed, nothing made
     body["metadata"]["generation"] = 2
     assert set(planner.reads(parsed, body)) == {"InferencePool", "HTTPRoute"}  # a new spec: its gateway kinds
+
+
+# ---- whole reconciles against a cluster played in memory -------------------------------------------------
+# The e2e operator tests (tests/e2e/test_operator_e2e.py) run these cases through kopf, the API server and
+# kubectl for the wiring; here each reconcile is `plan` on what a cluster that applied the earlier plans
+# holds.
+
+
+class HeldCluster:
+    """What the API server holds after each plan's writes: objects by (kind, name); a Deployment applied is
+    rolled out but not ready until `ready()` says so; the model's status is the last plan's."""
+
+    def __init__(self, body: dict) -> None:
+        self.body, self.objects, self.events, self.at = body, {}, [], AT
+
+    def later(self, seconds: int) -> None:
+        """The clock moved on (a retired entry pod's drain)."""
+        at = calendar.timegm(time.strptime(self.at, "%Y-%m-%dT%H:%M:%SZ")) + seconds
+        self.at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+    def observe(self, **extra) -> Observed:
+        of = lambda kind: [o for (k, _), o in sorted(self.objects.items()) if k == kind]  # noqa: E731
+        name = self.body["metadata"]["name"]
+        return Observed(
+            deployments=of("Deployment"), services=of("Service"), pdbs=of("PodDisruptionBudget"),
+            jobs=of("Job"), service=self.objects.get(("Service", name)),
+            secret=self.objects.get(("Secret", f"{name}-internal")),
+            network_policy=self.objects.get(("NetworkPolicy", f"{name}-internal")), **extra,
+        )  # fmt: skip
+
+    def reconcile(self, **extra) -> planner.Plan:
+        parsed = planner.parse(self.body)
+        plan = planner.plan(self.body, parsed, self.observe(**extra), self.at, Settings())
+        for write in plan.writes:
+            if isinstance(write, Apply):
+                obj, key = write.obj, (write.obj["kind"], write.obj["metadata"]["name"])
+                held = self.objects.get(key)
+                if held is not None and obj["kind"] in CREATE_ONLY:
+                    continue  # (as `reconcile.apply` does: created once, never patched)
+                if obj["kind"] == "Deployment":
+                    was_ready = bool(held and held["status"]["readyReplicas"])
+                    obj = {**as_cluster_holds(obj, was_ready), "kind": "Deployment"}
+                self.objects[key] = json.loads(json.dumps(obj))
+            elif isinstance(write, Delete):
+                self.objects.pop((write.kind, write.name), None)
+        status = {k: v for k, v in plan.status.items() if v is not None}
+        self.events += plan.events + transitions(self.body.get("status") or {}, status)
+        self.body["status"] = status
+        return plan
+
+    def ready(self, name: str) -> None:
+        deployment = self.objects[("Deployment", name)]
+        deployment["status"]["readyReplicas"] = deployment["spec"]["replicas"]
+
+    def named(self, kind: str) -> set[str]:
+        return {n for k, n in self.objects if k == kind}
+
+    def selector(self) -> dict:
+        return self.objects[("Service", self.body["metadata"]["name"])]["spec"]["selector"]
+
+
+def compiled_cluster(**spec) -> HeldCluster:
+    body, _ = compiled(**spec)
+    body["status"]["observedGeneration"] = 1
+    return HeldCluster(body)
+
+
+def condition(status: dict, kind: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_a_failed_compile_is_reported_with_its_reason_and_serves_nothing():
+    cluster = HeldCluster(model())
+    cluster.reconcile()
+    assert cluster.named("Job") and not cluster.named("Deployment")  # the compile Job first
+    assert ("Normal", "CompileStarted") in {e[:2] for e in cluster.events}
+    failed = cluster.reconcile(job=job("failed"), job_pods=[pod_that_ended("the compiler said no")])
+    status = failed.status
+    assert status["phase"] == "Failed"
+    compiled_ = condition(status, "Compiled")
+    assert (compiled_["status"], compiled_["reason"]) == ("False", "CompileFailed")
+    assert "the compiler said no" in compiled_["message"]
+    assert condition(status, "Degraded")["status"] == "True"
+    assert condition(status, "Progressing")["status"] == "False"
+    assert not cluster.named("Deployment")
+    assert ("Warning", "CompileFailed") in {e[:2] for e in cluster.events}
+
+
+DISAGGREGATED = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 2},
+                 "kvTransfer": {"transport": "tcp"}, "networkPolicy": True}  # fmt: skip
+
+
+def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy():
+    cluster = compiled_cluster(serving=DISAGGREGATED)
+    cluster.reconcile()
+    secret = cluster.objects[("Secret", "smollm2-internal")]
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
+    deployments = [o for (k, _), o in cluster.objects.items() if k == "Deployment"]
+    assert {d["metadata"]["labels"]["neuronfleet.dev/role"] for d in deployments} == {
+        "prefill",
+        "decode",
+        "router",
+    }
+    for d in deployments:
+        volumes = d["spec"]["template"]["spec"]["volumes"]
+        assert {"secretName": "smollm2-internal", "defaultMode": 0o440} in [v.get("secret") for v in volumes]
+    policy = cluster.objects[("NetworkPolicy", "smollm2-internal")]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    cluster.body["spec"]["neuron"]["batchSize"] = 2  # a change: the Secret is not (its token would change)
+    cluster.body["metadata"]["generation"] = 2
+    cluster.reconcile()
+    assert cluster.objects[("Secret", "smollm2-internal")] == secret
+
+
+def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_old_one():
+    cluster = compiled_cluster()
+    cluster.reconcile()
+    cluster.ready("smollm2-unified")
+    assert cluster.reconcile().status["phase"] == "Ready"
+    unified = cluster.selector()
+    assert unified["neuronfleet.dev/role"] == "unified"
+    # unified -> disaggregated, at the same compile hash (the serving mode is not part of it)
+    cluster.body["spec"]["serving"] = DISAGGREGATED
+    cluster.body["metadata"]["generation"] = 2
+    plan = cluster.reconcile()
+    new = {n for n in cluster.named("Deployment") if n != "smollm2-unified"}
+    roles = {cluster.objects[("Deployment", n)]["metadata"]["labels"]["neuronfleet.dev/role"]: n for n in new}
+    assert set(roles) == {"prefill", "decode", "router"}
+    written = [(w.obj["kind"]) for w in plan.writes if isinstance(w, Apply)]
+    assert written.index("Secret") < written.index("Deployment")  # the token before the pods that read it
+    assert plan.status["phase"] == "Rolling" and cluster.selector() == unified
+    for role in ("prefill", "decode"):
+        cluster.ready(roles[role])
+    cluster.reconcile()
+    assert cluster.selector() == unified  # the router is not ready: the Service stays
+    assert "smollm2-unified" in cluster.named("Deployment")
+    cluster.ready(roles["router"])
+    cluster.reconcile()
+    assert cluster.selector()["neuronfleet.dev/role"] == "router"
+    assert "smollm2-unified" not in cluster.named("Deployment")  # the entry pods retired first
+    set_label = cluster.objects[("Deployment", roles["router"])]["metadata"]["labels"]["neuronfleet.dev/set"]
+    assert cluster.selector()["neuronfleet.dev/set"] == set_label
+    assert "smollm2-unified" not in cluster.named("PodDisruptionBudget")
+    assert cluster.reconcile().status["phase"] == "Ready"
+    # disaggregated -> unified: the internal Secret and NetworkPolicy go with the old set
+    cluster.body["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
+    cluster.body["metadata"]["generation"] = 3
+    cluster.reconcile()
+    (back,) = [n for n in cluster.named("Deployment") if n not in new]
+    assert cluster.selector()["neuronfleet.dev/role"] == "router"  # not ready yet: the old set serves
+    cluster.ready(back)
+    cluster.reconcile()
+    assert cluster.selector()["neuronfleet.dev/role"] == "unified"
+    assert cluster.named("Deployment") == {back} | {
+        roles["prefill"],
+        roles["decode"],
+    }  # the router went first
+    cluster.reconcile()
+    assert len(cluster.named("Deployment")) == 3  # its pods drain (their grace period) before the rest goes
+    cluster.later(60)
+    cluster.reconcile()
+    assert cluster.named("Deployment") == {back}
+    assert not cluster.named("Secret") and not cluster.named("NetworkPolicy")

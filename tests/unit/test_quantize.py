@@ -1,6 +1,6 @@
-"""Weight-only int8/int4 (runtime/quantize.py) and dtype `auto` (runtime/dtypes.py): torch's packed kernels
-multiply like the stored weights, a quantized folder holds only the packed form and loads as stored, clear
-refusals, and the real model's perplexity and chat answers with each."""
+"""Weight-only int8/int4 (runtime/model/quantize.py) and dtype `auto` (runtime/model/dtypes.py): torch's
+packed kernels multiply like the stored weights, a quantized folder holds only the packed form and loads as
+stored, clear refusals, and the real model's perplexity and chat answers with each."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from support import make_tiny_llama
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.dtypes import resolve_dtype, resolve_weights_dtype
-from neuronfleet.runtime.engine import Engine
-from neuronfleet.runtime.llama import PrefillBatch
-from neuronfleet.runtime.model_config import ModelLoadError
-from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.quantize import (
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
+from neuronfleet.runtime.model.llama import PrefillBatch
+from neuronfleet.runtime.model.model_config import ModelLoadError
+from neuronfleet.runtime.model.quantize import (
     CONFIG_KEY,
     GROUP_SIZE,
     HEAD_WIDEN_FROM_ROWS,
@@ -32,8 +32,8 @@ from neuronfleet.runtime.quantize import (
     quantize_int4,
     quantize_int8,
 )
-from neuronfleet.runtime.sampling_params import SamplingParams
-from neuronfleet.runtime.tokenizer import Tokenizer
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent.parent / "data" / "perplexity_text.txt"
 

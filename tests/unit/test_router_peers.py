@@ -4,7 +4,7 @@ leave the DNS answer forgotten once idle."""
 
 from __future__ import annotations
 
-from neuronfleet.runtime.peers import FAILS_TO_DROP, PeerSet
+from neuronfleet.runtime.routing.peers import FAILS_TO_DROP, PeerSet
 
 
 def status(identity: str, running: int = 0, waiting: int = 0, slots: int = 4) -> dict:

@@ -3,7 +3,7 @@ decode pods keep making room, and no longer than the limit once they stop."""
 
 from __future__ import annotations
 
-from neuronfleet.runtime.router import RoomWait
+from neuronfleet.runtime.routing.router import RoomWait
 
 
 def test_with_no_decode_stream_starting_or_ending_the_wait_ends_at_the_limit():

@@ -8,12 +8,12 @@ import zlib
 
 import pytest
 
-from neuronfleet.runtime.backend import FinishReason, Limits, check_fits
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.errors import InvalidRequest, QueueFull
-from neuronfleet.runtime.prefix_cache import MIN_PREFIX_REUSE
-from neuronfleet.runtime.sampling_params import SamplingParams
-from neuronfleet.runtime.scheduler import Scheduler, Sequence
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.prefix_cache import MIN_PREFIX_REUSE
+from neuronfleet.runtime.engine.scheduler import Scheduler, Sequence
+from neuronfleet.runtime.serving.backend import FinishReason, Limits, check_fits
+from neuronfleet.runtime.serving.errors import InvalidRequest, QueueFull
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 def seq(rid: str, prompt_len: int, max_tokens: int = 8) -> Sequence:
@@ -34,7 +34,10 @@ def scheduler(slots: int, max_seq_len: int, prefill_buckets: list[int], **kw) ->
 
 
 def test_scheduler_imports_no_torch():
-    code = "import sys, neuronfleet.runtime.scheduler; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, neuronfleet.runtime.engine.scheduler; assert 'torch' not in sys.modules, "
+        "'torch imported'"
+    )
     subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from neuronfleet.contract import SOURCE_UNAVAILABLE, TERMINATION_LOG_ENV
-from neuronfleet.runtime.compile_artifacts import SourceUnavailable
-from neuronfleet.runtime.source_fingerprint import source_fingerprint
+from neuronfleet.runtime.artifacts.compile_artifacts import SourceUnavailable
+from neuronfleet.runtime.artifacts.source_fingerprint import source_fingerprint
 
 
 def test_a_folder_and_a_file_change_their_fingerprint_when_their_files_change(tmp_path):

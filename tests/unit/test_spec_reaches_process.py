@@ -29,7 +29,7 @@ from neuronfleet.cli import build_parser
 from neuronfleet.contract import COMPILE_CONFIG_FILE, HF_TOKEN_ENVS, CompileConfig, ServeConfig
 from neuronfleet.operator import validation
 from neuronfleet.operator.engines import sglang, tgi
-from neuronfleet.runtime.config import RuntimeConfig
+from neuronfleet.runtime.engine.config import RuntimeConfig
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 ROLE_LABEL = "neuronfleet.dev/role"

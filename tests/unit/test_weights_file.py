@@ -1,6 +1,6 @@
-"""runtime/weights_file.py against the safetensors library (0.8.0) that wrote the files: the same tensors
-for every dtype a checkpoint holds, clear refusals of what is not such a file, and a loaded model that keeps
-no mapping of its weights file."""
+"""runtime/model/weights_file.py against the safetensors library (0.8.0) that wrote the files: the same
+tensors for every dtype a checkpoint holds, clear refusals of what is not such a file, and a loaded model that
+keeps no mapping of its weights file."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from support import make_tiny_llama
 
-from neuronfleet.runtime.config import RuntimeConfig
-from neuronfleet.runtime.model_config import ModelLoadError
-from neuronfleet.runtime.model_runner import ModelRunner
-from neuronfleet.runtime.quantize import quantize_folder
-from neuronfleet.runtime.weights_file import read_tensors
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.model.model_config import ModelLoadError
+from neuronfleet.runtime.model.quantize import quantize_folder
+from neuronfleet.runtime.model.weights_file import read_tensors
 
 
 def test_every_dtype_reads_as_the_library_wrote_it(tmp_path):

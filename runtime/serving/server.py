@@ -26,11 +26,23 @@ from prometheus_client import (
     Histogram,
 )
 
-from .api_requests import ParsedRequest, parse_openai_chat, parse_openai_completion, parse_tgi_generate
-from .backend import Backend, RequestOutput
-from .engine_metrics import LATENCY_BUCKETS
-from .errors import BodyTooLarge, Draining, InvalidRequest, ServingError, openai_error_body, tgi_error_body
-from .http_app import HttpApp
+from neuronfleet.runtime.serving.api_requests import (
+    ParsedRequest,
+    parse_openai_chat,
+    parse_openai_completion,
+    parse_tgi_generate,
+)
+from neuronfleet.runtime.serving.backend import Backend, RequestOutput
+from neuronfleet.runtime.serving.engine_metrics import LATENCY_BUCKETS
+from neuronfleet.runtime.serving.errors import (
+    BodyTooLarge,
+    Draining,
+    InvalidRequest,
+    ServingError,
+    openai_error_body,
+    tgi_error_body,
+)
+from neuronfleet.runtime.serving.http_app import HttpApp
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +95,7 @@ class RuntimeServer(HttpApp):
         extra_routes: Sequence[web.RouteDef] = (),
         on_startup: Sequence[Callable[[web.Application], Awaitable[None]]] = (),
     ) -> None:
-        """`extra_routes`: a role's internal endpoints (runtime.roles); `on_startup`: what they start."""
+        """`extra_routes`: a role's internal endpoints (kv.roles); `on_startup`: what they start."""
         self.backend = backend
         self.served = Metrics(backend, model_name)
         super().__init__(model_name, max_body_bytes, self.served.registry)

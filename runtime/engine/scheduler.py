@@ -20,11 +20,11 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from .backend import FinishReason
-from .config import RuntimeConfig, pick_bucket
-from .errors import QueueFull, queue_full_message
-from .prefix_cache import MIN_PREFIX_REUSE, PrefixCache, common_prefix
-from .sampling_params import SamplingParams
+from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
+from neuronfleet.runtime.engine.prefix_cache import MIN_PREFIX_REUSE, PrefixCache, common_prefix
+from neuronfleet.runtime.serving.backend import FinishReason
+from neuronfleet.runtime.serving.errors import QueueFull, queue_full_message
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 @dataclass(eq=False)

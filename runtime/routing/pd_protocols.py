@@ -1,6 +1,6 @@
 """The engines' own prefill/decode protocols at the OpenAI HTTP level (pure): what a router in front of vLLM
 or SGLang prefill and decode servers sends each of them, and what it makes of their answers. The HTTP side
-(peers, probes, retries, streaming) is `runtime/pd_proxy.py`.
+(peers, probes, retries, streaming) is `runtime/routing/pd_proxy.py`.
 
 vLLM with the vLLM Neuron plugin of Neuron SDK 2.32.0 (vLLM 0.24.0, NixlConnector or NeuronNixlConnector:
 prefill pods `kv_role: kv_producer`, decode pods `kv_consumer`), in the read mode the plugin documents

@@ -22,10 +22,10 @@ import yarl
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .errors import openai_error_body, tgi_error_body
-from .holding import Hold, HoldRejected
-from .http_app import HttpApp
-from .peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.routing.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
+from neuronfleet.runtime.serving.http_app import HttpApp
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class PodRefused(Exception):
 
 
 class FrontDoor(HttpApp):
-    """The HTTP app and its unified peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
+    """The HTTP app and its unified peers; `serve()` (serving.server) runs it and drains it on SIGTERM."""
 
     def __init__(
         self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_threads, heap_returns
-from .config import RuntimeConfig, pick_bucket
-from .dtypes import resolve_dtype, resolve_weights_dtype
-from .llama import LlamaModel, PrefillBatch, stored_quantization
-from .model_config import load_model_config
-from .sampler import Sampler
-from .scheduler import Row, StepPlan
-from .scheduler import Sequence as Seq
+from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
+from neuronfleet.runtime.engine.sampler import Sampler
+from neuronfleet.runtime.engine.scheduler import Row, StepPlan
+from neuronfleet.runtime.engine.scheduler import Sequence as Seq
+from neuronfleet.runtime.model import cpu_threads, heap_returns
+from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
+from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
+from neuronfleet.runtime.model.model_config import load_model_config
 
 
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:

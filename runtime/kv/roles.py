@@ -23,12 +23,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .backend import check_fits
-from .engine import AsyncEngine
-from .errors import EngineFailed, InvalidRequest, QueueFull
-from .kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
-from .leases import LeasePool, NoRegionFree
-from .sampling_params import SamplingParams
+from neuronfleet.runtime.engine.engine import AsyncEngine
+from neuronfleet.runtime.kv.kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
+from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
+from neuronfleet.runtime.serving.backend import check_fits
+from neuronfleet.runtime.serving.errors import EngineFailed, InvalidRequest, QueueFull
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .dtypes import native_bfloat16
-from .model_config import ModelConfig, ModelLoadError
+from neuronfleet.runtime.model.dtypes import native_bfloat16
+from neuronfleet.runtime.model.model_config import ModelConfig, ModelLoadError
 
 KINDS = ("int8", "int4")
 GROUP_SIZE = 32
@@ -218,7 +218,7 @@ def quantize_folder(folder: Path, kind: str) -> None:
     what `neuronfleet compile` and `import-gguf --quantization` leave for the loader to read as it is."""
     from safetensors.torch import load_file, save_file
 
-    from .model_config import load_model_config
+    from neuronfleet.runtime.model.model_config import load_model_config
 
     config = load_model_config(folder)
     raw = json.loads((folder / "config.json").read_text())

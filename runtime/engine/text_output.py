@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .backend import FinishReason
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from neuronfleet.runtime.serving.backend import FinishReason
+from neuronfleet.runtime.serving.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class TextOutput:

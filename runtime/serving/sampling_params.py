@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import InvalidRequest
+from neuronfleet.runtime.serving.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import InvalidRequest
-from .model_config import ModelLoadError
+from neuronfleet.runtime.model.model_config import ModelLoadError
+from neuronfleet.runtime.serving.errors import InvalidRequest
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 

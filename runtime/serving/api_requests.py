@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidRequest
-from .sampling_params import SamplingParams
+from neuronfleet.runtime.serving.errors import InvalidRequest
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()

@@ -5,8 +5,8 @@ when the source of a failed compile has changed (then it compiles again).
   modification time (not their bytes: a 100 GB model is not read to notice it was replaced).
 - hf://: the Hub's commit sha of the revision (`HfApi.model_info(...).sha`, huggingface_hub), so a moved
   branch or a new upload is a change; the token comes from the environment (the model's Secret).
-- s3://: a hash of every listed object's key, size and ETag (runtime/s3_source.py; credentials from the
-  default chain, the probe Job's ServiceAccount).
+- s3://: a hash of every listed object's key, size and ETag (runtime/artifacts/s3_source.py; credentials from
+  the default chain, the probe Job's ServiceAccount).
 A source that cannot be read is `compile_artifacts.SourceUnavailable`, as in the compile.
 """
 
@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 
 from neuronfleet.contract import HF_TOKEN_ENVS, MODEL_MOUNT
-
-from .compile_artifacts import CompileError, SourceUnavailable
-from .s3_source import S3Unavailable, fingerprint
+from neuronfleet.runtime.artifacts.compile_artifacts import CompileError, SourceUnavailable
+from neuronfleet.runtime.artifacts.s3_source import S3Unavailable, fingerprint
 
 
 def local_fingerprint(path: Path) -> str:

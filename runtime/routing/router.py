@@ -24,14 +24,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .backend import FinishReason, Limits, RequestOutput, check_fits
-from .engine_metrics import protocol_info
-from .errors import ServingError, Unavailable
-from .holding import Hold
-from .peers import Peer, PeerSet, PeerWatch, resolve_peers
-from .sampling_params import SamplingParams
-from .text_output import TextOutput
-from .tokenizer import Tokenizer
+from neuronfleet.runtime.engine.text_output import TextOutput
+from neuronfleet.runtime.routing.holding import Hold
+from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
+from neuronfleet.runtime.serving.engine_metrics import protocol_info
+from neuronfleet.runtime.serving.errors import ServingError, Unavailable
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

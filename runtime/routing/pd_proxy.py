@@ -1,6 +1,6 @@
 """The router in front of an engine's own prefill and decode servers (`neuronfleet serve --role router
 --peer-protocol vllm|sglang`): an OpenAI HTTP endpoint that speaks the engine's P/D protocol
-(`runtime/pd_protocols.py`) to its peers, with no model files: the engines tokenize, check and answer.
+(`runtime/routing/pd_protocols.py`) to its peers, with no model files: the engines tokenize, check and answer.
 
 Peers are found and kept as our own router does (`peers.PeerSet`: URLs or DNS names of headless Services,
 re-resolved and probed every `--peer-probe-interval` seconds, here with the engines' `GET /health`; three
@@ -28,11 +28,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from . import pd_protocols as pd
-from .errors import openai_error_body
-from .holding import Hold, HoldRejected
-from .http_app import HttpApp
-from .peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.routing import pd_protocols as pd
+from neuronfleet.runtime.routing.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.serving.errors import openai_error_body
+from neuronfleet.runtime.serving.http_app import HttpApp
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Refused(Exception):
 
 
 class EngineRouter(HttpApp):
-    """The HTTP app and its peers; `serve()` (runtime.server) runs it and drains it on SIGTERM."""
+    """The HTTP app and its peers; `serve()` (serving.server) runs it and drains it on SIGTERM."""
 
     def __init__(
         self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling_params import SamplingParams
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 @dataclass

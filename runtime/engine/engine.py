@@ -23,16 +23,22 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from .backend import FinishReason, Limits, RequestOutput, check_fits
-from .config import RuntimeConfig
-from .engine_metrics import StepMetrics, StepReport
-from .errors import EngineFailed, InvalidRequest, QueueFull, RequestFailed, queue_full_message
-from .model_runner import ModelRunner, StepResult
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler, StepPlan
-from .scheduler import Sequence as Seq
-from .text_output import TextOutput
-from .tokenizer import Tokenizer
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner, StepResult
+from neuronfleet.runtime.engine.scheduler import Scheduler, StepPlan
+from neuronfleet.runtime.engine.scheduler import Sequence as Seq
+from neuronfleet.runtime.engine.text_output import TextOutput
+from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
+from neuronfleet.runtime.serving.engine_metrics import StepMetrics, StepReport
+from neuronfleet.runtime.serving.errors import (
+    EngineFailed,
+    InvalidRequest,
+    QueueFull,
+    RequestFailed,
+    queue_full_message,
+)
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the engine itself holds no tensors: the runner does
     import torch
@@ -387,7 +393,7 @@ class AsyncEngine:
         for rid in list(self._queues):
             self._deliver(rid, EngineFailed(f"the engine failed: {error!r}"))
 
-    # ---- the Backend surface (runtime.backend) the HTTP server serves from ----
+    # ---- the Backend surface (serving.backend) the HTTP server serves from ----
 
     @property
     def tokenizer(self) -> Tokenizer:

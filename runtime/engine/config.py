@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .model_config import ModelConfig
+from neuronfleet.runtime.model.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from neuronfleet.contract import ServeConfig
@@ -61,7 +61,7 @@ class RuntimeConfig:
     max_input_len: int = 0  # the longest prompt; 0: the largest prefill bucket given, else max_seq_len
     prefill_buckets: Sequence[int] = ()  # as given (empty: derived); a sorted tuple once constructed
     decode_buckets: Sequence[int] = ()
-    dtype: str = "auto"  # resolved once by the model runner (runtime/dtypes.py)
+    dtype: str = "auto"  # resolved once by the model runner (runtime/model/dtypes.py)
     device: str = "cpu"
     quantization: str | None = None  # None: what the model folder holds (float, or quantized by compile)
     prefix_reuse: bool = True

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import InvalidRequest
+from neuronfleet.runtime.serving.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .sampling_params import SamplingParams
-    from .tokenizer import Tokenizer
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 
 class FinishReason(enum.StrEnum):

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dtypes import resolve_dtype
-from .progress import Reporter
+from neuronfleet.runtime.model.dtypes import resolve_dtype
+from neuronfleet.runtime.progress import Reporter
 
 __all__ = ["ModelImportError", "default_gguf_path", "import_gguf"]
 
@@ -115,7 +115,7 @@ def import_gguf(
 
     import struct
 
-    from .gguf_file import GGUFFile
+    from neuronfleet.runtime.model.gguf_file import GGUFFile
 
     try:
         reader = GGUFFile(gguf_path)

@@ -3,8 +3,8 @@ artifacts/<hash>/ on the compile cache volume, once.
 
 For the torch backend (instanceType cpu) the work is real: fetch the model (file:// folder or GGUF file,
 pvc:// path, hf:// through the Hub when a token allows it, s3:// into the cache's sources/ folder, resumable
-and verified: runtime/s3_source.py, removed once compiled), convert its weights to the target dtype as
-safetensors (weight-only int8/int4 when compile.json asks: runtime/quantize.py), load them into the
+and verified: runtime/artifacts/s3_source.py, removed once compiled), convert its weights to the target dtype
+as safetensors (weight-only int8/int4 when compile.json asks: runtime/model/quantize.py), load them into the
 model runner to validate every shape against config.json and the buckets, and record the tokenizer, the
 buckets and the shapes. On Neuron instance types the same folder is the input
 of the NxDI compile, which needs the Neuron SDK (only in the runtime-neuron image).
@@ -34,9 +34,8 @@ from neuronfleet.contract import (
     TERMINATION_LOG_ENV,
     CompileConfig,
 )
-
-from .progress import Reporter, watch_folder
-from .s3_source import Progress, S3Unavailable, cache_folder, download
+from neuronfleet.runtime.artifacts.s3_source import Progress, S3Unavailable, cache_folder, download
+from neuronfleet.runtime.progress import Reporter, watch_folder
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -127,11 +126,11 @@ def convert(
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from .config import RuntimeConfig
-    from .dtypes import resolve_dtype
-    from .gguf_import import import_gguf
-    from .model_runner import ModelRunner
-    from .quantize import quantize_folder
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
+    from neuronfleet.runtime.model.dtypes import resolve_dtype
+    from neuronfleet.runtime.model.gguf_import import import_gguf
+    from neuronfleet.runtime.model.quantize import quantize_folder
 
     progress = progress or Reporter()
     progress.phase("convert")  # (reading the source: its totals follow once known)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .errors import ServingError
+from neuronfleet.runtime.serving.errors import ServingError
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import quantize, weights_file
-from .model_config import ModelConfig, ModelLoadError
+from neuronfleet.runtime.model import quantize, weights_file
+from neuronfleet.runtime.model.model_config import ModelConfig, ModelLoadError
 
 log = logging.getLogger(__name__)
 

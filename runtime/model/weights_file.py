@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .model_config import ModelLoadError
+from neuronfleet.runtime.model.model_config import ModelLoadError
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
