@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import signal
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -432,13 +433,20 @@ async def run(
     audit_log: str | None = None,
     kubelet_state: str | None = None,
     watch_history: int = HISTORY,
+    data_file: str | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
-    process it started on the way out)."""
+    process it started on the way out); with `data_file`, the objects are read from it at the start and kept
+    in it (`persist`) until the end."""
     from .kubelet import ProcessKubelet
     from .store import ClusterClient
 
     store = Store(history=watch_history)
+    saving = None
+    if data_file:
+        if Path(data_file).exists():
+            store.restore(json.loads(Path(data_file).read_text()))
+        saving = asyncio.get_running_loop().create_task(persist(store, Path(data_file)))
     kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
     server = EmulatedAPIServer(store, pod_logs=kubelet.pod_log if kubelet else None, audit_log=audit_log)
     running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
@@ -468,6 +476,35 @@ async def run(
     listener.close()
     await store.close()
     await handler.shutdown(SHUTDOWN_GRACE)
+    if saving is not None:
+        saving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await saving
+        write_snapshot(Path(data_file), json.dumps(store.snapshot()))  # the last writes
+
+
+PERSIST_SECONDS = 1.0  # the most a kill -9 of the server loses of its writes
+
+
+async def persist(store: Store, path: Path) -> None:
+    """Keep the store's objects in `path`: after a write, at most every PERSIST_SECONDS."""
+    saved = store.last_revision
+    while True:
+        await asyncio.sleep(PERSIST_SECONDS)
+        if store.last_revision != saved:
+            saved = store.last_revision
+            text = json.dumps(store.snapshot())  # (here: no write comes between)
+            await asyncio.to_thread(write_snapshot, path, text)
+
+
+def write_snapshot(path: Path, text: str) -> None:
+    """Replace `path` with `text` whole or not at all: written beside it, flushed to disk, then renamed."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -480,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
+    parser.add_argument("--data-file", help="keep the objects in this file, over restarts (as etcd would)")
     parser.add_argument(
         "--watch-history", type=int, default=HISTORY,
         help="changes kept per kind for watches that resume from a resourceVersion (older: 410 Expired)",
@@ -496,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
             args.audit_log,
             args.kubelet_state,
             args.watch_history,
+            args.data_file,
         )
     )
 

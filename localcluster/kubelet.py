@@ -409,10 +409,16 @@ class ProcessKubelet:
                 for p in all_pods
                 if p["metadata"]["namespace"] == meta["namespace"]
                 and _ready(p)
+                and not p["metadata"].get("deletionTimestamp")  # terminating: no new connection (kube-proxy)
                 and matches(spec.get("selector") or {}, p["metadata"].get("labels") or {})
                 and p["metadata"]["uid"] in self.pods
             ]
-            for port in spec.get("ports", []):
+            published = [  # the local ports its proxy had (kept over a restart of the fleet: `down`, `up`)
+                q.get("port")
+                for i in ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+                for q in i.get("ports") or []
+            ]
+            for index, port in enumerate(spec.get("ports", [])):
                 target = str(port.get("targetPort", port["port"]))
                 backends = [(POD_IP, self.pods[p["metadata"]["uid"]].ports.get(target)) for p in ready]
                 backends = [b for b in backends if b[1]]
@@ -425,7 +431,8 @@ class ProcessKubelet:
                 ):
                     hosts[f"{name}:{port['port']}"] = [f"{h}:{p}" for h, p in backends]
                 if spec.get("clusterIP") != "None" and key not in self.proxies:
-                    self.proxies[key] = await self._proxy(key)
+                    before = published[index] if index < len(published) else 0
+                    self.proxies[key] = await self._proxy(key, before or 0)
             await self._endpoint_slices(svc, ready)
             if spec.get("clusterIP") != "None" and spec.get("ports"):
                 ports = [
@@ -489,8 +496,9 @@ class ProcessKubelet:
             with contextlib.suppress(Exception):
                 await self.cluster.create("discovery.k8s.io", "v1", "endpointslices", ns, wanted[name])
 
-    async def _proxy(self, key: str) -> tuple[asyncio.base_events.Server, int]:
-        """A TCP proxy on 127.0.0.1 to the Service's ready pods, one after another (like kube-proxy)."""
+    async def _proxy(self, key: str, port: int = 0) -> tuple[asyncio.base_events.Server, int]:
+        """A TCP proxy on 127.0.0.1 to the Service's ready pods, one after another (like kube-proxy); on
+        `port` if it is free (the one the Service had before a restart), else on a free one."""
 
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -516,7 +524,10 @@ class ProcessKubelet:
                 return
             writer.close()  # no ready pod: the client sees the connection refused-like close
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        try:
+            server = await asyncio.start_server(handle, "127.0.0.1", port or loopback_port())
+        except OSError:  # taken meanwhile: the model's endpoint moves (the operator reports the new one)
+            server = await asyncio.start_server(handle, "127.0.0.1", loopback_port())
         return server, server.sockets[0].getsockname()[1]
 
     # ---- logs ----

@@ -140,6 +140,8 @@ def _start(state: Path, say) -> None:
             str(state / "url"),
             "--kubelet-state",
             str(state / "node"),
+            "--data-file",
+            str(state / "objects.json"),  # `down` deletes nothing: the next `up` has every object again
         ],
         stdout=open(state / "logs" / "apiserver.log", "ab"),  # noqa: SIM115 (the child's, for its life)
         stderr=subprocess.STDOUT,
@@ -154,7 +156,7 @@ def _start(state: Path, say) -> None:
         time.sleep(0.1)
     url = _api(state)
     say(f"[up] emulated API server and process kubelet on {url} ({time.monotonic() - started:.1f} s)")
-    _request(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "POST", crd.build_crd())
+    _install_crd(url)
     _local_models(url, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
     wake, metrics = loopback_port(), loopback_port()
@@ -192,6 +194,22 @@ def _start(state: Path, say) -> None:
     say(f"  {k} apply -f crds/samples/smollm2-135m-local-cpu.yaml")
     say(f"  {k} get neuronmodels -w")
     say(f"  neuronfleet status --state {state}")
+
+
+def _install_crd(url: str) -> None:
+    """The NeuronModel CRD of this version: created, or put in place of the one an earlier `up` installed
+    (the API server keeps its objects over `down`)."""
+    crds = f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    wanted = crd.build_crd()
+    try:
+        _request(crds, "POST", wanted)
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise
+        name = wanted["metadata"]["name"]
+        held = _request(f"{crds}/{name}")
+        wanted["metadata"]["resourceVersion"] = held["metadata"]["resourceVersion"]
+        _request(f"{crds}/{name}", "PUT", wanted)
 
 
 def _local_models(url: str, state: Path) -> None:

@@ -5,7 +5,8 @@ and scale subresources kept apart, cluster IPs allocated); and `ClusterClient`, 
 in-process callers (the process kubelet) use instead of HTTP.
 
 Stored objects are never changed in place: every write stores a new version, so LIST answers and the history
-share them without copying.
+share them without copying. `snapshot` and `restore` carry the objects over a restart of the server (as etcd
+does for a real one), the node's own (pods, EndpointSlices) excepted: its kubelet makes them again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ KindKey = tuple[str, str, str]
 CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 SERVICES = ("", "v1", "services")
 SCALE = Resource("autoscaling", "v1", "scale", "Scale", True)  # what a patch of /scale patches
+NODE_KINDS = {("", "v1", "pods"), ("discovery.k8s.io", "v1", "endpointslices")}  # not kept over a restart
 HISTORY = 5000  # events a kind keeps for watches that resume from a resourceVersion (the watch cache's job)
 
 
@@ -57,11 +59,11 @@ class _Log:
     """A kind's recent changes, (resourceVersion, event, object), in order; positions are absolute (they stay
     valid while old entries are dropped), and at most 2 * `keep` entries are kept."""
 
-    def __init__(self, keep: int = HISTORY) -> None:
+    def __init__(self, keep: int = HISTORY, compacted_rv: int = 0) -> None:
         self.keep = keep
         self.entries: list[tuple[int, str, dict[str, Any]]] = []
         self.first = 0  # the position of entries[0]
-        self.compacted_rv = 0  # the resourceVersion of the newest dropped entry
+        self.compacted_rv = compacted_rv  # the resourceVersion of the newest dropped entry
 
     @property
     def end(self) -> int:
@@ -101,7 +103,8 @@ class Store:
         self._uids: set[str] = set()  # the uids of the objects that exist (the owners the collector knows)
         self._revision = itertools.count(1)
         self.last_revision = 0
-        self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history))
+        self._restored_rv = 0  # a watch from before this resourceVersion (a restart) lists again
+        self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history, self._restored_rv))
         self._changed = asyncio.Condition()
         self.closed = False
         for resource in BUILTIN:
@@ -111,6 +114,36 @@ class Store:
             self._put(("", "v1", "namespaces", None, name), self._new_meta(namespace))
 
     # ---- registry ----
+
+    # ---- over a restart ----
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a restart keeps: the revision and every object but the node's (cheap: stored versions are
+        never changed in place, so this shares them; serialize it before the next write if it must not
+        change)."""
+        kept = [obj for key, obj in self._objects.items() if key[:3] not in NODE_KINDS]
+        return {"revision": self.last_revision, "objects": kept}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """A new store's objects from a `snapshot`: custom resource definitions first (their kinds), then
+        the rest in the order they were written; objects of kinds no longer served are dropped. Resource
+        versions go on from the saved revision, and a watch from before the restart lists again (410)."""
+        revision = int(saved.get("revision", 0))
+        self._revision = itertools.count(max(revision, self.last_revision) + 1)
+        objects = sorted(saved.get("objects", []), key=lambda o: int(o["metadata"].get("resourceVersion", 0)))
+        crds = [o for o in objects if o.get("kind") == "CustomResourceDefinition"]
+        for obj in crds + [o for o in objects if o not in crds]:
+            group, _, version = obj["apiVersion"].rpartition("/")
+            kind = next((k for k in self.kinds.values() if (k.group, k.version, k.kind) == (group, version,
+                         obj["kind"])), None)  # fmt: skip
+            if kind is None:
+                continue
+            meta = obj["metadata"]
+            self._put(self._key(kind, meta.get("namespace"), meta["name"]), obj)
+            if kind.plural == "customresourcedefinitions":
+                self._establish(obj)
+        self._restored_rv = self.last_revision
+        self._history.clear()  # (the restored objects are no change a watch replays)
 
     def _register(self, r: Resource) -> None:
         self.kinds[(r.group, r.version, r.plural)] = r
@@ -418,6 +451,8 @@ class Store:
         if sub is None:
             new = admit(kind, new, params)
             check_labels(kind, new)
+        elif sub == "scale":  # the object the new replicas make is checked against the schema too
+            new = admit(kind, new, {})
         if new == old:
             return old  # a no-op write does not bump the resourceVersion
         if key[:3] == CRDS and sub is None:

@@ -9,6 +9,8 @@ only after a generous ceiling."""
 from __future__ import annotations
 
 import contextlib
+import http.client
+import itertools
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -568,26 +571,88 @@ def chat(endpoint: str, model: str, tokens: int, timeout: float = HTTP_TIMEOUT) 
         return r.status, json.loads(r.read())["choices"][0]["message"]["content"]
 
 
+class KeptAlive:
+    """A plain HTTP/1.1 client on one kept-alive connection, as a client library without retries is: the
+    connection is reused for every request and opened again only after an answer said `Connection: close`
+    (http.client does that); a connection the server cut without saying so fails the request."""
+
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        url = urllib.parse.urlsplit(endpoint)
+        self.connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+        self.connections = 0  # how many it opened
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.connection.sock is None:
+            self.connections += 1
+        self.connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        return response.status, json.loads(response.read())
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 class ChatLoad:
     """`workers` threads each sending chat requests one after the other until stopped (no retry): counts
-    the answers and keeps every failure as the client saw it (any exception). A request may wait up to
-    CEILING: answered late is answered, a lost one is the failure."""
+    the answers and keeps every failure as the client saw it (any exception, or a status other than 200). A
+    request may wait up to CEILING: answered late is answered, a lost one is the failure.
 
-    def __init__(self, endpoint: str, model: str, workers: int, tokens: int = 16) -> None:
+    Each worker is one of `clients`, in turn: "urllib" (a new connection per request), "openai" (the official
+    client, one per worker, reused, `max_retries=0`: its pool keeps connections alive) or "kept-alive" (one
+    HTTP/1.1 connection, `KeptAlive`), or several joined by "+" (one worker whose clients take turns).
+    `pause`: seconds a worker waits after each answer (a light load)."""
+
+    def __init__(
+        self, endpoint: str, model: str, workers: int, tokens: int = 16,
+        clients: tuple[str, ...] = ("urllib",), pause: float = 0.0,
+    ) -> None:  # fmt: skip
         self.endpoint, self.model, self.tokens, self.stop = endpoint, model, tokens, threading.Event()
+        self.pause = pause
         self.answered, self.failed, self._lock = 0, [], threading.Lock()
-        self.threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+        self.by_client: dict[str, int] = {}
+        kinds = [clients[i % len(clients)] for i in range(workers)]
+        self.threads = [threading.Thread(target=self._work, args=(k,), daemon=True) for k in kinds]
 
-    def _work(self) -> None:
+    def _one(self, kind: str) -> Callable[[], None]:
+        messages = [{"role": "user", "content": "Tell me a story"}]
+        if kind == "urllib":
+            return lambda: chat(self.endpoint, self.model, self.tokens, CEILING)
+        if kind == "openai":
+            from openai import OpenAI
+
+            client = OpenAI(base_url=self.endpoint + "/v1", api_key="none", max_retries=0, timeout=CEILING)
+            return lambda: client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.tokens
+            )
+        if kind == "kept-alive":
+            client = KeptAlive(self.endpoint, CEILING)
+            body = {"model": self.model, "messages": messages, "max_tokens": self.tokens}
+
+            def one() -> None:
+                status, answer = client.post("/v1/chat/completions", body)
+                if status != 200:
+                    raise AssertionError(f"answered {status}: {answer}")
+
+            return one
+        if "+" in kind:  # one worker, its clients taking turns (one request at a time in all)
+            clients, turn = [self._one(k) for k in kind.split("+")], itertools.count()
+            return lambda: clients[next(turn) % len(clients)]()
+        raise ValueError(kind)
+
+    def _work(self, kind: str) -> None:
+        one = self._one(kind)
         while not self.stop.is_set():
             try:
-                chat(self.endpoint, self.model, self.tokens, CEILING)
+                one()
                 with self._lock:
                     self.answered += 1
+                    self.by_client[kind] = self.by_client.get(kind, 0) + 1
+                self.stop.wait(self.pause)
             except Exception as e:  # every failure is kept and reported, with an HTTP error's body
                 said = e.read()[:300] if isinstance(e, urllib.error.HTTPError) else b""
                 with self._lock:
-                    self.failed.append(f"{e!r} {said.decode(errors='replace')}".strip())
+                    self.failed.append(f"{kind}: {e!r} {said.decode(errors='replace')}".strip())
+                time.sleep(0.2)  # (a client that failed once may fail at once again: no busy loop)
 
     def __enter__(self) -> ChatLoad:
         for t in self.threads:

@@ -63,7 +63,7 @@ class FrontDoor(HttpApp):
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
                          ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
-                         draining=lambda: self.draining)  # fmt: skip
+                         draining=self.refusing)  # fmt: skip
         self.backend = self  # what serve() drains
         self.forwarded = 0  # requests sent to a pod and not finished
         self.on_startup.append(self._start)
@@ -148,7 +148,7 @@ class FrontDoor(HttpApp):
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        if self.draining:
+        if self.refusing():
             return self._error(path, 503, "the front door is shutting down and takes no new requests")
         try:
             body = await request.read()

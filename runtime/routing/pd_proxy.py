@@ -90,7 +90,7 @@ class EngineRouter(HttpApp):
         self.hold = Hold(
             hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode",
             refresh=self.watch.refresh, ready=lambda: bool(self.prefill.ready and self.decode.ready),
-            draining=lambda: self.draining,
+            draining=self.refusing,
         )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
         # the load an inference gateway's endpoint picker reads (docs/gateway.md): requests streaming from
@@ -221,7 +221,7 @@ class EngineRouter(HttpApp):
         return await self._route(request, "/v1/chat/completions")
 
     async def _route(self, request: web.Request, path: str) -> web.StreamResponse:
-        if self.draining:
+        if self.refusing():
             return self._error(
                 503, "the router is shutting down and takes no new requests; send it elsewhere"
             )

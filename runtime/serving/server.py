@@ -194,7 +194,7 @@ class RuntimeServer(HttpApp):
 
     async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
         """Start a request; InvalidRequest and QueueFull are raised before anything is sent."""
-        if self.draining:
+        if self.refusing():
             raise Draining("the server is shutting down and takes no new requests; send it elsewhere")
         gen = self.backend.generate(self._prompt(parsed), parsed.params)
         start = time.monotonic()
@@ -468,8 +468,10 @@ class RuntimeServer(HttpApp):
 
 
 async def serve(server: RuntimeServer, host: str, port: int, grace_period: float) -> None:
-    """Serve until SIGTERM or SIGINT, then drain: /ready turns false, new requests get 503, requests in flight
-    finish (up to `grace_period` seconds; any still running then end with an error), and the engine stops."""
+    """Serve until SIGTERM or SIGINT, then drain (http_app: requests arriving on open connections are served
+    with `Connection: close`, idle connections closed, new requests refused only in the grace period's last
+    tenth) until no request runs and no connection is open, or `grace_period` seconds; then any request still
+    running ends with an error, and the backend stops."""
     # handler_cancellation: a client that leaves cancels its handler, which aborts its request.
     runner = web.AppRunner(server.app(), handler_cancellation=True)
     await runner.setup()
@@ -480,15 +482,16 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    server.draining = True
-    log.info("draining: finishing requests in flight for up to %.0f s", grace_period)
+    server.start_drain(grace_period)
+    log.info("draining: serving the open connections' requests for up to %.0f s", grace_period)
     deadline = loop.time() + grace_period
     # a request counts from its handler's start (parsing, the chat template, a router's prefill) to its end,
     # not only while the backend holds it
-    while server.backend.num_requests or server.in_flight:
+    while server.backend.num_requests or server.in_flight or runner.server.connections:
         if loop.time() >= deadline:
             log.warning("grace period over; ending the requests still in flight")
             break
+        server.close_idle(runner.server.connections)
         await asyncio.sleep(0.05)
     server.backend.shutdown()
     await runner.cleanup()

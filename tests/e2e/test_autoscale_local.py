@@ -72,13 +72,21 @@ def test_load_scales_up_and_idle_scales_back_down(local):
     assert "scale up 1 -> 2: queue" in up["reason"] and up["signals"]["unified"]["load"] > 1.1, up
     assert "ScaledUp" in events and "scale up 1 -> 2" in events, events
 
-    local.wait("the scale-down", lambda: (auto().get("desired") or {}).get("unified") == 1)
-    down_after = time.monotonic() - stopped
-    down = auto()["lastScale"]
+    # a light load of kept-alive clients (the official `openai` client, no retries; a plain HTTP/1.1
+    # connection) through the scale-down: the pod that goes serves what its open connections send
+    # (one request at a time: a load the one pod left takes, which lets the scale-down come)
+    with ChatLoad(endpoint, NAME, 1, tokens=4, clients=("openai+kept-alive",), pause=0.5) as light:
+        local.wait("the scale-down", lambda: (auto().get("desired") or {}).get("unified") == 1)
+        down_after = time.monotonic() - stopped
+        down = auto()["lastScale"]
+        pods = lambda: local.get("pods", "-l", f"{label},neuronfleet.dev/role=unified")["items"]  # noqa: E731
+        local.wait("1 pod left", lambda: replicas() == [1] and len(pods()) == 1)
+        answered = light.answered
+        local.wait("answers after it", lambda: light.answered >= answered + 2)
+    assert not light.failed, light.failed[:5]
     assert (down["from"], down["to"]) == ({"unified": 2}, {"unified": 1}), down
     at = lambda scale: datetime.datetime.fromisoformat(scale["at"].replace("Z", "+00:00"))  # noqa: E731
     assert (at(down) - at(up)).total_seconds() >= WINDOW  # the scale-up's demand held the window
-    local.wait("1 pod left", lambda: replicas() == [1])
     # the autoscaler is the replicas' only writer: a hand edit is put back, with a Warning that says so (an
     # edit back to the count before the last decision: tests/e2e/test_autoscale_cases.py)
     edit = '{"spec":{"replicas":3}}'

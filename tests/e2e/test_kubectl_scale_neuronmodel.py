@@ -82,6 +82,10 @@ def test_kubectl_scale_reads_and_writes_spec_replicas_through_the_scale_subresou
     run = kubectl("patch", "nm", "m", "--subresource", "scale", "--type", "merge", "-p",
                   json.dumps({"spec": {"replicas": -1}}), check=False)  # fmt: skip
     assert run.returncode != 0 and "spec.replicas: Invalid value: -1" in run.stderr, run.stderr
+    # past the schema's maximum: refused as a write of the object would be
+    run = kubectl("scale", "nm", "m", "--replicas=100000", check=False)
+    assert run.returncode != 0 and "spec.replicas" in run.stderr and "1000" in run.stderr, run.stderr
+    assert kubectl("get", "nm", "m", "-o", "jsonpath={.spec.replicas}").stdout == "4"
 
     # PUT: the Scale read back, changed and replaced (what an HPA's scale client does)
     current = scale_of(kubectl, "m")

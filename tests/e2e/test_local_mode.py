@@ -226,3 +226,32 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     assert secret["metadata"]["ownerReferences"][0]["name"] == "smollm2-pd"
     local.kubectl("delete", "nm", "smollm2-pd", "--timeout=10m")
     local.wait("the processes gone", lambda: not local.pids())
+
+
+def test_down_then_up_keeps_every_object_and_serves_again_without_compiling(local):
+    """`neuronfleet down` deletes nothing: the API server keeps its objects in the state folder, so the next
+    `up` has the model, its compile Job (done: no compile again) and its Deployment, whose pod the kubelet
+    starts again; the model is Ready and answers as before."""
+    local.kubectl("apply", "-f", str(UNIFIED))
+    local.wait("Ready", lambda: local.phase("smollm2") == "Ready")
+    before = local.get("nm", "smollm2")
+    jobs = {j["metadata"]["uid"] for j in local.get("jobs")["items"]}
+    want = chat(before["status"]["endpoint"], "smollm2")
+    down = run_neuronfleet("down", "--state", str(local.state))
+    assert down.returncode == 0, down.stderr
+    assert local.pids() == []
+    up = run_neuronfleet("up", "--state", str(local.state), "--detach")
+    assert up.returncode == 0, up.stderr + up.stdout
+    after = local.get("nm", "smollm2")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"] and after["spec"] == before["spec"]
+    assert {j["metadata"]["uid"] for j in local.get("jobs")["items"]} == jobs  # kept, not compiled again
+    unified = "neuronfleet.dev/role=unified"
+    local.wait("Ready again, its pod running", lambda: local.phase("smollm2") == "Ready"
+               and any(p["status"].get("phase") == "Running" for p in local.pods(unified)))  # fmt: skip
+    endpoint = local.get("nm", "smollm2")["status"]["endpoint"]
+    assert endpoint == before["status"]["endpoint"]  # its Service's local proxy kept its port
+    local.wait("an answer", lambda: _answer(endpoint, "smollm2") is not None)
+    assert chat(endpoint, "smollm2") == want
+    assert {j["metadata"]["uid"] for j in local.get("jobs")["items"]} == jobs
+    local.kubectl("delete", "nm", "smollm2", "--timeout=10m")
+    local.wait("the pods gone", lambda: local.get("pods")["items"] == [])

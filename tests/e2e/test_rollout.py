@@ -3,19 +3,19 @@ process kubelet, the real operator and runtime, the real SmolLM2 model, the real
 chat requests through the model's public endpoint: a change that needs a compile (batchSize) leaves the
 Deployment exactly as it is until the new artifacts exist, then rolls once (never the old artifacts with the
 new arguments); unified -> disaggregated and back switch the Service only when the new set answers, then
-delete the old one; a replicas change rolls at once. Not one request fails."""
+delete the old one; a replicas change rolls at once, and back down. Not one request fails, from clients that
+open a connection per request, the official `openai` client (one, reused, no retries: its pool keeps
+connections alive) and a plain kept-alive HTTP/1.1 connection (a draining pod serves what arrives on open
+connections and tells them to close)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, LocalCluster, local_mode
+from support import ROOT, ChatLoad, LocalCluster, local_mode
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -50,30 +50,6 @@ def local(tmp_path_factory):
         yield cluster
 
 
-class Traffic:
-    """A loop of chat requests to the endpoint, counting answers and failures."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint, self.answers, self.failures = endpoint, 0, []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run)
-
-    def run(self) -> None:
-        body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-        while not self.stop.is_set():
-            req = urllib.request.Request(
-                self.endpoint + "/v1/chat/completions", data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json", "Connection": "close"},
-            )  # fmt: skip
-            try:
-                with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
-                    json.loads(r.read())["choices"][0]["message"]["content"]
-                self.answers += 1
-            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
-                self.failures.append(f"{time.strftime('%H:%M:%S')} {e!r}")
-            time.sleep(0.05)
-
-
 class Templates:
     """Every (Deployment, generation, compile hash, --slots) the cluster held, polled while changes roll."""
 
@@ -105,8 +81,9 @@ def test_every_change_rolls_once_with_no_failed_request(local):
     local.wait("Ready", lambda: local.ready_at(1))
     endpoint = local.model()["status"]["endpoint"]
     first_hash = local.model()["status"]["compileHash"]
-    traffic, templates = Traffic(endpoint), Templates(local)
-    traffic.thread.start()
+    traffic = ChatLoad(endpoint, NAME, workers=3, tokens=4, clients=("urllib", "openai", "kept-alive"))
+    templates = Templates(local)
+    traffic.__enter__()
     templates.thread.start()
     timings = {}
     try:
@@ -172,13 +149,21 @@ def test_every_change_rolls_once_with_no_failed_request(local):
                    and local.model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
         timings["replicas 1 -> 2"] = time.monotonic() - t0
         assert {j["metadata"]["name"] for j in local.get("jobs")["items"]} <= jobs
-        time.sleep(1)
+
+        # 6. and back down: a pod goes while kept-alive clients have connections to it
+        t0 = time.monotonic()
+        manifest["spec"]["serving"]["unified"]["replicas"] = 1
+        local.apply(manifest)
+        unified = ("pods", "-l", "neuronfleet.dev/role=unified")
+        local.wait("one pod left", lambda: local.ready_at(7) and len(local.get(*unified)["items"]) == 1)
+        timings["replicas 2 -> 1"] = time.monotonic() - t0
+        answered = traffic.answered
+        local.wait("answers after the scale-down", lambda: traffic.answered >= answered + 3)
     finally:
-        traffic.stop.set()
+        traffic.__exit__()
         templates.stop.set()
-        traffic.thread.join()
         templates.thread.join()
-    print("timings:", {k: f"{v:.1f} s" for k, v in timings.items()}, f"answers: {traffic.answers}")
+    print("timings:", {k: f"{v:.1f} s" for k, v in timings.items()}, f"answers: {traffic.by_client}")
     # every disaggregated set was made once and never rolled: one template per Deployment, one compile hash
     # for its prefill, decode and router
     sets: dict[str, set] = {}
@@ -187,7 +172,8 @@ def test_every_change_rolls_once_with_no_failed_request(local):
             assert generation == 1, (name, templates.of(name))
             sets.setdefault(name.rsplit("-", 1)[1], set()).add(chash)
     assert len(sets) == 2 and all(len(hashes) == 1 for hashes in sets.values()), sets
-    assert traffic.answers > 0 and not traffic.failures, traffic.failures[:5]
+    assert not traffic.failed, traffic.failed[:5]
+    assert all(traffic.by_client.get(k) for k in ("urllib", "openai", "kept-alive")), traffic.by_client
     # events: progress as Normal, no Warning on the way
     events = [e for e in local.get("events")["items"] if e["involvedObject"]["kind"] == "NeuronModel"]
     assert {"CompileStarted", "Compiled", "Rolling", "RolledOut"} <= {e["reason"] for e in events}

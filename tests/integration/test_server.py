@@ -12,6 +12,7 @@ from support import (
     EXACT_DTYPE,
     EXACT_DTYPE_OPTIONS,
     HTTP_TIMEOUT,
+    KeptAlive,
     http_status,
     metric,
     metrics_text,
@@ -375,12 +376,25 @@ def test_a_client_that_disconnects_frees_its_slot(small_server):
 
 
 def test_sigterm_drains_requests_in_flight_and_exits_0(smollm2_dir):
+    """SIGTERM: the request in flight finishes; requests on connections opened before it are served (the
+    kept-alive clients of every SDK: refusing them would lose them, since a Service forwards a connection as
+    a whole) and told `Connection: close`, which the official `openai` client (no retries) and a plain
+    HTTP/1.1 client follow; an idle connection is closed; the server exits 0 once none is open, long before
+    its grace period."""
     import concurrent.futures
+
+    from openai import OpenAI
 
     # A grace period no busy machine runs out of: 80 float32 tokens took over 30 s (the default) beside two
     # CPU-burning processes on a 2-core machine.
     options = ("--slots", "2", "--max-seq-len", "256", "--grace-period", "600")
     with running_server(smollm2_dir, *options) as (base, proc):
+        short = {"model": "smollm2", "prompt": "hi", "max_tokens": 2}
+        kept = KeptAlive(base, HTTP_TIMEOUT)
+        sdk = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=HTTP_TIMEOUT)
+        assert kept.post("/v1/completions", short)[0] == 200
+        assert sdk.completions.with_raw_response.create(**short).headers.get("connection") != "close"
+        idle = socket.create_connection(("127.0.0.1", proc.port))  # opened, never used
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             body = {"prompt": "Once upon a time", "max_tokens": 80, "ignore_eos": True}
             in_flight = pool.submit(post, base, "/v1/completions", body)
@@ -390,11 +404,20 @@ def test_sigterm_drains_requests_in_flight_and_exits_0(smollm2_dir):
             )
             proc.signal(signal.SIGTERM)
             wait_until(lambda: http_status(base + "/ready") == 503, "/ready to turn false")
-            code, payload, _ = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
-            assert code == 503 and "shutting down" in payload["error"]["message"]
+            # served on the connections they had, each told to close it
+            code, payload = kept.post("/v1/completions", short)
+            assert code == 200 and payload["usage"]["completion_tokens"] == 2
+            assert kept.connection.sock is None  # http.client closed it, as the answer said
+            answer = sdk.completions.with_raw_response.create(**short)
+            assert answer.headers["connection"] == "close" and answer.parse().usage.completion_tokens == 2
+            idle.settimeout(HTTP_TIMEOUT)
+            assert idle.recv(1) == b""  # the idle connection was closed
             code, payload, _ = in_flight.result()
         assert code == 200 and payload["usage"]["completion_tokens"] == 80
         assert proc.wait() == 0
+        assert "grace period over" not in proc.output()  # no connection was left open
+    kept.close()
+    sdk.close()
 
 
 # ---- fuzzing ----------------------------------------------------------------------------------------------

@@ -4,9 +4,12 @@ Status errors) and the store as in-process callers see it through `ClusterClient
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
+import yaml
+from support import ROOT
 
 from neuronfleet.localcluster.semantics import (
     APPLY_PATCH,
@@ -26,6 +29,8 @@ from neuronfleet.localcluster.semantics import (
 )
 from neuronfleet.localcluster.store import ClusterClient, Store
 from neuronfleet.localcluster.tables import table
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 
 PODS = Resource("", "v1", "pods", "Pod", True, ("status", "log"))
 SCHEMA = {
@@ -176,5 +181,68 @@ def test_the_cluster_client_creates_lists_patches_status_and_wakes_waiters():
         assert client.get("", "v1", "pods", "default", name)["status"] == {"phase": "Running"}
         await client.delete("", "v1", "pods", "default", name)
         assert client.get("", "v1", "pods", "default", name) is None and client.list("", "v1", "pods") == []
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_store_has_every_object_but_the_nodes_and_asks_old_watches_to_list_again():
+    from neuronfleet.localcluster.store import Expired
+    from neuronfleet.operator import crd, spec
+
+    async def scenario() -> None:
+        first = Store()
+        client = ClusterClient(first)
+        await client.create("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, crd.build_crd())
+        model = yaml.safe_load(SAMPLE.read_text())
+        model["metadata"] = {"name": "m"}
+        await client.create(spec.GROUP, spec.VERSION, spec.PLURAL, "default", model)
+        await client.patch_status(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m", {"phase": "Ready"})
+        await client.create(
+            "", "v1", "configmaps", "default", {"metadata": {"name": "c"}, "data": {"k": "v"}}
+        )
+        await client.create(
+            "", "v1", "pods", "default", {"metadata": {"name": "p"}, "spec": {"containers": []}}
+        )
+        saved = json.loads(json.dumps(first.snapshot()))  # as the file holds it
+        before = first.last_revision
+
+        second = Store()
+        second.restore(saved)
+        again = ClusterClient(second)
+        restored = again.get(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m")
+        written = ClusterClient(first).get(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m")
+        assert restored["status"] == {"phase": "Ready"} and restored["spec"] == written["spec"]
+        assert again.get("", "v1", "configmaps", "default", "c")["data"] == {"k": "v"}
+        assert again.get("", "v1", "pods", "default", "p") is None  # the node's: its kubelet makes them again
+        assert int(restored["metadata"]["resourceVersion"]) > before  # versions go on, never back
+        kind = second.kind(spec.GROUP, spec.VERSION, spec.PLURAL)
+        with pytest.raises(Expired):  # a watch from before the restart lists again
+            await anext(second.watch(kind, "default", None, {"resourceVersion": str(before - 1)}, 5))
+        # a write goes on from there
+        await again.patch(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m", {"spec": {"replicas": 2}})
+        assert again.get(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m")["spec"]["replicas"] == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_scale_past_the_schemas_maximum_is_refused_as_the_schema_says():
+    from neuronfleet.operator import crd, spec
+
+    async def scenario() -> None:
+        store = Store()
+        client = ClusterClient(store)
+        await client.create("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, crd.build_crd())
+        model = yaml.safe_load(SAMPLE.read_text())
+        model["metadata"] = {"name": "m"}
+        await client.create(spec.GROUP, spec.VERSION, spec.PLURAL, "default", model)
+        kind = store.kind(spec.GROUP, spec.VERSION, spec.PLURAL)
+        scale = {"spec": {"replicas": 100000}}
+        with pytest.raises(ApiError) as refused:
+            await store.patch(kind, "default", "m", scale, "application/merge-patch+json", "scale", {})
+        assert refused.value.code == 422 and "spec.replicas" in str(refused.value), str(refused.value)
+        assert "1000" in str(refused.value)
+        await store.patch(kind, "default", "m", {"spec": {"replicas": 7}}, "application/merge-patch+json",
+                          "scale", {})  # fmt: skip
+        assert client.get(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m")["spec"]["replicas"] == 7
 
     asyncio.run(scenario())
