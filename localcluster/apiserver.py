@@ -119,14 +119,21 @@ class EmulatedAPIServer:
     async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """One request; refusals become Status objects, and a bug here answers 500 and the server goes on."""
         await request.read()
+        code = 500
         try:
-            return await self._handle(request)
+            response = await self._handle(request)
+            code = response.status
+            return response
         except ApiError as e:
+            code = e.code
             return self._json(e.status(), status=e.code)
         except Exception as e:
             log.exception("emulated API server: internal error")
             failure = ApiError(500, "InternalError", f"internal error: {e!r}")
             return self._json(failure.status(), status=500)
+        finally:
+            if "audit" in request:  # (an audit log's ResponseComplete stage, with the code)
+                self._audit_line({**request["audit"], "code": code})
 
     # ---- discovery (legacy lists) and the OpenAPI v3 index kubectl reads for server-side validation ----
 
@@ -367,7 +374,8 @@ class EmulatedAPIServer:
         return response
 
     def _audit(self, request, kind: Resource, sub: str | None, method: str, name: str | None, params) -> None:
-        """Who did what to which resource, in RBAC's words (the token names the user), like an audit log."""
+        """Who did what to which resource, in RBAC's words (the token names the user), like an audit log: one
+        line once the request is answered, with its status code (written by `__call__`)."""
         if self.audit_log is None:
             return
         if method == "GET":
@@ -377,10 +385,15 @@ class EmulatedAPIServer:
             verb = verb or ("delete" if name else "deletecollection")
         user = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "anonymous"
         resource = f"{kind.plural}/{sub}" if sub else kind.plural
+        entry = {"user": user, "verb": verb, "group": kind.group, "resource": resource, "name": name}
+        if verb == "watch":  # long-running: logged as it starts
+            self._audit_line({**entry, "code": 200})
+        else:
+            request["audit"] = entry
+
+    def _audit_line(self, entry: dict[str, Any]) -> None:
         with open(self.audit_log, "a") as f:
-            f.write(
-                json.dumps({"user": user, "verb": verb, "group": kind.group, "resource": resource}) + "\n"
-            )
+            f.write(json.dumps(entry) + "\n")
 
     @staticmethod
     def _json(payload: Any, status: int = 200) -> aiohttp.web.Response:

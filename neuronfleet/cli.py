@@ -207,6 +207,18 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     if args.autoscale_interval is not None:
         os.environ[scaling.TICK_ENV] = str(args.autoscale_interval)
     scaling.tick_seconds(os.environ)  # a bad setting stops here, saying what would be right
+    from neuronfleet.operator import leader
+
+    for flag, env in (("leader_elect", leader.ELECT_ENV), ("lease_name", leader.NAME_ENV),
+                      ("lease_namespace", leader.NAMESPACE_ENV),
+                      *((k, v) for k, v in leader.TIMING_ENVS.items())):  # fmt: skip
+        if (value := getattr(args, flag)) is not None:
+            os.environ[env] = str(value).lower()
+    try:
+        leader.settings(os.environ)
+    except ValueError as e:
+        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -346,6 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="the wake endpoint's base URL as the routers reach it (default: NEURONFLEET_WAKE_URL; without "
         "one, routers are not given a --wake-url)",
     )
+    opr.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        help="run for leader on a Lease, so that several replicas may run and one acts (default on, or "
+        "NEURONFLEET_LEADER_ELECT); --no-leader-elect: this process acts alone",
+    )
+    opr.add_argument("--lease-name", help="the Lease's name (default neuronfleet-operator)")
+    opr.add_argument(
+        "--lease-namespace", help="the Lease's namespace (default: POD_NAMESPACE, else the service account's)"
+    )
+    for flag, default, text in (
+        ("lease-duration", 15, "a follower takes the Lease once it has not been renewed for this long"),
+        ("renew-deadline", 10, "a leader that could not renew for this long stops acting (and exits)"),
+        ("retry-period", 2, "seconds between a candidate's tries"),
+    ):
+        help_text = f"{text} (seconds, default {default}, as controller-runtime)"
+        opr.add_argument(f"--{flag}", type=float, help=help_text)
     opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
     opr.set_defaults(func=_cmd_operator)
 

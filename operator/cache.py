@@ -244,5 +244,9 @@ class Cache:
             if n == ns and matches(o["metadata"].get("labels") or {})
         ]
 
+    async def synced(self) -> None:
+        """Until every kind's first list has arrived (a new leader's view is whole)."""
+        await asyncio.gather(*(e.wait() for e in self._synced.values()))
+
     def models(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for o in self._objects[spec.KIND].values()]

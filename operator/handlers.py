@@ -18,9 +18,15 @@ model's reconcile through them when it has changed the model's replicas; it hear
 report (a cold start ends when a new pod is ready), and with `--wake-port` the wake endpoint (`wake.py`) runs
 its decision for a model whose front door holds a request.
 
-Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then stops
-the autoscaler's loop, the caches and the trigger workers (waiting for a reconcile in flight) before it
-closes the HTTP session.
+Several replicas (leader election, `leader.py`): every replica keeps its caches warm; only the leader
+reconciles, runs the autoscaler's loop and answers wake calls, and `kube.Kube` refuses any other replica's
+write. A new leader reconciles every model once its caches are whole (what a follower saw but did not act
+on). kopf keeps what it has handled in memory only (`MemoryDiffBase`, `MemoryProgress`): it writes nothing
+to the models, so a follower writes nothing at all.
+
+Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then
+releases the Lease (a follower leads at once), stops the autoscaler's loop, the caches and the trigger
+workers (waiting for a reconcile in flight) before it closes the HTTP session.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import kube, rollout, spec, wake
+from . import kube, leader, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
 from .reconcile import PROGRESS_READ, now, reconcile
@@ -59,6 +65,7 @@ class Triggers:
         self._tasks: list[asyncio.Task] = []
         self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
         self.wake: wake.WakeServer | None = None  # its wake endpoint (wake.py), with --wake-port
+        self.elector: leader.LeaderElector | None = None
         self._progress: set[tuple[str, str]] = set()  # compiling models whose next progress read is timed
 
     def child_changed(self, event: str, obj: dict[str, Any]) -> None:
@@ -108,6 +115,8 @@ class Triggers:
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
+            if not self.acting():
+                continue  # a follower: the leader reconciles (and a new leader, every model)
             try:
                 if key in self._check:
                     self._check.discard(key)
@@ -123,6 +132,18 @@ class Triggers:
             except Exception:
                 log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
                 asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+
+    def acting(self) -> bool:
+        return self.elector is None or self.elector.acting()
+
+    async def lead(self) -> None:
+        """This replica leads now: once its caches are whole, the autoscaler's loop starts and every model
+        is reconciled (what it saw as a follower, it did not act on)."""
+        await self.cache.synced()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
+        for model in self.cache.models():
+            self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
 
     async def _resync(self) -> None:
         while True:
@@ -167,21 +188,30 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # no watching of CRDs and namespaces at run time: the chart installs our CRD before the operator starts,
     # and the operator needs no cluster-wide permission beyond its own resources (RBAC_RULES)
     settings.scanning.disabled = True
+    # what kopf has handled, in memory: it writes no annotation or status of its own (a follower writes
+    # nothing; a new leader reconciles every model anyway)
+    settings.persistence.diffbase_storage = MemoryDiffBase()
+    settings.persistence.progress_storage = MemoryProgress()
+    election = leader.settings()
     cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.child_changed(event, obj))
     _triggers = triggers = Triggers(client(), cache)
     client().cache = cache
     cache.start()
     _triggers.start()
     triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
-    triggers.autoscaler.start()
+    triggers.elector = leader.LeaderElector(client(), election, triggers.lead)
+    client().may_write = triggers.elector.acting
     if (where := wake.configured()) is not None:
-        triggers.wake = wake.WakeServer(triggers.autoscaler.wake)
+        triggers.wake = wake.WakeServer(triggers.autoscaler.wake, triggers.acting)
         await triggers.wake.start(*where)
+    triggers.elector.start()
 
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     if _triggers is not None:
+        if _triggers.elector is not None:
+            await _triggers.elector.stop()
         if _triggers.wake is not None:
             await _triggers.wake.stop()
         if _triggers.autoscaler is not None:
@@ -196,6 +226,53 @@ async def close(**_: Any) -> None:
 @kopf.on.create(spec.GROUP, spec.VERSION, spec.PLURAL)
 @kopf.on.update(spec.GROUP, spec.VERSION, spec.PLURAL)
 async def on_model(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    status = await reconcile_and_report(client(), dict(body), logger)
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if _triggers is not None and not _triggers.acting():
+        return  # a follower: the leader reconciles it
+    try:
+        status = await reconcile_and_report(client(), dict(body), logger)
+    except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+        # tried again through the triggers' queue (kopf's own retry would write to the model)
+        logger.warning("reconciling failed; trying again in %.0f s: %r", RETRY_SECONDS, e)
+        if _triggers is not None:
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, _triggers.enqueue, key)
+        return
     if _triggers is not None:
-        _triggers.come_back((body["metadata"]["namespace"], body["metadata"]["name"]), status)
+        _triggers.come_back(key, status)
+
+
+class MemoryDiffBase(kopf.DiffBaseStorage):
+    """kopf's last-handled state of each model, kept in this process (kopf's default writes an annotation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._essences: dict[str, Any] = {}
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return self._essences.get(body.metadata.uid)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        self._essences[body.metadata.uid] = essence
+
+
+class MemoryProgress(kopf.ProgressStorage):
+    """kopf's handlers' progress, kept in this process (kopf's default writes annotations and status)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[tuple[str, str], Any] = {}
+
+    def fetch(self, *, key: str, body: kopf.Body) -> Any:
+        return self._records.get((body.metadata.uid, key))
+
+    def store(self, *, key: str, record: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        self._records[(body.metadata.uid, key)] = record
+
+    def purge(self, *, key: str, body: kopf.Body, patch: kopf.Patch) -> None:
+        self._records.pop((body.metadata.uid, key), None)
+
+    def touch(self, *, body: kopf.Body, patch: kopf.Patch, value: str | None) -> None:
+        pass  # (kopf's wake-up of a sleeping handler; ours never sleep: they neither raise nor wait)
+
+    def clear(self, *, essence: Any) -> Any:
+        return super().clear(essence=essence)

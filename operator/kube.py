@@ -19,7 +19,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +73,12 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("inference.networking.k8s.io", "inferencepools"): ("get", "create", "patch", "delete"),
     ("gateway.networking.k8s.io", "httproutes"): ("get", "create", "patch", "delete"),
 }
+# Leader election (leader.py), in the operator's own namespace only (the chart's Role there): the Lease, and
+# the Events that say who leads
+LEASE_RULES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("coordination.k8s.io", "leases"): ("get", "create", "update"),
+    ("", "events"): ("create",),
+}
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
 API_VERSIONS = {  # kind -> (group, version, resource)
@@ -91,6 +97,7 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "EndpointSlice": ("discovery.k8s.io", "v1", "endpointslices"),
     "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
     "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
+    "Lease": ("coordination.k8s.io", "v1", "leases"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 
@@ -193,6 +200,8 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._rate = RateLimit(QPS, BURST)
+        # leader election: whether this replica may write now (None: always); the Lease's own writes pass
+        self.may_write: Callable[[], bool] | None = None
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -210,12 +219,14 @@ class Kube:
 
     @staticmethod
     def _allowed(group: str, resource: str, verb: str) -> None:
-        if verb not in RBAC_RULES.get((group, resource), ()):
+        if verb not in RBAC_RULES.get((group, resource), ()) + LEASE_RULES.get((group, resource), ()):
             raise KubeError(
                 403, f"the operator does not {verb} {resource} in group {group!r} (not in RBAC_RULES)"
             )
 
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
+        if method != "GET" and self.may_write is not None and "/leases" not in path and not self.may_write():
+            raise KubeError(503, "this operator replica does not lead (leader election): it writes nothing")
         session = await self.session()
         headers = {"Content-Type": content_type} if body is not None else {}
         async with self._in_flight:
@@ -326,6 +337,13 @@ class Kube:
                 return False
             raise
         return True
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        """PUT a Lease as read and changed: its resourceVersion makes a write that lost a race a 409."""
+        self._allowed("coordination.k8s.io", "leases", "update")
+        meta = lease["metadata"]
+        path = object_path("coordination.k8s.io", "v1", "leases", meta["namespace"], meta["name"])
+        return await self._call("PUT", path, lease)
 
     async def pod_log(self, namespace: str, name: str, tail_lines: int) -> str | None:
         """The last `tail_lines` lines of a pod's log (its only container), or None when the pod is gone or

@@ -53,6 +53,14 @@ COMPILE_SECONDS = Histogram(
     ["cache"],
     buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
 )
+LEADER = Gauge(
+    "neuronfleet_operator_leader",
+    "1 while this operator replica leads (leader election: it reconciles, scales, answers wake calls); "
+    "0 while it follows.",
+)
+LEADER_TRANSITIONS = Counter(
+    "neuronfleet_operator_leader_transitions", "Times this replica became leader or stopped leading.", ["to"]
+)
 # every outcome's series exists from the start (a dashboard reads 0, not "no data", until one happens)
 for _cache in ("hit", "miss"):
     COMPILES.labels(_cache)
@@ -64,6 +72,17 @@ for _outcome in ("ok", "failed"):
 
 _phases: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase of the last pass
 _seen: set[str] = set()
+
+
+_leading: list[bool] = []  # this replica's last leadership (empty: not known yet)
+
+
+def leader(leading: bool) -> None:
+    """Record whether this replica leads; a change is counted."""
+    if _leading and _leading[-1] != leading:
+        LEADER_TRANSITIONS.labels("leader" if leading else "follower").inc()
+    _leading[:] = [leading]
+    LEADER.set(1 if leading else 0)
 
 
 def model_phase(namespace: str, name: str, phase: str | None) -> None:

@@ -9,6 +9,8 @@ Answers (JSON `{"wake": ...}`):
   model at once); `recent`: one started less than `autoscale_loop.WAKE_INTERVAL` ago (a router posts again
   every 5 s while it holds, so nothing is lost by not starting another);
 - 404 `unknown`: no NeuronModel of that name that the builtin autoscaler scales;
+- 503 `follower` with Retry-After: this replica does not lead (leader election); the router posts again,
+  and the leader's next tick decides anyway;
 - 429 with Retry-After: more than RATE wakes in one second over all models. The endpoint takes no
   credentials (a router has none to give, and RBAC stays as it is): the most anyone who reaches it can do
   is make the autoscaler decide early, which it does from the pods' own metrics, and this bounds how often.
@@ -40,8 +42,8 @@ def base_url() -> str | None:
 class WakeServer:
     """The HTTP side of a wake: routing, the global rate, the answer; `wake(namespace, name)` decides."""
 
-    def __init__(self, wake: Callable[[str, str], str]) -> None:
-        self.wake = wake
+    def __init__(self, wake: Callable[[str, str], str], leads: Callable[[], bool] = lambda: True) -> None:
+        self.wake, self.leads = wake, leads
         self._second, self._count = 0, 0
         self._runner: web.AppRunner | None = None
 
@@ -62,6 +64,12 @@ class WakeServer:
                 headers={"Retry-After": "1"},
             )
         ns, name = request.match_info["namespace"], request.match_info["name"]
+        if not self.leads():
+            return web.json_response(
+                {"wake": "follower", "detail": "this operator replica does not lead; the leader decides"},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
         outcome = self.wake(ns, name)
         if outcome == "started":
             log.info("wake of %s/%s: deciding now", ns, name)

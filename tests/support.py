@@ -122,10 +122,10 @@ class Process:
     """A subprocess whose stdout and stderr go to a log file (never a pipe nobody reads, which would block it
     once full)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.args, self.log = args, log
         with log.open("w") as out:
-            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
 
     @property
     def pid(self) -> int:
@@ -444,13 +444,27 @@ class OperatorCluster:
         self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
         self.operators: list[Process] = []
 
-    def start_operator(self, *flags: str) -> Process:
-        """An operator process (standalone, verbose, `flags` added) against this API server as its own user,
-        logging to operator-N.log in the state folder; `stop()` stops it."""
-        kubeconfig = str(self.state / "operator-kubeconfig")
-        args = [*neuronfleet_command(), "operator", "--kubeconfig", kubeconfig, "--standalone", "--verbose"]
-        self.operators.append(Process([*args, *flags], self.state / f"operator-{len(self.operators)}.log"))
+    def start_operator(self, *flags: str, user: str = OPERATOR_USER) -> Process:
+        """An operator process (standalone, verbose, `flags` added) against this API server as `user` (its
+        token; also its pod name, which its leader election identity starts with), logging to
+        operator-N.log in the state folder; `stop()` stops it."""
+        import yaml
+
+        kubeconfig = self.state / f"{user}-kubeconfig"
+        if not kubeconfig.exists():
+            config = yaml.safe_load((self.state / "operator-kubeconfig").read_text())
+            config["users"][0]["user"]["token"] = user
+            kubeconfig.write_text(yaml.safe_dump(config))
+        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(kubeconfig)]
+        args += ["--standalone", "--verbose"]
+        env = {**os.environ, "POD_NAME": user}
+        log = self.state / f"operator-{len(self.operators)}.log"
+        self.operators.append(Process([*args, *flags], log, env))
         return self.operators[-1]
+
+    def audit(self) -> list[dict]:
+        """Every call in the audit log, in the order the API server answered them (watches as they began)."""
+        return [json.loads(x) for x in (self.state / "audit.jsonl").read_text().splitlines()]
 
     def stop(self) -> None:
         """Stop the operators still running, then the API server."""

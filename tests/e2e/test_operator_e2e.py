@@ -17,7 +17,7 @@ from support import (
     free_port,
 )
 
-from neuronfleet.operator.kube import RBAC_RULES
+from neuronfleet.operator.kube import LEASE_RULES, RBAC_RULES
 
 # Our runtime's sample (engine embedded serves on cpu; no kubelet runs its pods here: the test plays the Job
 # and Deployment controllers), and a Neuron sample for the refusals
@@ -47,7 +47,7 @@ def cluster(tmp_path):
     # the chart's RBAC equals (tests/unit/test_chart.py)
     calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
-    declared = {(g, r, v) for (g, r), verbs in RBAC_RULES.items() for v in verbs}
+    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES).items() for v in verbs}
     assert used and used <= declared, sorted(used - declared)
 
 
@@ -269,7 +269,8 @@ def test_a_spec_that_cannot_be_served_fails_validation_and_creates_nothing(clust
     validated = condition(model, "Validated")
     assert validated["status"] == "False" and refusal in validated["message"]
     assert items(api, "jobs") == [] and items(api, "deployments") == []
-    events = [(e["type"], e["reason"], e["message"]) for e in items(api, "events")]
+    events = [(e["type"], e["reason"], e["message"]) for e in items(api, "events")
+              if e["involvedObject"]["kind"] == "NeuronModel"]  # fmt: skip
     assert [e[:2] for e in events] == [("Warning", "Refused")] and refusal in events[0][2]
     assert condition(model, "Progressing")["status"] == "False"  # a refused model does not claim progress
 

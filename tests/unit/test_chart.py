@@ -15,7 +15,9 @@ import yaml
 from support import ROOT
 
 import neuronfleet
-from neuronfleet.operator import crd, kube
+from neuronfleet.operator import crd, kube, leader, leadership
+
+RELEASE_NAMESPACE = "neuronfleet-system"
 
 CHART = ROOT / "charts" / "neuronfleet"
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports (Chart.yaml kubeVersion)
@@ -41,7 +43,7 @@ VALUE_SETS = {
 
 def render(values: dict) -> list[dict]:
     with helm.Chart.load(str(CHART)) as chart:
-        manifests = chart.render(values, name="nf", namespace="neuronfleet-system", is_install=True)
+        manifests = chart.render(values, name="nf", namespace=RELEASE_NAMESPACE, is_install=True)
     return [
         doc
         for path, text in sorted(manifests.items())
@@ -100,7 +102,23 @@ def test_the_operator_pod_is_locked_down():
     (deployment,) = kinds(render({}), "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    # highly available: two replicas that elect a leader, rolled one at a time, on different nodes if they can
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert (
+        env["NEURONFLEET_LEADER_ELECT"] == "true"
+        and env["POD_NAME"]["fieldRef"]["fieldPath"] == "metadata.name"
+    )
+    settings = leader.settings({k: v for k, v in env.items() if isinstance(v, str)} | {"POD_NAMESPACE": "nf"})
+    assert settings.enabled and settings.timing == leadership.Timing() and settings.namespace == "nf"
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert (
+        anti["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
+    (budget,) = kinds(render({}), "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
@@ -111,8 +129,16 @@ def test_the_operator_pod_is_locked_down():
     assert "--all-namespaces" in container["args"] and "--standalone" in container["args"]
 
 
+def leader_election_role(objects: list[dict]) -> dict:
+    (role,) = [r for r in kinds(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    return role
+
+
 def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace():
     objects = render({})
+    lease = {(g, r, v) for (g, r), verbs in kube.LEASE_RULES.items() for v in verbs}
+    role = leader_election_role(objects)  # the Lease, in the release's namespace only
+    assert rule_set(role["rules"]) == lease and role["metadata"]["namespace"] == RELEASE_NAMESPACE
     (role,) = kinds(objects, "ClusterRole")
     assert rule_set(role["rules"]) == declared()
     assert not any(
@@ -124,10 +150,13 @@ def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace()
 
     objects = render(VALUE_SETS["namespaced"])
     assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
-    roles = kinds(objects, "Role")
+    roles = [r for r in kinds(objects, "Role") if r is not leader_election_role(objects)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(rule_set(r["rules"]) == declared() for r in roles)
-    assert sorted(b["metadata"]["namespace"] for b in kinds(objects, "RoleBinding")) == ["team-a", "team-b"]
+    bindings = [
+        b for b in kinds(objects, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     (deployment,) = kinds(objects, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
@@ -148,7 +177,7 @@ def test_value_sets_reach_the_objects():
     container = pod["containers"][0]
     assert container["image"] == "registry.example.com/ml/neuronfleet-operator:0.1.0-rc1"
     assert pod["serviceAccountName"] == "existing-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NEURONFLEET_RUNTIME_IMAGE_CPU"] == "registry.example.com/ml/runtime-cpu:0.1.0"
     assert "--verbose" in container["args"]
 
@@ -184,7 +213,8 @@ def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads()
         ({"watch": {"mode": "namespaces", "namespaces": []}}, "namespaces"),
         ({"watch": {"mode": "cluster", "namespaces": ["a"]}}, "namespaces"),
         ({"metrics": {"port": 70000}}, "port"),
-        ({"replicaCount": 2}, "replicaCount"),
+        ({"replicaCount": 0}, "replicaCount"),
+        ({"leaderElection": {"leaseDurationSeconds": 0}}, "leaseDurationSeconds"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"serviceAccount": {"create": "yes"}}, "create"),
         ({"autoscaler": {"intervalSeconds": 0}}, "intervalSeconds"),
