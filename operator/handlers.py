@@ -129,6 +129,8 @@ class Triggers:
                 self.come_back(key, status)
             except asyncio.CancelledError:
                 raise
+            except kube.NotLeading:
+                log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
             except Exception:
                 log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
                 asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
@@ -210,13 +212,13 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     if _triggers is not None:
-        if _triggers.elector is not None:
-            await _triggers.elector.stop()
         if _triggers.wake is not None:
             await _triggers.wake.stop()
         if _triggers.autoscaler is not None:
             await _triggers.autoscaler.stop()
-        await _triggers.stop()
+        await _triggers.stop()  # (a reconcile in flight finishes, while this replica still leads)
+        if _triggers.elector is not None:
+            await _triggers.elector.stop()  # then the Lease is released: a follower leads at once
         await _triggers.cache.stop()
     if _client is not None:
         await _client.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import json
 import os
@@ -106,6 +107,13 @@ class KubeError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+
+
+class NotLeading(KubeError):
+    """A write refused because this replica does not lead (leader election)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message)
 
 
 @dataclass
@@ -225,12 +233,16 @@ class Kube:
             )
 
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
-        if method != "GET" and self.may_write is not None and "/leases" not in path and not self.may_write():
-            raise KubeError(503, "this operator replica does not lead (leader election): it writes nothing")
+        lease = "/leases" in path
+        if method != "GET" and self.may_write is not None and not lease and not self.may_write():
+            raise NotLeading("this operator replica does not lead (leader election): it writes nothing")
         session = await self.session()
         headers = {"Content-Type": content_type} if body is not None else {}
-        async with self._in_flight:
-            await self._rate.take()
+        # the Lease's own calls never wait behind the reconciles' (client-go gives leader election its own
+        # client): a renewal starved by a busy queue would lose the lead
+        async with contextlib.nullcontext() if lease else self._in_flight:
+            if not lease:
+                await self._rate.take()
             async with session.request(
                 method, self.credentials.server + path, json=body, headers=headers
             ) as response:

@@ -256,12 +256,13 @@ def test_without_holding_the_front_door_at_zero_is_not_ready_and_answers_503(tmp
 
 
 def test_a_front_door_stopped_answers_its_held_requests_503_and_exits_cleanly(tmp_path):
-    """SIGTERM while a request is held: the request gets 503 with Retry-After at once (not a cut connection at
-    the end of the grace period), and the front door exits 0."""
+    """SIGTERM while a request is held: it stays held while a pod may still come (the grace period's first
+    nine tenths: nothing is refused that could be served), then gets 503 with Retry-After (not a cut
+    connection at the end of the grace period), and the front door exits 0."""
     import signal
 
     peers = peer_map(tmp_path, "unified:8000", [free_port()])
-    door, process = front_door(tmp_path, *peers, "--hold-requests", "4", "--grace-period", "600")
+    door, process = front_door(tmp_path, *peers, "--hold-requests", "4", "--grace-period", "10")
     try:
         from openai import APIStatusError
 
