@@ -101,12 +101,14 @@ class EmulatedAPIServer:
         store: Store | None = None,
         pod_logs: Callable[[str, str, dict[str, str]], AsyncIterator[bytes]] | None = None,
         audit_log: str | None = None,
+        fault_switches: bool = False,
     ) -> None:
         self.store = store or Store()
         # /openapi/v2 for one revision of the kinds: (revision, ETag, body by content type)
         self._v2_cache: tuple[tuple[str, int], str, dict[str, bytes]] | None = None
         self.pod_logs = pod_logs
         self.audit_log = audit_log  # a file: one JSON line per resource request (user, verb, resource)
+        self.faults = Faults() if fault_switches else None
 
     async def serve(
         self, host: str = "127.0.0.1", port: int = 0
@@ -121,6 +123,13 @@ class EmulatedAPIServer:
         await request.read()
         code = 500
         try:
+            if self.faults is not None and request.path == FAULTS_PATH:
+                return self._json(
+                    await self.faults.switch(json.loads(await request.read() or b"{}"), self.store)
+                )
+            if self.faults is not None and (refusal := self.faults.refusal(request)) is not None:
+                code = refusal.status
+                return refusal
             response = await self._handle(request)
             code = response.status
             return response
@@ -438,6 +447,44 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
     }
 
 
+FAULTS_PATH = "/neuronfleet/faults"
+
+
+class Faults:
+    """Failures a real API server has, injected on request (`--fault-switches`; for tests only, never in
+    `neuronfleet up`): POST FAULTS_PATH with
+    - `{"refuse": N, "status": 429, "retryAfter": 1, "user": TOKEN}`: the next N resource requests (of that
+      user; any without one) are refused with that status and Retry-After, as API Priority and Fairness
+      (429) or an overloaded server (503) refuses them;
+    - `{"expireWatches": true}`: every watch ends with 410 Expired and no resourceVersion so far can be
+      resumed from, as after a compaction and a restarted watch cache.
+    The answer is the switches' state (`refused`: how many were refused so far)."""
+
+    def __init__(self) -> None:
+        self.refuse, self.status, self.retry_after, self.user, self.refused = 0, 429, 1, None, 0
+
+    async def switch(self, body: dict[str, Any], store: Store) -> dict[str, Any]:
+        if "refuse" in body:
+            self.refuse, self.status = int(body["refuse"]), int(body.get("status", 429))
+            self.retry_after, self.user = int(body.get("retryAfter", 1)), body.get("user")
+        if body.get("expireWatches"):
+            await store.expire_watches()
+        return {"refuse": self.refuse, "status": self.status, "refused": self.refused}
+
+    def refusal(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
+        if self.refuse <= 0 or not request.path.startswith(("/api/", "/apis/")):
+            return None
+        user = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if self.user and user != self.user:
+            return None
+        self.refuse, self.refused = self.refuse - 1, self.refused + 1
+        reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(self.status, "InternalError")
+        error = ApiError(self.status, reason, "the server is busy (a fault switch); try again later")
+        return aiohttp.web.json_response(
+            error.status(), status=self.status, headers={"Retry-After": str(self.retry_after)}
+        )
+
+
 async def run(
     host: str,
     port: int,
@@ -447,6 +494,7 @@ async def run(
     kubelet_state: str | None = None,
     watch_history: int = HISTORY,
     data_file: str | None = None,
+    fault_switches: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
     process it started on the way out); with `data_file`, the objects are read from it at the start and kept
@@ -461,7 +509,12 @@ async def run(
             store.restore(json.loads(Path(data_file).read_text()))
         saving = asyncio.get_running_loop().create_task(persist(store, Path(data_file)))
     kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
-    server = EmulatedAPIServer(store, pod_logs=kubelet.pod_log if kubelet else None, audit_log=audit_log)
+    server = EmulatedAPIServer(
+        store,
+        pod_logs=kubelet.pod_log if kubelet else None,
+        audit_log=audit_log,
+        fault_switches=fault_switches,
+    )
     running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -488,6 +541,8 @@ async def run(
             await running
     listener.close()
     await store.close()
+    for connection in handler.connections:  # idle kept-alive ones end now (aiohttp would wait the grace)
+        connection.close()
     await handler.shutdown(SHUTDOWN_GRACE)
     if saving is not None:
         saving.cancel()
@@ -532,6 +587,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
     parser.add_argument("--data-file", help="keep the objects in this file, over restarts (as etcd would)")
     parser.add_argument(
+        "--fault-switches", action="store_true",
+        help=f"for tests: POST {FAULTS_PATH} refuses requests (429/503) or expires watches (Faults)",
+    )  # fmt: skip
+    parser.add_argument(
         "--watch-history", type=int, default=HISTORY,
         help="changes kept per kind for watches that resume from a resourceVersion (older: 410 Expired)",
     )  # fmt: skip
@@ -548,6 +607,7 @@ def main(argv: list[str] | None = None) -> None:
             args.kubelet_state,
             args.watch_history,
             args.data_file,
+            args.fault_switches,
         )
     )
 

@@ -104,6 +104,7 @@ class Store:
         self._revision = itertools.count(1)
         self.last_revision = 0
         self._restored_rv = 0  # a watch from before this resourceVersion (a restart) lists again
+        self._watch_epoch = 0  # bumped by `expire_watches`: every watch running then ends with 410
         self._history: dict[KindKey, _Log] = defaultdict(lambda: _Log(history, self._restored_rv))
         self._changed = asyncio.Condition()
         self.closed = False
@@ -144,6 +145,14 @@ class Store:
                 self._establish(obj)
         self._restored_rv = self.last_revision
         self._history.clear()  # (the restored objects are no change a watch replays)
+
+    async def expire_watches(self) -> None:
+        """End every watch with 410 Expired and make every resourceVersion so far too old to resume from, as
+        an etcd compaction with a restarted watch cache does (a fault switch for tests: apiserver)."""
+        self._restored_rv = self.last_revision
+        self._history.clear()
+        self._watch_epoch += 1
+        await self.notify()
 
     def _register(self, r: Resource) -> None:
         self.kinds[(r.group, r.version, r.plural)] = r
@@ -277,7 +286,10 @@ class Store:
             except ValueError:
                 raise ApiError(400, "BadRequest", f"invalid resource version: {since!r}") from None
         deadline = asyncio.get_running_loop().time() + timeout
+        epoch = self._watch_epoch
         while not self.closed:
+            if self._watch_epoch != epoch:
+                raise Expired("the watch cache was reset; list again")
             while position < log.end:
                 _, event, obj = log.at(position)
                 position += 1
@@ -288,7 +300,7 @@ class Store:
                 return
             async with self._changed:
                 try:
-                    ready = lambda p=position: p < log.end or self.closed  # noqa: E731
+                    ready = lambda p=position: p < log.end or self.closed or self._watch_epoch != epoch  # noqa: E731
                     await asyncio.wait_for(self._changed.wait_for(ready), left)
                 except TimeoutError:
                     return

@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import spec
+from .kube import unreachable
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # one watch request's server-side timeout; it then resumes from its resourceVersion
-RETRY_SECONDS = (1.0, 30.0)  # backoff after a failed LIST or watch: first, most
+RETRY_SECONDS = (1.0, 10.0)  # backoff after a LIST or watch the API server refused: first, most
 CHILD_LABEL = "neuronfleet.dev/model"  # builders.LABEL_PREFIX + "/model"; every child carries it
 CHILD_KINDS = (
     "Pod",  # serving pods' states (crash loops, unschedulable) and the compile pod's report
@@ -136,8 +137,16 @@ class Cache:
                     rv = await self._watch_once(kind, ns, selector, rv)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # the API server restarted, a network error: LIST again, a bit later
-                log.warning(
+            except Exception as e:
+                if unreachable(e):
+                    # the API server is away (restarting, or cut off): LIST again the moment it answers,
+                    # not after a back-off, so that no reconcile acts on this cache longer than it must
+                    log.warning("watching %s (namespace %s) failed: %r; listing again once the API "
+                                "server answers", kind, ns, e)  # fmt: skip
+                    while not await self._kube.answers():
+                        await asyncio.sleep(RETRY_SECONDS[0])
+                    continue
+                log.warning(  # it answered, with an error (a missing CRD: it may come): a bit later
                     "watching %s (namespace %s) failed: %r; listing again in %.0f s", kind, ns, e, delay
                 )
                 await asyncio.sleep(delay)

@@ -1,32 +1,31 @@
-"""The operator's triggers of the one reconcile path (`reconcile.reconcile`): kopf's handlers for the
-NeuronModels, and the operator's own caches (`cache.Cache`) for their children.
+"""The operator's triggers of the one reconcile path (`reconcile.reconcile`), all from its own watch-backed
+caches (`cache.Cache`); kopf runs the process (start-up, signals, clean-up, liveness) and watches nothing.
 
-A NeuronModel is reconciled when it is created, changed or found at start-up (kopf: create, update, resume),
-and when one of its children (labelled neuronfleet.dev/model) is added, changed or deleted by anyone but the
-operator itself (the caches' watches: a deleted Service comes back as soon as the watch reports it).
-Reconciles read the caches, not the API server; a rare cache-only pass over every model (RESYNC_SECONDS)
-is the safety net for a change no watch reported.
+A NeuronModel is reconciled when it is added or changed by anyone but the operator itself, and when one of
+its children (labelled neuronfleet.dev/model) is added, changed or deleted (a deleted Service comes back as
+soon as the watch reports it); every model once when this replica starts to lead (at start-up, or on
+taking over). Reconciles read the caches, not the API server; a rare cache-only pass over every model
+(RESYNC_SECONDS) is the safety net for a change no watch reported. The caches list again the moment the API
+server answers after an outage, and a NeuronModel CRD that is missing (not installed yet, or being
+replaced) is waited for: the operator never exits for it.
 
 No finalizer: deletion never needs the operator. Every child carries an ownerReference to its NeuronModel
 (controller, blockOwnerDeletion), so the API server's garbage collector deletes them when the model goes;
-nothing outside the owner references (no external resource, no shared file) needs cleaning. kopf adds its
-finalizer only for delete handlers, timers and daemons, and there are none here, so a model is deleted at once
-even with the operator stopped or uninstalled.
+nothing outside the owner references (no external resource, no shared file) needs cleaning, so a model is
+deleted at once even with the operator stopped or uninstalled.
 
-The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts with the triggers and queues a
-model's reconcile through them when it has changed the model's replicas; it hears of every pod the caches
-report (a cold start ends when a new pod is ready), and with `--wake-port` the wake endpoint (`wake.py`) runs
-its decision for a model whose front door holds a request.
+The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts when this replica leads and
+queues a model's reconcile through the triggers when it has changed the model's replicas; it hears of every
+pod the caches report (a cold start ends when a new pod is ready), and with `--wake-port` the wake endpoint
+(`wake.py`) runs its decision for a model whose front door holds a request.
 
 Several replicas (leader election, `leader.py`): every replica keeps its caches warm; only the leader
 reconciles, runs the autoscaler's loop and answers wake calls, and `kube.Kube` refuses any other replica's
-write. A new leader reconciles every model once its caches are whole (what a follower saw but did not act
-on). kopf keeps what it has handled in memory only (`MemoryDiffBase`, `MemoryProgress`): it writes nothing
-to the models, so a follower writes nothing at all.
+write, so a follower writes nothing at all.
 
-Shutdown: on SIGTERM kopf stops its watchers and waits for running handlers; the cleanup handler then
-releases the Lease (a follower leads at once), stops the autoscaler's loop, the caches and the trigger
-workers (waiting for a reconcile in flight) before it closes the HTTP session.
+Shutdown: on SIGTERM the cleanup handler stops the wake endpoint, the autoscaler's loop and the trigger
+workers, then releases the Lease (a follower leads at once) and stops the caches before it closes the HTTP
+session.
 """
 
 from __future__ import annotations
@@ -68,10 +67,16 @@ class Triggers:
         self.elector: leader.LeaderElector | None = None
         self._progress: set[tuple[str, str]] = set()  # compiling models whose next progress read is timed
 
-    def child_changed(self, event: str, obj: dict[str, Any]) -> None:
+    def changed(self, event: str, obj: dict[str, Any]) -> None:
+        """A watched object changed (not by this operator's own write): a model added or changed is
+        reconciled; a child's change reconciles its model."""
         meta = obj.get("metadata") or {}
+        if obj.get("kind") == spec.KIND:
+            if event != "DELETED":  # (its children go with it: the garbage collector's)
+                self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
+            return
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
-        if model and obj.get("kind") != spec.KIND:
+        if model:
             if self.autoscaler is not None:
                 self.autoscaler.pod_changed(obj)
             if event == "DELETED" and obj.get("kind") != "Pod":  # pods go in every roll: no live read
@@ -114,26 +119,35 @@ class Triggers:
     async def _work(self) -> None:
         while True:
             key = await self._queue.get()
-            self._queued.discard(key)
-            if not self.acting():
-                continue  # a follower: the leader reconciles (and a new leader, every model)
             try:
-                if key in self._check:
-                    self._check.discard(key)
-                    body = await self.client.get(spec.KIND, *key, live=True)
-                else:
-                    body = await self.cache.get(spec.KIND, *key)
-                if body is None:
-                    continue  # the model is gone; its children go with it
-                status = await reconcile_and_report(self.client, body, log)
-                self.come_back(key, status)
-            except asyncio.CancelledError:
-                raise
-            except kube.NotLeading:
-                log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
-            except Exception:
-                log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
-                asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+                await self._one(key)
+            finally:
+                self._queue.task_done()
+
+    async def _one(self, key: tuple[str, str]) -> None:
+        self._queued.discard(key)
+        if not self.acting():
+            return  # a follower: the leader reconciles (and a new leader, every model)
+        try:
+            if key in self._check:
+                self._check.discard(key)
+                body = await self.client.get(spec.KIND, *key, live=True)
+            else:
+                body = await self.cache.get(spec.KIND, *key)
+            if body is None:
+                return  # the model is gone; its children go with it
+            status = await reconcile_and_report(self.client, body, log)
+            self.come_back(key, status)
+        except asyncio.CancelledError:
+            raise
+        except kube.NotLeading:
+            log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
+        except kube.KubeError as e:  # the API server refused, after the client's own tries: said, no trace
+            log.warning("reconciling %s/%s failed: %s; trying again in %.0f s", *key, e, RETRY_SECONDS)
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+        except Exception:
+            log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
 
     def acting(self) -> bool:
         return self.elector is None or self.elector.acting()
@@ -144,8 +158,11 @@ class Triggers:
         await self.cache.synced()
         if self.autoscaler is not None:
             self.autoscaler.start()
-        for model in self.cache.models():
+        models = self.cache.models()
+        for model in models:
             self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+        await self._queue.join()
+        log.info("leading: every model reconciled once (%d)", len(models))
 
     async def _resync(self) -> None:
         while True:
@@ -190,12 +207,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # no watching of CRDs and namespaces at run time: the chart installs our CRD before the operator starts,
     # and the operator needs no cluster-wide permission beyond its own resources (RBAC_RULES)
     settings.scanning.disabled = True
-    # what kopf has handled, in memory: it writes no annotation or status of its own (a follower writes
-    # nothing; a new leader reconciles every model anyway)
-    settings.persistence.diffbase_storage = MemoryDiffBase()
-    settings.persistence.progress_storage = MemoryProgress()
     election = leader.settings()
-    cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.child_changed(event, obj))
+    cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.changed(event, obj))
     _triggers = triggers = Triggers(client(), cache)
     client().cache = cache
     cache.start()
@@ -222,59 +235,3 @@ async def close(**_: Any) -> None:
         await _triggers.cache.stop()
     if _client is not None:
         await _client.close()
-
-
-@kopf.on.resume(spec.GROUP, spec.VERSION, spec.PLURAL)
-@kopf.on.create(spec.GROUP, spec.VERSION, spec.PLURAL)
-@kopf.on.update(spec.GROUP, spec.VERSION, spec.PLURAL)
-async def on_model(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    if _triggers is not None and not _triggers.acting():
-        return  # a follower: the leader reconciles it
-    try:
-        status = await reconcile_and_report(client(), dict(body), logger)
-    except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
-        # tried again through the triggers' queue (kopf's own retry would write to the model)
-        logger.warning("reconciling failed; trying again in %.0f s: %r", RETRY_SECONDS, e)
-        if _triggers is not None:
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, _triggers.enqueue, key)
-        return
-    if _triggers is not None:
-        _triggers.come_back(key, status)
-
-
-class MemoryDiffBase(kopf.DiffBaseStorage):
-    """kopf's last-handled state of each model, kept in this process (kopf's default writes an annotation)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._essences: dict[str, Any] = {}
-
-    def fetch(self, *, body: kopf.Body) -> Any:
-        return self._essences.get(body.metadata.uid)
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
-        self._essences[body.metadata.uid] = essence
-
-
-class MemoryProgress(kopf.ProgressStorage):
-    """kopf's handlers' progress, kept in this process (kopf's default writes annotations and status)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._records: dict[tuple[str, str], Any] = {}
-
-    def fetch(self, *, key: str, body: kopf.Body) -> Any:
-        return self._records.get((body.metadata.uid, key))
-
-    def store(self, *, key: str, record: Any, body: kopf.Body, patch: kopf.Patch) -> None:
-        self._records[(body.metadata.uid, key)] = record
-
-    def purge(self, *, key: str, body: kopf.Body, patch: kopf.Patch) -> None:
-        self._records.pop((body.metadata.uid, key), None)
-
-    def touch(self, *, body: kopf.Body, patch: kopf.Patch, value: str | None) -> None:
-        pass  # (kopf's wake-up of a sleeping handler; ours never sleep: they neither raise nor wait)
-
-    def clear(self, *, essence: Any) -> Any:
-        return super().clear(essence=essence)

@@ -80,6 +80,9 @@ LEASE_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("coordination.k8s.io", "leases"): ("get", "create", "update"),
     ("", "events"): ("create",),
 }
+# A request refused for load (429: API Priority and Fairness; 503) is sent again, after its Retry-After (at
+# most RETRY_WAIT_MAX s) or a doubling wait, up to RETRIES times; so is a read whose connection failed
+RETRIES, RETRY_WAIT_MAX = 5, 10.0
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
 API_VERSIONS = {  # kind -> (group, version, resource)
@@ -101,6 +104,20 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "Lease": ("coordination.k8s.io", "v1", "leases"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
+
+
+def unreachable(error: BaseException) -> bool:
+    """The error says the API server could not be reached (not that it answered with an error)."""
+    return isinstance(error, aiohttp.ClientConnectionError | OSError | TimeoutError)
+
+
+def retry_after(headers: Any, attempt: int) -> float:
+    """Seconds to wait before the next try: the answer's Retry-After (seconds), else 0.5 s doubling."""
+    try:
+        wait = float(headers.get("Retry-After", ""))
+    except ValueError:
+        wait = 0.5 * 2**attempt
+    return min(max(wait, 0.0), RETRY_WAIT_MAX)
 
 
 class KubeError(RuntimeError):
@@ -238,23 +255,45 @@ class Kube:
             raise NotLeading("this operator replica does not lead (leader election): it writes nothing")
         session = await self.session()
         headers = {"Content-Type": content_type} if body is not None else {}
-        # the Lease's own calls never wait behind the reconciles' (client-go gives leader election its own
-        # client): a renewal starved by a busy queue would lose the lead
-        async with contextlib.nullcontext() if lease else self._in_flight:
-            if not lease:
-                await self._rate.take()
-            async with session.request(
-                method, self.credentials.server + path, json=body, headers=headers
-            ) as response:
-                payload = await response.json(content_type=None)
-                if response.status >= 400:
-                    raise KubeError(response.status, (payload or {}).get("message", str(payload)))
+        for attempt in range(RETRIES + 1):
+            # the Lease's own calls never wait behind the reconciles' (client-go gives leader election its
+            # own client): a renewal starved by a busy queue would lose the lead
+            async with contextlib.nullcontext() if lease else self._in_flight:
+                if not lease:
+                    await self._rate.take()
+                try:
+                    async with session.request(
+                        method, self.credentials.server + path, json=body, headers=headers
+                    ) as response:
+                        payload = await response.json(content_type=None)
+                        status, wait = response.status, retry_after(response.headers, attempt)
+                except aiohttp.ClientConnectionError:
+                    if method != "GET" or lease or attempt == RETRIES:  # (a write may have been applied)
+                        raise
+                    status, payload, wait = 0, None, retry_after({}, attempt)
+            if status in (429, 503, 0) and attempt < RETRIES:
+                await asyncio.sleep(wait)  # (outside the bound on requests in flight)
+                continue
+            if status >= 400:
+                raise KubeError(status, (payload or {}).get("message", str(payload)))
+            break
         if self.cache is not None and isinstance(payload, dict) and "metadata" in payload:
             if method in ("POST", "PATCH"):
                 self.cache.stored(payload)  # the operator's own write, cached at once
             elif method == "DELETE" and not payload["metadata"].get("finalizers"):
                 self.cache.forget(payload)  # gone (an object with finalizers stays until they are done)
         return payload
+
+    async def answers(self) -> bool:
+        """The API server answers now (GET /version, with any status), within 5 s."""
+        session = await self.session()
+        try:
+            timeout = aiohttp.ClientTimeout(total=5)
+            async with session.get(self.credentials.server + "/version", timeout=timeout) as response:
+                await response.read()
+                return True
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
 
     async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict[str, Any] | None:
         """The object, or None; from the cache where it watches the kind, unless `live`."""

@@ -33,9 +33,10 @@ class Cluster(OperatorCluster):
         return self.operators[-1].wait_until(check, what)
 
     def wait_for_resume(self) -> None:
-        """Until the newest operator's resume handler has run (kopf logs its success)."""
+        """Until the newest operator leads and has reconciled every model once (it logs so)."""
         log = self.operators[-1].log
-        self.wait_for("the resume handler", lambda: "Handler 'on_model' succeeded" in log.read_text())
+        said = "leading: every model reconciled once"
+        self.wait_for("every model reconciled", lambda: said in log.read_text())
 
 
 @pytest.fixture()

@@ -1,0 +1,101 @@
+"""The operator against what real API servers do, injected with the emulated API server's fault switches
+(`--fault-switches`, localcluster/apiserver.py `Faults`), with no kubelet (nothing here needs a pod): the
+NeuronModel CRD missing at the start (the operator waits, never exits, and serves models once the CRD is
+installed); requests refused with 429 and Retry-After, as API Priority and Fairness does (sent again, the
+work done once); every watch ended with 410 after a compaction (the caches list again, nothing lost or
+doubled); the API server restarted mid-work, its objects kept as etcd keeps them (the operator stays up and
+goes on the moment it answers)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import yaml
+from support import HTTP_TIMEOUT, OPERATOR_USER, ROOT, ApiServer, Process, free_port, neuronfleet_command
+
+SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
+CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
+JOBS = "/apis/batch/v1/namespaces/default/jobs"
+
+
+class Faulty:
+    """The emulated API server on a fixed port, its objects in a file (so it can restart), with its fault
+    switches and an audit log; an operator against it as its own user."""
+
+    def __init__(self, state) -> None:
+        self.state, self.port = state, free_port()
+        self.args = ("--port", str(self.port), "--audit-log", str(state / "audit.jsonl"), "--fault-switches",
+                     "--data-file", str(state / "objects.json"))  # fmt: skip
+        self.api = ApiServer(state, *self.args)
+        config = yaml.safe_load((state / "kubeconfig").read_text())
+        config["users"][0]["user"]["token"] = OPERATOR_USER
+        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
+        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(state / "operator-kubeconfig")]
+        self.operator = Process([*args, "--standalone", "--verbose"], state / "operator.log")
+
+    def restart(self) -> None:
+        self.api.stop()
+        (self.state / "url").unlink()
+        self.api = ApiServer(self.state, *self.args)
+
+    def switch(self, **faults) -> dict:
+        request = urllib.request.Request(
+            self.api.url + "/neuronfleet/faults", data=json.dumps(faults).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+            return json.loads(r.read())
+
+    def create_model(self, name: str) -> None:
+        manifest = yaml.safe_load(SAMPLE.read_text())
+        manifest["metadata"]["name"] = name
+        self.api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+
+    def jobs(self, model: str) -> list[dict]:
+        return self.api.kubectl.get("jobs", "-l", f"neuronfleet.dev/model={model}")["items"]
+
+    def wait_job(self, model: str) -> None:
+        self.operator.wait_until(lambda: self.jobs(model), f"the compile Job of {model}")
+
+    def stop(self) -> None:
+        if self.operator.poll() is None:
+            assert self.operator.stop() == 0, self.operator.output()[-3000:]
+        self.api.stop()
+
+
+def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_restart(tmp_path):
+    faulty = Faulty(tmp_path)
+    try:
+        # no CRD yet: the operator waits for it (it says so, and does not exit)
+        waiting = "the server doesn't have a resource type"
+        faulty.operator.wait_until(lambda: waiting in faulty.operator.output(), "the wait for the CRD")
+        assert faulty.operator.poll() is None
+        faulty.api.kubectl("apply", "-f", str(CRD))
+        faulty.create_model("m1")
+        faulty.wait_job("m1")
+
+        # 429 with Retry-After, 5 in a row for the operator (its Lease's calls too, so fewer than its renew
+        # deadline lasts: a longer refusal makes the leader step down, tests/e2e/test_leader_election.py),
+        # then 503: each request sent again after its Retry-After, the work done once
+        faulty.switch(refuse=5, status=429, retryAfter=1, user=OPERATOR_USER)
+        faulty.create_model("m2")
+        faulty.wait_job("m2")
+        assert faulty.switch()["refused"] == 5
+        faulty.switch(refuse=3, status=503, retryAfter=1, user=OPERATOR_USER)
+        faulty.create_model("m2b")
+        faulty.wait_job("m2b")
+
+        # every watch ends with 410 and no resourceVersion resumes: the caches list again
+        faulty.switch(expireWatches=True)
+        faulty.create_model("m3")
+        faulty.wait_job("m3")
+
+        # the API server restarts (its objects kept): the operator goes on once it answers
+        faulty.restart()
+        faulty.create_model("m4")
+        faulty.wait_job("m4")
+        assert faulty.operator.poll() is None
+        assert [len(faulty.jobs(m)) for m in ("m1", "m2", "m2b", "m3", "m4")] == [1] * 5  # none doubled
+        assert "Traceback" not in faulty.operator.output(), faulty.operator.output()[-3000:]
+    finally:
+        faulty.stop()
