@@ -392,7 +392,7 @@ class EmulatedAPIServer:
         else:
             verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
             verb = verb or ("delete" if name else "deletecollection")
-        user = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "anonymous"
+        user = bearer_user(request) or "anonymous"
         resource = f"{kind.plural}/{sub}" if sub else kind.plural
         entry = {"user": user, "verb": verb, "group": kind.group, "resource": resource, "name": name}
         if verb == "watch":  # long-running: logged as it starts
@@ -450,6 +450,11 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
 FAULTS_PATH = "/neuronfleet/faults"
 
 
+def bearer_user(request: aiohttp.web.BaseRequest) -> str:
+    """The user a request's token names ("" without one): the audit log's user, the fault switches' filter."""
+    return request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+
+
 class Faults:
     """Failures a real API server has, injected on request (`--fault-switches`; for tests only, never in
     `neuronfleet up`): POST FAULTS_PATH with
@@ -474,8 +479,7 @@ class Faults:
     def refusal(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
         if self.refuse <= 0 or not request.path.startswith(("/api/", "/apis/")):
             return None
-        user = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if self.user and user != self.user:
+        if self.user and bearer_user(request) != self.user:
             return None
         self.refuse, self.refused = self.refuse - 1, self.refused + 1
         reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(self.status, "InternalError")

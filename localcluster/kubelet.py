@@ -414,7 +414,7 @@ class ProcessKubelet:
                 and p["metadata"]["uid"] in self.pods
             ]
             published = [  # the local ports its proxy had (kept over a restart of the fleet: `down`, `up`)
-                q.get("port")
+                q.get("port") or 0
                 for i in ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
                 for q in i.get("ports") or []
             ]
@@ -432,7 +432,7 @@ class ProcessKubelet:
                     hosts[f"{name}:{port['port']}"] = [f"{h}:{p}" for h, p in backends]
                 if spec.get("clusterIP") != "None" and key not in self.proxies:
                     before = published[index] if index < len(published) else 0
-                    self.proxies[key] = await self._proxy(key, before or 0)
+                    self.proxies[key] = await self._proxy(key, before)
             await self._endpoint_slices(svc, ready)
             if spec.get("clusterIP") != "None" and spec.get("ports"):
                 ports = [

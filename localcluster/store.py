@@ -131,9 +131,11 @@ class Store:
         versions go on from the saved revision, and a watch from before the restart lists again (410)."""
         revision = int(saved.get("revision", 0))
         self._revision = itertools.count(max(revision, self.last_revision) + 1)
-        objects = sorted(saved.get("objects", []), key=lambda o: int(o["metadata"].get("resourceVersion", 0)))
-        crds = [o for o in objects if o.get("kind") == "CustomResourceDefinition"]
-        for obj in crds + [o for o in objects if o not in crds]:
+
+        def order(o: dict[str, Any]) -> tuple[bool, int]:  # CRDs first, then as written
+            return o.get("kind") != "CustomResourceDefinition", int(o["metadata"].get("resourceVersion", 0))
+
+        for obj in sorted(saved.get("objects", []), key=order):
             group, _, version = obj["apiVersion"].rpartition("/")
             kind = next((k for k in self.kinds.values() if (k.group, k.version, k.kind) == (group, version,
                          obj["kind"])), None)  # fmt: skip

@@ -40,7 +40,7 @@ import kopf
 
 from . import kube, leader, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
-from .cache import CHILD_LABEL, WATCH_SECONDS, Cache, watch_namespaces
+from .cache import CHILD_LABEL, Cache, watch_namespaces
 from .reconcile import PROGRESS_READ, now, reconcile
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
@@ -142,11 +142,11 @@ class Triggers:
             raise
         except kube.NotLeading:
             log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
-        except kube.KubeError as e:  # the API server refused, after the client's own tries: said, no trace
-            log.warning("reconciling %s/%s failed: %s; trying again in %.0f s", *key, e, RETRY_SECONDS)
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
-        except Exception:
-            log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
+        except Exception as e:
+            if isinstance(e, kube.KubeError):  # refused after the client's own tries: said, without a trace
+                log.warning("reconciling %s/%s failed: %s; trying again in %.0f s", *key, e, RETRY_SECONDS)
+            else:
+                log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
             asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
 
     def acting(self) -> bool:
@@ -201,11 +201,8 @@ async def reconcile_and_report(
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _triggers
-    settings.posting.enabled = False  # the operator posts its own events (reconcile_and_report)
-    settings.watching.server_timeout = WATCH_SECONDS
-    settings.networking.request_timeout = 30
-    # no watching of CRDs and namespaces at run time: the chart installs our CRD before the operator starts,
-    # and the operator needs no cluster-wide permission beyond its own resources (RBAC_RULES)
+    # kopf watches nothing (the caches do): no scanning of CRDs and namespaces either, so the operator needs
+    # no cluster-wide permission beyond its own resources (RBAC_RULES)
     settings.scanning.disabled = True
     election = leader.settings()
     cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.changed(event, obj))

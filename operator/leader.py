@@ -106,16 +106,18 @@ class LeaderElector:
         if not self.config.enabled:
             log.info("leader election off: this replica acts alone")
             metrics.leader(True)
-            self._task = asyncio.create_task(self.on_lead(), name="lead")
+            self._leading_task = asyncio.create_task(self.on_lead(), name="lead")
             return
         metrics.leader(False)
         self._task = asyncio.create_task(self._run(), name="leader election")
 
     async def stop(self) -> None:
-        """Stop trying; a leader releases the Lease, so that a follower takes it at once."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop trying and leading; a leader releases the Lease, so that a follower takes it at its next
+        try."""
+        tasks = [t for t in (self._task, self._leading_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.config.enabled and self.lead and self._lease is not None:
             self.lead = False
             try:

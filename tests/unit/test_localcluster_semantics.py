@@ -185,17 +185,25 @@ def test_the_cluster_client_creates_lists_patches_status_and_wakes_waiters():
     asyncio.run(scenario())
 
 
+async def with_model(store: Store) -> ClusterClient:
+    """A client of `store`, which now holds the NeuronModel CRD and the local sample as default/m."""
+    from neuronfleet.operator import crd, spec
+
+    client = ClusterClient(store)
+    await client.create("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, crd.build_crd())
+    model = yaml.safe_load(SAMPLE.read_text())
+    model["metadata"] = {"name": "m"}
+    await client.create(spec.GROUP, spec.VERSION, spec.PLURAL, "default", model)
+    return client
+
+
 def test_a_restarted_store_has_every_object_but_the_nodes_and_asks_old_watches_to_list_again():
     from neuronfleet.localcluster.store import Expired
-    from neuronfleet.operator import crd, spec
+    from neuronfleet.operator import spec
 
     async def scenario() -> None:
         first = Store()
-        client = ClusterClient(first)
-        await client.create("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, crd.build_crd())
-        model = yaml.safe_load(SAMPLE.read_text())
-        model["metadata"] = {"name": "m"}
-        await client.create(spec.GROUP, spec.VERSION, spec.PLURAL, "default", model)
+        client = await with_model(first)
         await client.patch_status(spec.GROUP, spec.VERSION, spec.PLURAL, "default", "m", {"phase": "Ready"})
         await client.create(
             "", "v1", "configmaps", "default", {"metadata": {"name": "c"}, "data": {"k": "v"}}
@@ -226,15 +234,11 @@ def test_a_restarted_store_has_every_object_but_the_nodes_and_asks_old_watches_t
 
 
 def test_a_scale_past_the_schemas_maximum_is_refused_as_the_schema_says():
-    from neuronfleet.operator import crd, spec
+    from neuronfleet.operator import spec
 
     async def scenario() -> None:
         store = Store()
-        client = ClusterClient(store)
-        await client.create("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, crd.build_crd())
-        model = yaml.safe_load(SAMPLE.read_text())
-        model["metadata"] = {"name": "m"}
-        await client.create(spec.GROUP, spec.VERSION, spec.PLURAL, "default", model)
+        client = await with_model(store)
         kind = store.kind(spec.GROUP, spec.VERSION, spec.PLURAL)
         scale = {"spec": {"replicas": 100000}}
         with pytest.raises(ApiError) as refused:
