@@ -43,9 +43,10 @@ def pool(environ: os._Environ | dict[str, str] = os.environ) -> range:
 def loopback_port(environ: os._Environ | dict[str, str] = os.environ) -> int:
     """A 127.0.0.1 port from the pool that is free now and that this process has not handed out before."""
     ports = pool(environ)
+    fresh_only = sum(1 for p in _handed_out if p in ports) < len(ports) // 2  # this pool's, not another's
     for _ in range(200):
         port = random.choice(ports)
-        if port in _handed_out and len(_handed_out) < len(ports) // 2:
+        if fresh_only and port in _handed_out:
             continue
         with socket.socket() as s:
             try:
