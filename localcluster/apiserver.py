@@ -110,13 +110,33 @@ class EmulatedAPIServer:
         self.audit_log = audit_log  # a file: one JSON line per resource request (user, verb, resource)
         self.faults = Faults() if fault_switches else None
 
-    async def serve(
-        self, host: str = "127.0.0.1", port: int = 0
-    ) -> tuple[aiohttp.web.Server, asyncio.Server]:
-        """Listen on host:port (0: a free port); returns the low-level server and the listening socket."""
-        handler = aiohttp.web.Server(self)
-        listener = await asyncio.get_running_loop().create_server(handler, host, port)
-        return handler, listener
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on host:port (0: a free port); returns the server's URL (`stop` ends it)."""
+        self.handler = aiohttp.web.Server(self)
+        self.listener = await asyncio.get_running_loop().create_server(self.handler, host, port)
+        self.address = (host, self.listener.sockets[0].getsockname()[1])
+        return f"http://{host}:{self.address[1]}"
+
+    async def outage(self, seconds: float) -> None:
+        """What a restart does to the clients (a fault switch): every connection is dropped, none is taken for
+        `seconds`, and no resourceVersion so far can be resumed from; the objects stay (as etcd keeps them),
+        and so does what runs beside the server (the process kubelet and its pods, as a node's do)."""
+        await asyncio.sleep(OUTAGE_DELAY)  # (the switch's own answer goes out first)
+        self.listener.close()
+        for connection in self.handler.connections:
+            connection.force_close()
+        await self.store.expire_watches()
+        await asyncio.sleep(seconds)
+        self.listener = await asyncio.get_running_loop().create_server(self.handler, *self.address)
+
+    async def stop(self) -> None:
+        """No new connections, every watch ends (its stream closes cleanly), idle kept-alive connections close
+        at once, and requests in flight get a grace period, then are cancelled."""
+        self.listener.close()
+        await self.store.close()
+        for connection in self.handler.connections:  # (aiohttp would wait the grace for idle ones too)
+            connection.close()
+        await self.handler.shutdown(SHUTDOWN_GRACE)
 
     async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """One request; refusals become Status objects, and a bug here answers 500 and the server goes on."""
@@ -124,9 +144,7 @@ class EmulatedAPIServer:
         code = 500
         try:
             if self.faults is not None and request.path == FAULTS_PATH:
-                return self._json(
-                    await self.faults.switch(json.loads(await request.read() or b"{}"), self.store)
-                )
+                return self._json(await self.faults.switch(json.loads(await request.read() or b"{}"), self))
             if self.faults is not None and (refusal := self.faults.refusal(request)) is not None:
                 code = refusal.status
                 return refusal
@@ -448,6 +466,7 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
 
 
 FAULTS_PATH = "/neuronfleet/faults"
+OUTAGE_DELAY = 0.2  # seconds from the outage switch's answer to the outage
 
 
 def bearer_user(request: aiohttp.web.BaseRequest) -> str:
@@ -462,18 +481,23 @@ class Faults:
       user; any without one) are refused with that status and Retry-After, as API Priority and Fairness
       (429) or an overloaded server (503) refuses them;
     - `{"expireWatches": true}`: every watch ends with 410 Expired and no resourceVersion so far can be
-      resumed from, as after a compaction and a restarted watch cache.
+      resumed from, as after a compaction and a restarted watch cache;
+    - `{"outage": SECONDS}`: the server goes away for its clients as in a restart
+      (`EmulatedAPIServer.outage`), its objects and the process kubelet kept.
     The answer is the switches' state (`refused`: how many were refused so far)."""
 
     def __init__(self) -> None:
         self.refuse, self.status, self.retry_after, self.user, self.refused = 0, 429, 1, None, 0
+        self.outage: asyncio.Task | None = None
 
-    async def switch(self, body: dict[str, Any], store: Store) -> dict[str, Any]:
+    async def switch(self, body: dict[str, Any], server: EmulatedAPIServer) -> dict[str, Any]:
         if "refuse" in body:
             self.refuse, self.status = int(body["refuse"]), int(body.get("status", 429))
             self.retry_after, self.user = int(body.get("retryAfter", 1)), body.get("user")
         if body.get("expireWatches"):
-            await store.expire_watches()
+            await server.store.expire_watches()
+        if body.get("outage"):
+            self.outage = asyncio.get_running_loop().create_task(server.outage(float(body["outage"])))
         return {"refuse": self.refuse, "status": self.status, "refused": self.refused}
 
     def refusal(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
@@ -523,9 +547,7 @@ async def run(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    handler, listener = await server.serve(host, port)
-    bound = listener.sockets[0].getsockname()[1]
-    url = f"http://{host}:{bound}"
+    url = await server.serve(host, port)
     if kubeconfig_path:
         import yaml
 
@@ -537,17 +559,12 @@ async def run(
     print(f"emulated Kubernetes API server on {url}", flush=True)
     await stop.wait()
     # Stop: the kubelet first (it stops its pods; cancelled before the store wakes its waiters, as a
-    # notify racing the cancellation of its wait left it waiting for ever), then no new connections, every
-    # watch ends (its stream closes cleanly), and requests in flight get a grace period, then are cancelled.
+    # notify racing the cancellation of its wait left it waiting for ever), then the server.
     if running is not None:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
-    listener.close()
-    await store.close()
-    for connection in handler.connections:  # idle kept-alive ones end now (aiohttp would wait the grace)
-        connection.close()
-    await handler.shutdown(SHUTDOWN_GRACE)
+    await server.stop()
     if saving is not None:
         saving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -592,7 +609,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-file", help="keep the objects in this file, over restarts (as etcd would)")
     parser.add_argument(
         "--fault-switches", action="store_true",
-        help=f"for tests: POST {FAULTS_PATH} refuses requests (429/503) or expires watches (Faults)",
+        help=f"for tests: POST {FAULTS_PATH} refuses requests (429/503), expires watches, or makes an "
+        "outage as a restart does (Faults)",
     )  # fmt: skip
     parser.add_argument(
         "--watch-history", type=int, default=HISTORY,

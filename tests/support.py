@@ -1,6 +1,6 @@
 """What the tests share: free ports, waiting on readiness and progress (never on a short fixed budget),
 processes started and stopped with their output in a log file, `neuronfleet serve` servers and fleets of them,
-HTTP reads of their endpoints, the real kubectl, and tiny random Llama checkpoints.
+HTTP reads of their endpoints, the real kubectl, tiny random Llama checkpoints, and the benchmarks' modules.
 
 Waits hold on a loaded machine: `wait_until` keeps waiting while its `progress` moves (a process that uses
 CPU time or writes its log), fails at once when the thing it waits on died (with its log's tail), and gives up
@@ -40,6 +40,23 @@ KUBECTL_HELP = (
     "Install it from https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/ (a single static binary, "
     "e.g. into /usr/bin/kubectl); Debian 12 has no kubectl package."
 )
+
+
+def bench_module(name: str):
+    """bench/NAME.py as a module (the benchmarks are scripts, not a package; their neighbours importable while
+    it loads, as when it runs)."""
+    import importlib.util
+
+    folder = str(ROOT / "bench")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (its dataclasses look their module up)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
 
 
 def free_port() -> int:

@@ -3,16 +3,10 @@ scale up, cold start from zero, request counts) and what it reads (Prometheus te
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from support import ROOT
+from support import bench_module
 
-spec = importlib.util.spec_from_file_location("autoscale_load", ROOT / "bench" / "autoscale_load.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # its dataclasses look their module up
-spec.loader.exec_module(bench)
+bench = bench_module("autoscale_load")
 
 
 def sample(t: float, ready: int, queue: float = 0, role: str = "unified") -> dict:

@@ -3,18 +3,10 @@ whole run against the same while every client had a request to send (the run's d
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from support import ROOT
+from support import bench_module
 
-sys.path.insert(0, str(ROOT / "bench"))  # the script imports bench/prompts.py as its neighbour
-spec = importlib.util.spec_from_file_location("server_latency", ROOT / "bench" / "server_latency.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # its dataclasses look their module up
-spec.loader.exec_module(bench)
-sys.path.remove(str(ROOT / "bench"))
+bench = bench_module("server_latency")
 
 
 def test_ttft_and_gaps_come_from_the_chunk_times():
