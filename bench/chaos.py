@@ -780,7 +780,8 @@ def main() -> None:
             report["outcome"] = outcome.summary()
             print(json.dumps(report["outcome"], indent=2, default=str), flush=True)
 
-            report["restart_at_rest"] = reconverged(plane, outcome.live)
+            live = top_up(plane, outcome.live, chaos.models)
+            report["restart_at_rest"] = reconverged(plane, live)
             print("restart at rest:", report["restart_at_rest"], flush=True)
             time.sleep(10)
             report["idle"] = idle_calls(plane, args.idle_seconds)
@@ -793,6 +794,20 @@ def main() -> None:
     out = ROOT / "bench" / "results" / "chaos.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
+
+
+def top_up(plane: ControlPlane, live: dict[str, dict], models: int) -> dict[str, dict]:
+    """`models` models again (the churn deleted some), every one converged."""
+    live = dict(live)
+    for name in (f"m{i:04d}" for i in range(models * 2)):
+        if len(live) >= models:
+            break
+        if name not in live:
+            code, body = plane.call("POST", MODELS, manifest(name))
+            assert code == 201, (code, body)
+            live[name] = {"batch": 4, "replicas": 1}
+    converge(plane, live, JobController(plane), limit=600)
+    return live
 
 
 def reconverged(plane: ControlPlane, live: dict[str, dict]) -> dict[str, float]:

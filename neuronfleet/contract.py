@@ -50,6 +50,13 @@ SERVE_PORT = 8000  # HTTP port of the serving pods
 KV_PORT = 7000  # decode pods' KV receiver when the operator runs them
 GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after SIGTERM
 
+# how a router chooses a request's pod (runtime/routing/prefix_routing.py; docs/routing.md), and its knobs'
+# defaults: requests a pod may carry above the least loaded one and still win for its prefix, and the tokens
+# of prompt a pod's prefix cache is taken to hold when the operator does not say (8 slots of 4096)
+RoutingPolicy = Literal["kv-aware", "least-loaded"]
+ROUTING_LOAD_MARGIN = 2
+ROUTING_CACHE_TOKENS = 32768
+
 Role = Literal["unified", "prefill", "decode", "router"]
 # what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
 # protocol at the OpenAI HTTP level (runtime/routing/pd_protocols.py)
@@ -186,6 +193,20 @@ class ServeConfig(BaseModel):
     wake_url: str | None = _flag(
         None, "router: POSTed (no body) when a request is held, again every 5 s while any stays held"
     )
+    routing: RoutingPolicy = _flag(
+        "kv-aware",
+        "router: how a request's pod is chosen: kv-aware (the pod expected to hold the longest prefix of its "
+        "prompt, learnt from what this router sent where, unless it carries more than --routing-load-margin "
+        "requests above the least loaded pod) or least-loaded",
+    )
+    routing_load_margin: int = _flag(
+        ROUTING_LOAD_MARGIN,
+        "router, kv-aware: requests a pod may carry above the least loaded pod and still be chosen for the "
+        "prefix it holds",
+    )
+    routing_cache_tokens: int = _flag(
+        ROUTING_CACHE_TOKENS, "router, kv-aware: tokens of prompt each pod's prefix cache is taken to hold"
+    )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
@@ -209,6 +230,17 @@ class ServeConfig(BaseModel):
             raise ValueError(
                 f"--hold-requests {self.hold_requests} --hold-seconds {self.hold_seconds:g}: the most "
                 "requests held at once (0: none) and the longest one is held, in seconds (over 0)"
+            )
+        routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens")
+                   if getattr(self, n) != _default(n)}  # fmt: skip
+        if self.role != "router" and routing:
+            flags = ", ".join(sorted(_spelling(n) for n in routing))
+            raise ValueError(f"{flags}: for --role router, not {self.role}")
+        if self.routing_load_margin < 0 or self.routing_cache_tokens < 1:
+            raise ValueError(
+                f"--routing-load-margin {self.routing_load_margin} --routing-cache-tokens "
+                f"{self.routing_cache_tokens}: requests above the least loaded pod (0 or more) and tokens a "
+                "pod's prefix cache holds (1 or more)"
             )
         if self.wake_url is not None and not self.wake_url.startswith(("http://", "https://")):
             raise ValueError(f"--wake-url {self.wake_url!r}: an http:// or https:// URL")

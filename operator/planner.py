@@ -455,7 +455,10 @@ def plan(body: dict[str, Any], parsed: Parsed, observed: Observed, at: str, sett
         out.writes += served.writes
         out.events += served.events
         if served.live and (
-            served.unwanted or old.get("phase") != "Ready" or old.get("observedGeneration") != generation
+            served.unwanted
+            or drain_until  # retired entry pods drain: the rest of their set goes after
+            or old.get("phase") != "Ready"
+            or old.get("observedGeneration") != generation
         ):
             rolled = chash if step.serving == chash else None
             # while retired pods drain, status.drainUntil says when to come back (the caller schedules it)

@@ -127,8 +127,9 @@ def signal_metric(spec: NeuronModelSpec, role: str, signal: str) -> str | None:
 
 
 def entry_role(spec: NeuronModelSpec) -> str:
-    """The role whose pods see a request's first token first: the unified pods, or the routers."""
-    return "unified" if spec.serving.mode == "unified" and not front_door.has_front_door(spec) else "router"
+    """The role whose pods see a request's first token first: a unified model's pods (its front door, if it
+    has one, passes each answer on as it comes, and exports no TTFT), or a disaggregated model's routers."""
+    return "unified" if spec.serving.mode == "unified" else "router"
 
 
 def _read_as(spec: NeuronModelSpec, role: str, metric: str, provider: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from neuronfleet.contract import SERVE_PORT
+from neuronfleet.contract import SERVE_PORT, RoutingPolicy
 
 from .gateway_spec import Gateway
 from .spec_base import DNS_LABEL, Rule, Spec, rules, section
@@ -274,9 +274,30 @@ class RoleSpec(Spec):
 
 
 class Router(Spec):
-    """The router sends each request to the least loaded healthy decode pod (docs/disaggregation.md)."""
+    """The routers: a disaggregated model's public endpoint (docs/disaggregation.md), or a unified model's
+    front door (when it may scale to zero, or routes kv-aware over more than one pod: docs/routing.md)."""
 
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
+
+
+class Routing(Spec):
+    """How the routers spread requests over the serving pods (docs/routing.md)."""
+
+    policy: RoutingPolicy = Field(
+        "kv-aware",
+        description="kv-aware: each request goes to the pod expected to hold the longest prefix of its "
+        "prompt in its prefix cache (learnt from what the router sent where), unless that pod carries more "
+        "than loadMargin requests above the least loaded one; least-loaded: by load alone. A unified model "
+        "that may run more than one pod gets a front door (router pods) for kv-aware, unless "
+        "serving.gateway's endpoint picker routes instead.",
+    )
+    loadMargin: int | None = Field(
+        None,
+        description="Policy kv-aware: requests a pod may carry above the least loaded pod and still be "
+        "chosen for the prefix it holds. Default: a quarter of neuron.batchSize, at least 2.",
+        ge=0,
+        le=10000,
+    )
 
 
 def default_max_input_length(engine: str, sequence_length: int) -> int:
@@ -329,7 +350,10 @@ class Serving(Spec):
     unified: RoleSpec = section(RoleSpec, "Pods that prefill and decode (mode unified).")
     prefill: RoleSpec | None = Field(None, description="Prefill pods (mode disaggregated).")
     decode: RoleSpec | None = Field(None, description="Decode pods (mode disaggregated).")
-    router: Router = section(Router, "The public endpoint of a disaggregated model.")
+    router: Router = section(
+        Router, "The public endpoint of a disaggregated model, or a unified model's front door."
+    )
+    routing: Routing = section(Routing, "How the routers choose each request's pod (docs/routing.md).")
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
     port: int = Field(
         SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535

@@ -93,7 +93,7 @@ def _serve_router(args: ServeConfig) -> int:
         tokenizer, eos, limits, args.prefill or [], args.decode or [], token,
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
         local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
     )  # fmt: skip
     name = args.served_model_name or Path(args.model).name
     server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
@@ -108,7 +108,7 @@ def _serve_engine_router(args: ServeConfig) -> int:
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
@@ -120,9 +120,16 @@ def _serve_front_door(args: ServeConfig) -> int:
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
     )  # fmt: skip
     return _serve_until_stopped(door, args)
+
+
+def _routing(args: ServeConfig):
+    """A router's routing policy and knobs, from its options."""
+    from neuronfleet.runtime.routing.prefix_routing import Routing
+
+    return Routing(args.routing, args.routing_load_margin, args.routing_cache_tokens)
 
 
 def _role_setup(args: ServeConfig, config):

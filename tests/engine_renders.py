@@ -40,6 +40,13 @@ def of_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
 
 
+def serving_deployment(objects: list[dict]) -> dict:
+    """The unified pods' Deployment (a model of more than one pod has its front door's too)."""
+    (deployment,) = [d for d in of_kind(objects, "Deployment")
+                     if d["metadata"]["labels"]["neuronfleet.dev/role"] == "unified"]  # fmt: skip
+    return deployment
+
+
 KINDS = {
     "bool": lambda v: isinstance(v, bool),
     "int": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or str(v).isdigit(),

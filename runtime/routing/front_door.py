@@ -2,7 +2,9 @@
 by unified pods of any engine (ours, vLLM, TGI, SGLang) that may scale to zero. It loads no model files and no
 model code: every request but its own `/health`, `/ready` and `/metrics` (OpenAI `/v1/...`, TGI `/generate`,
 `/generate_stream`, `/info`, ...) goes as is (method, path, query, headers but hop-by-hop ones, body) to the
-least loaded ready pod, and its answer comes back as it comes, chunk by chunk (server-sent events stream).
+ready pod the routing policy chooses (`prefix_routing`: by default the one expected to hold the longest prefix
+of the request's prompt, unless it is much busier than the least loaded one), and its answer comes back as it
+comes, chunk by chunk (server-sent events stream).
 
 Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URLs or DNS names of a headless
 Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
@@ -15,6 +17,7 @@ again; after the answer started a break ends the stream (the client sees it cut,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import aiohttp
@@ -24,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
@@ -49,7 +53,7 @@ class FrontDoor(HttpApp):
     def __init__(
         self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
-        hold_seconds: float = 300.0, wake_url: str | None = None,
+        hold_seconds: float = 300.0, wake_url: str | None = None, routing: Routing | None = None,
     ) -> None:  # fmt: skip
         if not unified:
             raise ValueError(
@@ -58,6 +62,7 @@ class FrontDoor(HttpApp):
         resolve_peers(unified)  # malformed specs fail at start-up
         super().__init__(model_name, max_body_bytes, CollectorRegistry())
         self.unified = PeerSet("unified", unified)
+        self.routing = routing or Routing()  # by each request's prompt text: the router has no tokenizer
         self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
@@ -75,6 +80,7 @@ class FrontDoor(HttpApp):
         self.retries = Counter("neuronfleet:router_retries", "Requests moved to another pod before their "
                                "answer started.", ["model_name", "kind"], registry=self.registry)  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
+        self.registry.register(RoutingMetrics(model_name, {"unified": self.routing}))
         Gauge("vllm:num_requests_waiting", "Requests held until a pod is ready.", ["model_name"],
               registry=self.registry).labels(**labels).set_function(lambda: self.hold.held)  # fmt: skip
 
@@ -118,14 +124,20 @@ class FrontDoor(HttpApp):
         else:
             peers.failed(url, why)
 
-    def _pick(self, tried: set[str]) -> Peer | None:
-        """The least loaded ready pod not tried yet; without holding, any pod as a last resort."""
+    def _pick(self, tried: set[str], blocks: list[int]) -> Peer | None:
+        """The ready pod not tried yet that the routing policy chooses for a prompt of these blocks;
+        without holding, the least loaded of any pods as a last resort."""
+        self.routing.observe(self.unified.peers.values())
         ranked = self.unified.ranked(exclude=tried)
-        candidates = [p for p in ranked if p.ready] or ([] if self.hold.enabled else ranked)
-        if candidates:
-            tried.add(candidates[0].url)
-            return candidates[0]
-        return None
+        ready = [p for p in ranked if p.ready]
+        if ready:
+            peer = self.routing.pick(ready, blocks, time.monotonic())
+        elif ranked and not self.hold.enabled:
+            peer = ranked[0]
+        else:
+            return None
+        tried.add(peer.url)
+        return peer
 
     # ---- endpoints ----
 
@@ -157,6 +169,7 @@ class FrontDoor(HttpApp):
                 path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
             )
         await self.watch.refresh_if_stale()
+        blocks = self.routing.blocks(prompt_text(path, body)) if request.method == "POST" else []
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
         tried: set[str] = set()
@@ -167,7 +180,7 @@ class FrontDoor(HttpApp):
                 await held.wait()
             except HoldRejected as e:
                 return self._error(path, e.status, str(e), e.retry_after)
-            peer = self._pick(tried)
+            peer = self._pick(tried, blocks)
             if peer is None:
                 if self.hold.enabled and self.unified.ready == 0:  # every pod failed it: held again
                     tried.clear()
@@ -194,6 +207,7 @@ class FrontDoor(HttpApp):
                         "%s %s: pod %s failed (%s); trying another", request.method, path, peer.url, e
                     )
                     continue
+                self.routing.sent(peer.url, blocks, time.monotonic())  # its cache holds the prompt now
                 return await self._answer(request, peer, response)
             finally:
                 peer.in_flight -= 1

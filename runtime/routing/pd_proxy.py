@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuronfleet.runtime.routing import pd_protocols as pd
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
@@ -62,7 +65,7 @@ class EngineRouter(HttpApp):
         self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,
         bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
         max_body_bytes: int = 1 << 20, hold_requests: int = 0, hold_seconds: float = 300.0,
-        wake_url: str | None = None,
+        wake_url: str | None = None, routing: Routing | None = None,
     ) -> None:  # fmt: skip
         if protocol not in pd.PROTOCOLS:
             raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
@@ -74,6 +77,10 @@ class EngineRouter(HttpApp):
         super().__init__(model_name, max_body_bytes, CollectorRegistry())
         self.protocol, self.bootstrap_port = protocol, bootstrap_port
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
+        # each role by the prompt's text (the router has no tokenizer): a prefill server that holds the
+        # prefix computes less, a decode server that holds it pulls less of the KV cache
+        routing = routing or Routing()
+        self.routings = {role: dataclasses.replace(routing) for role in ("prefill", "decode")}
         self.peer_timeout = peer_timeout
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval)
         self.backend = self  # what serve() drains
@@ -82,6 +89,7 @@ class EngineRouter(HttpApp):
         self.on_cleanup.append(self._close)
         labels = {"model_name": model_name}
         self.watch.register_metrics(self.registry, model_name)
+        self.registry.register(RoutingMetrics(model_name, self.routings))
         self.retries = Counter(
             "neuronfleet:router_retries", "Requests moved to another prefill or decode server.",
             ["model_name", "kind"], registry=self.registry,
@@ -150,14 +158,25 @@ class EngineRouter(HttpApp):
         else:
             peers.failed(url, why)
 
-    @staticmethod
-    def _pick(peers: PeerSet, tried: set[str]) -> Peer | None:
-        """The next pod to try: healthy and least loaded first, pods out of rotation last (a last resort)."""
-        candidates = peers.ranked(exclude=tried)
-        if not candidates:
+    def _pick(self, peers: PeerSet, tried: set[str], blocks: list[int] | None = None) -> Peer | None:
+        """The next server to try: of those in rotation, the one the routing policy chooses for a prompt of
+        these blocks (None: any, the least loaded); servers out of rotation last (a last resort)."""
+        ranked = peers.ranked(exclude=tried)
+        healthy = [p for p in ranked if p.healthy]
+        if healthy and blocks is not None:
+            routing = self.routings[peers.role]
+            routing.observe(peers.peers.values())
+            peer = routing.pick(healthy, blocks, time.monotonic())
+        elif ranked:
+            peer = ranked[0]
+        else:
             return None
-        tried.add(candidates[0].url)
-        return candidates[0]
+        tried.add(peer.url)
+        return peer
+
+    def _sent(self, peers: PeerSet, peer: Peer, blocks: list[int]) -> None:
+        """The server took a prompt of these blocks: its cache holds them now."""
+        self.routings[peers.role].sent(peer.url, blocks, time.monotonic())
 
     def _retried(self, kind: str) -> None:
         self.retries.labels(**self.labels, kind=kind).inc()
@@ -236,12 +255,13 @@ class EngineRouter(HttpApp):
         except ValueError as e:
             return self._error(400, str(e), "body")
         await self.watch.refresh_if_stale()
+        blocks = self.routings["prefill"].blocks(prompt_text(path, raw))
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
         held = self.hold.request()
         while True:
             try:
                 await held.wait()  # at once unless holding is on and no server of a role is ready
-                return await exchange(request, path, body)
+                return await exchange(request, path, body, blocks)
             except HoldRejected as e:
                 return self._error(e.status, str(e), retry_after=e.retry_after)
             except Refused as e:
@@ -250,36 +270,41 @@ class EngineRouter(HttpApp):
                 if not self.hold.enabled or (self.prefill.ready and self.decode.ready):
                     return self._error(503, str(e))
 
-    async def _vllm(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
+    async def _vllm(
+        self, request: web.Request, path: str, body: dict, blocks: list[int]
+    ) -> web.StreamResponse:
         """Prefill (retried over the prefill servers), then decode; a decode server that fails before its
         answer starts: the exchange again, with another one."""
         tried: set[str] = set()
         failures: list[str] = []
         for attempt in itertools.count():
-            decode = self._pick(self.decode, tried)
+            decode = self._pick(self.decode, tried, blocks)
             if decode is None:
                 raise NoPod(pd.no_pod_message("decode", failures, self.decode.specs))
             rid = f"nf-{uuid.uuid4().hex}"  # one per exchange: the prefill's KV cache is kept under it
             headers = {pd.REQUEST_ID_HEADER: rid}
-            kv, prefill_url = await self._vllm_prefill(path, body, headers)
+            kv, prefill_url = await self._vllm_prefill(path, body, headers, blocks)
             if attempt:
                 self._retried("decode")
             try:
                 decode_body = pd.vllm_decode_body(body, kv, prefill_url)
                 response = await self._post(self.decode, decode, path, decode_body, headers,
                                             self.peer_timeout if pd.streams(body) else None)  # fmt: skip
+                self._sent(self.decode, decode, blocks)
                 return await self._answer(request, decode, response)
             except PeerFailed as e:
                 failures.append(str(e))
                 log.warning("request %s: decode server failed (%s); starting over on another one", rid, e)
         raise AssertionError("unreachable")
 
-    async def _vllm_prefill(self, path: str, body: dict, headers: dict) -> tuple[dict, str]:
+    async def _vllm_prefill(
+        self, path: str, body: dict, headers: dict, blocks: list[int]
+    ) -> tuple[dict, str]:
         """The prefill server's `kv_transfer_params` and URL, from the first prefill server that gives them;
         NoPod when none does."""
         tried: set[str] = set()
         failures: list[str] = []
-        while (peer := self._pick(self.prefill, tried)) is not None:
+        while (peer := self._pick(self.prefill, tried, blocks)) is not None:
             if failures:
                 self._retried("prefill")
             try:
@@ -288,7 +313,9 @@ class EngineRouter(HttpApp):
                     self.prefill, peer, path, prefill_body, headers, self.peer_timeout
                 )
                 try:
-                    return pd.vllm_kv_params(await response.json(content_type=None)), peer.url
+                    kv = pd.vllm_kv_params(await response.json(content_type=None))
+                    self._sent(self.prefill, peer, blocks)
+                    return kv, peer.url
                 except (ValueError, *PEER_FAILURES) as e:  # not JSON, no kv_transfer_params, a broken read
                     self.prefill.failed(peer.url, str(e))
                     raise PeerFailed(f"{peer.url}: {e}") from None
@@ -299,7 +326,9 @@ class EngineRouter(HttpApp):
                 log.warning("request %s: prefill server failed (%s)", headers[pd.REQUEST_ID_HEADER], e)
         raise NoPod(pd.no_pod_message("prefill", failures, self.prefill.specs))
 
-    async def _sglang(self, request: web.Request, path: str, body: dict) -> web.StreamResponse:
+    async def _sglang(
+        self, request: web.Request, path: str, body: dict, blocks: list[int]
+    ) -> web.StreamResponse:
         """The same request to a prefill and a decode server at once, paired by the bootstrap fields. The
         prefill server's outcome is awaited first: when it fails the decode server would wait for a KV cache
         that never comes, so its request is cancelled and both start over (a new room)."""
@@ -308,10 +337,10 @@ class EngineRouter(HttpApp):
         failures: list[str] = []
         prefill = decode = None
         while True:
-            prefill = prefill or self._pick(self.prefill, tried_prefill)
+            prefill = prefill or self._pick(self.prefill, tried_prefill, blocks)
             if prefill is None:
                 raise NoPod(pd.no_pod_message("prefill", failures, self.prefill.specs))
-            decode = decode or self._pick(self.decode, tried_decode)
+            decode = decode or self._pick(self.decode, tried_decode, blocks)
             if decode is None:
                 raise NoPod(pd.no_pod_message("decode", failures, self.decode.specs))
             sent = pd.sglang_body(body, pd.bootstrap_host(prefill.url), self.bootstrap_port, pd.new_room())
@@ -332,6 +361,7 @@ class EngineRouter(HttpApp):
                 prefill = None
                 continue
             self._drain(prefilled)  # read to its end: a prefill server whose client leaves aborts the request
+            self._sent(self.prefill, prefill, blocks)
             try:
                 response = await to_decode
             except PeerFailed as e:
@@ -340,6 +370,7 @@ class EngineRouter(HttpApp):
                 self._retried("decode")
                 decode = None
                 continue
+            self._sent(self.decode, decode, blocks)
             try:
                 return await self._answer(request, decode, response)
             except PeerFailed as e:

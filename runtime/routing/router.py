@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuronfleet.runtime.engine.text_output import TextOutput
 from neuronfleet.runtime.routing.holding import Hold
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
 from neuronfleet.runtime.serving.engine_metrics import protocol_info
 from neuronfleet.runtime.serving.errors import ServingError, Unavailable
@@ -122,6 +123,7 @@ class RemoteBackend:
         hold_requests: int = 0,
         hold_seconds: float = 300.0,
         wake_url: str | None = None,
+        routing: Routing | None = None,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
@@ -129,12 +131,15 @@ class RemoteBackend:
         for a decode pod with room when all are full and none makes room (`RoomWait`); prompts shorter than
         `local_prefill_below` tokens are prefilled on their decode pod (a handoff costs more than it saves for
         them); `hold_requests`, `hold_seconds`, `wake_url`: requests held while no decode pod is ready
-        (`holding.Hold`; 0: none)."""
+        (`holding.Hold`; 0: none); `routing`: how a prefill pod is chosen (by the prompt's token blocks: a
+        pod that holds a prefix prefills only the rest; decode pods by load, as they receive the whole KV
+        cache)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
+        self.routing = dataclasses.replace(routing or Routing(), by_tokens=True)
         auth = {"Authorization": f"Bearer {token}"}
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval, headers=auth)
         self.kv_timeout = kv_timeout
@@ -205,6 +210,7 @@ class RemoteBackend:
         )
         self._labels = labels
         self.hold.register_metrics(registry, model_name)
+        registry.register(RoutingMetrics(model_name, {"prefill": self.routing}))
         protocol_info(registry, model_name, self.limits.slots, self.limits.max_seq_len)  # one decode pod's
 
     async def start(self, app=None) -> None:
@@ -382,7 +388,9 @@ class RemoteBackend:
         candidates = [p for p in self.prefill.ranked() if p.healthy]
         if not candidates:
             return {"failed": "no_prefill_pod", "detail": "no prefill pod is in rotation"}
-        peer = candidates[0]
+        self.routing.observe(self.prefill.peers.values())
+        blocks = self.routing.blocks(ids)
+        peer = self.routing.pick(candidates, blocks, time.monotonic())
         push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
         self.stages["prefill"] += 1
         peer.in_flight += 1
@@ -395,6 +403,7 @@ class RemoteBackend:
                 answer = await r.json()
             if r.status == 200:
                 self.prefill.succeeded(peer.url)
+                self.routing.sent(peer.url, blocks, time.monotonic())
                 return "ready"
             return {"failed": answer.get("reason", "prefill_failed"), "detail": answer.get("error", "")}
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:

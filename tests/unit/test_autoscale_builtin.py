@@ -80,7 +80,7 @@ def test_the_decided_replicas_are_status_autoscaling_desired_within_the_bounds()
 def test_the_builders_run_the_decided_replicas_and_nothing_else_changes():
     spec = parsed(UNIFIED, enabled=True, min=1, max=3, metric="queue", target=1)
     scaled = scaling.with_replicas(spec, {"unified": 3})
-    assert builders.serving_roles(scaled) == {"unified": 3}
+    assert builders.serving_roles(scaled) == {"unified": 3, "router": 1}  # (its kv-aware front door)
     assert builders.compile_hash(scaled) == builders.compile_hash(spec)  # no compile, no roll of the set
     assert scaling.with_replicas(spec, None) is spec
     dis = parsed(DISAGGREGATED, enabled=True, min=1, max=4)

@@ -58,7 +58,8 @@ def test_every_option_renders_and_parses_back():
     engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)
     # a front door to unified pods, holding at zero
     front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
-                             wake_url="http://op:8080/wake/ns/m")  # fmt: skip
+                             wake_url="http://op:8080/wake/ns/m", routing="least-loaded",
+                             routing_load_margin=0, routing_cache_tokens=4096)  # fmt: skip
     given = config.model_fields_set | engine_router.model_fields_set | front_door.model_fields_set
     assert given == set(ServeConfig.model_fields)  # nothing left at its default
     for each in (config, engine_router, front_door):

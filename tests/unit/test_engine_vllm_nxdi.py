@@ -27,7 +27,7 @@ from pathlib import Path
 
 import engine_renders
 import pytest
-from engine_renders import check_env, check_value, manifest, of_kind, rendered
+from engine_renders import check_env, check_value, manifest, of_kind, rendered, serving_deployment
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
@@ -154,8 +154,7 @@ def check_compile(objects: list[dict], spec, seen: set[str]) -> None:
 def test_every_name_the_engine_emits_is_recorded_with_its_values(label, obj):
     spec, objects = rendered(obj)
     seen: set[str] = set()
-    (deployment,) = of_kind(objects, "Deployment")
-    check_serving(deployment, spec, seen)
+    check_serving(serving_deployment(objects), spec, seen)
     check_compile(objects, spec, seen)
 
 
@@ -163,7 +162,7 @@ def test_every_recorded_fact_is_emitted_somewhere_and_names_a_versioned_source()
     seen: set[str] = set()
     for _, obj in cases():
         spec, objects = rendered(obj)
-        check_serving(of_kind(objects, "Deployment")[0], spec, seen)
+        check_serving(serving_deployment(objects), spec, seen)
         check_compile(objects, spec, seen)
     assert {f.name for f in vllm.PINNED.facts} == seen
     versioned = re.compile(r"(@(v|release-)?\d+\.\d+|/v\d+\.\d+|\b\d+\.\d+\.\d+\b|@c63afe0)")
@@ -178,7 +177,7 @@ def test_removed_and_unread_names_are_never_emitted():
     neuron_config; the compile passes neither either."""
     for _, obj in cases():
         _, objects = rendered(obj)
-        c = of_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+        c = serving_deployment(objects)["spec"]["template"]["spec"]["containers"][0]
         assert "--device" not in c["command"] and "--kv-transfer-config" not in c["command"]
         config = json.loads(c["command"][c["command"].index("--additional-config") + 1])
         assert list(config) == ["override_neuron_config"]
@@ -195,7 +194,7 @@ def test_the_compile_job_runs_where_a_serving_pod_runs_with_its_neuron_cores(nam
     cores on their instance type, tolerates the Neuron taint and uses the Neuron scheduler extension."""
     spec, objects = rendered(manifest(name))
     job = of_kind(objects, "Job")[0]["spec"]["template"]["spec"]
-    serving = of_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    serving = serving_deployment(objects)["spec"]["template"]["spec"]
     compile_c, serving_c = job["containers"][0], serving["containers"][0]
     cores = str(spec.neuron.tensorParallel)
     assert compile_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == cores
@@ -359,7 +358,7 @@ def test_every_emitted_name_is_found_in_the_record_of_the_pins_sources():
     for _, obj in cases():
         spec, objects = rendered(obj)
         seen: set[str] = set()
-        check_serving(of_kind(objects, "Deployment")[0], spec, seen)
+        check_serving(serving_deployment(objects), spec, seen)
         check_compile(objects, spec, seen)
         names = {n.removeprefix(f"{vllm.OVERRIDE}.") for n in seen} - {"model_tag"}
         missing = sorted(n for n in names if not RECORD.get(n))

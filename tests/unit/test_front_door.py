@@ -1,6 +1,7 @@
-"""The front door of a model that may scale to zero (operator/front_door.py, builders): a router that never
-scales to zero, for unified models too, holding requests at zero and (provider builtin) waking the operator;
-strictly valid Kubernetes, its command the one `neuronfleet serve` parses."""
+"""The front door of a unified model (operator/front_door.py, builders): a router that never scales to zero,
+holding requests at zero and (provider builtin) waking the operator when the model may scale to zero, and
+routing kv-aware when it may run more than one pod; strictly valid Kubernetes, its command the one
+`neuronfleet serve` parses."""
 
 from __future__ import annotations
 
@@ -110,12 +111,30 @@ def test_keda_gets_the_front_door_without_a_wake_url_and_no_base_url_means_no_wa
     assert (args.hold_requests, args.wake_url) == (32, None)
 
 
-def test_without_scale_to_zero_a_unified_model_has_no_router_and_its_service_selects_its_pods():
+def test_without_scale_to_zero_a_unified_model_has_a_front_door_only_to_route_kv_aware_over_pods():
+    # kv-aware (the default) over up to 2 pods: a front door that routes and holds nothing
     spec = parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2})
     built = objects(spec)
-    assert ("Deployment", "m-router") not in built and ("Service", "m-unified") not in built
-    assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
-    assert builders.serving_roles(spec) == {"unified": 1}
+    assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
+    assert ("Service", "m-unified") in built and builders.serving_roles(spec) == {"unified": 1, "router": 1}
+    door = serve_args(built[("Deployment", "m-router")])
+    assert door.unified == ["dns://m-unified:8000"] and (door.hold_requests, door.wake_url) == (0, None)
+    # the margin a quarter of the slots, at least 2; a pod's cache its slots at the sequence length
+    assert (door.routing, door.routing_load_margin, door.routing_cache_tokens) == ("kv-aware", 2, 4 * 512)
+    # by load alone, one pod at most, or behind a gateway's endpoint picker: the Service selects the pods
+    for plain in (
+        parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2}, routing={"policy": "least-loaded"}),
+        parsed(UNIFIED, {"enabled": False}),
+        parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2}, gateway={"endpointPicker": {"name": "e"}}),
+    ):
+        built = objects(plain)
+        assert ("Deployment", "m-router") not in built and ("Service", "m-unified") not in built
+        assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+        assert builders.serving_roles(plain) == {"unified": 1}
+    # spec.replicas (the scale subresource) counts too, and the margin follows the spec when it says
+    spec = parsed(UNIFIED, {"enabled": False}, routing={"loadMargin": 0})
+    spec = spec.model_copy(update={"replicas": 3})
+    assert serve_args(objects(spec)[("Deployment", "m-router")]).routing_load_margin == 0
 
 
 def test_a_disaggregated_models_routers_hold_and_wake_only_when_it_scales_to_zero():

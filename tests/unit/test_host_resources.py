@@ -123,11 +123,14 @@ def test_no_pod_names_a_scheduler_unless_told(monkeypatch):
         assert all("schedulerName" not in pod for _, pod in pods(spec))
     monkeypatch.setattr(pod_parts, "NEURON_SCHEDULER", "my-scheduler")
     assert {role: pod.get("schedulerName") for role, pod in pods(multi)} == {
-        "compile": "my-scheduler", "unified": "my-scheduler"}  # fmt: skip
+        "compile": "my-scheduler",
+        "unified": "my-scheduler",
+        "router": None,
+    }  # fmt: skip (a CPU pod)
     assert all("schedulerName" not in pod for _, pod in pods(single) + pods(cpu))
     single.scheduling.schedulerName = "neuron-scheduler"
     assert {role: pod.get("schedulerName") for role, pod in pods(single)} == {
-        "compile": "neuron-scheduler", "unified": "neuron-scheduler"}  # fmt: skip
+        "compile": "neuron-scheduler", "unified": "neuron-scheduler", "router": None}  # fmt: skip
 
 
 def test_a_compile_on_a_cpu_node_goes_where_the_spec_narrows_it():

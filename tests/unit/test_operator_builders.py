@@ -100,7 +100,7 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     spec = sample("llama-3.1-8b-vllm-inf2.yaml")
     chash = builders.compile_hash(spec)
     objs = by_kind(builders.build_all(OWNER, spec, serving_hash=chash))
-    (dep,) = objs["Deployment"]
+    (dep,) = [d for d in objs["Deployment"] if d["metadata"]["labels"]["neuronfleet.dev/role"] == "unified"]
     pod = dep["spec"]["template"]["spec"]
     c = container(dep)
     assert dep["spec"]["replicas"] == 2
@@ -124,8 +124,10 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert c["resources"]["requests"]["memory"] == f"{int(768 * 8 / 24 * 0.9) + 1}Gi"
     cache_mount = next(m for m in c["volumeMounts"] if m["name"] == "cache")
     assert cache_mount["readOnly"] is True  # serving pods only read the artifacts
-    (svc,) = objs["Service"]
-    assert svc["metadata"]["name"] == "m" and svc["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+    # two pods: the public Service selects their front door (kv-aware routing), which finds them by theirs
+    services = {s["metadata"]["name"]: s for s in objs["Service"]}
+    assert services["m"]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
+    assert services["m-unified"]["spec"]["clusterIP"] == "None"
     assert objs["PodDisruptionBudget"][0]["spec"]["maxUnavailable"] == 1
     # our runtime (engine embedded, which serves on cpu): its command, its readiness, a read-only root, and
     # no Neuron devices or Neuron nodes
@@ -299,8 +301,15 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
     )
     docs = list(yaml.safe_load_all(run.stdout))
     assert [d["kind"] for d in docs] == [
-        "PersistentVolumeClaim", "ConfigMap", "Job", "Deployment", "PodDisruptionBudget", "Service"
-    ]  # fmt: skip
+        "PersistentVolumeClaim",
+        "ConfigMap",
+        "Job",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Deployment",
+        "Service",
+    ]  # fmt: skip (its 2 pods: a front door that routes kv-aware before them, and their headless Service)
     assert {d["metadata"]["namespace"] for d in docs} == {"prod"}
     # applicable as they are: no ownerReference to an owner that does not exist (the garbage collector would
     # delete such an object at once), and each valid Kubernetes

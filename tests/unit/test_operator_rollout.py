@@ -56,7 +56,7 @@ def test_a_change_that_needs_no_compile_rolls_at_once_even_while_another_compile
     after.serving.unified.replicas = 3
     after.serving.unified.resources.requests = {"cpu": "2"}
     built = rollout.serving_spec(after, stored, builders.compile_hash(after), h1)
-    (dep,) = deployments(built, h1).values()
+    dep = deployments(built, h1)[builders.deployment_name(OWNER, "unified")]  # (and 3 pods' front door)
     assert dep["spec"]["replicas"] == 3
     assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2"
     cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -353,3 +353,39 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     cluster.reconcile()
     assert cluster.named("Deployment") == {back}
     assert not cluster.named("Secret") and not cluster.named("NetworkPolicy")
+
+
+def test_more_than_one_pod_gets_a_kv_aware_front_door_the_service_moves_to_once_it_is_ready():
+    cluster = compiled_cluster()
+    cluster.reconcile()
+    cluster.ready("smollm2-unified")
+    assert cluster.reconcile().status["phase"] == "Ready"
+    pods = cluster.selector()
+    assert pods["neuronfleet.dev/role"] == "unified" and "smollm2-router" not in cluster.named("Deployment")
+    # 1 -> 3 pods: the front door and the pods' headless Service are made; the Service moves once it answers
+    cluster.body["spec"]["serving"]["unified"]["replicas"] = 3
+    cluster.body["metadata"]["generation"] = 2
+    cluster.reconcile()
+    assert {"smollm2-router", "smollm2-unified"} <= cluster.named("Deployment")
+    assert "smollm2-unified" in cluster.named("Service") and cluster.selector() == pods
+    cluster.ready("smollm2-unified")
+    cluster.reconcile()
+    assert cluster.selector() == pods  # the front door is not ready yet
+    cluster.ready("smollm2-router")
+    cluster.reconcile()
+    assert cluster.selector()["neuronfleet.dev/role"] == "router"
+    assert cluster.objects[("Deployment", "smollm2-unified")]["spec"]["replicas"] == 3  # never retired
+    assert cluster.reconcile().status["phase"] == "Ready"
+    # 3 -> 1: the pods' Deployment is patched first (the front door serves meanwhile); once it is rolled out
+    # the Service selects the pods again, the front door retires first, its headless Service after its drain
+    cluster.body["spec"]["serving"]["unified"]["replicas"] = 1
+    cluster.body["metadata"]["generation"] = 3
+    cluster.reconcile()
+    assert cluster.selector()["neuronfleet.dev/role"] == "router"
+    cluster.reconcile()
+    assert cluster.selector() == pods and "smollm2-router" not in cluster.named("Deployment")
+    cluster.later(60)
+    cluster.reconcile()
+    assert cluster.named("Deployment") == {"smollm2-unified"}
+    assert cluster.named("Service") == {"smollm2"}
+    assert cluster.reconcile().status["phase"] == "Ready"

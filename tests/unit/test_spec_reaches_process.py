@@ -185,6 +185,30 @@ def check_engine_router(config: ServeConfig, spec, name: str) -> None:
     assert (config.bootstrap_port is not None) == (spec.engine == "sglang")
 
 
+def front_door_expected(spec) -> bool:
+    """docs/routing.md: a unified model gets a front door when it may scale to zero, or when it routes
+    kv-aware over more than one pod with no inference gateway."""
+    a = spec.autoscaling
+    most = max(spec.serving.unified.replicas, spec.replicas or 0, a.max if a.enabled else 0)
+    zero = a.enabled and a.scaleToZero
+    return zero or (spec.serving.routing.policy == "kv-aware" and spec.serving.gateway is None and most > 1)
+
+
+def check_routing(config: ServeConfig, spec) -> None:
+    """The policy the spec names; the load margin it names, else a quarter of a pod's slots, at least 2; a
+    pod's prefix cache as its slots full at the sequence length."""
+    r, n = spec.serving.routing, spec.neuron
+    margin = r.loadMargin if r.loadMargin is not None else max(2, n.batchSize // 4)
+    assert (config.routing, config.routing_load_margin) == (r.policy, margin)
+    assert config.routing_cache_tokens == n.batchSize * n.sequenceLength
+
+
+def check_front_door(config: ServeConfig, spec, name: str) -> None:
+    """A unified model's front door: its unified pods by their headless Service, no model files."""
+    assert (config.role, config.model, config.served_model_name) == ("router", None, name)
+    assert config.unified == [f"dns://{name}-unified:{spec.serving.port}"]
+
+
 def check_compile_config(objects: list[dict], spec) -> None:
     """The compile-time fields (tensor parallelism, quantization, overrides...) in compile.json, which the
     compile Job reads for the embedded engine."""
@@ -422,12 +446,18 @@ def check_every_role(path: Path) -> None:
     name = obj["metadata"]["name"]
     objects = render(path)
     by_role = deployments(objects)
-    roles = ["unified"] if spec.serving.mode == "unified" else ["prefill", "decode", "router"]
+    roles = ["prefill", "decode", "router"]
+    if spec.serving.mode == "unified":
+        roles = ["unified", "router"] if front_door_expected(spec) else ["unified"]
     assert sorted(by_role) == sorted(roles)
     for role, deployment in by_role.items():
         c = container(deployment)
         assert c["ports"][0]["containerPort"] == spec.serving.port
-        if role == "router" and spec.engine in ("vllm", "sglang"):
+        if role == "router":  # every router routes as the spec says (docs/routing.md)
+            check_routing(serve_args(c["command"]), spec)
+        if role == "router" and spec.serving.mode == "unified":
+            check_front_door(serve_args(c["command"]), spec, name)
+        elif role == "router" and spec.engine in ("vllm", "sglang"):
             check_engine_router(serve_args(c["command"]), spec, name)
         elif spec.engine == "embedded" or role == "router":
             check_ours(serve_args(c["command"]), spec, name, role)

@@ -1,0 +1,180 @@
+"""KV-cache-aware routing's pure parts (runtime/routing/prefix_routing.py): the policy as a table (prefix,
+load, overload, ties, least-loaded), block names (chained: equal names mean equal prefixes), the canonical
+prompt text of each API, the prefix index's bounds and expiry, and a router's routing that forgets a pod
+that left the rotation or restarted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pydantic
+import pytest
+
+from neuronfleet.cli import build_parser
+from neuronfleet.contract import ServeConfig
+from neuronfleet.runtime.routing import prefix_routing as pr
+from neuronfleet.runtime.routing.prefix_routing import Candidate
+
+
+def c(pod: str, load: int, held: int) -> Candidate:
+    return Candidate(pod, load, held)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "policy", "margin", "want"),
+    [
+        # nobody holds any of it: the least loaded (the ranking's first)
+        ([c("a", 0, 0), c("b", 1, 0)], "kv-aware", 2, ("a", "load")),
+        # the holder within the margin wins over a less loaded pod
+        ([c("a", 0, 0), c("b", 2, 5)], "kv-aware", 2, ("b", "prefix")),
+        # ... not past it: overloaded, the least loaded instead
+        ([c("a", 0, 0), c("b", 3, 5)], "kv-aware", 2, ("a", "overload")),
+        # the longest held prefix among those within the margin
+        ([c("a", 0, 1), c("b", 1, 4), c("c", 1, 3)], "kv-aware", 2, ("b", "prefix")),
+        # a longer prefix on an overloaded pod loses to a shorter one within the margin
+        ([c("a", 0, 0), c("b", 1, 2), c("c", 5, 9)], "kv-aware", 2, ("b", "prefix")),
+        # equal prefixes: the lower load, then the ranking's order
+        ([c("a", 1, 3), c("b", 0, 3)], "kv-aware", 2, ("b", "prefix")),
+        ([c("a", 0, 3), c("b", 0, 3)], "kv-aware", 2, ("a", "prefix")),
+        # margin 0: only a holder as idle as the least loaded
+        ([c("a", 0, 0), c("b", 1, 5)], "kv-aware", 0, ("a", "overload")),
+        # least-loaded ignores what is held
+        ([c("a", 0, 0), c("b", 0, 9)], "least-loaded", 2, ("a", "load")),
+    ],
+)
+def test_the_policy(candidates, policy, margin, want):
+    index, reason = pr.choose(candidates, policy, margin)
+    assert (candidates[index].pod, reason) == want
+
+
+def test_no_candidate_is_an_error():
+    with pytest.raises(ValueError, match="no candidate"):
+        pr.choose([], "kv-aware", 2)
+
+
+def test_block_names_are_chained_and_only_whole_blocks_count():
+    a = pr.text_blocks("x" * 64 + "y" * 64 + "z" * 10)
+    b = pr.text_blocks("x" * 64 + "y" * 64 + "w" * 64)
+    assert len(a) == 2 and len(b) == 3 and b[:2] == a  # a shared prefix: the same first names
+    assert pr.text_blocks("q" * 64 + "y" * 64)[1] != a[1]  # the same block after another one: another name
+    assert pr.token_blocks(list(range(40))) == pr.token_blocks(list(range(32)))  # 2 whole blocks of 16
+    assert pr.token_blocks(list(range(15))) == []
+
+
+def test_a_conversations_next_turn_starts_with_its_earlier_text():
+    turn1 = [{"role": "system", "content": "Be brief." * 20}, {"role": "user", "content": "Hi"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    text1 = pr.prompt_text("/v1/chat/completions", json.dumps({"messages": turn1}).encode())
+    text2 = pr.prompt_text("/v1/chat/completions", json.dumps({"messages": turn2}).encode())
+    assert text2.startswith(text1) and text1.startswith("<system>Be brief.")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url"}]}]
+    assert pr.prompt_text("/v1/chat/completions", json.dumps({"messages": parts}).encode()) == "<user>Hi\n"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "want"),
+    [
+        ("/v1/completions", {"prompt": "Once"}, "Once"),
+        ("/v1/completions", {"prompt": ["Once"]}, "Once"),
+        ("/v1/completions", {"prompt": [1, 2, 3]}, "1 2 3"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, None),  # a batch: no one prefix
+        ("/generate", {"inputs": "Once"}, "Once"),
+        ("/generate_stream", {"inputs": "Once"}, "Once"),
+        ("/v1/chat/completions", {"messages": "not a list"}, None),
+        ("/v1/models", {}, None),
+    ],
+)
+def test_the_prompt_text_of_each_api(path, body, want):
+    assert pr.prompt_text(path, json.dumps(body).encode()) == want
+
+
+def test_a_body_that_is_not_json_has_no_prompt():
+    assert pr.prompt_text("/v1/chat/completions", b"{not json") is None
+    assert pr.prompt_text("/v1/chat/completions", b"[1]") is None
+    assert pr.prompt_text("/v1/chat/completions", b"") is None
+
+
+def test_the_index_is_bounded_keeps_shared_prefixes_longest_and_ages_out():
+    index = pr.PrefixIndex(capacity_blocks=4, ttl=100)
+    index.sent("a", [1, 2, 3], now=0)
+    assert index.held("a", [1, 2, 3, 4], now=1) == 3
+    assert index.held("b", [1], now=1) == 0
+    index.sent("a", [1, 5, 6], now=2)  # 5 blocks now, 4 kept: the oldest tail (3) goes, the shared 1 stays
+    assert index.occupancy("a") == 4
+    assert index.held("a", [1, 2, 3], now=3) == 2 and index.held("a", [1, 5, 6], now=3) == 3
+    assert index.held("a", [1, 5], now=103) == 0  # older than the ttl
+    index.sent("a", [7], now=200)  # what aged out is dropped on the next write
+    assert index.occupancy("a") == 1
+    index.forget("a")
+    assert index.occupancy("a") == 0
+    with pytest.raises(ValueError, match="at least one block"):
+        pr.PrefixIndex(capacity_blocks=0)
+
+
+@dataclass
+class Pod:  # what Routing.pick reads of a peers.Peer
+    url: str
+    score: int = 0
+    healthy: bool = True
+    identity: str | None = "1"
+
+
+def test_routing_follows_the_prefix_and_forgets_a_pod_that_left_or_restarted():
+    routing = pr.Routing(policy="kv-aware", load_margin=2, cache_tokens=10_000)
+    pods = [Pod("a"), Pod("b")]
+    routing.observe(pods)
+    blocks = routing.blocks("s" * 640)
+    assert len(blocks) == 10
+    first = routing.pick(pods, blocks, now=0)
+    assert first.url == "a" and routing.decisions == {"load": 1}
+    routing.sent("a", blocks, now=0)
+    pods = [Pod("b"), Pod("a", score=1)]  # b is less loaded now: the prefix still wins within the margin
+    assert routing.pick(pods, blocks, now=1).url == "a"
+    assert routing.decisions == {"load": 1, "prefix": 1} and routing.hit_ratio() == pytest.approx(0.5)
+    pods = [Pod("b"), Pod("a", score=1, identity="2")]  # a restarted: its cache is empty
+    routing.observe(pods)
+    assert routing.pick(pods, blocks, now=2).url == "b"
+    routing.sent("a", blocks, now=3)
+    routing.observe([Pod("b"), Pod("a", score=1, identity="2", healthy=False)])  # out of rotation: forgotten
+    assert routing.index.occupancy("a") == 0
+    routing.sent("a", blocks, now=5)
+    routing.observe([Pod("b")])  # no longer listed: forgotten
+    assert routing.index.occupancy("a") == 0
+
+
+def test_least_loaded_routing_keeps_no_index_and_bad_knobs_are_refused():
+    routing = pr.Routing(policy="least-loaded")
+    assert routing.blocks("s" * 640) == []
+    with pytest.raises(ValueError, match="expected one of kv-aware, least-loaded"):
+        pr.Routing(policy="random")
+    with pytest.raises(ValueError, match="load margin -1"):
+        pr.Routing(load_margin=-1)
+    with pytest.raises(ValueError, match="cache tokens 0"):
+        pr.Routing(cache_tokens=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "/m", "--routing", "least-loaded"], "--routing: for --role router, not unified"),
+        (
+            ["--model", "/m", "--role", "decode", "--routing-load-margin", "1"],
+            "for --role router, not decode",
+        ),
+        (["--role", "router", "--unified", "http://a:1", "--routing-load-margin", "-1"], r"\(0 or more\)"),
+        (["--role", "router", "--unified", "http://a:1", "--routing-cache-tokens", "0"], r"\(1 or more\)"),
+    ],
+)
+def test_routing_flags_off_a_router_or_out_of_range_are_refused(argv, message):
+    args = build_parser().parse_args(["serve", *argv])
+    with pytest.raises(pydantic.ValidationError, match=message):
+        ServeConfig.from_namespace(args)
+
+
+def test_a_bad_policy_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["serve", "--role", "router", "--unified", "http://a:1", "--routing", "random"]
+        )
+    assert "invalid choice: 'random' (choose from 'kv-aware', 'least-loaded')" in capsys.readouterr().err
