@@ -16,7 +16,7 @@ generation, its Job, Deployment and Service as its spec says), no child duplicat
 and no write from a replica that did not hold the Lease (audit log).
 
     .venv/bin/python bench/chaos.py [--models 300] [--seconds 300] [--kill-every 15] [--idle-seconds 60]
-        [--memory-models 1000]
+        [--memory-models 1000] [--chart-timing] [--out chaos.json]   # --seconds 0: the figures at rest only
 
 Prints the figures and writes bench/results/chaos.json with the CPU it ran on. Not a test: numbers depend on
 the machine and its load.
@@ -287,10 +287,13 @@ class ControlPlane:
 
 
 def manifest(name: str, batch: int = 4, replicas: int = 1) -> dict:
+    """The local sample as `name`, routed by load: its Service selects its pods at any replicas (no front
+    door, whose router pods no kubelet here would make ready; tests/e2e/test_rollout.py serves one)."""
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"]["name"] = name
     body["spec"]["neuron"]["batchSize"] = batch
     body["spec"]["serving"]["unified"]["replicas"] = replicas
+    body["spec"]["serving"]["routing"] = {"policy": "least-loaded"}
     return body
 
 
@@ -747,11 +750,12 @@ def idle_calls(plane: ControlPlane, seconds: float) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=300)
-    parser.add_argument("--seconds", type=float, default=300, help="how long the churn lasts")
+    parser.add_argument("--seconds", type=float, default=300, help="how long the churn lasts (0: none)")
+    parser.add_argument("--out", default="chaos.json", help="the report's name under bench/results/")
     parser.add_argument("--rate", type=float, default=6.0, help="workload writes a second")
     parser.add_argument("--kill-every", type=float, default=15)
     parser.add_argument("--idle-seconds", type=float, default=60)
-    parser.add_argument("--memory-models", type=int, default=1000)
+    parser.add_argument("--memory-models", type=int, default=1000, help="0: no memory step")
     parser.add_argument("--chart-timing", action="store_true", help="lease 15 s, renew 10 s, retry 2 s")
     args = parser.parse_args()
     timing = Timing(15, 10, 2) if args.chart_timing else Timing()
@@ -776,11 +780,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nf-chaos-") as tmp:
         plane = ControlPlane(Path(tmp), timing, replicas=chaos.replicas)
         try:
-            outcome = run_chaos(plane, chaos)
-            report["outcome"] = outcome.summary()
-            print(json.dumps(report["outcome"], indent=2, default=str), flush=True)
-
-            live = top_up(plane, outcome.live, chaos.models)
+            live: dict[str, dict] = {}
+            if chaos.seconds > 0:
+                outcome = run_chaos(plane, chaos)
+                report["outcome"] = outcome.summary()
+                print(json.dumps(report["outcome"], indent=2, default=str), flush=True)
+                live = outcome.live
+            else:
+                plane.supervise()  # (run_chaos keeps them itself)
+            live = top_up(plane, live, chaos.models)
             report["restart_at_rest"] = reconverged(plane, live)
             print("restart at rest:", report["restart_at_rest"], flush=True)
             time.sleep(10)
@@ -788,10 +796,11 @@ def main() -> None:
             print("idle:", report["idle"], flush=True)
         finally:
             plane.stop()
-    with tempfile.TemporaryDirectory(prefix="nf-memory-") as tmp:
-        report["memory"] = memory_at(Path(tmp), args.memory_models, timing)
-        print("memory:", report["memory"], flush=True)
-    out = ROOT / "bench" / "results" / "chaos.json"
+    if args.memory_models > 0:
+        with tempfile.TemporaryDirectory(prefix="nf-memory-") as tmp:
+            report["memory"] = memory_at(Path(tmp), args.memory_models, timing)
+            print("memory:", report["memory"], flush=True)
+    out = ROOT / "bench" / "results" / args.out
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
 

@@ -371,7 +371,8 @@ class EmulatedAPIServer:
                 await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
         except (Expired, ApiError) as e:
             error = e if isinstance(e, ApiError) else ApiError(410, "Expired", str(e))
-            await response.write(json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n")
+            with contextlib.suppress(ConnectionResetError):  # (the client may have left meanwhile)
+                await response.write(json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n")
         except ConnectionResetError:
             pass  # the client left
         finally:

@@ -50,6 +50,18 @@ RETRY_SECONDS = 10.0  # a failed child-triggered reconcile is tried again after 
 log = logging.getLogger(__name__)
 
 
+def _left_by_an_earlier_model(key: tuple[str, str], status: dict[str, Any]) -> bool:
+    """Whether the model's Conflict is an object of an earlier model of its name (deleted, then made again):
+    the garbage collector deletes such an object, and its deletion may reach this replica before the new
+    model does, so no later event would bring the model back."""
+    conflict = next((c for c in status.get("conditions") or [] if c.get("type") == "Conflict"), None)
+    return bool(
+        conflict
+        and conflict.get("status") == "True"
+        and f"controlled by {spec.KIND} {key[1]} (uid" in (conflict.get("message") or "")
+    )
+
+
 class Triggers:
     """Models to reconcile because a child changed: a queue of (namespace, name), each at most once in it,
     worked by WORKERS tasks; and the periodic cache-only pass."""
@@ -91,13 +103,16 @@ class Triggers:
     def come_back(self, key: tuple[str, str], status: dict[str, Any]) -> None:
         """A model whose retired pods are draining is reconciled again once they have (status.drainUntil),
         one whose compile waits to be tried again, then (status.compileRetryAt), and one whose failed
-        compile's source is fingerprinted again, then (status.sourceCheckAt), and a compiling one
-        every PROGRESS_READ seconds (its compile pod's progress); through the queue, so that pass reports
-        its events and stops with the operator."""
+        compile's source is fingerprinted again, then (status.sourceCheckAt), a compiling one every
+        PROGRESS_READ seconds (its compile pod's progress), and one that found an earlier model's object
+        in its way after RETRY_SECONDS; through the queue, so that pass reports its events and stops with
+        the operator."""
         for field in ("drainUntil", "compileRetryAt", "sourceCheckAt"):
             if status.get(field):
                 delay = rollout.seconds_until(status[field], now()) + 1
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+        if _left_by_an_earlier_model(key, status):  # the garbage collector deletes it: look again soon
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
         compiling = any(c.get("reason") == "Compiling" for c in status.get("conditions") or [])
         if compiling and key not in self._progress:  # its compile pod's progress is read again then
             self._progress.add(key)
@@ -143,7 +158,8 @@ class Triggers:
         except kube.NotLeading:
             log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
         except Exception as e:
-            if isinstance(e, kube.KubeError):  # refused after the client's own tries: said, without a trace
+            if isinstance(e, kube.KubeError) or kube.unreachable(e):  # refused after the client's own tries,
+                # or a write cut off (an API-server restart; not sent again: it may have been applied)
                 log.warning("reconciling %s/%s failed: %s; trying again in %.0f s", *key, e, RETRY_SECONDS)
             else:
                 log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)

