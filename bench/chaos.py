@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import signal
 import statistics
@@ -44,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from machine import cpu_name  # bench/machine.py
+
+from neuronfleet.localcluster.ports import loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
@@ -65,19 +67,6 @@ CHILDREN = {  # the kinds the operator makes, by their list paths (every child c
 MODEL_LABEL, HASH_LABEL = "neuronfleet.dev/model", "neuronfleet.dev/compile-hash"
 WRITES = ("create", "update", "patch", "delete")
 UNREACHABLE_SECONDS = 120  # the longest the script waits for the API server to answer again
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def free_port() -> int:
-    from neuronfleet.localcluster.ports import loopback_port
-
-    return loopback_port()
 
 
 class Unreachable(RuntimeError):
@@ -108,7 +97,7 @@ class ControlPlane:
 
     def __init__(self, state: Path, timing: Timing, replicas: int = 3, kubelet: bool = False) -> None:
         self.state, self.timing, self.replicas, self.kubelet = state, timing, replicas, kubelet
-        self.port = free_port()
+        self.port = loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api: subprocess.Popen | None = None
         self.operators: dict[str, subprocess.Popen] = {}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -30,16 +29,10 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from machine import cpu_name  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/neuronfleet-operator"
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 class Fleet:

@@ -32,7 +32,6 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -43,6 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from machine import cpu_name  # bench/machine.py
+
+from neuronfleet.localcluster.ports import loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).parent / "neuronfleet")
@@ -50,19 +52,6 @@ POLICIES = ("round-robin", "least-loaded", "kv-aware")
 WORDS = ["river", "stone", "lantern", "harbor", "orchard", "meadow", "copper", "signal", "valley",
          "ember", "granite", "willow", "beacon", "thunder", "glacier", "canyon", "prairie", "falcon", "cedar",
          "marble", "compass", "anchor"]  # fmt: skip
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def free_port() -> int:
-    from neuronfleet.localcluster.ports import loopback_port
-
-    return loopback_port()
 
 
 def document(rng: random.Random, words: int) -> str:
@@ -81,7 +70,7 @@ class Processes:
         self.logs, self.procs = logs, []
 
     def start(self, name: str, *args: str) -> str:
-        port = free_port()
+        port = loopback_port()
         log = (self.logs / f"routing_{name}.log").open("w")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([CLI, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],

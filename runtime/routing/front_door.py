@@ -1,10 +1,10 @@
 """The front door (`neuronfleet serve --role router --unified PEER...`): the public endpoint of a model served
-by unified pods of any engine (ours, vLLM, TGI, SGLang) that may scale to zero. It loads no model files and no
-model code: every request but its own `/health`, `/ready` and `/metrics` (OpenAI `/v1/...`, TGI `/generate`,
-`/generate_stream`, `/info`, ...) goes as is (method, path, query, headers but hop-by-hop ones, body) to the
-ready pod the routing policy chooses (`prefix_routing`: by default the one expected to hold the longest prefix
-of the request's prompt, unless it is much busier than the least loaded one), and its answer comes back as it
-comes, chunk by chunk (server-sent events stream).
+by unified pods of any engine (ours, vLLM, TGI, SGLang) that may scale to zero or run more than one pod. It
+loads no model files and no model code: every request but its own `/health`, `/ready` and `/metrics`
+(OpenAI `/v1/...`, TGI `/generate`, `/generate_stream`, `/info`, ...) goes as is (method, path, query,
+headers but hop-by-hop ones, body) to the ready pod the routing policy chooses (`prefix_routing`: by
+default the one expected to hold the longest prefix of the request's prompt, unless it is much busier than
+the least loaded one), and its answer comes back as it comes, chunk by chunk (server-sent events stream).
 
 Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URLs or DNS names of a headless
 Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
