@@ -68,7 +68,7 @@ class ModelRunner:
         for slot in plan.released:
             self.sampler.release(slot)
         for move in plan.moves:
-            self.copy_prefix(move.src, move.dst, move.length)
+            self.swap_slots(move.src, move.dst, move.length)
             self.sampler.move(move.src, move.dst)
         result = StepResult()
         for seq in plan.admitted:
@@ -132,6 +132,12 @@ class ModelRunner:
         """Copy cache positions [0, length) of slot src into slot dst."""
         cache = self.model.kv_cache  # [layers, 2, slots, kv_heads, positions, head_dim]
         cache[:, :, dst, :, :length] = cache[:, :, src, :, :length]
+
+    @torch.inference_mode()
+    def swap_slots(self, a: int, b: int, length: int) -> None:
+        """Exchange cache positions [0, length) of slots a and b."""
+        cache = self.model.kv_cache
+        cache[:, :, [a, b], :, :length] = cache[:, :, [b, a], :, :length]
 
     @torch.inference_mode()
     def export_kv(self, slot: int, length: int, layer: int | None = None) -> torch.Tensor:

@@ -69,6 +69,11 @@ class PrefixCache:
         """Positions [0, length) of slot src were copied into slot dst."""
         self.held[dst] = self.held[src][:length]
 
+    def swapped(self, a: int, b: int, length: int) -> None:
+        """Positions [0, length) of two slots were exchanged (a running request moved into a free slot, whose
+        cached prefix went to the slot it left)."""
+        self.held[a], self.held[b] = self.held[b][:length], self.held[a][:length]
+
     def wrote(self, slot: int, token: int, position: int) -> None:
         """A pass wrote one token at this position of the slot's cache (a decode row)."""
         held = self.held[slot]

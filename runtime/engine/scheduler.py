@@ -10,6 +10,10 @@ token, and each admitted prompt with one token left to compute). After the runne
 the slots of finished requests. Because the scheduler owns that bookkeeping it sends a prompt to the free
 slot that holds most of it, and holds back a prompt that shares a prefix no cache holds with one of the
 group: a step later it copies what that one computed.
+
+What a free slot holds is kept as long as it can be (a conversation's history between its turns): a prompt
+that reuses nothing takes the free slot whose cache is worth least (empty, else the one freed longest ago),
+and a running request moved down swaps caches with its destination instead of overwriting it.
 """
 
 from __future__ import annotations
@@ -79,8 +83,9 @@ class Copy:
 
 @dataclass(frozen=True)
 class Move:
-    """Before the pass: a running request moved from slot `src` to the free slot `dst`, with its cache
-    positions [0, length) and its sampling state (`src` keeps its copy of the cache for prefix reuse)."""
+    """Before the pass: a running request moved from slot `src` to the free slot `dst` with its sampling
+    state, the two slots' cache positions [0, length) exchanged (what `dst` held for prefix reuse goes to
+    `src`, which is free from then on)."""
 
     src: int
     dst: int
@@ -138,6 +143,8 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}
         self._free: list[int] = list(range(config.slots))
         heapq.heapify(self._free)
+        self._freed_at: list[int] = [0] * config.slots  # per slot, when it was last freed (finish count)
+        self._finished = 0
         self._released: list[int] = []  # slots freed since the last plan: their sampling state goes
 
     # ---- admission -----------------------------------------------------------------------------------------
@@ -156,15 +163,26 @@ class Scheduler:
     # ---- planning ------------------------------------------------------------------------------------------
 
     def _take_slot(self, prompt_ids: list[int]) -> int:
-        """The free slot whose cache already holds the longest prefix of the prompt; else the lowest."""
-        best, best_len = self._free[0], 0
+        slot = self._slot_for(prompt_ids)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        return slot
+
+    def _slot_for(self, prompt_ids: list[int]) -> int:
+        """The free slot whose cache already holds the longest prefix of the prompt (the lower of equals);
+        else the one whose cache is worth least (`_cheapest_free`)."""
+        best, best_len = -1, 0
         for slot in self._free:
             n = self.prefixes.reusable(slot, prompt_ids)
             if n > best_len or (n == best_len and n > 0 and slot < best):
                 best, best_len = slot, n
-        self._free.remove(best)
-        heapq.heapify(self._free)
-        return best
+        return best if best >= 0 else self._cheapest_free()
+
+    def _cheapest_free(self) -> int:
+        """The free slot whose cache is worth least to keep: one that holds nothing, else the one freed
+        longest ago (its prefix the least likely to be asked for again); the lowest of equals. A high slot
+        costs nothing lasting: a move down exchanges caches (`_compact`)."""
+        return min(self._free, key=lambda s: (bool(self.prefixes.held[s]), self._freed_at[s], s))
 
     def schedule(self) -> StepPlan:
         """Plan the next step: releases, moves down, admissions (one padded prefill group), copies, rows.
@@ -184,13 +202,15 @@ class Scheduler:
         return StepPlan(released, moves, admitted, copies, prefill, [*running, *first])
 
     def plan_export(self, seq: Sequence) -> StepPlan:
-        """A prefill pod's step for one prompt, run alone: it borrows the lowest free slot (reusing any prefix
-        a slot holds), which stays free; its sampling state goes at the next step."""
+        """A prefill pod's step for one prompt, run alone: it borrows a free slot as an admission would take
+        one (reusing any prefix a slot holds), which stays free; its sampling state goes at the next step."""
         if not self._free:
             raise QueueFull(queue_full_message(self.num_slots, self.max_waiting))
-        seq.slot = self._free[0]
+        seq.slot = self._slot_for(seq.prompt_ids)
         copies, prefill, decode = prompt_rows(self.prefixes, [seq])
         self._released.append(seq.slot)
+        self._finished += 1
+        self._freed_at[seq.slot] = self._finished
         return StepPlan(admitted=[seq], copies=copies, prefill=prefill, decode=decode)
 
     def _admit(self) -> list[Sequence]:
@@ -227,8 +247,8 @@ class Scheduler:
     def _compact(self) -> list[Move]:
         """Move running sequences out of slots above the smallest batch bucket that holds them all, into free
         slots below it, so a decode step computes no more rows than its bucket needs (a few requests left in
-        high slots would otherwise keep every step at full width). Booked here: the destination holds what
-        the source held."""
+        high slots would otherwise keep every step at full width). The two slots' caches are exchanged, so
+        the prefix the destination held stays (in the source, free now). Booked here."""
         target = next((b for b in self.batch_buckets if b >= len(self.running)), self.num_slots)
         moves = []
         for src in sorted((s for s in self.running if s >= target), reverse=True):
@@ -240,8 +260,10 @@ class Scheduler:
             seq.slot = dst
             self.running[dst] = seq
             heapq.heappush(self._free, src)
-            self.prefixes.copied(src, dst, seq.num_tokens)
-            moves.append(Move(src, dst, seq.num_tokens))
+            length = max(seq.num_tokens, len(self.prefixes.held[dst]))
+            self.prefixes.swapped(src, dst, length)
+            self._freed_at[src] = self._freed_at[dst]
+            moves.append(Move(src, dst, length))
         return moves
 
     # ---- completion ----------------------------------------------------------------------------------------
@@ -287,6 +309,8 @@ class Scheduler:
             del self.running[seq.slot]
             heapq.heappush(self._free, seq.slot)
             self._released.append(seq.slot)
+            self._finished += 1
+            self._freed_at[seq.slot] = self._finished
 
     def abort(self, request_id: str) -> Sequence | None:
         """Cancel a waiting or running request; returns it, or None when it is unknown or already done."""

@@ -96,6 +96,57 @@ def test_requests_left_in_high_slots_move_down_and_still_produce_their_solo_toke
     assert any(s is not None and s.request_id == ids[3] for s in moved)  # it ran in slot 0 after the move
 
 
+def test_interleaved_conversations_reuse_their_histories_through_moves_and_answer_as_without_reuse(
+    engine, prompts, smollm2_dir
+):
+    """Three conversations whose turns come at their own pace: finishing turns free slots, moves down exchange
+    the caches of running requests with free slots', later turns find their histories wherever the moves put
+    them; every turn's greedy tokens equal those of an engine that reuses nothing."""
+    reference = Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=1, max_seq_len=256, prefill_buckets=[32, 64, 128, 256],
+                                        dtype="float32", prefix_reuse=False),
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=5)
+    reused, slots, moved = [], {}, set()
+    engine.step_observers.append(lambda report: reused.append(report.reused_prompt_tokens))
+    try:
+        history = {c: list(prompts[c]) for c in range(3)}
+        turns = {c: 0 for c in range(3)}
+        asked = {engine.add_request(history[0], params): 0}  # the others join while it runs
+        tokens: dict[str, list[int]] = {i: [] for i in asked}
+        step = found_at_least = 0
+        later: list[tuple[int, int]] = []
+        while asked or later:
+            if step in (1, 3):
+                c = 1 if step == 1 else 2
+                rid = engine.add_request(history[c], params)
+                asked[rid], tokens[rid] = c, []
+            outputs = engine.step()
+            for slot, seq in engine.scheduler.running.items():  # a request in another slot: it moved
+                moved |= {seq.request_id} if slots.setdefault(seq.request_id, slot) != slot else set()
+                slots[seq.request_id] = slot
+            for out in outputs:
+                tokens[out.request_id] += out.token_ids
+                if out.finished:
+                    c = asked.pop(out.request_id)
+                    expected = reference.generate([history[c]], params)[0].token_ids
+                    assert tokens[out.request_id] == expected, (c, turns[c])
+                    turns[c] += 1
+                    if turns[c] < 3:
+                        found_at_least += len(history[c])  # the next turn finds at least this prompt
+                        history[c] += expected + engine.tokenizer.encode(f" And turn {turns[c]}?")
+                        later.append((step + 2 * c, c))  # each at its own pace
+            for due, c in [x for x in later if x[0] <= step]:
+                later.remove((due, c))
+                rid = engine.add_request(history[c], params)
+                asked[rid], tokens[rid] = c, []
+            step += 1
+    finally:
+        engine.step_observers.pop()
+    assert turns == {0: 3, 1: 3, 2: 3} and moved  # every turn answered; running requests moved down
+    assert sum(reused) >= found_at_least  # each later turn found its whole history
+
+
 def test_chat_answer_ends_at_eos_which_is_not_emitted(engine, prompts):
     out = engine.generate([prompts[0]], SamplingParams(max_tokens=60))[0]
     assert out.finish_reason == FinishReason.STOP

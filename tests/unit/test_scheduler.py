@@ -156,10 +156,14 @@ def test_compaction_moves_running_sequences_below_the_batch_bucket_that_holds_th
     for i in (0, 1, 3, 4, 5):  # three left, in slots 2, 6 and 7: bucket 4 holds them
         s.finish(seqs[i], FinishReason.STOP)
     s.prefixes.holds(7, [*seqs[7].prompt_ids, 5])  # r7's prompt, and a position beyond it
+    history = list(range(50, 60))  # what free slot 1 held (a conversation between its turns)
+    s.prefixes.holds(1, history)
     plan = s.schedule()
-    assert [(m.src, m.dst, m.length) for m in plan.moves] == [(7, 0, 4), (6, 1, 4)]
+    # the moves exchange caches: as far as the longer of what each side holds
+    assert [(m.src, m.dst, m.length) for m in plan.moves] == [(7, 0, 4), (6, 1, 10)]
     assert sorted(s.running) == [0, 1, 2] and seqs[7].slot == 0 and seqs[6].slot == 1
     assert s.prefixes.held[0] == seqs[7].prompt_ids  # the destination holds what the source held of r7
+    assert s.prefixes.held[6] == history  # what the destination held is kept, in the slot r6 left
     assert s.schedule().moves == []  # nothing left to move
     assert s.num_free_slots == 5
 
@@ -207,3 +211,71 @@ def test_prompts_whose_shared_prefix_a_slot_holds_or_is_short_are_admitted_toget
     for x in burst:
         s.add(x)
     assert s.schedule().admitted == burst
+
+
+def test_a_prompt_that_reuses_nothing_takes_the_free_slot_worth_least():
+    s = scheduler(4, 64, [16, 32])
+    a, b, c = seq("a", 12), seq("b", 12), seq("c", 12)
+    for x in (a, b, c):
+        s.add(x)
+    s.postprocess(s.schedule(), {a: 5, b: 5, c: 5}, {b: FinishReason.STOP})  # b's slot (1) frees first
+    s.finish(a, FinishReason.STOP)  # then a's (0); c runs in 2; slot 3 has held nothing
+    new = seq("new", 12)
+    s.add(new)
+    s.postprocess(s.schedule(), {new: 5, c: 5}, {})
+    assert new.slot == 3  # the empty slot, not slot 0 or 1 whose caches hold a and b
+    s.finish(new, FinishReason.STOP)
+    again = seq("again", 12)
+    s.add(again)
+    s.postprocess(s.schedule(), {again: 5, c: 5}, {})
+    assert again.slot == 1  # no empty slot left: the one freed longest ago (b's), not a's
+    assert c.slot == 0  # c, alone, moved down into slot 0: a's cache went to slot 2, which c left
+    # a's next turn still finds its whole prompt in place: its answer's token (sampled, never written) and
+    # the new question are computed
+    turn = Sequence("a2", [*a.prompt_ids, *a.output_ids, 7, 7], SamplingParams(), 8)
+    s.add(turn)
+    plan = s.schedule()
+    assert turn.slot == 2 and plan.copies == [] and [r.start for r in plan.rows if r.seq is turn] == [12]
+
+
+@pytest.mark.parametrize("conversations,slots", [(3, 4), (4, 4), (3, 8), (6, 8)])
+def test_interleaved_conversations_each_find_their_whole_history_on_every_later_turn(conversations, slots):
+    """Conversations whose turns come at their own pace, one engine: however finishing turns free slots,
+    moves compact the running ones and new turns take slots, each later turn finds all of its earlier turns
+    (prompt and answer) in some slot's cache: it computes only its new question."""
+    import random
+
+    rng = random.Random(conversations * 100 + slots)
+    s = scheduler(slots, 2048, [16, 64, 256, 1024])
+    start = {c: [zlib.crc32(f"{c}".encode()) % 30000 + 2, *(rng.randrange(2, 30000) for _ in range(300))]
+             for c in range(conversations)}  # fmt: skip
+    later = [(rng.randrange(20), c, Sequence(f"{c}-0", start[c], SamplingParams(), 6)) for c in start]
+    running: dict[int, Sequence] = {}
+    turns = {c: 0 for c in start}
+    step, found = 0, []
+    while later or running:
+        for item in sorted(x for x in later if x[0] <= step):
+            later.remove(item)
+            s.add(item[2])
+            running[item[1]] = item[2]
+        plan = s.schedule()
+        for r in plan.rows:
+            if r.seq in plan.admitted and turns[int(r.seq.request_id.split("-")[0])]:
+                # all but the new question (3 tokens) and the last answer token (sampled, never written)
+                found.append((r.start, len(r.seq.prompt_ids) - 4))
+        s.postprocess(
+            plan,
+            {r.seq: rng.randrange(2, 30000) for r in plan.rows},
+            {r.seq: FinishReason.LENGTH for r in plan.rows if len(r.seq.output_ids) + 1 >= 6},
+        )
+        for c, q in list(running.items()):
+            if q.finished:
+                del running[c]
+                turns[c] += 1
+                if turns[c] < 4:
+                    prompt = [*q.prompt_ids, *q.output_ids, *(rng.randrange(2, 30000) for _ in range(3))]
+                    later.append((step + rng.randrange(12), c, Sequence(f"{c}-{turns[c]}", prompt,
+                                                                         SamplingParams(), 6)))  # fmt: skip
+        step += 1
+    assert len(found) == 3 * conversations
+    assert all(start >= history for start, history in found), found
