@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,19 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
+def decisions(router: str | None) -> Counter:
+    """A front door's routing decisions so far, by reason (empty for round-robin: no front door)."""
+    out: Counter = Counter()
+    if router is None:
+        return out
+    with urllib.request.urlopen(router + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("neuronfleet:router_routing_decisions_total{"):
+                reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                out[reason] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def per_pod(before: list[dict], after: list[dict]) -> dict:
     """Per pod: the prefix cache hit rate and the prompt tokens it took; the imbalance (busiest over mean)."""
     pods = []
@@ -236,6 +250,9 @@ def summary(result: Result, pods: dict) -> dict:
             "errors": result.failed[:3]}  # fmt: skip
 
 
+WORKLOADS = {"multi-turn": multi_turn, "shared-prefix": shared_prefix}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3)
@@ -246,6 +263,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--out", default="routing.json", help="the results' file name in bench/results/")
     parser.add_argument("--png", action="store_true", help="also draw routing.png (needs matplotlib)")
     args = parser.parse_args()
     results_dir = ROOT / "bench" / "results"
@@ -265,30 +285,36 @@ def main() -> None:
                 *itertools.chain.from_iterable(("--unified", p) for p in pods), "--routing", policy,
                 "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
             )  # fmt: skip
-        for seed, (workload, run) in enumerate(
-            (("multi-turn", multi_turn), ("shared-prefix", shared_prefix))
-        ):
+        for seed, (workload, run) in enumerate(WORKLOADS.items()):
+            if workload not in args.workloads:
+                continue
             for i, policy in enumerate(POLICIES):
+                if policy not in args.policies:
+                    continue
                 before = [counters(p) for p in pods]
+                decided = decisions(routers.get(policy))
                 result = asyncio.run(run(targets(policy, pods, routers), args, seed=100 * seed + i))
                 after = [counters(p) for p in pods]
                 out = summary(result, per_pod(before, after))
+                if policy in routers:
+                    out["decisions"] = dict(decisions(routers[policy]) - decided)
                 report["results"].setdefault(workload, {})[policy] = out
                 print(f"{workload:13s} {policy:12s} TTFT p50 {out['ttft_p50_s']:.3f} s p90 "
                       f"{out['ttft_p90_s']:.3f} s  {out['tokens_per_s']:.1f} tok/s  hit rate "
-                      f"{out['hit_rate']:.2f}  imbalance {out['imbalance']:.2f}  failed {out['failed']}",
+                      f"{out['hit_rate']:.2f} {[round(p['hit_rate'], 2) for p in out['pods']]}  imbalance "
+                      f"{out['imbalance']:.2f}  failed {out['failed']}  {out.get('decisions', '')}",
                       flush=True)  # fmt: skip
     finally:
         procs.stop()
     for workload, by_policy in report["results"].items():
-        rr = by_policy["round-robin"]
-        for policy in ("least-loaded", "kv-aware"):
+        rr = by_policy.get("round-robin")
+        for policy in [p for p in ("least-loaded", "kv-aware") if p in by_policy and rr]:
             r = by_policy[policy]
             r["ttft_p50_vs_round_robin"] = r["ttft_p50_s"] / rr["ttft_p50_s"]
             r["tokens_per_s_vs_round_robin"] = r["tokens_per_s"] / rr["tokens_per_s"]
             print(f"{workload}: {policy} TTFT p50 {r['ttft_p50_vs_round_robin']:.2f}x round-robin's, "
                   f"throughput {r['tokens_per_s_vs_round_robin']:.2f}x")  # fmt: skip
-    (results_dir / "routing.json").write_text(json.dumps(report, indent=2))
+    (results_dir / args.out).write_text(json.dumps(report, indent=2))
     if args.png:
         plot(report, results_dir / "routing.png")
 
