@@ -9,8 +9,9 @@ Pods: --pods `neuronfleet serve` processes (each --slots slots, one torch thread
     `--routing least-loaded` or `--routing kv-aware`, as the operator runs it before a unified model's pods.
 Workloads (each with its own texts per policy, so no policy finds what an earlier one left in the caches):
   - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
-    --turns turns; each turn sends the whole history (earlier questions and the model's answers) and waits
-    for its answer before the next;
+    --turns turns; each turn sends the whole history (earlier questions and the model's answers), waits
+    for its answer, and the next comes after a pause (--think-seconds on average: the user reads and types,
+    while the other conversations go on);
   - shared-prefix: --requests requests from --clients clients, each with the same long system prompt
     (~1000 tokens) and a short question of its own.
 Measured per policy and workload: TTFT p50 and p90 (request sent to first streamed content), output tokens/s
@@ -20,7 +21,8 @@ pods (the busiest pod's prompt tokens over the mean). Ratios to round-robin are 
 bench/results/routing.json with the CPU it ran on (and routing.png with --png, which needs matplotlib).
 
     .venv/bin/python bench/routing.py [--pods 3] [--slots 4] [--conversations 9] [--turns 4]
-        [--requests 24] [--clients 6] [--max-tokens 16] [--png]
+        [--think-seconds 1] [--requests 24] [--clients 6] [--max-tokens 16] [--policies ...]
+        [--workloads ...] [--out routing.json] [--png]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -172,6 +174,7 @@ async def multi_turn(target, args, seed: int) -> Result:
                              f"the word {rng.choice(WORDS)}?"})  # fmt: skip
             answer = await chat(session, target(), messages, args.max_tokens, result)
             messages.append({"role": "assistant", "content": answer})
+            await asyncio.sleep(rng.uniform(0, 2 * args.think_seconds))  # the user reads and types
 
     started = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
@@ -259,6 +262,12 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--conversations", type=int, default=9)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--think-seconds",
+        type=float,
+        default=1.0,
+        help="a user's mean pause between an answer and the next turn (uniform, 0 to twice it)",
+    )
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=16)

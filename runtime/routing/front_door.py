@@ -207,8 +207,7 @@ class FrontDoor(HttpApp):
                         "%s %s: pod %s failed (%s); trying another", request.method, path, peer.url, e
                     )
                     continue
-                self.routing.sent(peer.url, blocks, time.monotonic())  # its cache holds the prompt now
-                return await self._answer(request, peer, response)
+                return await self._answer(request, peer, response, blocks)
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
@@ -222,9 +221,12 @@ class FrontDoor(HttpApp):
                                             timeout=timeout, allow_redirects=False)  # fmt: skip
 
     async def _answer(
-        self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse
+        self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse, blocks: list[int]
     ) -> web.StreamResponse:
-        """The pod's answer as it comes; a break after it started cuts the client's connection."""
+        """The pod's answer as it comes; a break after it started cuts the client's connection. Once the
+        answer is whole the pod's cache holds the prompt, and not before: a burst of requests with one new
+        long prefix is spread by load, not piled on the pod still computing it (a stream's first bytes say
+        nothing of that: servers send the role chunk before the prompt is computed)."""
         self.unified.succeeded(peer.url)
         try:
             out = web.StreamResponse(status=response.status, reason=response.reason,
@@ -240,6 +242,8 @@ class FrontDoor(HttpApp):
                 if request.transport is not None:
                     request.transport.close()
                 return out
+            if response.status < 300:
+                self.routing.sent(peer.url, blocks, time.monotonic())
             await out.write_eof()
             return out
         finally:
