@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -57,12 +58,30 @@ def rewrite_command(command: list[str], ports: dict[int, int], mounts: list[tupl
             arg = str(ports[int(arg)])
         elif before == "--host" and arg in ("0.0.0.0", "::"):
             arg = "127.0.0.1"
+        elif before == "--kv-events-config":
+            arg = _local_events_endpoint(arg, ports)
         else:
             arg = map_path(arg, mounts)
         out.append(arg)
     if out and out[0] == "neuronfleet":  # the image's entry point: the installed command
         out[0] = shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet")
     return out
+
+
+def _local_events_endpoint(config: str, ports: dict[int, int]) -> str:
+    """A pod's KV-cache event publisher (`--kv-events-config` JSON) on this machine: its `tcp://*:PORT`
+    endpoint on 127.0.0.1 and the pod's local port, as its other ports."""
+    try:
+        values = json.loads(config)
+        scheme, _, rest = str(values.get("endpoint", "")).partition("://")
+        host, _, port = rest.rpartition(":")
+    except (ValueError, AttributeError):
+        return config  # the pod says what is wrong with it
+    if scheme == "tcp" and port.isdigit() and int(port) in ports:
+        host = POD_IP if host in ("*", "0.0.0.0", "[::]") else host
+        values["endpoint"] = f"tcp://{host}:{ports[int(port)]}"
+        return json.dumps(values)
+    return config
 
 
 @dataclass(eq=False)

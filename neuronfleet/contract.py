@@ -57,6 +57,46 @@ RoutingPolicy = Literal["kv-aware", "least-loaded"]
 ROUTING_LOAD_MARGIN = 2
 ROUTING_CACHE_TOKENS = 32768
 
+
+class KvEventsConfig(BaseModel):
+    """`--kv-events-config`: where a serving pod publishes its KV-cache events (block stored / removed), the
+    JSON that vLLM's flag of the same name takes, with vLLM's keys and defaults (vllm-project/vllm,
+    `vllm/config/kv_events.py`), so the operator renders one form for vLLM pods and ours. Routers that
+    tokenize subscribe to it (runtime/routing/kv_event_index.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["null", "zmq"] | None = None  # None: zmq when enabled, else null
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = Field(10_000, ge=1)
+    hwm: int = Field(100_000, ge=0)
+    max_queue_size: int = Field(100_000, ge=1)
+    topic: str = ""
+
+    @property
+    def publishes(self) -> bool:
+        return (self.publisher or ("zmq" if self.enable_kv_cache_events else "null")) == "zmq"
+
+    @classmethod
+    def parse(cls, text: str) -> KvEventsConfig:
+        """From the flag's JSON; a ValueError says what is wrong and what is expected."""
+        try:
+            return cls.model_validate_json(text)
+        except ValueError as e:
+            keys = ", ".join(cls.model_fields)
+            raise ValueError(
+                f"--kv-events-config {text!r}: expected a JSON object with keys among {keys} (vLLM's), "
+                f'e.g. \'{{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}}\': {e}'
+            ) from None
+
+
+# where the operator's prefill pods of the embedded engine publish their KV-cache events (vLLM's default
+# endpoint port): their router subscribes, at the address it probes them at
+KV_EVENTS_PORT = 5557
+KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{KV_EVENTS_PORT}"})
+
 Role = Literal["unified", "prefill", "decode", "router"]
 # what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
 # protocol at the OpenAI HTTP level (runtime/routing/pd_protocols.py)
@@ -207,6 +247,12 @@ class ServeConfig(BaseModel):
     routing_cache_tokens: int = _flag(
         ROUTING_CACHE_TOKENS, "router, kv-aware: tokens of prompt each pod's prefix cache is taken to hold"
     )
+    kv_events_config: str | None = _flag(
+        None,
+        "unified, prefill, decode: publish the KV-cache's block stored / removed events on ZeroMQ, in vLLM's "
+        "format and with its flag's JSON (keys enable_kv_cache_events, publisher, endpoint, replay_endpoint, "
+        "buffer_steps, hwm, max_queue_size, topic), for routers that place requests by what each pod holds",
+    )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
@@ -242,6 +288,10 @@ class ServeConfig(BaseModel):
                 f"{self.routing_cache_tokens}: requests above the least loaded pod (0 or more) and tokens a "
                 "pod's prefix cache holds (1 or more)"
             )
+        if self.kv_events_config is not None:
+            if self.role == "router":
+                raise ValueError("--kv-events-config is for serving pods (unified, prefill, decode)")
+            KvEventsConfig.parse(self.kv_events_config)
         if self.wake_url is not None and not self.wake_url.startswith(("http://", "https://")):
             raise ValueError(f"--wake-url {self.wake_url!r}: an http:// or https:// URL")
         if self.role != "router" and self.peer_protocol != "neuronfleet":

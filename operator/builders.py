@@ -27,6 +27,7 @@ from neuronfleet.contract import (
     COMPILE_CONFIG_FILE,
     GRACE_PERIOD,
     INTERNAL_TOKEN_DIR,
+    KV_EVENTS_PORT,
     KV_PORT,
     MODEL_MOUNT,
     POD_IP_ENV,
@@ -386,6 +387,8 @@ def build_deployment(
     if ours and role == "decode":
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
+    if ours and role == "prefill" and spec.serving.routing.policy == "kv-aware":  # KV-cache events (ZeroMQ)
+        ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"})
     if ours and role in ("prefill", "decode", "router"):
         volumes.append(
             {"name": "internal-token",

@@ -27,7 +27,16 @@ def run(args: ServeConfig) -> int:
     config = RuntimeConfig.from_serve(args)
     role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
     _log_info()
-    engine = AsyncEngine(lambda: Engine.from_model_dir(args.model, config))
+    publisher = _kv_event_publisher(args)
+
+    def make_engine() -> Engine:
+        engine = Engine.from_model_dir(args.model, config)
+        if publisher is not None:
+            engine.publish_kv_events(publisher.publish)
+        return engine
+
+    engine = AsyncEngine(make_engine)
+    engine.kv_events_endpoint = publisher.endpoint if publisher is not None else None
     server = RuntimeServer(
         engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
     )
@@ -36,6 +45,17 @@ def run(args: ServeConfig) -> int:
         server.extra_routes.extend(routes)
         server.on_startup.extend(startup)
     return _serve_until_stopped(server, args)
+
+
+def _kv_event_publisher(args: ServeConfig):
+    """The pod's KV-cache event publisher, when --kv-events-config asks for one."""
+    from neuronfleet.contract import KvEventsConfig
+
+    if args.kv_events_config is None or not (config := KvEventsConfig.parse(args.kv_events_config)).publishes:
+        return None
+    from neuronfleet.runtime.engine.kv_event_publisher import KvEventPublisher
+
+    return KvEventPublisher(config)
 
 
 def _log_info() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_PORT, ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT, ServeConfig
 
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
@@ -145,6 +145,8 @@ def serve_config(
             return engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
         pod["kv_transport"] = spec.serving.kvTransfer.transport
+    if role == "prefill" and spec.serving.routing.policy == "kv-aware":  # the router places by its events
+        pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
     if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.kv_events import BlockLedger
+from neuronfleet.runtime.engine.kv_events import Event as KvEvent
 from neuronfleet.runtime.engine.model_runner import ModelRunner, StepResult
 from neuronfleet.runtime.engine.scheduler import Scheduler, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
@@ -80,6 +82,8 @@ class Engine:
         self.scheduler = Scheduler(config)
         self.stats = EngineStats()
         self.step_observers: list[Callable[[StepReport], None]] = []
+        self._ledger: BlockLedger | None = None
+        self._publish_events: Callable[[list[KvEvent]], None] = lambda events: None
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
 
@@ -138,11 +142,14 @@ class Engine:
         prompt for prefix reuse and is free again at once."""
         ids = list(token_ids)
         seq = Seq(request_id="export", prompt_ids=ids, params=params or SamplingParams(), max_tokens=1)
+        start = time.perf_counter()
         plan = self.scheduler.plan_export(seq)
         result = self._run(plan)
         if result.failed:
             raise result.failed[0][1]
         self.scheduler.postprocess(plan, result.tokens, {})
+        self._report(plan, result, time.perf_counter() - start)  # its prompt and prefix cache counters
+        self._kv_events()
         return result.tokens[seq], self.runner.export_kv(seq.slot, len(ids))
 
     def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
@@ -152,6 +159,7 @@ class Engine:
         slot = self.scheduler.slot_for_import(list(token_ids))
         if slot is not None:
             self.runner.import_kv(slot, kv, len(token_ids))
+            self._kv_events()
         return slot
 
     def has_work(self) -> bool:
@@ -179,7 +187,20 @@ class Engine:
                 finished[seq] = out.finish_reason
         self.scheduler.postprocess(plan, result.tokens, finished)
         self._report(plan, result, time.perf_counter() - start)
+        self._kv_events()
         return [o for o in outputs if o is not None]
+
+    def publish_kv_events(self, publish: Callable[[list[KvEvent]], None]) -> None:
+        """From now on, after every step, the blocks the slots' caches came to hold or stopped holding go to
+        `publish` as KV-cache events (`kv_events`: vLLM's format)."""
+        self._ledger = BlockLedger(self.config.slots)
+        self._publish_events = publish
+
+    def _kv_events(self) -> None:
+        if self._ledger is not None:
+            events = self._ledger.sync(self.scheduler.prefixes.held)
+            if events:
+                self._publish_events(events)
 
     def _run(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
@@ -187,6 +208,7 @@ class Engine:
             result = self.runner.run(plan)
         except BaseException:
             self.scheduler.lost_cache()
+            self._kv_events()
             raise
         self.stats.model_seconds += time.perf_counter() - t0
         return result
@@ -296,6 +318,7 @@ class AsyncEngine:
 
     def __init__(self, make_engine: Callable[[], Engine]) -> None:
         self._commands: collections.deque = collections.deque()
+        self.kv_events_endpoint: str | None = None  # where its KV-cache events are published, if they are
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False

@@ -120,6 +120,7 @@ def _status(engine: AsyncEngine, agent, role: str, **extra) -> dict[str, Any]:
         "waiting": engine.num_pending,
         "kv_usage": engine.kv_usage,  # a router reports its decode pods' mean (vllm:kv_cache_usage_perc)
         "ready": engine.alive,
+        **({"kv_events": engine.kv_events_endpoint} if engine.kv_events_endpoint else {}),
         **extra,
     }
 

@@ -36,19 +36,21 @@ TTL_SECONDS = 600.0  # what a pod was sent this long ago is assumed gone from it
 REASONS = ("prefix", "load", "overload")
 
 
-def chained(blocks: Iterable[bytes]) -> list[int]:
-    """The blocks' names: each an 8-byte hash of the previous name and the block."""
-    names, previous = [], b""
+def chained(blocks: Iterable[bytes], parent: int | None = None) -> list[int]:
+    """The blocks' names: each an 8-byte hash of the previous name (the parent's, for the first; none at a
+    prompt's start) and the block."""
+    names, previous = [], b"" if parent is None else parent.to_bytes(8, "little")
     for block in blocks:
         previous = hashlib.blake2b(previous + block, digest_size=8).digest()
         names.append(int.from_bytes(previous, "little"))
     return names
 
 
-def token_blocks(ids: Sequence[int], size: int = BLOCK_TOKENS) -> list[int]:
-    """The names of a token sequence's whole blocks (a part-filled last block is not cached as a block)."""
+def token_blocks(ids: Sequence[int], size: int = BLOCK_TOKENS, parent: int | None = None) -> list[int]:
+    """The names of a token sequence's whole blocks (a part-filled last block is not cached as a block),
+    following the block named `parent` (None: the sequence starts a prompt)."""
     whole = len(ids) - len(ids) % size
-    return chained(struct.pack(f"<{size}q", *ids[i : i + size]) for i in range(0, whole, size))
+    return chained((struct.pack(f"<{size}q", *ids[i : i + size]) for i in range(0, whole, size)), parent)
 
 
 def text_blocks(text: str, size: int = BLOCK_CHARS) -> list[int]:
@@ -179,6 +181,7 @@ class Routing:
     blocks_asked: int = field(init=False, default=0)
     blocks_held: int = field(init=False, default=0)
     identities: dict[str, str | None] = field(init=False, default_factory=dict)
+    events: Any = field(init=False, default=None)  # kv_event_index.Subscriptions, for pods that publish
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -208,11 +211,29 @@ class Routing:
         for url in [u for u in self.index.pods if u not in seen]:
             self.index.forget(url)
             self.identities.pop(url, None)
+        if self.events is not None:
+            for url in [u for u in self.events.pods if u not in seen]:
+                self.events.forget(url)
+
+    def held(self, pod: str, blocks: Sequence[int], now: float) -> int:
+        """How many leading blocks the pod holds: as its KV-cache events say where it publishes them (and
+        they have named any block), else as learnt from what this router sent it."""
+        published = self.events.pods.get(pod) if self.events is not None else None
+        if published is not None and published.batches:
+            return published.held(blocks)
+        return self.index.held(pod, blocks, now)
+
+    def occupancy(self, pod: str) -> int:
+        """Blocks the pod holds (as `held` knows it)."""
+        published = self.events.pods.get(pod) if self.events is not None else None
+        if published is not None and published.batches:
+            return len(published.names)
+        return self.index.occupancy(pod)
 
     def pick(self, ranked: Sequence[Any], blocks: Sequence[int], now: float) -> Any:
         """Of pods in the load ranking's order (`peers.Peer`: url, score), the one to send a request of these
         blocks to; counted by reason."""
-        candidates = [Candidate(p.url, p.score, self.index.held(p.url, blocks, now)) for p in ranked]
+        candidates = [Candidate(p.url, p.score, self.held(p.url, blocks, now)) for p in ranked]
         index, reason = choose(candidates, self.policy, self.load_margin)
         self.decisions[reason] += 1
         if blocks:
@@ -259,6 +280,7 @@ class RoutingMetrics:
             asked.add_metric([self.model_name, role], routing.blocks_asked)
             held.add_metric([self.model_name, role], routing.blocks_held)
             ratio.add_metric([self.model_name, role], routing.hit_ratio())
-            for pod in list(routing.index.pods):
-                cached.add_metric([self.model_name, role, pod], routing.index.occupancy(pod))
+            published = routing.events.pods if routing.events is not None else {}
+            for pod in sorted({*routing.index.pods, *published}):
+                cached.add_metric([self.model_name, role, pod], routing.occupancy(pod))
         yield from (decisions, asked, held, ratio, cached)

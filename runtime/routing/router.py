@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.engine.text_output import TextOutput
 from neuronfleet.runtime.routing.holding import Hold
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
@@ -140,6 +141,8 @@ class RemoteBackend:
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
         self.routing = dataclasses.replace(routing or Routing(), by_tokens=True)
+        self.subscriptions = Subscriptions()  # prefill pods that publish KV-cache events
+        self.routing.events = self.subscriptions
         auth = {"Authorization": f"Bearer {token}"}
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval, headers=auth)
         self.kv_timeout = kv_timeout
@@ -220,6 +223,7 @@ class RemoteBackend:
     def shutdown(self) -> None:
         self.watch.stop()
         self.hold.shutdown()
+        self.subscriptions.close()
 
     # ---- peers ----
 
@@ -231,6 +235,8 @@ class RemoteBackend:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             status = None
         peers.probed(url, status)
+        if status is not None and peers is self.prefill:  # what it holds, from its KV-cache events
+            self.subscriptions.follow(url, status.get("kv_events"))
 
     # ---- requests ----
 

@@ -14,10 +14,13 @@ from support import (
     CEILING,
     EXACT_DTYPE,
     EXACT_DTYPE_OPTIONS,
+    metric,
     neuronfleet_command,
     post,
     running_server,
     unified_reference,
+    wait_until,
+    wait_until_async,
 )
 
 from neuronfleet.runtime.engine.config import RuntimeConfig
@@ -239,3 +242,107 @@ def test_peers_resolve_from_urls_and_dns_names():
     assert resolve_peers(["dns://no-such-service.invalid:8000"]) == []
     with pytest.raises(ValueError, match="use http://host:port or dns://name:port"):
         resolve_peers(["10.0.0.5:8000"])
+
+
+def test_kv_events_cross_a_real_socket_and_a_restarted_publisher_is_learnt_again(tmp_path_factory):
+    """Our publisher and a router's subscription over ZeroMQ: batches arrive in order and build the pod's
+    index; a publisher started again (its sequence back at 0) makes the subscriber forget and relearn."""
+    import tempfile
+
+    from neuronfleet.contract import KvEventsConfig
+    from neuronfleet.runtime.engine.kv_event_publisher import KvEventPublisher
+    from neuronfleet.runtime.engine.kv_events import BlockStored
+    from neuronfleet.runtime.routing.kv_event_index import Subscriptions
+    from neuronfleet.runtime.routing.prefix_routing import token_blocks
+
+    folder = tempfile.mkdtemp(prefix="nf-kv", dir="/tmp")  # an ipc path must be short
+    config = KvEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{folder}/pod.sock")
+    tokens = list(range(100, 164))
+
+    async def scenario() -> None:
+        subs = Subscriptions()
+        publisher = KvEventPublisher(config)
+        try:
+            subs.follow("http://127.0.0.1:1", publisher.endpoint)
+            pod = subs.pods["http://127.0.0.1:1"]
+            blocks = token_blocks(tokens)
+            # a PUB socket drops what it sends before the subscriber is connected: publish until one lands
+            for _ in range(200):
+                publisher.publish([BlockStored([1], None, tokens[:16], 16)])
+                await asyncio.sleep(0.05)
+                if pod.batches:
+                    break
+            publisher.publish([BlockStored([2, 3], 1, tokens[16:48], 16)])
+            await wait_until_async(lambda: pod.held(blocks) == 3, "the second batch applied")
+            assert subs.gaps == 0
+            publisher.close()
+            publisher = KvEventPublisher(config)  # the pod restarted: its sequence starts at 0 again
+            for _ in range(200):
+                publisher.publish([BlockStored([7], None, tokens[:16], 16)])
+                await asyncio.sleep(0.05)
+                if subs.gaps:
+                    break
+            await wait_until_async(lambda: pod.held(blocks) == 1, "the restarted pod's block alone")
+            assert subs.gaps == 1
+        finally:
+            subs.close()
+            publisher.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.real_model
+def test_a_second_router_replica_routes_a_conversations_next_turn_by_the_pods_kv_events(
+    smollm2_dir, tmp_path
+):
+    """Two router replicas over two prefill pods that publish KV-cache events: a conversation's first turn
+    goes through one replica, its next turn through the other, which never sent it anything and still
+    chooses the prefill pod that holds its history (decision `prefix`, from the pod's events); that pod finds
+    the history in its cache, and the answer equals the unified engine's."""
+    import tempfile
+
+    from openai import OpenAI
+
+    folder = tempfile.mkdtemp(prefix="nf-kv", dir="/tmp")  # an ipc path must be short
+    (tmp_path / "token").write_text(TOKEN)
+    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)
+
+    def events(name: str) -> tuple[str, str]:
+        return "--kv-events-config", json.dumps({"enable_kv_cache_events": True,
+                                                 "endpoint": f"ipc://{folder}/{name}.sock"})  # fmt: skip
+
+    document = " ".join(f"Item {i} is a {w}." for i, w in enumerate(["red apple", "green pear", "blue plum",
+                        "yellow lemon", "orange carrot", "purple grape"] * 3))  # fmt: skip
+    history = [{"role": "system", "content": "Answer from this list. " + document},
+               {"role": "user", "content": "What is item 3?"}]  # fmt: skip
+    with (
+        running_server(smollm2_dir, "--role", "decode", "--slots", "2", *common) as (decode, _),
+        running_server(smollm2_dir, "--role", "prefill", "--slots", "2", *events("a"), *common) as (pa, _),
+        running_server(smollm2_dir, "--role", "prefill", "--slots", "2", *events("b"), *common) as (pb, _),
+        running_server(smollm2_dir, "--role", "router", "--prefill", pa, "--prefill", pb, "--decode", decode,
+                       "--peer-probe-interval", "0.5", *common) as (one, _),
+        running_server(smollm2_dir, "--role", "router", "--prefill", pa, "--prefill", pb, "--decode", decode,
+                       "--peer-probe-interval", "0.5", *common) as (two, _),
+    ):  # fmt: skip
+
+        def ask(router: str, messages: list[dict]) -> str:
+            client = OpenAI(base_url=router + "/v1", api_key="unused", max_retries=0)
+            resp = client.chat.completions.create(
+                model="smollm2", messages=messages, max_tokens=8, temperature=0
+            )
+            return resp.choices[0].message.content
+
+        def cached(pod: str) -> float:
+            return metric(two, "neuronfleet:router_pod_cached_blocks", role="prefill", pod=pod)
+
+        answer = ask(one, history)
+        holder = max((pa, pb), key=lambda p: metric(p, "vllm:prompt_tokens_total"))
+        wait_until(lambda: cached(holder) > 0, "the second router hears what the first turn stored")
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And item 4?"}]
+        hits = metric(holder, "vllm:prefix_cache_hits_total")
+        unified = unified_reference(smollm2_dir)
+        ids = unified.tokenizer.encode_chat(history)
+        want = unified.generate([ids], SamplingParams(max_tokens=8))[0].text
+        assert ask(two, history) == want
+        assert metric(two, "neuronfleet:router_routing_decisions_total", role="prefill", reason="prefix") == 1
+        assert metric(holder, "vllm:prefix_cache_hits_total") - hits >= len(ids) // 2  # it found the history

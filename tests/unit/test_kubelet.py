@@ -5,10 +5,12 @@ how logs are written and read back under PodLogOptions, and how probe results fo
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
+from neuronfleet.contract import KV_EVENTS_CONFIG, KV_EVENTS_PORT
 from neuronfleet.localcluster.events import Recorder, reference
 from neuronfleet.localcluster.jobs import expired, finished_at
 from neuronfleet.localcluster.kubelet import deletion_rank, template_hash
@@ -46,6 +48,9 @@ def test_ports_hosts_and_mounted_paths_are_mapped():
                        "--port", "41000", "--kv-port", "41001", "--slots", "8000",
                        "--config=/s/cm/compile.json", "/etc/neuronfleetx/other"]  # fmt: skip
     assert map_path("/var/lib/neuronfleet/cache", mounts) == "/s/volumes/ns/cache"
+    # a KV-cache event publisher's endpoint: its port mapped, on the pods' loopback address
+    events = rewrite_command(["x", "--kv-events-config", KV_EVENTS_CONFIG], {KV_EVENTS_PORT: 41002}, [])
+    assert json.loads(events[2]) == {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:41002"}
 
 
 def test_a_new_template_is_a_new_hash():

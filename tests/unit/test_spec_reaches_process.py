@@ -26,7 +26,13 @@ import yaml
 from support import ROOT, neuronfleet_command
 
 from neuronfleet.cli import build_parser
-from neuronfleet.contract import COMPILE_CONFIG_FILE, HF_TOKEN_ENVS, CompileConfig, ServeConfig
+from neuronfleet.contract import (
+    COMPILE_CONFIG_FILE,
+    HF_TOKEN_ENVS,
+    CompileConfig,
+    KvEventsConfig,
+    ServeConfig,
+)
 from neuronfleet.operator import validation
 from neuronfleet.operator.engines import sglang, tgi
 from neuronfleet.runtime.engine.config import RuntimeConfig
@@ -174,6 +180,12 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
     assert runtime.slots == n.batchSize  # /info max_concurrent_requests
     if role in ("prefill", "decode"):  # the KV transport (the engine's default when the spec names none)
         assert config.kv_transport == spec.serving.kvTransfer.transport
+    # prefill pods publish KV-cache events for a kv-aware router (it subscribes at the address it probes)
+    publishes = role == "prefill" and spec.serving.routing.policy == "kv-aware"
+    assert (config.kv_events_config is not None) == publishes
+    if publishes:
+        events = KvEventsConfig.parse(config.kv_events_config)
+        assert events.publishes and events.endpoint.startswith("tcp://*:")  # bound on every interface
 
 
 def check_engine_router(config: ServeConfig, spec, name: str) -> None:
@@ -453,6 +465,10 @@ def check_every_role(path: Path) -> None:
     for role, deployment in by_role.items():
         c = container(deployment)
         assert c["ports"][0]["containerPort"] == spec.serving.port
+        events = next((p for p in c["ports"] if p["name"] == "kv-events"), None)
+        if events is not None:  # the port its KV-cache events are published on is the one it declares
+            config = KvEventsConfig.parse(serve_args(c["command"]).kv_events_config)
+            assert config.endpoint == f"tcp://*:{events['containerPort']}"
         if role == "router":  # every router routes as the spec says (docs/routing.md)
             check_routing(serve_args(c["command"]), spec)
         if role == "router" and spec.serving.mode == "unified":

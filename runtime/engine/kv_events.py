@@ -1,0 +1,198 @@
+"""KV-cache events, in vLLM's wire format: which prefix blocks a pod's cache stored or removed, so that a
+router knows precisely what each pod holds (pure; msgpack only, no sockets).
+
+The format is vLLM's `--kv-events-config` publisher's (vllm-project/vllm, `vllm/distributed/kv_events.py`,
+read at commit 0181ea3): a batch `KVEventBatch(ts, events, data_parallel_rank)` of tagged events
+`BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...)`,
+`BlockRemoved(block_hashes, medium, ...)` and `AllBlocksCleared()`, encoded with msgspec's msgpack encoder.
+That version encodes each struct as a map (an event's class name under "type"); earlier versions encoded the
+batch, and events, as arrays in field order (an event's class name first). `decode_batch` reads both forms;
+`encode_batch` writes the map form. A block hash is opaque (an int, or bytes in later versions): a consumer
+re-derives its own names from `token_ids` and the parent (`routing/kv_event_index.py`).
+
+The embedded runtime publishes the same events (`BlockLedger`): its cache is one sequence per slot, so the
+blocks it holds are the whole blocks (BLOCK_SIZE tokens) of what each slot holds, counted across slots; a
+block is stored when the first slot comes to hold it and removed when the last one stops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+BLOCK_SIZE = 16  # tokens per block: vLLM's default block size
+
+
+class KvEventError(ValueError):
+    """A payload that is not a KV event batch."""
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[Any]
+    parent_block_hash: Any
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[Any]
+    medium: str | None = None
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+_EVENTS: dict[str, type] = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved,
+                            "AllBlocksCleared": AllBlocksCleared}  # fmt: skip
+_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                    "lora_name"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    ts: float
+    events: list[Event] = field(default_factory=list)
+    data_parallel_rank: int | None = None
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    """A batch as vLLM's publisher sends it (map form; fields left at their defaults are omitted after the
+    required ones, as msgspec's omit_defaults does)."""
+    events = []
+    for event in batch.events:
+        name = type(event).__name__
+        item: dict[str, Any] = {"type": name}
+        for key in _FIELDS[name]:
+            item[key] = getattr(event, key)
+        events.append(item)
+    out: dict[str, Any] = {"ts": batch.ts, "events": events}
+    if batch.data_parallel_rank is not None:
+        out["data_parallel_rank"] = batch.data_parallel_rank
+    return msgpack.packb(out, use_bin_type=True)
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """A batch from its msgpack bytes, in the map or the array form; KvEventError says what is wrong."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise KvEventError(f"a KV event batch must be msgpack: {e}") from e
+    if isinstance(raw, dict):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+    elif isinstance(raw, list) and len(raw) in (2, 3):
+        ts, events, rank = raw[0], raw[1], raw[2] if len(raw) == 3 else None
+    else:
+        raise KvEventError(
+            f"a KV event batch is [ts, events, rank] or a map of them, got {type(raw).__name__}"
+        )
+    if not isinstance(ts, int | float) or not isinstance(events, list):
+        raise KvEventError("a KV event batch needs a number ts and a list of events")
+    return EventBatch(float(ts), [_event(e) for e in events], rank)
+
+
+def _event(raw: Any) -> Event:
+    if isinstance(raw, dict):
+        name = raw.get("type")
+        values = {k: raw[k] for k in _FIELDS.get(name, ()) if k in raw} if isinstance(name, str) else {}
+    elif isinstance(raw, list) and raw and isinstance(raw[0], str):
+        name = raw[0]
+        values = dict(zip(_FIELDS.get(name, ()), raw[1:], strict=False))
+    else:
+        raise KvEventError(f"a KV event is a tagged map or array, got {raw!r:.80}")
+    if name not in _EVENTS:
+        raise KvEventError(f"unknown KV event {name!r}: expected one of {', '.join(_EVENTS)}")
+    try:
+        event = _EVENTS[name](**values)
+    except TypeError as e:
+        raise KvEventError(f"{name} lacks a field: {e}") from e
+    if isinstance(event, BlockStored) and (
+        not isinstance(event.token_ids, list) or not isinstance(event.block_size, int) or event.block_size < 1
+        or len(event.token_ids) != len(event.block_hashes) * event.block_size
+    ):  # fmt: skip
+        raise KvEventError(
+            f"BlockStored of {len(event.block_hashes)} blocks of {event.block_size} tokens carries "
+            f"{len(event.token_ids) if isinstance(event.token_ids, list) else 'no'} token ids"
+        )
+    return event
+
+
+def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """The embedded runtime's name for a block: a hash of its parent's name and its tokens (63 bits, so
+    msgpack writes it as a plain integer)."""
+    data = (parent or 0).to_bytes(8, "little") + struct.pack(f"<{len(tokens)}q", *tokens)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+class BlockLedger:
+    """Which whole blocks the slots of an embedded engine hold, and the events that say what changed."""
+
+    def __init__(self, slots: int, block_size: int = BLOCK_SIZE) -> None:
+        self.block_size = block_size
+        self.tokens: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens as last synced
+        self.blocks: list[list[int]] = [[] for _ in range(slots)]  # each slot's block names
+        self.count: dict[int, int] = {}  # block name -> slots holding it
+
+    def sync(self, held: Sequence[list[int]]) -> list[Event]:
+        """Compare with what each slot holds now (`PrefixCache.held`); the events of the difference: blocks
+        no slot held before (stored, with their parent and tokens), then blocks no slot holds any more."""
+        stored: list[BlockStored] = []
+        removed: list[int] = []
+        for slot, now in enumerate(held):
+            before, blocks = self.tokens[slot], self.blocks[slot]
+            common = len(before) if now[: len(before)] == before else _common(before, now)
+            if common == len(before) and len(now) // self.block_size == len(blocks):
+                if len(now) != len(before):
+                    self.tokens[slot] = list(now)
+                continue  # no whole block came or went
+            keep = min(common // self.block_size, len(blocks))
+            for name in blocks[keep:]:
+                self.count[name] -= 1
+                if not self.count[name]:
+                    del self.count[name]
+                    removed.append(name)
+            del blocks[keep:]
+            bs = self.block_size
+            new_names, new_tokens = [], []
+            for i in range(keep, len(now) // bs):
+                chunk = now[i * bs : (i + 1) * bs]
+                name = block_hash(blocks[-1] if blocks else None, chunk)
+                blocks.append(name)
+                self.count[name] = self.count.get(name, 0) + 1
+                if self.count[name] == 1:
+                    if name in removed:  # held again in the same sync: neither removed nor stored
+                        removed.remove(name)
+                    else:
+                        new_names.append(name)
+                        new_tokens.extend(chunk)
+            if new_names:
+                first = blocks.index(new_names[0])
+                stored.append(BlockStored(new_names, blocks[first - 1] if first else None, new_tokens, bs))
+            self.tokens[slot] = list(now)
+        events: list[Event] = [*stored]
+        if removed:
+            events.append(BlockRemoved(removed))
+        return events
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n

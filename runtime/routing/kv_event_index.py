@@ -1,0 +1,181 @@
+"""What each pod's prefix cache holds, precisely, from the KV-cache events it publishes (vLLM's
+`--kv-events-config` ZeroMQ publisher, or ours: `engine/kv_events.py` has the format), for routers that
+tokenize (block names are of token ids).
+
+`PodBlocks` (pure) applies a pod's events: a stored block is named as the router names a prompt's blocks
+(`prefix_routing.token_blocks`: a chained hash of BLOCK_TOKENS token ids), re-derived from the event's token
+ids and its parent's name, so the engine's own hash (sha256, or Python's hash with a seed) never needs to be
+reproduced; an engine block of a multiple of BLOCK_TOKENS tokens is several of our blocks. A block whose
+parent the router never saw stored cannot be named and is skipped (its prefix is not held as far as the
+router knows). Removal and AllBlocksCleared drop names.
+
+`Subscriptions` (the shell) keeps a SUB socket per pod that advertises an endpoint (`kv_events` in its
+`/internal/status`: `tcp://*:PORT` means the pod's own host). Batches carry sequence numbers from 0: a gap
+(dropped by a high-water mark, or a reconnection) or a restart of the sequence means the router no longer
+knows what the pod holds, so it forgets it and starts again from the next batch (a pod is then routed by
+what this router sent it, as for engines that publish nothing, until its events name blocks again). Every
+router replica subscribes to every pod, so replicas agree on what pods hold, whatever each one sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from neuronfleet.runtime.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEventError,
+    decode_batch,
+)
+from neuronfleet.runtime.routing.prefix_routing import BLOCK_TOKENS, token_blocks
+
+log = logging.getLogger(__name__)
+
+
+class PodBlocks:
+    """One pod's cache as its events say: the names of the blocks it holds."""
+
+    def __init__(self) -> None:
+        self.names: Counter[int] = Counter()  # our block name -> engine blocks that hold it
+        self.by_hash: dict[Any, list[int]] = {}  # the engine's block hash -> our names of its tokens
+        self.next_seq = 0
+        self.batches = 0
+        self.unnamed = 0  # blocks skipped: their parent was never seen stored
+        self.refused = 0  # events of a block size that is not a multiple of ours
+
+    def apply(self, batch: EventBatch) -> None:
+        self.batches += 1
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                self._stored(event)
+            elif isinstance(event, BlockRemoved):
+                for block in event.block_hashes:
+                    for name in self.by_hash.pop(_key(block), ()):
+                        self.names[name] -= 1
+                        if self.names[name] <= 0:
+                            del self.names[name]
+            elif isinstance(event, AllBlocksCleared):
+                self.clear()
+
+    def _stored(self, event: BlockStored) -> None:
+        if event.block_size % BLOCK_TOKENS:
+            self.refused += 1
+            return
+        parent: int | None = None
+        if event.parent_block_hash is not None:
+            names = self.by_hash.get(_key(event.parent_block_hash))
+            if not names:
+                self.unnamed += len(event.block_hashes)
+                return
+            parent = names[-1]
+        size = event.block_size
+        for i, block in enumerate(event.block_hashes):
+            names = token_blocks(event.token_ids[i * size : (i + 1) * size], BLOCK_TOKENS, parent)
+            previous = self.by_hash.get(_key(block))
+            if previous is None:  # a hash stored again (another medium) counts once
+                self.by_hash[_key(block)] = names
+                self.names.update(names)
+            parent = names[-1]
+
+    def clear(self) -> None:
+        self.names.clear()
+        self.by_hash.clear()
+
+    def held(self, blocks: Sequence[int]) -> int:
+        """How many leading blocks of a prompt the pod holds."""
+        n = 0
+        for name in blocks:
+            if name not in self.names:
+                break
+            n += 1
+        return n
+
+
+def _key(block: Any) -> Any:
+    return bytes(block) if isinstance(block, bytearray | list) else block
+
+
+class Subscriptions:
+    """A SUB socket per publishing pod; what each holds, in `pods` (by the pod's URL)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodBlocks] = {}
+        self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
+        self.gaps = 0
+
+    def follow(self, url: str, advertised: str | None) -> None:
+        """Subscribe to the pod at `url` publishing at `advertised` (from its status; None: it publishes
+        nothing, and anything known of it goes)."""
+        endpoint = _endpoint(url, advertised) if advertised else None
+        current = self._tasks.get(url)
+        if current is not None and current[0] == endpoint:
+            return
+        if current is not None:
+            current[1].cancel()
+            del self._tasks[url]
+            self.pods.pop(url, None)
+        if endpoint is not None:
+            self.pods[url] = PodBlocks()
+            self._tasks[url] = (endpoint, asyncio.get_running_loop().create_task(self._listen(url, endpoint)))
+
+    def forget(self, url: str) -> None:
+        """The pod restarted or left: what it held is gone; a new subscription starts from its next status."""
+        entry = self._tasks.pop(url, None)
+        if entry is not None:
+            entry[1].cancel()
+        self.pods.pop(url, None)
+
+    def close(self) -> None:
+        for _, task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+    async def _listen(self, url: str, endpoint: str) -> None:
+        import zmq
+        import zmq.asyncio
+
+        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.connect(endpoint)
+        try:
+            while True:
+                frames = await socket.recv_multipart()
+                pod = self.pods.get(url)
+                if pod is None:
+                    return
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    log.warning("pod %s: a KV event message is (topic, sequence, batch), not %d frames",
+                                url, len(frames))  # fmt: skip
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                if seq != pod.next_seq and pod.batches:
+                    self.gaps += 1
+                    log.warning("pod %s: KV event batch %d after %d (missed or restarted): what it holds is "
+                                "learnt again from here", url, seq, pod.next_seq - 1)  # fmt: skip
+                    pod.clear()
+                pod.next_seq = seq + 1
+                try:
+                    pod.apply(decode_batch(frames[2]))
+                except KvEventError as e:
+                    log.warning("pod %s: KV event batch %d refused: %s", url, seq, e)
+        finally:
+            socket.close(linger=0)
+
+
+def _endpoint(url: str, advertised: str) -> str:
+    """The endpoint to connect to: a wildcard host (`*`, 0.0.0.0, ::) is the pod's own (its URL's); ipc://
+    and inproc:// endpoints are as advertised (the same machine, the same process)."""
+    scheme, _, rest = advertised.partition("://")
+    if scheme != "tcp":
+        return advertised
+    host, _, port = rest.rpartition(":")
+    if host in ("*", "0.0.0.0", "[::]", "::", ""):
+        host = urlsplit(url).hostname or "127.0.0.1"
+    return f"{scheme}://{host}:{port}"
