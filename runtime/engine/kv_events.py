@@ -1,14 +1,18 @@
 """KV-cache events, in vLLM's wire format: which prefix blocks a pod's cache stored or removed, so that a
 router knows precisely what each pod holds (pure; msgpack only, no sockets).
 
-The format is vLLM's `--kv-events-config` publisher's (vllm-project/vllm, `vllm/distributed/kv_events.py`,
-read at commit 0181ea3): a batch `KVEventBatch(ts, events, data_parallel_rank)` of tagged events
-`BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...)`,
-`BlockRemoved(block_hashes, medium, ...)` and `AllBlocksCleared()`, encoded with msgspec's msgpack encoder.
-That version encodes each struct as a map (an event's class name under "type"); earlier versions encoded the
-batch, and events, as arrays in field order (an event's class name first). `decode_batch` reads both forms;
-`encode_batch` writes the map form. A block hash is opaque (an int, or bytes in later versions): a consumer
-re-derives its own names from `token_ids` and the parent (`routing/kv_event_index.py`).
+The format is vLLM's `--kv-events-config` publisher's (vllm-project/vllm, `vllm/distributed/kv_events.py`):
+a batch `KVEventBatch(ts, events, data_parallel_rank)` of tagged events `BlockStored(block_hashes,
+parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...)`, `BlockRemoved(block_hashes,
+medium, ...)` and `AllBlocksCleared()`, encoded with msgspec's msgpack encoder. Its encoding has changed
+twice: every struct positional (msgspec `array_like`: an event is an array, its class name first) in earlier
+versions; events as maps with the class name under "type" inside a positional batch since vllm-project/vllm
+#42892 (a batch recorded from vLLM 0.26.0 reads `[ts, [{"type": "BlockStored", ...}], 0]`,
+volcano-sh/kthena#1535); the batch a map too at commit 0181ea3 of main. Consumers (llm-d-kv-cache#661) read
+fields by name. `decode_batch` reads every form and ignores fields it does not use (`extra_keys`,
+`group_idx`, ...); `encode_batch` writes the recorded 0.26.0 form. A block hash is opaque (an int, or bytes in
+later versions): a consumer re-derives its own names from `token_ids` and the parent
+(`routing/kv_event_index.py`).
 
 The embedded runtime publishes the same events (`BlockLedger`): its cache is one sequence per slot, so the
 blocks it holds are the whole blocks (BLOCK_SIZE tokens) of what each slot holds, counted across slots; a
@@ -73,8 +77,8 @@ class EventBatch:
 
 
 def encode_batch(batch: EventBatch) -> bytes:
-    """A batch as vLLM's publisher sends it (map form; fields left at their defaults are omitted after the
-    required ones, as msgspec's omit_defaults does)."""
+    """A batch as vLLM 0.26.0's publisher sends it: [ts, events, data_parallel_rank], each event a map
+    tagged by "type"."""
     events = []
     for event in batch.events:
         name = type(event).__name__
@@ -82,10 +86,7 @@ def encode_batch(batch: EventBatch) -> bytes:
         for key in _FIELDS[name]:
             item[key] = getattr(event, key)
         events.append(item)
-    out: dict[str, Any] = {"ts": batch.ts, "events": events}
-    if batch.data_parallel_rank is not None:
-        out["data_parallel_rank"] = batch.data_parallel_rank
-    return msgpack.packb(out, use_bin_type=True)
+    return msgpack.packb([batch.ts, events, batch.data_parallel_rank], use_bin_type=True)
 
 
 def decode_batch(payload: bytes) -> EventBatch:

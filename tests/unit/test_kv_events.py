@@ -29,6 +29,16 @@ def sha(i: int) -> bytes:  # later vLLM versions' block hashes are bytes (sha256
     return hashlib.sha256(str(i).encode()).digest()
 
 
+# a batch recorded from vLLM 0.26.0's publisher (`--kv-events-config '{"enable_kv_cache_events":true,
+# "topic":"kv-events"}'`, Qwen3-8B), as decoded in volcano-sh/kthena#1535: a positional batch of tagged maps
+RECORDED_HASH = 15760518052499183552
+RECORDED_0_26 = msgpack.packb([1789095808.8378847, [{
+    "type": "BlockStored", "block_hashes": [RECORDED_HASH], "parent_block_hash": None,
+    "token_ids": [151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198,
+                  151667],
+    "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [None],
+    "group_idx": 0, "kv_cache_spec_kind": "full_attention"}], 0], use_bin_type=True)  # fmt: skip
+
 # vLLM's batches as its publisher encodes them (vllm/distributed/kv_events.py), written out field by field:
 # the map form (msgspec structs without array_like: an event's class name under "type"; at commit 0181ea3)
 MAP_FORM = msgpack.packb({
@@ -53,7 +63,19 @@ ARRAY_FORM = msgpack.packb([
 ], use_bin_type=True)  # fmt: skip
 
 
-def test_both_encodings_of_vllms_batches_decode_to_the_same_events():
+def test_a_batch_recorded_from_vllm_decodes_and_names_its_block_as_the_router_names_the_prompt():
+    batch = decode_batch(RECORDED_0_26)
+    (stored,) = batch.events
+    assert (batch.data_parallel_rank, stored.block_size, stored.medium) == (0, 16, "GPU")
+    pod = PodBlocks()
+    pod.apply(batch)
+    assert pod.held(token_blocks([*stored.token_ids, 1, 2, 3])) == 1  # a prompt starting with that block
+    removed = {"type": "BlockRemoved", "block_hashes": [RECORDED_HASH], "medium": "GPU", "group_idx": 0}
+    pod.apply(decode_batch(msgpack.packb([1.0, [removed], 0])))
+    assert not pod.names
+
+
+def test_every_encoding_of_vllms_batches_decodes_to_the_same_events():
     batch = decode_batch(MAP_FORM)
     assert batch.ts == 1764800000.5 and batch.data_parallel_rank == 0
     assert batch.events[0] == BlockStored([sha(1), sha(2)], None, TOKENS[:32], 16, None, "GPU", None)
@@ -63,8 +85,8 @@ def test_both_encodings_of_vllms_batches_decode_to_the_same_events():
     assert old.events == [stored, BlockRemoved([12], "GPU"), AllBlocksCleared()]
     ours = EventBatch(2.0, [BlockStored([5], None, TOKENS[:16], 16), BlockRemoved([5])], 1)
     assert decode_batch(encode_batch(ours)) == ours
-    assert msgpack.unpackb(encode_batch(ours))["events"][1] == {"type": "BlockRemoved", "block_hashes": [5],
-                                                                "medium": None}  # fmt: skip
+    sent = msgpack.unpackb(encode_batch(ours))  # as vLLM 0.26.0 sends it
+    assert sent[1][1] == {"type": "BlockRemoved", "block_hashes": [5], "medium": None}
 
 
 @pytest.mark.parametrize(
