@@ -5,7 +5,9 @@ events, in batches, on a ZeroMQ PUB socket as vLLM's publisher sends them (vllm-
 `inproc://`) is bound, as vLLM's is, and so is one on a loopback address (local mode runs pods on
 127.0.0.1), another connected. With a replay endpoint (a ROUTER socket) a subscriber that missed
 batches sends the first sequence number it lacks (8 bytes, big-endian) and gets every buffered batch from
-there as (sequence, payload), then (-1, empty). One thread owns the sockets; the engine only queues.
+there as (sequence, payload), then (-1, empty): the replay framing of vLLM before vllm-project/vllm#45177
+(0.26.0 added the topic frame), so that of the pinned plugin image's vLLM 0.24.0. One thread owns the
+sockets; the engine only queues.
 """
 
 from __future__ import annotations
