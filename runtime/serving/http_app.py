@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import web, web_log
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,22 @@ Hook = Callable[[web.Application], Awaitable[None]]
 IDLE_CLOSE_SECONDS = 2.0  # a connection with no request for this long while draining is closed
 REFUSE_WITHIN = 0.1  # the last tenth of the grace period: new requests are refused (503), so that those
 # already running can finish in time
+
+
+PROBES = frozenset({"/health", "/ready"})  # the kubelet's liveness and readiness probes
+
+
+class QuietProbesAccessLog(web_log.AccessLogger):
+    """The access log without the kubelet's probes that succeed (one line each every few seconds per pod
+    would bury every request in `kubectl logs`); they are logged at DEBUG, and a failed probe (503 while
+    draining or before the model is ready) at INFO like every other request."""
+
+    def log(self, request, response, time: float) -> None:
+        if request.path in PROBES and response.status < 400:
+            if self.logger.isEnabledFor(logging.DEBUG):
+                self.logger.debug("%s %s %d", request.method, request.path, response.status)
+            return
+        super().log(request, response, time)
 
 
 class HttpApp:

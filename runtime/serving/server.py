@@ -42,7 +42,7 @@ from neuronfleet.runtime.serving.errors import (
     openai_error_body,
     tgi_error_body,
 )
-from neuronfleet.runtime.serving.http_app import HttpApp
+from neuronfleet.runtime.serving.http_app import HttpApp, QuietProbesAccessLog
 
 log = logging.getLogger(__name__)
 
@@ -473,7 +473,7 @@ async def serve(server: RuntimeServer, host: str, port: int, grace_period: float
     tenth) until no request runs and no connection is open, or `grace_period` seconds; then any request still
     running ends with an error, and the backend stops."""
     # handler_cancellation: a client that leaves cancels its handler, which aborts its request.
-    runner = web.AppRunner(server.app(), handler_cancellation=True)
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log_class=QuietProbesAccessLog)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("serving %s on http://%s:%d", server.model_name, host, port)

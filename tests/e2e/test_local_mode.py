@@ -128,7 +128,8 @@ def test_a_unified_model_compiles_serves_heals_rolls_and_goes(local):
     assert row[:2] == ["smollm2", "Ready"] and row[-2] == endpoint
     (pod,) = local.pods("neuronfleet.dev/role=unified")
     log = local.kubectl("logs", pod["metadata"]["name"]).stdout
-    assert "GET /ready" in log  # kubectl logs reads the pod's log file (the readiness probes' requests)
+    # kubectl logs reads the pod's log file: the chat request is there, the kubelet's probes are not
+    assert "POST /v1/chat/completions" in log and "GET /ready" not in log and "GET /health" not in log
 
     # a serving process that dies is restarted by the kubelet, and traffic continues
     pid = int((local.state / "node" / "pods" / f"default_{pod['metadata']['name']}" / "pid").read_text())

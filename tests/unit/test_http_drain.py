@@ -46,3 +46,30 @@ def test_idle_connections_close_and_busy_ones_stay_while_draining(monkeypatch):
     assert (idle.closed, busy.closed, recent.closed, unknown.closed) == (True, False, False, True)
     app.close_idle([busy])  # the closed ones are gone from the server's list: forgotten
     assert set(app._connections) == {busy}
+
+
+def test_the_access_log_leaves_out_successful_probes_and_keeps_every_other_request(caplog):
+    """`kubectl logs` of a pod shows its requests, not the kubelet's probes every few seconds; a failed
+    probe (503 while draining) is kept, and at DEBUG the probes come back."""
+    import logging
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from neuronfleet.runtime.serving.http_app import QuietProbesAccessLog
+
+    logger = logging.getLogger("test.access")
+    access = QuietProbesAccessLog(logger, web.AccessLogger.LOG_FORMAT)
+    with caplog.at_level(logging.INFO, logger="test.access"):
+        for method, path, status in (("GET", "/health", 200), ("GET", "/ready", 200),
+                                     ("POST", "/v1/chat/completions", 200), ("GET", "/ready", 503),
+                                     ("GET", "/metrics", 200)):  # fmt: skip
+            access.log(make_mocked_request(method, path), web.Response(status=status), 0.01)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in lines[0]
+    assert '"GET /ready HTTP/1.1" 503' in lines[1] and '"GET /metrics HTTP/1.1" 200' in lines[2]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="test.access"):
+        access.log(make_mocked_request("GET", "/ready"), web.Response(status=200), 0.01)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("DEBUG", "GET /ready 200")]
