@@ -247,8 +247,33 @@ def _cmd_local(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+DESCRIPTION = (
+    "neuronfleet runs LLM inference fleets on AWS Neuron: a Kubernetes operator that turns a NeuronModel "
+    "into an autoscaled HTTP endpoint, the inference runtime its pods run, and a local cluster to try both "
+    "on this machine (no Kubernetes, no Neuron device). Start with `neuronfleet up`; `neuronfleet COMMAND "
+    "--help` says more."
+)
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth saying (not None, not a switch's
+    off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = action.default in (None, argparse.SUPPRESS, False) or isinstance(
+            action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse._VersionAction
+        )
+        if quiet or "%(default)" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuronfleet", description=__doc__)
+    from neuronfleet import __version__
+
+    parser = argparse.ArgumentParser(prog="neuronfleet", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"neuronfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="model folders: import and convert")
@@ -264,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     imp.set_defaults(func=_cmd_import_gguf)
 
-    gen = sub.add_parser("generate", help="generate text from a prompt on this machine; prints only the text")
+    gen = sub.add_parser("generate", help="generate text from a prompt on this machine; prints only the text",
+                         formatter_class=DefaultsShown)  # fmt: skip
     gen.add_argument("--model", required=True, help="Hugging Face-format model folder")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-tokens", type=int, default=128)
@@ -278,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.set_defaults(func=_cmd_generate)
 
-    srv = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and TGI APIs, metrics)")
+    srv = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and TGI APIs, metrics)",
+                         formatter_class=DefaultsShown)  # fmt: skip
     add_serve_arguments(srv)  # one flag per ServeConfig field
     srv.set_defaults(func=_cmd_serve)
 
