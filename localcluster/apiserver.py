@@ -312,7 +312,7 @@ class EmulatedAPIServer:
         if method == "GET" and name is None and sub is None:
             items = store.select(kind, ns, params)
             if "as=Table" in accept:
-                return self._json(table(kind, items, store.last_revision))
+                return self._json(table(kind, items, store.last_revision, include=_include(params)))
             meta = {"resourceVersion": str(store.last_revision)}
             return self._json(
                 {"apiVersion": kind.api_version, "kind": f"{kind.kind}List", "metadata": meta, "items": items}
@@ -323,7 +323,9 @@ class EmulatedAPIServer:
             obj = store.get(kind, ns, name)
             if sub == "scale":
                 return self._json(scale_view(obj, kind))
-            return self._json(table(kind, [obj], store.last_revision) if "as=Table" in accept else obj)
+            if "as=Table" in accept:
+                return self._json(table(kind, [obj], store.last_revision, include=_include(params)))
+            return self._json(obj)
         body = await self._body(request)
         if method == "POST" and name is None:
             created = await store.create(kind, ns, body, params)
@@ -366,7 +368,8 @@ class EmulatedAPIServer:
         try:
             async for event, obj in events:
                 if as_table:
-                    obj = table(kind, [obj], obj["metadata"].get("resourceVersion", ""), headers=headers)
+                    version = obj["metadata"].get("resourceVersion", "")
+                    obj = table(kind, [obj], version, headers=headers, include=_include(params))
                     headers = False
                 await response.write(json.dumps({"type": event, "object": obj}).encode() + b"\n")
         except (Expired, ApiError) as e:
@@ -468,6 +471,12 @@ def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
 
 FAULTS_PATH = "/neuronfleet/faults"
 OUTAGE_DELAY = 0.2  # seconds from the outage switch's answer to the outage
+
+
+def _include(params) -> str:
+    """A Table's `includeObject` (Metadata, Object or None; Metadata when not said or not one of them)."""
+    value = params.get("includeObject", "Metadata")
+    return value if value in ("Metadata", "Object", "None") else "Metadata"
 
 
 def bearer_user(request: aiohttp.web.BaseRequest) -> str:

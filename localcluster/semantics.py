@@ -40,19 +40,26 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
+# the kinds a real API server puts in the `all` category (`kubectl get all`) that this one serves; a
+# NeuronModel is not among them: `kubectl delete all --all` would delete the models, which own everything
+# else (`kubectl get neuronmodels,all` lists both)
+ALL = ("all",)
+
 BUILTIN = [
     Resource("", "v1", "namespaces", "Namespace", False, ("status",), ("ns",)),
-    Resource("", "v1", "pods", "Pod", True, ("status", "log"), ("po",)),
-    Resource("", "v1", "services", "Service", True, ("status",), ("svc",)),
+    Resource("", "v1", "pods", "Pod", True, ("status", "log"), ("po",), categories=ALL),
+    Resource("", "v1", "services", "Service", True, ("status",), ("svc",), categories=ALL),
     Resource("", "v1", "endpoints", "Endpoints", True, (), ("ep",)),
     Resource("", "v1", "configmaps", "ConfigMap", True, (), ("cm",)),
     Resource("", "v1", "secrets", "Secret", True),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", True, (), ("sa",)),
     Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("status",), ("pvc",)),
     Resource("", "v1", "events", "Event", True, (), ("ev",)),
-    Resource("apps", "v1", "deployments", "Deployment", True, ("status", "scale"), ("deploy",)),
-    Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("status", "scale"), ("rs",)),
-    Resource("batch", "v1", "jobs", "Job", True, ("status",)),
+    Resource(
+        "apps", "v1", "deployments", "Deployment", True, ("status", "scale"), ("deploy",), categories=ALL
+    ),
+    Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("status", "scale"), ("rs",), categories=ALL),
+    Resource("batch", "v1", "jobs", "Job", True, ("status",), categories=ALL),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("status",), ("pdb",)),
     Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, (), ("netpol",)),
     Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),

@@ -440,19 +440,29 @@ def columns_and_row(kind: Resource) -> tuple[list[dict[str, Any]], Row]:
 
 
 def table(
-    kind: Resource, items: list[dict[str, Any]], resource_version: int | str, headers: bool = True
+    kind: Resource,
+    items: list[dict[str, Any]],
+    resource_version: int | str,
+    headers: bool = True,
+    include: str = "Metadata",
 ) -> dict[str, Any]:
     """A meta.k8s.io/v1 Table of the objects; without `headers`, no columnDefinitions (as in the watch events
-    after the first, which the API server sends with NoHeaders)."""
+    after the first, which the API server sends with NoHeaders). Each row carries its object as the request's
+    `includeObject` asks: `Metadata` (the default: a PartialObjectMetadata), `Object` (the whole object:
+    kubectl asks for it to sort by a field, `--sort-by`) or `None`."""
     columns, row = columns_and_row(kind)
     rows = []
     for obj in items:
-        partial = {
-            "apiVersion": "meta.k8s.io/v1",
-            "kind": "PartialObjectMetadata",
-            "metadata": obj["metadata"],
-        }
-        rows.append({"cells": row(obj), "object": partial})
+        entry: dict[str, Any] = {"cells": row(obj)}
+        if include == "Object":
+            entry["object"] = {"apiVersion": kind.api_version, "kind": kind.kind, **obj}
+        elif include != "None":
+            entry["object"] = {
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": obj["metadata"],
+            }
+        rows.append(entry)
     out: dict[str, Any] = {
         "apiVersion": "meta.k8s.io/v1",
         "kind": "Table",

@@ -262,3 +262,33 @@ def test_every_sample_as_the_api_server_stores_it_is_accepted_by_the_operators_v
     report = validation.check(stored)
     assert report.ok, report.errors
     with_crd.kubectl("delete", "nm", obj["metadata"]["name"])
+
+
+def test_kubectl_get_all_lists_the_all_category_and_sort_by_sorts(api):
+    """`kubectl get all` (the kinds a real server puts in the `all` category: pods, services, deployments,
+    replicasets, jobs; not ConfigMaps, nor NeuronModels, which `delete all --all` would otherwise delete) and
+    `kubectl get events --sort-by=.lastTimestamp` (kubectl asks for the rows' whole objects to sort them)."""
+    docs = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "all-ns"},
+         "spec": {"ports": [{"port": 80}], "selector": {"app": "web"}}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "all-ns"},
+         "data": {"a": "1"}},
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "once", "namespace": "all-ns"},
+         "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                        "containers": [{"name": "c", "image": "busybox"}]}}}},
+    ]  # fmt: skip
+    for i, (name, when) in enumerate(
+        [("b-late", "12:00:30"), ("a-early", "12:00:10"), ("c-middle", "12:00:20")]
+    ):
+        docs.append({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "all-ns"},
+                     "involvedObject": {"kind": "Job", "name": "once", "namespace": "all-ns"},
+                     "reason": f"R{i}", "message": name, "type": "Normal",
+                     "lastTimestamp": f"2026-12-04T{when}Z",
+                     "firstTimestamp": f"2026-12-04T{when}Z"})  # fmt: skip
+    api.kubectl("create", "namespace", "all-ns")
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    listed = set(api.kubectl("get", "all", "-n", "all-ns", "-o", "name").stdout.split())
+    assert {"service/web", "job.batch/once"} <= listed and not any("configmap" in n for n in listed), listed
+    rows = api.kubectl("get", "events", "-n", "all-ns", "--sort-by=.lastTimestamp").stdout.splitlines()
+    messages = [row.split()[-1] for row in rows[1:]]
+    assert messages == ["a-early", "c-middle", "b-late"], rows
