@@ -2,9 +2,13 @@
 # The main job on the embedded default, the whole journey on this machine (no cluster, no Neuron hardware):
 # set up, `neuronfleet up` (emulated API server + process kubelet + the operator), `kubectl apply` the local
 # SmolLM2 sample, wait until it is Ready (its compile Job really compiles, its pod really serves), send a chat
-# request to its endpoint with curl (the OpenAI API), then `neuronfleet down`. Prints each phase's time.
+# request to its endpoint with curl (the OpenAI API), then `neuronfleet down`. Prints each phase's time and
+# the answer's text (`--raw`: the whole JSON answer as the API sent it).
+#   bash scripts/demo.sh [--raw] ["a question"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+RAW=
+if [ "${1:-}" = --raw ]; then RAW=1; shift; fi
 QUESTION=${1:-What is the capital of France?}
 SAMPLE=${SAMPLE:-crds/samples/smollm2-135m-local-cpu.yaml}
 STATE=${STATE:-.neuronfleet}
@@ -39,6 +43,18 @@ BODY=$(.venv/bin/python -P -c 'import json, sys; print(json.dumps({"model": sys.
   "messages": [{"role": "user", "content": sys.argv[1]}]}))' "$QUESTION" "$NAME")
 t=$(clock)
 echo "[demo] POST $ENDPOINT/v1/chat/completions"
-curl -sS "$ENDPOINT/v1/chat/completions" -H 'Content-Type: application/json' -d "$BODY"
-echo
+ANSWER=$(curl -sS "$ENDPOINT/v1/chat/completions" -H 'Content-Type: application/json' -d "$BODY")
 took "the chat request" "$t"
+if [ -n "$RAW" ]; then
+  echo "$ANSWER"
+else  # the answer's text, then its token counts; an error as the server said it
+  .venv/bin/python -P - "$ANSWER" <<'PY'
+import json, sys
+answer = json.loads(sys.argv[1])
+if "choices" not in answer:
+    sys.exit(f"[demo] the model answered with an error: {json.dumps(answer)}")
+print("\n" + answer["choices"][0]["message"]["content"] + "\n")
+usage = answer.get("usage") or {}
+print(f"[demo] {usage.get('prompt_tokens')} prompt tokens, {usage.get('completion_tokens')} generated")
+PY
+fi
