@@ -477,7 +477,8 @@ def plan(body: dict[str, Any], parsed: Parsed, observed: Observed, at: str, sett
         serving_spec=stored, drain_until=drain_until, retry_at=step.retry_at, source_check=step.source_check,
         failing=served.failing if served else [], endpoint=endpoint, compiling=step.progress,
         compile_step=spec is None or engines.compiles(spec),
-        notice=engines.notice(spec) if spec is not None else None, at=at,
+        notice=engines.notice(spec) if spec is not None else None,
+        replicas_notice=scaling.replicas_notice(spec) if spec is not None else None, at=at,
     )  # fmt: skip
     if parsed.valid:  # (a refused spec keeps what it had made)
         assert spec is not None and served is not None

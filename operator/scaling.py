@@ -60,6 +60,24 @@ def prefill_for(spec: NeuronModelSpec, decode: int) -> int:
     return prefill
 
 
+def replicas_notice(spec: NeuronModelSpec) -> str | None:
+    """One replica count: spec.replicas (what `kubectl scale neuronmodel`, an HPA or KEDA writes) decides the
+    scaled role's pods whenever it is set; serving.<role>.replicas is the count while it is unset. Said (the
+    Validated condition's message, and an Event) when the two differ on a model no autoscaler scales, so a
+    reader of the serving block knows it is not what runs; None otherwise."""
+    if spec.replicas is None or spec.autoscaling.enabled:
+        return None
+    role = scaled_role(spec)
+    declared = getattr(spec.serving, role).replicas
+    if declared == spec.replicas:
+        return None
+    follows = ", prefill following serving's prefill:decode ratio" if role == "decode" else ""
+    return (
+        f"spec.replicas ({spec.replicas}, what kubectl scale sets) decides the {role} pods{follows}; "
+        f"serving.{role}.replicas ({declared}) counts only while spec.replicas is unset"
+    )
+
+
 def role_replicas(spec: NeuronModelSpec) -> dict[str, int]:
     """Role -> replicas: serving.*.replicas, or, when spec.replicas is set, that many unified pods, or that
     many decode pods with prefill following (`prefill_for`); the router keeps its own count (a unified model

@@ -215,6 +215,7 @@ def compute_status(
     compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
     compiling: dict[str, Any] | None = None,  # a running compile's progress (`compile_progress`)
     notice: str | None = None,  # what a user of this engine should know (`engines.notice`): said once
+    replicas_notice: str | None = None,  # which replica count decides (`scaling.replicas_notice`): said once
     endpoint: str | None,
     at: str,
 ) -> dict[str, Any]:
@@ -295,7 +296,7 @@ def compute_status(
                 conds,
                 "Validated",
                 True,
-                *(("LegacyEngine", notice) if notice else ("Valid", VALID)),
+                *_validated(notice, replicas_notice),
                 generation,
                 at,
             ),
@@ -358,6 +359,16 @@ def autoscaling_condition(
     return condition(old, "AutoscalingActive", True, kind, message, generation, at)
 
 
+def _validated(notice: str | None, replicas_notice: str | None) -> tuple[str, str]:
+    """The Validated condition's reason and message for a valid spec: what its engine's user should know
+    (LegacyEngine) and which replica count decides (ReplicasFromScale), each said where it applies."""
+    if notice:
+        return "LegacyEngine", f"{notice}; {replicas_notice}" if replicas_notice else notice
+    if replicas_notice:
+        return "ReplicasFromScale", f"{VALID}; {replicas_notice}"
+    return "Valid", VALID
+
+
 def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(event type, reason, message) for what changed: Normal for progress (compile started, compiled or a
     cache hit, a roll started, rolled out, recovered), Warning only for problems (refused, compile failed,
@@ -372,6 +383,8 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
             out.append(("Warning", "Refused", message))
         elif kind == "Validated" and reason == "LegacyEngine" and changed:
             out.append(("Normal", "LegacyEngine", message))
+        elif kind == "Validated" and reason == "ReplicasFromScale" and prev.get("message") != message:
+            out.append(("Normal", "ReplicasFromScale", message))
         elif kind == "Compiled" and reason == "Compiling" and (changed or prev.get("message") != message):
             if prev.get("message", "").split(":")[0] != message.split(":")[0]:  # a new hash, not progress
                 out.append(("Normal", "CompileStarted", message))

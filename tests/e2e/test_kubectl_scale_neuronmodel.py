@@ -130,6 +130,11 @@ def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_s
     model = kubectl.get("nm", "pd")
     assert model["status"]["replicas"]["decode"]["desired"] == 4  # the per-role map is kept as it was
     assert model["status"]["replicas"]["prefill"]["desired"] == 2
+    # one replica count: kubectl describe says that spec.replicas, not the serving block's 2, decides
+    said = "spec.replicas (4, what kubectl scale sets) decides the decode pods"
+    validated = next(c for c in model["status"]["conditions"] if c["type"] == "Validated")
+    assert validated["reason"] == "ReplicasFromScale" and said in validated["message"], validated
+    operator.wait_until(lambda: said in kubectl("describe", "nm", "pd").stdout, "the ReplicasFromScale Event")
 
 
 def test_provider_keda_makes_a_scaled_object_the_cluster_accepts_and_deletes_it_when_no_longer_asked(cluster):

@@ -437,3 +437,22 @@ def test_validate_accepts_the_builtin_and_hpa_providers_without_a_note(tmp_path)
     lines = run.stdout.splitlines()
     assert lines[0].startswith("ok ") and " b;" in lines[0]
     assert lines[1].startswith("ok ") and " m;" in lines[1] and len(lines) == 2  # builtin is acted on
+
+
+@pytest.mark.parametrize(
+    ("base", "replicas", "autoscaling", "says"),
+    [
+        (UNIFIED, None, {}, None),  # spec.replicas unset: serving.unified.replicas counts
+        (UNIFIED, 1, {}, None),  # the same count both ways: nothing to say
+        (UNIFIED, 3, {}, "spec.replicas (3, what kubectl scale sets) decides the unified pods; "
+                         "serving.unified.replicas (1) counts only while spec.replicas is unset"),
+        (DISAGGREGATED, 2, {}, "decides the decode pods, prefill following serving's prefill:decode ratio"),
+        (UNIFIED, 3, {"enabled": True, "min": 1, "max": 4}, None),  # the autoscaler's: its own status says
+    ],
+)  # fmt: skip
+def test_which_replica_count_decides_is_said_when_the_two_differ(base, replicas, autoscaling, says):
+    spec = parsed(manifest(base, replicas, **autoscaling))
+    notice = scaling.replicas_notice(spec)
+    assert (notice is None) == (says is None) and (says is None or says in notice), notice
+    if replicas is not None:  # and the pods are as spec.replicas says, whatever serving says
+        assert scaling.role_replicas(spec)[scaling.scaled_role(spec)] == replicas

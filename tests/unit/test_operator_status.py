@@ -40,6 +40,7 @@ def status(
     serving_now=False,
     failing=None,
     retry_at=None,
+    replicas_notice=None,
 ) -> dict:
     roles = roles or {}
     if rolled_out is None:  # by default: rolled out when every role has its pods ready
@@ -47,7 +48,7 @@ def status(
     return compute_status(
         old=old or {}, generation=3, errors=list(errors), compile_hash=NEW, serving_hash=serving, job=job,
         roles=roles, rolled_out=rolled_out, live=live, serving_now=serving_now, report=report,
-        failing=failing, retry_at=retry_at, endpoint=ENDPOINT, at=at,
+        failing=failing, retry_at=retry_at, endpoint=ENDPOINT, at=at, replicas_notice=replicas_notice,
     )  # fmt: skip
 
 
@@ -55,6 +56,7 @@ def conditions(s: dict) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in s["conditions"]}
 
 
+SCALED = "spec.replicas (2, what kubectl scale sets) decides the unified pods; ..."
 READY_BEFORE = status(serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)})
 LOST_ALL = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 0)})
 
@@ -237,6 +239,9 @@ EVENTS = [
     ("pods back", LOST_ALL, status(old=LOST_ALL, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}),
      [("Normal", "RolledOut", f"2/2 pods ready; serving artifacts/{NEW}/"),
       ("Normal", "Recovered", "2/2 pods ready")]),
+    ("kubectl scale", READY_BEFORE,
+     status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}, replicas_notice=SCALED),
+     [("Normal", "ReplicasFromScale", f"the spec fits its instance type; {SCALED}")]),
     ("refused", READY_BEFORE,
      status(old=READY_BEFORE, errors=["tensorParallel 3 is not a documented degree"]),
      [("Warning", "Refused", "tensorParallel 3 is not a documented degree")]),
@@ -430,3 +435,12 @@ def test_a_failed_compile_says_the_compiles_own_error_and_when_an_unreadable_sou
         c["message"] for c in retrying["conditions"] if c["type"] == "Progressing"
     )
     assert status(job=FAILED)["compileRetryAt"] is None
+
+
+def test_once_said_which_replica_count_decides_it_is_not_said_again():
+    scaled = status(
+        old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}, replicas_notice=SCALED
+    )
+    assert conditions(scaled)["Validated"] == ("True", "ReplicasFromScale")
+    again = status(old=scaled, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}, replicas_notice=SCALED)
+    assert transitions(scaled, again) == []
