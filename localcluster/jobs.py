@@ -50,12 +50,3 @@ def expired(job: dict[str, Any], at: float) -> bool:
     ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
     done = finished_at(job)
     return ttl is not None and done is not None and at >= done + ttl
-
-
-def termination(pod: dict[str, Any]) -> str:
-    """Why a failed pod's container ended: its termination message, or its exit code."""
-    for s in (pod.get("status") or {}).get("containerStatuses", []):
-        terminated = (s.get("state") or {}).get("terminated")
-        if terminated:
-            return terminated.get("message") or f"exit code {terminated.get('exitCode')}"
-    return "no termination message"

@@ -200,10 +200,9 @@ class ProcessKubelet:
                 new["completionTime"], new["active"] = now(), 0
                 self.job_events.record(reference(job), "Normal", "Completed", "Job completed")
             elif failed > limit:
-                last = next(p for p in reversed(pods) if (p.get("status") or {}).get("phase") == "Failed")
-                why = f"{failed} pods failed; the last: {jobs.termination(last)}"
-                new["conditions"], new["active"] = [jobs.condition("Failed", "BackoffLimitExceeded", why)], 0
+                # as the Job controller says it (pkg/controller/job): the pods' own reasons stay on the pods
                 what = "Job has reached the specified backoff limit"
+                new["conditions"], new["active"] = [jobs.condition("Failed", "BackoffLimitExceeded", what)], 0
                 self.job_events.record(reference(job), "Warning", "BackoffLimitExceeded", what)
             elif active == 0:
                 template = job["spec"]["template"]

@@ -278,8 +278,8 @@ def compute_status(
     if failed and retry_at:
         progress = ("CompileFailed", f"the model source could not be read; compiling again at {retry_at}")
     elif failed:
-        progress = ("CompileFailed", "compiling again when the spec or the model source changes (checked "
-                    "every 10 minutes), or on neuronfleet.dev/retry")  # fmt: skip
+        progress = ("CompileFailed", "not compiling: it starts again when the spec or the model source "
+                    "changes (checked every 10 minutes), or on neuronfleet.dev/retry")  # fmt: skip
     elif not compiled:
         progress = ("Compiling", f"compiling {compile_hash}; then the serving pods roll to it")
     elif not all_ready:

@@ -91,7 +91,8 @@ def test_a_compile_whose_source_is_missing_is_tried_again_once_the_file_is_there
     local.wait("CompileFailed", lambda: condition(model(), "Compiled").get("reason") == "CompileFailed")
     status = model()["status"]
     message = condition(model(), "Compiled")["message"]
-    assert "model source unavailable: pvc://local-models/later/smollm2.gguf: not found" in message, message
+    said = "model source unavailable: pvc://local-models/later/smollm2.gguf: not found"
+    assert message.count(said) == 1, message  # said once: the Job's own condition does not repeat it
     assert status["phase"] == "Failed" and status["compileRetryAt"], status
     assert "compiling again at" in condition(model(), "Progressing")["message"]
 
@@ -117,7 +118,9 @@ def test_a_compile_that_failed_on_a_broken_source_runs_again_once_the_source_is_
                == "CompileFailed" and (model().get("status") or {}).get("sourceFingerprint"))  # fmt: skip
     status = model()["status"]
     assert "compileRetryAt" not in status or status["compileRetryAt"] is None  # readable: not retried blind
-    assert "model source changes" in condition(model(), "Progressing")["message"]
+    progressing = condition(model(), "Progressing")
+    assert "model source changes" in progressing["message"] and progressing["status"] == "False", progressing
+    assert progressing["message"].startswith("not compiling") and status["phase"] == "Failed"
     before = status["sourceFingerprint"]
 
     shutil.copy(models / "smollm2-135m-instruct.gguf", models / "broken" / "model.gguf")
