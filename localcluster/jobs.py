@@ -50,3 +50,26 @@ def expired(job: dict[str, Any], at: float) -> bool:
     ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
     done = finished_at(job)
     return ttl is not None and done is not None and at >= done + ttl
+
+
+def fail_job_rule(job: dict[str, Any], pods: list[dict[str, Any]]) -> str | None:
+    """A failed pod that a `FailJob` rule of the Job's podFailurePolicy matches by a container's exit code
+    (`onExitCodes`, operators In and NotIn; exit code 0 never matches), said as the Job controller says it
+    (pkg/controller/job/pod_failure_policy.go); None when none does (the backoffLimit decides)."""
+    rules = ((job.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Failed":
+            continue
+        for index, rule in enumerate(rules):
+            codes = rule.get("onExitCodes")
+            if rule.get("action") != "FailJob" or not codes:
+                continue
+            for s in (pod.get("status") or {}).get("containerStatuses") or []:
+                code = ((s.get("state") or {}).get("terminated") or {}).get("exitCode")
+                if code in (None, 0) or codes.get("containerName") not in (None, s.get("name")):
+                    continue
+                if (code in codes.get("values", [])) == (codes.get("operator") == "In"):
+                    where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+                    return (f"Container {s.get('name')} for pod {where} failed with exit code {code} "
+                            f"matching FailJob rule at index {index}")  # fmt: skip
+    return None

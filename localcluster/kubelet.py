@@ -199,6 +199,9 @@ class ProcessKubelet:
                 new["conditions"] = [jobs.condition("Complete", "Completed", "the pod's process exited 0")]
                 new["completionTime"], new["active"] = now(), 0
                 self.job_events.record(reference(job), "Normal", "Completed", "Job completed")
+            elif matched := jobs.fail_job_rule(job, pods):
+                new["conditions"], new["active"] = [jobs.condition("Failed", "PodFailurePolicy", matched)], 0
+                self.job_events.record(reference(job), "Warning", "PodFailurePolicy", matched)
             elif failed > limit:
                 # as the Job controller says it (pkg/controller/job): the pods' own reasons stay on the pods
                 what = "Job has reached the specified backoff limit"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from neuronfleet.contract import (
     AUTO_HELP,
+    EXIT_REFUSED,
     MODEL_MOUNT,
     QUANT_HELP,
     TERMINATION_LOG,
@@ -20,7 +21,7 @@ from neuronfleet.contract import (
     add_serve_arguments,
 )
 
-EXIT_USAGE = 2
+EXIT_USAGE = EXIT_REFUSED  # argparse's usage errors exit 2 too
 
 
 def _cmd_import_gguf(args: argparse.Namespace) -> int:

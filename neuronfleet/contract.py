@@ -36,6 +36,10 @@ INTERNAL_TOKEN_FILE = f"{INTERNAL_TOKEN_DIR}/token"
 
 TERMINATION_LOG_ENV = "NEURONFLEET_TERMINATION_LOG"  # where a compile leaves its manifest (default below)
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows its content as the termination message
+# `neuronfleet` exits with this on a refusal (a ValueError: a bad setting, a model the spec cannot serve, a
+# source that is not there): the same input fails the same way, so the compile Job fails at once on it
+# (its podFailurePolicy) instead of running backoffLimit more pods
+EXIT_REFUSED = 2
 # how a failed compile's termination message starts when its model source could not be read (missing file,
 # empty claim, Hub access refused): the operator tries it again later, as the source may be fixed
 SOURCE_UNAVAILABLE = "model source unavailable:"

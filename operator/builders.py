@@ -25,6 +25,7 @@ from typing import Any
 
 from neuronfleet.contract import (
     COMPILE_CONFIG_FILE,
+    EXIT_REFUSED,
     GRACE_PERIOD,
     INTERNAL_TOKEN_DIR,
     KV_EVENTS_PORT,
@@ -275,19 +276,20 @@ def build_compile_job(
         meta["annotations"] = {ATTEMPT_ANNOTATION: attempt}
     if source_retries:
         meta.setdefault("annotations", {})[SOURCE_RETRIES_ANNOTATION] = str(source_retries)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": meta,
-        "spec": {
-            "backoffLimit": spec.compile.backoffLimit,
-            "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
-            # finished Jobs go after an hour (https://kubernetes.io/docs/concepts/workloads/controllers/
-            # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again
-            "ttlSecondsAfterFinished": COMPILE_JOB_TTL,
-            "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
-        },
+    job_spec: dict[str, Any] = {
+        "backoffLimit": spec.compile.backoffLimit,
+        "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
+        # finished Jobs go after an hour (https://kubernetes.io/docs/concepts/workloads/controllers/
+        # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again
+        "ttlSecondsAfterFinished": COMPILE_JOB_TTL,
+        "template": {"metadata": {"labels": labels(owner, "compile", chash)}, "spec": pod_spec},
     }
+    if not container.third_party:  # our compile's refusals fail the Job at once: another pod would too
+        job_spec["podFailurePolicy"] = {"rules": [{
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "compile", "operator": "In", "values": [EXIT_REFUSED]},
+        }]}  # fmt: skip
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
 
 
 SOURCE_PROBE_TTL = 600  # seconds a finished source probe stays, if the operator has not deleted it

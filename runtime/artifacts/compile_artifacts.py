@@ -182,6 +182,25 @@ def convert(
     ModelRunner(out, runtime)
 
 
+def check_lengths(source: Path, config: CompileConfig) -> None:
+    """Refuse a sequenceLength past what the model was trained for (its config.json's, or its GGUF file's
+    `llama.context_length`, `max_position_embeddings`), read before anything is converted; the message is
+    the one serving would give."""
+    from neuronfleet.runtime.model.gguf_file import GGUFFile
+
+    if source.is_dir() and (source / "config.json").is_file():
+        limit = json.loads((source / "config.json").read_text()).get("max_position_embeddings")
+    elif source.is_file() and source.suffix == ".gguf":
+        limit = GGUFFile(source).fields.get("llama.context_length")
+    else:
+        return  # convert says what the source is not
+    if isinstance(limit, int) and config.sequenceLength > limit:
+        raise CompileError(
+            f"neuron.sequenceLength {config.sequenceLength} is past the model's max_position_embeddings "
+            f"({limit}): set it to {limit} or less (and neuron.maxInputLength below it)"
+        )
+
+
 def report(manifest: dict[str, Any]) -> dict[str, Any]:
     """Leave the manifest as the container's termination message, where the operator reads it."""
     path = Path(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG))
@@ -230,6 +249,7 @@ def compile_artifacts(
                 config.model.tokenizer, None, staging / "download", model_mount, files=TOKENIZER_FILES,
                 cache=cache,
             )  # fmt: skip
+        check_lengths(source, config)  # before any conversion: a refusal at once, not after minutes
         convert(source, staging / "model", config, tokenizer, progress)
         for uri in (config.model.uri, config.model.tokenizer or ""):
             if uri.startswith("s3://"):  # converted into the artifacts: serving never reads the download

@@ -130,3 +130,24 @@ def test_a_compile_that_failed_on_a_broken_source_runs_again_once_the_source_is_
     events = local.kubectl("get", "events", "--field-selector", "involvedObject.name=broken").stdout
     assert any("CompileRetried" in line and "source changed" in line for line in events.splitlines()), events
     assert before.startswith("files:1:")
+
+
+def test_a_sequence_length_past_the_models_fails_its_compile_once_saying_so(local):
+    """A sequenceLength past what the model was trained for (SmolLM2's GGUF says 8192) is refused as the
+    compile starts, before any conversion; the refusal fails the Job at once (its podFailurePolicy: another
+    pod would be refused the same way), one pod, one message, and the phase and conditions agree."""
+    manifest = yaml.safe_load(SAMPLE.read_text())
+    manifest["metadata"]["name"] = "too-long"
+    manifest["spec"]["neuron"]["sequenceLength"] = 16384
+    local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    model = lambda: local.get("nm", "too-long")  # noqa: E731
+    local.wait("CompileFailed", lambda: condition(model(), "Compiled").get("reason") == "CompileFailed")
+    said = "neuron.sequenceLength 16384 is past the model's max_position_embeddings (8192)"
+    message = condition(model(), "Compiled")["message"]
+    assert message.count(said) == 1 and "PodFailurePolicy" in message, message
+    assert model()["status"]["phase"] == "Failed"
+    assert condition(model(), "Progressing")["message"].startswith("not compiling")
+    pods = local.kubectl("get", "pods", "-l", "neuronfleet.dev/model=too-long,neuronfleet.dev/role=compile",
+                         "-o", "name").stdout.split()  # fmt: skip
+    assert len(pods) == 1, pods  # not backoffLimit + 1 of them
+    local.kubectl("delete", "nm", "too-long")
