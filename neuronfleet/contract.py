@@ -251,6 +251,12 @@ class ServeConfig(BaseModel):
     routing_cache_tokens: int = _flag(
         ROUTING_CACHE_TOKENS, "router, kv-aware: tokens of prompt each pod's prefix cache is taken to hold"
     )
+    override_generation_config: str | None = _flag(
+        None,
+        "sampling defaults laid over the model's generation_config.json, as vLLM's flag of the same name: a "
+        "JSON object of temperature, top_p, top_k, repetition_penalty; an OpenAI request that leaves one out "
+        "gets it (/info says what they are), its own values always win",
+    )
     kv_events_config: str | None = _flag(
         None,
         "unified, prefill, decode: publish the KV-cache's block stored / removed events on ZeroMQ, in vLLM's "
@@ -292,6 +298,21 @@ class ServeConfig(BaseModel):
                 f"{self.routing_cache_tokens}: requests above the least loaded pod (0 or more) and tokens a "
                 "pod's prefix cache holds (1 or more)"
             )
+        if self.override_generation_config is not None:
+            if front_door or engine_router:
+                raise ValueError(
+                    "--override-generation-config is for the pods that parse requests (unified, and our "
+                    "router over prefill and decode pods); a front door or an engine's router passes them on"
+                )
+            try:
+                override = json.loads(self.override_generation_config)
+            except ValueError:
+                override = None
+            if not isinstance(override, dict):
+                raise ValueError(
+                    f"--override-generation-config {self.override_generation_config!r}: expected a JSON "
+                    'object such as \'{"temperature": 0.2, "top_p": 0.9}\''
+                )
         if self.kv_events_config is not None:
             if self.role == "router":
                 raise ValueError("--kv-events-config is for serving pods (unified, prefill, decode)")

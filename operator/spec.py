@@ -280,6 +280,24 @@ class Router(Spec):
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
 
 
+class Sampling(Spec):
+    """Sampling defaults: what a request that leaves a field out gets, laid over the model's own generation
+    settings (its generation_config.json). A request's own values always win."""
+
+    temperature: float | None = Field(None, description="0 is greedy.", ge=0, le=2)
+    topP: float | None = Field(None, description="Nucleus sampling's probability mass.", gt=0, le=1)
+    topK: int | None = Field(None, description="The most likely tokens sampled from (0: all).", ge=0)
+    repetitionPenalty: float | None = Field(
+        None, description="Over 1 discourages repeating tokens already in the text.", gt=0, le=2
+    )
+
+    def generation_config(self) -> dict[str, float | int]:
+        """The values set, by generation_config.json's names (`--override-generation-config`)."""
+        names = {"temperature": "temperature", "topP": "top_p", "topK": "top_k",
+                 "repetitionPenalty": "repetition_penalty"}  # fmt: skip
+        return {names[k]: v for k, v in self.model_dump().items() if v is not None}
+
+
 class Routing(Spec):
     """How the routers spread requests over the serving pods (docs/routing.md)."""
 
@@ -354,6 +372,11 @@ class Serving(Spec):
         Router, "The public endpoint of a disaggregated model, or a unified model's front door."
     )
     routing: Routing = section(Routing, "How the routers choose each request's pod (docs/routing.md).")
+    sampling: Sampling = section(
+        Sampling,
+        "Sampling defaults for requests that leave a field out (engine embedded), over the model's "
+        "generation_config.json; `/info` shows what they are.",
+    )
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
     port: int = Field(
         SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535

@@ -35,16 +35,33 @@ def run(args: ServeConfig) -> int:
             engine.publish_kv_events(publisher.publish)
         return engine
 
+    defaults = _sampling_defaults(args)  # (a bad override fails here, before the model loads)
     engine = AsyncEngine(make_engine)
     engine.kv_events_endpoint = publisher.endpoint if publisher is not None else None
     server = RuntimeServer(
-        engine, args.served_model_name or Path(args.model).name, max_body_bytes=args.max_body_bytes
+        engine,
+        args.served_model_name or Path(args.model).name,
+        max_body_bytes=args.max_body_bytes,
+        sampling_defaults=defaults,
     )
     if role_setup is not None:  # the role's routes, and its metrics in the server's registry
         routes, startup = role_setup(engine, server.registry)
         server.extra_routes.extend(routes)
         server.on_startup.extend(startup)
     return _serve_until_stopped(server, args)
+
+
+def _sampling_defaults(args: ServeConfig):
+    """What a request that leaves a sampling field out gets: the model folder's generation_config.json, under
+    --override-generation-config."""
+    import json
+
+    from neuronfleet.runtime.serving.sampling_params import SamplingDefaults
+
+    path = Path(args.model or "") / "generation_config.json"
+    config = json.loads(path.read_text()) if args.model and path.is_file() else {}
+    override = json.loads(args.override_generation_config) if args.override_generation_config else None
+    return SamplingDefaults.of(config, override, "--override-generation-config over generation_config.json")
 
 
 def _kv_event_publisher(args: ServeConfig):
@@ -116,7 +133,8 @@ def _serve_router(args: ServeConfig) -> int:
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
     )  # fmt: skip
     name = args.served_model_name or Path(args.model).name
-    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start])
+    server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start],
+                           sampling_defaults=_sampling_defaults(args))  # fmt: skip
     return _serve_until_stopped(server, args)
 
 

@@ -12,6 +12,7 @@ refused by `unsupported` (called by validation), never dropped.
 
 from __future__ import annotations
 
+import json
 from types import ModuleType
 
 from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT, ServeConfig
@@ -145,6 +146,9 @@ def serve_config(
             return engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
         pod["kv_transport"] = spec.serving.kvTransfer.transport
+    sampling = spec.serving.sampling.generation_config()
+    if role in ("unified", "router") and sampling:  # the pods that parse requests (our router, not a door)
+        pod["override_generation_config"] = json.dumps(sampling)
     if role == "prefill" and spec.serving.routing.policy == "kv-aware":  # the router places by its events
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode":  # prefill pods send KV caches to the pod's own IP

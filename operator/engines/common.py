@@ -268,6 +268,11 @@ def refusals_of_engine_fields(
                     f"serving.{role}.tensorParallel: {where} runs neuron.tensorParallel in every role; "
                     f"remove it, or use {use}"
                 )
+    if spec.serving.sampling.generation_config() and "sampling" not in takes:
+        out.append(
+            f"serving.sampling: the operator does not yet pass sampling defaults to {where}; remove it, or "
+            "use engine embedded"
+        )
     if spec.serving.kvTransfer.connector and "connector" not in takes:
         out.append(
             f"serving.kvTransfer.connector names vLLM's KV connector, which {where} has not; remove it"

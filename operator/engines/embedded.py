@@ -36,4 +36,6 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 def unsupported(spec: NeuronModelSpec) -> list[str]:
     """NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides; what only the external
     engines take is refused."""
-    return refusals_of_engine_fields(spec, "engine embedded (neuronfleet's runtime)", "engine vllm or sglang")
+    return refusals_of_engine_fields(
+        spec, "engine embedded (neuronfleet's runtime)", "engine vllm or sglang", takes=("sampling",)
+    )

@@ -143,7 +143,7 @@ def import_gguf(
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
     _write_json(out_dir / "special_tokens_map.json", special_tokens_map)
     _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", _generation_config(config))
+    _write_json(out_dir / "generation_config.json", _generation_config(config, meta))
     return out_dir
 
 
@@ -585,9 +585,25 @@ def _model_config(meta: _Metadata, hp: dict[str, Any], dtype: str) -> dict[str, 
     return config
 
 
-def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
+# the model's recommended sampling, where the file has it (llama.cpp's gguf-py `Keys.General.SAMPLING_*`),
+# by generation_config.json's names
+GGUF_SAMPLING = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
+def _generation_config(config: dict[str, Any], meta: _Metadata) -> dict[str, Any]:
+    """The token ids, and the sampling the GGUF file recommends (none in SmolLM2's)."""
     keys = ("bos_token_id", "eos_token_id", "pad_token_id")
-    return {key: config[key] for key in keys if config[key] is not None}
+    out = {key: config[key] for key in keys if config[key] is not None}
+    for gguf_key, name in GGUF_SAMPLING.items():
+        value = meta.get(gguf_key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = int(value) if name == "top_k" else _f32(float(value))
+    return out
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronfleet.runtime.serving.errors import InvalidRequest
-from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.sampling_params import SamplingDefaults, SamplingParams
+
+OPENAI_DEFAULTS = SamplingDefaults()
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()
@@ -93,9 +95,14 @@ def _refuse_unsupported(body: dict, fields: dict[str, Any]) -> None:
 
 
 def _openai_request(
-    body: dict, prompt: str | list[int] | None, messages: list[dict] | None, max_tokens_default: int | None
+    body: dict,
+    prompt: str | list[int] | None,
+    messages: list[dict] | None,
+    max_tokens_default: int | None,
+    defaults: SamplingDefaults,
 ) -> ParsedRequest:
-    """The generation settings shared by the completions and chat APIs, around a checked prompt."""
+    """The generation settings shared by the completions and chat APIs, around a checked prompt; a sampling
+    field left out (or null) takes the server's default (`SamplingDefaults`)."""
     max_tokens = _get(body, "max_completion_tokens", (int,), None)
     if max_tokens is None:
         max_tokens = _get(body, "max_tokens", (int,), max_tokens_default)
@@ -103,11 +110,11 @@ def _openai_request(
         _get(body, "max_tokens", (int,))
     if max_tokens is not None and max_tokens < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    temperature = float(_get(body, "temperature", (int, float), 1.0))
+    temperature = float(_get(body, "temperature", (int, float), defaults.temperature))
     _in_range("temperature", temperature, 0.0, 2.0)
-    top_p = float(_get(body, "top_p", (int, float), 1.0))
+    top_p = float(_get(body, "top_p", (int, float), defaults.top_p))
     _in_range("top_p", top_p, 0.0, 1.0, lo_open=True)
-    top_k = _get(body, "top_k", (int,), 0)
+    top_k = _get(body, "top_k", (int,), defaults.top_k)
     if top_k < -1:
         raise InvalidRequest(f"top_k must be -1 or 0 (off) or a positive integer, got {top_k}", "top_k")
     seed = _get(body, "seed", (int,), None)
@@ -116,7 +123,7 @@ def _openai_request(
     n = _get(body, "n", (int,), 1)
     if n != 1:
         raise InvalidRequest(f"n must be 1 (one choice per request), got {n}", "n")
-    penalty = float(_get(body, "repetition_penalty", (int, float), 1.0))  # vLLM's extension
+    penalty = float(_get(body, "repetition_penalty", (int, float), defaults.repetition_penalty))  # vLLM's
     _in_range("repetition_penalty", penalty, 0.0, 2.0, lo_open=True)
     ignore_eos = _get(body, "ignore_eos", (bool,), False)  # vLLM's extension
     for name in ("presence_penalty", "frequency_penalty"):
@@ -143,7 +150,7 @@ def _openai_request(
     return ParsedRequest(prompt, messages, params, stream, include_usage)
 
 
-def parse_openai_completion(body: Any) -> ParsedRequest:
+def parse_openai_completion(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> ParsedRequest:
     """POST /v1/completions."""
     _require_object(body)
     prompt = body.get("prompt")
@@ -165,10 +172,10 @@ def parse_openai_completion(body: Any) -> ParsedRequest:
             "prompt must be a string, a list with one string, or a list of token ids", "prompt"
         )
     _refuse_unsupported(body, {"echo": False, "suffix": ""})
-    return _openai_request(body, prompt=prompt, messages=None, max_tokens_default=16)
+    return _openai_request(body, prompt=prompt, messages=None, max_tokens_default=16, defaults=defaults)
 
 
-def parse_openai_chat(body: Any) -> ParsedRequest:
+def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> ParsedRequest:
     """POST /v1/chat/completions."""
     _require_object(body)
     messages = body.get("messages")
@@ -200,7 +207,7 @@ def parse_openai_chat(body: Any) -> ParsedRequest:
             )
         clean.append({"role": m.get("role"), "content": content})
     _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
-    return _openai_request(body, prompt=None, messages=clean, max_tokens_default=None)
+    return _openai_request(body, prompt=None, messages=clean, max_tokens_default=None, defaults=defaults)
 
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:

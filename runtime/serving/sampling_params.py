@@ -54,3 +54,44 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")  # generation_config.json's names
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves a sampling field out gets: the model's own generation settings (its
+    generation_config.json: `temperature`, `top_p`, `top_k`, `repetition_penalty`, where it has them), over
+    which `--override-generation-config` is laid, as vLLM does with `--generation-config auto` and its
+    `--override-generation-config`; the OpenAI API's defaults (1, 1, off, 1) for the rest. A request's own
+    values always win."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                       repetition_penalty=self.repetition_penalty)  # the same ranges  # fmt: skip
+
+    @classmethod
+    def of(cls, generation_config: dict, override: dict | None = None, where: str = "") -> SamplingDefaults:
+        """From a generation_config.json's content and an override (both by generation_config's names);
+        InvalidRequest names a bad key or value and `where` it came from."""
+        merged = {k: v for k, v in generation_config.items() if k in SAMPLING_KEYS and v is not None}
+        for key, value in (override or {}).items():
+            if key not in SAMPLING_KEYS:
+                raise InvalidRequest(f"{where}: {key!r} is not a sampling default; expected one of "
+                                     f"{', '.join(SAMPLING_KEYS)}", key)  # fmt: skip
+            merged[key] = value
+        if merged.get("top_k") == -1:  # vLLM's "off"
+            merged["top_k"] = 0
+        try:
+            return cls(**merged)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"{where}: {e}", e.field_name) from None
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in SAMPLING_KEYS}

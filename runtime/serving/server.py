@@ -27,6 +27,7 @@ from prometheus_client import (
 )
 
 from neuronfleet.runtime.serving.api_requests import (
+    OPENAI_DEFAULTS,
     ParsedRequest,
     parse_openai_chat,
     parse_openai_completion,
@@ -43,6 +44,7 @@ from neuronfleet.runtime.serving.errors import (
     tgi_error_body,
 )
 from neuronfleet.runtime.serving.http_app import HttpApp, QuietProbesAccessLog
+from neuronfleet.runtime.serving.sampling_params import SamplingDefaults
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +96,12 @@ class RuntimeServer(HttpApp):
         max_body_bytes: int = 1 << 20,
         extra_routes: Sequence[web.RouteDef] = (),
         on_startup: Sequence[Callable[[web.Application], Awaitable[None]]] = (),
+        sampling_defaults: SamplingDefaults = OPENAI_DEFAULTS,
     ) -> None:
-        """`extra_routes`: a role's internal endpoints (kv.roles); `on_startup`: what they start."""
+        """`extra_routes`: a role's internal endpoints (kv.roles); `on_startup`: what they start;
+        `sampling_defaults`: what an OpenAI request that leaves a sampling field out gets."""
         self.backend = backend
+        self.sampling_defaults = sampling_defaults
         self.served = Metrics(backend, model_name)
         super().__init__(model_name, max_body_bytes, self.served.registry)
         self.extra_routes = list(extra_routes)
@@ -169,6 +174,9 @@ class RuntimeServer(HttpApp):
                 "max_stop_sequences": 16,
                 "version": _version(),
                 "router": "neuronfleet",
+                # what an OpenAI request that leaves a sampling field out gets (the model's generation
+                # config, under --override-generation-config)
+                "sampling_defaults": self.sampling_defaults.as_dict(),
             }
         )
 
@@ -263,7 +271,8 @@ class RuntimeServer(HttpApp):
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await self._body(request)
-            parsed = parse_openai_chat(body) if chat else parse_openai_completion(body)
+            parse = parse_openai_chat if chat else parse_openai_completion
+            parsed = parse(body, self.sampling_defaults)
             model = body.get("model")
             if model is not None and model != self.model_name:
                 return self._openai_error(

@@ -585,3 +585,34 @@ def test_fuzzed_request_bodies_never_get_a_5xx(fuzz_server):
     assert seen.get(200, 0) > 0 and sum(v for k, v in seen.items() if 400 <= k < 500) > 0, seen
     assert http_status(fuzz_server + "/health") == 200 and http_status(fuzz_server + "/ready") == 200
     assert post(fuzz_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+
+
+@pytest.mark.real_model
+def test_the_openai_client_at_its_defaults_gets_the_servers_sampling_defaults(smollm2_dir):
+    """The official openai client sends no temperature: the server applies its defaults (here greedy, laid
+    over the model's generation_config.json by --override-generation-config), /info says what they are, and
+    the answer is the greedy one."""
+    from openai import OpenAI
+
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
+
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    unified = unified_reference(smollm2_dir)
+    want = unified.generate([unified.tokenizer.encode_chat(question)], SamplingParams(max_tokens=12))[0].text
+    override = '{"temperature": 0, "top_k": 40}'
+    with running_server(smollm2_dir, "--override-generation-config", override, *EXACT_DTYPE_OPTIONS) as (
+        url,
+        _,
+    ):
+        with urllib.request.urlopen(url + "/info", timeout=HTTP_TIMEOUT) as r:
+            info = json.loads(r.read())
+        assert info["sampling_defaults"] == {
+            "temperature": 0,
+            "top_p": 1.0,
+            "top_k": 40,
+            "repetition_penalty": 1.0,
+        }
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        answers = {client.chat.completions.create(model="smollm2", messages=question, max_tokens=12)
+                   .choices[0].message.content for _ in range(2)}  # fmt: skip
+        assert answers == {want}

@@ -54,6 +54,7 @@ def test_every_option_renders_and_parses_back():
         kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
         peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_body_bytes=1000, grace_period=2.0,
         kv_events_config='{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}',
+        override_generation_config='{"temperature": 0.2}',
     )  # fmt: skip
     # a router that speaks an engine's protocol: the options only it takes (it has no model)
     engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)

