@@ -80,21 +80,23 @@ def test_a_missing_bucket_a_missing_key_and_a_denied_bucket_are_the_reason_in_th
         model = lambda n=name: local.get("nm", n)  # noqa: E731
         local.wait(f"{name} CompileFailed", lambda m=model: condition(m(), "Compiled").get("reason")
                    == "CompileFailed")  # fmt: skip
-    text = local.kubectl("get", "neuronmodel", "no-bucket", "-o", "yaml").stdout
+
+    def said(name: str) -> str:
+        """The Compiled condition's message, as `kubectl get -o yaml` shows it (parsed: YAML quotes it as
+        it likes)."""
+        shown = yaml.safe_load(local.kubectl("get", "neuronmodel", name, "-o", "yaml").stdout)
+        return " ".join(condition(shown, "Compiled")["message"].split())
+
     assert (
         "model source unavailable: s3://no-such-bucket/smollm2.gguf: bucket no-such-bucket does not exist "
-        "(NoSuchBucket); check the bucket name in model.uri" in " ".join(text.split())
-    ), text
-    text = local.kubectl("get", "neuronmodel", "s3-later", "-o", "yaml").stdout
-    assert "model source unavailable: s3://models/later/smollm2.gguf: no objects under it" in " ".join(
-        text.split()
-    ), text
-    text = " ".join(local.kubectl("get", "neuronmodel", "denied", "-o", "yaml").stdout.split())
+        "(NoSuchBucket); check the bucket name in model.uri" in said("no-bucket")
+    ), said("no-bucket")
+    assert "model source unavailable: s3://models/later/smollm2.gguf: no objects under it" in said("s3-later")
     assert (
         "model source unavailable: s3://private/smollm2.gguf: access denied (AccessDenied): the compile "
         "Job's credentials need s3:ListBucket on arn:aws:s3:::private and s3:GetObject on "
-        "arn:aws:s3:::private/smollm2.gguf*" in text
-    ), text
+        "arn:aws:s3:::private/smollm2.gguf*" in said("denied")
+    ), said("denied")
     later = local.get("nm", "s3-later")
     assert later["status"]["phase"] == "Failed" and later["status"]["compileRetryAt"], later["status"]
 
