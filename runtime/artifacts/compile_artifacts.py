@@ -183,9 +183,10 @@ def convert(
 
 
 def check_lengths(source: Path, config: CompileConfig) -> None:
-    """Refuse a sequenceLength past what the model was trained for (its config.json's, or its GGUF file's
-    `llama.context_length`, `max_position_embeddings`), read before anything is converted; the message is
-    the one serving would give."""
+    """Refuse a sequenceLength past what the model was trained for (its config.json's
+    `max_position_embeddings`, or its GGUF file's `llama.context_length`), read before anything is
+    converted (the full load at the end, `RuntimeConfig.check_model`, would refuse it too, after the
+    conversion); the message says what would be right."""
     from neuronfleet.runtime.model.gguf_file import GGUFFile
 
     if source.is_dir() and (source / "config.json").is_file():

@@ -29,6 +29,8 @@ from typing import Any
 
 import msgpack
 
+from neuronfleet.runtime.engine.prefix_cache import common_prefix
+
 BLOCK_SIZE = 16  # tokens per block: vLLM's default block size
 
 
@@ -157,7 +159,7 @@ class BlockLedger:
         removed: list[int] = []
         for slot, now in enumerate(held):
             before, blocks = self.tokens[slot], self.blocks[slot]
-            common = len(before) if now[: len(before)] == before else _common(before, now)
+            common = len(before) if now[: len(before)] == before else common_prefix(before, now)
             if common == len(before) and len(now) // self.block_size == len(blocks):
                 if len(now) != len(before):
                     self.tokens[slot] = list(now)
@@ -190,10 +192,3 @@ class BlockLedger:
         if removed:
             events.append(BlockRemoved(removed))
         return events
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n

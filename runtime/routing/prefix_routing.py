@@ -215,20 +215,22 @@ class Routing:
             for url in [u for u in self.events.pods if u not in seen]:
                 self.events.forget(url)
 
-    def held(self, pod: str, blocks: Sequence[int], now: float) -> int:
-        """How many leading blocks the pod holds: as its KV-cache events say where it publishes them (and
-        they have named any block), else as learnt from what this router sent it."""
+    def _published(self, pod: str) -> Any:
+        """What the pod's KV-cache events say it holds (`kv_event_index.PodBlocks`), once they have said
+        anything; else None (learnt from what this router sent it)."""
         published = self.events.pods.get(pod) if self.events is not None else None
-        if published is not None and published.batches:
-            return published.held(blocks)
-        return self.index.held(pod, blocks, now)
+        return published if published is not None and published.batches else None
+
+    def held(self, pod: str, blocks: Sequence[int], now: float) -> int:
+        """How many leading blocks the pod holds: as its KV-cache events say where it publishes them, else
+        as learnt from what this router sent it."""
+        published = self._published(pod)
+        return published.held(blocks) if published is not None else self.index.held(pod, blocks, now)
 
     def occupancy(self, pod: str) -> int:
         """Blocks the pod holds (as `held` knows it)."""
-        published = self.events.pods.get(pod) if self.events is not None else None
-        if published is not None and published.batches:
-            return len(published.names)
-        return self.index.occupancy(pod)
+        published = self._published(pod)
+        return len(published.names) if published is not None else self.index.occupancy(pod)
 
     def pick(self, ranked: Sequence[Any], blocks: Sequence[int], now: float) -> Any:
         """Of pods in the load ranking's order (`peers.Peer`: url, score), the one to send a request of these
