@@ -65,7 +65,8 @@ class SamplingDefaults:
     generation_config.json: `temperature`, `top_p`, `top_k`, `repetition_penalty`, where it has them), over
     which `--override-generation-config` is laid, as vLLM does with `--generation-config auto` and its
     `--override-generation-config`; the OpenAI API's defaults (1, 1, off, 1) for the rest. A request's own
-    values always win."""
+    values always win. (vLLM's: vllm-project/vllm `vllm/config/model.py`, ModelConfig.generation_config
+    "auto" and override_generation_config, "merged with the default config from the model".)"""
 
     temperature: float = 1.0
     top_p: float = 1.0
