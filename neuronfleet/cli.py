@@ -142,7 +142,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     refused = 0
     for where, obj in _load_manifests(args.files):
         name = (obj.get("metadata") or {}).get("name", "?")
-        report = check(obj)
+        report = check(obj, None if args.offline else _hub_limit(obj))
         if report.ok:
             fit = f"; fit: {report.fit.reason}" if report.fit else ""
             print(f"ok      {where} {name}{fit}")
@@ -152,6 +152,29 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             for error in report.errors:
                 print(f"  - {error}")
     return 1 if refused else 0
+
+
+def _hub_limit(obj: dict):
+    """An hf:// model's length limit from its config.json on the Hub (the token from HF_TOKEN, as the Hub's
+    own tools read it), as the operator reads it; None when it is not one or the read failed (said on
+    standard error: validation goes on without it)."""
+    import asyncio
+
+    from neuronfleet.contract import HF_TOKEN_ENVS
+    from neuronfleet.operator import hub
+    from neuronfleet.operator.validation import ModelLimit, parse
+
+    spec, _ = parse(obj)
+    if spec is None or not spec.model.uri.startswith("hf://") or hub.offline():
+        return None
+    token = next((os.environ[n] for n in HF_TOKEN_ENVS if os.environ.get(n)), None)
+    read = asyncio.run(hub.HubConfigs().read(spec.model.uri, spec.model.revision, token))
+    if read.error:
+        print(f"note: {spec.model.uri}'s config.json not read ({read.error}); its length is checked when it "
+              "compiles", file=sys.stderr)  # fmt: skip
+    if read.limit is None:
+        return None
+    return ModelLimit(read.limit, read.where(spec.model.uri, spec.model.revision))
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -354,6 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
         "validate", help="check NeuronModel manifests as the operator would (exit 1 if refused)"
     )
     val.add_argument("files", nargs="+", help="YAML files ('-' for standard input)")
+    val.add_argument(
+        "--offline",
+        action="store_true",
+        help="read nothing from the Hugging Face Hub (by default an hf:// model's config.json is read, with "
+        "HF_TOKEN, to check neuron.sequenceLength against its max_position_embeddings; HF_ENDPOINT "
+        "and HF_HUB_OFFLINE are honoured)",
+    )
     val.set_defaults(func=_cmd_validate)
 
     ren = sub.add_parser(

@@ -123,6 +123,42 @@ QUANT_HELP = (
 CompileDType = Literal["auto", "bfloat16", "float16", "float32"]
 
 
+# ---- what a model was trained for --------------------------------------------------------------------------
+
+# RoPE scalings whose max_position_embeddings already counts the scaled length (Llama 3.1's llama3, Phi-3's
+# longrope and its older name su); others (linear, dynamic, yarn) stretch it by their factor
+_ROPE_SCALINGS_ALREADY_COUNTED = ("default", "llama3", "longrope", "su")
+
+
+def model_length_limit(config: dict[str, Any]) -> int | None:
+    """The longest sequence a Hugging Face config.json says its model serves: `max_position_embeddings`
+    (of its `text_config` for a model with one), stretched by a RoPE scaling's factor where the scaling does
+    not count itself in it, so a long-context model is never refused short. None when the config says
+    nothing. The compile (`check_lengths`) and the operator's validation (hf:// models, read from the Hub)
+    both refuse a `neuron.sequenceLength` past it."""
+    text = config.get("text_config")
+    config = text if isinstance(text, dict) and "max_position_embeddings" in text else config
+    limit = config.get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type", scaling.get("type"))
+        factor = scaling.get("factor")
+        if kind not in _ROPE_SCALINGS_ALREADY_COUNTED and isinstance(factor, int | float) and factor > 1:
+            limit = int(limit * factor)
+    return limit
+
+
+def length_refusal(sequence_length: int, limit: int, where: str) -> str:
+    """The refusal of a `neuron.sequenceLength` past a model's limit, said the same by the compile and the
+    operator (`where`: what the limit was read from)."""
+    return (
+        f"neuron.sequenceLength {sequence_length} is past the model's max_position_embeddings ({limit}, "
+        f"{where}): set it to {limit} or less (and neuron.maxInputLength below it)"
+    )
+
+
 def parse_buckets(text: str) -> list[int]:
     """--prefill-buckets/--decode-buckets: comma-separated token lengths, e.g. 128,512,2048."""
     try:

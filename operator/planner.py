@@ -122,12 +122,13 @@ class Parsed:
         return self.spec is not None and not self.errors
 
 
-def parse(body: dict[str, Any]) -> Parsed:
+def parse(body: dict[str, Any], limit: validation.ModelLimit | None = None) -> Parsed:
+    """The model parsed and validated, with its own length `limit` where it was read (hf:// models)."""
     meta = body["metadata"]
     owner = builders.Owner(meta["name"], meta["namespace"], meta["uid"])
     spec, errors = validation.parse(body)
     if spec is not None:
-        errors = names.name_errors(owner.name) + validation.validate(spec).errors
+        errors = names.name_errors(owner.name) + validation.validate(spec, limit).errors
     return Parsed(owner, spec, errors, builders.compile_hash(spec) if spec is not None else None)
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, metrics, names, planner, rollout, wake
+from . import builders, hub, metrics, names, planner, rollout, validation, wake
 from .kube import Kube, KubeError
 from .planner import Apply, Delete, Observed, PatchSpec, foreign_owner, is_subset
 from .status import (
@@ -113,7 +113,7 @@ def _generation(body: dict[str, Any]) -> int:
 
 
 async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
-    parsed = planner.parse(body)
+    parsed = planner.parse(body, await model_limit(kube, body))
     observed = await observe(kube, body, parsed)
     at = now()
     settings = planner.Settings(SOURCE_CHECK_SECONDS, PROGRESS_WRITE, wake.base_url())
@@ -133,6 +133,29 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
             emit(*event)
         await kube.patch_status(*key, status)
     return status
+
+
+_hub = hub.HubConfigs()  # hf:// models' config.json reads, kept across reconciles
+
+
+async def model_limit(kube: Kube, body: dict[str, Any]) -> validation.ModelLimit | None:
+    """An hf:// model's own length limit, read from the Hub with the token of its secretRef (the Secret read
+    live: the operator caches only its own); None for other sources, or where the read failed (the compile
+    checks again as it reads the files)."""
+    spec, _ = validation.parse(body)
+    if spec is None or not spec.model.uri.startswith("hf://"):
+        return None
+    token, ref = None, spec.model.secretRef
+    if ref is not None and not hub.offline():
+        try:
+            secret = await kube.get("Secret", body["metadata"]["namespace"], ref.name, live=True)
+        except KubeError:
+            secret = None  # (read without it: a gated model's read then fails, and refuses nothing)
+        token = hub.secret_token(secret, ref.key)
+    read = await _hub.read(spec.model.uri, spec.model.revision, token)
+    if read.limit is None:
+        return None
+    return validation.ModelLimit(read.limit, read.where(spec.model.uri, spec.model.revision))
 
 
 async def observe(kube: Kube, body: dict[str, Any], parsed: planner.Parsed) -> Observed:

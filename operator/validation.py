@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuronfleet.contract import length_refusal
+
 from . import engines, names, scaling, topology
 from .parallelism import neuron_devices, role_tensor_parallel, tensor_parallel_degrees
 from .spec import NeuronModelSpec, valued
@@ -155,8 +157,18 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
     return f"on {instance} use engine {_either(others)}, or instanceType cpu for engine embedded"
 
 
-def validate(spec: NeuronModelSpec) -> Report:
-    """Every refusal for a parsed spec (empty when it can be served), and the memory fit."""
+@dataclass(frozen=True)
+class ModelLimit:
+    """What was read of the model itself before any compile (`hub.HubConfigs` for hf:// models): the longest
+    sequence its config allows, and where that was read."""
+
+    length: int
+    where: str
+
+
+def validate(spec: NeuronModelSpec, limit: ModelLimit | None = None) -> Report:
+    """Every refusal for a parsed spec (empty when it can be served), and the memory fit; with the model's
+    own `limit` where it was read."""
     r = Report()
     n, serving = spec.neuron, spec.serving
     disaggregated = serving.mode == "disaggregated"
@@ -242,13 +254,15 @@ def validate(spec: NeuronModelSpec) -> Report:
             f"model.tokenizer is applied by the embedded engine's compile, not engine {spec.engine}; remove "
             "it, or put the tokenizer files beside the model's weights"
         )
-    for kind, buckets, limit, name in (
+    if limit is not None and n.sequenceLength > limit.length:
+        r.errors.append(length_refusal(n.sequenceLength, limit.length, limit.where))
+    for kind, buckets, largest, name in (
         ("context", n.buckets.context, n.maxInputLength, "maxInputLength"),
         ("generation", n.buckets.generation, n.sequenceLength, "sequenceLength"),
     ):
         if buckets and buckets != sorted(set(buckets)):
             r.errors.append(f"neuron.buckets.{kind} must be increasing without repeats, got {buckets}")
-        elif buckets and buckets[-1] != limit and engines.bucket_limits(spec):
+        elif buckets and buckets[-1] != largest and engines.bucket_limits(spec):
             r.errors.append(
                 f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal {valued(n, name)}, or "
                 "requests that the spec accepts would fit no bucket"
@@ -340,14 +354,15 @@ def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:
     return None, errors
 
 
-def check(obj: dict) -> Report:
+def check(obj: dict, limit: ModelLimit | None = None) -> Report:
     """Parse and validate one manifest: schema errors first, then its name (`names.name_errors`: its
-    children's names must fit Kubernetes' limits), then the checks of `validate`."""
+    children's names must fit Kubernetes' limits), then the checks of `validate` (with the model's `limit`
+    where it was read)."""
     spec, errors = parse(obj)
     name = (obj.get("metadata") or {}).get("name")
     errors = (names.name_errors(name) if isinstance(name, str) else []) + errors
     if spec is None:
         return Report(errors=errors)
-    report = validate(spec)
+    report = validate(spec, limit)
     report.errors = errors + report.errors
     return report

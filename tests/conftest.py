@@ -13,6 +13,10 @@ import pytest
 # cores slow every process). Set before any test imports torch; started processes inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Nothing reaches the Hugging Face Hub (the operator and `neuronfleet validate` read an hf:// model's config
+# there): the tests that read a Hub start a fake one on loopback and say so for their processes.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 
 def _worker_ports() -> None:
     """Each pytest-xdist worker (and what it starts: servers, `neuronfleet up`, the process kubelet) takes

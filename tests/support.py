@@ -461,10 +461,12 @@ class OperatorCluster:
         self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
         self.operators: list[Process] = []
 
-    def start_operator(self, *flags: str, user: str = OPERATOR_USER) -> Process:
+    def start_operator(
+        self, *flags: str, user: str = OPERATOR_USER, env: dict[str, str] | None = None
+    ) -> Process:
         """An operator process (standalone, verbose, `flags` added) against this API server as `user` (its
-        token; also its pod name, which its leader election identity starts with), logging to
-        operator-N.log in the state folder; `stop()` stops it."""
+        token; also its pod name, which its leader election identity starts with), with `env` over this
+        process's environment, logging to operator-N.log in the state folder; `stop()` stops it."""
         import yaml
 
         kubeconfig = self.state / f"{user}-kubeconfig"
@@ -474,7 +476,7 @@ class OperatorCluster:
             kubeconfig.write_text(yaml.safe_dump(config))
         args = [*neuronfleet_command(), "operator", "--kubeconfig", str(kubeconfig)]
         args += ["--standalone", "--verbose"]
-        env = {**os.environ, "POD_NAME": user}
+        env = {**os.environ, **(env or {}), "POD_NAME": user}
         log = self.state / f"operator-{len(self.operators)}.log"
         self.operators.append(Process([*args, *flags], log, env))
         return self.operators[-1]

@@ -33,6 +33,8 @@ from neuronfleet.contract import (
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
     CompileConfig,
+    length_refusal,
+    model_length_limit,
 )
 from neuronfleet.runtime.artifacts.s3_source import Progress, S3Unavailable, cache_folder, download
 from neuronfleet.runtime.progress import Reporter, watch_folder
@@ -183,23 +185,21 @@ def convert(
 
 
 def check_lengths(source: Path, config: CompileConfig) -> None:
-    """Refuse a sequenceLength past what the model was trained for (its config.json's
-    `max_position_embeddings`, or its GGUF file's `llama.context_length`), read before anything is
-    converted (the full load at the end, `RuntimeConfig.check_model`, would refuse it too, after the
-    conversion); the message says what would be right."""
+    """Refuse a sequenceLength past what the model was trained for (`contract.model_length_limit` of its
+    config.json, or its GGUF file's `llama.context_length`), read before anything is converted (the full
+    load at the end, `RuntimeConfig.check_model`, would refuse it too, after the conversion); the message
+    says what would be right."""
     from neuronfleet.runtime.model.gguf_file import GGUFFile
 
     if source.is_dir() and (source / "config.json").is_file():
-        limit = json.loads((source / "config.json").read_text()).get("max_position_embeddings")
+        limit = model_length_limit(json.loads((source / "config.json").read_text()))
+        where = "its config.json"
     elif source.is_file() and source.suffix == ".gguf":
-        limit = GGUFFile(source).fields.get("llama.context_length")
+        limit, where = GGUFFile(source).fields.get("llama.context_length"), "its GGUF llama.context_length"
     else:
         return  # convert says what the source is not
     if isinstance(limit, int) and config.sequenceLength > limit:
-        raise CompileError(
-            f"neuron.sequenceLength {config.sequenceLength} is past the model's max_position_embeddings "
-            f"({limit}): set it to {limit} or less (and neuron.maxInputLength below it)"
-        )
+        raise CompileError(length_refusal(config.sequenceLength, limit, where))
 
 
 def report(manifest: dict[str, Any]) -> dict[str, Any]:

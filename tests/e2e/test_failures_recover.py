@@ -142,7 +142,10 @@ def test_a_sequence_length_past_the_models_fails_its_compile_once_saying_so(loca
     local.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
     model = lambda: local.get("nm", "too-long")  # noqa: E731
     local.wait("CompileFailed", lambda: condition(model(), "Compiled").get("reason") == "CompileFailed")
-    said = "neuron.sequenceLength 16384 is past the model's max_position_embeddings (8192)"
+    said = (
+        "neuron.sequenceLength 16384 is past the model's max_position_embeddings (8192, its GGUF "
+        "llama.context_length)"
+    )
     message = condition(model(), "Compiled")["message"]
     assert message.count(said) == 1 and "PodFailurePolicy" in message, message
     assert model()["status"]["phase"] == "Failed"

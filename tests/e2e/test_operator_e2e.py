@@ -279,6 +279,47 @@ def test_a_spec_that_cannot_be_served_fails_validation_and_creates_nothing(clust
     assert condition(model, "Progressing")["status"] == "False"  # a refused model does not claim progress
 
 
+def test_an_hf_models_length_is_checked_against_its_config_on_the_hub_before_any_compile(cluster):
+    """The operator reads an hf:// model's config.json from the Hub (a fake one here, gated as Llama's is)
+    with the token of the model's secretRef: a sequenceLength past its max_position_embeddings is refused
+    at apply, once, with what is allowed, and no compile Job is made; set within it, the model compiles.
+    One read per repository, however often the model reconciles."""
+    import base64
+
+    from fake_hub import FakeHub
+
+    hub = FakeHub()
+    try:
+        repo = "meta-llama/Llama-3.1-8B-Instruct"
+        hub.add_config(repo, {"max_position_embeddings": 4096})  # (a shorter model than Llama: the fake's)
+        hub.gated[repo] = "hf_secret_token"
+        api = cluster
+        api.start_operator(env={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"})
+        token = base64.b64encode(b"hf_secret_token").decode()
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": {"token": token},
+                  "metadata": {"name": "hf-token", "namespace": "default"}}  # fmt: skip
+        api.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+        api.kubectl("apply", "-f", "-", stdin=manifest(NEURON_SAMPLE))  # sequenceLength 8192
+        model = api.wait_for("status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status") and m)
+        said = (
+            "neuron.sequenceLength 8192 is past the model's max_position_embeddings (4096, from "
+            f"hf://{repo}'s config.json on the Hub): set it to 4096 or less"
+        )
+        validated = condition(model, "Validated")
+        assert validated["status"] == "False" and validated["message"].count(said) == 1, validated
+        assert model["status"]["phase"] == "Failed" and items(api, "jobs") == []
+        assert hub.asked(repo) == [(f"/{repo}/resolve/main/config.json", "Bearer hf_secret_token")]
+        assert "hf_secret_token" not in api.operators[-1].log.read_text()
+        within = {"spec": {"neuron": {"sequenceLength": 4096, "maxInputLength": 4095}}}
+        api.kubectl("patch", "nm", "llama-3-1-8b", "--type=merge", "-p", json.dumps(within))
+        api.wait_for("the compile Job", lambda: items(api, "jobs"))
+        model = get(api, "nm", "llama-3-1-8b")
+        assert condition(model, "Validated")["status"] == "True"
+        assert len(hub.asked(repo)) == 1  # kept: the model reconciled again without asking
+    finally:
+        hub.stop()
+
+
 def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     api = cluster
     operator = api.start_operator()

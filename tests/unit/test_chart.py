@@ -192,6 +192,17 @@ def test_the_neuron_scheduler_is_named_only_where_the_chart_says_the_cluster_run
     assert named[pod_parts.NEURON_SCHEDULER_ENV] == "my-scheduler"
 
 
+def test_the_hub_settings_reach_the_operator_as_the_variables_it_reads():
+    """huggingFaceHub.endpoint and offline: the Hub's own variables, which operator/hub.py reads."""
+    from neuronfleet.operator import hub
+
+    default = operator_env(render({}))
+    assert hub.ENDPOINT_ENV not in default and hub.OFFLINE_ENV not in default
+    mirror = {"huggingFaceHub": {"endpoint": "https://hub.mirror.example", "offline": True}}
+    env = operator_env(render(mirror))
+    assert env[hub.ENDPOINT_ENV] == "https://hub.mirror.example" and env[hub.OFFLINE_ENV] == "1"
+
+
 def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads():
     from neuronfleet.operator import scaling
 
@@ -218,6 +229,7 @@ def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads()
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"serviceAccount": {"create": "yes"}}, "create"),
         ({"autoscaler": {"intervalSeconds": 0}}, "intervalSeconds"),
+        ({"huggingFaceHub": {"endpoint": "hub.example"}}, "endpoint"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):
