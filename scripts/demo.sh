@@ -2,8 +2,9 @@
 # The main job on the embedded default, the whole journey on this machine (no cluster, no Neuron hardware):
 # set up, `neuronfleet up` (emulated API server + process kubelet + the operator), `kubectl apply` the local
 # SmolLM2 sample, wait until it is Ready (its compile Job really compiles, its pod really serves), send a chat
-# request to its endpoint with curl (the OpenAI API), then `neuronfleet down`. Prints each phase's time and
-# the answer's text (`--raw`: the whole JSON answer as the API sent it).
+# request to its endpoint with curl (the OpenAI API; no sampling fields, as a user sends it: the model's
+# defaults apply), then `neuronfleet down`. Prints each phase's time and the answer's text (`--raw`: the
+# whole JSON answer as the API sent it). SETUP=0 skips the set-up (.venv exists).
 #   bash scripts/demo.sh [--raw] ["a question"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ KUBECTL=${KUBECTL:-$(command -v kubectl || true)}
 clock() { date +%s.%N; }
 took() { .venv/bin/python -P -c 'import sys, time; print(f"[demo] {sys.argv[1]}: {time.time() - float(sys.argv[2]):.1f} s")' "$1" "$2"; }
 
-t=$(clock); bash scripts/setup.sh; took "set-up" "$t"
+if [ "${SETUP:-1}" != 0 ]; then t=$(clock); bash scripts/setup.sh; took "set-up" "$t"; fi
 t=$(clock)
 .venv/bin/neuronfleet down --state "$STATE" >/dev/null  # a fleet left from an interrupted run
 .venv/bin/neuronfleet up --state "$STATE" --detach
@@ -39,7 +40,7 @@ took "apply -> Ready (compile Job, then the serving pod)" "$t"
 $K get neuronmodels,pods
 
 ENDPOINT=$($K get neuronmodel "$NAME" -o jsonpath='{.status.endpoint}')
-BODY=$(.venv/bin/python -P -c 'import json, sys; print(json.dumps({"model": sys.argv[2], "max_tokens": 96, "temperature": 0,
+BODY=$(.venv/bin/python -P -c 'import json, sys; print(json.dumps({"model": sys.argv[2], "max_tokens": 96,
   "messages": [{"role": "user", "content": sys.argv[1]}]}))' "$QUESTION" "$NAME")
 t=$(clock)
 echo "[demo] POST $ENDPOINT/v1/chat/completions"
