@@ -183,7 +183,9 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str | None = _flag(
-        None, "Hugging Face-format model folder (every role but a router with --peer-protocol vllm|sglang)"
+        None,
+        "Hugging Face-format model folder (every role but a router with --peer-protocol vllm|sglang; a front "
+        "door with --unified reads only its tokenizer, to route by the token blocks the pods cache)",
     )
     role: Role = _flag("unified", "what this process serves: one model, a role of a disaggregated one")
     host: str = _flag("127.0.0.1", "address to listen on")
@@ -362,10 +364,10 @@ class ServeConfig(BaseModel):
                 f"--role {self.role} needs --model (a Hugging Face-format folder); only a router with "
                 "--peer-protocol vllm|sglang or --unified serves without one"
             )
-        if self.model is not None and engine_router:
-            kind = "--unified" if front_door else f"--peer-protocol {self.peer_protocol}"
+        if self.model is not None and engine_router and not front_door:
             raise ValueError(
-                f"a router with {kind} reads no model files (its peers tokenize); remove --model"
+                f"a router with --peer-protocol {self.peer_protocol} reads no model files (its peers "
+                "tokenize); remove --model"
             )
         if (self.peer_protocol == "sglang") != (self.bootstrap_port is not None):
             raise ValueError(

@@ -105,7 +105,7 @@ def _serve_router(args: ServeConfig) -> int:
     Imports no torch (the router's image needs none)."""
     if args.peer_hosts_file:  # before any peer is resolved
         os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
-    if args.unified:  # a front door to unified pods: no model files, no token
+    if args.unified:  # a front door to unified pods: no model code (at most the tokenizer), no token
         return _serve_front_door(args)
     if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
         return _serve_engine_router(args)
@@ -154,11 +154,13 @@ def _serve_engine_router(args: ServeConfig) -> int:
 def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
     from neuronfleet.runtime.routing.front_door import FrontDoor
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
+        tokenizer=Tokenizer(args.model) if args.model else None,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

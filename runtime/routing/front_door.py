@@ -1,6 +1,7 @@
 """The front door (`neuronfleet serve --role router --unified PEER...`): the public endpoint of a model served
 by unified pods of any engine (ours, vLLM, TGI, SGLang) that may scale to zero or run more than one pod. It
-loads no model files and no model code: every request but its own `/health`, `/ready` and `/metrics`
+loads no model code (with `--model`, the model's tokenizer only, to cut prompts into the token blocks the pods
+cache, chat template applied as they apply it): every request but its own `/health`, `/ready` and `/metrics`
 (OpenAI `/v1/...`, TGI `/generate`, `/generate_stream`, `/info`, ...) goes as is (method, path, query,
 headers but hop-by-hop ones, body) to the ready pod the routing policy chooses (`prefix_routing`: by
 default the one expected to hold the longest prefix of the request's prompt, unless it is much busier than
@@ -16,6 +17,7 @@ again; after the answer started a break ends the stream (the client sees it cut,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -27,9 +29,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
-from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_text
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class FrontDoor(HttpApp):
         self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
         hold_seconds: float = 300.0, wake_url: str | None = None, routing: Routing | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:  # fmt: skip
         if not unified:
             raise ValueError(
@@ -62,7 +66,10 @@ class FrontDoor(HttpApp):
         resolve_peers(unified)  # malformed specs fail at start-up
         super().__init__(model_name, max_body_bytes, CollectorRegistry())
         self.unified = PeerSet("unified", unified)
-        self.routing = routing or Routing()  # by each request's prompt text: the router has no tokenizer
+        # by the token blocks the pods cache where the model's tokenizer is given (--model), else by the
+        # prompt's text
+        self.tokenizer = tokenizer
+        self.routing = dataclasses.replace(routing or Routing(), by_tokens=tokenizer is not None)
         self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
@@ -169,7 +176,7 @@ class FrontDoor(HttpApp):
                 path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
             )
         await self.watch.refresh_if_stale()
-        blocks = self.routing.blocks(prompt_text(path, body)) if request.method == "POST" else []
+        blocks = self.routing.blocks(self._prompt(path, body)) if request.method == "POST" else []
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
         tried: set[str] = set()
@@ -211,6 +218,12 @@ class FrontDoor(HttpApp):
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
+
+    def _prompt(self, path: str, body: bytes) -> str | list[int] | None:
+        """What a request's blocks are cut from: its token ids as the pods compute them, or its text."""
+        if self.tokenizer is None:
+            return prompt_text(path, body)
+        return prompt_ids(path, body, self.tokenizer)
 
     async def _send(
         self, peer: Peer, request: web.Request, headers: dict, body: bytes

@@ -90,6 +90,35 @@ def prompt_text(path: str, body: bytes) -> str | None:
     return None
 
 
+def prompt_ids(path: str, body: bytes, tokenizer: Any) -> list[int] | None:
+    """A request's prompt as the token ids a serving pod computes and caches for it (`tokenizer`: the
+    model's, `serving.tokenizer.Tokenizer`): a chat's messages through the model's chat template, as the
+    pods render it (Hugging Face's `apply_chat_template`: vLLM's and ours); a completion's prompt or TGI's
+    `inputs` encoded with the special tokens. What KV-cache events name. None for a body that is not such a
+    request, or one a pod would refuse (it is routed by load alone, and refused there)."""
+    from neuronfleet.runtime.serving.api_requests import (
+        parse_openai_chat,
+        parse_openai_completion,
+        parse_tgi_generate,
+    )
+
+    try:
+        request = json.loads(body) if body else None
+        if path.endswith("/chat/completions"):
+            return tokenizer.encode_chat(parse_openai_chat(request).messages)
+        if path.endswith("/completions"):
+            prompt = parse_openai_completion(request).prompt
+        elif path in ("/generate", "/generate_stream", "/"):
+            prompt = parse_tgi_generate(request).prompt
+        else:
+            return None
+    except (ValueError, TypeError, LookupError):  # (a refused request's InvalidRequest is a ValueError)
+        return None
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    return list(prompt) if prompt is not None else None
+
+
 def _content(content: Any) -> str:
     if isinstance(content, str):
         return content

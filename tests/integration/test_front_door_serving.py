@@ -118,9 +118,21 @@ def tgi(base: str):
 @pytest.mark.real_model
 def test_answers_through_the_front_door_equal_a_direct_requests(smollm2_dir, tmp_path):
     with running_server(smollm2_dir, *OPTIONS) as (direct, server):
-        door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [server.port]))
+        # with the model's tokenizer (--model): routed by the token blocks the pod caches
+        peers = peer_map(tmp_path, "unified:8000", [server.port])
+        door, process = front_door(tmp_path, *peers, "--model", str(smollm2_dir))
         try:
             assert chat(door) == chat(direct)
+            # the same conversation again: the pod holds its token blocks (a prefix decision, not load)
+            assert (
+                metric(door, "neuronfleet:router_routing_decisions_total", role="unified", reason="prefix")
+                == 0
+            )
+            assert chat(door) == chat(direct)
+            assert (
+                metric(door, "neuronfleet:router_routing_decisions_total", role="unified", reason="prefix")
+                == 1
+            )
             stream = openai(door).chat.completions.create(
                 model="smollm2", messages=[{"role": "user", "content": QUESTION}], max_tokens=12,
                 temperature=0, stream=True,

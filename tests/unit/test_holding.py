@@ -131,7 +131,6 @@ def test_the_front_door_flags_parse_and_render_back():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--role", "router", "--unified", "http://a:1", "--model", "/m"], "--unified reads no model files"),
         (
             ["--role", "router", "--unified", "http://a:1", "--decode", "http://b:1"],
             "without --prefill, --decode",

@@ -178,3 +178,50 @@ def test_a_bad_policy_is_refused_by_the_parser(capsys):
             ["serve", "--role", "router", "--unified", "http://a:1", "--routing", "random"]
         )
     assert "invalid choice: 'random' (choose from 'kv-aware', 'least-loaded')" in capsys.readouterr().err
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You answer in one sentence."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+    {"role": "user", "content": [{"type": "text", "text": "And of "}, {"type": "text", "text": "Italy?"}]},
+]
+
+
+@pytest.mark.real_model
+def test_a_front_doors_token_ids_are_what_hugging_faces_chat_template_gives(smollm2_dir):
+    """The contract with the pods' side: a front door with the model's tokenizer cuts a request into the
+    token ids the pods compute and cache for it, the ids Hugging Face's `apply_chat_template` gives (what
+    vLLM renders a chat with, and our engine too); a completion's prompt and TGI's inputs as the tokenizer
+    encodes them. So the blocks it names are the blocks the pods' KV-cache events name."""
+    from transformers import AutoTokenizer
+
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    ours, theirs = Tokenizer(smollm2_dir), AutoTokenizer.from_pretrained(smollm2_dir)
+    texts = [{**m, "content": "And of Italy?"} if isinstance(m["content"], list) else m for m in CONVERSATION]
+    for turns in (CONVERSATION[1:2], CONVERSATION[:2], CONVERSATION):
+        body = json.dumps({"model": "m", "messages": turns}).encode()
+        messages = texts if turns is CONVERSATION else turns  # (HF's template takes text contents)
+        want = theirs.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert pr.prompt_ids("/v1/chat/completions", body, ours) == list(want)
+    prompt = "The capital of France is"
+    completion = json.dumps({"model": "m", "prompt": prompt}).encode()
+    assert pr.prompt_ids("/v1/completions", completion, ours) == theirs(prompt)["input_ids"]
+    generate = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": 4}}).encode()
+    assert pr.prompt_ids("/generate", generate, ours) == theirs(prompt)["input_ids"]
+    assert pr.prompt_ids("/v1/completions", json.dumps({"prompt": [5, 6, 7]}).encode(), ours) == [5, 6, 7]
+    # a request a pod would refuse, or that is not one, has no ids: it is routed by load alone
+    refused = json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}).encode()
+    assert pr.prompt_ids("/v1/chat/completions", refused, ours) is None
+    assert pr.prompt_ids("/v1/chat/completions", b"{not json", ours) is None
+    assert pr.prompt_ids("/v1/models", b"", ours) is None
+    # a conversation's next turn starts with the blocks of its earlier turns
+    routing = pr.Routing(by_tokens=True)
+    first = routing.blocks(pr.prompt_ids("/v1/chat/completions", json.dumps(
+        {"messages": CONVERSATION[:2]}).encode(), ours))  # fmt: skip
+    later = routing.blocks(pr.prompt_ids("/v1/chat/completions", json.dumps(
+        {"messages": CONVERSATION}).encode(), ours))  # fmt: skip
+    assert first and later[: len(first) - 1] == first[:-1]
