@@ -154,13 +154,17 @@ def _serve_engine_router(args: ServeConfig) -> int:
 def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
     from neuronfleet.runtime.routing.front_door import FrontDoor
-    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
+    tokenizer = None
+    if args.model:  # only the tokenizer: blocks of the token ids the pods cache
+        from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(args.model)
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=Tokenizer(args.model) if args.model else None,
+        tokenizer=tokenizer,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 import yarl
@@ -32,7 +33,9 @@ from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
-from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # (imported by the command only when --model is given: without it, no tokenizer is loaded)
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -33,3 +33,17 @@ def test_a_started_front_door_has_not_imported_model_code():
     proc = serve_and_report_imports(args, port, ("torch", "safetensors", "tokenizers", "transformers"))
     assert proc.returncode == 0, proc.stderr
     assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.real_model
+def test_a_front_door_given_the_model_loads_its_tokenizer_and_no_model_code(smollm2_dir):
+    """With --model (to route by the token blocks the pods cache) it reads the tokenizer only: still no torch
+    and no weights reader."""
+    port = free_port()
+    args = [
+        *("serve", "--role", "router", "--unified", "http://127.0.0.1:9", "--port", str(port)),
+        *("--model", str(smollm2_dir), "--grace-period", "1"),
+    ]
+    proc = serve_and_report_imports(args, port, ("torch", "safetensors", "transformers"))
+    assert proc.returncode == 0, proc.stderr
+    assert "IMPORTED -" in proc.stdout, proc.stdout + proc.stderr
