@@ -184,8 +184,9 @@ class ServeConfig(BaseModel):
 
     model: str | None = _flag(
         None,
-        "Hugging Face-format model folder (every role but a router with --peer-protocol vllm|sglang; a front "
-        "door with --unified reads only its tokenizer, to route by the token blocks the pods cache)",
+        "Hugging Face-format model folder (every role but a router with --peer-protocol vllm|sglang; a "
+        "front door with --unified or a vllm router reads only its tokenizer, to route by the token blocks "
+        "the pods cache)",
     )
     role: Role = _flag("unified", "what this process serves: one model, a role of a disaggregated one")
     host: str = _flag("127.0.0.1", "address to listen on")
@@ -213,7 +214,7 @@ class ServeConfig(BaseModel):
         "neuronfleet",
         "router: what the peers speak: neuronfleet (our runtime's KV handoff), or the P/D protocol of vllm "
         "(kv_transfer_params) or sglang (bootstrap host/port/room) at the OpenAI HTTP level, which needs no "
-        "model files (no --model)",
+        "model files (--model: a vllm router reads the tokenizer only, to route by token blocks)",
     )
     bootstrap_port: int | None = _flag(
         None, "router, --peer-protocol sglang: the prefill servers' --disaggregation-bootstrap-port"
@@ -301,6 +302,12 @@ class ServeConfig(BaseModel):
         "format and with its flag's JSON (keys enable_kv_cache_events, publisher, endpoint, replay_endpoint, "
         "buffer_steps, hwm, max_queue_size, topic), for routers that place requests by what each pod holds",
     )
+    peer_kv_events: str | None = _flag(
+        None,
+        "router with --peer-protocol vllm: where its prefill peers publish KV-cache events (vLLM's "
+        "--kv-events-config endpoint, tcp://*:PORT: a wildcard host is each peer's own address); with "
+        "--model the router names the events' blocks and routes by what each prefill peer holds",
+    )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
@@ -364,11 +371,24 @@ class ServeConfig(BaseModel):
                 f"--role {self.role} needs --model (a Hugging Face-format folder); only a router with "
                 "--peer-protocol vllm|sglang or --unified serves without one"
             )
-        if self.model is not None and engine_router and not front_door:
+        if self.model is not None and self.peer_protocol == "sglang":
             raise ValueError(
-                f"a router with --peer-protocol {self.peer_protocol} reads no model files (its peers "
-                "tokenize); remove --model"
+                "a router with --peer-protocol sglang reads no model files (its peers tokenize); remove "
+                "--model"
             )
+        if self.peer_kv_events is not None:
+            if self.role != "router" or self.peer_protocol != "vllm" or self.model is None:
+                raise ValueError(
+                    "--peer-kv-events is for --role router --peer-protocol vllm with --model (the events "
+                    "name token ids: the router needs the model's tokenizer to name a prompt's blocks alike)"
+                )
+            if (
+                not self.peer_kv_events.startswith("tcp://")
+                or not self.peer_kv_events.rpartition(":")[2].isdigit()
+            ):
+                raise ValueError(
+                    f"--peer-kv-events {self.peer_kv_events!r}: a ZeroMQ tcp endpoint such as tcp://*:5557"
+                )
         if (self.peer_protocol == "sglang") != (self.bootstrap_port is not None):
             raise ValueError(
                 "--bootstrap-port (the prefill servers' --disaggregation-bootstrap-port) is needed with "

@@ -107,8 +107,8 @@ def _serve_router(args: ServeConfig) -> int:
         os.environ[PEER_HOSTS_FILE_ENV] = args.peer_hosts_file
     if args.unified:  # a front door to unified pods: no model code (at most the tokenizer), no token
         return _serve_front_door(args)
-    if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model files, no token
-        return _serve_engine_router(args)
+    if args.peer_protocol != "neuronfleet":  # an engine's own P/D protocol: no model code (at most the
+        return _serve_engine_router(args)  # tokenizer), no token
 
     from neuronfleet.runtime.model.model_config import load_model_config
     from neuronfleet.runtime.routing.router import RemoteBackend
@@ -147,6 +147,7 @@ def _serve_engine_router(args: ServeConfig) -> int:
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
+        tokenizer=_tokenizer(args), peer_kv_events=args.peer_kv_events,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
@@ -155,18 +156,23 @@ def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
     from neuronfleet.runtime.routing.front_door import FrontDoor
 
-    tokenizer = None
-    if args.model:  # only the tokenizer: blocks of the token ids the pods cache
-        from neuronfleet.runtime.serving.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer(args.model)
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=tokenizer,
+        tokenizer=_tokenizer(args),
     )  # fmt: skip
     return _serve_until_stopped(door, args)
+
+
+def _tokenizer(args: ServeConfig):
+    """A router's tokenizer where it is given the model (--model): only the tokenizer, to cut prompts into the
+    token blocks the pods cache; None without one (no tokenizer is loaded)."""
+    if not args.model:
+        return None
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    return Tokenizer(args.model)
 
 
 def _routing(args: ServeConfig):

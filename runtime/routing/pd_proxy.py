@@ -1,6 +1,9 @@
 """The router in front of an engine's own prefill and decode servers (`neuronfleet serve --role router
 --peer-protocol vllm|sglang`): an OpenAI HTTP endpoint that speaks the engine's P/D protocol
 (`runtime/routing/pd_protocols.py`) to its peers, with no model files: the engines tokenize, check and answer.
+With `--model` (vLLM) it reads the model's tokenizer only, to cut prompts into the token blocks the servers
+cache, and with `--peer-kv-events` it subscribes to each prefill server's KV-cache events (vLLM's
+`--kv-events-config`, `kv_event_index`) to know what each holds instead of guessing from what it sent.
 
 Peers are found and kept as our own router does (`peers.PeerSet`: URLs or DNS names of headless Services,
 re-resolved and probed every `--peer-probe-interval` seconds, here with the engines' `GET /health`; three
@@ -25,6 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -32,10 +36,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing import pd_protocols as pd
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
-from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_text
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
+
+if TYPE_CHECKING:  # (imported by the command only with --model: without it, no tokenizer is loaded)
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +73,8 @@ class EngineRouter(HttpApp):
         self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,
         bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
         max_body_bytes: int = 1 << 20, hold_requests: int = 0, hold_seconds: float = 300.0,
-        wake_url: str | None = None, routing: Routing | None = None,
+        wake_url: str | None = None, routing: Routing | None = None, tokenizer: Tokenizer | None = None,
+        peer_kv_events: str | None = None,
     ) -> None:  # fmt: skip
         if protocol not in pd.PROTOCOLS:
             raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
@@ -77,10 +86,17 @@ class EngineRouter(HttpApp):
         super().__init__(model_name, max_body_bytes, CollectorRegistry())
         self.protocol, self.bootstrap_port = protocol, bootstrap_port
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
-        # each role by the prompt's text (the router has no tokenizer): a prefill server that holds the
-        # prefix computes less, and a decode server keeps a conversation's turns in its own prefix cache
-        routing = routing or Routing()
+        # each role by the prompt's blocks: a prefill server that holds the prefix computes less, and a
+        # decode server keeps a conversation's turns in its own prefix cache. Blocks of the token ids the
+        # servers cache where the model's tokenizer is given (--model), else of the prompt's text
+        if peer_kv_events is not None and tokenizer is None:
+            raise ValueError("--peer-kv-events needs --model: the events name token ids")
+        self.tokenizer, self.peer_kv_events = tokenizer, peer_kv_events
+        routing = dataclasses.replace(routing or Routing(), by_tokens=tokenizer is not None)
         self.routings = {role: dataclasses.replace(routing) for role in ("prefill", "decode")}
+        # what each prefill server holds, from the KV-cache events it publishes (vLLM's --kv-events-config)
+        self.subscriptions = Subscriptions() if peer_kv_events is not None else None
+        self.routings["prefill"].events = self.subscriptions
         self.peer_timeout = peer_timeout
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval)
         self.backend = self  # what serve() drains
@@ -117,6 +133,8 @@ class EngineRouter(HttpApp):
 
     def shutdown(self) -> None:
         self.watch.stop()
+        if self.subscriptions is not None:
+            self.subscriptions.close()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -155,6 +173,8 @@ class EngineRouter(HttpApp):
             ok, why = False, f"/health failed: {e or type(e).__name__}"
         if ok:
             peers.succeeded(url)
+            if peers is self.prefill and self.subscriptions is not None:  # at the server's own address
+                self.subscriptions.follow(url, self.peer_kv_events)
         else:
             peers.failed(url, why)
 
@@ -255,7 +275,8 @@ class EngineRouter(HttpApp):
         except ValueError as e:
             return self._error(400, str(e), "body")
         await self.watch.refresh_if_stale()
-        blocks = self.routings["prefill"].blocks(prompt_text(path, raw))
+        prompt = prompt_text(path, raw) if self.tokenizer is None else prompt_ids(path, raw, self.tokenizer)
+        blocks = self.routings["prefill"].blocks(prompt)
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
         held = self.hold.request()
         while True:

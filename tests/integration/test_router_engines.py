@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from support import (
     metric,
     neuronfleet_command,
     serve_and_report_imports,
+    wait_until,
 )
 
 STANDIN = ROOT / "tests" / "standins" / "engines.py"
@@ -61,27 +63,29 @@ class EngineFleet:
                 args += ["--bootstrap-port", str(self.bootstrap_port)]
             self.processes[name] = Process([*args, *self.extra.get(name, [])], tmp / f"{name}.log")
             self.urls[name] = f"http://{host}:{port}"
-        peers = [x for n, u in self.urls.items() for x in (f"--{n.split('-')[0]}", u)]
-        args = [*neuronfleet_command(), "serve", "--role", "router", "--peer-protocol", engine,
-                "--port", self.router.rsplit(":", 1)[1], "--served-model-name", MODEL,
-                "--peer-probe-interval", "0.3", *peers]  # fmt: skip
-        if engine == "sglang":
-            args += ["--bootstrap-port", str(self.bootstrap_port)]
         for name, process in self.processes.items():
             process.wait_until(lambda u=self.urls[name]: _answers(u + "/health"), f"stand-in {name}")
-        self.processes["router"] = Process(args, tmp / "router.log")
-        self.processes["router"].wait_until(
-            lambda: _answers(self.router + "/ready"), "the router to be ready"
-        )
+        self.start_router("router", self.router)
+
+    def start_router(self, name: str, url: str) -> None:
+        """A router over every stand-in (`extra["router"]`: more options), ready."""
+        peers = [x for n, u in self.urls.items() for x in (f"--{n.split('-')[0]}", u)]
+        args = [*neuronfleet_command(), "serve", "--role", "router", "--peer-protocol", self.engine,
+                "--port", url.rsplit(":", 1)[1], "--served-model-name", MODEL,
+                "--peer-probe-interval", "0.3", *peers, *self.extra.get("router", [])]  # fmt: skip
+        if self.engine == "sglang":
+            args += ["--bootstrap-port", str(self.bootstrap_port)]
+        self.processes[name] = Process(args, self.tmp / f"{name}.log")
+        self.processes[name].wait_until(lambda: _answers(url + "/ready"), f"{name} to be ready")
 
     def requests(self, name: str) -> list[dict]:
         path = self.tmp / f"{name}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def client(self):
+    def client(self, router: str | None = None):
         from openai import OpenAI
 
-        return OpenAI(base_url=self.router + "/v1", api_key="unused", max_retries=0)
+        return OpenAI(base_url=(router or self.router) + "/v1", api_key="unused", max_retries=0)
 
     def kill(self, name: str) -> None:
         self.processes[name].kill()
@@ -353,3 +357,51 @@ def test_an_engine_router_loads_no_model_code_and_drains_on_sigterm(engine):
     run = serve_and_report_imports(args, port, model_code)
     assert run.returncode == 0, run.stderr
     assert "IMPORTED -" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.real_model
+def test_a_vllm_router_given_the_model_routes_by_its_prefill_servers_kv_cache_events(fleet_of, smollm2_dir):
+    """The precise path for vLLM: prefill stand-ins publish KV-cache events as vLLM 0.24.0 does (msgspec's
+    encoding, blocks of the token ids Hugging Face's chat template gives), and a router given the model's
+    tokenizer and --peer-kv-events names a prompt's blocks alike. A conversation's second turn through a
+    second router replica, which never saw the first, goes to the prefill server whose events say it holds
+    the first turn (reason prefix), and that replica's view of each server is what the events said."""
+    events_port = free_port()
+    long = ["--max-model-len", "100000"]
+    publish = [*long, "--kv-events-port", str(events_port), "--tokenizer", str(smollm2_dir)]
+    router = ["--model", str(smollm2_dir), "--peer-kv-events", f"tcp://*:{events_port}"]
+    fleet = fleet_of(
+        "vllm", prefill_a=publish, prefill_b=publish, decode_a=long, decode_b=long, router=router
+    )
+    second = f"http://127.0.0.1:{free_port()}"
+    fleet.start_router("router-2", second)
+    history = [{"role": "system", "content": "You answer questions about geography. " * 8},
+               {"role": "user", "content": "What is the capital of France?"}]  # fmt: skip
+
+    def cached(router: str) -> dict[str, float]:
+        return {host_of(u): metric(router, "neuronfleet:router_pod_cached_blocks", role="prefill", pod=u) or 0
+                for u in (fleet.urls["prefill-a"], fleet.urls["prefill-b"])}  # fmt: skip
+
+    def prefix_decisions(router: str) -> float:
+        name = "neuronfleet:router_routing_decisions_total"
+        return metric(router, name, role="prefill", reason="prefix") or 0
+
+    # the routers subscribe as they first probe a prefill server; a first request shows both receive events
+    # (ZeroMQ drops what a subscriber missed before it connected: retried until they do)
+    def events_reach_both() -> bool:
+        fleet.client().chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "user", "content": f"warm-up {time.monotonic()} " * 12}])  # fmt: skip
+        return all(sum(cached(r).values()) > 0 for r in (fleet.router, second))
+
+    wait_until(events_reach_both, "both routers to learn from the prefill servers' events", interval=0.5)
+    before, seen = counts(fleet), cached(second)
+    fleet.client().chat.completions.create(model=MODEL, messages=history, max_tokens=3)
+    holder, _ = one_of(fleet, ("prefill-a", "prefill-b"), before)
+    host = host_of(fleet.urls[holder])
+    wait_until(lambda: cached(second)[host] > seen[host], "the second router to hear of the first turn")
+    decided = prefix_decisions(second)
+    history += [{"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+    before = counts(fleet)
+    fleet.client(second).chat.completions.create(model=MODEL, messages=history, max_tokens=3)
+    assert one_of(fleet, ("prefill-a", "prefill-b"), before)[0] == holder
+    assert prefix_decisions(second) == decided + 1

@@ -17,6 +17,12 @@ What each stand-in checks, as the engine would:
   VLLM_NIXL_SIDE_CHANNEL_PORT); a decode server given kv_transfer_params reads those blocks from that side
   channel (the prefill stand-in lets each be read once, by the request id it made them for) and fails (500)
   when it cannot; given none, it prefills the prompt itself and says so in its record (`prefilled_here`);
+- vLLM with `--kv-events-port P --tokenizer DIR`: a prefill server publishes KV-cache events as vLLM 0.24.0
+  does with `--kv-events-config` (vllm/distributed/kv_events.py of the vllm-0.24.0 sdist: a ZeroMQ PUB socket,
+  frames topic / 8-byte big-endian sequence / msgpack `KVEventBatch`, the batch an array [ts, events,
+  data_parallel_rank], each event a map tagged `type`), encoded with msgspec as vLLM encodes it: a prompt it
+  prefills is tokenized with Hugging Face's tokenizer and chat template (what vLLM renders a chat with) and
+  each whole block of `--block-size` tokens not stored yet is a `BlockStored` (its hash: the stand-in's own);
 - SGLang: a prefill server takes the request's bootstrap room; a decode server asks the bootstrap server at
   bootstrap_host:bootstrap_port (the prefill stand-in's --bootstrap-port) for that room, waiting for it a few
   seconds, and fails (500) when the room never comes.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -38,10 +45,71 @@ from aiohttp import web
 ROOM_WAIT = 10.0  # seconds a decode stand-in waits for its room to reach the prefill stand-in
 
 
+class EventPublisher:
+    """vLLM's KV-cache events, as its ZMQ publisher sends them (see the module's docstring)."""
+
+    def __init__(self, host: str, port: int, tokenizer_dir: str, block_size: int) -> None:
+        import msgspec
+        import zmq
+        from transformers import AutoTokenizer
+
+        class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+            ts: float
+            events: list
+            data_parallel_rank: int | None = None
+
+        class BlockStored(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+            block_hashes: list[int]
+            parent_block_hash: int | None
+            token_ids: list[int]
+            block_size: int
+            lora_id: int | None
+            medium: str | None
+            lora_name: str | None
+
+        self.batch, self.stored = EventBatch, BlockStored
+        self.encoder = msgspec.msgpack.Encoder()
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.block_size = block_size
+        self.socket = zmq.Context.instance().socket(zmq.PUB)
+        self.socket.bind(f"tcp://{host}:{port}")
+        self.seq = 0
+        self.held: set[int] = set()
+
+    def prompt_ids(self, body: dict, chat: bool) -> list[int]:
+        if chat:
+            messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(
+                p.get("text", "") for p in m["content"])} for m in body["messages"]]  # fmt: skip
+            return list(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
+        return self.tokenizer(body["prompt"])["input_ids"]
+
+    def prefilled(self, body: dict, chat: bool) -> None:
+        """The prompt's whole blocks are in the cache now: those not stored before are published."""
+        ids, size, parent, events = self.prompt_ids(body, chat), self.block_size, None, []
+        for start in range(0, len(ids) - len(ids) % size, size):
+            tokens = ids[start : start + size]
+            digest = hashlib.sha256(repr((parent, tokens)).encode()).digest()
+            block = int.from_bytes(digest[:8], "big")
+            if block not in self.held:
+                self.held.add(block)
+                stored = self.stored(block_hashes=[block], parent_block_hash=parent, token_ids=tokens,
+                                     block_size=size, lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+                events.append(stored)
+            parent = block
+        if events:
+            payload = self.encoder.encode(self.batch(ts=time.time(), events=events, data_parallel_rank=0))
+            self.socket.send_multipart([b"", self.seq.to_bytes(8, "big"), payload])
+            self.seq += 1
+
+
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.engine_id = f"{args.name}-engine"
+        self.events = None
+        if args.kv_events_port:
+            self.events = EventPublisher(args.host, args.kv_events_port, args.tokenizer, args.block_size)
         self.blocks: dict[tuple[int, ...], str] = {}  # vLLM prefill: KV blocks kept -> the request id
         self.rooms: dict[int, asyncio.Event] = {}  # SGLang prefill: bootstrap rooms seen
         self.record_file = Path(args.record)
@@ -78,6 +146,8 @@ class StandIn:
         kv_params = None
         if self.args.engine == "vllm" and self.args.role == "prefill":
             kv_params = self.keep_blocks(body, request.headers.get("X-Request-Id"))
+            if self.events is not None:
+                self.events.prefilled(body, chat)
         elif self.args.engine == "vllm":
             failed = await self.read_blocks(body, request.headers.get("X-Request-Id"), extra)
             if failed:
@@ -253,4 +323,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--die-mid-stream", action="store_true", help="exit after a streamed answer's 2nd chunk"
     )
+    parser.add_argument("--kv-events-port", type=int, default=0, help="vLLM prefill: publish KV-cache events")
+    parser.add_argument("--tokenizer", default="", help="with --kv-events-port: the model folder's tokenizer")
+    parser.add_argument("--block-size", type=int, default=16, help="with --kv-events-port: tokens a block")
     asyncio.run(main(parser.parse_args()))

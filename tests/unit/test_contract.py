@@ -56,15 +56,22 @@ def test_every_option_renders_and_parses_back():
         kv_events_config='{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}',
         override_generation_config='{"temperature": 0.2}',
     )  # fmt: skip
-    # a router that speaks an engine's protocol: the options only it takes (it has no model)
+    # routers that speak an engine's protocol: the options only they take (SGLang's reads no model; vLLM's
+    # reads its tokenizer to name its prefill peers' KV-cache events)
     engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)
+    vllm_router = ServeConfig(role="router", peer_protocol="vllm", model="/m", peer_kv_events="tcp://*:5557")
     # a front door to unified pods, holding at zero
     front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
                              wake_url="http://op:8080/wake/ns/m", routing="least-loaded",
                              routing_load_margin=0, routing_cache_tokens=4096)  # fmt: skip
-    given = config.model_fields_set | engine_router.model_fields_set | front_door.model_fields_set
+    given = (
+        config.model_fields_set
+        | engine_router.model_fields_set
+        | vllm_router.model_fields_set
+        | front_door.model_fields_set
+    )
     assert given == set(ServeConfig.model_fields)  # nothing left at its default
-    for each in (config, engine_router, front_door):
+    for each in (config, engine_router, vllm_router, front_door):
         args = build_parser().parse_args(["serve", *each.to_args()])
         assert ServeConfig.from_namespace(args) == each
 

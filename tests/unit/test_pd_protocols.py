@@ -130,6 +130,10 @@ def test_an_engine_router_needs_no_model_and_sglang_its_bootstrap_port():
     assert (config.model, config.peer_protocol, config.bootstrap_port) == (None, "sglang", 8998)
     assert parse(*config.to_args()) == config
     assert parse("--role", "router", "--peer-protocol", "vllm").model is None
+    # a vllm router given the model reads its tokenizer, to name the prefill peers' KV-cache events' blocks
+    events = parse(*VLLM, "--model", "/m", "--peer-kv-events", "tcp://*:5557")
+    assert (events.model, events.peer_kv_events) == ("/m", "tcp://*:5557")
+    assert parse(*events.to_args()) == events
 
 
 ROUTER = ("--role", "router")
@@ -141,7 +145,13 @@ VLLM = (*ROUTER, "--peer-protocol", "vllm")
     [
         (["--role", "unified"], "--role unified needs --model"),
         ([*ROUTER], "--role router needs --model .* only a router with --peer-protocol"),
-        ([*VLLM, "--model", "/m"], "reads no model files .* remove --model"),
+        (
+            [*ROUTER, "--peer-protocol", "sglang", "--bootstrap-port", "1", "--model", "/m"],
+            "sglang reads no model files .* remove --model",
+        ),
+        ([*VLLM, "--peer-kv-events", "tcp://*:5557"], "--peer-kv-events is for .* with --model"),
+        ([*ROUTER, "--model", "/m", "--peer-kv-events", "tcp://*:5557"], "--peer-kv-events is for"),
+        ([*VLLM, "--model", "/m", "--peer-kv-events", "ipc:///tmp/x"], "a ZeroMQ tcp endpoint"),
         (["--role", "decode", "--model", "/m", "--peer-protocol", "vllm"], "vllm is for --role router"),
         ([*ROUTER, "--peer-protocol", "sglang"], "--bootstrap-port .* needed with --peer-protocol sglang"),
         ([*VLLM, "--bootstrap-port", "1"], r"only there \(here: vllm\)"),
