@@ -96,7 +96,7 @@ class KvEventsConfig(BaseModel):
             ) from None
 
 
-# where the operator's prefill pods of the embedded engine publish their KV-cache events (vLLM's default
+# where the operator's prefill pods (ours, vLLM's) publish their KV-cache events (vLLM's default
 # endpoint port): their router subscribes, at the address it probes them at
 KV_EVENTS_PORT = 5557
 KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{KV_EVENTS_PORT}"})

@@ -389,7 +389,7 @@ def build_deployment(
     if ours and role == "decode":
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
-    if ours and role == "prefill" and spec.serving.routing.policy == "kv-aware":  # KV-cache events (ZeroMQ)
+    if engines.publishes_kv_events(spec, role):  # KV-cache events (ZeroMQ), ours or vLLM's
         ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"})
     if ours and role in ("prefill", "decode", "router"):
         volumes.append(
@@ -400,8 +400,11 @@ def build_deployment(
     ports += [{"name": name, "containerPort": number, "protocol": "TCP"} for name, number in container.ports]
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": container.shm_size}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    if _engine_router(spec, role):  # no model files, no token, no shared memory: only its /tmp
-        volumes, mounts = ([x for x in xs if x["name"] == "tmp"] for xs in (volumes, mounts))
+    if _engine_router(spec, role):  # no token, no shared memory; its /tmp, and the model's tokenizer (read
+        # only) where it follows the prefill servers' KV-cache events
+        kept = {"tmp", "cache", "model"} if config is not None and config.model else {"tmp"}
+        volumes, mounts = ([x for x in xs if x["name"] in kept] for xs in (volumes, mounts))
+        mounts = [{**m, "readOnly": True} if m["name"] != "tmp" else m for m in mounts]
     neuron = role != "router" and spec.neuron.instanceType != "cpu"
     efa = role in ("prefill", "decode") and transport == "efa" and spec.serving.kvTransfer.efaInterfaces > 0
     health, ready = ("/health", "/ready") if ours else ("/health", "/health")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from types import ModuleType
 
-from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT, ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_EVENTS_PORT, KV_PORT, ServeConfig
 
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
-from . import embedded, sglang, tgi, vllm
+from . import embedded, sglang, tgi, vllm, vllm_plugin
 from .common import (
     OWN_IMAGES,
     Container,
@@ -28,6 +28,7 @@ from .common import (
     fetch_container,
     model_reference,
     nxdi_neuron_config,
+    publishes_kv_events,
 )
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
@@ -50,6 +51,7 @@ __all__ = [
     "notice",
     "nxdi_neuron_config",
     "peer_protocol",
+    "publishes_kv_events",
     "reads_hub_when_serving",
     "serve_config",
     "serve_container",
@@ -142,14 +144,17 @@ def serve_config(
             return ServeConfig(role="router", host="0.0.0.0", port=port, unified=door, **pod)
         pod["prefill"] = [f"dns://{names.deployment(model, 'prefill', set_suffix)}:{port}"]
         pod["decode"] = [f"dns://{names.deployment(model, 'decode', set_suffix)}:{port}"]
-        if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no model, no token
+        if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no token
+            if publishes_kv_events(spec, "prefill"):  # the tokenizer, to follow the prefill servers' events
+                pod["model"] = vllm_plugin.model_dir(spec, compile_hash)
+                pod["peer_kv_events"] = f"tcp://*:{KV_EVENTS_PORT}"
             return engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
         pod["kv_transport"] = spec.serving.kvTransfer.transport
     sampling = spec.serving.sampling.generation_config()
     if role in ("unified", "router") and sampling:  # the pods that parse requests (our router, not a door)
         pod["override_generation_config"] = json.dumps(sampling)
-    if role == "prefill" and spec.serving.routing.policy == "kv-aware":  # the router places by its events
+    if publishes_kv_events(spec, role):  # the router places by its events
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT

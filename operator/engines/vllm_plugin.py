@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from neuronfleet.contract import CONFIG_MOUNT
+from neuronfleet.contract import CONFIG_MOUNT, KV_EVENTS_CONFIG
 
 from .. import parallelism, topology
 from ..spec import NeuronModelSpec, valued
@@ -40,6 +40,7 @@ from .common import (
     compile_script,
     hub_download_script,
     model_reference,
+    publishes_kv_events,
     refusals_of_engine_fields,
 )
 from .common import start_guard as common_start_guard
@@ -68,6 +69,11 @@ DI_DESIGN = f"{SDK}:vllm-neuron/docs/design/vllm/disaggregated-inference.md"
 QUICKSTART = f"{SDK}:deploy/environments/quickstart-deploy-dlc.rst (Step 2, Step 3)"
 LNC_DOC = f"{SDK}:about-neuron/arch/neuron-features/logical-neuroncore-config.rst"
 VLLM_ARGS = "vLLM 0.24.0 engine arguments (vllm/engine/arg_utils.py; docs.vllm.ai configuration/engine_args)"
+# --kv-events-config at vLLM 0.24.0 (the vllm-0.24.0 sdist on PyPI, sha256 0862453a...): the flag at
+# vllm/engine/arg_utils.py:1513, its JSON's keys and defaults in vllm/config/kv_events.py (KVEventsConfig:
+# enable_kv_cache_events, publisher zmq when enabled, endpoint tcp://*:5557, replay_endpoint, buffer_steps,
+# hwm, max_queue_size, topic), the publisher and the batch's encoding in vllm/distributed/kv_events.py
+KV_EVENTS = "vllm-0.24.0 sdist: vllm/engine/arg_utils.py:1513 and vllm/config/kv_events.py"
 VLLM_SERVE = "vLLM 0.24.0 `vllm serve` (vllm/entrypoints/openai/cli_args.py)"
 VLLM_ENVS = "vLLM 0.24.0 vllm/envs.py (VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT)"
 
@@ -167,6 +173,21 @@ PINNED = Pinned(
             "vLLM's KV connector: NIXL over LIBFABRIC, kv_producer (prefill) or kv_consumer (decode)",
             "json",
             f"{DI_TUTORIAL}; {DI_DESIGN}",
+        ),
+        _arg(
+            "--kv-events-config",
+            "KV-cache events (blocks stored / removed) on a ZeroMQ PUB socket: prefill servers of a model "
+            "routed kv-aware publish them, the router follows them",
+            "json",
+            KV_EVENTS,
+        ),
+        Fact("kv_events.enable_kv_cache_events", "config", "publish the KV-cache events", KV_EVENTS, "bool"),
+        Fact(
+            "kv_events.endpoint",
+            "config",
+            "the PUB socket (zmq, the publisher when enabled): tcp://*:PORT binds every address",
+            KV_EVENTS,
+            "str",
         ),
         Fact(NEURON_CONFIG, "config", "the plugin's settings of a text model", REF, "json"),
         _config(
@@ -371,6 +392,8 @@ def engine_args(spec: NeuronModelSpec, role: str) -> list[tuple[str, object]]:
         out.append(("--additional-config", {NEURON_CONFIG: config}))
     if role in ("prefill", "decode"):
         out.append(("--kv-transfer-config", kv_transfer_config(spec, role)))
+    if publishes_kv_events(spec, role):  # what the router follows to know what each prefill server holds
+        out.append(("--kv-events-config", json.loads(KV_EVENTS_CONFIG)))
     return out
 
 

@@ -12,7 +12,7 @@ from support import ROOT
 from neuronfleet.cli import build_parser
 from neuronfleet.contract import ServeConfig
 from neuronfleet.operator import builders, engines, validation
-from neuronfleet.operator.engines import sglang
+from neuronfleet.operator.engines import sglang, vllm_plugin
 from neuronfleet.operator.engines.common import OWN_IMAGES
 from neuronfleet.operator.spec import NeuronModelSpec
 
@@ -70,8 +70,18 @@ def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_re
     # pinned image: operator/engines/vllm.unsupported)
     vllm = spec.model_copy(update={"engine": "vllm"})
     config = engines.serve_config(vllm, "router", "h", model="m", namespace=OWNER.namespace, set_suffix=rev)
-    assert (config.peer_protocol, config.model, config.bootstrap_port) == ("vllm", None, None)
+    assert (config.peer_protocol, config.bootstrap_port) == ("vllm", None)
     assert (config.prefill, config.decode) == peers
+    # routed kv-aware (the default), it follows the prefill servers' KV-cache events with the tokenizer of the
+    # folder they load; by load alone it reads no model files
+    assert vllm.serving.routing.policy == "kv-aware"
+    assert (config.model, config.peer_kv_events) == (vllm_plugin.model_dir(vllm, "h"), "tcp://*:5557")
+    by_load = vllm.model_copy(deep=True)
+    by_load.serving.routing.policy = "least-loaded"
+    config = engines.serve_config(
+        by_load, "router", "h", model="m", namespace=OWNER.namespace, set_suffix=rev
+    )
+    assert (config.model, config.peer_kv_events) == (None, None)
 
 
 def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():

@@ -145,6 +145,10 @@ def check_server(pod: dict, spec, seen: set[str]) -> argparse.Namespace:
             else:
                 check_value(recorded[key], value)
                 seen.add(key)
+    if parsed.kv_events_config is not None:
+        for key, value in parsed.kv_events_config.items():
+            check_value(recorded[f"kv_events.{key}"], value)
+            seen.add(f"kv_events.{key}")
     check_env(c["env"], facts("env"), seen)
     return parsed
 
@@ -227,9 +231,24 @@ def test_prefill_and_decode_pods_are_the_documented_di_servers_behind_our_router
         assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
     (router,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["labels"]["neuronfleet.dev/role"]
                  == "router"]  # fmt: skip
-    command = router["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:4] == ["neuronfleet", "serve", "--role", "router"]
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:2] == ["neuronfleet", "serve"] and command[command.index("--role") + 1] == "router"
     assert command[command.index("--peer-protocol") + 1] == "vllm"
+    # kv-aware (the default): the prefill servers publish KV-cache events at the port they declare, and the
+    # router follows them there with the tokenizer of the folder the servers load, mounted read-only
+    prefill = engine_pods(objects)["prefill"]["containers"][0]
+    events = parser().parse_known_args(prefill["command"][6:])[0].kv_events_config
+    port = int(events["endpoint"].rsplit(":", 1)[1])
+    assert events["enable_kv_cache_events"] is True and events["endpoint"] == f"tcp://*:{port}"
+    assert {"name": "kv-events", "containerPort": port, "protocol": "TCP"} in prefill["ports"]
+    assert command[command.index("--peer-kv-events") + 1] == f"tcp://*:{port}"
+    model = command[command.index("--model") + 1]
+    assert model == prefill["command"][6]
+    mount = next(m for m in container["volumeMounts"] if model.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    decode = engine_pods(objects)["decode"]["containers"][0]
+    assert parser().parse_known_args(decode["command"][6:])[0].kv_events_config is None  # (decode: none)
 
 
 def test_the_unified_server_starts_without_efa_devices():

@@ -29,6 +29,7 @@ from neuronfleet.cli import build_parser
 from neuronfleet.contract import (
     COMPILE_CONFIG_FILE,
     HF_TOKEN_ENVS,
+    KV_EVENTS_PORT,
     CompileConfig,
     KvEventsConfig,
     ServeConfig,
@@ -101,6 +102,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument("--additional-config", type=json.loads)
     p.add_argument("--kv-transfer-config", type=json.loads)
+    p.add_argument("--kv-events-config", type=json.loads)
     return p
 
 
@@ -199,8 +201,12 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
 
 def check_engine_router(config: ServeConfig, spec, name: str) -> None:
     """Our router in front of vLLM's or SGLang's own servers: their P/D protocol, no model (the engines check
-    requests against the shapes themselves), the port the engine pods serve on, SGLang's bootstrap port."""
-    assert (config.role, config.peer_protocol, config.model) == ("router", spec.engine, None)
+    requests against the shapes themselves) but vLLM's tokenizer where it routes kv-aware (it follows the
+    prefill servers' KV-cache events at the port they publish on), the port the engine pods serve on,
+    SGLang's bootstrap port."""
+    follows = spec.engine == "vllm" and spec.serving.routing.policy == "kv-aware"
+    assert (config.role, config.peer_protocol) == ("router", spec.engine)
+    assert (config.model is not None) == follows == (config.peer_kv_events == f"tcp://*:{KV_EVENTS_PORT}")
     assert config.port == spec.serving.port and config.served_model_name == name
     assert all(p.endswith(f":{spec.serving.port}") for p in [*config.prefill, *config.decode])
     assert (config.bootstrap_port is not None) == (spec.engine == "sglang")
@@ -476,8 +482,14 @@ def check_every_role(path: Path) -> None:
         assert c["ports"][0]["containerPort"] == spec.serving.port
         events = next((p for p in c["ports"] if p["name"] == "kv-events"), None)
         if events is not None:  # the port its KV-cache events are published on is the one it declares
-            config = KvEventsConfig.parse(serve_args(c["command"]).kv_events_config)
-            assert config.endpoint == f"tcp://*:{events['containerPort']}"
+            command = c["command"]
+            if command[:2] == ["neuronfleet", "serve"]:
+                config = KvEventsConfig.parse(serve_args(command).kv_events_config)
+            else:  # vLLM's own flag, the same JSON (behind its start guard)
+                vllm = vllm_parser().parse_args(command[command.index("vllm") + 2 :])
+                config = KvEventsConfig.model_validate(vllm.kv_events_config)
+            assert config.publishes and config.endpoint == f"tcp://*:{events['containerPort']}"
+            assert events["containerPort"] == KV_EVENTS_PORT
         if role == "router":  # every router routes as the spec says (docs/routing.md)
             check_routing(serve_args(c["command"]), spec)
         if role == "router" and spec.serving.mode == "unified":
