@@ -44,6 +44,7 @@ TOKENIZER_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "generation_config.json",
+    "chat_template.jinja",  # (where it is there, the chat template: serving.tokenizer.chat_template)
 )
 
 
@@ -167,6 +168,7 @@ def convert(
     if tokenizer is not None:
         if not (tokenizer / "tokenizer.json").is_file():
             raise CompileError(f"tokenizer {config.model.tokenizer} holds no tokenizer.json")
+        (out / "chat_template.jinja").unlink(missing_ok=True)  # (the model's would outrank the tokenizer's)
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, out / name)

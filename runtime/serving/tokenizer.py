@@ -16,6 +16,7 @@ from neuronfleet.runtime.model.model_config import ModelLoadError
 from neuronfleet.runtime.serving.errors import InvalidRequest
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a chat template beside the tokenizer
 
 
 def _token_text(value: object) -> str | None:
@@ -26,6 +27,19 @@ def _token_text(value: object) -> str | None:
 
 def _raise_template_exception(message: str) -> None:
     raise TemplateError(message)
+
+
+def chat_template(folder: Path, config: dict) -> str | None:
+    """The folder's chat template as Hugging Face's tokenizer loads it: `chat_template.jinja` where it is
+    there (transformers saves it so, and it takes priority), else tokenizer_config.json's `chat_template`
+    (a string, or named templates: the one named default)."""
+    if (folder / CHAT_TEMPLATE_FILE).is_file():
+        return (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template
+                         if isinstance(t, dict) and t.get("name") == "default"), None)  # fmt: skip
+    return template if isinstance(template, str) else None
 
 
 class Tokenizer:
@@ -41,7 +55,7 @@ class Tokenizer:
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
-        self.chat_template: str | None = cfg.get("chat_template")
+        self.chat_template = chat_template(path, cfg)
         eos = list(extra_eos_ids)
         if self.eos_token is not None and (eos_id := self._tok.token_to_id(self.eos_token)) is not None:
             eos.append(eos_id)

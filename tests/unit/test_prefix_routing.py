@@ -225,3 +225,35 @@ def test_a_front_doors_token_ids_are_what_hugging_faces_chat_template_gives(smol
     later = routing.blocks(pr.prompt_ids("/v1/chat/completions", json.dumps(
         {"messages": CONVERSATION}).encode(), ours))  # fmt: skip
     assert first and later[: len(first) - 1] == first[:-1]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("where", ["chat_template.jinja", "named templates"])
+def test_the_chat_template_is_found_where_hugging_face_finds_it(smollm2_dir, tmp_path, where):
+    """A chat_template.jinja file outranks tokenizer_config.json's template (as transformers loads them), and
+    a list of named templates gives the one named default: the rendering equals transformers'."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(smollm2_dir / name, folder / name)
+    template = (
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    if where == "chat_template.jinja":
+        (folder / "chat_template.jinja").write_text(template)
+    else:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["chat_template"] = [{"name": "tool_use", "template": "{{ 'unused' }}"},
+                                   {"name": "default", "template": template}]  # fmt: skip
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    ours, theirs = Tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    messages = [m for m in CONVERSATION if isinstance(m["content"], str)]
+    want = theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert ours.apply_chat_template(messages) == want and want.startswith("[system] You answer")
