@@ -304,9 +304,10 @@ class ServeConfig(BaseModel):
     )
     peer_kv_events: str | None = _flag(
         None,
-        "router with --peer-protocol vllm: where its prefill peers publish KV-cache events (vLLM's "
-        "--kv-events-config endpoint, tcp://*:PORT: a wildcard host is each peer's own address); with "
-        "--model the router names the events' blocks and routes by what each prefill peer holds",
+        "router with --peer-protocol vllm or --unified: where its (prefill or unified) peers publish "
+        "KV-cache events when they do not say (vLLM's --kv-events-config endpoint, tcp://*:PORT: a wildcard "
+        "host is each peer's own address); with --model the router names the events' blocks and routes by "
+        "what each peer holds",
     )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
@@ -377,10 +378,15 @@ class ServeConfig(BaseModel):
                 "--model"
             )
         if self.peer_kv_events is not None:
-            if self.role != "router" or self.peer_protocol != "vllm" or self.model is None:
+            if (
+                self.role != "router"
+                or not (front_door or self.peer_protocol == "vllm")
+                or self.model is None
+            ):
                 raise ValueError(
-                    "--peer-kv-events is for --role router --peer-protocol vllm with --model (the events "
-                    "name token ids: the router needs the model's tokenizer to name a prompt's blocks alike)"
+                    "--peer-kv-events is for --role router with --unified or --peer-protocol vllm, with "
+                    "--model (the events name token ids: the router needs the model's tokenizer to name a "
+                    "prompt's blocks alike)"
                 )
             if (
                 not self.peer_kv_events.startswith("tcp://")

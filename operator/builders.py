@@ -402,7 +402,8 @@ def build_deployment(
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if _engine_router(spec, role):  # no token, no shared memory; its /tmp, and the model's tokenizer (read
         # only) where it follows the prefill servers' KV-cache events
-        kept = {"tmp", "cache", "model"} if config is not None and config.model else {"tmp"}
+        folder = (config.model if config is not None else None) or ""
+        kept = {"tmp"} | {m["name"] for m in mounts if folder.startswith(m["mountPath"] + "/")}
         volumes, mounts = ([x for x in xs if x["name"] in kept] for xs in (volumes, mounts))
         mounts = [{**m, "readOnly": True} if m["name"] != "tmp" else m for m in mounts]
     neuron = role != "router" and spec.neuron.instanceType != "cpu"

@@ -160,7 +160,7 @@ def _serve_front_door(args: ServeConfig) -> int:
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=_tokenizer(args),
+        tokenizer=_tokenizer(args), peer_kv_events=args.peer_kv_events,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

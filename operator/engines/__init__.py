@@ -26,9 +26,9 @@ from .common import (
     Container,
     artifacts_dir,
     fetch_container,
+    kv_events_wanted,
     model_reference,
     nxdi_neuron_config,
-    publishes_kv_events,
 )
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
@@ -59,6 +59,25 @@ __all__ = [
     "shared_cache",
     "unsupported",
 ]
+
+
+def publishes_kv_events(spec: NeuronModelSpec, role: str) -> bool:
+    """Whether a role's pods publish their KV-cache events for the router that follows them
+    (`common.kv_events_wanted`): ours, and vLLM's Neuron plugin (Trn2/Trn3: vLLM 0.24.0's flag, recorded);
+    not vLLM over NxD Inference (vLLM 0.16, not recorded), TGI (none) or SGLang (its Neuron release's events
+    are not documented)."""
+    engine_publishes = spec.engine == "embedded" or (
+        spec.engine == "vllm" and vllm.contract(spec) is vllm_plugin
+    )
+    return engine_publishes and kv_events_wanted(spec, role)
+
+
+def served_model_folder(spec: NeuronModelSpec, compile_hash: str) -> str:
+    """The model folder the serving pods of a hash load (its tokenizer is what a router that follows their
+    KV-cache events reads): our compile's artifacts, or the folder vLLM's plugin loads."""
+    if spec.engine == "vllm":
+        return vllm_plugin.model_dir(spec, compile_hash)
+    return f"{artifacts_dir(compile_hash)}/model"
 
 
 def compiles(spec: NeuronModelSpec) -> bool:
@@ -139,14 +158,17 @@ def serve_config(
     pod: dict = {"served_model_name": model}
     if role == "router":
         pod.update(front_door.router_options(spec, namespace, model, wake_base))
-        if spec.serving.mode == "unified":  # a unified model's front door: no model files
-            door = [front_door.peers_url(model, port)]
+        if spec.serving.mode == "unified":  # a unified model's front door: no model files but the tokenizer
+            door = [front_door.peers_url(model, port)]  # where it follows the pods' KV-cache events
+            if publishes_kv_events(spec, "unified"):
+                pod["model"] = served_model_folder(spec, compile_hash)
+                pod["peer_kv_events"] = f"tcp://*:{KV_EVENTS_PORT}"
             return ServeConfig(role="router", host="0.0.0.0", port=port, unified=door, **pod)
         pod["prefill"] = [f"dns://{names.deployment(model, 'prefill', set_suffix)}:{port}"]
         pod["decode"] = [f"dns://{names.deployment(model, 'decode', set_suffix)}:{port}"]
         if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no token
             if publishes_kv_events(spec, "prefill"):  # the tokenizer, to follow the prefill servers' events
-                pod["model"] = vllm_plugin.model_dir(spec, compile_hash)
+                pod["model"] = served_model_folder(spec, compile_hash)
                 pod["peer_kv_events"] = f"tcp://*:{KV_EVENTS_PORT}"
             return engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
@@ -166,7 +188,7 @@ def serve_config(
     if n.buckets.generation:
         pod["decode_buckets"] = list(n.buckets.generation)
     return ServeConfig(
-        model=f"{artifacts_dir(compile_hash)}/model", role=role, host="0.0.0.0", port=port, dtype=n.dtype,
+        model=served_model_folder(spec, compile_hash), role=role, host="0.0.0.0", port=port, dtype=n.dtype,
         slots=n.batchSize, max_seq_len=n.sequenceLength, max_input_len=n.maxInputLength, **pod,
     )  # fmt: skip
 

@@ -22,6 +22,7 @@ from neuronfleet.contract import (
     TERMINATION_LOG_ENV,
 )
 
+from .. import front_door
 from ..spec import NeuronModelSpec
 
 # Our own runtime's images, built from the repository's Dockerfile; the chart's runtimeImages may name others.
@@ -90,21 +91,14 @@ class Container:
     init_process: bool = False  # the pod's first process reaps the server's orphaned workers (docker --init)
 
 
-# the engines whose prefill pods publish KV-cache events in vLLM's format, and whose routers follow them
-KV_EVENT_ENGINES = ("embedded", "vllm")
-
-
-def publishes_kv_events(spec: NeuronModelSpec, role: str) -> bool:
-    """Whether a role's pods publish their KV-cache events (vLLM's `--kv-events-config`, port
-    KV_EVENTS_PORT): the prefill pods of a disaggregated model routed kv-aware, of an engine whose router
-    follows them (ours, and ours before vLLM's prefill servers, given the model's tokenizer). SGLang's are
-    not rendered: its Neuron release's events are not documented."""
-    return (
-        role == "prefill"
-        and spec.serving.mode == "disaggregated"
-        and spec.serving.routing.policy == "kv-aware"
-        and spec.engine in KV_EVENT_ENGINES
-    )
+def kv_events_wanted(spec: NeuronModelSpec, role: str) -> bool:
+    """Whether a role's pods are to publish their KV-cache events (vLLM's `--kv-events-config`, port
+    KV_EVENTS_PORT) for a router that follows them, where the engine publishes them (`engines.
+    publishes_kv_events`): the prefill pods of a disaggregated model routed kv-aware, and the unified pods
+    behind a front door routing kv-aware."""
+    if spec.serving.routing.policy != "kv-aware":
+        return False
+    return role == "prefill" or (role == "unified" and front_door.routes_by_prefix(spec))
 
 
 def artifacts_dir(compile_hash: str) -> str:

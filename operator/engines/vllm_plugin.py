@@ -39,8 +39,8 @@ from .common import (
     artifacts_dir,
     compile_script,
     hub_download_script,
+    kv_events_wanted,
     model_reference,
-    publishes_kv_events,
     refusals_of_engine_fields,
 )
 from .common import start_guard as common_start_guard
@@ -392,7 +392,7 @@ def engine_args(spec: NeuronModelSpec, role: str) -> list[tuple[str, object]]:
         out.append(("--additional-config", {NEURON_CONFIG: config}))
     if role in ("prefill", "decode"):
         out.append(("--kv-transfer-config", kv_transfer_config(spec, role)))
-    if publishes_kv_events(spec, role):  # what the router follows to know what each prefill server holds
+    if kv_events_wanted(spec, role):  # what the router follows to know what each server holds
         out.append(("--kv-events-config", json.loads(KV_EVENTS_CONFIG)))
     return out
 

@@ -18,6 +18,7 @@ again; after the answer started a break ends the stream (the client sees it cut,
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
@@ -60,7 +62,7 @@ class FrontDoor(HttpApp):
         self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
         hold_seconds: float = 300.0, wake_url: str | None = None, routing: Routing | None = None,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
     ) -> None:  # fmt: skip
         if not unified:
             raise ValueError(
@@ -73,6 +75,13 @@ class FrontDoor(HttpApp):
         # prompt's text
         self.tokenizer = tokenizer
         self.routing = dataclasses.replace(routing or Routing(), by_tokens=tokenizer is not None)
+        # what each pod holds, from the KV-cache events it publishes (with a tokenizer: they name token ids):
+        # where its ready answer says (ours), else at --peer-kv-events of its own address (vLLM's)
+        if peer_kv_events is not None and tokenizer is None:
+            raise ValueError("--peer-kv-events needs --model: the events name token ids")
+        self.peer_kv_events = peer_kv_events
+        self.subscriptions = Subscriptions() if tokenizer is not None else None
+        self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
@@ -102,6 +111,8 @@ class FrontDoor(HttpApp):
 
     def shutdown(self) -> None:
         self.watch.stop()
+        if self.subscriptions is not None:
+            self.subscriptions.close()
 
     def routes(self) -> list[web.RouteDef]:
         return [web.route("*", "/{tail:.*}", self._forward)]  # every path but the base's own
@@ -119,18 +130,22 @@ class FrontDoor(HttpApp):
         """`GET /ready` answers 200 while the pod takes requests (ours, and TGI's); an engine without it
         (404: vLLM, SGLang) is asked `GET /health`."""
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
-        why = ""
+        why, advertised = "", None
         try:
             for path in ("/ready", "/health"):
                 async with self.watch.client().get(f"{url}{path}", timeout=timeout) as r:
-                    await r.read()
+                    body = await r.read()
                     status, why = r.status, f"{path} answered {r.status}"
+                if status == 200 and path == "/ready":  # ours says where it publishes its KV-cache events
+                    advertised = _advertised_events(body)
                 if status != 404:
                     break
         except PEER_FAILURES as e:
             status, why = 0, f"probe failed: {e or type(e).__name__}"
         if status == 200:
             peers.succeeded(url)
+            if self.subscriptions is not None:
+                self.subscriptions.follow(url, advertised or self.peer_kv_events)
         else:
             peers.failed(url, why)
 
@@ -264,6 +279,16 @@ class FrontDoor(HttpApp):
             return out
         finally:
             response.release()
+
+
+def _advertised_events(body: bytes) -> str | None:
+    """The KV-cache events endpoint a ready answer names (`kv_events`), if it names one."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    endpoint = answer.get("kv_events") if isinstance(answer, dict) else None
+    return endpoint if isinstance(endpoint, str) else None
 
 
 def _answer_headers(response: aiohttp.ClientResponse) -> dict[str, str]:

@@ -148,9 +148,15 @@ class HttpApp:
         why = self.not_alive()
         return web.json_response({"status": why or "ok"}, status=503 if why else 200)
 
+    def advertised(self) -> dict:
+        """What a ready answer tells the router that probes it, beside readiness (an app's own: where its
+        KV-cache events are published)."""
+        return {}
+
     async def ready(self, request: web.Request) -> web.Response:
         why = "draining" if self.draining else self.not_ready()
-        return web.json_response({"ready": not why, "status": why or "ready"}, status=503 if why else 200)
+        body = {"ready": not why, "status": why or "ready", **({} if why else self.advertised())}
+        return web.json_response(body, status=503 if why else 200)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

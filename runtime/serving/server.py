@@ -108,6 +108,11 @@ class RuntimeServer(HttpApp):
         self.on_startup.extend(on_startup)
         self.created = int(time.time())
 
+    def advertised(self) -> dict:
+        """A unified pod's KV-cache events endpoint, for the front door that follows them."""
+        endpoint = getattr(self.backend, "kv_events_endpoint", None)
+        return {"kv_events": endpoint} if endpoint else {}
+
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/v1/models", self.models),

@@ -314,3 +314,49 @@ def test_a_pod_that_answers_503_before_its_answer_started_is_left_for_another(tm
         process.stop()
         draining.close()
         good.close()
+
+
+@pytest.mark.real_model
+def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2_dir, tmp_path):
+    """Unified pods publishing their KV-cache events (--kv-events-config; their ready answer says where) and
+    two front doors given the model's tokenizer: a conversation's second turn through the door that never
+    saw its first goes to the pod whose events say it holds that first turn (reason prefix)."""
+    options = ("--slots", "2", "--max-seq-len", "512")
+
+    def publishing(port: int) -> tuple[str, str]:
+        return "--kv-events-config", json.dumps({"enable_kv_cache_events": True,
+                                                 "endpoint": f"tcp://127.0.0.1:{port}"})  # fmt: skip
+
+    with (
+        running_server(smollm2_dir, *options, *publishing(free_port())) as (_, one),
+        running_server(smollm2_dir, *options, *publishing(free_port())) as (_, two),
+    ):
+        peers = peer_map(tmp_path, "unified:8000", [one.port, two.port])
+        door_a, process_a = front_door(tmp_path, *peers, "--model", str(smollm2_dir))
+        door_b, process_b = front_door(tmp_path, *peers, "--model", str(smollm2_dir))
+        try:
+            pods = {f"http://127.0.0.1:{s.port}": s for s in (one, two)}
+
+            def cached(door: str) -> dict[str, float]:
+                return {u: metric(door, "neuronfleet:router_pod_cached_blocks", role="unified", pod=u) or 0
+                        for u in pods}  # fmt: skip
+
+            def served(url: str) -> float:
+                return metric(url, "vllm:request_success_total", finished_reason="length") or 0
+
+            history = [{"role": "system", "content": "You answer questions about geography. " * 10},
+                       {"role": "user", "content": QUESTION}]  # fmt: skip
+            before, seen = {u: served(u) for u in pods}, cached(door_b)
+            openai(door_a).chat.completions.create(model="smollm2", messages=history, max_tokens=3)
+            (holder,) = [u for u in pods if served(u) > before[u]]
+            wait_until(lambda: cached(door_b)[holder] > seen[holder], "door B to hear of the first turn")
+            history += [{"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"}]
+            before = {u: served(u) for u in pods}
+            name = "neuronfleet:router_routing_decisions_total"
+            decided = metric(door_b, name, role="unified", reason="prefix") or 0
+            openai(door_b).chat.completions.create(model="smollm2", messages=history, max_tokens=3)
+            assert [u for u in pods if served(u) > before[u]] == [holder]
+            assert metric(door_b, name, role="unified", reason="prefix") == decided + 1
+        finally:
+            process_a.stop()
+            process_b.stop()

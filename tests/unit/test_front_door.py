@@ -85,17 +85,21 @@ def test_a_unified_model_that_scales_to_zero_gets_a_front_door_that_stays(versio
     assert unified["spec"]["template"]["metadata"]["labels"].items() >= peers["spec"]["selector"].items()
     port = spec.serving.port
     assert peers["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
-    # the router: a front door (no model files, no token), holding 4 x slots x max, waking the operator
+    # the router: a front door (no token, no model files but the unified pods' tokenizer: routed kv-aware, it
+    # follows their KV-cache events), holding 4 x slots x max, waking the operator
     args = serve_args(router)
-    assert (args.role, args.model, args.unified) == ("router", None, [f"dns://m-unified:{port}"])
+    assert (args.role, args.unified) == ("router", [f"dns://m-unified:{port}"])
+    assert args.model == serve_args(unified).model and args.peer_kv_events == "tcp://*:5557"
+    assert serve_args(unified).kv_events_config is not None
     assert (args.prefill, args.decode, args.internal_token_file) == (None, None, None)
     assert args.hold_requests == 4 * spec.neuron.batchSize * 2 == 32
     assert args.hold_seconds == 600.0
     assert args.wake_url == f"{WAKE}/wake/ns/m"
     assert args.served_model_name == "m" and args.port == port
     pod = router["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [v["name"] for v in pod["volumes"]] == ["cache", "tmp"]
     c = pod["containers"][0]
+    assert {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]} == {"cache": True, "tmp": False}
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["image"].endswith("cpu") or "cpu" in c["image"], c["image"]
     assert "aws.amazon.com/neuroncore" not in str(c["resources"])

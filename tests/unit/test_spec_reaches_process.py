@@ -191,8 +191,11 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
     assert (json.loads(config.override_generation_config) if config.override_generation_config else None) == (
         given if parses else None
     )
-    # prefill pods publish KV-cache events for a kv-aware router (it subscribes at the address it probes)
-    publishes = role == "prefill" and spec.serving.routing.policy == "kv-aware"
+    # prefill pods, and unified pods behind a front door, publish KV-cache events for a kv-aware router (it
+    # subscribes at the address it probes, or where their ready answer says)
+    behind_a_door = role == "unified" and front_door_expected(spec)
+    publishes = role in ("prefill", "unified") and spec.serving.routing.policy == "kv-aware"
+    publishes = publishes and (role == "prefill" or behind_a_door)
     assert (config.kv_events_config is not None) == publishes
     if publishes:
         events = KvEventsConfig.parse(config.kv_events_config)
@@ -230,10 +233,19 @@ def check_routing(config: ServeConfig, spec) -> None:
     assert config.routing_cache_tokens == n.batchSize * n.sequenceLength
 
 
-def check_front_door(config: ServeConfig, spec, name: str) -> None:
-    """A unified model's front door: its unified pods by their headless Service, no model files."""
-    assert (config.role, config.model, config.served_model_name) == ("router", None, name)
+def check_front_door(config: ServeConfig, spec, name: str, unified: dict) -> None:
+    """A unified model's front door: its unified pods by their headless Service, no model files but, where
+    the pods publish their KV-cache events (they declare the port), the tokenizer of the folder they load,
+    to follow them."""
+    assert (config.role, config.served_model_name) == ("router", name)
     assert config.unified == [f"dns://{name}-unified:{spec.serving.port}"]
+    command = container(unified)["command"]
+    publishes = any(p["name"] == "kv-events" for p in container(unified)["ports"])
+    if not publishes:
+        assert (config.model, config.peer_kv_events) == (None, None)
+        return
+    loads = serve_args(command).model if command[0] == "neuronfleet" else command[command.index("vllm") + 2]
+    assert (config.model, config.peer_kv_events) == (loads, f"tcp://*:{KV_EVENTS_PORT}")
 
 
 def check_compile_config(objects: list[dict], spec) -> None:
@@ -493,7 +505,7 @@ def check_every_role(path: Path) -> None:
         if role == "router":  # every router routes as the spec says (docs/routing.md)
             check_routing(serve_args(c["command"]), spec)
         if role == "router" and spec.serving.mode == "unified":
-            check_front_door(serve_args(c["command"]), spec, name)
+            check_front_door(serve_args(c["command"]), spec, name, by_role["unified"])
         elif role == "router" and spec.engine in ("vllm", "sglang"):
             check_engine_router(serve_args(c["command"]), spec, name)
         elif spec.engine == "embedded" or role == "router":
