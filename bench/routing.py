@@ -6,7 +6,9 @@ Pods: --pods `neuronfleet serve` processes (each --slots slots, one torch thread
   - round-robin: the load generator sends each request to the next pod in turn, as a Service spreads
     connections when each request opens its own;
   - least-loaded and kv-aware: a front door (`neuronfleet serve --role router --unified POD...`) with
-    `--routing least-loaded` or `--routing kv-aware`, as the operator runs it before a unified model's pods.
+    `--routing least-loaded` or `--routing kv-aware`, learning what each pod holds from what it sent there;
+  - kv-aware-events: the kv-aware front door given the model's tokenizer (`--model`), following the KV-cache
+    events the pods publish (`--kv-events-config`), as the operator runs it before a unified model's pods.
 Workloads (each with its own texts per policy, so no policy finds what an earlier one left in the caches):
   - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
     --turns turns; each turn sends the whole history (earlier questions and the model's answers), waits
@@ -51,7 +53,8 @@ from neuronfleet.localcluster.ports import loopback_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).parent / "neuronfleet")
-POLICIES = ("round-robin", "least-loaded", "kv-aware")
+POLICIES = ("round-robin", "least-loaded", "kv-aware", "kv-aware-events")
+ROUTED = POLICIES[1:]  # by a front door
 WORDS = ["river", "stone", "lantern", "harbor", "orchard", "meadow", "copper", "signal", "valley",
          "ember", "granite", "willow", "beacon", "thunder", "glacier", "canyon", "prairie", "falcon", "cedar",
          "marble", "compass", "anchor"]  # fmt: skip
@@ -153,6 +156,13 @@ async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict], m
     if first is not None:
         result.ttft.append(first - sent)
     return "".join(text)
+
+
+def publishing() -> list[str]:
+    """A pod's KV-cache events on a loopback port of its own (only kv-aware-events' front door follows them;
+    its ready answer says where)."""
+    endpoint = f"tcp://127.0.0.1:{loopback_port()}"
+    return ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint})]
 
 
 def targets(policy: str, pods: list[str], routers: dict[str, str]):
@@ -286,13 +296,15 @@ def main() -> None:
         serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
                  "--max-seq-len", str(args.max_seq_len), "--max-input-len",
                  str(args.max_seq_len - args.max_tokens - 1)]  # fmt: skip
-        pods = [procs.start(f"pod{i}", *serve) for i in range(args.pods)]
+        pods = [procs.start(f"pod{i}", *serve, *publishing()) for i in range(args.pods)]
         routers = {}
-        for policy in ("least-loaded", "kv-aware"):
+        for policy in ROUTED:
             routers[policy] = procs.start(
                 f"router-{policy}", "--role", "router", "--served-model-name", "smollm2",
-                *itertools.chain.from_iterable(("--unified", p) for p in pods), "--routing", policy,
+                *itertools.chain.from_iterable(("--unified", p) for p in pods),
+                "--routing", policy.removesuffix("-events"),
                 "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
+                *(["--model", str(model)] if policy.endswith("-events") else []),
             )  # fmt: skip
         for seed, (workload, run) in enumerate(WORKLOADS.items()):
             if workload not in args.workloads:
@@ -317,7 +329,7 @@ def main() -> None:
         procs.stop()
     for workload, by_policy in report["results"].items():
         rr = by_policy.get("round-robin")
-        for policy in [p for p in ("least-loaded", "kv-aware") if p in by_policy and rr]:
+        for policy in [p for p in ROUTED if p in by_policy and rr]:
             r = by_policy[policy]
             r["ttft_p50_vs_round_robin"] = r["ttft_p50_s"] / rr["ttft_p50_s"]
             r["tokens_per_s_vs_round_robin"] = r["tokens_per_s"] / rr["tokens_per_s"]
@@ -338,10 +350,12 @@ def plot(report: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (key, title) in zip(axes, (("ttft_p50_s", "TTFT p50 (s)"), ("tokens_per_s", "output tokens/s"),
                                        ("hit_rate", "prefix cache hit rate")), strict=True):  # fmt: skip
-        for i, policy in enumerate(POLICIES):
+        shown = [p for p in POLICIES if all(p in report["results"][w] for w in workloads)]
+        width = 0.8 / len(shown)
+        for i, policy in enumerate(shown):
             values = [report["results"][w][policy][key] for w in workloads]
-            ax.bar([x + i * 0.27 for x in range(len(workloads))], values, width=0.27, label=policy)
-        ax.set_xticks([x + 0.27 for x in range(len(workloads))], workloads)
+            ax.bar([x + i * width for x in range(len(workloads))], values, width=width, label=policy)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
         ax.set_title(title)
     axes[0].legend()
     fig.suptitle(f"Routing over {report['args']['pods']} pods ({report['cpu']})")
