@@ -96,9 +96,11 @@ class KvEventsConfig(BaseModel):
             ) from None
 
 
-# where the operator's prefill pods (ours, vLLM's) publish their KV-cache events (vLLM's default
-# endpoint port): their router subscribes, at the address it probes them at
-KV_EVENTS_PORT = 5557
+# where the operator's pods (ours, vLLM's) publish their KV-cache events for the router that follows them:
+# not vLLM's default endpoint port, 5557, which the vLLM Neuron plugin's disaggregated-inference pages give
+# NIXL's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT) on the same prefill pods; vLLM offsets both by the
+# data-parallel index, so 13 apart leaves room for that
+KV_EVENTS_PORT = 5570
 KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{KV_EVENTS_PORT}"})
 
 Role = Literal["unified", "prefill", "decode", "router"]

@@ -242,6 +242,8 @@ def test_prefill_and_decode_pods_are_the_documented_di_servers_behind_our_router
     port = int(events["endpoint"].rsplit(":", 1)[1])
     assert events["enable_kv_cache_events"] is True and events["endpoint"] == f"tcp://*:{port}"
     assert {"name": "kv-events", "containerPort": port, "protocol": "TCP"} in prefill["ports"]
+    side_channel = next(e["value"] for e in prefill["env"] if e["name"] == "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    assert port != int(side_channel)  # both listen in the same engine process
     assert command[command.index("--peer-kv-events") + 1] == f"tcp://*:{port}"
     model = command[command.index("--model") + 1]
     assert model == prefill["command"][6]

@@ -492,6 +492,8 @@ def check_every_role(path: Path) -> None:
     for role, deployment in by_role.items():
         c = container(deployment)
         assert c["ports"][0]["containerPort"] == spec.serving.port
+        numbers = [p["containerPort"] for p in c["ports"]]
+        assert len(set(numbers)) == len(numbers), c["ports"]  # one listener a port
         events = next((p for p in c["ports"] if p["name"] == "kv-events"), None)
         if events is not None:  # the port its KV-cache events are published on is the one it declares
             command = c["command"]
