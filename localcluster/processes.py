@@ -70,18 +70,20 @@ def rewrite_command(command: list[str], ports: dict[int, int], mounts: list[tupl
 
 def _local_events_endpoint(config: str, ports: dict[int, int]) -> str:
     """A pod's KV-cache event publisher (`--kv-events-config` JSON) on this machine: its `tcp://*:PORT`
-    endpoint on 127.0.0.1 and the pod's local port, as its other ports."""
+    endpoint and replay endpoint on 127.0.0.1 and the pod's local ports, as its other ports."""
     try:
         values = json.loads(config)
-        scheme, _, rest = str(values.get("endpoint", "")).partition("://")
-        host, _, port = rest.rpartition(":")
-    except (ValueError, AttributeError):
+    except ValueError:
         return config  # the pod says what is wrong with it
-    if scheme == "tcp" and port.isdigit() and int(port) in ports:
-        host = POD_IP if host in ("*", "0.0.0.0", "[::]") else host
-        values["endpoint"] = f"tcp://{host}:{ports[int(port)]}"
-        return json.dumps(values)
-    return config
+    if not isinstance(values, dict):
+        return config
+    for key in ("endpoint", "replay_endpoint"):
+        scheme, _, rest = str(values.get(key) or "").partition("://")
+        host, _, port = rest.rpartition(":")
+        if scheme == "tcp" and port.isdigit() and int(port) in ports:
+            host = POD_IP if host in ("*", "0.0.0.0", "[::]") else host
+            values[key] = f"tcp://{host}:{ports[int(port)]}"
+    return json.dumps(values)
 
 
 @dataclass(eq=False)

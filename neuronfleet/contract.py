@@ -101,7 +101,12 @@ class KvEventsConfig(BaseModel):
 # NIXL's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT) on the same prefill pods; vLLM offsets both by the
 # data-parallel index, so 13 apart leaves room for that
 KV_EVENTS_PORT = 5570
-KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{KV_EVENTS_PORT}"})
+KV_EVENTS_REPLAY_PORT = 5571  # their replay endpoint: a router that missed batches asks for them there
+KV_EVENTS_CONFIG = json.dumps({
+    "enable_kv_cache_events": True,
+    "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+    "replay_endpoint": f"tcp://*:{KV_EVENTS_REPLAY_PORT}",
+})  # fmt: skip
 
 Role = Literal["unified", "prefill", "decode", "router"]
 # what a router's prefill and decode peers speak: our runtime's /internal/* exchange, or an engine's own P/D
@@ -307,9 +312,9 @@ class ServeConfig(BaseModel):
     peer_kv_events: str | None = _flag(
         None,
         "router with --peer-protocol vllm or --unified: where its (prefill or unified) peers publish "
-        "KV-cache events when they do not say (vLLM's --kv-events-config endpoint, tcp://*:PORT: a wildcard "
-        "host is each peer's own address); with --model the router names the events' blocks and routes by "
-        "what each peer holds",
+        "KV-cache events when they do not say: the JSON of their --kv-events-config (vLLM's), its endpoint "
+        "and replay_endpoint at each peer's own address (tcp://*:PORT); with --model the router names the "
+        "events' blocks and routes by what each peer holds",
     )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
@@ -390,13 +395,19 @@ class ServeConfig(BaseModel):
                     "--model (the events name token ids: the router needs the model's tokenizer to name a "
                     "prompt's blocks alike)"
                 )
-            if (
-                not self.peer_kv_events.startswith("tcp://")
-                or not self.peer_kv_events.rpartition(":")[2].isdigit()
-            ):
-                raise ValueError(
-                    f"--peer-kv-events {self.peer_kv_events!r}: a ZeroMQ tcp endpoint such as tcp://*:5557"
-                )
+            try:
+                peers = KvEventsConfig.parse(self.peer_kv_events)
+            except ValueError as e:
+                raise ValueError(f"--peer-kv-events takes the peers' --kv-events-config: {e}") from None
+            for name in ("endpoint", "replay_endpoint"):
+                value = getattr(peers, name)
+                if value is not None and (
+                    not value.startswith("tcp://") or not value.rpartition(":")[2].isdigit()
+                ):
+                    raise ValueError(
+                        f"--peer-kv-events: {name} {value!r} is not a ZeroMQ tcp endpoint such as "
+                        "tcp://*:5570 (the router connects to each peer's address)"
+                    )
         if (self.peer_protocol == "sglang") != (self.bootstrap_port is not None):
             raise ValueError(
                 "--bootstrap-port (the prefill servers' --disaggregation-bootstrap-port) is needed with "

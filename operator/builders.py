@@ -29,6 +29,7 @@ from neuronfleet.contract import (
     GRACE_PERIOD,
     INTERNAL_TOKEN_DIR,
     KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
     KV_PORT,
     MODEL_MOUNT,
     POD_IP_ENV,
@@ -391,6 +392,7 @@ def build_deployment(
         ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
     if engines.publishes_kv_events(spec, role):  # KV-cache events (ZeroMQ), ours or vLLM's
         ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"})
+        ports.append({"name": "kv-replay", "containerPort": KV_EVENTS_REPLAY_PORT, "protocol": "TCP"})
     if ours and role in ("prefill", "decode", "router"):
         volumes.append(
             {"name": "internal-token",

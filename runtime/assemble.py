@@ -15,6 +15,8 @@ from pathlib import Path
 from neuronfleet.contract import INTERNAL_TOKEN_ENV, PEER_HOSTS_FILE_ENV, POD_IP_ENV, ServeConfig
 from neuronfleet.runtime.engine.config import RuntimeConfig
 
+log = logging.getLogger(__name__)
+
 
 def run(args: ServeConfig) -> int:
     """Build what the config describes and serve it until SIGTERM or SIGINT; ValueError for a bad setting
@@ -38,6 +40,7 @@ def run(args: ServeConfig) -> int:
     defaults = _sampling_defaults(args)  # (a bad override fails here, before the model loads)
     engine = AsyncEngine(make_engine)
     engine.kv_events_endpoint = publisher.endpoint if publisher is not None else None
+    engine.kv_events_replay = publisher.replay_endpoint if publisher is not None else None
     server = RuntimeServer(
         engine,
         args.served_model_name or Path(args.model).name,
@@ -142,12 +145,13 @@ def _serve_engine_router(args: ServeConfig) -> int:
     """A router in front of vLLM or SGLang prefill and decode servers, speaking their P/D protocol."""
     from neuronfleet.runtime.routing.pd_proxy import EngineRouter
 
+    tokenizer = _tokenizer(args)
     router = EngineRouter(
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=_tokenizer(args), peer_kv_events=args.peer_kv_events,
+        tokenizer=tokenizer, peer_kv_events=args.peer_kv_events if tokenizer else None,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
@@ -156,23 +160,32 @@ def _serve_front_door(args: ServeConfig) -> int:
     """A front door to unified pods of any engine: every request passed on as is, held at zero."""
     from neuronfleet.runtime.routing.front_door import FrontDoor
 
+    tokenizer = _tokenizer(args)
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=_tokenizer(args), peer_kv_events=args.peer_kv_events,
+        tokenizer=tokenizer, peer_kv_events=args.peer_kv_events if tokenizer else None,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 
 
 def _tokenizer(args: ServeConfig):
     """A router's tokenizer where it is given the model (--model): only the tokenizer, to cut prompts into the
-    token blocks the pods cache; None without one (no tokenizer is loaded)."""
+    token blocks the pods cache; None without one (no tokenizer is loaded). One that cannot be read (the
+    artifacts gone from under the pod) is said, and the router routes by the prompts' text instead: routing
+    knows less, but the model's public endpoint stays up."""
     if not args.model:
         return None
+    from neuronfleet.runtime.model.model_config import ModelLoadError
     from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
-    return Tokenizer(args.model)
+    try:
+        return Tokenizer(args.model)
+    except (ModelLoadError, OSError, ValueError) as e:
+        log.warning("--model %s: the tokenizer cannot be read (%s); routing by the prompts' text, without "
+                    "the pods' KV-cache events", args.model, e)  # fmt: skip
+        return None
 
 
 def _routing(args: ServeConfig):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from types import ModuleType
 
-from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_EVENTS_PORT, KV_PORT, ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT, ServeConfig
 
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
@@ -162,14 +162,14 @@ def serve_config(
             door = [front_door.peers_url(model, port)]  # where it follows the pods' KV-cache events
             if publishes_kv_events(spec, "unified"):
                 pod["model"] = served_model_folder(spec, compile_hash)
-                pod["peer_kv_events"] = f"tcp://*:{KV_EVENTS_PORT}"
+                pod["peer_kv_events"] = KV_EVENTS_CONFIG  # where they publish and answer replays
             return ServeConfig(role="router", host="0.0.0.0", port=port, unified=door, **pod)
         pod["prefill"] = [f"dns://{names.deployment(model, 'prefill', set_suffix)}:{port}"]
         pod["decode"] = [f"dns://{names.deployment(model, 'decode', set_suffix)}:{port}"]
         if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no token
             if publishes_kv_events(spec, "prefill"):  # the tokenizer, to follow the prefill servers' events
                 pod["model"] = served_model_folder(spec, compile_hash)
-                pod["peer_kv_events"] = f"tcp://*:{KV_EVENTS_PORT}"
+                pod["peer_kv_events"] = KV_EVENTS_CONFIG  # where they publish and answer replays
             return engine_router_config(spec, port).model_copy(update=pod)
     if role in ("prefill", "decode"):
         pod["kv_transport"] = spec.serving.kvTransfer.transport

@@ -189,6 +189,13 @@ PINNED = Pinned(
             KV_EVENTS,
             "str",
         ),
+        Fact(
+            "kv_events.replay_endpoint",
+            "config",
+            "a ROUTER socket answering a subscriber that missed batches with the buffered ones",
+            KV_EVENTS,
+            "str",
+        ),
         Fact(NEURON_CONFIG, "config", "the plugin's settings of a text model", REF, "json"),
         _config(
             "num_batched_tokens_buckets",

@@ -319,6 +319,7 @@ class AsyncEngine:
     def __init__(self, make_engine: Callable[[], Engine]) -> None:
         self._commands: collections.deque = collections.deque()
         self.kv_events_endpoint: str | None = None  # where its KV-cache events are published, if they are
+        self.kv_events_replay: str | None = None  # where it answers replays of them, if it does
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False

@@ -121,6 +121,7 @@ def _status(engine: AsyncEngine, agent, role: str, **extra) -> dict[str, Any]:
         "kv_usage": engine.kv_usage,  # a router reports its decode pods' mean (vllm:kv_cache_usage_perc)
         "ready": engine.alive,
         **({"kv_events": engine.kv_events_endpoint} if engine.kv_events_endpoint else {}),
+        **({"kv_events_replay": engine.kv_events_replay} if engine.kv_events_replay else {}),
         **extra,
     }
 

@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
-from neuronfleet.runtime.routing.kv_event_index import Subscriptions
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
@@ -79,7 +79,7 @@ class FrontDoor(HttpApp):
         # where its ready answer says (ours), else at --peer-kv-events of its own address (vLLM's)
         if peer_kv_events is not None and tokenizer is None:
             raise ValueError("--peer-kv-events needs --model: the events name token ids")
-        self.peer_kv_events = peer_kv_events
+        self.peer_events = peers_publish(peer_kv_events)
         self.subscriptions = Subscriptions() if tokenizer is not None else None
         self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
@@ -130,14 +130,14 @@ class FrontDoor(HttpApp):
         """`GET /ready` answers 200 while the pod takes requests (ours, and TGI's); an engine without it
         (404: vLLM, SGLang) is asked `GET /health`."""
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout)
-        why, advertised = "", None
+        why, said = "", (None, None)
         try:
             for path in ("/ready", "/health"):
                 async with self.watch.client().get(f"{url}{path}", timeout=timeout) as r:
                     body = await r.read()
                     status, why = r.status, f"{path} answered {r.status}"
                 if status == 200 and path == "/ready":  # ours says where it publishes its KV-cache events
-                    advertised = _advertised_events(body)
+                    said = advertised(_json(body))
                 if status != 404:
                     break
         except PEER_FAILURES as e:
@@ -145,7 +145,7 @@ class FrontDoor(HttpApp):
         if status == 200:
             peers.succeeded(url)
             if self.subscriptions is not None:
-                self.subscriptions.follow(url, advertised or self.peer_kv_events)
+                self.subscriptions.follow(url, *(said if said[0] else self.peer_events))
         else:
             peers.failed(url, why)
 
@@ -281,14 +281,11 @@ class FrontDoor(HttpApp):
             response.release()
 
 
-def _advertised_events(body: bytes) -> str | None:
-    """The KV-cache events endpoint a ready answer names (`kv_events`), if it names one."""
+def _json(body: bytes) -> object:
     try:
-        answer = json.loads(body)
+        return json.loads(body)
     except ValueError:
         return None
-    endpoint = answer.get("kv_events") if isinstance(answer, dict) else None
-    return endpoint if isinstance(endpoint, str) else None
 
 
 def _answer_headers(response: aiohttp.ClientResponse) -> dict[str, str]:

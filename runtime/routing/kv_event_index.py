@@ -10,11 +10,14 @@ parent the router never saw stored cannot be named and is skipped (its prefix is
 router knows). Removal and AllBlocksCleared drop names.
 
 `Subscriptions` (the shell) keeps a SUB socket per pod that advertises an endpoint (`kv_events` in its
-`/internal/status`: `tcp://*:PORT` means the pod's own host). Batches carry sequence numbers from 0: a gap
-(dropped by a high-water mark, or a reconnection) or a restart of the sequence means the router no longer
-knows what the pod holds, so it forgets it and starts again from the next batch (a pod is then routed by
-what this router sent it, as for engines that publish nothing, until its events name blocks again). Every
-router replica subscribes to every pod, so replicas agree on what pods hold, whatever each one sent.
+`/internal/status` or ready answer, or the router's `--peer-kv-events`: `tcp://*:PORT` means the pod's own
+host). Batches carry sequence numbers from 0. Batches missed (a gap: dropped by a high-water mark, or a
+reconnection; a first batch past 0: the router joined late; a sequence started again: the pod restarted) are
+asked of the pod's replay endpoint where it has one (vLLM's protocol), so a router started after its pods
+knows what they hold at once; what cannot be replayed whole means the router no longer knows what the pod
+holds, so it forgets it and starts again from the next batch (a pod is then routed by what this router sent
+it, as for engines that publish nothing, until its events name blocks again). Every router replica subscribes
+to every pod, so replicas agree on what pods hold, whatever each one sent.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from neuronfleet.contract import KvEventsConfig
 from neuronfleet.runtime.engine.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -37,6 +41,7 @@ from neuronfleet.runtime.engine.kv_events import (
 from neuronfleet.runtime.routing.prefix_routing import BLOCK_TOKENS, token_blocks
 
 log = logging.getLogger(__name__)
+REPLAY_TIMEOUT = 2.0  # seconds a pod's replay endpoint may take to answer
 
 
 class PodBlocks:
@@ -105,17 +110,20 @@ def _key(block: Any) -> Any:
 class Subscriptions:
     """A SUB socket per publishing pod; what each holds, in `pods` (by the pod's URL)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replay_timeout: float = REPLAY_TIMEOUT) -> None:
         self.pods: dict[str, PodBlocks] = {}
-        self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
-        self.gaps = 0
+        self._tasks: dict[str, tuple[tuple[str, str | None], asyncio.Task]] = {}
+        self.gaps = 0  # batches missed that no replay brought back: the pod was learnt again
+        self.replayed = 0  # batches brought back by a pod's replay endpoint
+        self.replay_timeout = replay_timeout
 
-    def follow(self, url: str, advertised: str | None) -> None:
+    def follow(self, url: str, advertised: str | None, replay: str | None = None) -> None:
         """Subscribe to the pod at `url` publishing at `advertised` (from its status; None: it publishes
-        nothing, and anything known of it goes)."""
+        nothing, and anything known of it goes), asking `replay` (its replay endpoint) for what it missed."""
         endpoint = _endpoint(url, advertised) if advertised else None
+        where = (endpoint, _endpoint(url, replay) if endpoint and replay else None)
         current = self._tasks.get(url)
-        if current is not None and current[0] == endpoint:
+        if current is not None and current[0] == where:
             return
         if current is not None:
             current[1].cancel()
@@ -123,7 +131,7 @@ class Subscriptions:
             self.pods.pop(url, None)
         if endpoint is not None:
             self.pods[url] = PodBlocks()
-            self._tasks[url] = (endpoint, asyncio.get_running_loop().create_task(self._listen(url, endpoint)))
+            self._tasks[url] = (where, asyncio.get_running_loop().create_task(self._listen(url, *where)))
 
     def forget(self, url: str) -> None:
         """The pod restarted or left: what it held is gone; a new subscription starts from its next status."""
@@ -137,7 +145,7 @@ class Subscriptions:
             task.cancel()
         self._tasks.clear()
 
-    async def _listen(self, url: str, endpoint: str) -> None:
+    async def _listen(self, url: str, endpoint: str, replay: str | None) -> None:
         import zmq
         import zmq.asyncio
 
@@ -155,18 +163,83 @@ class Subscriptions:
                                 url, len(frames))  # fmt: skip
                     continue
                 seq = int.from_bytes(frames[1], "big")
-                if seq != pod.next_seq and pod.batches:
-                    self.gaps += 1
-                    log.warning("pod %s: KV event batch %d after %d (missed or restarted): what it holds is "
-                                "learnt again from here", url, seq, pod.next_seq - 1)  # fmt: skip
-                    pod.clear()
+                if seq != pod.next_seq and (pod.batches or seq > 0):  # missed some, or joined late
+                    await self._catch_up(url, pod, seq, replay)
                 pod.next_seq = seq + 1
-                try:
-                    pod.apply(decode_batch(frames[2]))
-                except KvEventError as e:
-                    log.warning("pod %s: KV event batch %d refused: %s", url, seq, e)
+                self._apply(url, pod, seq, frames[2])
         finally:
             socket.close(linger=0)
+
+    async def _catch_up(self, url: str, pod: PodBlocks, seq: int, replay: str | None) -> None:
+        """Before batch `seq`: the batches missed since the last one applied (since 0 when the pod's
+        sequence started again: it restarted), from the pod's replay endpoint; where they cannot all be had,
+        what the pod holds is learnt again from here."""
+        restarted = seq < pod.next_seq
+        if restarted:
+            pod.clear()
+        start = 0 if restarted else pod.next_seq
+        missed = await self._replayed(replay, start, seq) if replay else None
+        if missed is not None:
+            for number, payload in missed:
+                self._apply(url, pod, number, payload)
+            self.replayed += len(missed)
+            return
+        if pod.batches:
+            self.gaps += 1
+            log.warning("pod %s: KV event batch %d after %d (missed or restarted, and not replayed): what it "
+                        "holds is learnt again from here", url, seq, pod.next_seq - 1)  # fmt: skip
+            pod.clear()
+
+    async def _replayed(self, endpoint: str, start: int, end: int) -> list[tuple[int, bytes]] | None:
+        """Batches start..end-1 from a replay endpoint (vLLM's protocol: the first sequence number asked,
+        then (sequence, payload) for every buffered batch from there and (-1, empty)); None when the pod no
+        longer holds them all, or does not answer in time."""
+        import zmq
+        import zmq.asyncio
+
+        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        socket.connect(endpoint)
+        got: list[tuple[int, bytes]] = []
+        try:
+            await socket.send_multipart((b"", start.to_bytes(8, "big")))
+            while True:
+                if not await socket.poll(int(self.replay_timeout * 1000)):
+                    return None
+                frames = await socket.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    return None
+                number = int.from_bytes(frames[1], "big", signed=True)
+                if number < 0:
+                    break
+                if start <= number < end:
+                    got.append((number, frames[2]))
+        finally:
+            socket.close(linger=0)
+        return got if [n for n, _ in got] == list(range(start, end)) else None
+
+    def _apply(self, url: str, pod: PodBlocks, seq: int, payload: bytes) -> None:
+        try:
+            pod.apply(decode_batch(payload))
+        except KvEventError as e:
+            log.warning("pod %s: KV event batch %d refused: %s", url, seq, e)
+
+
+def advertised(status: object) -> tuple[str | None, str | None]:
+    """Where a pod says it publishes its KV-cache events and answers replays (`kv_events`,
+    `kv_events_replay` in its status or ready answer), (None, None) where it says nothing."""
+    if not isinstance(status, dict):
+        return None, None
+    endpoint, replay = status.get("kv_events"), status.get("kv_events_replay")
+    return (endpoint if isinstance(endpoint, str) else None), (replay if isinstance(replay, str) else None)
+
+
+def peers_publish(config: str | None) -> tuple[str | None, str | None]:
+    """Where peers that do not say publish and answer replays: their `--kv-events-config` JSON (a router's
+    `--peer-kv-events`), its endpoint and replay_endpoint; (None, None) without one."""
+    if config is None:
+        return None, None
+    parsed = KvEventsConfig.parse(config)
+    return parsed.endpoint, parsed.replay_endpoint
 
 
 def _endpoint(url: str, advertised: str) -> str:

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.routing import pd_protocols as pd
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
-from neuronfleet.runtime.routing.kv_event_index import Subscriptions
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
 from neuronfleet.runtime.serving.errors import openai_error_body
@@ -91,7 +91,7 @@ class EngineRouter(HttpApp):
         # servers cache where the model's tokenizer is given (--model), else of the prompt's text
         if peer_kv_events is not None and tokenizer is None:
             raise ValueError("--peer-kv-events needs --model: the events name token ids")
-        self.tokenizer, self.peer_kv_events = tokenizer, peer_kv_events
+        self.tokenizer, self.peer_events = tokenizer, peers_publish(peer_kv_events)
         routing = dataclasses.replace(routing or Routing(), by_tokens=tokenizer is not None)
         self.routings = {role: dataclasses.replace(routing) for role in ("prefill", "decode")}
         # what each prefill server holds, from the KV-cache events it publishes (vLLM's --kv-events-config)
@@ -174,7 +174,7 @@ class EngineRouter(HttpApp):
         if ok:
             peers.succeeded(url)
             if peers is self.prefill and self.subscriptions is not None:  # at the server's own address
-                self.subscriptions.follow(url, self.peer_kv_events)
+                self.subscriptions.follow(url, *self.peer_events)
         else:
             peers.failed(url, why)
 

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.engine.text_output import TextOutput
 from neuronfleet.runtime.routing.holding import Hold
-from neuronfleet.runtime.routing.kv_event_index import Subscriptions
+from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
@@ -236,7 +236,7 @@ class RemoteBackend:
             status = None
         peers.probed(url, status)
         if status is not None and peers is self.prefill:  # what it holds, from its KV-cache events
-            self.subscriptions.follow(url, status.get("kv_events"))
+            self.subscriptions.follow(url, *advertised(status))
 
     # ---- requests ----
 

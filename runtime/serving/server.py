@@ -109,9 +109,11 @@ class RuntimeServer(HttpApp):
         self.created = int(time.time())
 
     def advertised(self) -> dict:
-        """A unified pod's KV-cache events endpoint, for the front door that follows them."""
-        endpoint = getattr(self.backend, "kv_events_endpoint", None)
-        return {"kv_events": endpoint} if endpoint else {}
+        """A unified pod's KV-cache events endpoint (and replay endpoint), for the front door that follows
+        them."""
+        said = {"kv_events": getattr(self.backend, "kv_events_endpoint", None),
+                "kv_events_replay": getattr(self.backend, "kv_events_replay", None)}  # fmt: skip
+        return {k: v for k, v in said.items() if v}
 
     def routes(self) -> list[web.RouteDef]:
         return [

@@ -208,6 +208,8 @@ def test_a_conversations_turns_follow_its_history_and_move_when_its_pod_goes(loc
     manifest = yaml.safe_load(UNIFIED.read_text())
     manifest["metadata"]["name"] = "chat"
     manifest["spec"]["serving"]["unified"]["replicas"] = 2
+    # room for the turns a busy machine takes before the front door sees the pod go (each adds ~20 tokens)
+    manifest["spec"]["neuron"].update(sequenceLength=2048, maxInputLength=1536)
     local.apply(manifest)
     local.wait("two pods behind a front door", lambda: (local.get("nm", "chat").get("status") or {}).get(
         "readyReplicas") == "3/3" and local.get("service", "chat")["spec"]["selector"][

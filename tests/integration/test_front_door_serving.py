@@ -341,8 +341,8 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
                 return {u: metric(door, "neuronfleet:router_pod_cached_blocks", role="unified", pod=u) or 0
                         for u in pods}  # fmt: skip
 
-            def served(url: str) -> float:
-                return metric(url, "vllm:request_success_total", finished_reason="length") or 0
+            def served(url: str) -> float:  # (prompt tokens: counted for every request, however it ends)
+                return metric(url, "vllm:prompt_tokens_total") or 0
 
             history = [{"role": "system", "content": "You answer questions about geography. " * 10},
                        {"role": "user", "content": QUESTION}]  # fmt: skip
@@ -360,3 +360,22 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
         finally:
             process_a.stop()
             process_b.stop()
+
+
+def test_a_front_door_whose_tokenizer_cannot_be_read_routes_by_text_and_stays_up(tmp_path):
+    """The compiled artifacts gone from under it: the front door says so and routes by the prompts' text
+    (it is the model's public endpoint), it does not crash-loop."""
+    good = ThreadApp(200, {"choices": [{"text": "ok"}]})
+    peers = json.dumps({"enable_kv_cache_events": True, "endpoint": "tcp://*:5570"})
+    door, process = front_door(tmp_path, "--unified", good.base, "--model", str(tmp_path / "gone"),
+                               "--peer-kv-events", peers)  # fmt: skip
+    try:
+        from support import post
+
+        answer = post(door, "/v1/completions", {"prompt": "p " * 40})
+        assert answer[:2] == (200, {"choices": [{"text": "ok"}]})
+        assert "the tokenizer cannot be read" in process.log.read_text()
+        assert process.poll() is None
+    finally:
+        process.stop()
+        good.close()

@@ -291,6 +291,53 @@ def test_kv_events_cross_a_real_socket_and_a_restarted_publisher_is_learnt_again
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("buffered", [100, 1], ids=["replayed", "beyond-the-buffer"])
+def test_a_router_that_joins_late_asks_the_pods_replay_endpoint_for_what_it_missed(buffered):
+    """A pod published three batches before the router subscribed: the router asks the pod's replay endpoint
+    (vLLM's protocol) for them and knows every block at once; where the pod's buffer no longer holds them
+    all (buffer_steps 1), the router learns from what comes next instead (nothing is guessed)."""
+    import tempfile
+
+    from neuronfleet.contract import KvEventsConfig
+    from neuronfleet.runtime.engine.kv_event_publisher import KvEventPublisher
+    from neuronfleet.runtime.engine.kv_events import BlockStored
+    from neuronfleet.runtime.routing.kv_event_index import Subscriptions
+    from neuronfleet.runtime.routing.prefix_routing import token_blocks
+
+    folder = tempfile.mkdtemp(prefix="nf-kv", dir="/tmp")  # an ipc path must be short
+    config = KvEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{folder}/pub.sock",
+                            replay_endpoint=f"ipc://{folder}/replay.sock", buffer_steps=buffered)  # fmt: skip
+    tokens = list(range(100, 180))
+    blocks = token_blocks(tokens)  # 5 blocks of 16
+
+    async def scenario() -> None:
+        subs = Subscriptions()
+        publisher = KvEventPublisher(config)
+        try:
+            for i in range(3):  # before anyone listens: 3 batches, one block each, chained
+                publisher.publish([BlockStored([i + 1], i or None, tokens[16 * i : 16 * (i + 1)], 16)])
+            await asyncio.sleep(0.3)  # (sent: the publisher's thread has taken them)
+            subs.follow("http://127.0.0.1:1", publisher.endpoint, publisher.replay_endpoint)
+            pod = subs.pods["http://127.0.0.1:1"]
+            # then a batch per block, each the next one, until one lands (a PUB socket drops what it sends
+            # before the subscriber is connected; a replay brings those back too where the buffer has them)
+            for i in range(3, 5):
+                publisher.publish([BlockStored([i + 1], i, tokens[16 * i : 16 * (i + 1)], 16)])
+                await asyncio.sleep(0.2)
+            await wait_until_async(lambda: pod.batches > 0, "a batch received")
+            if buffered > 1:
+                await wait_until_async(lambda: pod.held(blocks) == 5, "every block, the missed ones replayed")
+                assert subs.replayed >= 3 and subs.gaps == 0
+            else:
+                await asyncio.sleep(0.5)
+                assert pod.held(blocks) == 0 and subs.replayed == 0  # its parent unknown: not named
+        finally:
+            subs.close()
+            publisher.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.real_model
 def test_a_second_router_replica_routes_a_conversations_next_turn_by_the_pods_kv_events(
     smollm2_dir, tmp_path

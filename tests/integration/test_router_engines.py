@@ -369,7 +369,8 @@ def test_a_vllm_router_given_the_model_routes_by_its_prefill_servers_kv_cache_ev
     events_port = free_port()
     long = ["--max-model-len", "100000"]
     publish = [*long, "--kv-events-port", str(events_port), "--tokenizer", str(smollm2_dir)]
-    router = ["--model", str(smollm2_dir), "--peer-kv-events", f"tcp://*:{events_port}"]
+    peers = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{events_port}"}
+    router = ["--model", str(smollm2_dir), "--peer-kv-events", json.dumps(peers)]
     fleet = fleet_of(
         "vllm", prefill_a=publish, prefill_b=publish, decode_a=long, decode_b=long, router=router
     )

@@ -12,7 +12,7 @@ from support import ROOT
 
 from neuronfleet import contract
 from neuronfleet.cli import build_parser
-from neuronfleet.contract import CompileConfig, ServeConfig
+from neuronfleet.contract import KV_EVENTS_CONFIG, CompileConfig, ServeConfig
 from neuronfleet.operator import builders, engines, validation
 from neuronfleet.runtime.artifacts.compile_artifacts import CompileError, load_config
 
@@ -59,7 +59,9 @@ def test_every_option_renders_and_parses_back():
     # routers that speak an engine's protocol: the options only they take (SGLang's reads no model; vLLM's
     # reads its tokenizer to name its prefill peers' KV-cache events)
     engine_router = ServeConfig(role="router", peer_protocol="sglang", bootstrap_port=8998)
-    vllm_router = ServeConfig(role="router", peer_protocol="vllm", model="/m", peer_kv_events="tcp://*:5557")
+    vllm_router = ServeConfig(
+        role="router", peer_protocol="vllm", model="/m", peer_kv_events=KV_EVENTS_CONFIG
+    )
     # a front door to unified pods, holding at zero
     front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
                              wake_url="http://op:8080/wake/ns/m", routing="least-loaded",

@@ -10,7 +10,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.cli import build_parser
-from neuronfleet.contract import ServeConfig
+from neuronfleet.contract import KV_EVENTS_CONFIG, ServeConfig
 from neuronfleet.operator import builders, engines, validation
 from neuronfleet.operator.engines import sglang, vllm_plugin
 from neuronfleet.operator.engines.common import OWN_IMAGES
@@ -75,7 +75,7 @@ def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_re
     # routed kv-aware (the default), it follows the prefill servers' KV-cache events with the tokenizer of the
     # folder they load; by load alone it reads no model files
     assert vllm.serving.routing.policy == "kv-aware"
-    assert (config.model, config.peer_kv_events) == (vllm_plugin.model_dir(vllm, "h"), "tcp://*:5570")
+    assert (config.model, config.peer_kv_events) == (vllm_plugin.model_dir(vllm, "h"), KV_EVENTS_CONFIG)
     by_load = vllm.model_copy(deep=True)
     by_load.serving.routing.policy = "least-loaded"
     config = engines.serve_config(

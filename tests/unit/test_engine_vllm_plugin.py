@@ -241,10 +241,13 @@ def test_prefill_and_decode_pods_are_the_documented_di_servers_behind_our_router
     events = parser().parse_known_args(prefill["command"][6:])[0].kv_events_config
     port = int(events["endpoint"].rsplit(":", 1)[1])
     assert events["enable_kv_cache_events"] is True and events["endpoint"] == f"tcp://*:{port}"
+    replay = int(events["replay_endpoint"].rsplit(":", 1)[1])
+    assert events["replay_endpoint"] == f"tcp://*:{replay}"
     assert {"name": "kv-events", "containerPort": port, "protocol": "TCP"} in prefill["ports"]
+    assert {"name": "kv-replay", "containerPort": replay, "protocol": "TCP"} in prefill["ports"]
     side_channel = next(e["value"] for e in prefill["env"] if e["name"] == "VLLM_NIXL_SIDE_CHANNEL_PORT")
-    assert port != int(side_channel)  # both listen in the same engine process
-    assert command[command.index("--peer-kv-events") + 1] == f"tcp://*:{port}"
+    assert int(side_channel) not in (port, replay)  # they all listen in the same engine process
+    assert json.loads(command[command.index("--peer-kv-events") + 1]) == events  # the pods' own config
     model = command[command.index("--model") + 1]
     assert model == prefill["command"][6]
     mount = next(m for m in container["volumeMounts"] if model.startswith(m["mountPath"] + "/"))

@@ -89,7 +89,10 @@ def test_a_unified_model_that_scales_to_zero_gets_a_front_door_that_stays(versio
     # follows their KV-cache events), holding 4 x slots x max, waking the operator
     args = serve_args(router)
     assert (args.role, args.unified) == ("router", [f"dns://m-unified:{port}"])
-    assert args.model == serve_args(unified).model and args.peer_kv_events == "tcp://*:5570"
+    assert (
+        args.model == serve_args(unified).model
+        and args.peer_kv_events == serve_args(unified).kv_events_config
+    )
     assert serve_args(unified).kv_events_config is not None
     assert (args.prefill, args.decode, args.internal_token_file) == (None, None, None)
     assert args.hold_requests == 4 * spec.neuron.batchSize * 2 == 32

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronfleet.contract import KV_EVENTS_CONFIG, KV_EVENTS_PORT
+from neuronfleet.contract import KV_EVENTS_CONFIG, KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
 from neuronfleet.localcluster.events import Recorder, reference
 from neuronfleet.localcluster.jobs import expired, finished_at
 from neuronfleet.localcluster.kubelet import deletion_rank, template_hash
@@ -48,9 +48,11 @@ def test_ports_hosts_and_mounted_paths_are_mapped():
                        "--port", "41000", "--kv-port", "41001", "--slots", "8000",
                        "--config=/s/cm/compile.json", "/etc/neuronfleetx/other"]  # fmt: skip
     assert map_path("/var/lib/neuronfleet/cache", mounts) == "/s/volumes/ns/cache"
-    # a KV-cache event publisher's endpoint: its port mapped, on the pods' loopback address
-    events = rewrite_command(["x", "--kv-events-config", KV_EVENTS_CONFIG], {KV_EVENTS_PORT: 41002}, [])
-    assert json.loads(events[2]) == {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:41002"}
+    # a KV-cache event publisher's endpoints: their ports mapped, on the pods' loopback address
+    ports = {KV_EVENTS_PORT: 41002, KV_EVENTS_REPLAY_PORT: 41003}
+    events = rewrite_command(["x", "--kv-events-config", KV_EVENTS_CONFIG], ports, [])
+    assert json.loads(events[2]) == {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:41002",
+                                     "replay_endpoint": "tcp://127.0.0.1:41003"}  # fmt: skip
 
 
 def test_a_new_template_is_a_new_hash():

@@ -131,13 +131,14 @@ def test_an_engine_router_needs_no_model_and_sglang_its_bootstrap_port():
     assert parse(*config.to_args()) == config
     assert parse("--role", "router", "--peer-protocol", "vllm").model is None
     # a vllm router given the model reads its tokenizer, to name the prefill peers' KV-cache events' blocks
-    events = parse(*VLLM, "--model", "/m", "--peer-kv-events", "tcp://*:5557")
-    assert (events.model, events.peer_kv_events) == ("/m", "tcp://*:5557")
+    events = parse(*VLLM, "--model", "/m", "--peer-kv-events", PEERS)
+    assert (events.model, events.peer_kv_events) == ("/m", PEERS)
     assert parse(*events.to_args()) == events
 
 
 ROUTER = ("--role", "router")
 VLLM = (*ROUTER, "--peer-protocol", "vllm")
+PEERS = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5570", "replay_endpoint": "tcp://*:5571"}'
 
 
 @pytest.mark.parametrize(
@@ -149,9 +150,13 @@ VLLM = (*ROUTER, "--peer-protocol", "vllm")
             [*ROUTER, "--peer-protocol", "sglang", "--bootstrap-port", "1", "--model", "/m"],
             "sglang reads no model files .* remove --model",
         ),
-        ([*VLLM, "--peer-kv-events", "tcp://*:5557"], "--peer-kv-events is for .* with --model"),
-        ([*ROUTER, "--model", "/m", "--peer-kv-events", "tcp://*:5557"], "--peer-kv-events is for"),
-        ([*VLLM, "--model", "/m", "--peer-kv-events", "ipc:///tmp/x"], "a ZeroMQ tcp endpoint"),
+        ([*VLLM, "--peer-kv-events", PEERS], "--peer-kv-events is for .* with --model"),
+        ([*ROUTER, "--model", "/m", "--peer-kv-events", PEERS], "--peer-kv-events is for"),
+        (
+            [*VLLM, "--model", "/m", "--peer-kv-events", '{"endpoint": "ipc:///tmp/x"}'],
+            "endpoint 'ipc:///tmp/x' is not a ZeroMQ tcp endpoint",
+        ),
+        ([*VLLM, "--model", "/m", "--peer-kv-events", "tcp://*:5570"], "takes the peers' --kv-events-config"),
         (["--role", "decode", "--model", "/m", "--peer-protocol", "vllm"], "vllm is for --role router"),
         ([*ROUTER, "--peer-protocol", "sglang"], "--bootstrap-port .* needed with --peer-protocol sglang"),
         ([*VLLM, "--bootstrap-port", "1"], r"only there \(here: vllm\)"),

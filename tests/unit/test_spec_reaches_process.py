@@ -29,6 +29,7 @@ from neuronfleet.cli import build_parser
 from neuronfleet.contract import (
     COMPILE_CONFIG_FILE,
     HF_TOKEN_ENVS,
+    KV_EVENTS_CONFIG,
     KV_EVENTS_PORT,
     CompileConfig,
     KvEventsConfig,
@@ -209,7 +210,7 @@ def check_engine_router(config: ServeConfig, spec, name: str) -> None:
     SGLang's bootstrap port."""
     follows = spec.engine == "vllm" and spec.serving.routing.policy == "kv-aware"
     assert (config.role, config.peer_protocol) == ("router", spec.engine)
-    assert (config.model is not None) == follows == (config.peer_kv_events == f"tcp://*:{KV_EVENTS_PORT}")
+    assert (config.model is not None) == follows == (config.peer_kv_events == KV_EVENTS_CONFIG)
     assert config.port == spec.serving.port and config.served_model_name == name
     assert all(p.endswith(f":{spec.serving.port}") for p in [*config.prefill, *config.decode])
     assert (config.bootstrap_port is not None) == (spec.engine == "sglang")
@@ -245,7 +246,7 @@ def check_front_door(config: ServeConfig, spec, name: str, unified: dict) -> Non
         assert (config.model, config.peer_kv_events) == (None, None)
         return
     loads = serve_args(command).model if command[0] == "neuronfleet" else command[command.index("vllm") + 2]
-    assert (config.model, config.peer_kv_events) == (loads, f"tcp://*:{KV_EVENTS_PORT}")
+    assert (config.model, config.peer_kv_events) == (loads, KV_EVENTS_CONFIG)
 
 
 def check_compile_config(objects: list[dict], spec) -> None:
@@ -504,6 +505,8 @@ def check_every_role(path: Path) -> None:
                 config = KvEventsConfig.model_validate(vllm.kv_events_config)
             assert config.publishes and config.endpoint == f"tcp://*:{events['containerPort']}"
             assert events["containerPort"] == KV_EVENTS_PORT
+            replay = next(p for p in c["ports"] if p["name"] == "kv-replay")
+            assert config.replay_endpoint == f"tcp://*:{replay['containerPort']}"
         if role == "router":  # every router routes as the spec says (docs/routing.md)
             check_routing(serve_args(c["command"]), spec)
         if role == "router" and spec.serving.mode == "unified":
