@@ -1,15 +1,21 @@
 """KV transfer throughput: neuronfleet's `tcp` transport against a raw socket sending the same bytes over
-loopback, in the same run.
+loopback, and NIXL (ai-dynamo/nixl, the library vLLM's NixlConnector and SGLang use) with its UCX backend,
+in the same run.
 
 The payload is one request's KV cache, layer by layer, as a prefill pod sends it: for SmolLM2-135M
 (30 layers, 3 KV heads, head dim 64, bfloat16) at --tokens prompt tokens, each layer's K and V in one write.
 Ours: `TcpAgent.write_nowait` per layer (header, payload straight into the receiver's registered memory,
 XXH3-64 check on both ends, an acknowledgement per write), timed until every write is verified. Raw: one
 blocking `sendall` per layer into a receiver that `recv_into`s a preallocated buffer, no header, no checksum,
-one acknowledgement at the end. Each receiver runs in its own process, as a decode pod does; the sender here.
-The two alternate; it prints GB/s of each, best and median, and the ratios.
+one acknowledgement at the end. NIXL (with `pip install 'neuronfleet[nixl]'`; skipped without it): the
+decode side's agent registers its region, the prefill side's its layers; `nixl write` is one WRITE of the 30
+layers from the prefill side with a notification, timed until the decode side has seen it; `nixl read` is
+one READ of the 30 layers by the decode side, timed until it is done. UCX chooses its transport (on one
+machine, shared memory); `--ucx-tls tcp` makes it use TCP, as between two nodes without RDMA. Each receiver
+runs in its own process, as a decode pod does; the sender here. They alternate; it prints GB/s of each, best
+and median, and the ratios.
 
-    .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 25]
+    .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 25] [--ucx-tls tcp]
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import multiprocessing
 import socket
 import statistics
@@ -63,6 +70,84 @@ def raw_receiver(total: int, conn) -> None:
         peer.close()
 
 
+def nixl_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
+    """A decode pod's side with a NIXL agent: its region registered; then, per command from the pipe, it
+    waits for the prefill side's WRITE notification, or READs the prefill side's layers itself."""
+    import os
+
+    if ucx_tls:
+        os.environ["UCX_TLS"] = ucx_tls
+    from nixl_cu12 import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent("decode", nixl_agent_config(backends=["UCX"]))
+    region = torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
+    agent.register_memory(region)
+    per = region[0].numel() * 2
+    mine = [(region.data_ptr() + i * per, per, 0) for i in range(LAYERS)]
+    conn.send((agent.get_agent_metadata(), mine))
+    prefill, theirs = conn.recv()
+    remote = agent.add_remote_agent(prefill)
+    remote = remote.decode() if isinstance(remote, bytes) else remote  # (the binding answers bytes)
+    local_descs = agent.get_xfer_descs(mine, "DRAM")
+    remote_descs = agent.get_xfer_descs(theirs, "DRAM")
+    while True:
+        command, tag = conn.recv()
+        if command == "write":  # the prefill side writes: done when its notification is here
+            while not agent.check_remote_xfer_done(remote, tag):
+                pass
+        else:  # the decode side reads
+            handle = agent.initialize_xfer("READ", local_descs, remote_descs, remote)
+            agent.transfer(handle)
+            while (state := agent.check_xfer_state(handle)) not in ("DONE", "ERR"):
+                pass
+            agent.release_xfer_handle(handle)
+            assert state == "DONE", state
+        conn.send(True)
+
+
+class Nixl:
+    """The prefill side's NIXL agent, its layers registered, connected to the decode side's."""
+
+    def __init__(self, layers: list[torch.Tensor], conn, ucx_tls: str | None) -> None:
+        import os
+
+        if ucx_tls:
+            os.environ["UCX_TLS"] = ucx_tls
+        from nixl_cu12 import nixl_agent, nixl_agent_config
+
+        self.agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
+        self.agent.register_memory(layers)
+        self.conn = conn
+        metadata, theirs = conn.recv()
+        self.remote = self.agent.add_remote_agent(metadata)
+        mine = [(t.data_ptr(), t.numel() * 2, 0) for t in layers]
+        conn.send((self.agent.get_agent_metadata(), mine))
+        self.local = self.agent.get_xfer_descs(mine, "DRAM")
+        self.theirs = self.agent.get_xfer_descs(theirs, "DRAM")
+        self.n = 0
+
+    def write(self) -> float:
+        self.n += 1
+        tag = f"kv-{self.n}".encode()
+        start = time.perf_counter()
+        self.conn.send(("write", tag))
+        handle = self.agent.initialize_xfer("WRITE", self.local, self.theirs, self.remote, tag)
+        self.agent.transfer(handle)
+        while (state := self.agent.check_xfer_state(handle)) not in ("DONE", "ERR"):
+            pass
+        self.conn.recv()  # the decode side has the notification: the bytes are there
+        seconds = time.perf_counter() - start
+        self.agent.release_xfer_handle(handle)
+        assert state == "DONE", state
+        return seconds
+
+    def read(self) -> float:
+        start = time.perf_counter()
+        self.conn.send(("read", b""))
+        self.conn.recv()
+        return time.perf_counter() - start
+
+
 def ours(meta: dict, layers: list[torch.Tensor]) -> float:
     per = layers[0].numel() * 2
 
@@ -101,6 +186,9 @@ def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument(
+        "--ucx-tls", help="UCX_TLS for NIXL's UCX backend (tcp: TCP only; default: UCX chooses)"
+    )
     args = parser.parse_args()
     layers = layer_tensors(args.tokens)
     nbytes = sum(t.numel() * 2 for t in layers)
@@ -111,24 +199,38 @@ def main() -> None:
         spawn.Process(target=agent_receiver, args=(args.tokens, ours_child), daemon=True),
         spawn.Process(target=raw_receiver, args=(nbytes, raw_child), daemon=True),
     ]
+    nixl = None
+    if importlib.util.find_spec("nixl_cu12") is not None:
+        nixl_end, nixl_child = spawn.Pipe()
+        receivers.append(
+            spawn.Process(target=nixl_receiver, args=(args.tokens, args.ucx_tls, nixl_child), daemon=True)
+        )
     for p in receivers:
         p.start()
     meta, port = ours_end.recv(), raw_end.recv()
-    raw_s, ours_s = [], []
-    for _ in range(args.repeats):  # alternating, so that the machine's moods hit both alike
-        raw_s.append(raw(port, layers))
-        ours_s.append(ours(meta, layers))
+    if len(receivers) == 3:
+        nixl = Nixl(layers, nixl_end, args.ucx_tls)
+    times: dict[str, list[float]] = {"raw socket": [], "neuronfleet tcp": []}
+    if nixl is not None:
+        times |= {"nixl write": [], "nixl read": []}
+    for _ in range(args.repeats):  # alternating, so that the machine's moods hit all alike
+        times["raw socket"].append(raw(port, layers))
+        times["neuronfleet tcp"].append(ours(meta, layers))
+        if nixl is not None:
+            times["nixl write"].append(nixl.write())
+            times["nixl read"].append(nixl.read())
     for p in receivers:
         p.terminate()
-    best_raw, best_ours = min(raw_s), min(ours_s)
-    mid_raw, mid_ours = statistics.median(raw_s), statistics.median(ours_s)
     print(
         f"payload: {nbytes / 1e6:.1f} MB in {LAYERS} layer writes ({args.tokens} tokens of SmolLM2-135M KV)"
+        + (f"; NIXL UCX_TLS={args.ucx_tls or 'UCX chooses'}" if nixl is not None else "; NIXL not installed")
     )
-    print("                  best     median")
-    print(f"raw socket      {nbytes / best_raw / 1e9:5.2f} GB/s {nbytes / mid_raw / 1e9:5.2f} GB/s")
-    print(f"neuronfleet tcp {nbytes / best_ours / 1e9:5.2f} GB/s {nbytes / mid_ours / 1e9:5.2f} GB/s")
-    print(f"ratio tcp/raw   {best_raw / best_ours:5.2f}x     {mid_raw / mid_ours:5.2f}x")
+    print("                  best     median   median vs raw")
+    mid_raw = statistics.median(times["raw socket"])
+    for name, seconds in times.items():
+        best, mid = min(seconds), statistics.median(seconds)
+        rates = f"{nbytes / best / 1e9:5.2f} GB/s {nbytes / mid / 1e9:5.2f} GB/s"
+        print(f"{name:15s} {rates}   {mid_raw / mid:5.2f}x")
 
 
 if __name__ == "__main__":
