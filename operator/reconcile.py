@@ -63,6 +63,10 @@ async def apply(kube: Kube, obj: dict[str, Any], conflicts: list[str]) -> dict[s
     model's Conflict condition)."""
     meta = obj["metadata"]
     existing = await kube.get(obj["kind"], meta["namespace"], meta["name"])  # from the cache
+    if existing is not None and foreign_owner(obj, existing):  # confirmed live: the cache may still hold an
+        # earlier model's object the garbage collector has deleted (the create's answer of a model deleted
+        # at once can reach the cache after the deletion's event), which no later event would remove
+        existing = await kube.get(obj["kind"], meta["namespace"], meta["name"], live=True)
     if existing is None:
         try:
             return await kube.create(obj)

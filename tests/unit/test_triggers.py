@@ -39,3 +39,45 @@ def conflict(message: str, status: str = "True") -> dict:
 )
 def test_a_model_in_the_way_of_an_earlier_one_of_its_name_is_looked_at_again(status, again):
     assert handlers._left_by_an_earlier_model(("ns", "m"), status) is again
+
+
+class TwoViews:
+    """The API server's objects and the operator's cache of them, apart: the cache may still hold an object
+    the server has deleted (an earlier model's, which the garbage collector took)."""
+
+    def __init__(self, cached: list[dict], live: list[dict]) -> None:
+        self.cached = {(o["kind"], o["metadata"]["name"]): o for o in cached}
+        self.live = {(o["kind"], o["metadata"]["name"]): o for o in live}
+        self.created: list[dict] = []
+
+    async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict | None:
+        return (self.live if live else self.cached).get((kind, name))
+
+    async def create(self, obj: dict) -> dict:
+        self.created.append(obj)
+        self.live[(obj["kind"], obj["metadata"]["name"])] = obj
+        return obj
+
+
+def deployment(uid: str) -> dict:
+    owner = {"apiVersion": "neuronfleet.dev/v1alpha1", "kind": "NeuronModel", "name": "m", "uid": uid,
+             "controller": True}  # fmt: skip
+    meta = {"name": "m-unified", "namespace": "ns", "ownerReferences": [owner]}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {"replicas": 1}}
+
+
+def test_an_earlier_models_object_the_cache_still_holds_is_confirmed_live_before_it_is_a_conflict():
+    """The cache holds the Deployment of an earlier model of the name, which the API server no longer has:
+    the model's own is created (no conflict); one the API server does hold is a conflict, left alone."""
+    import asyncio
+
+    from neuronfleet.operator import reconcile
+
+    stale = TwoViews(cached=[deployment("earlier")], live=[])
+    conflicts: list[str] = []
+    asyncio.run(reconcile.apply(stale, deployment("now"), conflicts))
+    assert conflicts == [] and [o["metadata"]["ownerReferences"][0]["uid"] for o in stale.created] == ["now"]
+
+    held = TwoViews(cached=[deployment("earlier")], live=[deployment("earlier")])
+    asyncio.run(reconcile.apply(held, deployment("now"), conflicts))
+    assert held.created == [] and len(conflicts) == 1 and "(uid earlier)" in conflicts[0]
