@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
-from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
 from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
@@ -194,7 +194,11 @@ class FrontDoor(HttpApp):
                 path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
             )
         await self.watch.refresh_if_stale()
-        blocks = self.routing.blocks(self._prompt(path, body)) if request.method == "POST" else []
+        blocks = (
+            self.routing.blocks(request_prompt(path, body, self.tokenizer))
+            if request.method == "POST"
+            else []
+        )
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
         tried: set[str] = set()
@@ -236,12 +240,6 @@ class FrontDoor(HttpApp):
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
-
-    def _prompt(self, path: str, body: bytes) -> str | list[int] | None:
-        """What a request's blocks are cut from: its token ids as the pods compute them, or its text."""
-        if self.tokenizer is None:
-            return prompt_text(path, body)
-        return prompt_ids(path, body, self.tokenizer)
 
     async def _send(
         self, peer: Peer, request: web.Request, headers: dict, body: bytes

@@ -38,7 +38,7 @@ from neuronfleet.runtime.routing import pd_protocols as pd
 from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
-from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, prompt_ids, prompt_text
+from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
 from neuronfleet.runtime.serving.errors import openai_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
@@ -275,8 +275,7 @@ class EngineRouter(HttpApp):
         except ValueError as e:
             return self._error(400, str(e), "body")
         await self.watch.refresh_if_stale()
-        prompt = prompt_text(path, raw) if self.tokenizer is None else prompt_ids(path, raw, self.tokenizer)
-        blocks = self.routings["prefill"].blocks(prompt)
+        blocks = self.routings["prefill"].blocks(request_prompt(path, raw, self.tokenizer))
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
         held = self.hold.request()
         while True:

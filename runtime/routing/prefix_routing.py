@@ -119,6 +119,12 @@ def prompt_ids(path: str, body: bytes, tokenizer: Any) -> list[int] | None:
     return list(prompt) if prompt is not None else None
 
 
+def request_prompt(path: str, body: bytes, tokenizer: Any = None) -> str | list[int] | None:
+    """What a router cuts a request's blocks from: its token ids as the pods compute them where the router
+    has the model's tokenizer (`prompt_ids`), else its canonical text (`prompt_text`)."""
+    return prompt_text(path, body) if tokenizer is None else prompt_ids(path, body, tokenizer)
+
+
 def _content(content: Any) -> str:
     if isinstance(content, str):
         return content
