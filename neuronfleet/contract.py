@@ -227,8 +227,17 @@ class ServeConfig(BaseModel):
         None, "router, --peer-protocol sglang: the prefill servers' --disaggregation-bootstrap-port"
     )
     served_model_name: str | None = _flag(None, "model name in the APIs (default: the folder's name)")
-    kv_transport: Literal["tcp", "efa"] = _flag("tcp", "prefill/decode KV transport")
-    kv_port: int = _flag(0, "decode: port of the KV receiver (0: a free one)")
+    kv_transport: Literal["tcp", "nixl", "efa"] = _flag(
+        "tcp",
+        "prefill/decode KV transport: tcp (our own), nixl (NIXL, the backend --kv-nixl-backend names; pip "
+        "install 'neuronfleet[nixl]'), efa (NIXL over LIBFABRIC: EFA devices and libfabric >= 1.21)",
+    )
+    kv_nixl_backend: Literal["ucx", "libfabric"] | None = _flag(
+        None,
+        "prefill/decode, --kv-transport nixl: NIXL's backend, ucx (any network; the default) or libfabric "
+        "(EFA)",
+    )
+    kv_port: int = _flag(0, "decode, --kv-transport tcp: port of the KV receiver (0: a free one)")
     internal_token_file: str | None = _flag(
         None, f"prefill/decode: the model's internal token (else {INTERNAL_TOKEN_ENV})"
     )

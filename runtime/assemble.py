@@ -196,8 +196,9 @@ def _routing(args: ServeConfig):
 
 
 def _role_setup(args: ServeConfig, config):
-    """For --role prefill|decode: the token and the KV transport, checked before the model loads (efa without
-    NIXL fails here, clearly); returns a function that builds the role's routes once the engine exists."""
+    """For --role prefill|decode: the token and the KV transport, checked before the model loads (nixl or efa
+    without what NIXL's backend needs fails here, saying what is missing); returns a function that builds the
+    role's routes once the engine exists."""
     from neuronfleet.runtime.kv.kv_transfer import TransportUnavailable, make_agent
     from neuronfleet.runtime.model.model_config import load_model_config
 
@@ -207,15 +208,15 @@ def _role_setup(args: ServeConfig, config):
     if args.kv_advertise or os.environ.get(POD_IP_ENV):
         host, _, port = (args.kv_advertise or os.environ[POD_IP_ENV]).partition(":")
         advertise = (host, int(port) if port else None)
-    elif args.host in ("0.0.0.0", "::"):
+    elif args.host in ("0.0.0.0", "::") and args.kv_transport == "tcp":
         raise ValueError(
             f"--role {args.role} listening on {args.host} needs the address prefill pods reach it at: "
             f"--kv-advertise HOST or the {POD_IP_ENV} environment variable"
         )
     identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
     try:  # a writer stalled mid-payload loses its connection after twice its own deadline
-        agent = make_agent(args.kv_transport, identity, model_id, args.host, advertise=advertise,
-                           stall_seconds=2 * args.kv_wait)  # fmt: skip
+        agent = make_agent(args.kv_transport, identity, model_id, args.host, backend=args.kv_nixl_backend,
+                           advertise=advertise, stall_seconds=2 * args.kv_wait)  # fmt: skip
     except TransportUnavailable as e:  # a usage error, reported as main() reports a bad flag
         raise ValueError(str(e)) from None
 

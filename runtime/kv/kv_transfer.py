@@ -11,8 +11,11 @@ Two transports:
   checksum of its bytes (hashed piece by piece as they are sent and received, while each piece is in the
   CPU's cache); the receiver checks all five before it acknowledges and notifies.
   Receive regions should be allocated once and reused: first-touch page faults cost more than the network.
-- `efa` (`make_agent("efa")`): NIXL with its LIBFABRIC backend. It is import-guarded and never falls back to
-  something slower: when NIXL or its LIBFABRIC plugin is missing, making the agent fails with a clear error.
+- `nixl` (`runtime/kv/nixl_transfer.py`): NIXL (UCX on any network, LIBFABRIC on EFA), the library vLLM
+  and SGLang move KV caches with; `efa` is NIXL with its LIBFABRIC backend. It never falls back to something
+  slower: when NIXL, the backend's plugin or libfabric is missing, making the agent fails with a clear error.
+
+Both agents check a write the same way (`AgentBase.check`) and deliver the same notifications.
 """
 
 from __future__ import annotations
@@ -227,7 +230,7 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
             _recv_into(sock, memoryview(raw))
             header = json.loads(raw)
             with agent._lock:  # checked and pinned at once: deregistering cannot slip in between
-                problem = agent._check(header)
+                problem = agent.check(header)
                 region = None if problem else agent.regions[header["region"]]
                 if region is not None:
                     region.receiving += 1
@@ -272,7 +275,130 @@ def _reply(sock: socket.socket, code: bytes, message: str) -> None:
     sock.sendall(code + HEADER.pack(len(body)) + body)
 
 
-class TcpAgent:
+class AgentBase:
+    """What every transport's agent shares: named regions of memory that writes may land in, the checks a
+    write passes before it is accepted (`check`), and the notifications of verified writes."""
+
+    transport_name = ""
+
+    def __init__(self, name: str, model_id: str, stall_seconds: float = 30.0) -> None:
+        self.name, self.model_id, self.stall_seconds = name, model_id, stall_seconds
+        self.regions: dict[str, Region] = {}
+        self._lock = threading.Lock()
+        self._notifications: list[tuple[str, str]] = []
+        self._notified = asyncio.Condition()
+
+    # ---- memory ----
+
+    def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+        with self._lock:
+            self.regions[name] = Region(tensor, tensor_bytes(tensor))
+            return self.regions[name].info
+
+    def deregister_memory(self, name: str) -> Region | None:
+        """Refuse writes to the region from now on; returns it (its `receiving` says whether a payload is
+        still landing in its memory), or None when it was not registered."""
+        with self._lock:
+            return self.regions.pop(name, None)
+
+    def check(self, header: dict[str, Any]) -> str:
+        """Why a write described by `header` must be refused ("" when it may land): another life of this
+        agent, another model, no such region (its lease ended), another dtype, out of bounds, a shape that
+        does not make its bytes. Call with `_lock` held."""
+        if header.get("to", self.name) != self.name:
+            return (
+                f"this agent is {self.name!r}, not {header.get('to')!r}: the receiver restarted, and leases "
+                "and regions of its earlier life are void"
+            )
+        if header.get("model") != self.model_id:
+            return f"model mismatch: the writer serves {header.get('model')!r}, this agent {self.model_id!r}"
+        region = self.regions.get(header.get("region", ""))
+        if region is None:
+            return f"no region {header.get('region')!r} is registered (its lease may have expired)"
+        info = region.info
+        if header.get("dtype") != info["dtype"]:
+            return f"dtype mismatch: sent {header.get('dtype')}, the region holds {info['dtype']}"
+        end = header["offset"] + header["nbytes"]
+        if header["offset"] < 0 or end > info["nbytes"]:
+            return f"bytes {header['offset']}..{end} fall outside the region's {info['nbytes']}"
+        shape = header.get("shape") or []
+        element = region.tensor.element_size()
+        if math.prod(shape) * element != header["nbytes"]:
+            return f"shape {shape} of {header.get('dtype')} does not make {header['nbytes']} bytes"
+        return ""
+
+    def write_header(self, remote: dict[str, Any], src: torch.Tensor, dst: Descriptor, notification: str,
+                     nbytes: int) -> dict[str, Any]:  # fmt: skip
+        """What a write says of itself, for the receiver's `check`."""
+        return {
+            "agent": self.name,
+            "to": remote["agent"],
+            "model": self.model_id,
+            "region": dst.region,
+            "offset": dst.offset,
+            "nbytes": nbytes,
+            "dtype": str(src.dtype).removeprefix("torch."),
+            "shape": list(src.shape),
+            "notification": notification,
+        }
+
+    def transport_mismatch(self, remote: dict[str, Any]) -> str:
+        """Why this agent cannot write to `remote` at all: the two pods were started with different
+        transports (never bridged silently)."""
+        theirs = remote.get("transport")
+        if theirs != self.transport_name:
+            return (
+                f"refused: the receiver moves KV caches over {theirs!r} and this pod over "
+                f"{self.transport_name!r}; start prefill and decode pods with the same --kv-transport"
+            )
+        return ""
+
+    # ---- notifications ----
+
+    def _notify(self, agent: str, message: str) -> None:
+        self._notifications.append((agent, message))
+
+        async def wake() -> None:
+            async with self._notified:
+                self._notified.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
+
+    def get_notifications(self) -> list[tuple[str, str]]:
+        """(writer agent, message) of completed, verified writes since the last call."""
+        out, self._notifications = self._notifications, []
+        return out
+
+    def discard_notifications(self, prefix: str) -> None:
+        """Forget notifications that start with `prefix` (a request's, once it no longer waits for them)."""
+        self._notifications = [n for n in self._notifications if not n[1].startswith(prefix)]
+
+    async def wait_notification(self, message: str, timeout: float) -> str:
+        """Wait for a notification with this message; returns the writer's name (TransferError on timeout)."""
+        found: list[str] = []
+
+        def take() -> bool:
+            for i, (agent, msg) in enumerate(self._notifications):
+                if msg == message:
+                    del self._notifications[i]
+                    found.append(agent)
+                    return True
+            return False
+
+        async with self._notified:
+            try:
+                await asyncio.wait_for(self._notified.wait_for(take), timeout)
+            except TimeoutError:
+                raise TransferError(f"no notification {message!r} within {timeout} s") from None
+        return found[0]
+
+    @staticmethod
+    def poll(transfer: Transfer) -> str:
+        """NIXL's check_xfer_state: pending | done | error."""
+        return transfer.state
+
+
+class TcpAgent(AgentBase):
     """A transfer agent over TCP: receivers `register_memory` and `start`; writers `write` to metadata."""
 
     transport_name = "tcp"
@@ -289,32 +415,15 @@ class TcpAgent:
         for the old one are refused); `advertise` is the address writers are told to use, when it is not the
         listening one (a pod IP, a proxy), its port None for the listening port; a writer that stalls in the
         middle of a payload for `stall_seconds` loses its connection, so no region stays pinned."""
-        self.name, self.model_id, self.host = name, model_id, host
-        self.advertise, self.stall_seconds = advertise, stall_seconds
-        self.regions: dict[str, Region] = {}
-        self._lock = threading.Lock()
+        super().__init__(name, model_id, stall_seconds)
+        self.host, self.advertise = host, advertise
         self._listener: socket.socket | None = None
         self._accepted: set[socket.socket] = set()
         self.port = 0
-        self._notifications: list[tuple[str, str]] = []
-        self._notified = asyncio.Condition()
         self._links: dict[tuple[str, int], _Link] = {}
         self._sending: set[asyncio.Task] = set()
         self._connecting: dict[tuple[str, int], asyncio.Task] = {}
         self._ids = itertools.count()
-
-    # ---- memory ----
-
-    def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
-        with self._lock:
-            self.regions[name] = Region(tensor, tensor_bytes(tensor))
-            return self.regions[name].info
-
-    def deregister_memory(self, name: str) -> Region | None:
-        """Refuse writes to the region from now on; returns it (its `receiving` says whether a payload is
-        still landing in its memory), or None when it was not registered."""
-        with self._lock:
-            return self.regions.pop(name, None)
 
     # ---- receiving ----
 
@@ -366,66 +475,6 @@ class TcpAgent:
             return [self.host, self.port]
         return [self.advertise[0], self.advertise[1] or self.port]
 
-    def _check(self, header: dict[str, Any]) -> str:
-        if header.get("to", self.name) != self.name:
-            return (
-                f"this agent is {self.name!r}, not {header.get('to')!r}: the receiver restarted, and leases "
-                "and regions of its earlier life are void"
-            )
-        if header.get("model") != self.model_id:
-            return f"model mismatch: the writer serves {header.get('model')!r}, this agent {self.model_id!r}"
-        region = self.regions.get(header.get("region", ""))
-        if region is None:
-            return f"no region {header.get('region')!r} is registered (its lease may have expired)"
-        info = region.info
-        if header.get("dtype") != info["dtype"]:
-            return f"dtype mismatch: sent {header.get('dtype')}, the region holds {info['dtype']}"
-        end = header["offset"] + header["nbytes"]
-        if header["offset"] < 0 or end > info["nbytes"]:
-            return f"bytes {header['offset']}..{end} fall outside the region's {info['nbytes']}"
-        shape = header.get("shape") or []
-        element = region.tensor.element_size()
-        if math.prod(shape) * element != header["nbytes"]:
-            return f"shape {shape} of {header.get('dtype')} does not make {header['nbytes']} bytes"
-        return ""
-
-    def _notify(self, agent: str, message: str) -> None:
-        self._notifications.append((agent, message))
-
-        async def wake() -> None:
-            async with self._notified:
-                self._notified.notify_all()
-
-        asyncio.get_running_loop().create_task(wake())
-
-    def get_notifications(self) -> list[tuple[str, str]]:
-        """(writer agent, message) of completed, verified writes since the last call."""
-        out, self._notifications = self._notifications, []
-        return out
-
-    def discard_notifications(self, prefix: str) -> None:
-        """Forget notifications that start with `prefix` (a request's, once it no longer waits for them)."""
-        self._notifications = [n for n in self._notifications if not n[1].startswith(prefix)]
-
-    async def wait_notification(self, message: str, timeout: float) -> str:
-        """Wait for a notification with this message; returns the writer's name (TransferError on timeout)."""
-        found: list[str] = []
-
-        def take() -> bool:
-            for i, (agent, msg) in enumerate(self._notifications):
-                if msg == message:
-                    del self._notifications[i]
-                    found.append(agent)
-                    return True
-            return False
-
-        async with self._notified:
-            try:
-                await asyncio.wait_for(self._notified.wait_for(take), timeout)
-            except TimeoutError:
-                raise TransferError(f"no notification {message!r} within {timeout} s") from None
-        return found[0]
-
     # ---- writing ----
 
     async def _link(self, address: tuple[str, int]) -> _Link:
@@ -459,18 +508,10 @@ class TcpAgent:
         one receiver go out in order, and each is done when the receiver has verified it."""
         payload = tensor_bytes(src)
         transfer = Transfer(nbytes=len(payload))
-        header = {
-            "agent": self.name,
-            "to": remote["agent"],
-            "model": self.model_id,
-            "region": dst.region,
-            "offset": dst.offset,
-            "nbytes": len(payload),
-            "dtype": str(src.dtype).removeprefix("torch."),
-            "shape": list(src.shape),
-            "notification": notification,
-            "id": next(self._ids),
-        }
+        if mismatch := self.transport_mismatch(remote):
+            transfer.finish(mismatch, integrity=True)
+            return transfer
+        header = {**self.write_header(remote, src, dst, notification, len(payload)), "id": next(self._ids)}
         address = (remote["address"][0], int(remote["address"][1]))
         link = self._links.get(address)
         if link is not None:  # the usual case: queued at once, in order
@@ -517,26 +558,27 @@ class TcpAgent:
         if link is not None:
             link.close(reason)
 
-    @staticmethod
-    def poll(transfer: Transfer) -> str:
-        """NIXL's check_xfer_state: pending | done | error."""
-        return transfer.state
+
+TRANSPORTS = ("tcp", "nixl", "efa")  # efa: NIXL with its LIBFABRIC backend
 
 
-def make_agent(transport: str, name: str, model_id: str, host: str = "127.0.0.1", **options):
-    """The agent for `--kv-transport`; efa without NIXL's LIBFABRIC backend fails here, never falls back."""
+def make_agent(
+    transport: str, name: str, model_id: str, host: str = "127.0.0.1", backend: str | None = None, **options
+):
+    """The agent for `--kv-transport` (and `--kv-nixl-backend`); NIXL without what its backend needs fails
+    here with what is missing, never falls back to another transport."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown KV transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     if transport == "tcp":
+        if backend is not None:
+            raise ValueError("--kv-nixl-backend is for --kv-transport nixl; tcp has no backend to choose")
         return TcpAgent(name, model_id, host, **options)
     if transport == "efa":
-        try:
-            from nixl._api import nixl_agent, nixl_agent_config  # noqa: F401
-        except ImportError:
-            raise TransportUnavailable(
-                "--kv-transport efa needs NIXL (pip package nixl, in the runtime-neuron image) with its "
-                "LIBFABRIC backend on an EFA-enabled node; it is not installed here. Use --kv-transport tcp, "
-                "knowing it is much slower across nodes"
-            ) from None
-        raise TransportUnavailable(
-            "--kv-transport efa: NIXL is installed but neuronfleet's NIXL data path is not built yet; use tcp"
-        )
-    raise ValueError(f"unknown KV transport {transport!r}; choose tcp or efa")
+        if backend not in (None, "libfabric"):
+            raise ValueError(f"--kv-transport efa is NIXL over LIBFABRIC, not {backend}; use --kv-transport "
+                             f"nixl --kv-nixl-backend {backend}")  # fmt: skip
+        backend = "libfabric"
+    from neuronfleet.runtime.kv.nixl_transfer import NixlAgent  # NIXL is imported there and only there
+
+    options.pop("advertise", None)  # NIXL's own metadata carries its addresses
+    return NixlAgent(name, model_id, backend=backend or "ucx", **options)

@@ -1,5 +1,6 @@
-"""The KV transfer layer: writes land in registered memory, verified (checksum, dtype, shape, model) before
-the receiver is notified; refusals, corruption, broken peers and deadlines are errors, never silent."""
+"""The KV transfer layer, over tcp and over NIXL (UCX): writes land in registered memory, verified (checksum,
+dtype, shape, model) before the receiver is notified; refusals, corruption, broken peers and deadlines are
+errors, never silent."""
 
 from __future__ import annotations
 
@@ -27,18 +28,22 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def pair(region_shape=(2, 3, 8, 4), dtype=torch.bfloat16):
-    receiver = TcpAgent("decode-0", "smollm2@abc")
+TRANSPORTS = ["tcp", "nixl"]
+
+
+async def pair(region_shape=(2, 3, 8, 4), dtype=torch.bfloat16, transport="tcp"):
+    receiver = make_agent(transport, "decode-0", "smollm2@abc")
     target = torch.zeros(region_shape, dtype=dtype)
     receiver.register_memory("lease-1", target)
     await receiver.start()
-    sender = TcpAgent("prefill-0", "smollm2@abc")
+    sender = make_agent(transport, "prefill-0", "smollm2@abc")
     return sender, receiver, target
 
 
-def test_a_write_lands_in_place_and_notifies_after_verification():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_write_lands_in_place_and_notifies_after_verification(transport):
     async def main():
-        sender, receiver, target = await pair()
+        sender, receiver, target = await pair(transport=transport)
         layer = torch.randn(3, 8, 4, dtype=torch.bfloat16)
         nbytes = layer.numel() * 2
         t = await sender.write(
@@ -64,9 +69,10 @@ def test_a_write_lands_in_place_and_notifies_after_verification():
         (lambda s: None, "dtype mismatch"),
     ],
 )
-def test_writes_that_do_not_match_the_region_are_refused(change, message):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_writes_that_do_not_match_the_region_are_refused(change, message, transport):
     async def main():
-        sender, receiver, target = await pair()
+        sender, receiver, target = await pair(transport=transport)
         change(sender)
         src = torch.ones(3, 8, 4, dtype=torch.float32 if message == "dtype mismatch" else torch.bfloat16)
         with pytest.raises(IntegrityError, match=message):
@@ -80,9 +86,10 @@ def test_writes_that_do_not_match_the_region_are_refused(change, message):
     run(main())
 
 
-def test_an_expired_region_and_an_out_of_bounds_write_are_refused():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_expired_region_and_an_out_of_bounds_write_are_refused(transport):
     async def main():
-        sender, receiver, _ = await pair()
+        sender, receiver, _ = await pair(transport=transport)
         layer = torch.ones(3, 8, 4, dtype=torch.bfloat16)
         meta = receiver.metadata()
         with pytest.raises(IntegrityError, match="fall outside the region"):
@@ -140,9 +147,80 @@ def test_a_dead_receiver_and_a_stalled_one_fail_the_transfer():
     run(main())
 
 
+def test_nixl_bytes_corrupted_after_hashing_are_refused_and_a_restarted_receiver_too(tmp_path, monkeypatch):
+    """Over NIXL the receiver reads and hashes: a byte flipped after the writer hashed it is refused as
+    corrupt; a write naming an earlier life of the receiver is refused; the next write lands."""
+
+    async def main():
+        sender, receiver, target = await pair(transport="nixl")
+        layer = torch.randn(3, 8, 4, dtype=torch.bfloat16)
+        meta = receiver.metadata()
+        fault = tmp_path / "fault"
+        monkeypatch.setenv("NEURONFLEET_KV_FAULT_FILE", str(fault))
+        fault.write_text('{"kind": "flip"}')
+        with pytest.raises(IntegrityError, match="checksum mismatch"):
+            await sender.write(meta, layer, Descriptor("lease-1", 0, 192), "x", timeout=CEILING)
+        assert not fault.exists() and receiver.get_notifications() == []
+        with pytest.raises(IntegrityError, match="the receiver restarted"):
+            await sender.write({**meta, "agent": "decode-earlier"}, layer, Descriptor("lease-1", 0, 192), "x",
+                               timeout=CEILING)  # fmt: skip
+        await sender.write(meta, layer, Descriptor("lease-1", 192, 192), "y", timeout=CEILING)
+        assert torch.equal(target[1], layer) and receiver.get_notifications() == [("prefill-0", "y")]
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize("fault", ["stall", "cut"])
+def test_a_nixl_read_that_stalls_or_breaks_fails_the_write_and_frees_the_region(tmp_path, monkeypatch, fault):
+    async def main():
+        receiver = make_agent("nixl", "decode-0", "smollm2@abc", stall_seconds=1.0)
+        target = torch.zeros((2, 3, 8, 4), dtype=torch.bfloat16)
+        receiver.register_memory("lease-1", target)
+        await receiver.start()
+        sender = make_agent("nixl", "prefill-0", "smollm2@abc")
+        layer = torch.ones(3, 8, 4, dtype=torch.bfloat16)
+        monkeypatch.setenv("NEURONFLEET_KV_FAULT_FILE", str(tmp_path / "fault"))
+        (tmp_path / "fault").write_text(json.dumps({"kind": fault}))
+        with pytest.raises(TransferError) as e:
+            await sender.write(
+                receiver.metadata(), layer, Descriptor("lease-1", 0, 192), "x", timeout=CEILING
+            )
+        assert ("passed its 1.0 s" if fault == "stall" else "read from prefill-0 failed") in str(e.value)
+        assert receiver.regions["lease-1"].receiving == 0 and receiver.get_notifications() == []
+        await sender.write(receiver.metadata(), layer, Descriptor("lease-1", 0, 192), "y", timeout=CEILING)
+        assert torch.equal(target[0], layer)
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
+def test_transports_never_bridge_and_a_missing_backend_says_what_is_missing():
+    async def main():
+        tcp, nixl = make_agent("tcp", "decode-0", "m"), make_agent("nixl", "decode-1", "m")
+        tcp.register_memory("lease-1", torch.zeros(96, dtype=torch.bfloat16))
+        await tcp.start()
+        with pytest.raises(IntegrityError, match="over 'tcp' and this pod over 'nixl'"):
+            src = torch.ones(96, dtype=torch.bfloat16)
+            await nixl.write(tcp.metadata(), src, Descriptor("lease-1", 0, 192), "x")
+        await tcp.stop()
+        await nixl.stop()
+
+    run(main())
+
+
 def test_efa_never_falls_back_silently():
-    with pytest.raises(TransportUnavailable, match="needs NIXL"):
-        make_agent("efa", "decode-0", "m")
-    with pytest.raises(ValueError, match="choose tcp or efa"):
+    from neuronfleet.runtime.kv.nixl_transfer import libfabric_version
+
+    if libfabric_version() is None:  # this machine (Debian 12's libfabric is 1.17 and not installed)
+        with pytest.raises(TransportUnavailable, match=r"needs libfabric >= 1\.21"):
+            make_agent("efa", "decode-0", "m")
+        with pytest.raises(TransportUnavailable, match=r"needs libfabric >= 1\.21"):
+            make_agent("nixl", "decode-0", "m", backend="libfabric")
+    with pytest.raises(ValueError, match="choose one of tcp, nixl, efa"):
         make_agent("udp", "decode-0", "m")
+    with pytest.raises(ValueError, match="efa is NIXL over LIBFABRIC, not ucx"):
+        make_agent("efa", "decode-0", "m", backend="ucx")
     assert isinstance(make_agent("tcp", "d", "m"), TcpAgent)

@@ -1,0 +1,478 @@
+"""KV transfer over NIXL (ai-dynamo/nixl), the library vLLM's NixlConnector, SGLang and the vLLM Neuron
+plugin move KV caches with. The only module that imports it: PyPI `nixl-cu12==1.5.1`, import name `nixl_cu12`
+(or `nixl` where the meta package is installed), the extra `neuronfleet[nixl]`. Backends: UCX (any network;
+between processes of one machine it picks shared memory) and LIBFABRIC (EFA; needs libfabric >= 1.21).
+
+The decode pod reads (docs/disaggregation.md says why and what it costs). For each layer the prefill pod
+copies the keys and values into memory registered with its NIXL agent, hashes them (XXH3-64) and sends the
+decode pod's agent a NIXL notification `pull` that describes the write as the tcp path's header does
+(receiver identity, model, region, offset, dtype, shape), where to read it and its checksum. The decode pod
+checks it (`AgentBase.check`), reads the bytes into the leased region with a NIXL READ, hashes them, and
+answers with a notification `ack` (ok, or why not); a verified write is notified to the decode role as
+`<request>:<layer>`, as over tcp. The decode pod's memory is thus only ever written by reads it started under
+a live lease: a late or stalled writer can never land bytes in a region another request holds since.
+
+One thread per agent makes every NIXL call (NIXL's own progress thread spins a whole core, so it is off): it
+polls notifications and transfers every millisecond, every 0.1 ms while transfers are in flight.
+
+Faults for tests (docs/testing.md): where `NEURONFLEET_KV_FAULT_FILE` is set, the first agent that can take
+the fault written in that file takes it, once (the file is renamed): `flip` (a prefill pod flips a byte after
+hashing), `kill` (a prefill pod dies after its first pull), `stall` (a decode pod's read never completes),
+`cut` (a decode pod drops its connection to the writer before reading), `die` (a decode pod dies on a pull).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import ctypes.util
+import itertools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import xxhash
+
+from neuronfleet.runtime.kv.kv_transfer import (
+    AgentBase,
+    Descriptor,
+    Region,
+    Transfer,
+    TransportUnavailable,
+    tensor_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "nixl-cu12==1.5.1"  # pyproject's extra `nixl`
+BACKENDS = {"ucx": "UCX", "libfabric": "LIBFABRIC"}  # --kv-nixl-backend -> NIXL's plugin name
+LIBFABRIC_MIN = (1, 21)  # the NIXL LIBFABRIC plugin's floor (ai-dynamo/nixl README, "LIBFABRIC plugin")
+# what NIXL 1.5.1's LIBFABRIC plugin links against (ldd of nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so): each
+# must come from the image or the host; the Neuron DLCs carry libfabric in /opt/amazon/efa (the EFA installer)
+LIBFABRIC_PLUGIN_NEEDS = ("libfabric.so.1", "libhwloc.so.15", "libcudart.so.12", "libcuda.so.1")
+FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
+POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
+BUFFER_MIN = 64 * 1024  # export buffers come in powers of two from here, registered once and reused
+
+
+def _nixl_api():
+    """NIXL's Python API, or TransportUnavailable saying how to install it."""
+    try:
+        from nixl_cu12 import _api
+    except ImportError:
+        try:
+            from nixl import _api
+        except ImportError:
+            raise TransportUnavailable(
+                f"--kv-transport nixl needs NIXL: pip install 'neuronfleet[nixl]' ({PACKAGE}, in the runtime "
+                "images); it is not installed here. Or use --kv-transport tcp"
+            ) from None
+    return _api
+
+
+def libfabric_version() -> tuple[int, int] | None:
+    """The loadable libfabric's (major, minor) (its fi_version()), None when there is none."""
+    for name in (ctypes.util.find_library("fabric"), "libfabric.so.1", "/opt/amazon/efa/lib/libfabric.so.1"):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        lib.fi_version.restype = ctypes.c_uint32
+        version = lib.fi_version()
+        return version >> 16, version & 0xFFFF
+    return None
+
+
+def libfabric_problem() -> str:
+    """Why NIXL's LIBFABRIC backend cannot start here ("" when it can try)."""
+    version = libfabric_version()
+    if version is None:
+        return (
+            f"--kv-nixl-backend libfabric (and --kv-transport efa) needs libfabric >= "
+            f"{'.'.join(map(str, LIBFABRIC_MIN))} (libfabric.so.1): none is installed. On EFA instances "
+            "install AWS's EFA userspace (the EFA installer, /opt/amazon/efa; the AWS Neuron deep learning "
+            "containers carry it) and run the pod with its EFA devices; elsewhere use --kv-nixl-backend ucx"
+        )
+    if version < LIBFABRIC_MIN:
+        return (
+            f"--kv-nixl-backend libfabric needs libfabric >= {'.'.join(map(str, LIBFABRIC_MIN))}; the one "
+            f"installed is {version[0]}.{version[1]} (Debian 12 ships 1.17): install AWS's EFA userspace"
+        )
+    missing = []
+    for name in LIBFABRIC_PLUGIN_NEEDS[1:]:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            missing.append(name)
+    if missing:
+        return (
+            f"NIXL's LIBFABRIC plugin also needs {', '.join(missing)}, not found here (a libcuda.so.1 stub "
+            "serves on Neuron; libcudart.so.12 comes with pip's nvidia-cuda-runtime-cu12, libhwloc.so.15 "
+            "with hwloc)"
+        )
+    return ""
+
+
+@dataclass(eq=False)
+class _Outgoing:
+    """A pull this agent asked a receiver for: its handle, and the registered buffer the receiver reads."""
+
+    transfer: Transfer
+    buffer: torch.Tensor
+    remote: str
+    loop: asyncio.AbstractEventLoop
+    free_after: float = 0.0  # abandoned: the buffer is kept (a read may still be on its way) until then
+
+
+@dataclass(eq=False)
+class _Incoming:
+    """A read this agent is making for a writer's pull."""
+
+    writer: str
+    pull: dict[str, Any]
+    region: Region
+    handle: Any
+    deadline: float
+    stalled: bool = False
+
+
+class NixlAgent(AgentBase):
+    """A transfer agent over NIXL with the TcpAgent's interface: receivers `register_memory` and `start`,
+    writers `write_nowait` to a receiver's `metadata()`; notifications and checks are the same."""
+
+    transport_name = "nixl"
+
+    def __init__(self, name: str, model_id: str, backend: str = "ucx", stall_seconds: float = 30.0) -> None:
+        """`stall_seconds`: how long a read may take before the receiver gives it up (and answers so)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown NIXL backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        super().__init__(name, model_id, stall_seconds)
+        self.backend = backend
+        api = _nixl_api()
+        if backend == "libfabric" and (problem := libfabric_problem()):
+            raise TransportUnavailable(problem)
+        config = api.nixl_agent_config(enable_prog_thread=False, backends=[BACKENDS[backend]])
+        try:
+            self._nixl = api.nixl_agent(name, config)
+        except Exception as e:
+            raise TransportUnavailable(f"NIXL could not start an agent: {e}") from None
+        if BACKENDS[backend] not in self._nixl.backends:
+            raise TransportUnavailable(
+                f"NIXL's {BACKENDS[backend]} backend did not start here (plugins found: "
+                f"{', '.join(self._nixl.plugin_list) or 'none'})"
+            )
+        self._nixl_lock = threading.Lock()  # every NIXL call holds it (the agent is made without locks)
+        self._metadata = b""
+        self._registered: dict[int, int] = {}  # NIXL-registered memory: start address -> bytes
+        self._remotes: dict[str, str] = {}  # agents whose metadata NIXL holds: name -> that metadata
+        self._names: dict[str, str] = {}  # metadata -> the agent it names
+        self._outgoing: dict[str, _Outgoing] = {}
+        self._incoming: list[_Incoming] = []
+        self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
+        self._buffers: dict[int, list[torch.Tensor]] = {}  # free export buffers by size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kv-nixl-{name}", daemon=True)
+        self._thread.start()
+
+    # ---- memory ----
+
+    def _register(self, tensor: torch.Tensor) -> None:
+        """Register the memory under `tensor` with NIXL once (its whole storage: the staging pool's
+        regions are views of a few tensors, allocated at start-up)."""
+        storage = tensor.untyped_storage()
+        start, nbytes = storage.data_ptr(), storage.nbytes()
+        with self._nixl_lock:
+            if any(s <= start and start + nbytes <= s + n for s, n in self._registered.items()):
+                return
+            self._nixl.register_memory([(start, nbytes, 0, "")], "DRAM")
+            self._registered[start] = nbytes
+            self._metadata = b""  # a reader of this agent's memory needs the registration in the metadata
+
+    def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+        self._register(tensor)
+        return super().register_memory(name, tensor)
+
+    def _md(self) -> str:
+        with self._nixl_lock:
+            if not self._metadata:
+                self._metadata = self._nixl.get_agent_metadata()
+            return base64.b64encode(self._metadata).decode()
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "agent": self.name,
+            "transport": self.transport_name,
+            "backend": self.backend,
+            "nixl": self._md(),
+            "model": self.model_id,
+            "regions": {name: r.info for name, r in self.regions.items()},
+        }
+
+    async def start(self, port: int = 0) -> int:
+        """Notifications reach the event loop from here on (the port is NIXL's own business: 0)."""
+        self._loop = asyncio.get_running_loop()
+        return 0
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
+
+    # ---- writing (the prefill pod) ----
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        size = max(BUFFER_MIN, 1 << (nbytes - 1).bit_length())
+        free = self._buffers.setdefault(size, [])
+        if free:
+            return free.pop()
+        buffer = torch.empty(size, dtype=torch.uint8)
+        self._register(buffer)
+        return buffer
+
+    def write_nowait(
+        self, remote: dict[str, Any], src: torch.Tensor, dst: Descriptor, notification: str
+    ) -> Transfer:
+        """Offer `src` to the receiver, which reads it into its region at `dst`; the handle is done when the
+        receiver has verified the bytes."""
+        payload = tensor_bytes(src)
+        transfer = Transfer(nbytes=len(payload))
+        if mismatch := self.transport_mismatch(remote):
+            transfer.finish(mismatch, integrity=True)
+            return transfer
+        self._loop = self._loop or asyncio.get_running_loop()
+        buffer = self._buffer(len(payload))
+        staged = tensor_bytes(buffer)
+        staged[: len(payload)] = payload
+        digest = xxhash.xxh3_64_intdigest(staged[: len(payload)])
+        if _take_fault({"flip"}):
+            buffer[len(payload) // 2] ^= 0xFF
+        pull_id = f"{self.name}/{next(self._ids)}"
+        pull = {
+            **self.write_header(remote, src, dst, notification, len(payload)),
+            "op": "pull",
+            "id": pull_id,
+            "address": buffer.data_ptr(),
+            "xxh3": digest,
+            "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
+        }
+        self._outgoing[pull_id] = _Outgoing(transfer, buffer, remote["agent"], self._loop)
+        try:
+            receiver = self._load(remote["nixl"])  # the pull's `to` still names the lease's agent
+            with self._nixl_lock:
+                self._nixl.send_notif(receiver, json.dumps(pull).encode())
+        except Exception as e:
+            self._forget_remote(remote["agent"])
+            self._settle(pull_id, f"NIXL could not reach {remote['agent']}: {e}", integrity=False)
+            return transfer
+        if _take_fault({"kill"}):  # the prefill pod dies with its pull on the way
+            os.kill(os.getpid(), signal.SIGKILL)
+        return transfer
+
+    async def write(self, remote, src, dst, notification, timeout: float = 30.0) -> Transfer:
+        """Write and wait until the receiver verified it (IntegrityError, TransferError otherwise)."""
+        transfer = self.write_nowait(remote, src, dst, notification)
+        try:
+            return await transfer.wait(timeout)
+        except Exception:
+            if not transfer.integrity:
+                self.abandon(remote, transfer.error)
+            raise
+
+    def abandon(self, remote: dict[str, Any], reason: str) -> None:
+        """Give up on what this agent offered `remote`: pending handles fail now; their buffers are kept
+        until the receiver answers or could no longer be reading them."""
+        later = time.monotonic() + 2 * self.stall_seconds
+        for out in list(self._outgoing.values()):
+            if out.remote == remote["agent"] and not out.free_after:
+                out.free_after = later
+                out.loop.call_soon_threadsafe(out.transfer.finish, reason)
+
+    def _settle(self, pull_id: str, error: str, integrity: bool) -> None:
+        out = self._outgoing.pop(pull_id, None)
+        if out is None:
+            return
+        self._buffers.setdefault(out.buffer.numel(), []).append(out.buffer)
+        if not out.free_after:
+            out.loop.call_soon_threadsafe(out.transfer.finish, error, integrity)
+
+    def _load(self, metadata: str) -> str:
+        """Give NIXL the metadata of the agent it names, again whenever that changed (an agent that
+        registered more memory since: NIXL takes the new registrations and keeps the connection); returns the
+        name it holds, which is who a notification reaches (a lease of an earlier life names another)."""
+        with self._nixl_lock:
+            agent = self._names.get(metadata)
+            if agent is None or self._remotes.get(agent) != metadata:
+                name = self._nixl.add_remote_agent(base64.b64decode(metadata))
+                agent = name.decode() if isinstance(name, bytes) else str(name)
+                self._remotes[agent], self._names[metadata] = metadata, agent
+            return agent
+
+    def _forget_remote(self, agent: str) -> None:
+        with self._nixl_lock:
+            if (metadata := self._remotes.pop(agent, None)) is not None:
+                self._names.pop(metadata, None)
+                with contextlib.suppress(Exception):
+                    self._nixl.remove_remote_agent(agent)
+
+    # ---- the agent's thread ----
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                busy = self._poll()
+            except Exception:
+                log.exception("the NIXL agent's thread hit an error; it goes on")
+                busy = False
+            time.sleep(POLL_BUSY if busy else POLL_IDLE)
+
+    def _poll(self) -> bool:
+        with self._nixl_lock:
+            notifications = self._nixl.get_new_notifs()
+        for writer, messages in notifications.items():
+            writer = writer.decode() if isinstance(writer, bytes) else writer
+            for raw in messages:
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    log.warning("agent %s sent a notification that is not JSON; ignored", writer)
+                    continue
+                if message.get("op") == "pull":
+                    self._pull(writer, message)
+                elif message.get("op") == "ack":
+                    self._settle(str(message.get("id")), str(message.get("error", "")),
+                                 bool(message.get("integrity")))  # fmt: skip
+        self._progress()
+        now = time.monotonic()
+        for pull_id, out in list(self._outgoing.items()):  # abandoned and never answered
+            if out.free_after and now > out.free_after:
+                self._settle(pull_id, "", False)
+        return bool(self._incoming or self._cancelling or self._outgoing)
+
+    def _ack(self, writer: str, pull: dict[str, Any], error: str = "", integrity: bool = False) -> None:
+        """Answer a pull; where the connection to its writer broke, connect again from the metadata the
+        pull carried (the writer waits for this answer)."""
+        pull_id = str(pull.get("id"))
+        answer = {"op": "ack", "id": pull_id, **({"error": error, "integrity": integrity} if error else {})}
+        for attempt in range(2):
+            try:
+                if attempt:
+                    self._load(str(pull.get("md")))
+                with self._nixl_lock:
+                    self._nixl.send_notif(writer, json.dumps(answer).encode())
+                return
+            except Exception as e:
+                failure = e
+        log.info("could not answer %s's pull %s: %s", writer, pull_id, failure)
+
+    def _pull(self, writer: str, pull: dict[str, Any]) -> None:
+        """A writer offers a layer: check it, pin the region and start reading."""
+        try:
+            if self._load(str(pull.get("md"))) != writer:
+                raise ValueError(f"they name another agent than {writer}")
+        except Exception as e:
+            return self._ack(writer, pull, f"refused: the writer's NIXL metadata did not load: {e}", True)
+        with self._lock:  # checked and pinned at once: a lease ending cannot slip in between
+            problem = self.check(pull)
+            region = None if problem else self.regions[pull["region"]]
+            if region is not None:
+                region.receiving += 1
+        if region is None:
+            return self._ack(writer, pull, problem, integrity=True)
+        if (fault := _take_fault({"cut", "stall", "die"})) == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault == "cut":
+            self._forget_remote(writer)
+        target = region.view[pull["offset"] : pull["offset"] + pull["nbytes"]]
+        local_address = region.tensor.data_ptr() + pull["offset"]
+        try:
+            with self._nixl_lock:
+                local = self._nixl.get_xfer_descs([(local_address, len(target), 0)], "DRAM")
+                source = self._nixl.get_xfer_descs([(int(pull["address"]), len(target), 0)], "DRAM")
+                handle = self._nixl.initialize_xfer("READ", local, source, writer)
+                state = self._nixl.transfer(handle)
+        except Exception as e:
+            with self._lock:
+                region.receiving -= 1
+            self._forget_remote(writer)
+            return self._ack(writer, pull, f"the NIXL read from {writer} failed: {e}")
+        reading = _Incoming(
+            writer, pull, region, handle, time.monotonic() + self.stall_seconds, fault == "stall"
+        )
+        if state == "ERR":
+            return self._finish(reading, "ERR")
+        self._incoming.append(reading)
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        for reading in list(self._incoming):
+            with self._nixl_lock:
+                state = self._nixl.check_xfer_state(reading.handle)
+            if reading.stalled:
+                state = "PROC"  # the fault: as if the link carried nothing more
+            if state != "PROC" or now > reading.deadline:
+                self._incoming.remove(reading)
+                self._finish(reading, "TIMEOUT" if state == "PROC" else state)
+        for reading in list(self._cancelling):
+            if self._release(reading):
+                self._cancelling.remove(reading)
+
+    def _release(self, reading: _Incoming) -> bool:
+        """Release the read's handle (NIXL cancels it if it is still on its way); True once its region's
+        memory can no longer be written by it."""
+        try:
+            with self._nixl_lock:
+                self._nixl.release_xfer_handle(reading.handle)
+        except Exception:
+            return False
+        with self._lock:
+            reading.region.receiving -= 1
+        return True
+
+    def _finish(self, reading: _Incoming, state: str) -> None:
+        pull, writer = reading.pull, reading.writer
+        if state == "DONE":
+            target = reading.region.view[pull["offset"] : pull["offset"] + pull["nbytes"]]
+            ok = xxhash.xxh3_64_intdigest(target) == pull.get("xxh3")
+        if not self._release(reading):
+            self._cancelling.append(reading)  # its region stays pinned until NIXL lets it go
+        if state == "TIMEOUT":
+            return self._ack(writer, pull, f"the NIXL read from {writer} passed its {self.stall_seconds} s")
+        if state != "DONE":
+            self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
+            return self._ack(writer, pull, f"the NIXL read from {writer} failed ({state})")
+        if not ok:
+            return self._ack(writer, pull, "checksum mismatch: the bytes arrived corrupted", True)
+        if self.regions.get(pull["region"]) is not reading.region:
+            return self._ack(writer, pull, f"region {pull['region']!r} was deregistered (its lease ended) "
+                             "meanwhile", True)  # fmt: skip
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._notify, writer, pull["notification"])
+        self._ack(writer, pull)
+
+
+def _take_fault(kinds: set[str]) -> str | None:
+    """The fault written in $NEURONFLEET_KV_FAULT_FILE when it is one of `kinds` and this process is the
+    first to take it (tests only; see the module's docstring)."""
+    path = os.environ.get(FAULT_FILE_ENV)
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            kind = json.load(f).get("kind")
+        if kind not in kinds:
+            return None
+        os.rename(path, f"{path}.taken.{os.getpid()}")  # atomic: one process takes it
+    except (OSError, ValueError):
+        return None
+    return kind
