@@ -49,7 +49,8 @@ ARG TORCH_INDEX_URL
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY --from=sources /src/ ./
-RUN pip install -c constraints.txt --extra-index-url "${TORCH_INDEX_URL}" . && rm -rf /src
+# the nixl extra: NIXL (nixl-cu12, UCX and the LIBFABRIC plugin bundled) for --kv-transport nixl
+RUN pip install -c constraints.txt --extra-index-url "${TORCH_INDEX_URL}" '.[nixl]' && rm -rf /src
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
 USER 10001:10001
 WORKDIR /
@@ -63,10 +64,15 @@ LABEL dev.neuronfleet.neuron-sdk="${NEURON_SDK_VERSION}"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY --from=sources /src/ ./
-# torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies
+# torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies, and
+# NIXL (without deps: its torch and numpy are the base image's). NIXL's LIBFABRIC plugin (--kv-transport efa)
+# loads libfabric >= 1.21 from AWS's EFA userspace, which the Neuron deep learning containers carry
+# (/opt/amazon/efa), and libhwloc.so.15, libcudart.so.12 and a libcuda.so.1 stub: `neuronfleet serve` names
+# whichever is missing at start (docs/disaggregation.md).
 RUN pip install --no-deps . \
     && pip install -c constraints.txt aiohttp prometheus-client pydantic PyYAML safetensors tokenizers jinja2 \
        xxhash \
+    && pip install --no-deps -c constraints.txt nixl-cu12 \
     && rm -rf /src
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin neuronfleet
 USER 10001:10001

@@ -165,7 +165,7 @@ def serving_resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     extended: dict[str, str] = {}
     if cores:
         extended["aws.amazon.com/neuroncore"] = str(cores)
-    if role in ("prefill", "decode") and s.kvTransfer.transport == "efa" and s.kvTransfer.efaInterfaces:
+    if role in ("prefill", "decode") and s.kvTransfer.over_efa and s.kvTransfer.efaInterfaces:
         extended["vpc.amazonaws.com/efa"] = str(s.kvTransfer.efaInterfaces)
     requests.update(extended)  # extended resources: requests equal limits
     limits.update(extended)

@@ -326,16 +326,22 @@ def default_max_input_length(engine: str, sequence_length: int) -> int:
 
 
 def default_transport(engine: str) -> str:
-    """The KV transport of a spec that names none: tcp for the embedded engine (its efa transport is not
-    built), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang)."""
+    """The KV transport of a spec that names none: tcp for the embedded engine (it runs anywhere, no extra
+    package), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang)."""
     return "tcp" if engine == "embedded" else "efa"
 
 
 class KVTransfer(Spec):
-    transport: Literal["efa", "tcp"] | None = Field(
+    transport: Literal["efa", "tcp", "nixl"] | None = Field(
         None,
-        description="KV cache transport between prefill and decode pods: tcp, or efa (NIXL over LIBFABRIC, "
-        "needs EFA devices). Default: tcp for engine embedded, efa for the other engines.",
+        description="KV cache transport between prefill and decode pods: tcp (engine embedded: its own), "
+        "nixl (engine embedded: NIXL with kvTransfer.backend), or efa (NIXL over LIBFABRIC on the pods' EFA "
+        "devices). Default: tcp for engine embedded, efa for the other engines.",
+    )
+    backend: Literal["ucx", "libfabric"] | None = Field(
+        None,
+        description="Transport nixl: NIXL's backend, ucx (any network; the default) or libfabric (EFA, as "
+        "transport efa).",
     )
     efaInterfaces: int = Field(
         1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
@@ -346,6 +352,11 @@ class KVTransfer(Spec):
         "sliding-window models the table knows (GPT-OSS), NixlConnector otherwise; name NeuronNixlConnector "
         "for any other model whose attention slides.",
     )
+
+    @property
+    def over_efa(self) -> bool:
+        """Whether the pods move KV caches over their EFA devices (efa, or nixl with LIBFABRIC)."""
+        return self.transport == "efa" or (self.transport == "nixl" and self.backend == "libfabric")
 
 
 @rules(

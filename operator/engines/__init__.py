@@ -171,14 +171,17 @@ def serve_config(
                 pod["model"] = served_model_folder(spec, compile_hash)
                 pod["peer_kv_events"] = KV_EVENTS_CONFIG  # where they publish and answer replays
             return engine_router_config(spec, port).model_copy(update=pod)
+    kv = spec.serving.kvTransfer
     if role in ("prefill", "decode"):
-        pod["kv_transport"] = spec.serving.kvTransfer.transport
+        pod["kv_transport"] = kv.transport
+        if kv.transport == "nixl":
+            pod["kv_nixl_backend"] = kv.backend or "ucx"
     sampling = spec.serving.sampling.generation_config()
     if role in ("unified", "router") and sampling:  # the pods that parse requests (our router, not a door)
         pod["override_generation_config"] = json.dumps(sampling)
     if publishes_kv_events(spec, role):  # the router places by its events
         pod["kv_events_config"] = KV_EVENTS_CONFIG
-    if role == "decode":  # prefill pods send KV caches to the pod's own IP
+    if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
     if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
         pod["internal_token_file"] = INTERNAL_TOKEN_FILE

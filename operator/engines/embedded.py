@@ -17,8 +17,14 @@ def image(spec: NeuronModelSpec) -> str:
 
 
 def serve(config: ServeConfig, spec: NeuronModelSpec) -> Container:
-    """`neuronfleet serve` with a role's options (`engines.serve_config`)."""
-    return Container(own_image(spec), ["neuronfleet", "serve", *config.to_args()])
+    """`neuronfleet serve` with a role's options (`engines.serve_config`). Prefill and decode pods moving KV
+    caches over EFA (NIXL's LIBFABRIC backend) turn off the EFA provider's shared-memory path, which the
+    Neuron disaggregated-inference tutorial requires when a prefill and a decode pod share a node
+    (`vllm_plugin.DI_TUTORIAL`); their EFA devices and IPC_LOCK come with every EFA pod (pod_parts)."""
+    env = {}
+    if config.role in ("prefill", "decode") and spec.serving.kvTransfer.over_efa:
+        env["FI_EFA_ENABLE_SHM_TRANSFER"] = "0"  # the scheduler may put P and D on one node
+    return Container(own_image(spec), ["neuronfleet", "serve", *config.to_args()], env=env)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:

@@ -51,6 +51,7 @@ class LeasePool:
         per_region = layers * 2 * kv_heads * max_tokens * head_dim
         # zeros, not empty: every page is touched now rather than during a transfer
         self.regions = [torch.zeros(per_region, dtype=dtype) for _ in range(count)]
+        agent.prepare(self.regions)
         self.free = list(range(count))
         self.leases: dict[str, tuple[Lease, int]] = {}
         self.draining: list[tuple[int, object]] = []  # (index, the agent's Region) still receiving

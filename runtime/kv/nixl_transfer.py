@@ -200,6 +200,10 @@ class NixlAgent(AgentBase):
             self._registered[start] = nbytes
             self._metadata = b""  # a reader of this agent's memory needs the registration in the metadata
 
+    def prepare(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            self._register(tensor)
+
     def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
         self._register(tensor)
         return super().register_memory(name, tensor)

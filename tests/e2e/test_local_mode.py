@@ -199,8 +199,10 @@ def test_a_disaggregated_model_serves_through_router_prefill_and_decode(local):
     )
     # the router loads no model: it says `auto`, which each prefill and decode pod resolves for its own CPU
     assert (info["model_dtype"], info["max_input_tokens"], info["max_total_tokens"]) == ("auto", 384, 512)
-    # the answer came through a KV handoff, not a fallback
+    # the answer came through a KV handoff over NIXL (the sample's transport), not a fallback
     (decode,) = local.pods("neuronfleet.dev/role=decode")
+    command = decode["spec"]["containers"][0]["command"]
+    assert command[command.index("--kv-transport") + 1 :][:3] == ["nixl", "--kv-nixl-backend", "ucx"]
     (svc,) = local.get("services", "-l", "neuronfleet.dev/role=decode")["items"]  # the set's own Service
     service_name = svc["metadata"]["name"]
     slices = local.get("endpointslices", "-l", f"kubernetes.io/service-name={service_name}")["items"]

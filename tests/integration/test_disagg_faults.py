@@ -1,15 +1,20 @@
 """Every failure of docs/disaggregation.md, injected into a real disaggregated fleet started from the command
-line (router, one prefill pod, two decode pods, all on 127.0.0.1): corrupted, stalled and cut KV transfers,
-a lease that expires, a prefill pod killed mid-transfer, decode pods killed before and during a stream, pods
-restarting with new identities, no pod left. Each time the client gets exactly the unified greedy answer (or,
-when nothing can serve, a clear 503), the fallback is counted, and no lease or staging region stays held.
+line (router, one prefill pod, two decode pods, all on 127.0.0.1), once with each KV transport (tcp, and NIXL
+over UCX): corrupted, stalled and cut KV transfers, a lease that expires, a prefill pod killed mid-transfer,
+decode pods killed before and during a stream, pods restarting with new identities, no pod left. Each time
+the client gets exactly the unified greedy answer (or, when nothing can serve, a clear 503), the fallback is
+counted, and no lease or staging region stays held.
 
-The decode pods advertise a fault-injecting proxy (tests/kv_faults.py) as their KV address, so every KV byte
-crosses it."""
+Over tcp the decode pods advertise a fault-injecting proxy (tests/kv_faults.py) as their KV address, so every
+KV byte crosses it. NIXL's bytes cross no socket of ours (between processes of one machine UCX reads shared
+memory): there the pods take a fault from the file `NEURONFLEET_KV_FAULT_FILE` names
+(runtime/kv/nixl_transfer.py) at the same points: a byte flipped after hashing, a read that stalls, a
+connection dropped before the read, a decode or prefill pod that dies mid-transfer."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -42,25 +47,33 @@ KV_WAIT = 20  # seconds; long enough for a handoff on a loaded machine, short en
 LEASE_TTL = 30  # seconds a lease lives unused; long enough for a prefill and its push on a loaded machine
 
 
-class FaultyFleet(Fleet):
-    """Router, one prefill pod and two decode pods whose KV addresses are fault-injecting proxies sharing one
-    fault plan."""
+FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
+# over NIXL: the fault the pods take for each of the proxy's (a decode pod dies, a prefill pod dies)
+NIXL_FAULTS = {"flip": "flip", "stall": "stall", "cut": "cut", "decode": "die", "prefill": "kill"}
 
-    def __init__(self, model_dir, tmp_path) -> None:
+
+class FaultyFleet(Fleet):
+    """Router, one prefill pod and two decode pods moving KV caches over `transport`; over tcp the decode
+    pods' KV addresses are fault-injecting proxies sharing one fault plan, over NIXL the pods read a fault
+    file."""
+
+    def __init__(self, model_dir, tmp_path, transport: str) -> None:
         (tmp_path / "token").write_text(TOKEN)
         # --kv-wait: how long a handoff may take before the decode pod prefills itself (a stalled transfer
         # costs that, and twice that until its staging region is free); a loaded machine needs many seconds
         common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"),
-                  "--kv-wait", str(KV_WAIT), *EXACT_DTYPE_OPTIONS)  # fmt: skip
+                  "--kv-wait", str(KV_WAIT), "--kv-transport", transport, *EXACT_DTYPE_OPTIONS)  # fmt: skip
         super().__init__(model_dir, tmp_path, common)
+        self.transport, self.fault_file = transport, tmp_path / "kv-fault"
         self.plan = FaultPlan()
         self.proxies: dict[str, FaultyProxy] = {}
         for name in ("decode-a", "decode-b"):
-            kv_port = free_port()
-            proxy = self.proxies[name] = FaultyProxy(name, kv_port, self.plan)
-            self.add(name, "--role", "decode", "--slots", str(SLOTS), "--kv-port", str(kv_port),
-                     "--kv-advertise", f"127.0.0.1:{proxy.port}",
-                     "--kv-lease-ttl", str(LEASE_TTL))  # fmt: skip
+            options = ("--role", "decode", "--slots", str(SLOTS), "--kv-lease-ttl", str(LEASE_TTL))
+            if transport == "tcp":
+                kv_port = free_port()
+                proxy = self.proxies[name] = FaultyProxy(name, kv_port, self.plan)
+                options += ("--kv-port", str(kv_port), "--kv-advertise", f"127.0.0.1:{proxy.port}")
+            self.add(name, *options)
         self.add("prefill", "--role", "prefill", "--slots", "2")
         decode = [x for n in ("decode-a", "decode-b") for x in ("--decode", self.url(n))]
         self.router = self.add("router", "--role", "router", "--prefill", self.url("prefill"), *decode,
@@ -72,6 +85,36 @@ class FaultyFleet(Fleet):
         for proxy in self.proxies.values():
             proxy.close()
         super().close()
+
+    def arm(self, fault: str) -> None:
+        """The next handoff breaks: `flip`, `stall` or `cut` its bytes, or kill the `decode` pod receiving
+        it or the `prefill` pod sending it."""
+        self.killed: list[str] = []
+        self.taken_before = len(self.plan.taken)
+        if self.transport != "tcp":
+            self.fault_file.write_text(json.dumps({"kind": NIXL_FAULTS[fault]}))
+        elif fault in ("decode", "prefill"):
+            kill = (lambda proxy: (self.killed.append(proxy), self.kill(proxy))) if fault == "decode" else (
+                lambda proxy: (self.killed.append("prefill"), self.kill("prefill")))  # fmt: skip
+            self.plan.arm("call", at=5000, call=kill)
+        else:
+            self.plan.arm(fault, at=5000)  # inside the first layer's payload
+
+    def taken(self) -> list[str]:
+        """The servers that took the armed fault: the pod killed, else the decode pod whose bytes broke;
+        empty when none did."""
+        if self.transport == "tcp":
+            return self.killed or [name for name, _ in self.plan.taken[self.taken_before :]]
+        pids = {self.servers[n].pid: n for n in self.servers}
+        taken = [p for p in self.fault_file.parent.glob(self.fault_file.name + ".taken.*")]
+        for path in taken:
+            path.unlink()
+        return [pids.get(int(path.suffix[1:]), path.suffix) for path in taken]
+
+    def release(self) -> None:
+        """End connections the fault stalled (over NIXL the receiver's deadline ends a stalled read)."""
+        for proxy in self.proxies.values():
+            proxy.release()
 
     def status(self, name: str) -> dict:
         return get_json(self.url(name) + "/internal/status", AUTH)
@@ -93,13 +136,21 @@ class FaultyFleet(Fleet):
         self.servers["router"].wait_until(predicate, what)
 
 
-@pytest.fixture(scope="module")
-def fleet(smollm2_dir, tmp_path_factory):
-    f = FaultyFleet(smollm2_dir, tmp_path_factory.mktemp("fleet"))
+@pytest.fixture(scope="module", params=["tcp", "nixl"])
+def fleet(smollm2_dir, tmp_path_factory, request):
+    logs = tmp_path_factory.mktemp(f"fleet-{request.param}")
+    before = os.environ.get(FAULT_FILE_ENV)
+    os.environ[FAULT_FILE_ENV] = str(logs / "kv-fault")  # the pods (and their restarts) inherit it
+    f = None
     try:
+        f = FaultyFleet(smollm2_dir, logs, request.param)
         yield f
     finally:
-        f.close()
+        if f is not None:
+            f.close()
+        os.environ.pop(FAULT_FILE_ENV)
+        if before is not None:
+            os.environ[FAULT_FILE_ENV] = before
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +195,11 @@ def test_the_fleet_answers_like_a_unified_server_with_kv_handed_over(fleet, want
 )
 def test_a_broken_kv_transfer_falls_back_to_prefill_on_the_decode_pod(fleet, want, fault, reason):
     before = fleet.fallbacks(reason)
-    fleet.plan.arm(fault, at=5000)  # inside the first layer's payload
+    fleet.arm(fault)
     assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
-    assert fleet.plan.taken[-1][1] == fault
+    assert len(fleet.taken()) == 1
     assert fleet.fallbacks(reason) == before + 1
-    for proxy in fleet.proxies.values():
-        proxy.release()
+    fleet.release()
     # nothing stays held: a region that a stalled payload was landing in is free once the receiver gives up
     fleet.wait_until(fleet.all_leases_free, what="every staging region to be free again")
     assert fleet.metric(("decode-a", "decode-b"), "neuronfleet:kv_leases_active") == 0
@@ -201,18 +251,13 @@ def test_the_internal_endpoints_answer_401_without_the_token_and_change_nothing(
 def test_a_decode_pod_that_dies_before_streaming_is_replaced_and_comes_back(fleet, want):
     """The decode pod holding the lease is killed while the KV cache is on its way to it: the router starts
     over on the other decode pod. Restarted (a new identity), the pod is back in rotation."""
-    killed = []
-
-    def kill_decode_pod(proxy: str) -> None:
-        killed.append(proxy)
-        fleet.kill(proxy)
-
     retries = fleet.metric("router", "neuronfleet:router_retries_total", kind="retry")
-    fleet.plan.arm("call", at=5000, call=kill_decode_pod)
+    fleet.arm("decode")
     assert ask(fleet, QUESTIONS[0]) == want[QUESTIONS[0]]
-    assert len(killed) == 1
+    killed = fleet.taken()
+    assert len(killed) == 1 and killed[0] in ("decode-a", "decode-b")
     assert fleet.metric("router", "neuronfleet:router_retries_total", kind="retry") == retries + 1
-    fleet.proxies[killed[0]].release()
+    fleet.release()
     fleet.wait_until(lambda: fleet.healthy_peers("decode") == 1,
                what="the router to drop the dead decode pod")  # fmt: skip
     assert ask(fleet, QUESTIONS[1]) == want[QUESTIONS[1]]  # served by the other pod meanwhile
@@ -251,11 +296,11 @@ def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want):
     """Killed while pushing: the decode pod prefills (`prefill_failed`); while it is down the router sends no
     push (`no_prefill_pod`); restarted with a new identity, it is re-added and pushes again."""
     before = fleet.fallbacks("prefill_failed")
-    fleet.plan.arm("call", at=5000, call=lambda proxy: fleet.kill("prefill"))
+    fleet.arm("prefill")
     assert ask(fleet, QUESTIONS[2]) == want[QUESTIONS[2]]
+    assert fleet.taken() == ["prefill"]
     assert fleet.fallbacks("prefill_failed") == before + 1
-    for proxy in fleet.proxies.values():
-        proxy.release()
+    fleet.release()
     fleet.wait_until(lambda: fleet.healthy_peers("prefill") == 0,
                what="the router to drop the dead prefill pod")  # fmt: skip
     before = fleet.fallbacks("no_prefill_pod")

@@ -20,8 +20,8 @@ from neuronfleet.runtime.kv.kv_transfer import (
     TcpAgent,
     TransferError,
     TransportUnavailable,
-    make_agent,
 )
+from neuronfleet.runtime.kv.transports import make_agent
 
 
 def run(coro):

@@ -47,7 +47,8 @@ def test_every_option_renders_and_parses_back():
     config = ServeConfig(
         model="/m", role="decode", host="0.0.0.0", port=9000, slots=3, max_seq_len=128, max_input_len=64,
         prefill_buckets=[16, 64], decode_buckets=[32, 128], prefill=["http://a:1", "http://b:2"],
-        decode=["dns://d:3"], served_model_name="x", kv_transport="efa", kv_port=7001,
+        decode=["dns://d:3"], served_model_name="x", kv_transport="nixl", kv_port=7001,
+        kv_nixl_backend="libfabric",
         internal_token_file="/t", dtype="bfloat16", quantization="int4", prefix_reuse=False, kv_leases=2,
         decode_graph=False,
         kv_wait=1.5,

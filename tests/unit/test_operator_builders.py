@@ -25,7 +25,8 @@ from neuronfleet.contract import (
 from neuronfleet.operator import builders, engines, pod_parts, validation
 from neuronfleet.operator.spec import SecretKeyRef
 
-SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+SAMPLES_DIR = ROOT / "crds" / "samples"
+SAMPLES = sorted(SAMPLES_DIR.glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # oldest and newest this project supports
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
 
@@ -334,8 +335,10 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
     own pods to prefill and decode pods."""
     import base64
 
-    spec = sample("smollm2-135m-local-cpu-disaggregated.yaml")
-    assert spec.serving.networkPolicy and spec.serving.kvTransfer.transport == "tcp"
+    obj = yaml.safe_load((SAMPLES_DIR / "smollm2-135m-local-cpu-disaggregated.yaml").read_text())
+    obj["spec"]["serving"]["kvTransfer"] = {"transport": "tcp"}  # (the sample's is nixl)
+    spec, _ = validation.parse(obj)
+    assert spec.serving.networkPolicy
     objs = by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec), internal_token="t0k3n"))
     (secret,) = objs["Secret"]
     assert secret["metadata"]["name"] == "m-internal"
@@ -408,3 +411,55 @@ def test_the_source_probe_is_valid_reads_only_the_source_and_takes_the_token_onl
     tokens = [e for e in c["env"] if e["name"] in HF_TOKEN_ENVS]
     assert bool(tokens) == (spec.model.uri.startswith("hf://") and spec.model.secretRef is not None)
     assert all("valueFrom" in e for e in tokens)
+
+
+@pytest.mark.parametrize(
+    ("kv", "flags", "efa"),
+    [
+        ({"transport": "nixl"}, ["--kv-transport", "nixl", "--kv-nixl-backend", "ucx"], False),
+        (
+            {"transport": "nixl", "backend": "libfabric"},
+            ["--kv-transport", "nixl", "--kv-nixl-backend", "libfabric"],
+            True,
+        ),
+        ({"transport": "efa", "efaInterfaces": 2}, ["--kv-transport", "efa"], True),
+    ],
+)
+def test_embedded_nixl_pods_carry_what_their_backend_needs(kv, flags, efa):
+    """The embedded engine's NIXL pods: the transport and backend on the command line; over EFA (LIBFABRIC)
+    the EFA devices (requests = limits), IPC_LOCK (libfabric pins registered memory) and the EFA provider's
+    shared-memory path off (the Neuron DI tutorial: P and D may share a node); no tcp KV port or pod IP
+    (NIXL's metadata carries its addresses). Strictly valid Kubernetes."""
+    obj = yaml.safe_load(
+        (ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml").read_text()
+    )
+    obj["spec"]["serving"]["kvTransfer"] = kv
+    obj["spec"]["image"] = "registry.example/neuronfleet-runtime-efa:1"
+    spec, errors = validation.parse(obj)
+    assert not errors and validation.validate(spec).ok, validation.validate(spec).errors
+    deps = {
+        d["metadata"]["labels"]["neuronfleet.dev/role"]: d
+        for d in by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec)))["Deployment"]
+    }
+    for role in ("prefill", "decode"):
+        c = container(deps[role])
+        at = c["command"].index("--kv-transport")
+        assert c["command"][at : at + len(flags)] == flags, c["command"]
+        assert "--kv-port" not in c["command"] and "kv" not in [p["name"] for p in c["ports"]]
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert "POD_IP" not in env
+        limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+        caps = c["securityContext"]["capabilities"]
+        if efa:
+            assert (
+                limits["vpc.amazonaws.com/efa"]
+                == requests["vpc.amazonaws.com/efa"]
+                == str(kv.get("efaInterfaces", 1))
+            )
+            assert caps.get("add") == ["IPC_LOCK"] and env["FI_EFA_ENABLE_SHM_TRANSFER"] == "0"
+        else:
+            assert "vpc.amazonaws.com/efa" not in limits and "add" not in caps
+            assert "FI_EFA_ENABLE_SHM_TRANSFER" not in env
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(deps[role], version, strict=True)
+    assert "--kv-transport" not in container(deps["router"])["command"]

@@ -338,21 +338,51 @@ def test_the_embedded_engine_on_neuron_is_refused_naming_what_runs_there(change,
     assert any(message in e for e in report.errors), report.errors
 
 
-def test_kv_transfer_over_efa_with_the_embedded_engine_is_refused_saying_tcp():
+@pytest.mark.parametrize(
+    ("kv", "image", "message"),
+    [
+        (  # EFA needs an image with AWS's EFA userspace: ours has NIXL, not EFA's libfabric
+            {"transport": "efa"},
+            None,
+            "kvTransfer.transport efa (NIXL over LIBFABRIC on the pods' EFA devices) needs a runtime image "
+            "with AWS's EFA userspace",
+        ),
+        (
+            {"transport": "nixl", "backend": "libfabric"},
+            None,
+            "kvTransfer.transport nixl with backend libfabric (NIXL over LIBFABRIC on the pods' EFA devices)",
+        ),
+        (
+            {"transport": "tcp", "backend": "ucx"},
+            None,
+            "serving.kvTransfer.backend ucx: a NIXL backend is chosen for kvTransfer.transport nixl only",
+        ),
+        (
+            {"transport": "nixl", "efaInterfaces": 2},
+            None,
+            "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
+            "kvTransfer.transport efa (or nixl with backend libfabric) only",
+        ),
+        ({"transport": "nixl"}, None, ""),  # UCX: any network, the runtime-cpu image
+        ({"transport": "efa"}, "registry.example/neuronfleet-runtime-efa:1", ""),
+    ],
+)
+def test_the_embedded_engine_moves_kv_over_nixl_and_over_efa_with_an_image_that_has_it(kv, image, message):
     obj = load(CPU_DISAGGREGATED)
-    obj["spec"]["serving"]["kvTransfer"] = {"transport": "efa"}
-    assert validation.check(obj).errors == [
-        "kvTransfer.transport efa is not built for engine embedded (neuronfleet's runtime moves KV caches "
-        "over tcp only); use kvTransfer.transport tcp, the embedded engine's default"
-    ]
-    # on a Neuron instance (refused there anyway) it names the engines that move KV caches over EFA
-    efa = {"mode": "disaggregated", "prefill": {}, "decode": {}, "kvTransfer": {"transport": "efa"}}
-    obj = edited(lambda s: s.update(engine="embedded", serving=efa))
-    obj["spec"]["neuron"]["instanceType"] = "trn3.48xlarge"
-    assert any(
-        e.endswith("the embedded engine's default, or engine vllm or sglang for KV transfer over EFA")
-        for e in validation.check(obj).errors
-    ), validation.check(obj).errors
+    obj["spec"]["serving"]["kvTransfer"] = kv
+    if image:
+        obj["spec"]["image"] = image
+    errors = validation.check(obj).errors
+    assert any(message in e for e in errors) if message else errors == [], errors
+
+
+def test_nixl_is_the_embedded_engines_name_for_its_transport_the_others_use_efa():
+    spec = load(ROOT / "crds" / "samples" / "gpt-oss-120b-sglang-trn3-disaggregated.yaml")
+    spec["spec"]["serving"]["kvTransfer"] = {"transport": "nixl"}
+    wanted = (
+        "engine sglang moves KV caches with its own NIXL connector over LIBFABRIC: use kvTransfer.transport"
+    )
+    assert any(wanted + " efa" in e for e in validation.check(spec).errors)
 
 
 def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
@@ -370,12 +400,13 @@ def test_the_kv_transport_defaults_to_tcp_for_embedded_and_efa_for_the_others():
         left_out = copy.deepcopy(named)
         kv = left_out["spec"]["serving"]["kvTransfer"]
         kv.pop("transport")
+        kv.pop("backend", None)  # (the disaggregated local sample names nixl with its backend)
         openapi_validate(left_out, schema)
         parsed, errors = validation.parse(left_out)
         assert not errors and validation.validate(parsed).ok, validation.validate(parsed).errors
         assert parsed.serving.kvTransfer.transport == default
         assert "transport" not in parsed.serving.kvTransfer.model_fields_set
-        named["spec"]["serving"]["kvTransfer"]["transport"] = default
+        named["spec"]["serving"]["kvTransfer"] = {**kv, "transport": default}
         explicit = validation.parse(named)[0]
         chash = builders.compile_hash(explicit)
         assert builders.compile_hash(parsed) == chash
