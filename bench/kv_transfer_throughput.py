@@ -1,16 +1,19 @@
-"""KV transfer throughput: neuronfleet's `tcp` transport against a raw socket sending the same bytes over
-loopback, and NIXL (ai-dynamo/nixl, the library vLLM's NixlConnector and SGLang use) with its UCX backend,
-in the same run.
+"""KV transfer throughput: neuronfleet's two transports, `tcp` and `nixl` (over NIXL's UCX backend), against
+a raw socket sending the same bytes over loopback and against NIXL's own WRITE and READ (ai-dynamo/nixl, the
+library vLLM's NixlConnector and SGLang use), in the same run.
 
 The payload is one request's KV cache, layer by layer, as a prefill pod sends it: for SmolLM2-135M
 (30 layers, 3 KV heads, head dim 64, bfloat16) at --tokens prompt tokens, each layer's K and V in one write.
 Ours: `TcpAgent.write_nowait` per layer (header, payload straight into the receiver's registered memory,
 XXH3-64 check on both ends, an acknowledgement per write), timed until every write is verified. Raw: one
 blocking `sendall` per layer into a receiver that `recv_into`s a preallocated buffer, no header, no checksum,
-one acknowledgement at the end. NIXL (with `pip install 'neuronfleet[nixl]'`; skipped without it): the
+one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the layer copied into
+registered memory and hashed, a notification; the decode side checks it, READs it, hashes it and answers),
+timed until every layer is verified. NIXL (with `pip install 'neuronfleet[nixl]'`; skipped without it): the
 decode side's agent registers its region, the prefill side's its layers; `nixl write` is one WRITE of the 30
 layers from the prefill side with a notification, timed until the decode side has seen it; `nixl read` is
-one READ of the 30 layers by the decode side, timed until it is done. UCX chooses its transport (on one
+one READ of the 30 layers by the decode side, timed until it is done; each side polls NIXL itself, as ours
+does (NIXL's progress thread, which spins a core, is off everywhere). UCX chooses its transport (on one
 machine, shared memory); `--ucx-tls tcp` makes it use TCP, as between two nodes without RDMA. Each receiver
 runs in its own process, as a decode pod does; the sender here. They alternate; it prints GB/s of each, best
 and median, and the ratios.
@@ -31,6 +34,7 @@ import statistics
 import time
 
 import torch
+import xxhash
 
 from neuronfleet.runtime.kv.kv_transfer import Descriptor, TcpAgent, tensor_bytes
 
@@ -57,6 +61,57 @@ def agent_receiver(tokens: int, conn) -> None:
     asyncio.run(main())
 
 
+def nixl_agent_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
+    """A decode pod's side over our NIXL transport: one registered region, the agent's thread, its loop."""
+    import os
+
+    if ucx_tls:
+        os.environ["UCX_TLS"] = ucx_tls
+    from neuronfleet.runtime.kv.transports import make_agent
+
+    async def main() -> None:
+        receiver = make_agent("nixl", "decode-nf", "m")
+        receiver.register_memory(
+            "lease", torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
+        )
+        await receiver.start()
+        conn.send(receiver.metadata())
+        while True:
+            await asyncio.sleep(0.5)
+            receiver.get_notifications()
+
+    asyncio.run(main())
+
+
+class OursOverNixl:
+    """The prefill side over our NIXL transport: one agent and one event loop for the whole run (as a pod)."""
+
+    def __init__(self, meta: dict, ucx_tls: str | None) -> None:
+        import os
+
+        if ucx_tls:
+            os.environ["UCX_TLS"] = ucx_tls
+        from neuronfleet.runtime.kv.transports import make_agent
+
+        self.meta, self.loop = meta, asyncio.new_event_loop()
+        self.sender = make_agent("nixl", "prefill-nf", "m")
+
+    def write(self, layers: list[torch.Tensor]) -> float:
+        per = layers[0].numel() * 2
+
+        async def send() -> float:
+            start = time.perf_counter()
+            transfers = [
+                self.sender.write_nowait(self.meta, layer, Descriptor("lease", i * per, per), f"layer-{i}")
+                for i, layer in enumerate(layers)
+            ]
+            for t in transfers:
+                await t.wait()
+            return time.perf_counter() - start
+
+        return self.loop.run_until_complete(send())
+
+
 def raw_receiver(total: int, conn) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     conn.send(server.getsockname()[1])
@@ -79,7 +134,7 @@ def nixl_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
         os.environ["UCX_TLS"] = ucx_tls
     from nixl_cu12 import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent("decode", nixl_agent_config(backends=["UCX"]))
+    agent = nixl_agent("decode", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
     region = torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
     agent.register_memory(region)
     per = region[0].numel() * 2
@@ -115,7 +170,7 @@ class Nixl:
             os.environ["UCX_TLS"] = ucx_tls
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
-        self.agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
+        self.agent = nixl_agent("prefill", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
         self.agent.register_memory(layers)
         self.conn = conn
         metadata, theirs = conn.recv()
@@ -144,6 +199,10 @@ class Nixl:
     def read(self) -> float:
         start = time.perf_counter()
         self.conn.send(("read", b""))
+        while (
+            not self.conn.poll()
+        ):  # NIXL's progress thread is off: a read over TCP needs this side to serve it
+            self.agent.get_new_notifs()
         self.conn.recv()
         return time.perf_counter() - start
 
@@ -199,24 +258,31 @@ def main() -> None:
         spawn.Process(target=agent_receiver, args=(args.tokens, ours_child), daemon=True),
         spawn.Process(target=raw_receiver, args=(nbytes, raw_child), daemon=True),
     ]
-    nixl = None
+    nixl = ours_nixl = None
     if importlib.util.find_spec("nixl_cu12") is not None:
         nixl_end, nixl_child = spawn.Pipe()
+        nf_end, nf_child = spawn.Pipe()
         receivers.append(
             spawn.Process(target=nixl_receiver, args=(args.tokens, args.ucx_tls, nixl_child), daemon=True)
+        )
+        receivers.append(
+            spawn.Process(target=nixl_agent_receiver, args=(args.tokens, args.ucx_tls, nf_child), daemon=True)
         )
     for p in receivers:
         p.start()
     meta, port = ours_end.recv(), raw_end.recv()
-    if len(receivers) == 3:
+    if len(receivers) == 4:
         nixl = Nixl(layers, nixl_end, args.ucx_tls)
+        ours_nixl = OursOverNixl(nf_end.recv(), args.ucx_tls)
+        ours_nixl.write(layers)  # NIXL connects on the first transfer: outside the clock, as ours() does
     times: dict[str, list[float]] = {"raw socket": [], "neuronfleet tcp": []}
     if nixl is not None:
-        times |= {"nixl write": [], "nixl read": []}
+        times |= {"neuronfleet nixl": [], "nixl write": [], "nixl read": []}
     for _ in range(args.repeats):  # alternating, so that the machine's moods hit all alike
         times["raw socket"].append(raw(port, layers))
         times["neuronfleet tcp"].append(ours(meta, layers))
         if nixl is not None:
+            times["neuronfleet nixl"].append(ours_nixl.write(layers))
             times["nixl write"].append(nixl.write())
             times["nixl read"].append(nixl.read())
     for p in receivers:
@@ -225,12 +291,30 @@ def main() -> None:
         f"payload: {nbytes / 1e6:.1f} MB in {LAYERS} layer writes ({args.tokens} tokens of SmolLM2-135M KV)"
         + (f"; NIXL UCX_TLS={args.ucx_tls or 'UCX chooses'}" if nixl is not None else "; NIXL not installed")
     )
-    print("                  best     median   median vs raw")
+    print("                   best       median     median vs raw")
     mid_raw = statistics.median(times["raw socket"])
     for name, seconds in times.items():
         best, mid = min(seconds), statistics.median(seconds)
         rates = f"{nbytes / best / 1e9:5.2f} GB/s {nbytes / mid / 1e9:5.2f} GB/s"
-        print(f"{name:15s} {rates}   {mid_raw / mid:5.2f}x")
+        print(f"{name:16s} {rates}   {mid_raw / mid:5.2f}x")
+    if nixl is not None:
+        mid_tcp, mid_nf = (
+            statistics.median(times["neuronfleet tcp"]),
+            statistics.median(times["neuronfleet nixl"]),
+        )
+        print(f"neuronfleet nixl / neuronfleet tcp (median throughput): {mid_tcp / mid_nf:.2f}x")
+    # what the checksum costs: XXH3-64 of each layer, as each end hashes it
+    hashing = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for layer in layers:
+            xxhash.xxh3_64_intdigest(tensor_bytes(layer))
+        hashing.append(time.perf_counter() - start)
+    mid_hash, mid_nf = statistics.median(hashing), statistics.median(times.get("neuronfleet nixl", [0]))
+    print(
+        f"XXH3-64 of the payload: {nbytes / mid_hash / 1e9:.1f} GB/s, {mid_hash * 1e3:.1f} ms per end "
+        f"(the median neuronfleet nixl transfer: {mid_nf * 1e3:.1f} ms)"
+    )
 
 
 if __name__ == "__main__":

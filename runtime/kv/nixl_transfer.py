@@ -60,7 +60,6 @@ LIBFABRIC_MIN = (1, 21)  # the NIXL LIBFABRIC plugin's floor (ai-dynamo/nixl REA
 LIBFABRIC_PLUGIN_NEEDS = ("libfabric.so.1", "libhwloc.so.15", "libcudart.so.12", "libcuda.so.1")
 FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
 POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
-BUFFER_MIN = 64 * 1024  # export buffers come in powers of two from here, registered once and reused
 
 
 def _nixl_api():
@@ -125,13 +124,22 @@ def libfabric_problem() -> str:
 
 @dataclass(eq=False)
 class _Outgoing:
-    """A pull this agent asked a receiver for: its handle, and the registered buffer the receiver reads."""
+    """A pull this agent asked a receiver for: its handle, and the registered memory the receiver reads."""
 
     transfer: Transfer
-    buffer: torch.Tensor
+    source: int  # the registered storage's address (`_exports`)
     remote: str
     loop: asyncio.AbstractEventLoop
-    free_after: float = 0.0  # abandoned: the buffer is kept (a read may still be on its way) until then
+    free_after: float = 0.0  # abandoned: registered still (a read may be on its way) until then
+
+
+@dataclass(eq=False)
+class _Export:
+    """Memory a prefill pod offers, registered with NIXL while pulls of it are outstanding."""
+
+    keep: torch.Tensor  # holds the memory (and its address) until it is deregistered
+    descs: Any
+    pulls: int = 0
 
 
 @dataclass(eq=False)
@@ -179,7 +187,7 @@ class NixlAgent(AgentBase):
         self._outgoing: dict[str, _Outgoing] = {}
         self._incoming: list[_Incoming] = []
         self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
-        self._buffers: dict[int, list[torch.Tensor]] = {}  # free export buffers by size
+        self._exports: dict[int, _Export] = {}  # what this agent offers: storage address -> its registration
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._stopped = threading.Event()
@@ -235,14 +243,30 @@ class NixlAgent(AgentBase):
 
     # ---- writing (the prefill pod) ----
 
-    def _buffer(self, nbytes: int) -> torch.Tensor:
-        size = max(BUFFER_MIN, 1 << (nbytes - 1).bit_length())
-        free = self._buffers.setdefault(size, [])
-        if free:
-            return free.pop()
-        buffer = torch.empty(size, dtype=torch.uint8)
-        self._register(buffer)
-        return buffer
+    def _offer(self, src: torch.Tensor) -> int:
+        """Register the memory under `src` (its whole storage: a request's layers share one) for as long as
+        pulls of it are outstanding; returns the storage's address. Registering costs far less than copying
+        the bytes into memory registered ahead (measured with UCX: 0.2 ms for 47 MB against 4-9 ms)."""
+        storage = src.untyped_storage()
+        start = storage.data_ptr()
+        with self._nixl_lock:
+            export = self._exports.get(start)
+            if export is None:
+                descs = self._nixl.register_memory([(start, storage.nbytes(), 0, "")], "DRAM")
+                export = self._exports[start] = _Export(src, descs)
+                self._metadata = b""  # the reader needs this registration
+            export.pulls += 1
+        return start
+
+    def _withdraw(self, start: int) -> None:
+        with self._nixl_lock:
+            export = self._exports.get(start)
+            if export is not None:
+                export.pulls -= 1
+                if export.pulls <= 0:
+                    del self._exports[start]
+                    self._nixl.deregister_memory(export.descs)
+                    self._metadata = b""
 
     def write_nowait(
         self, remote: dict[str, Any], src: torch.Tensor, dst: Descriptor, notification: str
@@ -255,22 +279,20 @@ class NixlAgent(AgentBase):
             transfer.finish(mismatch, integrity=True)
             return transfer
         self._loop = self._loop or asyncio.get_running_loop()
-        buffer = self._buffer(len(payload))
-        staged = tensor_bytes(buffer)
-        staged[: len(payload)] = payload
-        digest = xxhash.xxh3_64_intdigest(staged[: len(payload)])
-        if _take_fault({"flip"}):
-            buffer[len(payload) // 2] ^= 0xFF
+        source = self._offer(src)
+        digest = xxhash.xxh3_64_intdigest(payload)
+        if _take_fault({"flip"}) and len(payload):
+            payload[len(payload) // 2] ^= 0xFF
         pull_id = f"{self.name}/{next(self._ids)}"
         pull = {
             **self.write_header(remote, src, dst, notification, len(payload)),
             "op": "pull",
             "id": pull_id,
-            "address": buffer.data_ptr(),
+            "address": src.data_ptr(),
             "xxh3": digest,
             "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
         }
-        self._outgoing[pull_id] = _Outgoing(transfer, buffer, remote["agent"], self._loop)
+        self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], self._loop)
         try:
             receiver = self._load(remote["nixl"])  # the pull's `to` still names the lease's agent
             with self._nixl_lock:
@@ -294,8 +316,8 @@ class NixlAgent(AgentBase):
             raise
 
     def abandon(self, remote: dict[str, Any], reason: str) -> None:
-        """Give up on what this agent offered `remote`: pending handles fail now; their buffers are kept
-        until the receiver answers or could no longer be reading them."""
+        """Give up on what this agent offered `remote`: pending handles fail now; their memory stays
+        registered until the receiver answers or could no longer be reading it."""
         later = time.monotonic() + 2 * self.stall_seconds
         for out in list(self._outgoing.values()):
             if out.remote == remote["agent"] and not out.free_after:
@@ -306,7 +328,7 @@ class NixlAgent(AgentBase):
         out = self._outgoing.pop(pull_id, None)
         if out is None:
             return
-        self._buffers.setdefault(out.buffer.numel(), []).append(out.buffer)
+        self._withdraw(out.source)
         if not out.free_after:
             out.loop.call_soon_threadsafe(out.transfer.finish, error, integrity)
 
