@@ -40,7 +40,7 @@ MATRIX: dict[tuple[str, str], Support] = {
     ("embedded", "cpu"): Support(
         None,
         "works (local mode end to end, `tests/cluster` in CI)",
-        "works (KV over tcp; local mode end to end, `tests/cluster` in CI)",
+        "works (KV over tcp or NIXL; local mode end to end, `tests/cluster` in CI)",
     ),
     **{("embedded", f): Support(None, _NO_BACKEND, _NO_BACKEND) for f in FAMILIES[1:]},
     **{
