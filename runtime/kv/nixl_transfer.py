@@ -4,13 +4,14 @@ plugin move KV caches with. The only module that imports it: PyPI `nixl-cu12==1.
 between processes of one machine it picks shared memory) and LIBFABRIC (EFA; needs libfabric >= 1.21).
 
 The decode pod reads (docs/disaggregation.md says why and what it costs). For each layer the prefill pod
-copies the keys and values into memory registered with its NIXL agent, hashes them (XXH3-64) and sends the
-decode pod's agent a NIXL notification `pull` that describes the write as the tcp path's header does
-(receiver identity, model, region, offset, dtype, shape), where to read it and its checksum. The decode pod
-checks it (`AgentBase.check`), reads the bytes into the leased region with a NIXL READ, hashes them, and
-answers with a notification `ack` (ok, or why not); a verified write is notified to the decode role as
-`<request>:<layer>`, as over tcp. The decode pod's memory is thus only ever written by reads it started under
-a live lease: a late or stalled writer can never land bytes in a region another request holds since.
+registers the keys and values with its NIXL agent (the whole export of a request, once), hashes them
+(XXH3-64) and sends the decode pod's agent a NIXL notification `pull` that describes the write as the tcp
+path's header does (receiver identity, model, region, offset, dtype, shape), where to read it and its
+checksum. The decode pod checks it (`AgentBase.check`), reads the bytes into the leased region with a NIXL
+READ (one READ for every layer a writer has offered by then), hashes them, and answers with a notification
+`ack` (ok, or why not); a verified write is notified to the decode role as `<request>:<layer>`, as over tcp.
+The decode pod's memory is thus only ever written by reads it started under a live lease: a late or stalled
+writer can never land bytes in a region another request holds since.
 
 One thread per agent makes every NIXL call (NIXL's own progress thread spins a whole core, so it is off): it
 polls notifications and transfers every millisecond, every 0.1 ms while transfers are in flight.
@@ -144,11 +145,10 @@ class _Export:
 
 @dataclass(eq=False)
 class _Incoming:
-    """A read this agent is making for a writer's pull."""
+    """One READ this agent makes for the pulls a writer had offered when it looked (their regions pinned)."""
 
     writer: str
-    pull: dict[str, Any]
-    region: Region
+    pulls: list[tuple[dict[str, Any], Region]]
     handle: Any
     deadline: float
     stalled: bool = False
@@ -367,6 +367,7 @@ class NixlAgent(AgentBase):
             notifications = self._nixl.get_new_notifs()
         for writer, messages in notifications.items():
             writer = writer.decode() if isinstance(writer, bytes) else writer
+            offered = []
             for raw in messages:
                 try:
                     message = json.loads(raw)
@@ -374,10 +375,13 @@ class NixlAgent(AgentBase):
                     log.warning("agent %s sent a notification that is not JSON; ignored", writer)
                     continue
                 if message.get("op") == "pull":
-                    self._pull(writer, message)
+                    offered.append(message)
                 elif message.get("op") == "ack":
-                    self._settle(str(message.get("id")), str(message.get("error", "")),
-                                 bool(message.get("integrity")))  # fmt: skip
+                    for answer in message.get("acks") or []:
+                        self._settle(str(answer.get("id")), str(answer.get("error", "")),
+                                     bool(answer.get("integrity")))  # fmt: skip
+            if offered:
+                self._read(writer, offered)
         self._progress()
         now = time.monotonic()
         for pull_id, out in list(self._outgoing.items()):  # abandoned and never answered
@@ -385,56 +389,65 @@ class NixlAgent(AgentBase):
                 self._settle(pull_id, "", False)
         return bool(self._incoming or self._cancelling or self._outgoing)
 
-    def _ack(self, writer: str, pull: dict[str, Any], error: str = "", integrity: bool = False) -> None:
-        """Answer a pull; where the connection to its writer broke, connect again from the metadata the
-        pull carried (the writer waits for this answer)."""
-        pull_id = str(pull.get("id"))
-        answer = {"op": "ack", "id": pull_id, **({"error": error, "integrity": integrity} if error else {})}
+    def _ack(self, writer: str, answers: list[tuple[dict[str, Any], str, bool]]) -> None:
+        """Answer pulls of one writer, (pull, error or "", whether the bytes or their description were
+        refused) each, in one notification; where the connection to the writer broke, connect again from the
+        metadata the pulls carried (the writer waits for these answers)."""
+        if not answers:
+            return
+        acks = [{"id": str(pull.get("id")), **({"error": error, "integrity": integrity} if error else {})}
+                for pull, error, integrity in answers]  # fmt: skip
         for attempt in range(2):
             try:
                 if attempt:
-                    self._load(str(pull.get("md")))
+                    self._load(str(answers[-1][0].get("md")))
                 with self._nixl_lock:
-                    self._nixl.send_notif(writer, json.dumps(answer).encode())
+                    self._nixl.send_notif(writer, json.dumps({"op": "ack", "acks": acks}).encode())
                 return
             except Exception as e:
                 failure = e
-        log.info("could not answer %s's pull %s: %s", writer, pull_id, failure)
+        log.info("could not answer %s's pulls: %s", writer, failure)
 
-    def _pull(self, writer: str, pull: dict[str, Any]) -> None:
-        """A writer offers a layer: check it, pin the region and start reading."""
-        try:
-            if self._load(str(pull.get("md"))) != writer:
+    def _read(self, writer: str, offered: list[dict[str, Any]]) -> None:
+        """A writer offers layers: check each, pin their regions and read them all with one NIXL READ."""
+        try:  # the newest metadata: it has every registration the offered pulls name
+            if self._load(str(offered[-1].get("md"))) != writer:
                 raise ValueError(f"they name another agent than {writer}")
         except Exception as e:
-            return self._ack(writer, pull, f"refused: the writer's NIXL metadata did not load: {e}", True)
+            error = f"refused: the writer's NIXL metadata did not load: {e}"
+            return self._ack(writer, [(pull, error, True) for pull in offered])
+        pulls, refusals = [], []
         with self._lock:  # checked and pinned at once: a lease ending cannot slip in between
-            problem = self.check(pull)
-            region = None if problem else self.regions[pull["region"]]
-            if region is not None:
+            for pull in offered:
+                if problem := self.check(pull):
+                    refusals.append((pull, problem, True))
+                    continue
+                region = self.regions[pull["region"]]
                 region.receiving += 1
-        if region is None:
-            return self._ack(writer, pull, problem, integrity=True)
+                pulls.append((pull, region))
+        self._ack(writer, refusals)
+        if not pulls:
+            return
         if (fault := _take_fault({"cut", "stall", "die"})) == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault == "cut":
             self._forget_remote(writer)
-        target = region.view[pull["offset"] : pull["offset"] + pull["nbytes"]]
-        local_address = region.tensor.data_ptr() + pull["offset"]
+        into = [(region.tensor.data_ptr() + pull["offset"], pull["nbytes"], 0) for pull, region in pulls]
+        sources = [(int(pull["address"]), pull["nbytes"], 0) for pull, _ in pulls]
         try:
             with self._nixl_lock:
-                local = self._nixl.get_xfer_descs([(local_address, len(target), 0)], "DRAM")
-                source = self._nixl.get_xfer_descs([(int(pull["address"]), len(target), 0)], "DRAM")
+                local = self._nixl.get_xfer_descs(into, "DRAM")
+                source = self._nixl.get_xfer_descs(sources, "DRAM")
                 handle = self._nixl.initialize_xfer("READ", local, source, writer)
                 state = self._nixl.transfer(handle)
         except Exception as e:
             with self._lock:
-                region.receiving -= 1
-            self._forget_remote(writer)
-            return self._ack(writer, pull, f"the NIXL read from {writer} failed: {e}")
-        reading = _Incoming(
-            writer, pull, region, handle, time.monotonic() + self.stall_seconds, fault == "stall"
-        )
+                for _, region in pulls:
+                    region.receiving -= 1
+            self._forget_remote(writer)  # the next pull brings the metadata again
+            return self._ack(writer, [(pull, f"the NIXL read from {writer} failed: {e}", False)
+                                      for pull, _ in pulls])  # fmt: skip
+        reading = _Incoming(writer, pulls, handle, time.monotonic() + self.stall_seconds, fault == "stall")
         if state == "ERR":
             return self._finish(reading, "ERR")
         self._incoming.append(reading)
@@ -454,7 +467,7 @@ class NixlAgent(AgentBase):
                 self._cancelling.remove(reading)
 
     def _release(self, reading: _Incoming) -> bool:
-        """Release the read's handle (NIXL cancels it if it is still on its way); True once its region's
+        """Release the read's handle (NIXL cancels it if it is still on its way); True once its regions'
         memory can no longer be written by it."""
         try:
             with self._nixl_lock:
@@ -462,29 +475,38 @@ class NixlAgent(AgentBase):
         except Exception:
             return False
         with self._lock:
-            reading.region.receiving -= 1
+            for _, region in reading.pulls:
+                region.receiving -= 1
         return True
 
     def _finish(self, reading: _Incoming, state: str) -> None:
-        pull, writer = reading.pull, reading.writer
-        if state == "DONE":
-            target = reading.region.view[pull["offset"] : pull["offset"] + pull["nbytes"]]
-            ok = xxhash.xxh3_64_intdigest(target) == pull.get("xxh3")
+        writer = reading.writer
+        verified = [
+            xxhash.xxh3_64_intdigest(region.view[pull["offset"] : pull["offset"] + pull["nbytes"]])
+            == pull.get("xxh3")
+            for pull, region in reading.pulls
+        ] if state == "DONE" else []  # fmt: skip
         if not self._release(reading):
-            self._cancelling.append(reading)  # its region stays pinned until NIXL lets it go
-        if state == "TIMEOUT":
-            return self._ack(writer, pull, f"the NIXL read from {writer} passed its {self.stall_seconds} s")
+            self._cancelling.append(reading)  # its regions stay pinned until NIXL lets them go
         if state != "DONE":
-            self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
-            return self._ack(writer, pull, f"the NIXL read from {writer} failed ({state})")
-        if not ok:
-            return self._ack(writer, pull, "checksum mismatch: the bytes arrived corrupted", True)
-        if self.regions.get(pull["region"]) is not reading.region:
-            return self._ack(writer, pull, f"region {pull['region']!r} was deregistered (its lease ended) "
-                             "meanwhile", True)  # fmt: skip
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._notify, writer, pull["notification"])
-        self._ack(writer, pull)
+            if state == "TIMEOUT":
+                error = f"the NIXL read from {writer} passed its {self.stall_seconds} s"
+            else:
+                error = f"the NIXL read from {writer} failed ({state})"
+                self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
+            return self._ack(writer, [(pull, error, False) for pull, _ in reading.pulls])
+        answers = []
+        for (pull, region), ok in zip(reading.pulls, verified, strict=True):
+            if not ok:
+                answers.append((pull, "checksum mismatch: the bytes arrived corrupted", True))
+            elif self.regions.get(pull["region"]) is not region:
+                gone = f"region {pull['region']!r} was deregistered (its lease ended) meanwhile"
+                answers.append((pull, gone, True))
+            else:
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._notify, writer, pull["notification"])
+                answers.append((pull, "", False))
+        self._ack(writer, answers)
 
 
 def _take_fault(kinds: set[str]) -> str | None:
