@@ -223,6 +223,35 @@ def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path)
     assert run.returncode == 2 and "needs the model's internal token" in run.stderr
 
 
+def test_a_pod_that_cannot_run_its_kv_transport_refuses_to_start_saying_what_is_missing(
+    smollm2_dir, tmp_path
+):
+    """Over EFA (NIXL's LIBFABRIC backend) without libfabric >= 1.21 (this machine has none), or with a NIXL
+    backend named for tcp: exit 2 before the model loads, the message naming what is missing or wrong."""
+    import subprocess
+
+    from neuronfleet.runtime.kv.nixl_transfer import libfabric_version
+
+    (tmp_path / "token").write_text(TOKEN)
+    base = [*neuronfleet_command(), "serve", "--model", str(smollm2_dir), "--role", "decode",
+            "--internal-token-file", str(tmp_path / "token")]  # fmt: skip
+    cases = [
+        (
+            ["--kv-transport", "tcp", "--kv-nixl-backend", "ucx"],
+            "--kv-nixl-backend is for --kv-transport nixl",
+        )
+    ]
+    if libfabric_version() is None:
+        for transport in (
+            ["--kv-transport", "efa"],
+            ["--kv-transport", "nixl", "--kv-nixl-backend", "libfabric"],
+        ):
+            cases.append((transport, "needs libfabric >= 1.21 (libfabric.so.1): none is installed"))
+    for options, message in cases:
+        run = subprocess.run([*base, *options], capture_output=True, text=True)
+        assert run.returncode == 2 and message in run.stderr, (options, run.stderr[-500:])
+
+
 def de_metrics_total(role: DecodeRole) -> float:
     """Fallbacks the decode role counted, all reasons."""
     samples = [s for m in role.metrics.fallbacks.collect() for s in m.samples]
