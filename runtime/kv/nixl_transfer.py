@@ -4,17 +4,19 @@ plugin move KV caches with. The only module that imports it: PyPI `nixl-cu12==1.
 between processes of one machine it picks shared memory) and LIBFABRIC (EFA; needs libfabric >= 1.21).
 
 The decode pod reads (docs/disaggregation.md says why and what it costs). For each layer the prefill pod
-registers the keys and values with its NIXL agent (the whole export of a request, once), hashes them
-(XXH3-64) and sends the decode pod's agent a NIXL notification `pull` that describes the write as the tcp
-path's header does (receiver identity, model, region, offset, dtype, shape), where to read it and its
-checksum. The decode pod checks it (`AgentBase.check`), reads the bytes into the leased region with a NIXL
-READ (one READ for every layer a writer has offered by then), hashes them, and answers with a notification
-`ack` (ok, or why not); a verified write is notified to the decode role as `<request>:<layer>`, as over tcp.
+registers the keys and values with its NIXL agent (the whole export of a request, once) and sends the decode
+pod's agent a NIXL notification `pull` that describes the write as the tcp path's header does (receiver
+identity, model, region, offset, dtype, shape) and where to read it; then, while the decode pod reads, it
+hashes them (XXH3-64) and sends the checksums (`sums`). The decode pod checks each pull (`AgentBase.check`),
+reads the bytes into the leased region with NIXL READs (a few layers each), hashes them, and once it has the
+writer's checksum answers with a notification `ack` (ok, or why not); a verified write is notified to the
+decode role as `<request>:<layer>`, as over tcp.
 The decode pod's memory is thus only ever written by reads it started under a live lease: a late or stalled
 writer can never land bytes in a region another request holds since.
 
 One thread per agent makes every NIXL call (NIXL's own progress thread spins a whole core, so it is off): it
-polls notifications and transfers every millisecond, every 0.1 ms while transfers are in flight.
+polls notifications and transfers every millisecond, every 0.1 ms while transfers are in flight; a second
+thread hashes what was read meanwhile.
 
 Faults for tests (docs/testing.md): where `NEURONFLEET_KV_FAULT_FILE` is set, the first agent that can take
 the fault written in that file takes it, once (the file is renamed): `flip` (a prefill pod flips a byte after
@@ -33,10 +35,11 @@ import itertools
 import json
 import logging
 import os
+import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,6 +64,7 @@ LIBFABRIC_MIN = (1, 21)  # the NIXL LIBFABRIC plugin's floor (ai-dynamo/nixl REA
 LIBFABRIC_PLUGIN_NEEDS = ("libfabric.so.1", "libhwloc.so.15", "libcudart.so.12", "libcuda.so.1")
 FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
 POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
+READ_BATCH = 2  # layers per READ: small enough that hashing one overlaps reading the next
 
 
 def _nixl_api():
@@ -130,6 +134,7 @@ class _Outgoing:
     transfer: Transfer
     source: int  # the registered storage's address (`_exports`)
     remote: str
+    receiver: str  # the NIXL agent the pull went to (the remote's metadata names it)
     loop: asyncio.AbstractEventLoop
     free_after: float = 0.0  # abandoned: registered still (a read may be on its way) until then
 
@@ -141,6 +146,17 @@ class _Export:
     keep: torch.Tensor  # holds the memory (and its address) until it is deregistered
     descs: Any
     pulls: int = 0
+
+
+@dataclass(eq=False)
+class _Verified:
+    """A layer read and hashed, waiting for its writer's checksum (or the checksum, waiting for the layer)."""
+
+    pull: dict[str, Any] | None = None
+    region: Region | None = None
+    digest: int | None = None  # of the bytes read
+    expected: int | None = None  # the writer's
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -188,11 +204,16 @@ class NixlAgent(AgentBase):
         self._incoming: list[_Incoming] = []
         self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
         self._exports: dict[int, _Export] = {}  # what this agent offers: storage address -> its registration
+        self._unhashed: list[tuple[str, str, memoryview, int | None]] = []  # offered, checksum not sent yet
+        self._to_hash: queue.SimpleQueue = queue.SimpleQueue()  # reads done, for the hashing thread
+        self._hashed: queue.SimpleQueue = queue.SimpleQueue()  # and what it hashed
+        self._verifying: dict[tuple[str, str], _Verified] = {}  # (writer, pull id) -> read or checksum
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-nixl-{name}", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._hash, name=f"kv-nixl-hash-{name}", daemon=True).start()
 
     # ---- memory ----
 
@@ -239,6 +260,7 @@ class NixlAgent(AgentBase):
 
     async def stop(self) -> None:
         self._stopped.set()
+        self._to_hash.put(None)
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 
     # ---- writing (the prefill pod) ----
@@ -280,8 +302,9 @@ class NixlAgent(AgentBase):
             return transfer
         self._loop = self._loop or asyncio.get_running_loop()
         source = self._offer(src)
-        digest = xxhash.xxh3_64_intdigest(payload)
-        if _take_fault({"flip"}) and len(payload):
+        flipped = None
+        if _take_fault({"flip"}) and len(payload):  # hashed as it was, then a byte flipped
+            flipped = xxhash.xxh3_64_intdigest(payload)
             payload[len(payload) // 2] ^= 0xFF
         pull_id = f"{self.name}/{next(self._ids)}"
         pull = {
@@ -289,21 +312,42 @@ class NixlAgent(AgentBase):
             "op": "pull",
             "id": pull_id,
             "address": src.data_ptr(),
-            "xxh3": digest,
             "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
         }
-        self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], self._loop)
         try:
             receiver = self._load(remote["nixl"])  # the pull's `to` still names the lease's agent
+            self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], receiver, self._loop)
             with self._nixl_lock:
                 self._nixl.send_notif(receiver, json.dumps(pull).encode())
         except Exception as e:
             self._forget_remote(remote["agent"])
+            self._outgoing.setdefault(pull_id, _Outgoing(transfer, source, remote["agent"], "", self._loop))
             self._settle(pull_id, f"NIXL could not reach {remote['agent']}: {e}", integrity=False)
             return transfer
+        if (
+            not self._unhashed
+        ):  # the checksums go once this turn's pulls are out (the receiver reads meanwhile)
+            self._loop.call_soon(self._send_sums)
+        self._unhashed.append((receiver, pull_id, payload, flipped))
         if _take_fault({"kill"}):  # the prefill pod dies with its pull on the way
             os.kill(os.getpid(), signal.SIGKILL)
         return transfer
+
+    def _send_sums(self) -> None:
+        """Hash what this turn offered and send each receiver its checksums in one notification."""
+        unhashed, self._unhashed = self._unhashed, []
+        sums: dict[str, dict[str, int]] = {}
+        for receiver, pull_id, payload, flipped in unhashed:
+            if pull_id in self._outgoing:
+                digest = flipped if flipped is not None else xxhash.xxh3_64_intdigest(payload)
+                sums.setdefault(receiver, {})[pull_id] = digest
+        for receiver, digests in sums.items():
+            try:
+                with self._nixl_lock:
+                    self._nixl.send_notif(receiver, json.dumps({"op": "sums", "sums": digests}).encode())
+            except Exception as e:  # the receiver is gone: its pulls fail
+                for pull_id in digests:
+                    self._settle(pull_id, f"NIXL could not reach {receiver}: {e}", integrity=False)
 
     async def write(self, remote, src, dst, notification, timeout: float = 30.0) -> Transfer:
         """Write and wait until the receiver verified it (IntegrityError, TransferError otherwise)."""
@@ -380,14 +424,46 @@ class NixlAgent(AgentBase):
                     for answer in message.get("acks") or []:
                         self._settle(str(answer.get("id")), str(answer.get("error", "")),
                                      bool(answer.get("integrity")))  # fmt: skip
+                elif message.get("op") == "sums":
+                    answers = []
+                    for pull_id, expected in (message.get("sums") or {}).items():
+                        entry = self._verifying.setdefault((writer, str(pull_id)), _Verified())
+                        entry.expected = int(expected)
+                        answers += self._verdict(writer, str(pull_id))
+                    self._ack(writer, answers)
             if offered:
                 self._read(writer, offered)
         self._progress()
+        self._judge_hashed()
         now = time.monotonic()
         for pull_id, out in list(self._outgoing.items()):  # abandoned and never answered
             if out.free_after and now > out.free_after:
                 self._settle(pull_id, "", False)
-        return bool(self._incoming or self._cancelling or self._outgoing)
+        for key, entry in list(self._verifying.items()):  # a checksum that never came, or came for nothing
+            if now - entry.since > self.stall_seconds:
+                del self._verifying[key]
+                if entry.pull is not None:
+                    late = f"no checksum from {key[0]} within {self.stall_seconds} s"
+                    self._ack(key[0], [(entry.pull, late, False)])
+        waiting = any(entry.pull is not None for entry in self._verifying.values())  # for checksums
+        hashing = not self._hashed.empty()
+        return bool(self._incoming or self._cancelling or self._outgoing or waiting or hashing)
+
+    def _verdict(self, writer: str, pull_id: str) -> list[tuple[dict[str, Any], str, bool]]:
+        """The answer to a pull once both its bytes' hash and the writer's checksum are here (else none yet):
+        a verified layer is notified to the decode role."""
+        entry = self._verifying.get((writer, pull_id))
+        if entry is None or entry.pull is None or entry.expected is None:
+            return []
+        del self._verifying[(writer, pull_id)]
+        pull = entry.pull
+        if self.regions.get(pull["region"]) is not entry.region:  # (then its bytes may be another's since)
+            return [(pull, f"region {pull['region']!r} was deregistered (its lease ended) meanwhile", True)]
+        if entry.digest != entry.expected:
+            return [(pull, "checksum mismatch: the bytes arrived corrupted", True)]
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._notify, writer, pull["notification"])
+        return [(pull, "", False)]
 
     def _ack(self, writer: str, answers: list[tuple[dict[str, Any], str, bool]]) -> None:
         """Answer pulls of one writer, (pull, error or "", whether the bytes or their description were
@@ -432,6 +508,10 @@ class NixlAgent(AgentBase):
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault == "cut":
             self._forget_remote(writer)
+        for at in range(0, len(pulls), READ_BATCH):
+            self._start_read(writer, pulls[at : at + READ_BATCH], fault == "stall")
+
+    def _start_read(self, writer: str, pulls: list[tuple[dict[str, Any], Region]], stalled: bool) -> None:
         into = [(region.tensor.data_ptr() + pull["offset"], pull["nbytes"], 0) for pull, region in pulls]
         sources = [(int(pull["address"]), pull["nbytes"], 0) for pull, _ in pulls]
         try:
@@ -447,7 +527,7 @@ class NixlAgent(AgentBase):
             self._forget_remote(writer)  # the next pull brings the metadata again
             return self._ack(writer, [(pull, f"the NIXL read from {writer} failed: {e}", False)
                                       for pull, _ in pulls])  # fmt: skip
-        reading = _Incoming(writer, pulls, handle, time.monotonic() + self.stall_seconds, fault == "stall")
+        reading = _Incoming(writer, pulls, handle, time.monotonic() + self.stall_seconds, stalled)
         if state == "ERR":
             return self._finish(reading, "ERR")
         self._incoming.append(reading)
@@ -481,11 +561,6 @@ class NixlAgent(AgentBase):
 
     def _finish(self, reading: _Incoming, state: str) -> None:
         writer = reading.writer
-        verified = [
-            xxhash.xxh3_64_intdigest(region.view[pull["offset"] : pull["offset"] + pull["nbytes"]])
-            == pull.get("xxh3")
-            for pull, region in reading.pulls
-        ] if state == "DONE" else []  # fmt: skip
         if not self._release(reading):
             self._cancelling.append(reading)  # its regions stay pinned until NIXL lets them go
         if state != "DONE":
@@ -495,18 +570,27 @@ class NixlAgent(AgentBase):
                 error = f"the NIXL read from {writer} failed ({state})"
                 self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
             return self._ack(writer, [(pull, error, False) for pull, _ in reading.pulls])
-        answers = []
-        for (pull, region), ok in zip(reading.pulls, verified, strict=True):
-            if not ok:
-                answers.append((pull, "checksum mismatch: the bytes arrived corrupted", True))
-            elif self.regions.get(pull["region"]) is not region:
-                gone = f"region {pull['region']!r} was deregistered (its lease ended) meanwhile"
-                answers.append((pull, gone, True))
-            else:
-                if self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._notify, writer, pull["notification"])
-                answers.append((pull, "", False))
-        self._ack(writer, answers)
+        self._to_hash.put((writer, reading.pulls))
+
+    def _hash(self) -> None:
+        """The hashing thread: the bytes of finished reads, while the agent's thread goes on reading (NIXL and
+        XXH3 each run without the GIL); the digests go back to the agent's thread."""
+        while (job := self._to_hash.get()) is not None:
+            writer, pulls = job
+            digests = [xxhash.xxh3_64_intdigest(region.view[pull["offset"] : pull["offset"] + pull["nbytes"]])
+                       for pull, region in pulls]  # fmt: skip
+            self._hashed.put((writer, pulls, digests))
+
+    def _judge_hashed(self) -> None:
+        """Verdicts on what the hashing thread finished (on the agent's thread)."""
+        while not self._hashed.empty():
+            writer, pulls, digests = self._hashed.get()
+            answers = []
+            for (pull, region), digest in zip(pulls, digests, strict=True):
+                entry = self._verifying.setdefault((writer, str(pull.get("id"))), _Verified())
+                entry.pull, entry.region, entry.digest = pull, region, digest
+                answers += self._verdict(writer, str(pull.get("id")))
+            self._ack(writer, answers)
 
 
 def _take_fault(kinds: set[str]) -> str | None:
