@@ -66,9 +66,9 @@ WORKDIR /src
 COPY --from=sources /src/ ./
 # torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies, and
 # NIXL (without deps: its torch and numpy are the base image's). NIXL's LIBFABRIC plugin (--kv-transport efa)
-# loads libfabric >= 1.21 from AWS's EFA userspace, which the Neuron deep learning containers carry
-# (/opt/amazon/efa), and libhwloc.so.15, libcudart.so.12 and a libcuda.so.1 stub: `neuronfleet serve` names
-# whichever is missing at start (docs/disaggregation.md).
+# loads libfabric >= 1.21 from AWS's EFA userspace (the EFA installer's /opt/amazon/efa; whether this base
+# image has it is not verified here), and libhwloc.so.15, libcudart.so.12 and a libcuda.so.1 stub:
+# `neuronfleet serve` names whichever is missing at start (docs/disaggregation.md).
 RUN pip install --no-deps . \
     && pip install -c constraints.txt aiohttp prometheus-client pydantic PyYAML safetensors tokenizers jinja2 \
        xxhash \

@@ -58,9 +58,11 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "nixl-cu12==1.5.1"  # pyproject's extra `nixl`
 BACKENDS = {"ucx": "UCX", "libfabric": "LIBFABRIC"}  # --kv-nixl-backend -> NIXL's plugin name
-LIBFABRIC_MIN = (1, 21)  # the NIXL LIBFABRIC plugin's floor (ai-dynamo/nixl README, "LIBFABRIC plugin")
+# NIXL's libfabric floor: "NIXL integrates with Libfabric 1.21.0 and later" (AWS EC2 User Guide, the Elastic
+# Fabric Adapter page: docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html)
+LIBFABRIC_MIN = (1, 21)
 # what NIXL 1.5.1's LIBFABRIC plugin links against (ldd of nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so): each
-# must come from the image or the host; the Neuron DLCs carry libfabric in /opt/amazon/efa (the EFA installer)
+# must come from the image or the host; AWS's EFA installer puts libfabric in /opt/amazon/efa
 LIBFABRIC_PLUGIN_NEEDS = ("libfabric.so.1", "libhwloc.so.15", "libcudart.so.12", "libcuda.so.1")
 FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
 POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
@@ -104,8 +106,8 @@ def libfabric_problem() -> str:
         return (
             f"--kv-nixl-backend libfabric (and --kv-transport efa) needs libfabric >= "
             f"{'.'.join(map(str, LIBFABRIC_MIN))} (libfabric.so.1): none is installed. On EFA instances "
-            "install AWS's EFA userspace (the EFA installer, /opt/amazon/efa; the AWS Neuron deep learning "
-            "containers carry it) and run the pod with its EFA devices; elsewhere use --kv-nixl-backend ucx"
+            "install AWS's EFA userspace in the image (the EFA installer puts libfabric in /opt/amazon/efa) "
+            "and run the pod with its EFA devices; elsewhere use --kv-nixl-backend ucx"
         )
     if version < LIBFABRIC_MIN:
         return (
