@@ -209,6 +209,7 @@ class NixlAgent(AgentBase):
         self._unhashed: list[tuple[str, str, memoryview, int | None]] = []  # offered, checksum not sent yet
         self._to_hash: queue.SimpleQueue = queue.SimpleQueue()  # reads done, for the hashing thread
         self._hashed: queue.SimpleQueue = queue.SimpleQueue()  # and what it hashed
+        self._hashing = 0  # reads handed to the hashing thread and not judged yet (the agent's thread counts)
         self._verifying: dict[tuple[str, str], _Verified] = {}  # (writer, pull id) -> read or checksum
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
@@ -448,8 +449,7 @@ class NixlAgent(AgentBase):
                     late = f"no checksum from {key[0]} within {self.stall_seconds} s"
                     self._ack(key[0], [(entry.pull, late, False)])
         waiting = any(entry.pull is not None for entry in self._verifying.values())  # for checksums
-        hashing = not self._hashed.empty()
-        return bool(self._incoming or self._cancelling or self._outgoing or waiting or hashing)
+        return bool(self._incoming or self._cancelling or self._outgoing or waiting or self._hashing)
 
     def _verdict(self, writer: str, pull_id: str) -> list[tuple[dict[str, Any], str, bool]]:
         """The answer to a pull once both its bytes' hash and the writer's checksum are here (else none yet):
@@ -572,6 +572,7 @@ class NixlAgent(AgentBase):
                 error = f"the NIXL read from {writer} failed ({state})"
                 self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
             return self._ack(writer, [(pull, error, False) for pull, _ in reading.pulls])
+        self._hashing += 1
         self._to_hash.put((writer, reading.pulls))
 
     def _hash(self) -> None:
@@ -587,6 +588,7 @@ class NixlAgent(AgentBase):
         """Verdicts on what the hashing thread finished (on the agent's thread)."""
         while not self._hashed.empty():
             writer, pulls, digests = self._hashed.get()
+            self._hashing -= 1
             answers = []
             for (pull, region), digest in zip(pulls, digests, strict=True):
                 entry = self._verifying.setdefault((writer, str(pull.get("id"))), _Verified())
