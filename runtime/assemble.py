@@ -10,7 +10,9 @@ import asyncio
 import logging
 import os
 import secrets
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from neuronfleet.contract import INTERNAL_TOKEN_ENV, PEER_HOSTS_FILE_ENV, POD_IP_ENV, ServeConfig
 from neuronfleet.runtime.engine.config import RuntimeConfig
@@ -83,13 +85,19 @@ def _log_info() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _serve_until_stopped(server, args: ServeConfig) -> int:
-    """Serve (`server.serve`), logging at INFO, until SIGTERM or SIGINT, then drain."""
+def _serve_until_stopped(server, args: ServeConfig) -> NoReturn:
+    """Serve (`server.serve`), logging at INFO, until SIGTERM or SIGINT, then drain; then the process ends
+    at once, exit 0, its output flushed: Python's finalization would run while daemon threads may still be
+    inside native code (torch's, NIXL's), which can abort the process (`terminate called without an active
+    exception`, seen once in CI on a prefill pod that had drained cleanly)."""
     from neuronfleet.runtime.serving.server import serve
 
     _log_info()  # (a unified server set it up before loading its model: once is enough)
     asyncio.run(serve(server, args.host, args.port, args.grace_period))
-    return 0
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _internal_token(args: ServeConfig) -> str:
