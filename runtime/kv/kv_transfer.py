@@ -401,6 +401,36 @@ class AgentBase:
         """NIXL's check_xfer_state: pending | done | error."""
         return transfer.state
 
+    def metadata(self) -> dict[str, Any]:
+        """What a writer needs to reach this agent (exchanged out of band, e.g. in the reserve reply); each
+        transport adds how to reach it."""
+        return {
+            "agent": self.name,
+            "transport": self.transport_name,
+            "model": self.model_id,
+            "regions": {name: r.info for name, r in self.regions.items()},
+        }
+
+    # ---- writing ----
+
+    async def write(
+        self,
+        remote: dict[str, Any],
+        src: torch.Tensor,
+        dst: Descriptor,
+        notification: str,
+        timeout: float = 30.0,
+    ) -> Transfer:
+        """Write and wait until the receiver verified it (IntegrityError, TransferError otherwise), with the
+        transport's own `write_nowait` and `abandon`."""
+        transfer = self.write_nowait(remote, src, dst, notification)
+        try:
+            return await transfer.wait(timeout)
+        except TransferError:
+            if not transfer.integrity:  # a stalled or broken peer: later writes must not queue behind it
+                self.abandon(remote, transfer.error)
+            raise
+
 
 class TcpAgent(AgentBase):
     """A transfer agent over TCP: receivers `register_memory` and `start`; writers `write` to metadata."""
@@ -464,14 +494,7 @@ class TcpAgent(AgentBase):
             self._drop(address, "the agent stopped")
 
     def metadata(self) -> dict[str, Any]:
-        """What a writer needs to reach this agent (exchanged out of band, e.g. in the reserve reply)."""
-        return {
-            "agent": self.name,
-            "transport": self.transport_name,
-            "address": self.address,
-            "model": self.model_id,
-            "regions": {name: r.info for name, r in self.regions.items()},
-        }
+        return {**super().metadata(), "address": self.address}
 
     @property
     def address(self) -> list:
@@ -534,23 +557,6 @@ class TcpAgent(AgentBase):
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
         return transfer
-
-    async def write(
-        self,
-        remote: dict[str, Any],
-        src: torch.Tensor,
-        dst: Descriptor,
-        notification: str,
-        timeout: float = 30.0,
-    ) -> Transfer:
-        """Write and wait until the receiver verified it (IntegrityError, TransferError otherwise)."""
-        transfer = self.write_nowait(remote, src, dst, notification)
-        try:
-            return await transfer.wait(timeout)
-        except TransferError:
-            if not transfer.integrity:  # a stalled or broken peer: later writes must not queue behind it
-                self.abandon(remote, transfer.error)
-            raise
 
     def abandon(self, remote: dict[str, Any], reason: str) -> None:
         """Give up on a receiver that stalled: its connection closes and what is queued behind fails, so later

@@ -136,7 +136,6 @@ class _Outgoing:
     transfer: Transfer
     source: int  # the registered storage's address (`_exports`)
     remote: str
-    receiver: str  # the NIXL agent the pull went to (the remote's metadata names it)
     loop: asyncio.AbstractEventLoop
     free_after: float = 0.0  # abandoned: registered still (a read may be on its way) until then
 
@@ -198,7 +197,7 @@ class NixlAgent(AgentBase):
                 f"{', '.join(self._nixl.plugin_list) or 'none'})"
             )
         self._nixl_lock = threading.Lock()  # every NIXL call holds it (the agent is made without locks)
-        self._metadata = b""
+        self._metadata = ""
         self._registered: dict[int, int] = {}  # NIXL-registered memory: start address -> bytes
         self._remotes: dict[str, str] = {}  # agents whose metadata NIXL holds: name -> that metadata
         self._names: dict[str, str] = {}  # metadata -> the agent it names
@@ -230,7 +229,7 @@ class NixlAgent(AgentBase):
                 return
             self._nixl.register_memory([(start, nbytes, 0, "")], "DRAM")
             self._registered[start] = nbytes
-            self._metadata = b""  # a reader of this agent's memory needs the registration in the metadata
+            self._metadata = ""  # a reader of this agent's memory needs the registration in the metadata
 
     def prepare(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -241,20 +240,14 @@ class NixlAgent(AgentBase):
         return super().register_memory(name, tensor)
 
     def _md(self) -> str:
+        """This agent's NIXL metadata (base64), made again only after its registrations changed."""
         with self._nixl_lock:
             if not self._metadata:
-                self._metadata = self._nixl.get_agent_metadata()
-            return base64.b64encode(self._metadata).decode()
+                self._metadata = base64.b64encode(self._nixl.get_agent_metadata()).decode()
+            return self._metadata
 
     def metadata(self) -> dict[str, Any]:
-        return {
-            "agent": self.name,
-            "transport": self.transport_name,
-            "backend": self.backend,
-            "nixl": self._md(),
-            "model": self.model_id,
-            "regions": {name: r.info for name, r in self.regions.items()},
-        }
+        return {**super().metadata(), "backend": self.backend, "nixl": self._md()}
 
     async def start(self, port: int = 0) -> int:
         """Notifications reach the event loop from here on (the port is NIXL's own business: 0)."""
@@ -279,7 +272,7 @@ class NixlAgent(AgentBase):
             if export is None:
                 descs = self._nixl.register_memory([(start, storage.nbytes(), 0, "")], "DRAM")
                 export = self._exports[start] = _Export(src, descs)
-                self._metadata = b""  # the reader needs this registration
+                self._metadata = ""  # the reader needs this registration
             export.pulls += 1
         return start
 
@@ -291,7 +284,7 @@ class NixlAgent(AgentBase):
                 if export.pulls <= 0:
                     del self._exports[start]
                     self._nixl.deregister_memory(export.descs)
-                    self._metadata = b""
+                    self._metadata = ""
 
     def write_nowait(
         self, remote: dict[str, Any], src: torch.Tensor, dst: Descriptor, notification: str
@@ -317,19 +310,17 @@ class NixlAgent(AgentBase):
             "address": src.data_ptr(),
             "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
         }
+        self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], self._loop)
         try:
             receiver = self._load(remote["nixl"])  # the pull's `to` still names the lease's agent
-            self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], receiver, self._loop)
             with self._nixl_lock:
                 self._nixl.send_notif(receiver, json.dumps(pull).encode())
         except Exception as e:
             self._forget_remote(remote["agent"])
-            self._outgoing.setdefault(pull_id, _Outgoing(transfer, source, remote["agent"], "", self._loop))
             self._settle(pull_id, f"NIXL could not reach {remote['agent']}: {e}", integrity=False)
             return transfer
-        if (
-            not self._unhashed
-        ):  # the checksums go once this turn's pulls are out (the receiver reads meanwhile)
+        # the checksums go once this turn's pulls are out (the receiver reads meanwhile)
+        if not self._unhashed:
             self._loop.call_soon(self._send_sums)
         self._unhashed.append((receiver, pull_id, payload, flipped))
         if _take_fault({"kill"}):  # the prefill pod dies with its pull on the way
@@ -351,16 +342,6 @@ class NixlAgent(AgentBase):
             except Exception as e:  # the receiver is gone: its pulls fail
                 for pull_id in digests:
                     self._settle(pull_id, f"NIXL could not reach {receiver}: {e}", integrity=False)
-
-    async def write(self, remote, src, dst, notification, timeout: float = 30.0) -> Transfer:
-        """Write and wait until the receiver verified it (IntegrityError, TransferError otherwise)."""
-        transfer = self.write_nowait(remote, src, dst, notification)
-        try:
-            return await transfer.wait(timeout)
-        except Exception:
-            if not transfer.integrity:
-                self.abandon(remote, transfer.error)
-            raise
 
     def abandon(self, remote: dict[str, Any], reason: str) -> None:
         """Give up on what this agent offered `remote`: pending handles fail now; their memory stays
