@@ -346,9 +346,7 @@ def serving_set(spec: NeuronModelSpec, chash: str) -> str:
     if spec.serving.mode == "unified":
         return UNIFIED_SET
     kv = spec.serving.kvTransfer
-    backend = (
-        [kv.backend] if kv.backend else []
-    )  # (no part for it where unset: existing sets keep their name)
+    backend = [kv.backend] if kv.backend else []  # no part where unset: existing sets keep their name
     return names.revision(chash, spec.serving.port, kv.transport, kv.efaInterfaces, *backend)
 
 
@@ -389,8 +387,8 @@ def build_deployment(
     volumes, mounts = pod_parts.volumes(
         spec, False, cache_claim_name(owner, spec), config_map_name(owner), container.writable
     )
-    transport = spec.serving.kvTransfer.transport
-    if ours and role == "decode" and transport == "tcp":  # NIXL's metadata carries its own addresses
+    kv = spec.serving.kvTransfer
+    if ours and role == "decode" and kv.transport == "tcp":  # NIXL's metadata carries its own addresses
         env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         ports.append({"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"})
     if engines.publishes_kv_events(spec, role):  # KV-cache events (ZeroMQ), ours or vLLM's
@@ -412,7 +410,6 @@ def build_deployment(
         volumes, mounts = ([x for x in xs if x["name"] in kept] for xs in (volumes, mounts))
         mounts = [{**m, "readOnly": True} if m["name"] != "tmp" else m for m in mounts]
     neuron = role != "router" and spec.neuron.instanceType != "cpu"
-    kv = spec.serving.kvTransfer
     efa = role in ("prefill", "decode") and kv.over_efa and kv.efaInterfaces > 0
     health, ready = ("/health", "/ready") if ours else ("/health", "/health")
 
