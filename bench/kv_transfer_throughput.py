@@ -7,16 +7,16 @@ The payload is one request's KV cache, layer by layer, as a prefill pod sends it
 Ours: `TcpAgent.write_nowait` per layer (header, payload straight into the receiver's registered memory,
 XXH3-64 check on both ends, an acknowledgement per write), timed until every write is verified. Raw: one
 blocking `sendall` per layer into a receiver that `recv_into`s a preallocated buffer, no header, no checksum,
-one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the layer copied into
-registered memory and hashed, a notification; the decode side checks it, READs it, hashes it and answers),
-timed until every layer is verified. NIXL (with `pip install 'neuronfleet[nixl]'`; skipped without it): the
-decode side's agent registers its region, the prefill side's its layers; `nixl write` is one WRITE of the 30
-layers from the prefill side with a notification, timed until the decode side has seen it; `nixl read` is
-one READ of the 30 layers by the decode side, timed until it is done; each side polls NIXL itself, as ours
-does (NIXL's progress thread, which spins a core, is off everywhere). UCX chooses its transport (on one
-machine, shared memory); `--ucx-tls tcp` makes it use TCP, as between two nodes without RDMA. Each receiver
-runs in its own process, as a decode pod does; the sender here. They alternate; it prints GB/s of each, best
-and median, and the ratios.
+one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the request's
+layers registered, a notification each, then their checksums; the decode side checks each, READs it, hashes
+it and answers), timed until every layer is verified. NIXL (with `pip install 'neuronfleet[nixl]'`;
+skipped without it): the decode side's agent registers its region, the prefill side's its layers; `nixl
+write` is one WRITE of the 30 layers from the prefill side with a notification, timed until the decode side
+has seen it; `nixl read` is one READ of the 30 layers by the decode side, timed until it is done; each side
+polls NIXL itself, as ours does (NIXL's progress thread, which spins a core, is off everywhere). UCX
+chooses its transport (on one machine, shared memory); `--ucx-tls tcp` makes it use TCP, as between two
+nodes without RDMA. Each receiver runs in its own process, as a decode pod does; the sender here. They
+alternate; it prints GB/s of each, best and median, and the ratios.
 
     .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 25] [--ucx-tls tcp]
 
@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import importlib.util
 import multiprocessing
+import os
 import socket
 import statistics
 import time
@@ -45,38 +46,18 @@ def layer_tensors(tokens: int) -> list[torch.Tensor]:
     return [torch.randn(2, KV_HEADS, tokens, HEAD_DIM).to(torch.bfloat16) for _ in range(LAYERS)]
 
 
-def agent_receiver(tokens: int, conn) -> None:
-    """A decode pod's side: one registered region, the agent's receiving threads, its event loop."""
-
-    async def main() -> None:
-        receiver = TcpAgent("decode", "m")
-        receiver.register_memory(
-            "lease", torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
-        )
-        conn.send(receiver.metadata() | {"address": ["127.0.0.1", await receiver.start()]})
-        while True:  # notifications pile up otherwise
-            await asyncio.sleep(0.5)
-            receiver.get_notifications()
-
-    asyncio.run(main())
-
-
-def nixl_agent_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
-    """A decode pod's side over our NIXL transport: one registered region, the agent's thread, its loop."""
-    import os
-
-    if ucx_tls:
-        os.environ["UCX_TLS"] = ucx_tls
+def agent_receiver(transport: str, tokens: int, conn) -> None:
+    """A decode pod's side over one of our transports: a registered region, the agent's threads, its loop."""
     from neuronfleet.runtime.kv.transports import make_agent
 
     async def main() -> None:
-        receiver = make_agent("nixl", "decode-nf", "m")
+        receiver = make_agent(transport, f"decode-{transport}", "m")
         receiver.register_memory(
             "lease", torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
         )
         await receiver.start()
         conn.send(receiver.metadata())
-        while True:
+        while True:  # notifications pile up otherwise
             await asyncio.sleep(0.5)
             receiver.get_notifications()
 
@@ -86,11 +67,7 @@ def nixl_agent_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
 class OursOverNixl:
     """The prefill side over our NIXL transport: one agent and one event loop for the whole run (as a pod)."""
 
-    def __init__(self, meta: dict, ucx_tls: str | None) -> None:
-        import os
-
-        if ucx_tls:
-            os.environ["UCX_TLS"] = ucx_tls
+    def __init__(self, meta: dict) -> None:
         from neuronfleet.runtime.kv.transports import make_agent
 
         self.meta, self.loop = meta, asyncio.new_event_loop()
@@ -125,13 +102,9 @@ def raw_receiver(total: int, conn) -> None:
         peer.close()
 
 
-def nixl_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
+def nixl_receiver(tokens: int, conn) -> None:
     """A decode pod's side with a NIXL agent: its region registered; then, per command from the pipe, it
     waits for the prefill side's WRITE notification, or READs the prefill side's layers itself."""
-    import os
-
-    if ucx_tls:
-        os.environ["UCX_TLS"] = ucx_tls
     from nixl_cu12 import nixl_agent, nixl_agent_config
 
     agent = nixl_agent("decode", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
@@ -163,11 +136,7 @@ def nixl_receiver(tokens: int, ucx_tls: str | None, conn) -> None:
 class Nixl:
     """The prefill side's NIXL agent, its layers registered, connected to the decode side's."""
 
-    def __init__(self, layers: list[torch.Tensor], conn, ucx_tls: str | None) -> None:
-        import os
-
-        if ucx_tls:
-            os.environ["UCX_TLS"] = ucx_tls
+    def __init__(self, layers: list[torch.Tensor], conn) -> None:
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
         self.agent = nixl_agent("prefill", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
@@ -249,31 +218,31 @@ def main() -> None:
         "--ucx-tls", help="UCX_TLS for NIXL's UCX backend (tcp: TCP only; default: UCX chooses)"
     )
     args = parser.parse_args()
+    if args.ucx_tls:  # for NIXL's agents here and in the receivers, which inherit it
+        os.environ["UCX_TLS"] = args.ucx_tls
     layers = layer_tensors(args.tokens)
     nbytes = sum(t.numel() * 2 for t in layers)
     spawn = multiprocessing.get_context("spawn")
     ours_end, ours_child = spawn.Pipe()
     raw_end, raw_child = spawn.Pipe()
     receivers = [
-        spawn.Process(target=agent_receiver, args=(args.tokens, ours_child), daemon=True),
+        spawn.Process(target=agent_receiver, args=("tcp", args.tokens, ours_child), daemon=True),
         spawn.Process(target=raw_receiver, args=(nbytes, raw_child), daemon=True),
     ]
     nixl = ours_nixl = None
     if importlib.util.find_spec("nixl_cu12") is not None:
         nixl_end, nixl_child = spawn.Pipe()
         nf_end, nf_child = spawn.Pipe()
+        receivers.append(spawn.Process(target=nixl_receiver, args=(args.tokens, nixl_child), daemon=True))
         receivers.append(
-            spawn.Process(target=nixl_receiver, args=(args.tokens, args.ucx_tls, nixl_child), daemon=True)
-        )
-        receivers.append(
-            spawn.Process(target=nixl_agent_receiver, args=(args.tokens, args.ucx_tls, nf_child), daemon=True)
+            spawn.Process(target=agent_receiver, args=("nixl", args.tokens, nf_child), daemon=True)
         )
     for p in receivers:
         p.start()
     meta, port = ours_end.recv(), raw_end.recv()
     if len(receivers) == 4:
-        nixl = Nixl(layers, nixl_end, args.ucx_tls)
-        ours_nixl = OursOverNixl(nf_end.recv(), args.ucx_tls)
+        nixl = Nixl(layers, nixl_end)
+        ours_nixl = OursOverNixl(nf_end.recv())
         ours_nixl.write(layers)  # NIXL connects on the first transfer: outside the clock, as ours() does
     times: dict[str, list[float]] = {"raw socket": [], "neuronfleet tcp": []}
     if nixl is not None:
