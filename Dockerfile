@@ -65,10 +65,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /src
 COPY --from=sources /src/ ./
 # torch and the Neuron stack come with the base image: only our package and its pure-Python dependencies, and
-# NIXL (without deps: its torch and numpy are the base image's). NIXL's LIBFABRIC plugin (--kv-transport efa)
-# loads libfabric >= 1.21 from AWS's EFA userspace (the EFA installer's /opt/amazon/efa; whether this base
-# image has it is not verified here), and libhwloc.so.15, libcudart.so.12 and a libcuda.so.1 stub:
-# `neuronfleet serve` names whichever is missing at start (docs/disaggregation.md).
+# NIXL (without deps: its torch and numpy are the base image's). NIXL 1.5.1's LIBFABRIC plugin
+# (--kv-transport efa) loads a libfabric newer than 2.6.0 (ABI FABRIC_1.10: AWS's EFA installer 1.51.0 or
+# later), libhwloc.so.15, libcudart.so.12 and libcuda.so.1 (a stub serves: docker/libcuda-stub.c). The base
+# image runs AWS's EFA installer (the newest at its build) and installs libhwloc-dev
+# (aws-neuron/deep-learning-containers, pytorch/inference/2.8.0/Dockerfile.neuronx); whether its libfabric
+# is new enough is not verified here (no Docker): `neuronfleet serve` names whatever is missing at start
+# (docs/disaggregation.md). The embedded engine serves on instanceType cpu only, with runtime-cpu, for now.
 RUN pip install --no-deps . \
     && pip install -c constraints.txt aiohttp prometheus-client pydantic PyYAML safetensors tokenizers jinja2 \
        xxhash \

@@ -8,8 +8,9 @@ Ours: `TcpAgent.write_nowait` per layer (header, payload straight into the recei
 XXH3-64 check on both ends, an acknowledgement per write), timed until every write is verified. Raw: one
 blocking `sendall` per layer into a receiver that `recv_into`s a preallocated buffer, no header, no checksum,
 one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the request's
-layers registered, a notification each, then their checksums; the decode side checks each, READs it, hashes
-it and answers), timed until every layer is verified. NIXL (with `pip install 'neuronfleet[nixl]'`;
+layers in the agent's registered export memory, as a prefill pod's engine puts them; a notification each,
+then their checksums; the decode side checks each, READs it, hashes it and answers), timed until every layer
+is verified. NIXL (with `pip install 'neuronfleet[nixl]'`;
 skipped without it): the decode side's agent registers its region, the prefill side's its layers; `nixl
 write` is one WRITE of the 30 layers from the prefill side with a notification, timed until the decode side
 has seen it; `nixl read` is one READ of the 30 layers by the decode side, timed until it is done; each side
@@ -43,7 +44,8 @@ LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64
 
 
 def layer_tensors(tokens: int) -> list[torch.Tensor]:
-    return [torch.randn(2, KV_HEADS, tokens, HEAD_DIM).to(torch.bfloat16) for _ in range(LAYERS)]
+    """One request's KV as a prefill pod exports it (one tensor: `prefill_and_export`), layer by layer."""
+    return list(torch.randn(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM).to(torch.bfloat16).unbind(0))
 
 
 def agent_receiver(transport: str, tokens: int, conn) -> None:
@@ -67,13 +69,17 @@ def agent_receiver(transport: str, tokens: int, conn) -> None:
 class OursOverNixl:
     """The prefill side over our NIXL transport: one agent and one event loop for the whole run (as a pod)."""
 
-    def __init__(self, meta: dict) -> None:
+    def __init__(self, meta: dict, layers: list[torch.Tensor]) -> None:
         from neuronfleet.runtime.kv.transports import make_agent
 
         self.meta, self.loop = meta, asyncio.new_event_loop()
         self.sender = make_agent("nixl", "prefill-nf", "m")
+        # a prefill pod's engine exports a request's KV into the agent's registered memory (outside the clock)
+        self.export = self.sender.export_buffer((len(layers), *layers[0].shape), layers[0].dtype)
+        self.export.copy_(torch.stack(layers))
 
-    def write(self, layers: list[torch.Tensor]) -> float:
+    def write(self) -> float:
+        layers = list(self.export.unbind(0))
         per = layers[0].numel() * 2
 
         async def send() -> float:
@@ -140,7 +146,8 @@ class Nixl:
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
         self.agent = nixl_agent("prefill", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
-        self.agent.register_memory(layers)
+        nbytes = sum(t.numel() * 2 for t in layers)  # the layers are views of one tensor: one registration
+        self.agent.register_memory([(layers[0].data_ptr(), nbytes, 0, "")], "DRAM")
         self.conn = conn
         metadata, theirs = conn.recv()
         self.remote = self.agent.add_remote_agent(metadata)
@@ -242,8 +249,8 @@ def main() -> None:
     meta, port = ours_end.recv(), raw_end.recv()
     if len(receivers) == 4:
         nixl = Nixl(layers, nixl_end)
-        ours_nixl = OursOverNixl(nf_end.recv())
-        ours_nixl.write(layers)  # NIXL connects on the first transfer: outside the clock, as ours() does
+        ours_nixl = OursOverNixl(nf_end.recv(), layers)
+        ours_nixl.write()  # NIXL connects on the first transfer: outside the clock, as ours() does
     times: dict[str, list[float]] = {"raw socket": [], "neuronfleet tcp": []}
     if nixl is not None:
         times |= {"neuronfleet nixl": [], "nixl write": [], "nixl read": []}
@@ -251,7 +258,7 @@ def main() -> None:
         times["raw socket"].append(raw(port, layers))
         times["neuronfleet tcp"].append(ours(meta, layers))
         if nixl is not None:
-            times["neuronfleet nixl"].append(ours_nixl.write(layers))
+            times["neuronfleet nixl"].append(ours_nixl.write())
             times["nixl write"].append(nixl.write())
             times["nixl read"].append(nixl.read())
     for p in receivers:

@@ -35,6 +35,21 @@ ROOT = Path(__file__).resolve().parent.parent
 CEILING = 600.0  # the longest any single wait may take (under pytest's per-test timeout, 720 s)
 PATIENCE = 120.0  # how long a wait with a progress signal tolerates no progress at all
 HTTP_TIMEOUT = 120.0  # a read of /metrics, /health, /ready or a status endpoint on a loaded machine
+
+
+def _libfabric_problem() -> str:
+    try:
+        from neuronfleet.runtime.kv.nixl_transfer import libfabric_problem
+    except ImportError as e:
+        return str(e)
+    return libfabric_problem()
+
+
+# the `efa` transport (NIXL over LIBFABRIC) runs where a libfabric that NIXL's plugin loads is installed
+# (without EFA devices, over libfabric's tcp provider: docs/testing.md says how); elsewhere it is skipped
+LIBFABRIC_HERE = pytest.mark.skipif(
+    bool(_LIBFABRIC_PROBLEM := _libfabric_problem()), reason=f"no LIBFABRIC here: {_LIBFABRIC_PROBLEM[:200]}"
+)
 KUBECTL_HELP = (
     "kubectl is needed by the tests that drive the emulated API server and local mode, and is not on PATH. "
     "Install it from https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/ (a single static binary, "

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from neuronfleet.runtime.engine.config import RuntimeConfig
 from neuronfleet.runtime.engine.kv_events import BlockLedger
 from neuronfleet.runtime.engine.kv_events import Event as KvEvent
-from neuronfleet.runtime.engine.model_runner import ModelRunner, StepResult
+from neuronfleet.runtime.engine.model_runner import ExportMemory, ModelRunner, StepResult
 from neuronfleet.runtime.engine.scheduler import Scheduler, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
 from neuronfleet.runtime.engine.text_output import TextOutput
@@ -136,10 +136,15 @@ class Engine:
         self.scheduler.abort(request_id)
         return self._output(stream, [], "", FinishReason.ABORT)
 
-    def prefill_and_export(self, token_ids: Sequence[int], params: SamplingParams | None = None):
+    def prefill_and_export(
+        self,
+        token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        into: ExportMemory | None = None,
+    ):
         """A prefill pod's work for one prompt: run it in a free slot (reusing any cached prefix) and return
-        its first token and its keys and values ([layers, 2, kv_heads, len, head_dim]). The slot keeps the
-        prompt for prefix reuse and is free again at once."""
+        its first token and its keys and values ([layers, 2, kv_heads, len, head_dim]; in the memory `into`
+        gives, where given). The slot keeps the prompt for prefix reuse and is free again at once."""
         ids = list(token_ids)
         seq = Seq(request_id="export", prompt_ids=ids, params=params or SamplingParams(), max_tokens=1)
         start = time.perf_counter()
@@ -150,7 +155,7 @@ class Engine:
         self.scheduler.postprocess(plan, result.tokens, {})
         self._report(plan, result, time.perf_counter() - start)  # its prompt and prefix cache counters
         self._kv_events()
-        return result.tokens[seq], self.runner.export_kv(seq.slot, len(ids))
+        return result.tokens[seq], self.runner.export_kv(seq.slot, len(ids), into=into)
 
     def import_prefix(self, token_ids: Sequence[int], kv: torch.Tensor) -> int | None:
         """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so

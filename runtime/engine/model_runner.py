@@ -10,7 +10,7 @@ values (a KV handoff). Which slot holds which tokens is the scheduler's bookkeep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from neuronfleet.runtime.model import cpu_threads, heap_returns
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
 from neuronfleet.runtime.model.model_config import load_model_config
+
+ExportMemory = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # (shape, dtype) -> memory to fill
 
 
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
@@ -140,11 +142,19 @@ class ModelRunner:
         cache[:, :, [a, b], :, :length] = cache[:, :, [b, a], :, :length]
 
     @torch.inference_mode()
-    def export_kv(self, slot: int, length: int, layer: int | None = None) -> torch.Tensor:
+    def export_kv(
+        self, slot: int, length: int, layer: int | None = None, into: ExportMemory | None = None
+    ) -> torch.Tensor:
         """Keys and values of positions [0, length) of a slot, contiguous: [layers, 2, kv_heads, length,
-        head_dim], or one layer's [2, kv_heads, length, head_dim] (to send layer by layer)."""
+        head_dim], or one layer's [2, kv_heads, length, head_dim] (to send layer by layer); copied into the
+        memory `into(shape, dtype)` gives where given (a transfer agent's, registered for sending)."""
         kv = self.model.kv_cache
-        return (kv[:, :, slot] if layer is None else kv[layer, :, slot])[..., :length, :].contiguous()
+        part = (kv[:, :, slot] if layer is None else kv[layer, :, slot])[..., :length, :]
+        if into is None:
+            return part.contiguous()
+        out = into(tuple(part.shape), part.dtype)
+        out.copy_(part)
+        return out
 
     @torch.inference_mode()
     def import_kv(self, slot: int, kv: torch.Tensor, length: int) -> None:

@@ -294,6 +294,14 @@ class AgentBase:
         """Memory that regions will be carved from, told once at start-up (NIXL registers it then, not on a
         request's path)."""
 
+    def export_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Memory for what a prefill pod is about to write (its engine exports a request's KV into it),
+        held until `release_export`; over tcp any memory serves."""
+        return torch.empty(shape, dtype=dtype)
+
+    def release_export(self, tensor: torch.Tensor) -> None:
+        """The prefill pod is done with an `export_buffer` (writes of it still on their way keep it)."""
+
     def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
         with self._lock:
             self.regions[name] = Region(tensor, tensor_bytes(tensor))

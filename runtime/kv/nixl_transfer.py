@@ -1,11 +1,13 @@
 """KV transfer over NIXL (ai-dynamo/nixl), the library vLLM's NixlConnector, SGLang and the vLLM Neuron
 plugin move KV caches with. The only module that imports it: PyPI `nixl-cu12==1.5.1`, import name `nixl_cu12`
 (or `nixl` where the meta package is installed), the extra `neuronfleet[nixl]`. Backends: UCX (any network;
-between processes of one machine it picks shared memory) and LIBFABRIC (EFA; needs libfabric >= 1.21).
+between processes of one machine it picks shared memory) and LIBFABRIC (EFA; what it loads:
+`LIBFABRIC_PLUGIN_NEEDS`).
 
-The decode pod reads (docs/disaggregation.md says why and what it costs). For each layer the prefill pod
-registers the keys and values with its NIXL agent (the whole export of a request, once) and sends the decode
-pod's agent a NIXL notification `pull` that describes the write as the tcp path's header does (receiver
+The decode pod reads (docs/disaggregation.md says why and what it costs). The prefill pod's engine exports a
+request's keys and values into memory this agent registered once (`export_buffer`, a pool: `_lend` says
+why); for each layer the prefill pod sends the decode pod's agent a NIXL notification `pull` that describes
+the write as the tcp path's header does (receiver
 identity, model, region, offset, dtype, shape) and where to read it; then, while the decode pod reads, it
 hashes them (XXH3-64) and sends the checksums (`sums`). The decode pod checks each pull (`AgentBase.check`),
 reads the bytes into the leased region with NIXL READs (a few layers each), hashes them, and once it has the
@@ -14,14 +16,18 @@ decode role as `<request>:<layer>`, as over tcp.
 The decode pod's memory is thus only ever written by reads it started under a live lease: a late or stalled
 writer can never land bytes in a region another request holds since.
 
-One thread per agent makes every NIXL call (NIXL's own progress thread spins a whole core, so it is off): it
-polls notifications and transfers every millisecond, every 0.1 ms while transfers are in flight; a second
-thread hashes what was read meanwhile.
+One thread per agent makes the NIXL calls of transfers and notifications (NIXL's own progress thread spins a
+whole core, so it is off; the event loop posts what to send, never waiting for NIXL, which may take a minute
+to connect): it polls notifications and transfers every millisecond, every 0.1 ms while transfers are in
+flight, at once when something is posted; a second thread hashes (what a decode pod read, what a prefill pod
+offered).
 
 Faults for tests (docs/testing.md): where `NEURONFLEET_KV_FAULT_FILE` is set, the first agent that can take
 the fault written in that file takes it, once (the file is renamed): `flip` (a prefill pod flips a byte after
 hashing), `kill` (a prefill pod dies after its first pull), `stall` (a decode pod's read never completes),
-`cut` (a decode pod drops its connection to the writer before reading), `die` (a decode pod dies on a pull).
+`cut` (a decode pod's connection to the writer breaks before it reads: over UCX it drops the writer, over
+LIBFABRIC, whose connections only both ends can make again, its read fails), `die` (a decode pod dies on a
+pull).
 """
 
 from __future__ import annotations
@@ -58,12 +64,21 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "nixl-cu12==1.5.1"  # pyproject's extra `nixl`
 BACKENDS = {"ucx": "UCX", "libfabric": "LIBFABRIC"}  # --kv-nixl-backend -> NIXL's plugin name
-# NIXL's libfabric floor: "NIXL integrates with Libfabric 1.21.0 and later" (AWS EC2 User Guide, the Elastic
-# Fabric Adapter page: docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html)
-LIBFABRIC_MIN = (1, 21)
-# what NIXL 1.5.1's LIBFABRIC plugin links against (ldd of nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so): each
-# must come from the image or the host; AWS's EFA installer puts libfabric in /opt/amazon/efa
-LIBFABRIC_PLUGIN_NEEDS = ("libfabric.so.1", "libhwloc.so.15", "libcudart.so.12", "libcuda.so.1")
+# what NIXL 1.5.1's LIBFABRIC plugin (nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so) needs besides NIXL's own
+# libraries, read off the plugin (readelf -d, objdump -T): libfabric's ABI FABRIC_1.10 (fi_getinfo,
+# fi_dupinfo, fi_freeinfo), which libfabric's main branch added in August 2026, after its release 2.6.0
+# (ofiwg/libfabric, libfabric.map.in; AWS's EFA installer 1.51.0 ships libfabric 2.7.0amzn2.0, 1.50.0 2.6.0);
+# libhwloc.so.15; libcudart.so.12; and libcuda.so.1, of which it calls cuCtxSetCurrent, cuDeviceGetPCIBusId
+# and cuPointerGetAttributes only for GPU memory, so a stub serves where there is no CUDA driver (the vLLM
+# Neuron DLC of SDK 2.34 builds one). Where each comes from, for start-up's message:
+LIBFABRIC_PLUGIN_NEEDS = {
+    "FABRIC_1.10": "a libfabric newer than 2.6.0 (AWS's EFA installer 1.51.0 or later puts libfabric 2.7 in "
+    "/opt/amazon/efa)",
+    "libfabric.so.1": "AWS's EFA userspace (the EFA installer puts libfabric in /opt/amazon/efa)",
+    "libhwloc.so.15": "hwloc 2 (Debian and Ubuntu: libhwloc15)",
+    "libcudart.so.12": "pip's nvidia-cuda-runtime-cu12",
+    "libcuda.so.1": "a stub where there is no CUDA driver (docs/disaggregation.md)",
+}
 FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
 POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
 READ_BATCH = 2  # layers per READ: small enough that hashing one overlaps reading the next
@@ -100,32 +115,44 @@ def libfabric_version() -> tuple[int, int] | None:
 
 
 def libfabric_problem() -> str:
-    """Why NIXL's LIBFABRIC backend cannot start here ("" when it can try)."""
+    """Why NIXL's LIBFABRIC backend cannot start here ("" when it can try): no libfabric, or the plugin does
+    not load (the loader names the first library or symbol version it cannot find, as it would for NIXL)."""
     version = libfabric_version()
     if version is None:
         return (
-            f"--kv-nixl-backend libfabric (and --kv-transport efa) needs libfabric >= "
-            f"{'.'.join(map(str, LIBFABRIC_MIN))} (libfabric.so.1): none is installed. On EFA instances "
-            "install AWS's EFA userspace in the image (the EFA installer puts libfabric in /opt/amazon/efa) "
-            "and run the pod with its EFA devices; elsewhere use --kv-nixl-backend ucx"
+            "--kv-nixl-backend libfabric (and --kv-transport efa) needs libfabric (libfabric.so.1): none is "
+            f"installed. On EFA instances install {LIBFABRIC_PLUGIN_NEEDS['FABRIC_1.10']} in the image and "
+            "run the pod with its EFA devices; elsewhere use --kv-nixl-backend ucx"
         )
-    if version < LIBFABRIC_MIN:
-        return (
-            f"--kv-nixl-backend libfabric needs libfabric >= {'.'.join(map(str, LIBFABRIC_MIN))}; the one "
-            f"installed is {version[0]}.{version[1]} (Debian 12 ships 1.17): install AWS's EFA userspace"
-        )
-    missing = []
-    for name in LIBFABRIC_PLUGIN_NEEDS[1:]:
-        try:
-            ctypes.CDLL(name)
-        except OSError:
-            missing.append(name)
-    if missing:
-        return (
-            f"NIXL's LIBFABRIC plugin also needs {', '.join(missing)}, not found here (a libcuda.so.1 stub "
-            "serves on Neuron; libcudart.so.12 comes with pip's nvidia-cuda-runtime-cu12, libhwloc.so.15 "
-            "with hwloc)"
-        )
+    plugin = libfabric_plugin()
+    if plugin is None:  # not where the wheel puts it: NIXL's own answer, when it tries, says more
+        return ""
+    try:
+        ctypes.CDLL(plugin)
+    except OSError as e:
+        return f"NIXL's LIBFABRIC plugin does not load here: {e}" + plugin_load_hint(str(e), version)
+    return ""
+
+
+def libfabric_plugin() -> str | None:
+    """The LIBFABRIC plugin NIXL loads: from $NIXL_PLUGIN_DIR, else the one the wheel carries."""
+    try:
+        import nixl_cu12
+    except ImportError:
+        return None
+    folders = [os.environ.get("NIXL_PLUGIN_DIR", ""), f"{os.path.dirname(nixl_cu12.__file__)}.libs/nixl"]
+    paths = [os.path.join(folder, "libplugin_LIBFABRIC.so") for folder in folders if folder]
+    return next((path for path in paths if os.path.exists(path)), None)
+
+
+def plugin_load_hint(error: str, libfabric: tuple[int, int]) -> str:
+    """What provides what the loader's `error` says is missing ("" when it names nothing we know)."""
+    for need, source in LIBFABRIC_PLUGIN_NEEDS.items():
+        if f"`{need}'" in error or error.startswith(f"{need}:"):
+            if need == "FABRIC_1.10":
+                installed = ".".join(map(str, libfabric))
+                return f": the libfabric installed, {installed}, is too old; install {source}"
+            return f": {need} comes from {source}"
     return ""
 
 
@@ -134,7 +161,7 @@ class _Outgoing:
     """A pull this agent asked a receiver for: its handle, and the registered memory the receiver reads."""
 
     transfer: Transfer
-    source: int  # the registered storage's address (`_exports`)
+    source: _Export  # the registered memory the receiver reads
     remote: str
     loop: asyncio.AbstractEventLoop
     free_after: float = 0.0  # abandoned: registered still (a read may be on its way) until then
@@ -142,11 +169,15 @@ class _Outgoing:
 
 @dataclass(eq=False)
 class _Export:
-    """Memory a prefill pod offers, registered with NIXL while pulls of it are outstanding."""
+    """A buffer of the memory a prefill pod offers: registered with NIXL once, kept for the agent's life, and
+    lent to one export at a time (its holds: the prefill role's, and one per pull not yet settled)."""
 
-    keep: torch.Tensor  # holds the memory (and its address) until it is deregistered
-    descs: Any
-    pulls: int = 0
+    buffer: torch.Tensor  # uint8
+    holds: int = 0
+
+    def holds_range(self, start: int, nbytes: int) -> bool:
+        first = self.buffer.data_ptr()
+        return first <= start and start + nbytes <= first + self.buffer.numel()
 
 
 @dataclass(eq=False)
@@ -196,7 +227,10 @@ class NixlAgent(AgentBase):
                 f"NIXL's {BACKENDS[backend]} backend did not start here (plugins found: "
                 f"{', '.join(self._nixl.plugin_list) or 'none'})"
             )
-        self._nixl_lock = threading.Lock()  # every NIXL call holds it (the agent is made without locks)
+        # every NIXL call holds it (the agent is made without locks). The event loop never waits for it once
+        # the memory is registered (a NIXL call on the agent's thread may wait a minute for a connection)
+        self._nixl_lock = threading.Lock()
+        self._pool_lock = threading.Lock()  # the export pool's holds
         self._metadata = ""
         self._registered: dict[int, int] = {}  # NIXL-registered memory: start address -> bytes
         self._remotes: dict[str, str] = {}  # agents whose metadata NIXL holds: name -> that metadata
@@ -204,9 +238,15 @@ class NixlAgent(AgentBase):
         self._outgoing: dict[str, _Outgoing] = {}
         self._incoming: list[_Incoming] = []
         self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
-        self._exports: dict[int, _Export] = {}  # what this agent offers: storage address -> its registration
-        self._unhashed: list[tuple[str, str, memoryview, int | None]] = []  # offered, checksum not sent yet
-        self._to_hash: queue.SimpleQueue = queue.SimpleQueue()  # reads done, for the hashing thread
+        self._exports: list[_Export] = []  # the memory this agent offers (a pool: see `_lend`)
+        # offered this turn, checksum not sent yet: (receiver's metadata, pull id, bytes, flipped digest)
+        self._unhashed: list[tuple[str, str, memoryview, int | None]] = []
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # notifications for the agent's thread to send
+        self._wake = threading.Event()  # something for the agent's thread to do now
+        # LIBFABRIC's connections are made by both ends together (each waits for the other's handshake): one
+        # end that dropped a live peer would wait for it in vain, so only UCX drops peers after a failure
+        self._drops_peers = backend == "ucx"
+        self._to_hash: queue.SimpleQueue = queue.SimpleQueue()  # for the hashing thread: reads done, sums
         self._hashed: queue.SimpleQueue = queue.SimpleQueue()  # and what it hashed
         self._hashing = 0  # reads handed to the hashing thread and not judged yet (the agent's thread counts)
         self._verifying: dict[tuple[str, str], _Verified] = {}  # (writer, pull id) -> read or checksum
@@ -224,12 +264,20 @@ class NixlAgent(AgentBase):
         regions are views of a few tensors, allocated at start-up)."""
         storage = tensor.untyped_storage()
         start, nbytes = storage.data_ptr(), storage.nbytes()
+        if self._registered_at(start, nbytes):  # (a lease's region: registered with the pool at start-up)
+            return
         with self._nixl_lock:
-            if any(s <= start and start + nbytes <= s + n for s, n in self._registered.items()):
-                return
-            self._nixl.register_memory([(start, nbytes, 0, "")], "DRAM")
-            self._registered[start] = nbytes
-            self._metadata = ""  # a reader of this agent's memory needs the registration in the metadata
+            if not self._registered_at(start, nbytes):
+                self._nixl.register_memory([(start, nbytes, 0, "")], "DRAM")
+                self._registered[start] = nbytes
+                self._renew_metadata()
+
+    def _registered_at(self, start: int, nbytes: int) -> bool:
+        return any(s <= start and start + nbytes <= s + n for s, n in list(self._registered.items()))
+
+    def _renew_metadata(self) -> None:
+        """After a registration (with `_nixl_lock` held): a reader of this agent's memory needs it."""
+        self._metadata = base64.b64encode(self._nixl.get_agent_metadata()).decode()
 
     def prepare(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -240,11 +288,12 @@ class NixlAgent(AgentBase):
         return super().register_memory(name, tensor)
 
     def _md(self) -> str:
-        """This agent's NIXL metadata (base64), made again only after its registrations changed."""
-        with self._nixl_lock:
-            if not self._metadata:
-                self._metadata = base64.b64encode(self._nixl.get_agent_metadata()).decode()
-            return self._metadata
+        """This agent's NIXL metadata (base64), made again at each registration."""
+        if not self._metadata:
+            with self._nixl_lock:
+                if not self._metadata:
+                    self._renew_metadata()
+        return self._metadata
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "backend": self.backend, "nixl": self._md()}
@@ -256,48 +305,78 @@ class NixlAgent(AgentBase):
 
     async def stop(self) -> None:
         self._stopped.set()
+        self._wake.set()
         self._to_hash.put(None)
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 
     # ---- writing (the prefill pod) ----
 
-    def _offer(self, src: torch.Tensor) -> int:
-        """Register the memory under `src` (its whole storage: a request's layers share one) for as long as
-        pulls of it are outstanding; returns the storage's address. Registering costs far less than copying
-        the bytes into memory registered ahead (measured with UCX: 0.2 ms for 47 MB against 4-9 ms)."""
-        storage = src.untyped_storage()
-        start = storage.data_ptr()
-        with self._nixl_lock:
-            export = self._exports.get(start)
-            if export is None:
-                descs = self._nixl.register_memory([(start, storage.nbytes(), 0, "")], "DRAM")
-                export = self._exports[start] = _Export(src, descs)
-                self._metadata = ""  # the reader needs this registration
-            export.pulls += 1
-        return start
+    def _lend(self, nbytes: int) -> _Export:
+        """A free buffer of the pool for `nbytes`, held once; a new one (registered now) when none fits.
 
-    def _withdraw(self, start: int) -> None:
-        with self._nixl_lock:
-            export = self._exports.get(start)
+        Why a pool: NIXL's peers keep the first registration they loaded at an address (a newer one at the
+        same address is not taken: nixlRemoteSection::addDescList), so memory registered per request, freed,
+        and allocated again at the same address would be read with a stale registration (seen over
+        LIBFABRIC: reads canceled). A buffer is therefore registered once and never freed; the pool grows to
+        the most memory a pod's exports held at once. Sizes are powers of two (at least 1 MiB), so that
+        exports of different lengths share buffers."""
+        with self._pool_lock:
+            fits = [e for e in self._exports if not e.holds and e.buffer.numel() >= nbytes]
+            export = min(fits, key=lambda e: e.buffer.numel(), default=None)
             if export is not None:
-                export.pulls -= 1
-                if export.pulls <= 0:
-                    del self._exports[start]
-                    self._nixl.deregister_memory(export.descs)
-                    self._metadata = ""
+                export.holds += 1
+                return export
+        size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
+        export = _Export(torch.empty(size, dtype=torch.uint8), holds=1)
+        with self._nixl_lock:  # (the pool grows while the prefill pod warms up, then no more)
+            self._nixl.register_memory([(export.buffer.data_ptr(), size, 0, "")], "DRAM")
+            self._renew_metadata()
+        with self._pool_lock:
+            self._exports.append(export)
+        return export
+
+    def export_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        return self._lend(nbytes).buffer[:nbytes].view(dtype).view(shape)
+
+    def release_export(self, tensor: torch.Tensor) -> None:
+        self._withdraw(self._export_of(tensor.data_ptr(), tensor.numel() * tensor.element_size()))
+
+    def _export_of(self, start: int, nbytes: int) -> _Export | None:
+        with self._pool_lock:
+            return next((e for e in self._exports if e.holds_range(start, nbytes)), None)
+
+    def _offer(self, src: torch.Tensor) -> tuple[_Export, torch.Tensor]:
+        """The registered memory the receiver will read `src` from, held until the pull settles: `src` itself
+        where it lies in a buffer of the pool (an `export_buffer`), else a copy of it in one."""
+        nbytes = src.numel() * src.element_size()
+        export = self._export_of(src.data_ptr(), nbytes)
+        if export is not None:
+            with self._pool_lock:
+                export.holds += 1
+            return export, src
+        export = self._lend(nbytes)
+        copy = export.buffer[:nbytes].view(src.dtype).view(src.shape)
+        copy.copy_(src)
+        return export, copy
+
+    def _withdraw(self, export: _Export | None) -> None:
+        if export is not None:
+            with self._pool_lock:
+                export.holds -= 1
 
     def write_nowait(
         self, remote: dict[str, Any], src: torch.Tensor, dst: Descriptor, notification: str
     ) -> Transfer:
         """Offer `src` to the receiver, which reads it into its region at `dst`; the handle is done when the
         receiver has verified the bytes."""
-        payload = tensor_bytes(src)
-        transfer = Transfer(nbytes=len(payload))
+        transfer = Transfer(nbytes=len(tensor_bytes(src)))  # (a contiguous CPU tensor, or ValueError)
         if mismatch := self.transport_mismatch(remote):
             transfer.finish(mismatch, integrity=True)
             return transfer
         self._loop = self._loop or asyncio.get_running_loop()
-        source = self._offer(src)
+        source, src = self._offer(src)
+        payload = tensor_bytes(src)
         flipped = None
         if _take_fault({"flip"}) and len(payload):  # hashed as it was, then a byte flipped
             flipped = xxhash.xxh3_64_intdigest(payload)
@@ -311,37 +390,52 @@ class NixlAgent(AgentBase):
             "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
         }
         self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], self._loop)
-        try:
-            receiver = self._load(remote["nixl"])  # the pull's `to` still names the lease's agent
-            with self._nixl_lock:
-                self._nixl.send_notif(receiver, json.dumps(pull).encode())
-        except Exception as e:
-            self._forget_remote(remote["agent"])
-            self._settle(pull_id, f"NIXL could not reach {remote['agent']}: {e}", integrity=False)
-            return transfer
+        # the pull's `to` still names the lease's agent; the notification goes to whom the metadata names
+        self._post(remote["nixl"], [pull_id], json.dumps(pull).encode(), "kill")
         # the checksums go once this turn's pulls are out (the receiver reads meanwhile)
         if not self._unhashed:
             self._loop.call_soon(self._send_sums)
-        self._unhashed.append((receiver, pull_id, payload, flipped))
-        if _take_fault({"kill"}):  # the prefill pod dies with its pull on the way
-            os.kill(os.getpid(), signal.SIGKILL)
+        self._unhashed.append((remote["nixl"], pull_id, payload, flipped))
         return transfer
 
+    def _post(self, to: str, pull_ids: list[str], message: bytes, fault: str = "") -> None:
+        """Have the agent's thread send `message` to the agent whose metadata is `to` (NIXL may take long
+        to connect, which the event loop must not wait for); failing, the pulls named fail."""
+        self._outbox.put((to, pull_ids, message, fault))
+        self._wake.set()
+
+    def _send_posted(self) -> None:
+        """The agent's thread: send what was posted, in order."""
+        while not self._outbox.empty():
+            to, pull_ids, message, fault = self._outbox.get()
+            if not any(pull_id in self._outgoing for pull_id in pull_ids):
+                continue  # settled meanwhile (the receiver answered, or was given up on)
+            try:
+                receiver = self._load(to)
+                with self._nixl_lock:
+                    self._nixl.send_notif(receiver, message)
+            except Exception as e:  # the receiver is gone: its pulls fail
+                receiver = self._names.get(to, "the decode pod")
+                self._drop(receiver)
+                for pull_id in pull_ids:
+                    self._settle(pull_id, f"NIXL could not reach {receiver}: {e}", integrity=False)
+                continue
+            if fault and _take_fault({fault}):  # the prefill pod dies with its pull on the way
+                os.kill(os.getpid(), signal.SIGKILL)
+
     def _send_sums(self) -> None:
-        """Hash what this turn offered and send each receiver its checksums in one notification."""
+        """Have the hashing thread hash what this turn offered and post each receiver its checksums."""
         unhashed, self._unhashed = self._unhashed, []
+        self._to_hash.put(("sums", unhashed))
+
+    def _hash_sums(self, unhashed: list[tuple[str, str, memoryview, int | None]]) -> None:
         sums: dict[str, dict[str, int]] = {}
-        for receiver, pull_id, payload, flipped in unhashed:
+        for to, pull_id, payload, flipped in unhashed:
             if pull_id in self._outgoing:
                 digest = flipped if flipped is not None else xxhash.xxh3_64_intdigest(payload)
-                sums.setdefault(receiver, {})[pull_id] = digest
-        for receiver, digests in sums.items():
-            try:
-                with self._nixl_lock:
-                    self._nixl.send_notif(receiver, json.dumps({"op": "sums", "sums": digests}).encode())
-            except Exception as e:  # the receiver is gone: its pulls fail
-                for pull_id in digests:
-                    self._settle(pull_id, f"NIXL could not reach {receiver}: {e}", integrity=False)
+                sums.setdefault(to, {})[pull_id] = digest
+        for to, digests in sums.items():
+            self._post(to, list(digests), json.dumps({"op": "sums", "sums": digests}).encode())
 
     def abandon(self, remote: dict[str, Any], reason: str) -> None:
         """Give up on what this agent offered `remote`: pending handles fail now; their memory stays
@@ -372,6 +466,12 @@ class NixlAgent(AgentBase):
                 self._remotes[agent], self._names[metadata] = metadata, agent
             return agent
 
+    def _drop(self, agent: str) -> None:
+        """After a failure: over UCX forget the peer, so that its next pull (which carries its metadata)
+        connects afresh; over LIBFABRIC keep it (see `_drops_peers`)."""
+        if self._drops_peers:
+            self._forget_remote(agent)
+
     def _forget_remote(self, agent: str) -> None:
         with self._nixl_lock:
             if (metadata := self._remotes.pop(agent, None)) is not None:
@@ -383,16 +483,22 @@ class NixlAgent(AgentBase):
 
     def _run(self) -> None:
         while not self._stopped.is_set():
+            self._wake.clear()  # (set again meanwhile: the wait below returns at once)
             try:
                 busy = self._poll()
             except Exception:
                 log.exception("the NIXL agent's thread hit an error; it goes on")
                 busy = False
-            time.sleep(POLL_BUSY if busy else POLL_IDLE)
+            self._wake.wait(POLL_BUSY if busy else POLL_IDLE)
 
     def _poll(self) -> bool:
-        with self._nixl_lock:
-            notifications = self._nixl.get_new_notifs()
+        self._send_posted()
+        try:
+            with self._nixl_lock:
+                notifications = self._nixl.get_new_notifs()
+        except Exception as e:  # the backend says why in its own log; what it failed times out or fails
+            log.debug("NIXL could not get notifications: %s", e)
+            notifications = {}
         for writer, messages in notifications.items():
             writer = writer.decode() if isinstance(writer, bytes) else writer
             offered = []
@@ -489,14 +595,16 @@ class NixlAgent(AgentBase):
             return
         if (fault := _take_fault({"cut", "stall", "die"})) == "die":
             os.kill(os.getpid(), signal.SIGKILL)
-        elif fault == "cut":
+        elif fault == "cut" and self._drops_peers:  # the connection to the writer is gone
             self._forget_remote(writer)
-        for at in range(0, len(pulls), READ_BATCH):
-            self._start_read(writer, pulls[at : at + READ_BATCH], fault == "stall")
+        for at in range(0, len(pulls), READ_BATCH):  # (over LIBFABRIC a cut read fails instead)
+            self._start_read(writer, pulls[at : at + READ_BATCH], fault == "stall", fault == "cut")
 
-    def _start_read(self, writer: str, pulls: list[tuple[dict[str, Any], Region]], stalled: bool) -> None:
+    def _start_read(
+        self, writer: str, pulls: list[tuple[dict[str, Any], Region]], stalled: bool, cut: bool = False
+    ) -> None:
         into = [(region.tensor.data_ptr() + pull["offset"], pull["nbytes"], 0) for pull, region in pulls]
-        sources = [(int(pull["address"]), pull["nbytes"], 0) for pull, _ in pulls]
+        sources = [(0 if cut else int(pull["address"]), pull["nbytes"], 0) for pull, _ in pulls]
         try:
             with self._nixl_lock:
                 local = self._nixl.get_xfer_descs(into, "DRAM")
@@ -507,7 +615,7 @@ class NixlAgent(AgentBase):
             with self._lock:
                 for _, region in pulls:
                     region.receiving -= 1
-            self._forget_remote(writer)  # the next pull brings the metadata again
+            self._drop(writer)
             return self._ack(writer, [(pull, f"the NIXL read from {writer} failed: {e}", False)
                                       for pull, _ in pulls])  # fmt: skip
         reading = _Incoming(writer, pulls, handle, time.monotonic() + self.stall_seconds, stalled)
@@ -518,8 +626,11 @@ class NixlAgent(AgentBase):
     def _progress(self) -> None:
         now = time.monotonic()
         for reading in list(self._incoming):
-            with self._nixl_lock:
-                state = self._nixl.check_xfer_state(reading.handle)
+            try:
+                with self._nixl_lock:
+                    state = self._nixl.check_xfer_state(reading.handle)
+            except Exception:  # the backend failed this read (its own log says how): answered as failed
+                state = "ERR"
             if reading.stalled:
                 state = "PROC"  # the fault: as if the link carried nothing more
             if state != "PROC" or now > reading.deadline:
@@ -551,19 +662,23 @@ class NixlAgent(AgentBase):
                 error = f"the NIXL read from {writer} passed its {self.stall_seconds} s"
             else:
                 error = f"the NIXL read from {writer} failed ({state})"
-                self._forget_remote(writer)  # a broken connection: the next pull brings the metadata again
+                self._drop(writer)
             return self._ack(writer, [(pull, error, False) for pull, _ in reading.pulls])
         self._hashing += 1
-        self._to_hash.put((writer, reading.pulls))
+        self._to_hash.put(("read", writer, reading.pulls))
 
     def _hash(self) -> None:
         """The hashing thread: the bytes of finished reads, while the agent's thread goes on reading (NIXL and
         XXH3 each run without the GIL); the digests go back to the agent's thread."""
         while (job := self._to_hash.get()) is not None:
-            writer, pulls = job
+            if job[0] == "sums":  # a prefill pod's: what its turn offered
+                self._hash_sums(job[1])
+                continue
+            _, writer, pulls = job
             digests = [xxhash.xxh3_64_intdigest(region.view[pull["offset"] : pull["offset"] + pull["nbytes"]])
                        for pull, region in pulls]  # fmt: skip
             self._hashed.put((writer, pulls, digests))
+            self._wake.set()
 
     def _judge_hashed(self) -> None:
         """Verdicts on what the hashing thread finished (on the agent's thread)."""

@@ -18,7 +18,7 @@ import asyncio
 import hmac
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -29,6 +29,9 @@ from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
 from neuronfleet.runtime.serving.backend import check_fits
 from neuronfleet.runtime.serving.errors import EngineFailed, InvalidRequest, QueueFull
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -292,10 +295,17 @@ class PrefillRole:
             self.metrics.queued -= 1
 
     async def _prefill(self, rid: str, ids: list[int], remote: dict, region: str) -> web.Response:
+        into = self.agent.export_buffer  # the keys and values go straight into memory the agent sends from
         try:
-            first, kv = await self.engine.call(lambda e: e.prefill_and_export(ids))
+            first, kv = await self.engine.call(lambda e: e.prefill_and_export(ids, into=into))
         except QueueFull as e:
             return web.json_response({"error": str(e), "reason": "prefill_busy"}, status=503)
+        try:
+            return await self._push(rid, kv, remote, region, first)
+        finally:
+            self.agent.release_export(kv)
+
+    async def _push(self, rid: str, kv: torch.Tensor, remote: dict, region: str, first: int) -> web.Response:
         per_layer = kv[0].numel() * kv.element_size()
         transfers = []
         for layer in range(kv.shape[0]):  # layer by layer, each notified as `<request>:<layer>`

@@ -25,6 +25,7 @@ from support import (
     CEILING,
     EXACT_DTYPE_OPTIONS,
     HTTP_TIMEOUT,
+    LIBFABRIC_HERE,
     Fleet,
     free_port,
     get_json,
@@ -136,7 +137,7 @@ class FaultyFleet(Fleet):
         self.servers["router"].wait_until(predicate, what)
 
 
-@pytest.fixture(scope="module", params=["tcp", "nixl"])
+@pytest.fixture(scope="module", params=["tcp", "nixl", pytest.param("efa", marks=LIBFABRIC_HERE)])
 def fleet(smollm2_dir, tmp_path_factory, request):
     logs = tmp_path_factory.mktemp(f"fleet-{request.param}")
     before = os.environ.get(FAULT_FILE_ENV)
@@ -292,9 +293,15 @@ def test_a_decode_pod_that_dies_mid_stream_is_resumed_on_another_as_one_stream(f
                what="the router to re-add the restarted decode pod")  # fmt: skip
 
 
-def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want):
+def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want, request):
     """Killed while pushing: the decode pod prefills (`prefill_failed`); while it is down the router sends no
     push (`no_prefill_pod`); restarted with a new identity, it is re-added and pushes again."""
+    if fleet.transport == "efa":  # over libfabric's tcp provider (no EFA device here); the answers stay right
+        reason = (
+            "NIXL 1.5.1's LIBFABRIC over libfabric's tcp provider: once a peer died mid-read, a new peer's "
+            "notifications never reach the decode pod that saw it (its hand-offs time out)"
+        )
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     before = fleet.fallbacks("prefill_failed")
     fleet.arm("prefill")
     assert ask(fleet, QUESTIONS[2]) == want[QUESTIONS[2]]

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 import torch
-from support import CEILING
+from support import CEILING, LIBFABRIC_HERE
 
 from neuronfleet.runtime.kv.kv_transfer import (
     HEADER,
@@ -28,7 +28,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
-TRANSPORTS = ["tcp", "nixl"]
+TRANSPORTS = ["tcp", "nixl", pytest.param("efa", marks=LIBFABRIC_HERE)]
 
 
 async def pair(region_shape=(2, 3, 8, 4), dtype=torch.bfloat16, transport="tcp"):
@@ -172,6 +172,42 @@ def test_nixl_bytes_corrupted_after_hashing_are_refused_and_a_restarted_receiver
     run(main())
 
 
+@pytest.mark.parametrize("transport", ["nixl", pytest.param("efa", marks=LIBFABRIC_HERE)])
+def test_a_nixl_writer_registers_its_memory_once_so_readers_never_hold_a_stale_registration(transport):
+    """Request after request (exports made and freed, their memory allocated again at the same addresses),
+    the writer's NIXL metadata stays what its first request made it: NIXL's peers keep the first
+    registration they loaded at an address, so memory registered anew there would be read with a stale one
+    (over LIBFABRIC: reads canceled). Exports the prefill role fills (`export_buffer`) and tensors from
+    anywhere (copied) alike; every request lands."""
+
+    async def main():
+        receiver = make_agent(transport, "decode-0", "smollm2@abc")
+        target = torch.zeros((4, 2, 3, 64, 4), dtype=torch.bfloat16)
+        receiver.register_memory("lease-1", target)
+        await receiver.start()
+        sender = make_agent(transport, "prefill-0", "smollm2@abc")
+        per, seen = target[0].numel() * 2, set()
+        for i in range(6):
+            if i % 2:  # as the prefill role does: the engine exports into the agent's memory
+                kv = sender.export_buffer(tuple(target.shape), torch.bfloat16)
+                kv.copy_(torch.randn(target.shape))
+            else:
+                kv = torch.randn(target.shape).to(torch.bfloat16)
+            layers = [sender.write_nowait(receiver.metadata(), kv[n], Descriptor("lease-1", n * per, per),
+                                          f"r{i}:{n}") for n in range(4)]  # fmt: skip
+            for t in layers:
+                await t.wait(CEILING)
+            assert torch.equal(target, kv)
+            sender.release_export(kv)
+            seen.add(sender.metadata()["nixl"])
+            del kv
+        assert len(seen) == 1
+        await sender.stop()
+        await receiver.stop()
+
+    run(main())
+
+
 @pytest.mark.parametrize("fault", ["stall", "cut"])
 def test_a_nixl_read_that_stalls_or_breaks_fails_the_write_and_frees_the_region(tmp_path, monkeypatch, fault):
     async def main():
@@ -211,13 +247,29 @@ def test_transports_never_bridge_and_a_missing_backend_says_what_is_missing():
     run(main())
 
 
+def test_a_libfabric_plugin_that_does_not_load_is_explained():
+    """The loader's own words (glibc's, as seen here with libfabric 2.1 and without a CUDA driver) are turned
+    into what to install."""
+    from neuronfleet.runtime.kv.nixl_transfer import plugin_load_hint
+
+    too_old = ("/opt/amazon/efa/lib/libfabric.so.1: version `FABRIC_1.10' not found (required by "
+               "/x/nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so)")  # fmt: skip
+    assert "2.1, is too old" in plugin_load_hint(too_old, (2, 1))
+    assert "EFA installer 1.51.0 or later" in plugin_load_hint(too_old, (2, 1))
+    missing = "{}: cannot open shared object file: No such file or directory"
+    assert "a stub where there is no CUDA driver" in plugin_load_hint(missing.format("libcuda.so.1"), (2, 7))
+    assert "libhwloc15" in plugin_load_hint(missing.format("libhwloc.so.15"), (2, 7))
+    assert "nvidia-cuda-runtime-cu12" in plugin_load_hint(missing.format("libcudart.so.12"), (2, 7))
+    assert plugin_load_hint(missing.format("libsomething.so.3"), (2, 7)) == ""
+
+
 def test_efa_never_falls_back_silently():
     from neuronfleet.runtime.kv.nixl_transfer import libfabric_version
 
     if libfabric_version() is None:  # this machine (Debian 12's libfabric is 1.17 and not installed)
-        with pytest.raises(TransportUnavailable, match=r"needs libfabric >= 1\.21"):
+        with pytest.raises(TransportUnavailable, match=r"needs libfabric \(libfabric\.so\.1\): none is"):
             make_agent("efa", "decode-0", "m")
-        with pytest.raises(TransportUnavailable, match=r"needs libfabric >= 1\.21"):
+        with pytest.raises(TransportUnavailable, match=r"EFA installer 1\.51\.0 or later"):
             make_agent("nixl", "decode-0", "m", backend="libfabric")
     with pytest.raises(ValueError, match="choose one of tcp, nixl, efa"):
         make_agent("udp", "decode-0", "m")

@@ -226,7 +226,7 @@ def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path)
 def test_a_pod_that_cannot_run_its_kv_transport_refuses_to_start_saying_what_is_missing(
     smollm2_dir, tmp_path
 ):
-    """Over EFA (NIXL's LIBFABRIC backend) without libfabric >= 1.21 (this machine has none), or with a NIXL
+    """Over EFA (NIXL's LIBFABRIC backend) without libfabric (this machine has none), or with a NIXL
     backend named for tcp: exit 2 before the model loads, the message naming what is missing or wrong."""
     import subprocess
 
@@ -246,7 +246,7 @@ def test_a_pod_that_cannot_run_its_kv_transport_refuses_to_start_saying_what_is_
             ["--kv-transport", "efa"],
             ["--kv-transport", "nixl", "--kv-nixl-backend", "libfabric"],
         ):
-            cases.append((transport, "needs libfabric >= 1.21 (libfabric.so.1): none is installed"))
+            cases.append((transport, "needs libfabric (libfabric.so.1): none is installed"))
     for options, message in cases:
         run = subprocess.run([*base, *options], capture_output=True, text=True)
         assert run.returncode == 2 and message in run.stderr, (options, run.stderr[-500:])
