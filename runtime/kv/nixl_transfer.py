@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -82,6 +83,10 @@ LIBFABRIC_PLUGIN_NEEDS = {
 FAULT_FILE_ENV = "NEURONFLEET_KV_FAULT_FILE"
 POLL_IDLE, POLL_BUSY = 0.001, 0.0001  # seconds between polls of NIXL
 READ_BATCH = 2  # layers per READ: small enough that hashing one overlaps reading the next
+# READs from one writer in flight at once, the others waiting their turn: all at once, UCX moves them side by
+# side and they end together, so that the hashing of none overlaps the reading of another (measured: a
+# 47 MB hand-off in about 20 ms with 2, 24 with all 15). Per writer: a stalled one holds up only its own.
+READ_WINDOW = 2
 
 
 def _nixl_api():
@@ -237,6 +242,7 @@ class NixlAgent(AgentBase):
         self._names: dict[str, str] = {}  # metadata -> the agent it names
         self._outgoing: dict[str, _Outgoing] = {}
         self._incoming: list[_Incoming] = []
+        self._queued: list[tuple[str, list[tuple[dict[str, Any], Region]], bool, bool]] = []  # reads to start
         self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
         self._exports: list[_Export] = []  # the memory this agent offers (a pool: see `_lend`)
         # offered this turn, checksum not sent yet: (receiver's metadata, pull id, bytes, flipped digest)
@@ -536,7 +542,8 @@ class NixlAgent(AgentBase):
                     late = f"no checksum from {key[0]} within {self.stall_seconds} s"
                     self._ack(key[0], [(entry.pull, late, False)])
         waiting = any(entry.pull is not None for entry in self._verifying.values())  # for checksums
-        return bool(self._incoming or self._cancelling or self._outgoing or waiting or self._hashing)
+        return bool(self._incoming or self._queued or self._cancelling or self._outgoing or waiting
+                    or self._hashing)  # fmt: skip
 
     def _verdict(self, writer: str, pull_id: str) -> list[tuple[dict[str, Any], str, bool]]:
         """The answer to a pull once both its bytes' hash and the writer's checksum are here (else none yet):
@@ -598,7 +605,20 @@ class NixlAgent(AgentBase):
         elif fault == "cut" and self._drops_peers:  # the connection to the writer is gone
             self._forget_remote(writer)
         for at in range(0, len(pulls), READ_BATCH):  # (over LIBFABRIC a cut read fails instead)
-            self._start_read(writer, pulls[at : at + READ_BATCH], fault == "stall", fault == "cut")
+            self._queued.append((writer, pulls[at : at + READ_BATCH], fault == "stall", fault == "cut"))
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        """Start the queued reads whose writer has fewer than READ_WINDOW in flight, in order."""
+        flying = collections.Counter(reading.writer for reading in self._incoming)
+        waiting = []
+        for read in self._queued:
+            if flying[read[0]] < READ_WINDOW:
+                flying[read[0]] += 1
+                self._start_read(*read)
+            else:
+                waiting.append(read)
+        self._queued = waiting
 
     def _start_read(
         self, writer: str, pulls: list[tuple[dict[str, Any], Region]], stalled: bool, cut: bool = False
@@ -639,6 +659,7 @@ class NixlAgent(AgentBase):
         for reading in list(self._cancelling):
             if self._release(reading):
                 self._cancelling.remove(reading)
+        self._start_queued()
 
     def _release(self, reading: _Incoming) -> bool:
         """Release the read's handle (NIXL cancels it if it is still on its way); True once its regions'
@@ -663,7 +684,14 @@ class NixlAgent(AgentBase):
             else:
                 error = f"the NIXL read from {writer} failed ({state})"
                 self._drop(writer)
-            return self._ack(writer, [(pull, error, False) for pull, _ in reading.pulls])
+            failed = list(reading.pulls)
+            for read in [read for read in self._queued if read[0] == writer]:  # theirs would fare no better
+                self._queued.remove(read)
+                with self._lock:
+                    for _, region in read[1]:
+                        region.receiving -= 1
+                failed += read[1]
+            return self._ack(writer, [(pull, error, False) for pull, _ in failed])
         self._hashing += 1
         self._to_hash.put(("read", writer, reading.pulls))
 
