@@ -245,8 +245,9 @@ def validate(spec: NeuronModelSpec, limit: ModelLimit | None = None) -> Report:
         named = f"{kv.transport} with backend libfabric" if kv.transport == "nixl" else kv.transport
         r.errors.append(
             f"kvTransfer.transport {named} (NIXL over LIBFABRIC on the pods' EFA devices) needs a runtime "
-            "image with AWS's EFA userspace (libfabric >= 1.21 and the libraries NIXL's LIBFABRIC plugin "
-            "loads, docs/disaggregation.md); neuronfleet's runtime-cpu image has NIXL but not EFA's "
+            "image with AWS's EFA userspace (EFA installer 1.51.0 or later: NIXL 1.5.1's LIBFABRIC plugin "
+            "needs a libfabric newer than 2.6.0, and the libraries docs/disaggregation.md lists); "
+            "neuronfleet's runtime-cpu image has NIXL but not EFA's "
             "libfabric: set spec.image to such an image, or use kvTransfer.transport nixl (backend ucx) or "
             "tcp"
         )
