@@ -298,8 +298,8 @@ def test_a_prefill_pod_killed_mid_transfer_then_restarted(fleet, want, request):
     push (`no_prefill_pod`); restarted with a new identity, it is re-added and pushes again."""
     if fleet.transport == "efa":  # over libfabric's tcp provider (no EFA device here); the answers stay right
         reason = (
-            "NIXL 1.5.1's LIBFABRIC over libfabric's tcp provider: once a peer died mid-read, a new peer's "
-            "notifications never reach the decode pod that saw it (its hand-offs time out)"
+            "NIXL 1.5.1's LIBFABRIC over libfabric's tcp provider: once a peer died with a read in flight "
+            "(an error on the decode pod's completion queue), no new peer's notification reaches that pod"
         )
         request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     before = fleet.fallbacks("prefill_failed")
