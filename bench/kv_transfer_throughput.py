@@ -7,17 +7,17 @@ The payload is one request's KV cache, layer by layer, as a prefill pod sends it
 Ours: `TcpAgent.write_nowait` per layer (header, payload straight into the receiver's registered memory,
 XXH3-64 check on both ends, an acknowledgement per write), timed until every write is verified. Raw: one
 blocking `sendall` per layer into a receiver that `recv_into`s a preallocated buffer, no header, no checksum,
-one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the request's
-layers in the agent's registered export memory, as a prefill pod's engine puts them; a notification each,
-then their checksums; the decode side checks each, READs it, hashes it and answers), timed until every layer
-is verified. NIXL (with `pip install 'neuronfleet[nixl]'`;
-skipped without it): the decode side's agent registers its region, the prefill side's its layers; `nixl
-write` is one WRITE of the 30 layers from the prefill side with a notification, timed until the decode side
-has seen it; `nixl read` is one READ of the 30 layers by the decode side, timed until it is done; each side
-polls NIXL itself, as ours does (NIXL's progress thread, which spins a core, is off everywhere). UCX
-chooses its transport (on one machine, shared memory); `--ucx-tls tcp` makes it use TCP, as between two
-nodes without RDMA. Each receiver runs in its own process, as a decode pod does; the sender here. They
-alternate; it prints GB/s of each, best and median, and the ratios.
+one acknowledgement at the end. Ours over NIXL: `NixlAgent.write_nowait` per layer (the request's layers in
+the agent's registered export memory, as a prefill pod's engine puts them; a notification each, then their
+checksums; the decode side checks each, READs it, hashes it and answers), timed until every layer is
+verified. NIXL (with `pip install 'neuronfleet[nixl]'`; skipped without it): the decode side's agent
+registers its region, the prefill side's its layers; `nixl write` is one WRITE of the 30 layers from the
+prefill side with a notification, timed until the decode side has seen it; `nixl read` is one READ of the 30
+layers by the decode side, timed until it is done; each side polls NIXL itself, as ours does (NIXL's progress
+thread, which spins a core, is off everywhere). UCX chooses its transport (on one machine, shared memory);
+`--ucx-tls tcp` makes it use TCP, as between two nodes without RDMA. Each receiver runs in its own process,
+as a decode pod does; the sender here. They alternate; it prints GB/s of each, best and median, and the
+ratios.
 
     .venv/bin/python bench/kv_transfer_throughput.py [--tokens 2048] [--repeats 25] [--ucx-tls tcp]
 
@@ -79,20 +79,20 @@ class OursOverNixl:
         self.export.copy_(torch.stack(layers))
 
     def write(self) -> float:
-        layers = list(self.export.unbind(0))
-        per = layers[0].numel() * 2
+        return self.loop.run_until_complete(timed_writes(self.sender, self.meta, list(self.export.unbind(0))))
 
-        async def send() -> float:
-            start = time.perf_counter()
-            transfers = [
-                self.sender.write_nowait(self.meta, layer, Descriptor("lease", i * per, per), f"layer-{i}")
-                for i, layer in enumerate(layers)
-            ]
-            for t in transfers:
-                await t.wait()
-            return time.perf_counter() - start
 
-        return self.loop.run_until_complete(send())
+async def timed_writes(sender, meta: dict, layers: list[torch.Tensor]) -> float:
+    """Seconds from the first layer's `write_nowait` until every layer is verified (a prefill pod's push)."""
+    per = layers[0].numel() * 2
+    start = time.perf_counter()
+    transfers = [
+        sender.write_nowait(meta, layer, Descriptor("lease", i * per, per), f"layer-{i}")
+        for i, layer in enumerate(layers)
+    ]
+    for t in transfers:
+        await t.wait()
+    return time.perf_counter() - start
 
 
 def raw_receiver(total: int, conn) -> None:
@@ -175,9 +175,8 @@ class Nixl:
     def read(self) -> float:
         start = time.perf_counter()
         self.conn.send(("read", b""))
-        while (
-            not self.conn.poll()
-        ):  # NIXL's progress thread is off: a read over TCP needs this side to serve it
+        # NIXL's progress thread is off: a read over TCP needs this side to serve it
+        while not self.conn.poll():
             self.agent.get_new_notifs()
         self.conn.recv()
         return time.perf_counter() - start
@@ -189,14 +188,7 @@ def ours(meta: dict, layers: list[torch.Tensor]) -> float:
     async def send() -> float:
         sender = TcpAgent("prefill", "m")
         await sender.write(meta, layers[0], Descriptor("lease", 0, per), "warm")  # connect outside the clock
-        start = time.perf_counter()
-        transfers = [
-            sender.write_nowait(meta, layer, Descriptor("lease", i * per, per), f"layer-{i}")
-            for i, layer in enumerate(layers)
-        ]
-        for t in transfers:
-            await t.wait()
-        seconds = time.perf_counter() - start
+        seconds = await timed_writes(sender, meta, layers)
         await sender.stop()
         return seconds
 

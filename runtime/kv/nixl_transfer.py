@@ -68,10 +68,12 @@ BACKENDS = {"ucx": "UCX", "libfabric": "LIBFABRIC"}  # --kv-nixl-backend -> NIXL
 # what NIXL 1.5.1's LIBFABRIC plugin (nixl_cu12.libs/nixl/libplugin_LIBFABRIC.so) needs besides NIXL's own
 # libraries, read off the plugin (readelf -d, objdump -T): libfabric's ABI FABRIC_1.10 (fi_getinfo,
 # fi_dupinfo, fi_freeinfo), which libfabric's main branch added in August 2026, after its release 2.6.0
-# (ofiwg/libfabric, libfabric.map.in; AWS's EFA installer 1.51.0 ships libfabric 2.7.0amzn2.0, 1.50.0 2.6.0);
-# libhwloc.so.15; libcudart.so.12; and libcuda.so.1, of which it calls cuCtxSetCurrent, cuDeviceGetPCIBusId
-# and cuPointerGetAttributes only for GPU memory, so a stub serves where there is no CUDA driver (the vLLM
-# Neuron DLC of SDK 2.34 builds one). Where each comes from, for start-up's message:
+# (ofiwg/libfabric, libfabric.map.in; AWS's EFA installer 1.51.0 ships libfabric 2.7.0amzn2.0, 1.50.0 2.6.0:
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html); libhwloc.so.15; libcudart.so.12; and
+# libcuda.so.1, of which it calls cuCtxSetCurrent, cuDeviceGetPCIBusId and cuPointerGetAttributes only for
+# GPU memory, so a stub serves where there is no CUDA driver (the vLLM Neuron DLC of SDK 2.34 builds one:
+# aws-neuron/deep-learning-containers, vllm/inference/0.24.0.1.1.0/Dockerfile.neuronx). Where each comes from,
+# for start-up's message:
 LIBFABRIC_PLUGIN_NEEDS = {
     "FABRIC_1.10": "a libfabric newer than 2.6.0 (AWS's EFA installer 1.51.0 or later puts libfabric 2.7 in "
     "/opt/amazon/efa)",
@@ -334,19 +336,17 @@ class NixlAgent(AgentBase):
                 return export
         size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
         export = _Export(torch.empty(size, dtype=torch.uint8), holds=1)
-        with self._nixl_lock:  # (the pool grows while the prefill pod warms up, then no more)
-            self._nixl.register_memory([(export.buffer.data_ptr(), size, 0, "")], "DRAM")
-            self._renew_metadata()
+        self._register(export.buffer)  # (the pool grows while the prefill pod warms up, then no more)
         with self._pool_lock:
             self._exports.append(export)
         return export
 
     def export_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
         return self._lend(nbytes).buffer[:nbytes].view(dtype).view(shape)
 
     def release_export(self, tensor: torch.Tensor) -> None:
-        self._withdraw(self._export_of(tensor.data_ptr(), tensor.numel() * tensor.element_size()))
+        self._withdraw(self._export_of(tensor.data_ptr(), tensor.nbytes))
 
     def _export_of(self, start: int, nbytes: int) -> _Export | None:
         with self._pool_lock:
@@ -355,7 +355,7 @@ class NixlAgent(AgentBase):
     def _offer(self, src: torch.Tensor) -> tuple[_Export, torch.Tensor]:
         """The registered memory the receiver will read `src` from, held until the pull settles: `src` itself
         where it lies in a buffer of the pool (an `export_buffer`), else a copy of it in one."""
-        nbytes = src.numel() * src.element_size()
+        nbytes = src.nbytes
         export = self._export_of(src.data_ptr(), nbytes)
         if export is not None:
             with self._pool_lock:
