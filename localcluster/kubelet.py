@@ -8,7 +8,8 @@ it does what a node's kubelet and the built-in controllers would, with local pro
 - Deployments get `replicas` pods of their current template, rolled one extra pod at a time: an old pod goes
   only once a new one is ready; a pod whose process dies is restarted (counted); scaling follows replicas.
 - Pods run their container's command as a local process (`processes`): ports mapped, volume mounts mapped to
-  local folders (PVCs to their folders; ConfigMaps and Secrets written out; emptyDirs per pod), probes at
+  local folders (PVCs to their folders, a subPath to the folder inside; ConfigMaps and Secrets written out;
+  emptyDirs per pod), probes at
   their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
   reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`. A deleted pod
   leaves its Services at once, then runs its preStop `sleep` hook, then gets SIGTERM (`processes.stop`).
@@ -45,6 +46,7 @@ from .processes import (
     LocalPod,
     kill,
     map_path,
+    mounted_folders,
     pod_status,
     rewrite_command,
     stop,
@@ -343,14 +345,7 @@ class ProcessKubelet:
             ports[p.get("name") or str(p["containerPort"])] = local
             ports[str(p["containerPort"])] = local
         volumes = self._volumes(pod, folder)
-        mounts = sorted(
-            (
-                (m["mountPath"], volumes[m["name"]])
-                for m in container.get("volumeMounts", [])
-                if m["name"] in volumes and m["mountPath"] != "/dev/shm"
-            ),
-            key=lambda m: -len(m[0]),
-        )
+        mounts = mounted_folders(container, volumes)
         local = LocalPod(
             namespace=meta["namespace"],
             name=meta["name"],

@@ -49,6 +49,25 @@ def map_path(value: str, mounts: list[tuple[str, Path]]) -> str:
     return value
 
 
+def mounted_folders(container: dict[str, Any], volumes: dict[str, Path]) -> list[tuple[str, Path]]:
+    """The container's mounts as (mount path, local folder), longest mount paths first (as `map_path` reads
+    them): its volume's folder, or at a `subPath` the folder inside it, made when missing as the kubelet
+    makes it (a subPath that would leave its volume is refused, as the API server refuses it)."""
+    out = []
+    for m in container.get("volumeMounts", []):
+        if m["name"] not in volumes or m["mountPath"] == "/dev/shm":
+            continue
+        folder = volumes[m["name"]]
+        if m.get("subPath"):
+            inside = (folder / m["subPath"]).resolve()
+            if not inside.is_relative_to(folder.resolve()):
+                raise ValueError(f"volumeMount {m['name']}: subPath {m['subPath']} leaves its volume")
+            inside.mkdir(parents=True, exist_ok=True)
+            folder = inside
+        out.append((m["mountPath"], folder))
+    return sorted(out, key=lambda m: -len(m[0]))
+
+
 def rewrite_command(command: list[str], ports: dict[int, int], mounts: list[tuple[str, Path]]) -> list[str]:
     """The container's command as it runs here: ports mapped, 0.0.0.0 -> 127.0.0.1, container paths mapped."""
     out: list[str] = []

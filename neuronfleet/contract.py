@@ -25,12 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # ---- where pods find things --------------------------------------------------------------------------------
 
-CACHE_MOUNT = "/var/lib/neuronfleet/cache"  # the compile cache volume: artifacts/<hash>/ in every pod
+# the compile cache (artifacts/<hash>/): in each pod, its model's own folder of the claim (model_cache_folder)
+CACHE_MOUNT = "/var/lib/neuronfleet/cache"
 CONFIG_MOUNT = "/etc/neuronfleet"  # the runtime ConfigMap (compile.json, engines' compile scripts)
 COMPILE_CONFIG_FILE = "compile.json"  # the ConfigMap's key, a file under CONFIG_MOUNT
 MODEL_MOUNT = "/var/lib/neuronfleet/model"  # a pvc:// model's claim, read-only
 INTERNAL_TOKEN_DIR = "/var/run/neuronfleet/internal"  # the internal token Secret, read-only
 INTERNAL_TOKEN_FILE = f"{INTERNAL_TOKEN_DIR}/token"
+
+
+def model_cache_folder(model: str) -> str:
+    """A model's own folder of its compile cache claim, which is all its pods mount of it (a volumeMount's
+    subPath) at CACHE_MOUNT: its artifacts/<hash>/, its s3:// downloads (sources/) and its engine's caches.
+    Claims are namespaced, so the name is the model's own on that claim."""
+    return f"models/{model}"
+
 
 # ---- environment variables ---------------------------------------------------------------------------------
 

@@ -84,7 +84,8 @@ def compiled_shapes(spec: NeuronModelSpec) -> dict[str, Any]:
 
 def compile_hash(spec: NeuronModelSpec) -> str:
     """Canonical hash of the compile identity: model, revision and tokenizer, engine and image, the shapes
-    fixed at compile time, the platform family, logical cores and compiler settings."""
+    fixed at compile time, the platform family, logical cores and compiler settings, and where the artifacts
+    are kept."""
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
     identity = {
@@ -97,6 +98,9 @@ def compile_hash(spec: NeuronModelSpec) -> str:
         **compiled_shapes(spec),
         "quantization": n.quantization,
         "overrides": n.overrides,
+        # compiled into the model's own folder of the claim (pod_parts.volumes): a hash compiled into the
+        # claim's root by an earlier version is not there, so it is another hash, compiled again
+        "cacheFolder": "per-model",
     }
     if spec.model.tokenizer:  # only when set: the hashes of models without one stay as they were
         identity["tokenizer"] = spec.model.tokenizer
@@ -232,17 +236,17 @@ def build_compile_job(
     `source_retries`: how many times in a row its model source was unreadable (`rollout.source_retry_at`)."""
     container = engines.compile_container(spec, chash)
     volumes, mounts = pod_parts.volumes(
-        spec, True, cache_claim_name(owner, spec), config_map_name(owner), container.writable
+        spec, True, owner.name, cache_claim_name(owner, spec), config_map_name(owner), container.writable
     )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "securityContext": pod_parts.pod_security(container),
+        **pod_parts.pod_security(container),
         "containers": [
             {
                 "name": "compile",
                 "image": container.image,
                 "command": container.command,
-                "env": pod_parts.env(spec, container.env, hub_token=True, fields=container.field_env),
+                "env": pod_parts.container_env(spec, container, hub_token=True),
                 "volumeMounts": mounts,
                 "resources": pod_parts.compile_resources(spec, container),
                 "securityContext": pod_parts.security(container),
@@ -311,13 +315,13 @@ def build_source_probe(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[
         "name": "fingerprint",
         "image": engines.common.OWN_IMAGES["cpu"],
         "command": command,
-        "env": pod_parts.env(spec, {}, hub_token=spec.model.uri.startswith("hf://")),
+        "env": pod_parts.env(spec, pod_parts.OWN_WRITABLE_ENV, hub_token=spec.model.uri.startswith("hf://")),
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": pod_parts.security(),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    pod_spec = {"restartPolicy": "Never", "securityContext": pod_parts.pod_security(),
+    pod_spec = {"restartPolicy": "Never", **pod_parts.pod_security(),
                 "containers": [container], "volumes": volumes}  # fmt: skip
     if spec.compile.serviceAccountName:  # as the compile Job: the same credentials read the source
         pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
@@ -377,15 +381,10 @@ def build_deployment(
         wake_base=wake_base,
     ) if ours else None  # fmt: skip
     container = engines.serve_container(spec, role, chash, port, config, served_name=owner.name)
-    env = pod_parts.env(
-        spec,
-        container.env,
-        hub_token=pod_parts.reads_hub_when_serving(spec, role),
-        fields=container.field_env,
-    )
+    env = pod_parts.container_env(spec, container, hub_token=pod_parts.reads_hub_when_serving(spec, role))
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     volumes, mounts = pod_parts.volumes(
-        spec, False, cache_claim_name(owner, spec), config_map_name(owner), container.writable
+        spec, False, owner.name, cache_claim_name(owner, spec), config_map_name(owner), container.writable
     )
     kv = spec.serving.kvTransfer
     if ours and role == "decode" and kv.transport == "tcp":  # NIXL's metadata carries its own addresses
@@ -422,7 +421,7 @@ def build_deployment(
         }
 
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_parts.pod_security(container),
+        **pod_parts.pod_security(container),
         # the preStop sleep, then requests in flight finish within the server's grace period, then it exits
         "terminationGracePeriodSeconds": (
             ENDPOINT_DRAIN_SECONDS + int(config.grace_period if config else GRACE_PERIOD) + 15

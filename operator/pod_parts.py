@@ -1,18 +1,18 @@
-"""What every pod the operator makes is given, whatever builds it (the compile Job, a serving Deployment):
-its security context (our images: non-root, read-only root, no capabilities but EFA's IPC_LOCK; an engine's
-image: its own user and root file system, and only the capabilities its documentation adds), its environment
-(the Hub token only from the model's Secret, only where it is used), its volumes (the compile cache, the
-compile config, a pvc:// model, the engine's writable places), its resources (`host_resources` fills what the
-spec leaves out) and, on Neuron, its placement (instance type, the Neuron taint, a scheduler only where one is
-named); a compile pod's initContainer that downloads an s3:// model. Pure, but for the operator's settings
-read once from its environment (the chart's values)."""
+"""What every pod the operator makes is given, whatever builds it (the compile Job, a serving Deployment, the
+source probe): its security (`pod_security`, `security`: the one place it is decided; docs/security.md), its
+environment (the Hub token only from the model's Secret, only where it is used; our images' writable places),
+its volumes (the model's own folder of the compile cache, the compile config, a pvc:// model, the engine's
+writable places), its resources (`host_resources` fills what the spec leaves out) and, on Neuron, its
+placement (instance type, the Neuron taint, a scheduler only where one is named); a compile pod's
+initContainer that downloads an s3:// model. Pure, but for the operator's settings read once from its
+environment (the chart's values)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, HF_TOKEN_ENVS, MODEL_MOUNT
+from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, HF_TOKEN_ENVS, MODEL_MOUNT, model_cache_folder
 
 from . import engines, host_resources, parallelism
 from .engines.common import Container
@@ -27,46 +27,70 @@ NEURON_SCHEDULER_ENV = "NEURONFLEET_NEURON_SCHEDULER"
 NEURON_SCHEDULER = os.environ.get(NEURON_SCHEDULER_ENV, "")
 RUN_AS_USER = 10001  # our images' own user (Dockerfile)
 RUNTIME_DEFAULT_SECCOMP = {"type": "RuntimeDefault"}
+# Where our images' processes write, their root file system being read-only: the pod's /tmp (an emptyDir) is
+# their home, temporary folder and cache (huggingface_hub's, torch's), as their user has no home folder
+# (Dockerfile: useradd --no-create-home). What they write for good goes to the compile cache claim.
+OWN_WRITABLE_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache"}
+# An engine's image keeps the container runtime's default capabilities, which its documentation runs it with
+# (`docker run` without --cap-drop), but raw and packet sockets (ping, forged packets on the pod network): no
+# engine's transport uses them (HTTP, ZeroMQ and NIXL over TCP sockets, EFA through its verbs device).
+ENGINE_DROPPED = ("NET_RAW",)
+# Kubernetes counts a container that adds CAP_SYS_ADMIN as one that may escalate its privileges:
+# "AllowPrivilegeEscalation is true always when the container is: 1) run as Privileged 2) has CAP_SYS_ADMIN"
+# (API reference, SecurityContext, v1.31), and its API refuses `allowPrivilegeEscalation: false` beside
+# `CAP_SYS_ADMIN` (pkg/apis/core/validation ValidateSecurityContext): such a container does not claim it.
+ESCALATING = "SYS_ADMIN"
 
 
 def pod_security(container: Container | None = None) -> dict[str, Any]:
-    """The pod's security context: for our images (`container` None or not `third_party`) their own
-    non-root user, owning the volumes; an engine's image runs as the user it declares."""
+    """The pod's own security fields. No ServiceAccount token in any pod: none of them talks to the Kubernetes
+    API (the runtime and the engines have no Kubernetes client; an IAM role for the compile's ServiceAccount
+    comes as a token volume of its own, which EKS's pod identity webhook adds). Our images (`container` None,
+    or not `third_party`): their own non-root user, owning the volumes; an engine's image: the user it
+    declares."""
     if container is not None and container.third_party:
-        return {"seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP)}
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER}
+        context: dict[str, Any] = {"seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP)}
+    else:
+        context = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                   "fsGroup": RUN_AS_USER, "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP)}  # fmt: skip
+    return {"automountServiceAccountToken": False, "securityContext": context}
 
 
 def security(container: Container | None = None, efa: bool = False) -> dict[str, Any]:
-    """A container's security context. Ours: non-root, read-only root (unless the container writes it), no
-    capabilities. An engine's image: its own user and a writable root file system (the images declare no
-    unprivileged user and write under their working folders, e.g. the vLLM image's /workspace), the
-    container runtime's default capabilities plus those the engine's documentation adds
-    (`Container.capabilities`), no privilege escalation. Both add IPC_LOCK with EFA: libfabric's EFA
-    provider pins the memory it registers for RDMA, which needs CAP_IPC_LOCK unless the node lifts the
-    memlock limit (AWS, "Manage EFA devices on Amazon EKS"; libfabric's fi_efa(7))."""
+    """A container's security context. Ours: non-root, read-only root (it writes only its emptyDirs:
+    `OWN_WRITABLE_ENV`), no capabilities, no privilege escalation. An engine's image: its own user and a
+    writable root file system (the images declare no unprivileged user and write under their working folders,
+    e.g. the vLLM image's /workspace), the container runtime's default capabilities but `ENGINE_DROPPED`, plus
+    those the engine's documentation adds (`Container.capabilities`, each with its source in the engine's
+    module), no privilege escalation unless one of them is SYS_ADMIN (`ESCALATING`). Both add IPC_LOCK with
+    EFA: libfabric's EFA provider pins the memory it registers for RDMA, which needs CAP_IPC_LOCK unless the
+    node lifts the memlock limit (AWS, "Manage EFA devices on Amazon EKS"; libfabric's fi_efa(7))."""
     add = list(container.capabilities) if container is not None else []
     if efa and "IPC_LOCK" not in add:
         add.append("IPC_LOCK")
     if container is not None and container.third_party:
+        capabilities: dict[str, list[str]] = {"drop": list(ENGINE_DROPPED)}
+        if add:
+            capabilities["add"] = add
         out: dict[str, Any] = {
-            "allowPrivilegeEscalation": False,
             "privileged": False,
+            "capabilities": capabilities,
             "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP),
         }
-        if add:
-            out["capabilities"] = {"add": add}
+        if ESCALATING not in add:
+            out["allowPrivilegeEscalation"] = False
         return out
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    own: dict[str, list[str]] = {"drop": ["ALL"]}
     if add:
-        capabilities["add"] = add
+        own["add"] = add
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
         "allowPrivilegeEscalation": False,
         "privileged": False,
-        "readOnlyRootFilesystem": container.read_only_root if container is not None else True,
-        "capabilities": capabilities,
+        "readOnlyRootFilesystem": True,
+        "capabilities": own,
         "seccompProfile": dict(RUNTIME_DEFAULT_SECCOMP),
     }
 
@@ -75,6 +99,12 @@ def reads_hub_when_serving(spec: NeuronModelSpec, role: str) -> bool:
     """Whether a role's pods download from the Hugging Face Hub at start, so need the model's token: the
     engine's word (`engines.reads_hub_when_serving`); never our router."""
     return role != "router" and engines.reads_hub_when_serving(spec)
+
+
+def container_env(spec: NeuronModelSpec, container: Container, hub_token: bool) -> list[dict[str, Any]]:
+    """A container's environment (`env`): its own, with our images' writable places (`OWN_WRITABLE_ENV`)."""
+    own = {} if container.third_party else OWN_WRITABLE_ENV
+    return env(spec, {**own, **container.env}, hub_token, container.field_env)
 
 
 def env(
@@ -104,16 +134,20 @@ def source_volumes(spec: NeuronModelSpec) -> tuple[list, list]:
 
 
 def volumes(
-    spec: NeuronModelSpec, compiling: bool, cache_claim: str, config_map: str, writable: tuple[str, ...] = ()
-) -> tuple[list, list]:
+    spec: NeuronModelSpec, compiling: bool, model: str, cache_claim: str, config_map: str,
+    writable: tuple[str, ...] = (),
+) -> tuple[list, list]:  # fmt: skip
     """The compile pod's volumes (cache writable, the ConfigMap's compile.json and scripts), or a serving
     pod's (cache read-only; no ConfigMap: serving reads only artifacts/<hash>/, so a new compile's ConfigMap
-    never touches running pods), beside the `source_volumes`."""
+    never touches running pods), beside the `source_volumes`. Of the cache claim, a pod mounts only the
+    folder of its `model` (`contract.model_cache_folder`): models that share a claim see none of each other's
+    artifacts, downloads or engine caches, so none can plant what another loads."""
     volumes, mounts = source_volumes(spec)
     if engines.shared_cache(spec):  # read-only for serving, but where servers keep their own cache there
         read_only = not compiling and not engines.serving_writes_cache(spec)
         volumes.insert(0, {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim}})
-        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": read_only})
+        mounts.insert(0, {"name": "cache", "mountPath": CACHE_MOUNT, "subPath": model_cache_folder(model),
+                          "readOnly": read_only})  # fmt: skip
     if compiling:
         volumes.insert(1, {"name": "config", "configMap": {"name": config_map}})
         mounts.insert(1, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
@@ -182,6 +216,7 @@ def fetch_init_container(spec: NeuronModelSpec, mounts: list[dict[str, Any]]) ->
         "name": "fetch-model",
         "image": fetch.image,
         "command": fetch.command,
+        "env": container_env(spec, fetch, hub_token=False),
         "volumeMounts": [m for m in mounts if m["name"] in ("cache", "tmp")],
         "resources": {"requests": dict(host_resources.SMALL), "limits": dict(host_resources.SMALL_LIMITS)},
         "securityContext": security(),

@@ -69,9 +69,9 @@ HF_HUB = "huggingface_hub 2.4.0 (the version read here): huggingface_hub/_login.
 @dataclass
 class Container:
     """What a container of one role runs: image, command + args, environment (name -> value); the folders it
-    writes (each an emptyDir; /tmp always is one) and whether the rest of its root can be read-only. An
-    engine's own image (`third_party`) runs as the user it declares, with a writable root, the container
-    runtime's default capabilities and the `capabilities` its documentation adds. For a compile container:
+    writes beside /tmp (each an emptyDir). Our images run non-root with a read-only root; an engine's own
+    image (`third_party`) runs as the user it declares, with a writable root, the container runtime's default
+    capabilities and the `capabilities` its documentation adds (pod_parts.security). For a compile container:
     whether it needs Neuron devices (it then runs on a node of the serving instance type with the cores of
     the largest tensor parallelism it compiles) and whether it loads the model (its memory follows the
     model's size: `host_resources`)."""
@@ -80,7 +80,6 @@ class Container:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     writable: tuple[str, ...] = ()
-    read_only_root: bool = True
     needs_neuron: bool = False
     third_party: bool = False
     capabilities: tuple[str, ...] = ()

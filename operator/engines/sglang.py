@@ -43,7 +43,7 @@ BOOTSTRAP_PORT = 8998
 # NIXL's transport: SGLang reads SGLANG_DISAGGREGATION_NIXL_BACKEND (default UCX); EFA is libfabric's provider
 NIXL_BACKEND = "LIBFABRIC"
 SERVING_WRITES_CACHE = True
-# The servers' own folder on the cache claim, one per image (its tag's hash)
+# The servers' own folder in the model's folder of the cache claim, one per image (its tag's hash)
 SERVER_CACHE = f"{CACHE_MOUNT}/sglang/{hashlib.sha256(IMAGE.encode()).hexdigest()[:16]}"
 # --cap-add SYS_NICE in the container options of the configuration reference (IPC_LOCK with EFA: pod_parts)
 CAPABILITIES = ("SYS_NICE",)
@@ -140,7 +140,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """Our CPU image runs compile.sh (a shell check, no Neuron device: placed on any node)."""
-    return Container(OWN_IMAGES["cpu"], ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], read_only_root=True)
+    return Container(OWN_IMAGES["cpu"], ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
 
 
 def serve(
@@ -170,7 +170,7 @@ def serve(
         command += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
         env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = NIXL_BACKEND
     container = Container(
-        IMAGE, command, env, read_only_root=False, third_party=True, capabilities=CAPABILITIES,
+        IMAGE, command, env, third_party=True, capabilities=CAPABILITIES,
         init_process=True,
     )  # fmt: skip
     if role == "prefill":

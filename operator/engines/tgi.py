@@ -136,7 +136,7 @@ def serve(
     command = ["/tgi-entrypoint.sh", "--model-id", f"{artifacts_dir(compile_hash)}/model"]
     why = "TGI is not started, since it would export the model itself instead of serving"
     guarded = ["/bin/sh", "-c", start_guard(compile_hash, [], why), "tgi-start-guard", *command]
-    return Container(IMAGE, guarded, serve_env(spec, port), read_only_root=False, third_party=True)
+    return Container(IMAGE, guarded, serve_env(spec, port), third_party=True)
 
 
 def export_args(spec: NeuronModelSpec, source: str, out: str) -> list[str]:
@@ -174,7 +174,7 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     return Container(
-        IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], {}, read_only_root=False, third_party=True,
+        IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], {}, third_party=True,
         needs_neuron=True,
     )  # fmt: skip
 

@@ -301,7 +301,7 @@ def serve(
         )
     guarded = ["/bin/sh", "-c", start_guard(spec, compile_hash), "vllm-start-guard", *command]
     return Container(
-        IMAGE, guarded, engine_env(spec, compile_hash), read_only_root=False, third_party=True,
+        IMAGE, guarded, engine_env(spec, compile_hash), third_party=True,
         capabilities=CAPABILITIES,
     )  # fmt: skip
 
@@ -365,7 +365,7 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     no compile-only path), so the Job runs where a serving pod would, with its cores (builders)."""
     command = ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"]
     return Container(
-        IMAGE, command, engine_env(spec, compile_hash), read_only_root=False, needs_neuron=True,
+        IMAGE, command, engine_env(spec, compile_hash), needs_neuron=True,
         third_party=True, capabilities=CAPABILITIES,
     )  # fmt: skip
 

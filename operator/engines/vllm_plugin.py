@@ -459,7 +459,7 @@ def serve(
     command += _words(engine_args(spec, role))
     guarded = ["/bin/sh", "-c", start_guard(spec, compile_hash), "vllm-start-guard", *command]
     container = Container(
-        IMAGE, guarded, engine_env(spec, role), writable=(LOCAL_CACHE_ROOT,), read_only_root=False,
+        IMAGE, guarded, engine_env(spec, role), writable=(LOCAL_CACHE_ROOT,),
         third_party=True, capabilities=CAPABILITIES,
     )  # fmt: skip
     if role in ("prefill", "decode"):
@@ -539,7 +539,7 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
         env["NEURON_PLATFORM_TARGET_OVERRIDE"] = topology.INSTANCES[spec.neuron.instanceType].platform
     return Container(
         IMAGE, ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"], env, writable=(LOCAL_CACHE_ROOT,),
-        read_only_root=False, needs_neuron=not on_cpu, third_party=True,
+        needs_neuron=not on_cpu, third_party=True,
         capabilities=() if on_cpu else CAPABILITIES,
     )  # fmt: skip
 

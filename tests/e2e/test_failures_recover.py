@@ -20,6 +20,8 @@ import pytest
 import yaml
 from support import ROOT, chat, local_mode
 
+from neuronfleet.contract import model_cache_folder
+
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NAME = "smollm2"
 
@@ -48,7 +50,8 @@ def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
     status = model()["status"]
     endpoint, chash = status["endpoint"], status["compileHash"]
     claim = local.get("pvc", "-l", f"neuronfleet.dev/model={NAME}")["items"][0]["metadata"]["name"]
-    artifacts = local.state / "node" / "volumes" / "default" / claim / "artifacts" / chash / "model"
+    volume = local.state / "node" / "volumes" / "default" / claim / model_cache_folder(NAME)
+    artifacts = volume / "artifacts" / chash / "model"
     assert artifacts.is_dir(), artifacts
     moved = artifacts.with_name("model.moved")
     artifacts.rename(moved)  # the compiled model is gone from under the running pod

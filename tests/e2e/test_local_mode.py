@@ -18,6 +18,7 @@ import pytest
 import yaml
 from support import HTTP_TIMEOUT, ROOT, LocalCluster, metrics_text, run_neuronfleet
 
+from neuronfleet.contract import model_cache_folder
 from neuronfleet.runtime.engine.config import RuntimeConfig
 from neuronfleet.runtime.engine.engine import Engine
 from neuronfleet.runtime.model.dtypes import resolve_dtype
@@ -94,7 +95,8 @@ def offline_answer(local: Local, name: str) -> str:
     """The runtime's own greedy answer on the weights the compile Job produced, in the spec's dtype and
     lengths (what the pods are told)."""
     model = local.get("nm", name)
-    folder = local.state / "node" / "volumes" / "default" / f"{name}-compile-cache"
+    claim = local.state / "node" / "volumes" / "default" / f"{name}-compile-cache"
+    folder = claim / model_cache_folder(name)  # the model's own folder of the claim: all its pods mount
     n = model["spec"]["neuron"]
     config = RuntimeConfig(slots=1, max_seq_len=n["sequenceLength"], max_input_len=n["maxInputLength"],
                            dtype=n["dtype"], prefix_reuse=False)  # fmt: skip

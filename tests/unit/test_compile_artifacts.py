@@ -1,17 +1,23 @@
 """`neuronfleet compile`: a model source into artifacts/<hash>/ (weights in the target dtype, validated by a
-full load, tokenizer and config), manifest.json last, a cache hit at once, clear errors."""
+full load, tokenizer and config), manifest.json last, a cache hit at once, clear errors; and no cache hit on
+what another model sharing the claim wrote."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from support import make_tiny_llama
 
+from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, TERMINATION_LOG_ENV
+from neuronfleet.localcluster.processes import map_path, mounted_folders, rewrite_command
+from neuronfleet.operator import builders, validation
 from neuronfleet.runtime.artifacts.compile_artifacts import CompileError, compile_artifacts
 from neuronfleet.runtime.engine.config import RuntimeConfig
 from neuronfleet.runtime.engine.model_runner import ModelRunner
@@ -141,3 +147,60 @@ def test_a_quantized_compile_stores_packed_weights_that_serving_loads_as_they_ar
     )
     runner = ModelRunner(out / "model", RuntimeConfig(slots=1, max_seq_len=64))  # as serving pods
     assert runner.quantization == "int4"
+
+
+def test_a_model_sharing_the_claim_cannot_plant_the_artifacts_another_loads(tmp_path):
+    """Two models on one cache claim, with the same compile identity (so the same predictable hash): what
+    the first model's compile pod writes at that hash, and an old-layout folder in the claim's root, are not
+    the second's cache hit. Each pod mounts only its model's folder of the claim (the compile Jobs as the
+    operator builds them, their mounts as the local kubelet makes them, the second's command run for real)."""
+    model = make_tiny_llama(tmp_path / "src")
+    obj = {
+        "apiVersion": "neuronfleet.dev/v1alpha1",
+        "kind": "NeuronModel",
+        "spec": {
+            "model": {"uri": f"file://{model}"},
+            "neuron": {"instanceType": "cpu", "sequenceLength": 64, "maxInputLength": 32, "batchSize": 2},
+            "compile": {"cache": {"claimName": "shared"}},
+        },
+    }
+    spec, errors = validation.parse(obj)
+    assert not errors
+    chash = builders.compile_hash(spec)
+    claim = tmp_path / "claim"
+
+    def compile_pod(name: str):
+        objects = builders.build_all(builders.Owner(name, "ns", f"uid-{name}"), spec)
+        (job,) = [o for o in objects if o["kind"] == "Job"]
+        (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+        config = tmp_path / name / "config"
+        config.mkdir(parents=True)
+        for key, value in config_map["data"].items():
+            (config / key).write_text(value)
+        (tmp_path / name / "tmp").mkdir()
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        volumes = {"cache": claim, "config": config, "tmp": tmp_path / name / "tmp"}
+        return container, mounted_folders(container, volumes)
+
+    _, attacker_mounts = compile_pod("other")
+    victim, victim_mounts = compile_pod("chat")
+    # the other model's pod writes a complete-looking folder at the hash, as its own compile would
+    planted = Path(map_path(f"{CACHE_MOUNT}/artifacts/{chash}", attacker_mounts))
+    for folder in (planted, claim / "artifacts" / chash):  # (and in the claim's root, the old layout)
+        (folder / "model").mkdir(parents=True, exist_ok=True)
+        (folder / "model" / "config.json").write_text('{"planted": true}')
+        (folder / "manifest.json").write_text(json.dumps({"compileHash": chash, "engine": "embedded"}))
+    assert f"{CONFIG_MOUNT}/compile.json" in victim["command"]
+    log = tmp_path / "termination-log"
+    run = subprocess.run(
+        rewrite_command(victim["command"], {}, victim_mounts),
+        capture_output=True, text=True, env={**os.environ, TERMINATION_LOG_ENV: str(log)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "cache hit" not in run.stderr and json.loads(log.read_text())["cacheHit"] is False
+    out = Path(map_path(f"{CACHE_MOUNT}/artifacts/{chash}", victim_mounts))
+    assert json.loads((out / "model" / "config.json").read_text()).get("planted") is None
+    assert out.is_relative_to(claim / "models" / "chat")
+    assert planted.is_relative_to(claim / "models" / "other")
+    with pytest.raises(ValueError, match="leaves its volume"):  # a mount never reaches past its volume
+        mounted_folders({"volumeMounts": [{"name": "c", "mountPath": "/c", "subPath": "../x"}]}, {"c": claim})

@@ -206,7 +206,7 @@ def test_servers_run_as_the_image_expects_with_the_documented_capabilities():
         c = container(deployment)
         assert "runAsUser" not in pod["securityContext"] and "runAsUser" not in c["securityContext"]
         assert "readOnlyRootFilesystem" not in c["securityContext"]
-        assert c["securityContext"]["capabilities"] == {"add": ["SYS_NICE", "IPC_LOCK"]}
+        assert c["securityContext"]["capabilities"] == {"drop": ["NET_RAW"], "add": ["SYS_NICE", "IPC_LOCK"]}
         assert not c["securityContext"]["allowPrivilegeEscalation"]
         assert pod["shareProcessNamespace"] is True
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]

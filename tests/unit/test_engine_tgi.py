@@ -186,7 +186,7 @@ def test_every_name_the_operator_emits_is_recorded_with_a_source(obj):
 def test_the_compile_job_runs_on_a_neuron_node_with_a_read_only_root_and_the_writable_places():
     """optimum-neuron 0.3.0 exports LLMs on Neuron devices only: the Job asks the device plugin for the
     serving pods' cores on a node of the serving instance type, the Neuron taint tolerated. It and the serving
-    pods keep their root read-only, with HOME (and the compiler's /var/tmp cache for the Job) writable."""
+    pods run as the image is built (root, its root file system writable), with no capability added."""
     obj = load(SAMPLES[0])
     spec = spec_of(obj)
     objects = rendered(obj)
@@ -203,10 +203,9 @@ def test_the_compile_job_runs_on_a_neuron_node_with_a_read_only_root_and_the_wri
         (deployment["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]["containers"][0]),
     ):  # the image's own user (it declares none: root) and its writable root; no added capability
         assert "runAsUser" not in pod_spec["securityContext"] and "runAsUser" not in c["securityContext"]
-        assert (
-            "readOnlyRootFilesystem" not in c["securityContext"]
-            and "capabilities" not in c["securityContext"]
-        )
+        assert "readOnlyRootFilesystem" not in c["securityContext"]
+        assert c["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert "HOME" not in env_of(c)
     assert not set(env_of(deployment["spec"]["template"]["spec"]["containers"][0])) & set(HF_TOKEN_ENVS)
 

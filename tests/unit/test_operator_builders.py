@@ -118,8 +118,8 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": builders.ENDPOINT_DRAIN_SECONDS}}}
     assert pod["terminationGracePeriodSeconds"] > builders.ENDPOINT_DRAIN_SECONDS + GRACE_PERIOD
     sc = c["securityContext"]  # vLLM's image runs as its own user (root), with its documented capabilities
-    assert "runAsNonRoot" not in sc and not sc["allowPrivilegeEscalation"]
-    assert sc["capabilities"] == {"add": ["SYS_ADMIN", "IPC_LOCK"]}
+    assert "runAsNonRoot" not in sc and "allowPrivilegeEscalation" not in sc  # (SYS_ADMIN escalates)
+    assert sc["capabilities"] == {"drop": ["NET_RAW"], "add": ["SYS_ADMIN", "IPC_LOCK"]}
     # CPU and memory as the instance table and the model's size say: a third of inf2.48xlarge's 24 cores
     assert c["resources"]["requests"]["cpu"] == str(int(192 * 8 / 24 * 0.9))
     assert c["resources"]["requests"]["memory"] == f"{int(768 * 8 / 24 * 0.9) + 1}Gi"
@@ -378,7 +378,8 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
     for dep in by_kind(builders.build_all(OWNER, efa, builders.compile_hash(efa)))["Deployment"]:
         role = dep["metadata"]["labels"]["neuronfleet.dev/role"]
         caps = container(dep)["securityContext"]["capabilities"]
-        assert caps == ({"add": ["SYS_NICE", "IPC_LOCK"]} if role != "router" else {"drop": ["ALL"]}), role
+        engine_caps = {"drop": ["NET_RAW"], "add": ["SYS_NICE", "IPC_LOCK"]}
+        assert caps == (engine_caps if role != "router" else {"drop": ["ALL"]}), role
     # a unified model has neither, and no token without a caller's
     unified = by_kind(
         builders.build_all(OWNER, sample("smollm2-135m-local-cpu.yaml"), "h", internal_token="x")
@@ -463,3 +464,53 @@ def test_embedded_nixl_pods_carry_what_their_backend_needs(kv, flags, efa):
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(deps[role], version, strict=True)
     assert "--kv-transport" not in container(deps["router"])["command"]
+
+
+def documented_capabilities(spec) -> set[str]:
+    """What each engine's documentation adds (its module's CAPABILITIES, each with its source), and IPC_LOCK
+    with EFA."""
+    from neuronfleet.operator.engines import sglang, vllm
+
+    module = {"vllm": vllm.contract(spec), "sglang": sglang}.get(spec.engine)
+    return {*getattr(module, "CAPABILITIES", ()), "IPC_LOCK"}
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_pod_states_its_security_and_mounts_only_its_models_folder_of_the_cache(path):
+    """Every pod (compile Job, source probe, serving Deployments): no ServiceAccount token; our images'
+    containers non-root, read-only root, no capability (but IPC_LOCK with EFA), no escalation, RuntimeDefault
+    seccomp, HOME, TMPDIR and caches in their /tmp emptyDir; an engine's image: its own user, no raw sockets,
+    only the capabilities its documentation adds, no escalation but beside SYS_ADMIN (where Kubernetes counts
+    it as escalating, and refuses `false` spelled CAP_SYS_ADMIN); of the cache claim, only the model's own
+    folder."""
+    spec = parsed(path)
+    chash = builders.compile_hash(spec)
+    objects = [*builders.build_all(OWNER, spec, chash), builders.build_source_probe(OWNER, spec, chash)]
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Job", "Deployment")]
+    assert pods
+    for pod in pods:
+        assert pod["automountServiceAccountToken"] is False
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc, where = c["securityContext"], f"{path.name} {c['name']}"
+            assert sc["privileged"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            added = set(sc["capabilities"].get("add", []))
+            ours = c["image"] in engines.OWN_IMAGES.values() or (spec.engine == "embedded" and not spec.image)
+            if ours:
+                assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["fsGroup"] == 10001
+                assert sc["runAsNonRoot"] and sc["runAsUser"] == sc["runAsGroup"] == 10001, where
+                assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False, where
+                assert sc["capabilities"]["drop"] == ["ALL"] and added <= {"IPC_LOCK"}, where
+                env = {e["name"]: e.get("value") for e in c["env"]}
+                assert {k: env[k] for k in pod_parts.OWN_WRITABLE_ENV} == pod_parts.OWN_WRITABLE_ENV, where
+                tmp = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tmp")
+                assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"]), where
+            else:
+                assert "runAsUser" not in sc and "runAsUser" not in pod["securityContext"], where
+                assert sc["capabilities"]["drop"] == ["NET_RAW"], where
+                assert added <= documented_capabilities(spec), where
+                assert ("allowPrivilegeEscalation" in sc) == ("SYS_ADMIN" not in added), where
+            if sc.get("allowPrivilegeEscalation") is False:  # what the API server refuses
+                assert not added & {"SYS_ADMIN", "CAP_SYS_ADMIN"}, where
+            for mount in c.get("volumeMounts", []):
+                if mount["name"] == "cache":
+                    assert mount["mountPath"] == CACHE_MOUNT and mount["subPath"] == "models/m", where

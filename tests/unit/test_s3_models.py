@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from support import ROOT
 
 from neuronfleet.contract import CACHE_MOUNT, SOURCE_UNAVAILABLE
-from neuronfleet.operator import builders, engines, status, validation
+from neuronfleet.operator import builders, engines, pod_parts, status, validation
 from neuronfleet.operator.spec import NeuronModelSpec
 
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]
@@ -90,7 +90,8 @@ def test_the_engines_compile_the_folder_a_fetch_model_init_container_leaves_on_t
     cache = next(m for m in fetch["volumeMounts"] if m["name"] == "cache")
     assert cache["mountPath"] == CACHE_MOUNT and not cache.get("readOnly")
     assert fetch["securityContext"]["readOnlyRootFilesystem"] and fetch["securityContext"]["runAsNonRoot"]
-    assert "env" not in fetch  # no Hub token, no keys: the ServiceAccount's role is the credential
+    # its writable places only: no Hub token, no keys (the ServiceAccount's role is the credential)
+    assert {e["name"]: e["value"] for e in fetch["env"]} == pod_parts.OWN_WRITABLE_ENV
     (config_map,) = kind(built, "ConfigMap")
     script = config_map["data"]["compile.sh"] + "".join(config_map["data"].values())
     assert SOURCE_DIR in script and URI not in config_map["data"]["compile.sh"]
