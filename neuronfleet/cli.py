@@ -200,7 +200,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
             namespace=args.namespace or meta.get("namespace") or "default",
             uid=meta.get("uid"),
         )
-        # as once compiled; a disaggregated model's internal token as the operator would make it
+        # as once compiled; the model's internal token as the operator would make it
         documents += build_all(owner, spec, compile_hash(spec), internal_token=secrets.token_urlsafe(32))
 
     class Dumper(yaml.SafeDumper):  # multi-line strings (scripts, JSON) as literal blocks

@@ -5,8 +5,9 @@ the history it keeps in memory per model, and when the decision changes the repl
 `status.autoscaling` (the autoscaler is the only writer of the replicas of the models it scales), post an
 Event (Normal ScaledUp / ScaledDown with the reason and the signal values; Warning ScaleUpStuck for pods
 Pending past the deadline), count it in the operator's metrics and enqueue the model's reconcile, which sets
-the Deployments' replicas from that status. In dry run the decision goes to `status.autoscaling.lastDecision`
-only.
+the Deployments' replicas from that status. Before a scale-down, where the chart opts in
+(rbac.podDeletionCost: it grants the pod patch), each pod's deletion cost is set so that the idlest go first.
+In dry run the decision goes to `status.autoscaling.lastDecision` only.
 
 Scale to zero (`front_door`): the loop also reads the model's ready router pods' `/metrics` for the requests
 they hold (`neuronfleet:router_requests_held`) and passes their sum to the decision as `held` (at zero, held
@@ -44,6 +45,9 @@ SCRAPES_AT_ONCE = 8
 # the ReplicaSet controller deletes the pods with the lower cost first on a scale-down (Kubernetes >= 1.22:
 # https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#pod-deletion-cost)
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# whether to set it: only where the chart grants the pod patch it takes (rbac.podDeletionCost, off by
+# default: kube.OPT_IN_RULES); without it a scale-down still happens, the ReplicaSet controller choosing
+POD_DELETION_COST_ENV = "NEURONFLEET_POD_DELETION_COST"
 SERVICE_LABEL = "kubernetes.io/service-name"  # an EndpointSlice's Service (set by its controller)
 WAKE_INTERVAL = 1.0  # seconds: a model's wakes closer together than this run one decision
 
@@ -57,6 +61,15 @@ def seconds(timestamp: str | None) -> float | None:
     if not timestamp:
         return None
     return float(calendar.timegm(time.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S")))
+
+
+def pod_deletion_cost(environ: Any) -> bool:
+    """Whether the operator may annotate pods (POD_DELETION_COST_ENV: true or false; unset: false)."""
+    value = environ.get(POD_DELETION_COST_ENV, "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise ValueError(f"{POD_DELETION_COST_ENV}={value!r}: expected true or false (the chart's "
+                         "rbac.podDeletionCost)")  # fmt: skip
+    return value == "true"
 
 
 def iso(at: float) -> str:
@@ -130,6 +143,7 @@ class AutoscaleLoop:
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._limit = asyncio.Semaphore(SCRAPES_AT_ONCE)
+        self.mark_idlest = pod_deletion_cost(os.environ)  # a scale-down's pod-deletion-cost annotations
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="autoscaler")
@@ -406,7 +420,7 @@ class AutoscaleLoop:
                 metrics.AUTOSCALER_DECISIONS.labels(direction, "true").inc()
                 await self._event(body, "Normal", "DryRunScale", f"would scale: {record['reason']}")
             return
-        if not up:
+        if not up and self.mark_idlest:
             await self._mark_idlest(meta["namespace"], autoscaler.deletion_costs(decision, pods))
         await self.client.patch_status(
             *key, {"autoscaling": {"desired": decision.desired, "lastScale": record}}

@@ -1,10 +1,10 @@
 """Pure builders of the Kubernetes objects a NeuronModel owns, as plain dicts, and its compile hash.
 
 `build_all` returns, for one model, in the order they must exist (what a pod mounts before the pod): the
-compile-cache PVC (unless an existing claim is named), the runtime ConfigMap, for a disaggregated model the
-Secret holding its internal token (created once, with a token the caller generates) and, when asked for, a
-NetworkPolicy that lets only the model's own pods reach its prefill and decode pods, the compile Job for the
-model's compile hash (unless it has compiled), and, once a hash has compiled, the serving set: one
+compile-cache PVC (unless an existing claim is named), the runtime ConfigMap, the Secret holding the model's
+internal token (every model: created once, with a token the caller generates; mounted into every pod that runs
+our runtime), the NetworkPolicies (`serving.networkPolicy`, on by default: `network_policy`), the compile Job
+for the model's compile hash (unless it has compiled), and, once a hash has compiled, the serving set: one
 Deployment `NAME-unified`, rolled in place, or a version-isolated disaggregated set (prefill, decode and
 router Deployments and the prefill and decode headless Services, all named `NAME-<role>-<revision>`, the
 router naming only its own set's Services), PodDisruptionBudgets, and the public Service, whose selector
@@ -38,7 +38,7 @@ from neuronfleet.contract import (
     CompileModel,
 )
 
-from . import engines, front_door, gateway, names, parallelism, pod_parts, scaling, topology
+from . import engines, front_door, gateway, names, network_policy, parallelism, pod_parts, scaling, topology
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -364,7 +364,7 @@ def deployment_name(owner: Owner, role: str, serving_set_name: str | None = None
 
 def _engine_router(spec: NeuronModelSpec, role: str) -> bool:
     """A router in front of an engine's own prefill and decode servers, or a unified model's front door (it
-    mounts no artifacts or token)."""
+    mounts no artifacts, at most the model's tokenizer)."""
     return role == "router" and (
         engines.peer_protocol(spec) != "neuronfleet" or spec.serving.mode == "unified"
     )
@@ -393,7 +393,7 @@ def build_deployment(
     if engines.publishes_kv_events(spec, role):  # KV-cache events (ZeroMQ), ours or vLLM's
         ports.append({"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"})
         ports.append({"name": "kv-replay", "containerPort": KV_EVENTS_REPLAY_PORT, "protocol": "TCP"})
-    if ours and role in ("prefill", "decode", "router"):
+    if ours:  # every pod of our runtime: the model's token, a file from its Secret (never env)
         volumes.append(
             {"name": "internal-token",
              "secret": {"secretName": internal_secret_name(owner), "defaultMode": 0o440}}
@@ -402,10 +402,11 @@ def build_deployment(
     ports += [{"name": name, "containerPort": number, "protocol": "TCP"} for name, number in container.ports]
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": container.shm_size}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    if _engine_router(spec, role):  # no token, no shared memory; its /tmp, and the model's tokenizer (read
+    if _engine_router(spec, role):  # no shared memory; its token, its /tmp, and the model's tokenizer (read
         # only) where it follows the prefill servers' KV-cache events
         folder = (config.model if config is not None else None) or ""
-        kept = {"tmp"} | {m["name"] for m in mounts if folder.startswith(m["mountPath"] + "/")}
+        kept = {"tmp", "internal-token"}
+        kept |= {m["name"] for m in mounts if folder.startswith(m["mountPath"] + "/")}
         volumes, mounts = ([x for x in xs if x["name"] in kept] for xs in (volumes, mounts))
         mounts = [{**m, "readOnly": True} if m["name"] != "tmp" else m for m in mounts]
     neuron = role != "router" and spec.neuron.instanceType != "cpu"
@@ -559,7 +560,8 @@ def internal_secret_name(owner: Owner) -> str:
 
 
 def build_internal_secret(owner: Owner, token: str) -> dict[str, Any]:
-    """The per-model token of the prefill, decode and router pods' internal endpoints (created once)."""
+    """The model's internal token (created once, never changed), which every pod of our runtime reads from a
+    file (`contract.INTERNAL_TOKEN_FILE`)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -569,24 +571,22 @@ def build_internal_secret(owner: Owner, token: str) -> dict[str, Any]:
     }
 
 
-def build_network_policy(owner: Owner, spec: NeuronModelSpec) -> dict[str, Any]:
-    """Only this model's own pods (router, prefill, decode) reach its prefill and decode pods: their internal
-    endpoints and the KV port. The public endpoint (router or unified pods) stays reachable."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": metadata(owner, internal_secret_name(owner), "internal"),
-        "spec": {
-            "podSelector": {
-                "matchLabels": {f"{LABEL_PREFIX}/model": owner.name},
-                "matchExpressions": [
-                    {"key": f"{LABEL_PREFIX}/role", "operator": "In", "values": ["prefill", "decode"]}
-                ],
-            },
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": {f"{LABEL_PREFIX}/model": owner.name}}}]}],
-        },
-    }
+def build_network_policies(
+    owner: Owner, spec: NeuronModelSpec, peers: network_policy.Peers, public: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The model's two NetworkPolicies (`network_policy`): every pod of the model, and the pods clients reach
+    (the public Service's role for `spec`, and that of `public`, the selector it keeps, where given)."""
+    model = {f"{LABEL_PREFIX}/model": owner.name}
+    roles = [public_role(spec), *([public[f"{LABEL_PREFIX}/role"]] if public else [])]
+    return [
+        network_policy.build_pods_policy(
+            metadata(owner, names.pods_policy(owner.name), "network"), model, peers
+        ),
+        network_policy.build_public_policy(
+            metadata(owner, names.public_policy(owner.name), "network"), model, f"{LABEL_PREFIX}/role", roles,
+            peers,
+        ),
+    ]  # fmt: skip
 
 
 def endpoint(owner: Owner, spec: NeuronModelSpec, service: dict[str, Any] | None = None) -> str:
@@ -628,15 +628,17 @@ def build_all(
     attempt: str = "",
     source_retries: int = 0,
     wake_base: str | None = None,
+    peers: network_policy.Peers | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of a model, in the order they must exist. The compile Job (unless `compile_job` is False:
     its hash has compiled) is the spec's; the serving set is built from `serving_spec` (default: `spec`; the
     spec that compiled `serving_hash`, while another compiles: `rollout.serving_spec`) at `serving_hash`,
     the hash whose artifacts exist; none until the first compile. `public`: the selector the public Service
-    keeps (default: the serving set's). `internal_token`: a fresh random token for a disaggregated model's
-    Secret (the operator creates the Secret once and never changes it, so only the first pass's token is
-    used). `wake_base`: the operator's wake URL (NEURONFLEET_WAKE_URL), for the routers of a scale-to-zero
-    model's front door (`front_door`); None: they are not given one."""
+    keeps (default: the serving set's). `internal_token`: a fresh random token for the model's Secret (the
+    operator creates the Secret once and never changes it, so only the first pass's token is used; None: no
+    Secret). `wake_base`: the operator's wake URL (NEURONFLEET_WAKE_URL), for the routers of a scale-to-zero
+    model's front door (`front_door`); None: they are not given one. `peers`: whom the NetworkPolicies admit
+    besides the model's pods (the operator's settings; default: `network_policy.Peers()`)."""
     chash = compile_hash(spec)
     serving = serving_spec or spec
     objects: list[dict[str, Any] | None] = []
@@ -646,11 +648,10 @@ def build_all(
         objects.append(build_config_map(owner, spec, chash))
     else:
         compile_job = False
-    if serving.serving.mode == "disaggregated":  # before the pods that mount the Secret
-        if internal_token is not None:
-            objects.append(build_internal_secret(owner, internal_token))
-        if serving.serving.networkPolicy:
-            objects.append(build_network_policy(owner, serving))
+    if internal_token is not None:  # before the pods that mount it
+        objects.append(build_internal_secret(owner, internal_token))
+    if serving.serving.networkPolicy:  # before the pods it fences
+        objects.extend(build_network_policies(owner, serving, peers or network_policy.Peers(), public))
     if compile_job:
         objects.append(build_compile_job(owner, spec, chash, attempt, source_retries))
     if serving_hash is not None:

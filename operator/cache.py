@@ -1,6 +1,8 @@
 """Watch-backed caches of everything the operator reads: the NeuronModels and every child kind it creates
-(labelled neuronfleet.dev/model), each kept by one LIST and then one long WATCH per kind (per namespace in
-namespaced mode), so that a reconcile reads memory, not the API server.
+(labelled neuronfleet.dev/model) but Secrets, each kept by one LIST and then one long WATCH per kind (per
+namespace in namespaced mode), so that a reconcile reads memory, not the API server. Secrets are read by name
+(`reconcile.apply_secret`): a LIST or WATCH of Secrets, which RBAC cannot narrow to a label, would need the
+right to read every Secret of the cluster.
 
 A watch resumes from the last resourceVersion it saw when its server-side timeout ends; an expired
 resourceVersion (410 Gone) or a broken stream makes it LIST again (the "list then watch" protocol:
@@ -38,7 +40,6 @@ CHILD_KINDS = (
     "Deployment",
     "Service",
     "ConfigMap",
-    "Secret",
     "PersistentVolumeClaim",
     "PodDisruptionBudget",
     "NetworkPolicy",

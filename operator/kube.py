@@ -2,8 +2,9 @@
 NeuronModel status subresource, Events, and the LISTs and WATCHes behind the operator's caches, over aiohttp
 with credentials from a kubeconfig or the pod's service account.
 
-Every call the operator makes is declared in RBAC_RULES (API group, resource, verbs); `Kube` refuses any
-other, so the chart's RBAC can be derived from this table and checked against it.
+Every call the operator makes is declared in RBAC_RULES (API group, resource, verbs), LEASE_RULES or, for a
+feature the chart must opt into, OPT_IN_RULES; `Kube` refuses any other, so the chart's RBAC can be derived
+from these tables and checked against them.
 
 Reads of a kind the attached `cache.Cache` watches are answered from it (no request); requests are bounded:
 at most MAX_IN_FLIGHT at once and QPS per second on average (bursts of BURST), like client-go's client-side
@@ -40,17 +41,14 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
     # list and watch: the operator's caches (cache.py); get: only on a create's 409 AlreadyExists
     ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),  # created only (CREATE_ONLY)
-    # delete (reconcile: rollout.stale, rollout.superseded_jobs, rollout.retry_due): another serving set's
-    # objects once the public Service left it, those of roles no longer in the spec, superseded and retried
-    # compile Jobs
-    ("", "secrets"): (
-        "get",
-        "list",
-        "watch",
-        "create",
-        "delete",
-    ),  # the internal token: made once, never changed
+    # the model's internal token (reconcile.apply_secret): made once, never changed, never deleted (its
+    # model's garbage collection does), read by name (no list or watch: the cache holds no Secret); get
+    # also reads an hf:// model's secretRef, by name, for its length check at apply (reconcile.model_limit)
+    ("", "secrets"): ("get", "create"),
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
+    # delete (reconcile: rollout.stale, rollout.superseded_jobs, rollout.retry_due): another serving set's
+    # objects once the public Service left it, those of roles no longer in the spec, NetworkPolicies no
+    # longer asked for, superseded and retried compile Jobs
     ("", "services"): ("get", "list", "watch", "create", "patch", "delete"),
     ("apps", "deployments"): ("get", "list", "watch", "create", "patch", "delete"),
     ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
@@ -58,8 +56,7 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "events"): ("create",),
     # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
-    # patch: a scale-down's pod-deletion-cost annotations (autoscale_loop.py), so the idlest pods go first
-    ("", "pods"): ("list", "watch", "patch"),
+    ("", "pods"): ("list", "watch"),
     # a running compile pod's progress lines (reconcile.compile_progress): the tail of its log, read only
     ("", "pods/log"): ("get",),
     # autoscaling.provider hpa or keda (scaling.build_autoscaler): made, kept as built, deleted when the
@@ -73,6 +70,13 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     # read and that check (these kinds are not cached: a cluster may not serve them)
     ("inference.networking.k8s.io", "inferencepools"): ("get", "create", "patch", "delete"),
     ("gateway.networking.k8s.io", "httproutes"): ("get", "create", "patch", "delete"),
+}
+# Granted only where a chart value opts in (the value's name -> rules), used only where the operator is told
+# so: rbac.podDeletionCost, a scale-down's pod-deletion-cost annotations (autoscale_loop.
+# POD_DELETION_COST_ENV) so that the idlest pods go first; without it the ReplicaSet controller chooses. A pod
+# patch can change its image: cluster-wide, close to running anything anywhere
+OPT_IN_RULES: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
+    "podDeletionCost": {("", "pods"): ("patch",)},
 }
 # Leader election (leader.py), in the operator's own namespace only (the chart's Role there): the Lease, and
 # the Events that say who leads
@@ -244,7 +248,8 @@ class Kube:
 
     @staticmethod
     def _allowed(group: str, resource: str, verb: str) -> None:
-        if verb not in RBAC_RULES.get((group, resource), ()) + LEASE_RULES.get((group, resource), ()):
+        declared = [RBAC_RULES, LEASE_RULES, *OPT_IN_RULES.values()]
+        if verb not in [v for rules in declared for v in rules.get((group, resource), ())]:
             raise KubeError(
                 403, f"the operator does not {verb} {resource} in group {group!r} (not in RBAC_RULES)"
             )

@@ -4,7 +4,8 @@ Every child is named after its model: `NAME` (public Service), `NAME-runtime` (C
 `NAME-compile-cache` (claim), `NAME-compile-<hash10>` (compile Job), `NAME-source-<hash10>` (the Job that
 fingerprints a failed compile's source, shorter than the compile Job's), `NAME-unified` (Deployment),
 `NAME-<role>-<revision8>` (a disaggregated set's Deployments, headless Services and PDBs), `NAME-internal`
-(Secret, NetworkPolicy). A model name is refused when one of these would break a limit.
+(the internal token's Secret), `NAME-pods` and `NAME-public` (NetworkPolicies). A model name is refused when
+one of these would break a limit.
 
 Limits, as of Kubernetes 1.31-1.37 (the chart's kubeVersion range):
 - a Service name is an RFC 1035 label: at most 63 characters, starting with a letter
@@ -50,8 +51,18 @@ def config_map(model: str) -> str:
 
 
 def internal(model: str) -> str:
-    """The internal token's Secret and the NetworkPolicy."""
+    """The internal token's Secret."""
     return f"{model}-internal"
+
+
+def pods_policy(model: str) -> str:
+    """The NetworkPolicy of every pod of the model."""
+    return f"{model}-pods"
+
+
+def public_policy(model: str) -> str:
+    """The NetworkPolicy of the pods clients reach."""
+    return f"{model}-public"
 
 
 def deployment(model: str, role: str, revision: str | None = None) -> str:
@@ -72,7 +83,8 @@ def longest_children(model: str) -> list[tuple[str, str]]:
         ("its compile Job", compile_job(model, h)),
         ("its compile cache claim", cache_claim(model)),
         ("its ConfigMap", config_map(model)),
-        ("its Secret and NetworkPolicy", internal(model)),
+        ("its Secret", internal(model)),
+        ("its NetworkPolicies", public_policy(model)),
         ("its unified Deployment", deployment(model, "unified")),
         *((f"its {role} Deployment and Service", deployment(model, role, r)) for role in ROLES[1:]),
     ]

@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builders, engines, gateway, manual_scale, names, rollout, scaling, validation
+from . import builders, engines, gateway, manual_scale, names, network_policy, rollout, scaling, validation
 from .spec import NeuronModelSpec
 from .status import (
     PROGRESS_WRITE_SECONDS,
@@ -82,8 +82,7 @@ class Observed:
     services: list[dict[str, Any]] = field(default_factory=list)  # the model's (by its label)
     pdbs: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
-    secret: dict[str, Any] | None = None  # the internal token's Secret
-    network_policy: dict[str, Any] | None = None
+    network_policies: list[dict[str, Any]] = field(default_factory=list)  # the model's (by its label)
     others: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # gateway or autoscaler, by kind
 
 
@@ -94,6 +93,7 @@ class Settings:
     source_check_seconds: float = rollout.SOURCE_CHECK_SECONDS
     progress_write_seconds: float = PROGRESS_WRITE_SECONDS
     wake_base: str | None = None
+    peers: network_policy.Peers = field(default_factory=network_policy.Peers)  # whom NetworkPolicies admit
 
 
 @dataclass
@@ -304,9 +304,17 @@ def serving_step(
         owner, spec, serving, internal_token=secrets.token_urlsafe(32), serving_spec=serving_spec,
         compile_job=serving != chash,
         attempt=rollout.attempt(meta.get("generation", 1), meta.get("annotations")),
-        source_retries=source_retries, wake_base=settings.wake_base,
+        source_retries=source_retries, wake_base=settings.wake_base, peers=settings.peers,
     )  # fmt: skip
     step = ServingStep(objects=objects)
+    service = observed.service
+    current = (service or {}).get("spec", {}).get("selector") if service and rollout.owned_by(
+        service, owner.uid) else None  # fmt: skip
+    door = names.public_policy(owner.name)
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == door):
+        # clients keep reaching the pods the public Service selects until it moves (then the next pass
+        # narrows it to the new set's role)
+        network_policy.with_roles(policy, [(current or {}).get(f"{builders.LABEL_PREFIX}/role", "")])
     found = {d["metadata"]["name"]: d for d in observed.deployments}
     if scaled and spec.serving.mode == "disaggregated":  # prefill:decode within bounds between writes too
         before = {}
@@ -347,9 +355,6 @@ def serving_step(
     step.ours = [deployments.get(d["metadata"]["name"], d) for d in ours]
     if not step.rolled_out:  # why pods are not ready, when they will not be
         step.failing = pod_problems(observed.pods)
-    existing = observed.service
-    current = (existing or {}).get("spec", {}).get("selector") if existing and rollout.owned_by(
-        existing, owner.uid) else None  # fmt: skip
     target = public["spec"]["selector"]
     chosen = rollout.public_target(current, target, step.rolled_out, step.ours)
     public["spec"]["selector"] = chosen
@@ -374,8 +379,7 @@ def stale_deletions(
     found = [{**d, "kind": "Deployment"} for d in deployments]
     found += [{**o, "kind": "Service"} for o in observed.services]
     found += [{**o, "kind": "PodDisruptionBudget"} for o in observed.pdbs]
-    for kind, obj in (("Secret", observed.secret), ("NetworkPolicy", observed.network_policy)):
-        found += [{**obj, "kind": kind}] if obj else []
+    found += [{**o, "kind": "NetworkPolicy"} for o in observed.network_policies]
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     stale = rollout.stale(found, keep, owner.uid or "")
     delete, drain_until = rollout.retire(stale, found, drain_until, at)

@@ -10,6 +10,10 @@ hash only after its Job succeeded (artifacts/<hash>/ exists), and are built from
 they are, then they roll once. A new serving set (a disaggregated set of another revision, or a mode switch)
 is created beside the one that serves; the public Service moves when the new one is ready; then the old one
 is deleted (`rollout`). Apply order: what pods mount (ConfigMap, Secret) before the pods.
+
+The internal token's Secret is not cached (the operator may not list or watch Secrets): it is read by name,
+live, and created where it is missing; once seen, a model's Secret is not read again for SECRET_RECHECK
+seconds (it is created once and never changed).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, hub, metrics, names, planner, rollout, validation, wake
+from . import builders, hub, metrics, names, network_policy, planner, rollout, validation, wake
 from .kube import Kube, KubeError
 from .planner import Apply, Delete, Observed, PatchSpec, foreign_owner, is_subset
 from .status import (
@@ -40,8 +44,14 @@ SOURCE_CHECK_SECONDS = float(os.environ.get("NEURONFLEET_SOURCE_CHECK_SECONDS", 
 PROGRESS_WRITE = float(os.environ.get("NEURONFLEET_PROGRESS_SECONDS", PROGRESS_WRITE_SECONDS))
 PROGRESS_READ = PROGRESS_WRITE * PROGRESS_READ_SECONDS / PROGRESS_WRITE_SECONDS
 
+# whom the models' NetworkPolicies admit besides their own pods: the chart's networkPolicy values (a bad
+# setting stops the operator at start, saying what is wrong)
+PEERS = network_policy.Peers.from_setting(os.environ.get(network_policy.SETTING_ENV))
+
 # created, never patched: Jobs' and claims' specs are immutable; the Secret's token is made once
 CREATE_ONLY = {"Job", "PersistentVolumeClaim", "Secret"}
+SECRET_RECHECK = 600.0  # seconds a model's Secret, once seen, is taken to exist without reading it again
+_secrets_seen: dict[tuple[str, str], tuple[str, float]] = {}  # (namespace, name) -> (owner uid, when seen)
 
 
 def now() -> str:
@@ -82,6 +92,20 @@ async def apply(kube: Kube, obj: dict[str, Any], conflicts: list[str]) -> dict[s
     return await kube.patch(obj["kind"], meta["namespace"], meta["name"], obj)
 
 
+async def apply_secret(kube: Kube, obj: dict[str, Any], conflicts: list[str]) -> None:
+    """`apply` of the model's Secret (read live: Secrets are not cached), skipped while it was seen, owned
+    by this model, less than SECRET_RECHECK seconds ago."""
+    meta = obj["metadata"]
+    key, uid = (meta["namespace"], meta["name"]), meta["ownerReferences"][0]["uid"]
+    seen = _secrets_seen.get(key)
+    if seen is not None and seen[0] == uid and time.monotonic() - seen[1] < SECRET_RECHECK:
+        return
+    before = len(conflicts)
+    await apply(kube, obj, conflicts)
+    if len(conflicts) == before:  # ours (another owner's is looked at again each pass, and reported)
+        _secrets_seen[key] = (uid, time.monotonic())
+
+
 async def reconcile(
     kube: Kube, body: dict[str, Any], emit: Callable[[str, str, str], None]
 ) -> dict[str, Any]:
@@ -120,7 +144,7 @@ async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str,
     parsed = planner.parse(body, await model_limit(kube, body))
     observed = await observe(kube, body, parsed)
     at = now()
-    settings = planner.Settings(SOURCE_CHECK_SECONDS, PROGRESS_WRITE, wake.base_url())
+    settings = planner.Settings(SOURCE_CHECK_SECONDS, PROGRESS_WRITE, wake.base_url(), PEERS)
     plan = planner.plan(body, parsed, observed, at, settings)
     conflicts = await execute(kube, body, plan.writes)
     key = (parsed.owner.namespace, parsed.owner.name)
@@ -144,8 +168,8 @@ _hub = hub.HubConfigs()  # hf:// models' config.json reads, kept across reconcil
 
 async def model_limit(kube: Kube, body: dict[str, Any]) -> validation.ModelLimit | None:
     """An hf:// model's own length limit, read from the Hub with the token of its secretRef (the Secret read
-    live: the operator caches only its own); None for other sources, or where the read failed (the compile
-    checks again as it reads the files)."""
+    by name, live: the operator caches no Secret); None for other sources, or where the read failed (the
+    compile checks again as it reads the files)."""
     spec, _ = validation.parse(body)
     if spec is None or not spec.model.uri.startswith("hf://"):
         return None
@@ -174,8 +198,7 @@ async def observe(kube: Kube, body: dict[str, Any], parsed: planner.Parsed) -> O
         services=await kube.list("Service", ns, label),
         pdbs=await kube.list("PodDisruptionBudget", ns, label),
         jobs=await kube.list("Job", ns, label),
-        secret=await kube.get("Secret", ns, builders.internal_secret_name(owner)),
-        network_policy=await kube.get("NetworkPolicy", ns, builders.internal_secret_name(owner)),
+        network_policies=await kube.list("NetworkPolicy", ns, label),
     )
     if parsed.valid and parsed.chash is not None:
         job_name = builders.compile_job_name(owner, parsed.chash)
@@ -197,7 +220,9 @@ async def execute(kube: Kube, body: dict[str, Any], writes: list[planner.Write])
     (the model's Conflict condition)."""
     meta, conflicts = body["metadata"], []
     for write in writes:
-        if isinstance(write, Apply):
+        if isinstance(write, Apply) and write.obj["kind"] == "Secret":
+            await apply_secret(kube, write.obj, conflicts)
+        elif isinstance(write, Apply):
             await apply(kube, write.obj, conflicts)
         elif isinstance(write, Delete):
             await kube.delete(write.kind, meta["namespace"], write.name)

@@ -393,9 +393,10 @@ class Serving(Spec):
         SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535
     )
     networkPolicy: bool = Field(
-        False,
-        description="Mode disaggregated: a NetworkPolicy lets only this model's own pods reach its prefill "
-        "and decode pods (internal endpoints, KV port).",
+        True,
+        description="NetworkPolicies: this model's own pods reach every port of its pods (KV, KV events, "
+        "internal endpoints); clients reach only the public pods' serving port; the operator and the "
+        "chart's networkPolicy.metricsFrom only the serving port (/metrics). false: none (docs/security.md).",
     )
     gateway: Gateway | None = Field(
         None,

@@ -331,11 +331,6 @@ def _unused_fields(spec: NeuronModelSpec) -> list[str]:
             f"serving.kvTransfer.backend {kv.backend}: a NIXL backend is chosen for kvTransfer.transport "
             "nixl only (efa is NIXL over LIBFABRIC already); remove it, or use transport nixl"
         )
-    if spec.serving.networkPolicy and spec.serving.mode != "disaggregated":
-        out.append(
-            "serving.networkPolicy fences off prefill and decode pods, which a unified model has not; remove "
-            "it, or use serving.mode disaggregated"
-        )
     return out
 
 

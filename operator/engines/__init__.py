@@ -155,7 +155,8 @@ def serve_config(
     serving set whose prefill and decode Services a router names, `wake_base` the operator's wake URL (a
     front door's routers hold requests at zero and wake the autoscaler)."""
     port, n = spec.serving.port, spec.neuron
-    pod: dict = {"served_model_name": model}
+    # every role of our runtime reads the model's token from its Secret, as a file, never env
+    pod: dict = {"served_model_name": model, "internal_token_file": INTERNAL_TOKEN_FILE}
     if role == "router":
         pod.update(front_door.router_options(spec, namespace, model, wake_base))
         if spec.serving.mode == "unified":  # a unified model's front door: no model files but the tokenizer
@@ -166,7 +167,7 @@ def serve_config(
             return ServeConfig(role="router", host="0.0.0.0", port=port, unified=door, **pod)
         pod["prefill"] = [f"dns://{names.deployment(model, 'prefill', set_suffix)}:{port}"]
         pod["decode"] = [f"dns://{names.deployment(model, 'decode', set_suffix)}:{port}"]
-        if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol: no token
+        if peer_protocol(spec) != "neuronfleet":  # the engine's own P/D protocol
             if publishes_kv_events(spec, "prefill"):  # the tokenizer, to follow the prefill servers' events
                 pod["model"] = served_model_folder(spec, compile_hash)
                 pod["peer_kv_events"] = KV_EVENTS_CONFIG  # where they publish and answer replays
@@ -183,8 +184,6 @@ def serve_config(
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
-    if role in ("prefill", "decode", "router"):  # the token from its Secret, as a file, never env
-        pod["internal_token_file"] = INTERNAL_TOKEN_FILE
     # the compiled model and shapes, for every role: the router checks requests against the same limits
     if n.buckets.context:
         pod["prefill_buckets"] = list(n.buckets.context)

@@ -367,10 +367,10 @@ def test_a_failed_compile_is_reported_with_the_jobs_reason(cluster):
     assert "CompileRetried" in reasons
 
 
-def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(cluster, tmp_path):
+def test_a_disaggregated_model_gets_its_token_secret_once_and_its_network_policies(cluster, tmp_path):
     """Prefill, decode and router Deployments read one token from the Secret the operator creates once (a
-    later reconcile or spec change leaves it alone); the NetworkPolicy fences the internal pods; the operator
-    serves its own metrics."""
+    later reconcile or spec change leaves it alone: the operator reads it by name, it caches no Secret); the
+    NetworkPolicies fence the model's pods; the operator serves its own metrics."""
     import urllib.request
 
     api = cluster
@@ -382,7 +382,6 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
         "prefill": {"replicas": 1},
         "decode": {"replicas": 2},
         "kvTransfer": {"transport": "tcp"},
-        "networkPolicy": True,
     }
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
@@ -394,8 +393,8 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy(c
         dep = api.wait_for(role, lambda r=role: role_deployment(api, r))
         volumes = dep["spec"]["template"]["spec"]["volumes"]
         assert {"secretName": "smollm2-internal", "defaultMode": 0o440} in [v.get("secret") for v in volumes]
-    policy = get(api, "networkpolicy", "smollm2-internal")
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    for name in ("smollm2-pods", "smollm2-public"):  # on by default
+        assert get(api, "networkpolicy", name)["spec"]["policyTypes"] == ["Ingress"]
     obj["spec"]["neuron"]["batchSize"] = 2  # a change: everything else is patched, the Secret is not
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     api.wait_for("the second compile Job", lambda: len(items(api, "jobs")) == 2)
@@ -416,7 +415,7 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     """unified -> disaggregated -> unified at one compile hash: the new set appears beside the old one (its
     Secret before its pods), the public Service keeps selecting the old set until every Deployment of the new
     one has rolled out, then moves, and only then are the old set's objects (Deployments, headless Services,
-    PDBs, and going back to unified the internal Secret and NetworkPolicy) deleted."""
+    PDBs) deleted; the model's Secret and NetworkPolicies stay."""
     api = cluster
     api.start_operator()
     obj = sample()
@@ -435,7 +434,7 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
 
     # unified -> disaggregated
     obj["spec"]["serving"] = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
-                              "kvTransfer": {"transport": "tcp"}, "networkPolicy": True}  # fmt: skip
+                              "kvTransfer": {"transport": "tcp"}}  # fmt: skip
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     roles = ("prefill", "decode", "router")
     deps = api.wait_for("the new set", lambda: (d := {r: role_deployment(api, r) for r in roles}) and all(
@@ -472,10 +471,11 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
         "the disaggregated set gone",
         lambda: not any(role_deployment(api, r) for r in roles),
     )
-    api.wait_for("its Services, Secret and NetworkPolicy gone", lambda: (
+    api.wait_for("its Services gone", lambda: (
         [s["metadata"]["name"] for s in items(api, "services")] == ["smollm2"]
-        and get(api, "secret", "smollm2-internal") is None
-        and get(api, "networkpolicy", "smollm2-internal") is None
     ))  # fmt: skip
+    assert get(api, "secret", "smollm2-internal")["metadata"]["uid"] == secret["metadata"]["uid"]
+    public = get(api, "networkpolicy", "smollm2-public")["spec"]["podSelector"]["matchExpressions"]
+    assert public == [{"key": "neuronfleet.dev/role", "operator": "In", "values": ["unified"]}]
     events = [(e["type"], e["reason"]) for e in items(api, "events")]
     assert ("Normal", "Rolling") in events and not [e for e in events if e[0] == "Warning"], events

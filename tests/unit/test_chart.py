@@ -29,6 +29,18 @@ VALUE_SETS = {
         "metrics": {"port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "podDisruptionBudget": {"enabled": True, "maxUnavailable": 0},
     },
+    "network-policy-and-opt-ins": {
+        "networkPolicy": {
+            "metricsFrom": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "clientsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+        },
+        "rbac": {"podDeletionCost": True},
+    },
     "custom-images": {
         "image": {"repository": "registry.example.com/ml/neuronfleet-operator", "tag": "0.1.0-rc1"},
         "runtimeImages": {"cpu": "registry.example.com/ml/runtime-cpu:0.1.0", "neuron": "r.example.com/n:1"},
@@ -73,8 +85,10 @@ def rule_set(rules: list[dict]) -> set[tuple[str, str, str]]:
     }
 
 
-def declared() -> set[tuple[str, str, str]]:
-    return {(group, resource, verb) for (group, resource), verbs in kube.RBAC_RULES.items() for verb in verbs}
+def declared(*opt_ins: str) -> set[tuple[str, str, str]]:
+    """RBAC_RULES, and the OPT_IN_RULES of the chart values `opt_ins`."""
+    tables = [kube.RBAC_RULES, *(kube.OPT_IN_RULES[name] for name in opt_ins)]
+    return {(g, r, verb) for table in tables for (g, r), verbs in table.items() for verb in verbs}
 
 
 def test_the_chart_lints_clean_in_strict_mode():
@@ -162,6 +176,46 @@ def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace()
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
 
 
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_no_rule_reads_every_secret_or_patches_pods_unless_a_value_opts_in(name):
+    """Secrets: get (by name) and create only, never list, watch or delete; pods: patch only with
+    rbac.podDeletionCost, which also tells the operator it may (NEURONFLEET_POD_DELETION_COST); the rules
+    are then exactly RBAC_RULES and that opt-in's OPT_IN_RULES, cluster-wide or in each watched namespace."""
+    from neuronfleet.operator import autoscale_loop
+
+    values = VALUE_SETS[name]
+    opted = bool(values.get("rbac", {}).get("podDeletionCost"))
+    objects = render(values)
+    lease = leader_election_role(objects)
+    roles = kinds(objects, "ClusterRole") + [r for r in kinds(objects, "Role") if r is not lease]
+    assert roles
+    for role in roles:
+        rules = rule_set(role["rules"])
+        assert rules == declared(*(["podDeletionCost"] if opted else [])), role["metadata"]
+        assert not {("", "secrets", v) for v in ("list", "watch", "delete", "deletecollection")} & rules
+        assert (("", "pods", "patch") in rules) == opted
+    assert autoscale_loop.pod_deletion_cost(operator_env(objects)) == opted
+    with pytest.raises(ValueError, match=r"rbac\.podDeletionCost"):
+        autoscale_loop.pod_deletion_cost({autoscale_loop.POD_DELETION_COST_ENV: "yes"})
+
+
+def test_the_network_policy_values_reach_the_operator_as_the_peers_it_reads():
+    """NEURONFLEET_NETWORK_POLICY: this release's operator pods (its selector labels, in its namespace), and
+    the values' metricsFrom and clientsFrom as they are."""
+    from neuronfleet.operator import network_policy
+
+    objects = render(VALUE_SETS["network-policy-and-opt-ins"])
+    (deployment,) = kinds(objects, "Deployment")
+    peers = network_policy.Peers.from_setting(operator_env(objects)[network_policy.SETTING_ENV])
+    selector = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": RELEASE_NAMESPACE}},
+                "podSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}  # fmt: skip
+    assert peers.operator == (selector,)
+    assert list(peers.metrics) == VALUE_SETS["network-policy-and-opt-ins"]["networkPolicy"]["metricsFrom"]
+    assert list(peers.clients) == VALUE_SETS["network-policy-and-opt-ins"]["networkPolicy"]["clientsFrom"]
+    default = network_policy.Peers.from_setting(operator_env(render({}))[network_policy.SETTING_ENV])
+    assert default.operator == (selector,) and default.metrics == default.clients == ()
+
+
 def test_value_sets_reach_the_objects():
     objects = render(VALUE_SETS["monitoring"])
     (monitor,) = kinds(objects, "ServiceMonitor")
@@ -230,6 +284,9 @@ def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads()
         ({"serviceAccount": {"create": "yes"}}, "create"),
         ({"autoscaler": {"intervalSeconds": 0}}, "intervalSeconds"),
         ({"huggingFaceHub": {"endpoint": "hub.example"}}, "endpoint"),
+        ({"networkPolicy": {"metricsFrom": [{"pods": {"matchLabels": {"a": "b"}}}]}}, "metricsFrom"),
+        ({"networkPolicy": {"clientsFrom": {"ipBlock": {"cidr": "10.0.0.0/8"}}}}, "clientsFrom"),
+        ({"rbac": {"podDeletionCost": "yes"}}, "podDeletionCost"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):

@@ -1,8 +1,9 @@
 """What the operator renders for the router of a disaggregated SGLang model (and would for vLLM, whose pinned
 image validation refuses disaggregated for now): our router speaking the engine's own P/D protocol
-(`--peer-protocol`), with no model, no compiled artifacts, no token and no shared memory mounted; SGLang's
-prefill pods reachable at their bootstrap port through the headless Service and past the NetworkPolicy. The
-embedded engine's router is unchanged (our own protocol, the model, the token)."""
+(`--peer-protocol`), with no model, no compiled artifacts and no shared memory mounted, but the model's token
+(every pod of our runtime reads it); SGLang's prefill pods reachable at their bootstrap port through the
+headless Service and past the NetworkPolicy. The embedded engine's router is unchanged (our own protocol, the
+model, the token)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.cli import build_parser
-from neuronfleet.contract import KV_EVENTS_CONFIG, ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_DIR, INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, ServeConfig
 from neuronfleet.operator import builders, engines, validation
 from neuronfleet.operator.engines import sglang, vllm_plugin
 from neuronfleet.operator.engines.common import OWN_IMAGES
@@ -28,10 +29,8 @@ def parsed(name: str):
     return spec
 
 
-def rendered(name: str, network_policy: bool = False):
+def rendered(name: str):
     spec = parsed(name)
-    if network_policy:
-        spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"networkPolicy": True})})
     chash = builders.compile_hash(spec)
     objects = builders.build_all(OWNER, spec, serving_hash=chash, internal_token="t")
     return spec, builders.serving_set(spec, chash), objects
@@ -52,7 +51,7 @@ def serve_options(dep: dict) -> ServeConfig:
     return ServeConfig.from_namespace(build_parser().parse_args(command[1:]))
 
 
-def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_read():
+def test_an_engines_router_speaks_its_protocol_and_mounts_only_its_token_and_tmp():
     spec, rev, objects = rendered(SGLANG)
     router = deployment(objects, "router")
     config = serve_options(router)
@@ -61,10 +60,12 @@ def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_re
     peers = ([f"dns://m-prefill-{rev}:{port}"], [f"dns://m-decode-{rev}:{port}"])
     assert (config.prefill, config.decode) == peers
     assert config.bootstrap_port == sglang.BOOTSTRAP_PORT
-    assert config.internal_token_file is None and config.served_model_name == "m"
-    pod = router["spec"]["template"]["spec"]
-    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]
-    assert pod["containers"][0]["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert config.internal_token_file == INTERNAL_TOKEN_FILE and config.served_model_name == "m"
+    pod = router["spec"]["template"]["spec"]  # its token (our runtime), its /tmp: no model files
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "internal-token"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    token = {"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True}
+    assert mounts == [{"name": "tmp", "mountPath": "/tmp"}, token]
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready"
     # a vLLM model's router would speak vLLM's protocol (validation refuses disaggregated vLLM for the
     # pinned image: operator/engines/vllm.unsupported)
@@ -85,7 +86,7 @@ def test_an_engines_router_speaks_its_protocol_and_mounts_nothing_it_does_not_re
 
 
 def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():
-    _, rev, objects = rendered(SGLANG, network_policy=True)
+    _, rev, objects = rendered(SGLANG)
     services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
     prefill_ports = {p["name"]: p for p in services[f"m-prefill-{rev}"]["spec"]["ports"]}
     boot = sglang.BOOTSTRAP_PORT
@@ -96,10 +97,10 @@ def test_sglang_prefill_pods_are_reachable_at_their_bootstrap_port():
         "protocol": "TCP",
     }
     assert [p["name"] for p in services[f"m-decode-{rev}"]["spec"]["ports"]] == ["http"]
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    (rule,) = policy["spec"]["ingress"]
-    assert "ports" not in rule  # every port, the bootstrap port included, for the model's own pods
-    assert rule["from"] == [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "m-pods"]
+    own = policy["spec"]["ingress"][0]
+    assert "ports" not in own  # every port, the bootstrap port included, for the model's own pods
+    assert own["from"] == [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]
     embedded = parsed(SGLANG).model_copy(update={"engine": "embedded"})  # no bootstrap port for our pods
     for o in builders.build_peer_services(OWNER, embedded, "h"):
         assert [p["name"] for p in o["spec"]["ports"]] == ["http"]

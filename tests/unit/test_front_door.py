@@ -13,7 +13,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet import cli
-from neuronfleet.contract import ServeConfig
+from neuronfleet.contract import INTERNAL_TOKEN_FILE, ServeConfig
 from neuronfleet.operator import builders, front_door, scaling, validation
 
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
@@ -85,8 +85,8 @@ def test_a_unified_model_that_scales_to_zero_gets_a_front_door_that_stays(versio
     assert unified["spec"]["template"]["metadata"]["labels"].items() >= peers["spec"]["selector"].items()
     port = spec.serving.port
     assert peers["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
-    # the router: a front door (no token, no model files but the unified pods' tokenizer: routed kv-aware, it
-    # follows their KV-cache events), holding 4 x slots x max, waking the operator
+    # the router: a front door (the model's token, no model files but the unified pods' tokenizer: routed
+    # kv-aware, it follows their KV-cache events), holding 4 x slots x max, waking the operator
     args = serve_args(router)
     assert (args.role, args.unified) == ("router", [f"dns://m-unified:{port}"])
     assert (
@@ -94,15 +94,16 @@ def test_a_unified_model_that_scales_to_zero_gets_a_front_door_that_stays(versio
         and args.peer_kv_events == serve_args(unified).kv_events_config
     )
     assert serve_args(unified).kv_events_config is not None
-    assert (args.prefill, args.decode, args.internal_token_file) == (None, None, None)
+    assert (args.prefill, args.decode, args.internal_token_file) == (None, None, INTERNAL_TOKEN_FILE)
     assert args.hold_requests == 4 * spec.neuron.batchSize * 2 == 32
     assert args.hold_seconds == 600.0
     assert args.wake_url == f"{WAKE}/wake/ns/m"
     assert args.served_model_name == "m" and args.port == port
     pod = router["spec"]["template"]["spec"]
-    assert [v["name"] for v in pod["volumes"]] == ["cache", "tmp"]
+    assert [v["name"] for v in pod["volumes"]] == ["cache", "tmp", "internal-token"]
     c = pod["containers"][0]
-    assert {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]} == {"cache": True, "tmp": False}
+    assert {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]} == {
+        "cache": True, "tmp": False, "internal-token": True}  # fmt: skip
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["image"].endswith("cpu") or "cpu" in c["image"], c["image"]
     assert "aws.amazon.com/neuroncore" not in str(c["resources"])

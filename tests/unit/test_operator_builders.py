@@ -19,6 +19,8 @@ from neuronfleet.contract import (
     CONFIG_MOUNT,
     GRACE_PERIOD,
     HF_TOKEN_ENVS,
+    INTERNAL_TOKEN_DIR,
+    INTERNAL_TOKEN_FILE,
     KV_PORT,
     TERMINATION_LOG_ENV,
 )
@@ -75,10 +77,10 @@ def test_every_object_is_valid_kubernetes_and_owned(path, version):
         assert meta["labels"]["neuronfleet.dev/model"] == "m"
 
 
-def test_before_the_first_compile_only_the_cache_config_and_compile_job_exist():
+def test_before_the_first_compile_only_the_cache_config_secret_policies_and_compile_job_exist():
     spec = sample("smollm2-135m-local-cpu.yaml")
-    kinds = [o["kind"] for o in builders.build_all(OWNER, spec)]
-    assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Job"]
+    kinds = [o["kind"] for o in builders.build_all(OWNER, spec, internal_token="t")]
+    assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Secret", "NetworkPolicy", "NetworkPolicy", "Job"]
 
 
 def test_a_pod_that_loads_in_seconds_is_probed_often_and_every_pod_may_take_an_hour_to_start():
@@ -304,6 +306,9 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
     assert [d["kind"] for d in docs] == [
         "PersistentVolumeClaim",
         "ConfigMap",
+        "Secret",
+        "NetworkPolicy",
+        "NetworkPolicy",
         "Job",
         "Service",
         "Deployment",
@@ -328,32 +333,52 @@ def test_render_prints_the_objects_and_refuses_a_bad_manifest(tmp_path):
     assert run.returncode == 1 and "tensorParallel 3 is not a documented degree" in run.stderr
 
 
-def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
-    """The embedded engine's prefill, decode and router pods read the model's internal token from a file
-    mounted from the Secret the operator creates (never env, never a plain field); decode pods advertise their
-    pod IP for KV; EFA pods add IPC_LOCK; the optional NetworkPolicy admits only the model's
-    own pods to prefill and decode pods."""
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_model_gets_its_token_secret_and_every_pod_of_our_runtime_reads_it_from_a_file(path):
+    """Every model, every engine: the Secret holding the model's internal token; every pod that runs our
+    runtime (`neuronfleet serve`: the embedded engine's pods, every engine's routers and front doors) mounts
+    it read-only (0440, the pod's fsGroup its group, so the non-root process reads it) and is given
+    `--internal-token-file`; the token itself is in no Deployment (not in arguments, not in env); an engine's
+    own server mounts none."""
     import base64
 
+    spec = parsed(path)
+    objs = by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec), internal_token="t0k3n"))
+    (secret,) = objs["Secret"]
+    assert secret["metadata"]["name"] == "m-internal" and secret["type"] == "Opaque"
+    assert base64.b64decode(secret["data"]["token"]).decode() == "t0k3n"
+    ours = 0
+    for dep in objs["Deployment"]:
+        pod, c = dep["spec"]["template"]["spec"], container(dep)
+        assert "t0k3n" not in json.dumps(dep)  # the token itself is only in the Secret
+        volumes = [v for v in pod["volumes"] if v["name"] == "internal-token"]
+        if c["command"][:2] != ["neuronfleet", "serve"]:
+            assert not volumes and "--internal-token-file" not in c["command"]
+            continue
+        ours += 1
+        assert c["command"][c["command"].index("--internal-token-file") + 1] == INTERNAL_TOKEN_FILE
+        mode = {"secretName": "m-internal", "defaultMode": 0o440}
+        assert volumes == [{"name": "internal-token", "secret": mode}]
+        mount = {"name": "internal-token", "mountPath": INTERNAL_TOKEN_DIR, "readOnly": True}
+        assert mount in c["volumeMounts"]
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] and security["fsGroup"] == security["runAsUser"] != 0
+    roles = [d["metadata"]["labels"]["neuronfleet.dev/role"] for d in objs["Deployment"]]
+    assert ours == (len(roles) if spec.engine == "embedded" else roles.count("router"))
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+
+
+def test_disaggregated_pods_advertise_their_ip_for_kv_and_drop_every_capability_but_efas():
+    """Decode pods advertise their pod IP for KV; our pods drop every capability, read-only root; EFA pods
+    add IPC_LOCK."""
     obj = yaml.safe_load((SAMPLES_DIR / "smollm2-135m-local-cpu-disaggregated.yaml").read_text())
     obj["spec"]["serving"]["kvTransfer"] = {"transport": "tcp"}  # (the sample's is nixl)
     spec, _ = validation.parse(obj)
-    assert spec.serving.networkPolicy
     objs = by_kind(builders.build_all(OWNER, spec, builders.compile_hash(spec), internal_token="t0k3n"))
-    (secret,) = objs["Secret"]
-    assert secret["metadata"]["name"] == "m-internal"
-    assert base64.b64decode(secret["data"]["token"]).decode() == "t0k3n"
     deps = {d["metadata"]["labels"]["neuronfleet.dev/role"]: d for d in objs["Deployment"]}
     for role, dep in deps.items():
-        pod = dep["spec"]["template"]["spec"]
         c = container(dep)
-        assert (
-            c["command"][c["command"].index("--internal-token-file") + 1]
-            == "/var/run/neuronfleet/internal/token"
-        )
-        (volume,) = [v for v in pod["volumes"] if v["name"] == "internal-token"]
-        assert volume["secret"]["secretName"] == "m-internal"
-        assert "t0k3n" not in json.dumps(dep)  # the token itself is only in the Secret
         caps = c["securityContext"]["capabilities"]
         assert caps["drop"] == ["ALL"]
         assert caps.get("add", []) == [], role  # KV over tcp: no EFA
@@ -364,14 +389,6 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
     decode = container(deps["decode"])
     assert decode["command"][decode["command"].index("--kv-port") + 1] == str(KV_PORT)
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in decode["env"]
-    (policy,) = objs["NetworkPolicy"]
-    assert policy["spec"]["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
-    assert policy["spec"]["ingress"] == [
-        {"from": [{"podSelector": {"matchLabels": {"neuronfleet.dev/model": "m"}}}]}
-    ]
-    for version in KUBERNETES_VERSIONS:
-        for obj in (secret, policy, *deps.values()):
-            kubernetes_validate.validate(obj, version, strict=True)
     # pods with EFA devices (KV over EFA: the vLLM and SGLang engines) add IPC_LOCK to what their engine's
     # documentation adds (SGLang: SYS_NICE); our router drops every capability
     efa = disaggregated_efa()
@@ -380,11 +397,8 @@ def test_disaggregated_pods_share_a_token_from_a_secret_and_can_be_fenced_off():
         caps = container(dep)["securityContext"]["capabilities"]
         engine_caps = {"drop": ["NET_RAW"], "add": ["SYS_NICE", "IPC_LOCK"]}
         assert caps == (engine_caps if role != "router" else {"drop": ["ALL"]}), role
-    # a unified model has neither, and no token without a caller's
-    unified = by_kind(
-        builders.build_all(OWNER, sample("smollm2-135m-local-cpu.yaml"), "h", internal_token="x")
-    )
-    assert "Secret" not in unified and "NetworkPolicy" not in unified
+    # no Secret without a caller's token (`neuronfleet render` and the operator pass one)
+    assert "Secret" not in by_kind(builders.build_all(OWNER, sample("smollm2-135m-local-cpu.yaml"), "h"))
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)

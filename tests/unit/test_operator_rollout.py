@@ -155,15 +155,16 @@ def test_stale_objects_are_other_sets_and_roles_never_another_owners():
         obj("Service", "m"),
         obj("Service", "m-prefill-r1"),
         obj("PodDisruptionBudget", "m-unified"),
-        obj("Secret", "m-internal"),
+        obj("NetworkPolicy", "m-internal"),  # an earlier operator's, replaced by m-pods and m-public
+        obj("Secret", "m-internal"),  # the model's token: it goes with the model, never before
         obj("Service", "m-prefill-x", uid="someone-else"),
         obj("ConfigMap", "m-runtime-old"),  # not a kind a rollout deletes
     ]
     keep = {("Deployment", "m-router-r2"), ("Service", "m")}
     assert rollout.stale(observed, keep, UID) == [
         ("Deployment", "m-unified"),
+        ("NetworkPolicy", "m-internal"),
         ("PodDisruptionBudget", "m-unified"),
-        ("Secret", "m-internal"),
         ("Service", "m-prefill-r1"),
     ]
 

@@ -216,8 +216,7 @@ class HeldCluster:
         return Observed(
             deployments=of("Deployment"), services=of("Service"), pdbs=of("PodDisruptionBudget"),
             jobs=of("Job"), service=self.objects.get(("Service", name)),
-            secret=self.objects.get(("Secret", f"{name}-internal")),
-            network_policy=self.objects.get(("NetworkPolicy", f"{name}-internal")), **extra,
+            network_policies=of("NetworkPolicy"), **extra,
         )  # fmt: skip
 
     def reconcile(self, **extra) -> planner.Plan:
@@ -279,29 +278,43 @@ def test_a_failed_compile_is_reported_with_its_reason_and_serves_nothing():
 
 
 DISAGGREGATED = {"mode": "disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 2},
-                 "kvTransfer": {"transport": "tcp"}, "networkPolicy": True}  # fmt: skip
+                 "kvTransfer": {"transport": "tcp"}}  # fmt: skip
 
 
-def test_a_disaggregated_model_gets_its_token_secret_once_and_a_network_policy():
-    cluster = compiled_cluster(serving=DISAGGREGATED)
+def public_roles(cluster: HeldCluster) -> list[str]:
+    """The roles whose pods the public NetworkPolicy lets clients reach."""
+    policy = cluster.objects[("NetworkPolicy", "smollm2-public")]
+    (term,) = policy["spec"]["podSelector"]["matchExpressions"]
+    return term["values"]
+
+
+def test_every_model_gets_its_token_secret_once_and_its_network_policies():
+    for serving in ({}, DISAGGREGATED):
+        cluster = compiled_cluster(serving=serving) if serving else compiled_cluster()
+        cluster.reconcile()
+        secret = cluster.objects[("Secret", "smollm2-internal")]
+        assert secret["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
+        deployments = [o for (k, _), o in cluster.objects.items() if k == "Deployment"]
+        for d in deployments:  # every pod runs our runtime (engine embedded): each mounts the Secret
+            volumes = [v.get("secret") for v in d["spec"]["template"]["spec"]["volumes"]]
+            assert {"secretName": "smollm2-internal", "defaultMode": 0o440} in volumes
+        assert cluster.named("NetworkPolicy") == {"smollm2-pods", "smollm2-public"}
+        assert public_roles(cluster) == (["router"] if serving else ["unified"])
+        cluster.body["spec"]["neuron"]["batchSize"] = 2  # a change; the Secret is not (its token would be)
+        cluster.body["metadata"]["generation"] = 2
+        cluster.reconcile()
+        assert cluster.objects[("Secret", "smollm2-internal")] == secret
+
+
+def test_network_policies_turned_off_are_deleted_and_the_secret_stays():
+    cluster = compiled_cluster()
     cluster.reconcile()
-    secret = cluster.objects[("Secret", "smollm2-internal")]
-    assert secret["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
-    deployments = [o for (k, _), o in cluster.objects.items() if k == "Deployment"]
-    assert {d["metadata"]["labels"]["neuronfleet.dev/role"] for d in deployments} == {
-        "prefill",
-        "decode",
-        "router",
-    }
-    for d in deployments:
-        volumes = d["spec"]["template"]["spec"]["volumes"]
-        assert {"secretName": "smollm2-internal", "defaultMode": 0o440} in [v.get("secret") for v in volumes]
-    policy = cluster.objects[("NetworkPolicy", "smollm2-internal")]
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    cluster.body["spec"]["neuron"]["batchSize"] = 2  # a change: the Secret is not (its token would change)
+    cluster.ready("smollm2-unified")
+    assert cluster.reconcile().status["phase"] == "Ready"
+    cluster.body["spec"]["serving"]["networkPolicy"] = False
     cluster.body["metadata"]["generation"] = 2
     cluster.reconcile()
-    assert cluster.objects[("Secret", "smollm2-internal")] == secret
+    assert not cluster.named("NetworkPolicy") and cluster.named("Secret") == {"smollm2-internal"}
 
 
 def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_old_one():
@@ -320,7 +333,9 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     assert set(roles) == {"prefill", "decode", "router"}
     written = [(w.obj["kind"]) for w in plan.writes if isinstance(w, Apply)]
     assert written.index("Secret") < written.index("Deployment")  # the token before the pods that read it
+    assert written.index("NetworkPolicy") < written.index("Deployment")  # the fence before the pods
     assert plan.status["phase"] == "Rolling" and cluster.selector() == unified
+    assert public_roles(cluster) == ["router", "unified"]  # clients reach the old set until the Service moves
     for role in ("prefill", "decode"):
         cluster.ready(roles[role])
     cluster.reconcile()
@@ -330,11 +345,13 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     cluster.reconcile()
     assert cluster.selector()["neuronfleet.dev/role"] == "router"
     assert "smollm2-unified" not in cluster.named("Deployment")  # the entry pods retired first
+    cluster.reconcile()
+    assert public_roles(cluster) == ["router"]  # the Service has moved: only the routers take clients
     set_label = cluster.objects[("Deployment", roles["router"])]["metadata"]["labels"]["neuronfleet.dev/set"]
     assert cluster.selector()["neuronfleet.dev/set"] == set_label
     assert "smollm2-unified" not in cluster.named("PodDisruptionBudget")
     assert cluster.reconcile().status["phase"] == "Ready"
-    # disaggregated -> unified: the internal Secret and NetworkPolicy go with the old set
+    # disaggregated -> unified: the old set goes; the model's Secret and NetworkPolicies stay
     cluster.body["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
     cluster.body["metadata"]["generation"] = 3
     cluster.reconcile()
@@ -352,7 +369,9 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     cluster.later(60)
     cluster.reconcile()
     assert cluster.named("Deployment") == {back}
-    assert not cluster.named("Secret") and not cluster.named("NetworkPolicy")
+    assert cluster.named("Secret") == {"smollm2-internal"}
+    assert cluster.named("NetworkPolicy") == {"smollm2-pods", "smollm2-public"}
+    assert public_roles(cluster) == ["unified"]
 
 
 def test_more_than_one_pod_gets_a_kv_aware_front_door_the_service_moves_to_once_it_is_ready():

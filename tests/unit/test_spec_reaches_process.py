@@ -613,8 +613,6 @@ def test_a_role_tensor_parallelism_is_refused_where_one_runs_for_both_roles():
          {"kvTransfer": {"transport": "tcp", "efaInterfaces": 2}},
          r"serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
          r"kvTransfer.transport efa \(or nixl with backend libfabric\) only"),
-        ("smollm2-135m-local-cpu.yaml", "serving", {"networkPolicy": True},
-         r"serving.networkPolicy fences off prefill and decode pods, which a unified model has not"),
     ],
 )  # fmt: skip
 def test_a_field_nothing_would_read_is_refused(base, section, fields, message):

@@ -32,7 +32,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 The operator's permissions: exactly the (API group, resource, verbs) of neuronfleet.operator.kube.RBAC_RULES,
-the one table the operator's API module is checked against (tests/test_chart.py compares the two).
+the one table the operator's API module is checked against (tests/unit/test_chart.py compares the two), and
+those of kube.OPT_IN_RULES whose value is set (rbac.podDeletionCost).
 */}}
 {{- define "neuronfleet.rules" -}}
 - apiGroups: ["neuronfleet.dev"]
@@ -46,7 +47,7 @@ the one table the operator's API module is checked against (tests/test_chart.py 
   verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -70,7 +71,12 @@ the one table the operator's API module is checked against (tests/test_chart.py 
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch"]
+{{- if .Values.rbac.podDeletionCost }}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
+{{- end }}
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
@@ -89,4 +95,15 @@ the one table the operator's API module is checked against (tests/test_chart.py 
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "create", "patch", "delete"]
+{{- end -}}
+
+
+{{/*
+The operator's NEURONFLEET_NETWORK_POLICY (operator/network_policy.py): whom the models' NetworkPolicies admit
+besides their own pods, as JSON: this release's operator pods (its selector labels, in its namespace), the
+networkPolicy values' metricsFrom (Prometheus) and clientsFrom (empty: any source).
+*/}}
+{{- define "neuronfleet.networkPolicy" -}}
+{{- $operator := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "neuronfleet.selectorLabels" . | fromYaml)) -}}
+{{- dict "operator" (list $operator) "metrics" .Values.networkPolicy.metricsFrom "clients" .Values.networkPolicy.clientsFrom | toJson -}}
 {{- end -}}
