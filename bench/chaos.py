@@ -45,7 +45,9 @@ from typing import Any
 import yaml
 from machine import cpu_name  # bench/machine.py
 
+from neuronfleet.localcluster.guard import set_token, write_private
 from neuronfleet.localcluster.ports import loopback_port
+from neuronfleet.localcluster.tls import Access
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
@@ -98,7 +100,8 @@ class ControlPlane:
     def __init__(self, state: Path, timing: Timing, replicas: int = 3, kubelet: bool = False) -> None:
         self.state, self.timing, self.replicas, self.kubelet = state, timing, replicas, kubelet
         self.port = loopback_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.access: Access | None = None  # (the kubeconfig's: the CA and the admin's token)
         self.api: subprocess.Popen | None = None
         self.operators: dict[str, subprocess.Popen] = {}
         self.exits: list[tuple[str, int]] = []  # (user, code) of every replica that ended
@@ -124,6 +127,12 @@ class ControlPlane:
                 str(self.port),
                 "--kubeconfig",
                 str(self.state / "kubeconfig"),
+                "--token-auth-file",  # (its tokens and certificate kept over restarts)
+                str(self.state / "tokens.csv"),
+                "--tls-cert-file",
+                str(self.state / "apiserver.crt"),
+                "--tls-private-key-file",
+                str(self.state / "apiserver.key"),
                 "--ready-file",
                 str(ready),
                 "--audit-log",
@@ -143,6 +152,7 @@ class ControlPlane:
                     f"the API server did not start: {(self.state / 'apiserver.log').read_text()}"
                 )
             time.sleep(0.05)
+        self.access = Access.read(self.state / "kubeconfig")
 
     def restart_api(self) -> tuple[float, float]:
         """Stop the API server (SIGTERM: it writes its objects) and start it again on its port: (when it
@@ -168,10 +178,10 @@ class ControlPlane:
         deadline = time.monotonic() + UNREACHABLE_SECONDS
         while True:
             request = urllib.request.Request(
-                self.url + path, data=data, method=method, headers={"Content-Type": content_type}
+                self.url + path, data=data, method=method, headers=self.access.headers(content_type)
             )
             try:
-                with urllib.request.urlopen(request, timeout=30) as r:
+                with urllib.request.urlopen(request, timeout=30, context=self.access.context) as r:
                     return r.status, json.loads(r.read() or b"null")
             except urllib.error.HTTPError as e:
                 answer = e.read()
@@ -203,9 +213,9 @@ class ControlPlane:
             self.started += 1
             user = f"operator-{self.started}"
         config = yaml.safe_load((self.state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = user
+        config["users"][0]["user"]["token"] = set_token(self.state / "tokens.csv", user)  # (its audit user)
         kubeconfig = self.state / f"{user}.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
+        write_private(kubeconfig, yaml.safe_dump(config))
         cli = str(Path(sys.executable).parent / "neuronfleet")
         proc = subprocess.Popen(
             [cli, "operator", "--kubeconfig", str(kubeconfig), "--standalone", *self.timing.flags()],

@@ -31,6 +31,9 @@ from pathlib import Path
 import yaml
 from machine import cpu_name  # bench/machine.py
 
+from neuronfleet.localcluster.guard import set_token, write_private
+from neuronfleet.localcluster.tls import Access
+
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/neuronfleet-operator"
 
@@ -40,12 +43,14 @@ class Fleet:
         self.state, self.timing = state, timing
         self.api = subprocess.Popen(
             [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver", "--kubeconfig",
-             str(state / "kubeconfig"), "--ready-file", str(state / "url")],
+             str(state / "kubeconfig"), "--token-auth-file", str(state / "tokens.csv"), "--ready-file",
+             str(state / "url")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         while not ((state / "url").exists() and (state / "url").read_text()):
             time.sleep(0.1)
-        self.url = (state / "url").read_text().strip()
+        self.access = Access.read(state / "kubeconfig")  # (the URL, the CA, the admin's token)
+        self.url = self.access.url
         crd = yaml.safe_load((ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml").read_text())
         self.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -53,9 +58,9 @@ class Fleet:
     def call(self, method: str, path: str, body: dict | None = None) -> dict | None:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers=self.access.headers())  # fmt: skip
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=30, context=self.access.context) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             if e.code == 404:
@@ -68,9 +73,9 @@ class Fleet:
 
     def start(self, user: str) -> None:
         config = yaml.safe_load((self.state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = user
+        config["users"][0]["user"]["token"] = set_token(self.state / "tokens.csv", user)  # (its own user)
         kubeconfig = self.state / f"{user}.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
+        write_private(kubeconfig, yaml.safe_dump(config))
         cli = str(Path(sys.executable).parent / "neuronfleet")
         self.procs[user] = subprocess.Popen(
             [cli, "operator", "--kubeconfig", str(kubeconfig), "--standalone", *self.timing],

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuronfleet.localcluster.tls import Access
+
 ROOT = Path(__file__).resolve().parent.parent
 NEURONFLEET = ROOT / ".venv" / "bin" / "neuronfleet"  # (the benchmarks run in bench/.venv-llamacpp)
 RESULTS = ROOT / "bench" / "results"
@@ -29,15 +31,17 @@ def neuronfleet(*args: str, env: dict[str, str] | None = None) -> None:
 
 
 class LocalMode:
-    """A local mode's API server (plain HTTP, from STATE/url) and kubectl against its kubeconfig."""
+    """A local mode's API server (HTTPS, as its kubeconfig reaches it: URL, CA, token) and kubectl against
+    its kubeconfig."""
 
     def __init__(self, state: Path) -> None:
-        self.state, self.url = state, (state / "url").read_text().strip()
+        self.state, self.access = state, Access.read(state / "kubeconfig")
 
     def api(self, path: str, **query: str) -> dict[str, Any]:
         """GET an API path (`/apis/...`) as JSON."""
         q = "?" + urllib.parse.urlencode(query) if query else ""
-        with urllib.request.urlopen(self.url + path + q, timeout=10) as r:
+        request = urllib.request.Request(self.access.url + path + q, headers=self.access.headers(None))
+        with urllib.request.urlopen(request, timeout=10, context=self.access.context) as r:
             return json.loads(r.read())
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:

@@ -7,6 +7,8 @@
 - `protobuf`: the protobuf bodies typed kubectl creates send, read as JSON.
 - `store`: the objects, their indexes and bounded history, the REST semantics of writes; `ClusterClient`.
 - `apiserver`: the emulated API server's HTTP face (`python -m neuronfleet.localcluster.apiserver`).
+- `guard`: who may talk to it (a bearer token, its own Host, the API's media types); owner-only files.
+- `tls`: its HTTPS certificate (kubectl sends tokens over HTTPS only) and the kubeconfig that trusts it.
 - `processes`: one pod as a local process (command rewriting, supervision, restarts, status).
 - `ports`: the loopback ports local processes get (below the ephemeral range).
 - `probes`: a container's startup, readiness and liveness probes at their declared periods and thresholds.

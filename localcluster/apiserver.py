@@ -2,7 +2,9 @@
 OpenAPI documents (`openapi`; /openapi/v2 in JSON or protobuf: `openapi_v2`, `openapi_proto`), request
 bodies (JSON, YAML, the protobuf of typed kubectl creates: `protobuf`), tables (`tables`), watch streams,
 Status errors, an audit log and a clean stop, on aiohttp, over the object store (`store`) and the semantics
-(`semantics`).
+(`semantics`); every request passes `guard` first: its Host must name this server, it must carry a bearer
+token of the token table (401 Unauthorized otherwise, but for /healthz, /livez, /readyz and /version), and
+a body must be in a media type the API decodes (415 otherwise).
 
 What it does like a real API server: uid, resourceVersion (409 Conflict on a stale write), generation (bumped
 when anything but metadata and status changes), creationTimestamp; 201 on create, generateName; GET, LIST
@@ -17,7 +19,7 @@ fieldValidation=Strict, types and bounds checked, x-kubernetes-validations evalu
 tables on LIST, GET and every watch event (`kubectl get` columns, a CRD's additionalPrinterColumns); a
 bounded watch history (410 Expired beyond it).
 
-What it does not: authentication and authorization (every request is admitted), admission webhooks, field
+What it does not: authorization (every user the token table names may do anything), admission webhooks, field
 managers of server-side apply, the built-in controllers (the process kubelet in the local mode plays them),
 protobuf bodies of kinds other than Namespace, Secret, ConfigMap, ServiceAccount, Service, Deployment and
 Job (and of fields of theirs not known in `protobuf`: refused with 415, not dropped), paged LISTs (`limit` is
@@ -33,8 +35,8 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import signal
+import ssl
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -43,10 +45,22 @@ from typing import Any
 
 import aiohttp.web
 
-from . import openapi, openapi_proto, openapi_v2, protobuf
+from . import openapi, openapi_proto, openapi_v2, protobuf, tls
+from .guard import (
+    ADMIN,
+    Tokens,
+    admin_table,
+    authenticate,
+    check_body_type,
+    check_host,
+    format_tokens,
+    media_type,
+    write_private,
+)
 from .semantics import ApiError, Resource, scale_view
 from .store import HISTORY, Expired, Store
 from .tables import table
+from .tls import kubeconfig
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +107,9 @@ class ResourcePath:
 
 
 class EmulatedAPIServer:
-    """Answers Kubernetes REST requests from a store; `pod_logs(namespace, name, query)` (the log's chunks)
-    backs `kubectl logs` where something runs the pods."""
+    """Answers Kubernetes REST requests from a store to the users `tokens` names (by default one fresh token,
+    for ADMIN: `tokens.token_of(ADMIN)`); `pod_logs(namespace, name, query)` (the log's chunks) backs
+    `kubectl logs` where something runs the pods."""
 
     def __init__(
         self,
@@ -102,20 +117,26 @@ class EmulatedAPIServer:
         pod_logs: Callable[[str, str, dict[str, str]], AsyncIterator[bytes]] | None = None,
         audit_log: str | None = None,
         fault_switches: bool = False,
+        tokens: Tokens | None = None,
     ) -> None:
         self.store = store or Store()
+        self.tokens = tokens or Tokens(table=admin_table())
         # /openapi/v2 for one revision of the kinds: (revision, ETag, body by content type)
         self._v2_cache: tuple[tuple[str, int], str, dict[str, bytes]] | None = None
         self.pod_logs = pod_logs
         self.audit_log = audit_log  # a file: one JSON line per resource request (user, verb, resource)
         self.faults = Faults() if fault_switches else None
 
-    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Listen on host:port (0: a free port); returns the server's URL (`stop` ends it)."""
-        self.handler = aiohttp.web.Server(self)
-        self.listener = await asyncio.get_running_loop().create_server(self.handler, host, port)
+    async def serve(
+        self, host: str = "127.0.0.1", port: int = 0, context: ssl.SSLContext | None = None
+    ) -> str:
+        """Listen on host:port (0: a free port), over HTTPS with a TLS `context` (kubectl sends a token over
+        HTTPS only: `tls`); returns the server's URL (`stop` ends it)."""
+        self.handler, self.context = aiohttp.web.Server(self), context
+        loop = asyncio.get_running_loop()
+        self.listener = await loop.create_server(self.handler, host, port, ssl=context)
         self.address = (host, self.listener.sockets[0].getsockname()[1])
-        return f"http://{host}:{self.address[1]}"
+        return f"{'https' if context else 'http'}://{host}:{self.address[1]}"
 
     async def outage(self, seconds: float) -> None:
         """What a restart does to the clients (a fault switch): every connection is dropped, none is taken for
@@ -127,7 +148,9 @@ class EmulatedAPIServer:
             connection.force_close()
         await self.store.expire_watches()
         await asyncio.sleep(seconds)
-        self.listener = await asyncio.get_running_loop().create_server(self.handler, *self.address)
+        self.listener = await asyncio.get_running_loop().create_server(
+            self.handler, *self.address, ssl=self.tls
+        )
 
     async def stop(self) -> None:
         """No new connections, every watch ends (its stream closes cleanly), idle kept-alive connections close
@@ -139,10 +162,15 @@ class EmulatedAPIServer:
         await self.handler.shutdown(SHUTDOWN_GRACE)
 
     async def __call__(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        """One request; refusals become Status objects, and a bug here answers 500 and the server goes on."""
-        await request.read()
+        """One request; refusals become Status objects, and a bug here answers 500 and the server goes on.
+        A request from elsewhere than this server's own Host, or without a valid token, is refused before its
+        body is read."""
         code = 500
         try:
+            check_host(request.headers.get("Host"), self.address[1], self.address[0])
+            request["user"] = authenticate(request.headers.get("Authorization"), request.path, self.tokens)
+            if await request.read():
+                check_body_type(request.method, request.headers.get("Content-Type"))
             if self.faults is not None and request.path == FAULTS_PATH:
                 return self._json(await self.faults.switch(json.loads(await request.read() or b"{}"), self))
             if self.faults is not None and (refusal := self.faults.refusal(request)) is not None:
@@ -154,6 +182,10 @@ class EmulatedAPIServer:
         except ApiError as e:
             code = e.code
             return self._json(e.status(), status=e.code)
+        except aiohttp.web.HTTPRequestEntityTooLarge as e:  # (the body, past aiohttp's client_max_size)
+            code = e.status
+            refusal = ApiError(code, "RequestEntityTooLarge", e.text or e.reason)
+            return self._json(refusal.status(), status=code)
         except Exception as e:
             log.exception("emulated API server: internal error")
             failure = ApiError(500, "InternalError", f"internal error: {e!r}")
@@ -281,8 +313,10 @@ class EmulatedAPIServer:
         if path.startswith("/openapi/v3"):
             return self._json(self._openapi(request))
         segs = [s for s in path.split("/") if s]
-        if path == "/version":
+        if path.rstrip("/") == "/version":
             return self._json(SERVER_VERSION)
+        if path in ("/healthz", "/livez", "/readyz"):  # (as kube-apiserver's: 200 "ok")
+            return aiohttp.web.Response(text="ok")
         if segs == ["api"]:
             return self._json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
         if segs == ["apis"]:
@@ -335,8 +369,8 @@ class EmulatedAPIServer:
             if method == "PUT":
                 stored = await store.replace(kind, ns, name, body, sub, params)
             else:
-                content_type = request.headers.get("Content-Type", "application/merge-patch+json")
-                stored = await store.patch(kind, ns, name, body, content_type.split(";")[0], sub, params)
+                content_type = media_type(request.headers.get("Content-Type"))
+                stored = await store.patch(kind, ns, name, body, content_type, sub, params)
             if sub is None:
                 await store.collect_orphan(kind, stored)
             return self._json(scale_view(stored, kind) if sub == "scale" else stored)
@@ -405,7 +439,7 @@ class EmulatedAPIServer:
         return response
 
     def _audit(self, request, kind: Resource, sub: str | None, method: str, name: str | None, params) -> None:
-        """Who did what to which resource, in RBAC's words (the token names the user), like an audit log: one
+        """Who did what to which resource, in RBAC's words (the user the token names), like an audit log: one
         line once the request is answered, with its status code (written by `__call__`)."""
         if self.audit_log is None:
             return
@@ -414,7 +448,7 @@ class EmulatedAPIServer:
         else:
             verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, "")
             verb = verb or ("delete" if name else "deletecollection")
-        user = bearer_user(request) or "anonymous"
+        user = request["user"].name
         resource = f"{kind.plural}/{sub}" if sub else kind.plural
         entry = {"user": user, "verb": verb, "group": kind.group, "resource": resource, "name": name}
         if verb == "watch":  # long-running: logged as it starts
@@ -432,41 +466,20 @@ class EmulatedAPIServer:
 
     @staticmethod
     async def _body(request: aiohttp.web.BaseRequest) -> Any:
-        content_type = request.headers.get("Content-Type", "")
-        if "protobuf" in content_type:
+        content_type = media_type(request.headers.get("Content-Type"))  # (one `guard` admitted)
+        if content_type.endswith("protobuf"):
             return protobuf.decode(await request.read())
         text = await request.text()
         if not text:
             return None
         try:
-            if "yaml" in content_type:
+            if content_type.endswith("yaml"):
                 import yaml
 
                 return yaml.safe_load(text)
             return json.loads(text)
         except ValueError as e:
             raise ApiError(400, "BadRequest", f"the request body does not parse: {e}") from None
-
-
-def kubeconfig(server_url: str, namespace: str = "default") -> dict[str, Any]:
-    """A kubeconfig for kubectl and kopf that points at the emulated server (no credentials needed)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "neuronfleet-local", "cluster": {"server": server_url}}],
-        "users": [{"name": "neuronfleet-local", "user": {"token": "emulated"}}],
-        "contexts": [
-            {
-                "name": "neuronfleet-local",
-                "context": {
-                    "cluster": "neuronfleet-local",
-                    "user": "neuronfleet-local",
-                    "namespace": namespace,
-                },
-            }
-        ],
-        "current-context": "neuronfleet-local",
-    }
 
 
 FAULTS_PATH = "/neuronfleet/faults"
@@ -479,17 +492,12 @@ def _include(params) -> str:
     return value if value in ("Metadata", "Object", "None") else "Metadata"
 
 
-def bearer_user(request: aiohttp.web.BaseRequest) -> str:
-    """The user a request's token names ("" without one): the audit log's user, the fault switches' filter."""
-    return request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-
-
 class Faults:
     """Failures a real API server has, injected on request (`--fault-switches`; for tests only, never in
     `neuronfleet up`): POST FAULTS_PATH with
-    - `{"refuse": N, "status": 429, "retryAfter": 1, "user": TOKEN}`: the next N resource requests (of that
-      user; any without one) are refused with that status and Retry-After, as API Priority and Fairness
-      (429) or an overloaded server (503) refuses them;
+    - `{"refuse": N, "status": 429, "retryAfter": 1, "user": NAME}`: the next N resource requests (of that
+      user, as the token table names it; any without one) are refused with that status and Retry-After, as
+      API Priority and Fairness (429) or an overloaded server (503) refuses them;
     - `{"expireWatches": true}`: every watch ends with 410 Expired and no resourceVersion so far can be
       resumed from, as after a compaction and a restarted watch cache;
     - `{"outage": SECONDS}`: the server goes away for its clients as in a restart
@@ -513,7 +521,7 @@ class Faults:
     def refusal(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
         if self.refuse <= 0 or not request.path.startswith(("/api/", "/apis/")):
             return None
-        if self.user and bearer_user(request) != self.user:
+        if self.user and request["user"].name != self.user:
             return None
         self.refuse, self.refused = self.refuse - 1, self.refused + 1
         reason = {429: "TooManyRequests", 503: "ServiceUnavailable"}.get(self.status, "InternalError")
@@ -533,10 +541,14 @@ async def run(
     watch_history: int = HISTORY,
     data_file: str | None = None,
     fault_switches: bool = False,
+    tokens: Tokens | None = None,
+    identity: tuple[ssl.SSLContext, bytes] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; with `kubelet_state`, also run the process kubelet (it stops every pod
-    process it started on the way out); with `data_file`, the objects are read from it at the start and kept
-    in it (`persist`) until the end."""
+    """Serve over HTTPS (`identity`: the TLS context and its CA's certificate, `tls.server_context`; made now
+    where not given) until SIGTERM or SIGINT, to the users `tokens` names (`load_tokens`); with
+    `kubelet_state`, also run the process kubelet (it stops every pod process it started on the way out);
+    with `data_file`, the objects are read from it at the start and kept in it (`persist`) until the end. The
+    kubeconfig, the data file and the kubelet's folders are readable by this user only (`guard`)."""
     from .kubelet import ProcessKubelet
     from .store import ClusterClient
 
@@ -552,17 +564,19 @@ async def run(
         pod_logs=kubelet.pod_log if kubelet else None,
         audit_log=audit_log,
         fault_switches=fault_switches,
+        tokens=tokens,
     )
     running = asyncio.get_running_loop().create_task(kubelet.run()) if kubelet else None
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    url = await server.serve(host, port)
+    context, ca = identity or tls.server_context(None, None, host)
+    url = await server.serve(host, port, context)
     if kubeconfig_path:
         import yaml
 
-        with open(kubeconfig_path, "w") as f:
-            yaml.safe_dump(kubeconfig(url), f)
+        config = kubeconfig(url, server.tokens.token_of(ADMIN), ca)
+        write_private(Path(kubeconfig_path), yaml.safe_dump(config))
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(url)
@@ -579,31 +593,33 @@ async def run(
         saving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await saving
-        write_snapshot(Path(data_file), json.dumps(store.snapshot()))  # the last writes
+        write_private(Path(data_file), json.dumps(store.snapshot()))  # the last writes
 
 
 PERSIST_SECONDS = 1.0  # the most a kill -9 of the server loses of its writes
 
 
 async def persist(store: Store, path: Path) -> None:
-    """Keep the store's objects in `path`: after a write, at most every PERSIST_SECONDS."""
+    """Keep the store's objects in `path` (the Secrets' data too: 0600, `write_private` replaces it whole or
+    not at all): after a write, at most every PERSIST_SECONDS."""
     saved = store.last_revision
     while True:
         await asyncio.sleep(PERSIST_SECONDS)
         if store.last_revision != saved:
             saved = store.last_revision
             text = json.dumps(store.snapshot())  # (here: no write comes between)
-            await asyncio.to_thread(write_snapshot, path, text)
+            await asyncio.to_thread(write_private, path, text)
 
 
-def write_snapshot(path: Path, text: str) -> None:
-    """Replace `path` with `text` whole or not at all: written beside it, flushed to disk, then renamed."""
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+def load_tokens(token_file: str | None) -> Tokens:
+    """The token table: the file's, re-read whenever it changes (where it does not exist it is made, 0600,
+    with one fresh token for ADMIN), else one fresh token for ADMIN held in memory (the kubeconfig's)."""
+    if token_file is None:
+        return Tokens(table=admin_table())
+    path = Path(token_file)
+    if not path.exists():
+        write_private(path, format_tokens(admin_table()))
+    return Tokens(path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -612,7 +628,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="An emulated Kubernetes API server (neuronfleet).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
-    parser.add_argument("--kubeconfig", help="write a kubeconfig pointing at the server here")
+    parser.add_argument(
+        "--kubeconfig", help=f"write a kubeconfig pointing at the server here, with {ADMIN}'s token (0600)"
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        help="the server's certificate, then its CA's (PEM); made, with the key, where missing (tls.py). "
+        "Without it and --tls-private-key-file, a certificate made for this run only",
+    )
+    parser.add_argument("--tls-private-key-file", help="the server certificate's key (PEM; made 0600)")
+    parser.add_argument(
+        "--token-auth-file",
+        help="the bearer tokens accepted, as kube-apiserver's static token file (CSV token,user,uid), read "
+        f"again whenever it changes; made with one fresh token for {ADMIN} where it does not exist. "
+        f"Without it, one fresh token for {ADMIN}, which only the --kubeconfig holds",
+    )
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
@@ -627,6 +657,23 @@ def main(argv: list[str] | None = None) -> None:
         help="changes kept per kind for watches that resume from a resourceVersion (older: 410 Expired)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if not (args.kubeconfig or args.token_auth_file):
+        parser.error("--kubeconfig or --token-auth-file is needed: without either, no client holds a token")
+    try:
+        tokens = load_tokens(args.token_auth_file)
+    except (OSError, ValueError) as e:
+        parser.error(f"--token-auth-file: {e}")
+    if args.kubeconfig and tokens.token_of(ADMIN) is None:
+        parser.error(f"--token-auth-file names no user {ADMIN}, whose token the --kubeconfig is written with")
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        parser.error("--tls-cert-file and --tls-private-key-file go together")
+    files = (
+        (Path(args.tls_cert_file), Path(args.tls_private_key_file)) if args.tls_cert_file else (None, None)
+    )
+    try:
+        identity = tls.server_context(*files, args.host)
+    except (OSError, ValueError, ssl.SSLError) as e:
+        parser.error(f"the server's certificate: {e}")
     if args.kubelet_state:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(
@@ -640,6 +687,8 @@ def main(argv: list[str] | None = None) -> None:
             args.watch_history,
             args.data_file,
             args.fault_switches,
+            tokens,
+            identity,
         )
     )
 

@@ -8,8 +8,8 @@ it does what a node's kubelet and the built-in controllers would, with local pro
 - Deployments get `replicas` pods of their current template, rolled one extra pod at a time: an old pod goes
   only once a new one is ready; a pod whose process dies is restarted (counted); scaling follows replicas.
 - Pods run their container's command as a local process (`processes`): ports mapped, volume mounts mapped to
-  local folders (PVCs to their folders, a subPath to the folder inside; ConfigMaps and Secrets written out;
-  emptyDirs per pod), probes at
+  local folders (PVCs to their folders, a subPath to the folder inside; ConfigMaps and Secrets written out,
+  the node's folders and the Secrets' files readable by this user only; emptyDirs per pod), probes at
   their declared periods (`probes`), logs per container instance with per-line times that `kubectl logs`
   reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`. A deleted pod
   leaves its Services at once, then runs its preStop `sleep` hook, then gets SIGTERM (`processes.stop`).
@@ -39,6 +39,7 @@ from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
 from . import jobs, podlogs
 from .events import Recorder, reference
+from .guard import private_folder, write_private
 from .ports import loopback_port
 from .probes import Prober, Target
 from .processes import (
@@ -89,8 +90,8 @@ class ProcessKubelet:
         self.events = Recorder(cluster, "kubelet")
         self.job_events = Recorder(cluster, "job-controller")
         self._turn = 0
-        for sub in ("volumes", "pods", "logs"):
-            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        for sub in ("", "volumes", "pods", "logs"):  # (the pods' Secrets and logs: this user's only)
+            private_folder(self.state / sub)
         self.hosts_file.write_text("{}")
 
     # ---- the loop ----
@@ -303,10 +304,13 @@ class ProcessKubelet:
                 for key, value in (cm.get("data") or {}).items():
                     (path / key).write_text(value)
             elif "secret" in volume:
+                # the declared mode's owner bits only (the pod's process runs as this user; no other
+                # user on the machine reads a Secret), each file made 0600 and replaced whole
+                private_folder(path)
                 secret = self.cluster.get("", "v1", "secrets", ns, volume["secret"]["secretName"]) or {}
                 for key, value in (secret.get("data") or {}).items():
-                    (path / key).write_bytes(base64.b64decode(value))
-                    (path / key).chmod(volume["secret"].get("defaultMode", 0o644) & 0o777 | 0o400)
+                    write_private(path / key, base64.b64decode(value))
+                    (path / key).chmod(volume["secret"].get("defaultMode", 0o644) & 0o700 | 0o400)
             out[name] = path
         return out
 

@@ -3,11 +3,16 @@
 `up` starts two processes and records them in the state folder: the emulated API server with the process
 kubelet (`apiserver --kubelet-state`), with the NeuronModel CRD installed and a `local-models` claim in
 namespace default that holds SmolLM2-135M-Instruct (the local samples' model), and the operator. It writes
-`STATE/kubeconfig` and prints the kubectl commands to use; the operator serves its wake endpoint (for the
-front doors of models that scale to zero) on a free loopback port, which the routers, local processes too,
-reach at `http://127.0.0.1:PORT`, and its Prometheus metrics on another (its URL in
-`STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop
-it all. `down` stops what `up` started (the kubelet stops every pod process) and deletes nothing else.
+`STATE/kubeconfig` and prints the kubectl commands to use. Local mode is closed to other users of the machine
+and to web pages (docs/local-mode.md): the API server serves HTTPS with a certificate made for it (`tls`;
+`STATE/apiserver.crt`, kept), each `up` makes a fresh bearer token (`STATE/tokens.csv`, the API server's
+token file) that the kubeconfig holds with the CA and every request must carry, the state folder is 0700 and
+every file in it that holds a secret (kubeconfig, tokens, objects.json, logs) 0600 from its creation, and
+the processes `up` starts create their files owner-only (umask 077). The operator serves its wake endpoint
+(for the front doors of models that scale to zero) on a free loopback port, which the routers, local
+processes too, reach at `http://127.0.0.1:PORT`, and its Prometheus metrics on another (its URL in
+`STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop it all. `down` stops what
+`up` started (the kubelet stops every pod process) and deletes nothing else.
 `status` lists models, pods and their log files. `show_compiles` is what `up` in the foreground shows while
 models compile.
 """
@@ -30,12 +35,16 @@ from typing import Any, TextIO
 
 from neuronfleet.operator import crd, spec
 
+from .guard import admin_table, format_tokens, open_private, private_folder, write_private
 from .ports import loopback_port
+from .tls import Access
 
 MODELS = f"/apis/{spec.GROUP}/{spec.VERSION}/{spec.PLURAL}"  # the NeuronModels of every namespace
 COMPILE_RETRY = 2.0  # seconds before `show_compiles` watches the models again (starting, stopping)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # in the foreground, each stops the fleet as Ctrl-C does
 MODEL_FILE = "smollm2-135m-instruct.gguf"  # on the local-models claim (crds/samples/*-local-cpu*.yaml)
+TOKENS = "tokens.csv"  # in the state folder: the API server's token file (guard.Tokens)
+UMASK = 0o077  # what the processes `up` starts (API server, kubelet, pods, operator) create is theirs only
 
 
 class LocalError(RuntimeError):
@@ -57,18 +66,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _request(url: str, method: str = "GET", body: Any = None) -> Any:
+def _request(api: Access, path: str, method: str = "GET", body: Any = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    req = urllib.request.Request(api.url + path, data=data, method=method, headers=api.headers())
+    with urllib.request.urlopen(req, timeout=10, context=api.context) as r:
         return json.loads(r.read())
 
 
-def _api(state: Path) -> str:
-    url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
-    if not url:
+def _api(state: Path) -> Access:
+    """The running fleet's API server, as its kubeconfig reaches it (URL, CA, token)."""
+    if not ((state / "url").is_file() and (state / "url").read_text().strip()):
         raise LocalError(f"no local fleet in {state}: run `neuronfleet up --state {state}` first")
-    return url
+    try:
+        return Access.read(state / "kubeconfig")
+    except (OSError, ValueError) as e:
+        raise LocalError(f"the local fleet's kubeconfig cannot be read: {e}") from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -125,8 +137,10 @@ def _start(state: Path, say) -> None:
     """Start the API server with the process kubelet, install the CRD and the models' claim, start the
     operator; every pid goes to the state folder as soon as it exists."""
     started = time.monotonic()
-    (state / "logs").mkdir(parents=True, exist_ok=True)
+    private_folder(state)
+    private_folder(state / "logs")
     (state / "url").unlink(missing_ok=True)
+    write_private(state / TOKENS, format_tokens(admin_table()))  # a fresh token: older kubeconfigs' are void
     say(f"[up] state folder {state}")
     api = subprocess.Popen(
         [
@@ -136,6 +150,12 @@ def _start(state: Path, say) -> None:
             "neuronfleet.localcluster.apiserver",
             "--kubeconfig",
             str(state / "kubeconfig"),
+            "--token-auth-file",
+            str(state / TOKENS),
+            "--tls-cert-file",  # (made by the first `up`, kept: kubeconfigs copied since trust its CA)
+            str(state / "apiserver.crt"),
+            "--tls-private-key-file",
+            str(state / "apiserver.key"),
             "--ready-file",
             str(state / "url"),
             "--kubelet-state",
@@ -143,9 +163,10 @@ def _start(state: Path, say) -> None:
             "--data-file",
             str(state / "objects.json"),  # `down` deletes nothing: the next `up` has every object again
         ],
-        stdout=open(state / "logs" / "apiserver.log", "ab"),  # noqa: SIM115 (the child's, for its life)
+        stdout=open_private(state / "logs" / "apiserver.log"),  # (the child's, for its life)
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        umask=UMASK,
     )
     pids = {"apiserver": api.pid}
     (state / "pids.json").write_text(json.dumps(pids))
@@ -154,10 +175,10 @@ def _start(state: Path, say) -> None:
         if api.poll() is not None or time.monotonic() > deadline:
             raise LocalError(f"the emulated API server did not start; see {state / 'logs' / 'apiserver.log'}")
         time.sleep(0.1)
-    url = _api(state)
-    say(f"[up] emulated API server and process kubelet on {url} ({time.monotonic() - started:.1f} s)")
-    _install_crd(url)
-    _local_models(url, state)
+    api = _api(state)
+    say(f"[up] emulated API server and process kubelet on {api.url} ({time.monotonic() - started:.1f} s)")
+    _install_crd(api)
+    _local_models(api, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
     wake, metrics = loopback_port(), loopback_port()
     operator = subprocess.Popen(
@@ -179,9 +200,10 @@ def _start(state: Path, say) -> None:
             "--standalone",
             "--all-namespaces",
         ],
-        stdout=open(state / "logs" / "operator.log", "ab"),  # noqa: SIM115 (the child's, for its life)
+        stdout=open_private(state / "logs" / "operator.log"),  # (the child's, for its life)
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        umask=UMASK,
     )
     pids["operator"] = operator.pid
     (state / "pids.json").write_text(json.dumps(pids))
@@ -196,23 +218,23 @@ def _start(state: Path, say) -> None:
     say(f"  neuronfleet status --state {state}")
 
 
-def _install_crd(url: str) -> None:
+def _install_crd(api: Access) -> None:
     """The NeuronModel CRD of this version: created, or put in place of the one an earlier `up` installed
     (the API server keeps its objects over `down`)."""
-    crds = f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     wanted = crd.build_crd()
     try:
-        _request(crds, "POST", wanted)
+        _request(api, crds, "POST", wanted)
     except urllib.error.HTTPError as e:
         if e.code != 409:
             raise
         name = wanted["metadata"]["name"]
-        held = _request(f"{crds}/{name}")
+        held = _request(api, f"{crds}/{name}")
         wanted["metadata"]["resourceVersion"] = held["metadata"]["resourceVersion"]
-        _request(f"{crds}/{name}", "PUT", wanted)
+        _request(api, f"{crds}/{name}", "PUT", wanted)
 
 
-def _local_models(url: str, state: Path) -> None:
+def _local_models(api: Access, state: Path) -> None:
     """The claim the local samples read their model from, holding the SmolLM2 GGUF file."""
     from neuronfleet.runtime.model.gguf_import import default_gguf_path
 
@@ -223,7 +245,7 @@ def _local_models(url: str, state: Path) -> None:
         "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     try:
-        _request(f"{url}/api/v1/namespaces/default/persistentvolumeclaims", "POST", claim)
+        _request(api, "/api/v1/namespaces/default/persistentvolumeclaims", "POST", claim)
     except urllib.error.HTTPError as e:
         if e.code != 409:
             raise
@@ -266,10 +288,10 @@ def _reap(pid: int) -> None:
 
 def status(state: Path, say=print) -> int:
     state = state.resolve()
-    url = _api(state)
-    models = _request(url + MODELS)["items"]
-    pods = _request(f"{url}/api/v1/pods")["items"]
-    say(f"local fleet in {state}: API server {url}, kubeconfig {state / 'kubeconfig'}")
+    api = _api(state)
+    models = _request(api, MODELS)["items"]
+    pods = _request(api, "/api/v1/pods")["items"]
+    say(f"local fleet in {state}: API server {api.url}, kubeconfig {state / 'kubeconfig'}")
     say("models:")
     for m in models:
         s = m.get("status") or {}
@@ -306,12 +328,18 @@ def show_compiles(state: Path, stream: TextIO, stopped: threading.Event | None =
 
     stopped = stopped or threading.Event()
     while not stopped.is_set():
-        url = (state / "url").read_text().strip() if (state / "url").is_file() else ""
+        try:
+            api = _api(state)
+        except LocalError:  # not started yet, or stopping
+            stopped.wait(COMPILE_RETRY)
+            continue
         # without a resourceVersion a watch first lists every model as ADDED: one that changed while no watch
         # was open is shown from its current status
-        watch = f"{url}{MODELS}?watch=true&timeoutSeconds=60"
+        watch = urllib.request.Request(
+            f"{api.url}{MODELS}?watch=true&timeoutSeconds=60", headers=api.headers()
+        )
         try:
-            with urllib.request.urlopen(watch, timeout=90) as events:
+            with urllib.request.urlopen(watch, timeout=90, context=api.context) as events:
                 for line in events:
                     event = json.loads(line)
                     if event["type"] == "ERROR":  # (none comes without a resourceVersion) list again
@@ -323,5 +351,5 @@ def show_compiles(state: Path, stream: TextIO, stopped: threading.Event | None =
                     name = f"{model['metadata']['namespace']}/{model['metadata']['name']}"
                     status = {} if event["type"] == "DELETED" else model.get("status") or {}
                     show(name, status.get("compileProgress") or {})
-        except (OSError, ValueError):  # no URL yet, starting or stopping
+        except (OSError, ValueError):  # starting or stopping
             stopped.wait(COMPILE_RETRY)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .guard import open_private
 from .podlogs import LogOptions, copy_lines, select
 from .semantics import now
 
@@ -181,7 +182,7 @@ async def supervise(
     pod.log_dir.mkdir(parents=True, exist_ok=True)
     while not pod.stopping:
         pod.instance += 1
-        with open(pod.log_file(pod.instance), "ab") as out:
+        with open_private(pod.log_file(pod.instance)) as out:  # (0600: what a pod logs is its user's)
             pod.started_at, pod.started_mono, pod.writing = now(), time.monotonic(), True
             pod.exit_code, pod.finished_at = None, ""
             pod.process = await asyncio.create_subprocess_exec(

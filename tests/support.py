@@ -437,27 +437,55 @@ class Kubectl:
 
 
 class ApiServer:
-    """The emulated Kubernetes API server as a process, serving; `kubectl` is pointed at it. Its state (the
-    kubeconfig, kubectl's cache, the log) lives in `state`."""
+    """The emulated Kubernetes API server as a process, serving HTTPS; `kubectl` is pointed at it. Its state
+    (the kubeconfig, the token file, the certificate, kubectl's cache, the log) lives in `state`; a server
+    started again in the same state keeps its tokens and certificate. For raw HTTP: `context` (the TLS context
+    that trusts its CA), `token` (the kubeconfig's, the admin's) and `headers()`, which carry it."""
 
     def __init__(self, state: Path, *extra: str) -> None:
-        self.state = state
+        from neuronfleet.localcluster.tls import Access
+
+        self.state, self.tokens = state, state / "tokens.csv"
         args = [sys.executable, "-P", "-m", "neuronfleet.localcluster.apiserver"]
-        args += ["--kubeconfig", str(state / "kubeconfig"), "--ready-file", str(state / "url"), *extra]
+        args += ["--kubeconfig", str(state / "kubeconfig"), "--token-auth-file", str(self.tokens)]
+        args += [
+            "--tls-cert-file",
+            str(state / "apiserver.crt"),
+            "--tls-private-key-file",
+            str(state / "apiserver.key"),
+        ]
+        args += ["--ready-file", str(state / "url"), *extra]
         self.process = Process(args, state / "apiserver.log")
         url_file = state / "url"
         self.url: str = self.process.wait_until(
             lambda: url_file.exists() and url_file.read_text(), "the API server to serve"
         )
+        self.access = Access.read(state / "kubeconfig")
+        self.token, self.context = self.access.token, self.access.context
         self.kubectl = Kubectl(state / "kubeconfig", state / "cache")
+
+    def headers(self, content_type: str | None = "application/json") -> dict[str, str]:
+        """The admin's Authorization header (and a Content-Type) for a raw HTTP request."""
+        return self.access.headers(content_type)
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """STATE/USER-kubeconfig: the kubeconfig with a token the server's token file now gives `user` (the
+        audit log's user for its calls; a token it held before is refused from now on)."""
+        import yaml
+
+        from neuronfleet.localcluster.guard import set_token, write_private
+
+        config = yaml.safe_load((self.state / "kubeconfig").read_text())
+        config["users"][0]["user"]["token"] = set_token(self.tokens, user)
+        path = self.state / f"{user}-kubeconfig"
+        write_private(path, yaml.safe_dump(config))
+        return path
 
     def stop(self) -> None:
         self.process.stop()
 
 
-OPERATOR_USER = (
-    "neuronfleet-operator"  # the token the operator's kubeconfig carries: its calls in the audit log
-)
+OPERATOR_USER = "neuronfleet-operator"  # the user of the operator's kubeconfig: its calls in the audit log
 
 
 class OperatorCluster:
@@ -465,14 +493,9 @@ class OperatorCluster:
     operators run against it as their own user (so that the audit log tells their calls from kubectl's)."""
 
     def __init__(self, state: Path) -> None:
-        import yaml
-
         self.state = state
         self.api = ApiServer(state, "--audit-log", str(state / "audit.jsonl"))
         self.kubectl = self.api.kubectl
-        config = yaml.safe_load((state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = OPERATOR_USER
-        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
         self.kubectl("apply", "-f", str(ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"))
         self.operators: list[Process] = []
 
@@ -480,15 +503,11 @@ class OperatorCluster:
         self, *flags: str, user: str = OPERATOR_USER, env: dict[str, str] | None = None
     ) -> Process:
         """An operator process (standalone, verbose, `flags` added) against this API server as `user` (its
-        token; also its pod name, which its leader election identity starts with), with `env` over this
+        token's user; also its pod name, which its leader election identity starts with), with `env` over this
         process's environment, logging to operator-N.log in the state folder; `stop()` stops it."""
-        import yaml
-
         kubeconfig = self.state / f"{user}-kubeconfig"
         if not kubeconfig.exists():
-            config = yaml.safe_load((self.state / "operator-kubeconfig").read_text())
-            config["users"][0]["user"]["token"] = user
-            kubeconfig.write_text(yaml.safe_dump(config))
+            kubeconfig = self.api.kubeconfig_for(user)
         args = [*neuronfleet_command(), "operator", "--kubeconfig", str(kubeconfig)]
         args += ["--standalone", "--verbose"]
         env = {**os.environ, **(env or {}), "POD_NAME": user}
@@ -511,10 +530,10 @@ class OperatorCluster:
         """One API request as JSON: the answer's body, or None for 404."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
-            self.api.url + path, data=data, method=method, headers={"Content-Type": content_type}
+            self.api.url + path, data=data, method=method, headers=self.api.headers(content_type)
         )
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=self.api.context) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             if e.code == 404:

@@ -1,15 +1,20 @@
 """The emulated Kubernetes API server, driven by the real kubectl (/usr/bin/kubectl) and by raw HTTP: the
-semantics the operator and kubectl depend on."""
+semantics the operator and kubectl depend on, and what closes it to other users of the machine and to web
+pages (a bearer token, the API's media types, its own Host)."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
+from http.client import HTTPSConnection
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, ApiServer
+from support import HTTP_TIMEOUT, ROOT, ApiServer, Kubectl
+
+from neuronfleet.localcluster.guard import set_token
+from neuronfleet.localcluster.tls import Access
 
 CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.2-3b-tgi-inf2.yaml"
@@ -22,13 +27,14 @@ def api(tmp_path_factory):
     server.stop()
 
 
-def http(api, method: str, path: str, body=None, content_type: str = "application/json"):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        api.url + path, data=data, method=method, headers={"Content-Type": content_type}
-    )
+def http(api, method: str, path: str, body=None, content_type: str = "application/json", headers=None):
+    """(status, JSON answer) of a request as the admin (`headers` instead of the admin's token, if given)."""
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    if headers is None:
+        headers = api.headers(content_type)
+    req = urllib.request.Request(api.url + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT, context=api.context) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -169,7 +175,9 @@ def test_watch_streams_changes_after_a_resource_version(with_crd):
     api.kubectl("delete", "cm", "w")
     query = f"watch=true&resourceVersion={since}&timeoutSeconds=1"
     url = f"{api.url}/api/v1/namespaces/default/configmaps?{query}"
-    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=api.headers()), timeout=HTTP_TIMEOUT, context=api.context
+    ) as r:
         events = [json.loads(line) for line in r.read().splitlines() if line.strip()]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
         ("ADDED", "w"),
@@ -205,7 +213,9 @@ def test_a_watch_from_a_resource_version_older_than_the_history_gets_410_expired
             )
             assert code == 200
         url = f"{api.url}{path}?watch=true&resourceVersion={first}&timeoutSeconds=60"
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=api.headers()), timeout=HTTP_TIMEOUT, context=api.context
+        ) as r:
             assert r.status == 200
             events = [json.loads(line) for line in r.read().splitlines() if line.strip()]
         assert [e["type"] for e in events] == ["ERROR"]
@@ -215,7 +225,9 @@ def test_a_watch_from_a_resource_version_older_than_the_history_gets_410_expired
         _, now = http(api, "GET", path)
         recent = int(now["metadata"]["resourceVersion"]) - 1
         url = f"{api.url}{path}?watch=true&resourceVersion={recent}&timeoutSeconds=1"
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=api.headers()), timeout=HTTP_TIMEOUT, context=api.context
+        ) as r:
             events = [json.loads(line) for line in r.read().splitlines() if line.strip()]
         assert [(e["type"], e["object"]["data"]["n"]) for e in events] == [("MODIFIED", str(2 * history + 1))]
     finally:
@@ -225,14 +237,13 @@ def test_a_watch_from_a_resource_version_older_than_the_history_gets_410_expired
 def test_the_server_stops_at_once_on_sigterm_with_watches_open(tmp_path):
     """Open watches (30 minutes long) end cleanly when the server is told to stop; it exits 0."""
     import signal
-    from http.client import HTTPConnection
 
     api = ApiServer(tmp_path)
-    host, port = api.url.removeprefix("http://").split(":")
+    host, port = api.url.removeprefix("https://").split(":")
     streams = []
     for path in ("/api/v1/pods", "/api/v1/namespaces/default/configmaps", "/apis/apps/v1/deployments"):
-        conn = HTTPConnection(host, int(port), timeout=HTTP_TIMEOUT)
-        conn.request("GET", f"{path}?watch=true&timeoutSeconds=1800")
+        conn = HTTPSConnection(host, int(port), timeout=HTTP_TIMEOUT, context=api.context)
+        conn.request("GET", f"{path}?watch=true&timeoutSeconds=1800", headers=api.headers())
         response = conn.getresponse()
         assert response.status == 200
         streams.append((conn, response))
@@ -292,3 +303,119 @@ def test_kubectl_get_all_lists_the_all_category_and_sort_by_sorts(api):
     rows = api.kubectl("get", "events", "-n", "all-ns", "--sort-by=.lastTimestamp").stdout.splitlines()
     messages = [row.split()[-1] for row in rows[1:]]
     assert messages == ["a-early", "c-middle", "b-late"], rows
+
+
+# ---- closed to other users of the machine and to web pages (localcluster/guard.py) ----
+
+JOBS = "/apis/batch/v1/namespaces/default/jobs"
+INTRUDER = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "intruder"},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+                {"name": "c", "image": "busybox", "command": ["touch", "/tmp/intruded"]}]}}}}  # fmt: skip
+
+
+def raw(api, method: str, path: str, headers: dict, body: bytes | None = None) -> tuple[int, bytes]:
+    """A request with exactly these headers (Host too, where given; no Content-Type unless given)."""
+    host, port = api.url.removeprefix("https://").split(":")
+    conn = HTTPSConnection(host, int(port), timeout=HTTP_TIMEOUT, context=api.context)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def status_of(answer: bytes) -> tuple[str, int, str]:
+    status = json.loads(answer)
+    assert status["kind"] == "Status" and status["status"] == "Failure", status
+    return status["reason"], status["code"], status["message"]
+
+
+def job_names(api) -> list[str]:
+    return [j["metadata"]["name"] for j in api.kubectl.get("jobs", "-A")["items"]]
+
+
+def test_without_the_kubeconfigs_token_a_request_is_refused_401_and_changes_nothing(api):
+    """Any user of the machine reaches the port: without the kubeconfig's token (none, another scheme, a
+    wrong or empty one, one that is not UTF-8), a Job that the kubelet would run as the user who started the
+    server is refused 401 Unauthorized, the Status kube-apiserver answers, and nothing is created. Only what a
+    real cluster opens to system:unauthenticated answers without a token; a wrong one is refused there too."""
+    body = json.dumps(INTRUDER).encode()
+    for authorization in (None, "Bearer wrong", "Basic YWRtaW46YWRtaW4=", f"Bearer {api.token}x", "Bearer ",
+                          "Bearer caf\u00e9".encode()):  # fmt: skip
+        headers = {"Content-Type": "application/json"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        code, answer = raw(api, "POST", JOBS, headers, body)
+        assert code == 401 and status_of(answer)[:2] == ("Unauthorized", 401), (authorization, answer)
+    code, answer = raw(api, "GET", "/api/v1/secrets", {})
+    assert code == 401 and "bearer token" in status_of(answer)[2]
+    assert "intruder" not in job_names(api)
+    for path in ("/version", "/healthz", "/livez", "/readyz"):
+        assert raw(api, "GET", path, {})[0] == 200, path
+    assert raw(api, "GET", "/version", {"Authorization": "Bearer wrong"})[0] == 401
+
+
+def test_a_body_not_in_the_apis_media_types_is_refused_415_even_with_the_token(api):
+    """A web page can have the browser post text/plain, a form, multipart, or a Blob with no Content-Type, to
+    127.0.0.1 without a CORS preflight: such a body is refused 415 UnsupportedMediaType naming the types
+    accepted, with a valid token too, and nothing is created. A PATCH takes the patch types only."""
+    body = json.dumps(INTRUDER).encode()
+    for content_type in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x", None):  # fmt: skip
+        code, answer = raw(api, "POST", JOBS, api.headers(content_type), body)
+        reason, _, message = status_of(answer)
+        assert (code, reason) == (415, "UnsupportedMediaType"), (content_type, answer)
+        assert "application/json, application/yaml" in message
+    assert "intruder" not in job_names(api)
+    configmaps = "/api/v1/namespaces/default/configmaps"
+    code, _ = raw(api, "POST", configmaps, api.headers("application/yaml"), b"metadata: {name: typed}\n")
+    assert code == 201  # YAML is one of the API's types
+    patch = json.dumps({"data": {"a": "1"}}).encode()
+    code, answer = raw(api, "PATCH", f"{configmaps}/typed", api.headers("application/json"), patch)
+    assert code == 415 and "application/merge-patch+json" in status_of(answer)[2]
+    code, _ = raw(api, "PATCH", f"{configmaps}/typed", api.headers("application/merge-patch+json"), patch)
+    assert code == 200
+    api.kubectl("delete", "cm", "typed")
+
+
+def test_a_host_header_other_than_the_servers_own_is_refused(api):
+    """DNS rebinding: a page whose own name its author re-points at 127.0.0.1 reaches the port with that name
+    in Host. Any Host but the server's own names with its port is refused 421, a valid token or not."""
+    port = int(api.url.rsplit(":", 1)[1])
+    for host in (f"rebound.example:{port}", "rebound.example", f"127.0.0.1:{port + 1}",
+                 f"localhost.rebound.example:{port}"):  # fmt: skip
+        code, answer = raw(api, "POST", JOBS, {**api.headers(), "Host": host}, json.dumps(INTRUDER).encode())
+        reason, _, message = status_of(answer)
+        assert (code, reason) == (421, "MisdirectedRequest") and host in message, (host, answer)
+    assert "intruder" not in job_names(api)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}"):
+        assert raw(api, "GET", "/api/v1/namespaces", {**api.headers(), "Host": host})[0] == 200, host
+
+
+def test_a_token_rotated_while_the_server_runs_is_refused_from_the_next_request_on(api):
+    """The token file is read again when it changes: a user's token replaced in it is refused from the next
+    request on (on a connection kept alive since before, too), the new one and other users' tokens are
+    accepted, and kubectl with the old kubeconfig says Unauthorized."""
+    kubeconfig = api.kubeconfig_for("rotating")
+    old = Access.read(kubeconfig).token
+    host, port = api.url.removeprefix("https://").split(":")
+    conn = HTTPSConnection(
+        host, int(port), timeout=HTTP_TIMEOUT, context=api.context
+    )  # one for every request
+
+    def answer(token: str) -> int:
+        conn.request("GET", "/api/v1/namespaces", headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+
+    try:
+        kubectl = Kubectl(kubeconfig, api.state / "cache-rotating")
+        assert answer(old) == 200 and "default" in kubectl("get", "namespaces", "-o", "name").stdout
+        new = set_token(api.tokens, "rotating")
+        assert (answer(old), answer(new), answer(api.token)) == (401, 200, 200)
+        run = kubectl("get", "namespaces", check=False)
+        assert run.returncode != 0 and "Unauthorized" in run.stderr, run.stderr
+    finally:
+        conn.close()

@@ -28,10 +28,8 @@ class Faulty:
         self.args = ("--port", str(self.port), "--audit-log", str(state / "audit.jsonl"), "--fault-switches",
                      "--data-file", str(state / "objects.json"))  # fmt: skip
         self.api = ApiServer(state, *self.args)
-        config = yaml.safe_load((state / "kubeconfig").read_text())
-        config["users"][0]["user"]["token"] = OPERATOR_USER
-        (state / "operator-kubeconfig").write_text(yaml.safe_dump(config))
-        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(state / "operator-kubeconfig")]
+        kubeconfig = self.api.kubeconfig_for(OPERATOR_USER)  # (its token kept over the restarts)
+        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(kubeconfig)]
         self.operator = Process([*args, "--standalone", "--verbose"], state / "operator.log")
 
     def restart(self) -> None:
@@ -41,9 +39,10 @@ class Faulty:
 
     def switch(self, **faults) -> dict:
         request = urllib.request.Request(
-            self.api.url + "/neuronfleet/faults", data=json.dumps(faults).encode(), method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+            self.api.url + "/neuronfleet/faults", data=json.dumps(faults).encode(), method="POST",
+            headers=self.api.headers(),
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=self.api.context) as r:
             return json.loads(r.read())
 
     def create_model(self, name: str) -> None:

@@ -90,10 +90,14 @@ def test_explain_a_custom_resource_field_prints_the_crds_descriptions(api):
 
 
 def test_the_openapi_documents_describe_the_crd_as_applied(api):
-    with urllib.request.urlopen(api.url + "/openapi/v3", timeout=HTTP_TIMEOUT) as r:
+    request = urllib.request.Request(api.url + "/openapi/v3", headers=api.headers(None))
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=api.context) as r:
         index = json.loads(r.read())["paths"]
     assert {"api/v1", "apis/apps/v1", "apis/batch/v1", "apis/neuronfleet.dev/v1alpha1"} <= set(index)
-    with urllib.request.urlopen(api.url + index["apis/neuronfleet.dev/v1alpha1"]["serverRelativeURL"]) as r:
+    request = urllib.request.Request(
+        api.url + index["apis/neuronfleet.dev/v1alpha1"]["serverRelativeURL"], headers=api.headers(None)
+    )
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=api.context) as r:
         doc = json.loads(r.read())
     schema = doc["components"]["schemas"]["dev.neuronfleet.v1alpha1.NeuronModel"]
     assert schema["x-kubernetes-group-version-kind"] == [
@@ -110,8 +114,10 @@ def test_the_openapi_documents_describe_the_crd_as_applied(api):
     assert "DESCRIPTION:\n    Changed for the test.\n" in api.kubectl("explain", "nm.spec.neuron").stdout
     api.kubectl("apply", "-f", str(CRD))
     # /openapi/v2 as JSON, for clients that ask for it
-    request = urllib.request.Request(api.url + "/openapi/v2", headers={"Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+    request = urllib.request.Request(
+        api.url + "/openapi/v2", headers={**api.headers(None), "Accept": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=api.context) as r:
         v2 = json.loads(r.read())
     assert v2["swagger"] == "2.0" and "io.k8s.api.core.v1.Pod" in v2["definitions"]
     assert "dev.neuronfleet.v1alpha1.NeuronModel" in v2["definitions"]

@@ -142,9 +142,9 @@ def test_a_changed_crd_is_what_the_next_validation_reads(api, tmp_path):
 
 
 def fetch(api, headers: dict) -> tuple[int, dict, bytes]:
-    request = urllib.request.Request(api.url + "/openapi/v2", headers=headers)
+    request = urllib.request.Request(api.url + "/openapi/v2", headers={**api.headers(None), **headers})
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=api.context) as r:
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()

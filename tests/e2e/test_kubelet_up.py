@@ -1,18 +1,25 @@
 """`neuronfleet up` in the foreground stops everything it started when it gets SIGTERM or SIGHUP, as on
-Ctrl-C: the API server, the operator and every pod process are gone, and the state folder says stopped."""
+Ctrl-C: the API server, the operator and every pod process are gone, and the state folder says stopped. While
+it runs, it is closed to other users: the state folder is 0700, what holds a secret in it 0600 (a pod's
+Secret volume too), and the API server refuses a request without the kubeconfig's token."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from support import CEILING, Kubectl, Process, neuronfleet_command
+from support import CEILING, HTTP_TIMEOUT, Kubectl, Process, neuronfleet_command
+
+from neuronfleet.localcluster.tls import Access
 
 
 def alive(pid: int) -> bool:
@@ -28,7 +35,13 @@ def run_status(state: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=CEILING)
 
 
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
 SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)"]
+SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sleeper-key", "namespace": "default"},
+          "data": {"key": "czNjcmV0"}}  # fmt: skip
 SLEEPER = {
     "apiVersion": "apps/v1",
     "kind": "Deployment",
@@ -38,7 +51,17 @@ SLEEPER = {
         "selector": {"matchLabels": {"app": "sleeper"}},
         "template": {
             "metadata": {"labels": {"app": "sleeper"}},
-            "spec": {"containers": [{"name": "main", "image": "python", "command": SLEEP}]},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "python",
+                        "command": SLEEP,
+                        "volumeMounts": [{"name": "key", "mountPath": "/var/run/key"}],
+                    }
+                ],
+                "volumes": [{"name": "key", "secret": {"secretName": "sleeper-key"}}],
+            },
         },
     },
 }
@@ -53,11 +76,30 @@ def test_up_in_the_foreground_stops_all_it_started_on(sig, tmp_path):
         pids = json.loads((state / "pids.json").read_text())
         assert set(pids) == {"apiserver", "operator"} and all(alive(p) for p in pids.values())
         kubectl = Kubectl(state / "kubeconfig", state / "kubectl-cache")
-        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(SLEEPER))
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([SECRET, SLEEPER]))
         pid_files = lambda: list((state / "node" / "pods").glob("default_sleeper-*/pid"))  # noqa: E731
         up.wait_until(lambda: pid_files() and pid_files()[0].read_text(), "the pod's process")
         pod = int(pid_files()[0].read_text())
         assert alive(pod)
+        # closed to other users of the machine: no way in without the token, nothing of it readable
+        api = Access.read(state / "kubeconfig")
+        request = urllib.request.Request(api.url + "/api/v1/secrets")  # (the CA trusted, no token)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=api.context)
+        assert refused.value.code == 401 and json.loads(refused.value.read())["reason"] == "Unauthorized"
+        up.wait_until(lambda: (state / "objects.json").exists(), "the objects' snapshot")
+        assert mode(state) == 0o700
+        for private in ("kubeconfig", "tokens.csv", "apiserver.key", "objects.json", "logs/operator.log",
+                        "logs/apiserver.log"):  # fmt: skip
+            assert mode(state / private) == 0o600, private
+        volume = pid_files()[0].parent / "volumes" / "key"
+        assert (
+            mode(volume) == 0o700
+            and mode(volume / "key") == 0o600
+            and (volume / "key").read_text() == "s3cret"
+        )
+        for folder in ("node", "node/pods", "node/logs", "node/volumes"):
+            assert mode(state / folder) == 0o700, folder
         listed = run_status(state)
         assert listed.returncode == 0, listed.stderr
         (line,) = [line for line in listed.stdout.splitlines() if "default_sleeper-" in line]
