@@ -466,7 +466,7 @@ class EmulatedAPIServer:
 
     @staticmethod
     async def _body(request: aiohttp.web.BaseRequest) -> Any:
-        content_type = media_type(request.headers.get("Content-Type"))  # (one `guard` admitted)
+        content_type = media_type(request.headers.get("Content-Type"))  # (one `guard` admitted; none: JSON)
         if content_type.endswith("protobuf"):
             return protobuf.decode(await request.read())
         text = await request.text()

@@ -12,7 +12,7 @@ token, its own Host name, request bodies in the API's media types), and files on
 - `check_host`: the Host header must name the server itself: a web page whose own name its author re-points
   at 127.0.0.1 (DNS rebinding) reaches the port with that name in Host.
 - `check_body_type`: a request body only in a media type the API server decodes: browsers send text/plain,
-  form and multipart bodies (and bodies with no Content-Type at all) without a CORS preflight.
+  form and multipart bodies without a CORS preflight.
 - `write_private`, `private_folder`, `open_private`: files created 0600 and folders 0700 from the start (never
   created readable by others and narrowed after).
 """
@@ -219,10 +219,12 @@ def media_type(content_type: str | None) -> str:
 
 def check_body_type(method: str, content_type: str | None) -> None:
     """ApiError 415 for a body whose media type the API server does not decode: a PATCH takes PATCH_TYPES,
-    every other method OBJECT_TYPES. A body with no Content-Type is refused too (kube-apiserver would take it
-    as JSON; a browser sends one, with no preflight, from a Blob body)."""
-    accepted = PATCH_TYPES if method.upper() == "PATCH" else OBJECT_TYPES
-    if media_type(content_type) not in accepted:
+    every other method OBJECT_TYPES or none at all, read as JSON (kube-apiserver's negotiation takes an empty
+    Content-Type as its first type, JSON: handlers/negotiation/negotiate.go, v1.32; kubectl scale's PUT of
+    /scale sends none). A browser can send such a body only from a page, which holds no token."""
+    patch = method.upper() == "PATCH"
+    accepted = PATCH_TYPES if patch else OBJECT_TYPES
+    if media_type(content_type) not in accepted and (patch or media_type(content_type)):
         said = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
         raise ApiError(
             415, "UnsupportedMediaType",

@@ -107,14 +107,15 @@ ACCEPTED = [
     ("PATCH", "application/json-patch+json"),
     ("PATCH", "application/strategic-merge-patch+json"),
     ("PATCH", "application/apply-patch+yaml"),
+    ("PUT", None),  # JSON, as kube-apiserver takes it (kubectl scale's PUT of /scale sends no Content-Type)
+    ("POST", ""),
 ]
 REFUSED = [
     ("POST", "text/plain"),  # what a browser posts without a CORS preflight
     ("POST", "text/plain;charset=UTF-8"),
     ("POST", "application/x-www-form-urlencoded"),
     ("PUT", "multipart/form-data"),
-    ("POST", None),  # (a Blob body)
-    ("POST", ""),
+    ("PATCH", None),  # a patch says its type
     ("PATCH", "application/json"),  # not a patch type
     ("POST", "application/merge-patch+json"),  # a patch type where an object is due
 ]
