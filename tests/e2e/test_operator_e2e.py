@@ -401,6 +401,10 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_its_network_polici
     after = get(api, "secret", "smollm2-internal")
     assert after["data"] == secret["data"]
     assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    # read by name once, created once, then taken as made: no Secret is listed, watched or read again
+    calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    on_secrets = [c["verb"] for c in calls if c["user"] == OPERATOR_USER and c["resource"] == "secrets"]
+    assert on_secrets == ["get", "create"], on_secrets
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=HTTP_TIMEOUT) as r:
         text = r.read().decode()
     assert 'neuronfleet_operator_reconciles_total{outcome="ok"}' in text

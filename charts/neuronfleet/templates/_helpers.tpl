@@ -100,8 +100,10 @@ those of kube.OPT_IN_RULES whose value is set (rbac.podDeletionCost).
 
 {{/*
 The operator's NEURONFLEET_NETWORK_POLICY (operator/network_policy.py): whom the models' NetworkPolicies admit
-besides their own pods, as JSON: this release's operator pods (its selector labels, in its namespace), the
-networkPolicy values' metricsFrom (Prometheus) and clientsFrom (empty: any source).
+besides their own pods, as JSON: this release's operator pods (its selector labels, in its namespace, by the
+kubernetes.io/metadata.name label every namespace carries: https://kubernetes.io/docs/concepts/
+services-networking/network-policies/#targeting-a-namespace-by-its-name), the networkPolicy values'
+metricsFrom (Prometheus) and clientsFrom (empty: any source).
 */}}
 {{- define "neuronfleet.networkPolicy" -}}
 {{- $operator := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "neuronfleet.selectorLabels" . | fromYaml)) -}}
