@@ -359,3 +359,14 @@ def test_the_wake_endpoint_is_served_and_reached_through_the_operators_service(v
     url = {e["name"]: e.get("value") for e in c["env"]}["NEURONFLEET_WAKE_URL"]
     meta = service["metadata"]
     assert url == f"http://{meta['name']}.{meta['namespace']}.svc:{port}"
+
+
+def test_the_notes_warn_of_a_pod_monitor_whose_prometheus_the_network_policies_do_not_admit():
+    def notes(values: dict) -> str:
+        with helm.Chart.load(str(CHART)) as chart:
+            return chart.render(values, name="nf", namespace="ops")["neuronfleet/templates/NOTES.txt"]
+
+    scraping = {"podMonitor": {"enabled": True}}
+    assert "networkPolicy.metricsFrom names no Prometheus" in notes(scraping)
+    named = {**scraping, "networkPolicy": {"metricsFrom": [{"namespaceSelector": {}}]}}
+    assert "metricsFrom" not in notes(named) and "metricsFrom" not in notes({})
