@@ -231,6 +231,13 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     if args.autoscale_interval is not None:
         os.environ[scaling.TICK_ENV] = str(args.autoscale_interval)
     scaling.tick_seconds(os.environ)  # a bad setting stops here, saying what would be right
+    from neuronfleet.operator import validation
+
+    try:
+        validation.allows_privileged_image(os.environ)
+    except ValueError as e:
+        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     from neuronfleet.operator import leader
 
     for flag, env in (("leader_elect", leader.ELECT_ENV), ("lease_name", leader.NAME_ENV),

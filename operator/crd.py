@@ -42,6 +42,7 @@ KEPT = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
     "items",
     "properties",
     "required",

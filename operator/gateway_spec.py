@@ -13,13 +13,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .spec_base import DNS_LABEL, Rule, Spec, rules
+from .spec_base import DNS_LABEL, DNS_SUBDOMAIN, Rule, Spec, rules
 
 # the endpoint picker's ext-proc gRPC port (GIE v1.5.0 pkg/epp/server/options.go: DefaultGrpcPort = 9002)
 EPP_PORT = 9002
 # Gateway API v1.6.1 apis/v1/shared_types.go: Hostname, SectionName, ObjectName (a DNS subdomain)
 HOSTNAME = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SUBDOMAIN = DNS_SUBDOMAIN
 
 
 class EndpointPicker(Spec):

@@ -9,14 +9,33 @@ Field names are the public contract: users' manifests and the samples use them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from neuronfleet.contract import SERVE_PORT, RoutingPolicy
 
 from .gateway_spec import Gateway
-from .spec_base import DNS_LABEL, Rule, Spec, rules, section
+from .spec_base import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    LABEL_VALUE,
+    MEANINGS,
+    NO_SPACE,
+    QUANTITY,
+    SECRET_KEY,
+    VAR_REF,
+    LabelKey,
+    LabelValue,
+    Quantity,
+    Rule,
+    Spec,
+    arg_text,
+    qualified_name,
+    rules,
+    section,
+    var_refs,
+)
 
 GROUP = "neuronfleet.dev"
 VERSION = "v1alpha1"
@@ -42,12 +61,23 @@ InstanceType = Literal[
     "trn3p.48xlarge",
 ]
 DType = Literal["auto", "bfloat16", "float16", "float32"]
-QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"  # Kubernetes resource.Quantity
+SOURCE = r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$"
+TOKENIZER = r"^(hf://[^/\s]+/[^/\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$"
+# What each pattern of the spec means, in the words a refusal uses (validation.parse)
+PATTERN_MEANINGS = {
+    **MEANINGS,
+    SOURCE: "hf://org/name, s3://bucket/path, pvc://claim/path or file:///path, without spaces",
+    TOKENIZER: "a folder: hf://org/name, pvc://claim/path or file:///path, without spaces",
+}
 
 
 class SecretKeyRef(Spec):
-    name: str = Field(description="Name of a Secret in the NeuronModel's namespace.", pattern=DNS_LABEL)
-    key: str = Field("token", description="Key in the Secret that holds the token.", min_length=1)
+    name: str = Field(
+        description="Name of a Secret in the NeuronModel's namespace.", pattern=DNS_SUBDOMAIN, max_length=253
+    )
+    key: str = Field(
+        "token", description="Key in the Secret that holds the token.", pattern=SECRET_KEY, max_length=253
+    )
 
 
 class ModelShape(Spec):
@@ -60,16 +90,16 @@ class ModelShape(Spec):
 
 
 class ModelSource(Spec):
-    uri: str = Field(
-        description="Where the weights are: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path.",
-        pattern=r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
+    uri: arg_text(SOURCE, 4096) = Field(
+        description="Where the weights are: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path."
     )
-    revision: str | None = Field(None, description="Revision (branch, tag or commit) for hf:// models.")
-    tokenizer: str | None = Field(
+    revision: arg_text(NO_SPACE, 255) | None = Field(
+        None, description="Revision (branch, tag or commit) for hf:// models."
+    )
+    tokenizer: arg_text(TOKENIZER, 4096) | None = Field(
         None,
         description="Where the tokenizer is when it differs from the model's (a folder: file:///path, "
         "pvc://claim/path or hf://org/name); the compile puts its tokenizer files beside the weights.",
-        pattern=r"^(hf://[^/\s]+/[^/\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$",
     )
     secretRef: SecretKeyRef | None = Field(
         None, description="Secret with the token to download the model (e.g. a Hugging Face token)."
@@ -181,9 +211,17 @@ class NeuronSettings(Spec):
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields).",
+        description="Engine-specific compile settings passed through (e.g. NxDI NeuronConfig fields); no "
+        "string in them may hold $( (the operator refuses it: they reach the engine's arguments).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides_reach_arguments(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if found := list(var_refs(value, "neuron.overrides")):
+            raise ValueError(f"{', '.join(found)} {VAR_REF}")
+        return value
 
     @model_validator(mode="after")
     def _auto_on_neuron_is_bfloat16(self):
@@ -195,8 +233,64 @@ class NeuronSettings(Spec):
 
 
 class Resources(Spec):
-    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests (cpu, memory).")
-    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits (cpu, memory).")
+    requests: dict[LabelKey, Quantity] = Field(
+        default_factory=dict, description="Resource requests (cpu, memory).", max_length=32
+    )
+    limits: dict[LabelKey, Quantity] = Field(
+        default_factory=dict, description="Resource limits (cpu, memory).", max_length=32
+    )
+
+
+class Toleration(Spec):
+    """A Pod's toleration, as Kubernetes checks it (pkg/apis/core/validation validateTolerations, v1.31)."""
+
+    key: str | None = Field(
+        None, description="The taint's key (empty with operator Exists: any).", max_length=317
+    )
+    operator: Literal["Exists", "Equal", ""] | None = Field(None, description="Exists or Equal (default).")
+    value: str | None = Field(None, description="The taint's value (operator Equal).", pattern=LABEL_VALUE,
+                              max_length=63)  # fmt: skip
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = Field(
+        None, description="The taint effect tolerated (empty: all)."
+    )
+    tolerationSeconds: int | None = Field(None, description="Effect NoExecute: how long the pod stays.")
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        return qualified_name(value) if value else value
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty with operator Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies to effect NoExecute only")
+        return self
+
+
+def _tolerations(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each toleration checked as a `Toleration` (its words naming the index and field), kept as written."""
+    for i, item in enumerate(value):
+        try:
+            Toleration.model_validate(item)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = "".join(f".{p}" for p in err["loc"])
+            raise ValueError(f"[{i}]{where}: {err['msg'].removeprefix('Value error, ')}") from None
+    return value
+
+
+def _toleration_items(schema: dict[str, Any]) -> None:
+    schema["items"] = Toleration.model_json_schema()
+
+
+Tolerations = Annotated[list[dict[str, Any]], AfterValidator(_tolerations)]
+NodeSelector = dict[LabelKey, LabelValue]
+# the name of a cluster object the pods name (a PriorityClass, a scheduler, a StorageClass): a DNS subdomain
+ObjectName = Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]
 
 
 @rules(
@@ -208,9 +302,15 @@ class Resources(Spec):
 )
 class CompileCache(Spec):
     claimName: str | None = Field(
-        None, description="An existing PersistentVolumeClaim to hold artifacts/<hash>/.", pattern=DNS_LABEL
+        None,
+        description="An existing PersistentVolumeClaim to hold the models' artifacts: each model that names "
+        "it has its own folder there, models/<name>/, which is all its pods mount.",
+        pattern=DNS_LABEL,
+        max_length=63,
     )
-    storageClassName: str | None = Field(None, description="Storage class of the claim the operator creates.")
+    storageClassName: ObjectName | None = Field(
+        None, description="Storage class of the claim the operator creates."
+    )
     size: str = Field("200Gi", description="Size of the claim the operator creates.", pattern=QUANTITY)
     accessModes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"]] = Field(
         default_factory=lambda: ["ReadWriteMany"],
@@ -226,23 +326,28 @@ class Compile(Spec):
         "CPU and memory of the compile Job's pod; unset keys are derived from the model's size and where "
         "the compile runs (docs/resources.md).",
     )
-    nodeSelector: dict[str, str] = Field(
+    nodeSelector: NodeSelector = Field(
         default_factory=dict,
         description="Extra node labels the compile Job's pod matches: a compile that runs on CPU (engine "
         "vllm on Trn2/Trn3) goes to any linux/amd64 node unless this narrows it; one that needs Neuron "
         "devices goes to the serving instance type.",
+        max_length=64,
     )
-    tolerations: list[dict[str, Any]] = Field(
+    tolerations: Tolerations = Field(
         default_factory=list,
         description="Tolerations of the compile Job's pod (the Neuron taint is tolerated already where it "
         "runs on a Neuron node).",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra=_toleration_items,
+        max_length=64,
     )
     image: str | None = Field(
         None,
         description="Container image of the compile Job when it runs the engine's own compile (e.g. the "
         "engine's image from a mirror); default: the serving image (spec.image, else the engine's pinned "
-        "one).",
+        "one). With an engine other than embedded the image runs as its pinned one does, privileged: the "
+        "operator takes one only where its chart allows it (docs/security.md).",
+        pattern=NO_SPACE,
+        max_length=1024,
     )
     backoffLimit: int = Field(2, description="Retries of a failed compile.", ge=0, le=10)
     activeDeadlineSeconds: int = Field(
@@ -252,7 +357,7 @@ class Compile(Spec):
         None,
         description="ServiceAccount the compile Job and source probes run as: its IAM role (IRSA or EKS Pod "
         "Identity) reads an s3:// model. Serving pods do not use it.",
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        pattern=DNS_SUBDOMAIN,
         max_length=253,
     )
 
@@ -568,29 +673,33 @@ class Autoscaling(Spec):
         None,
         description="Provider keda: URL of the Prometheus that scrapes the serving and router pods.",
         pattern=r"^https?://\S+$",
+        max_length=2048,
     )
 
 
 class Scheduling(Spec):
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Extra node labels to match.")
-    tolerations: list[dict[str, Any]] = Field(
+    nodeSelector: NodeSelector = Field(
+        default_factory=dict, description="Extra node labels to match.", max_length=64
+    )
+    tolerations: Tolerations = Field(
         default_factory=list,
         description="Extra tolerations (the Neuron taint is tolerated already).",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra=_toleration_items,
+        max_length=64,
     )
     affinity: dict[str, Any] = Field(
         default_factory=dict,
         description="Pod affinity rules, as in a Pod spec.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
-    schedulerName: str | None = Field(
+    schedulerName: ObjectName | None = Field(
         None,
         description="Scheduler of the model's serving pods and of a compile Job on Neuron nodes, e.g. "
         "my-scheduler of the Neuron scheduler extension. Unset: the operator's setting neuron.schedulerName "
         "(its chart value, for pods asking for more than one Neuron core), else the cluster's default "
         "scheduler.",
     )
-    priorityClassName: str | None = Field(None, description="Priority class of the serving pods.")
+    priorityClassName: ObjectName | None = Field(None, description="Priority class of the serving pods.")
 
 
 class NeuronModelSpec(Spec):
@@ -600,7 +709,15 @@ class NeuronModelSpec(Spec):
         description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
         "or the vLLM, TGI or SGLang Neuron servers.",
     )
-    image: str | None = Field(None, description="Container image override for the engine.")
+    image: str | None = Field(
+        None,
+        description="Container image override for the engine. Engine embedded: our runtime's unprivileged "
+        "pods run it; another engine's pods run it as they run the pinned one (its own user, with the "
+        "capabilities the engine's documentation adds), which the operator takes only where its chart "
+        "allows it: security.allowPrivilegedImageOverride (docs/security.md).",
+        pattern=NO_SPACE,
+        max_length=1024,
+    )
     replicas: int | None = Field(
         None,
         description="Replicas of the scaled role, the NeuronModel's scale subresource (kubectl scale, HPA, "

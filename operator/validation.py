@@ -2,24 +2,29 @@
 webhook will run), and that `neuronfleet validate` runs on manifests.
 
 It checks a parsed spec against the instance topology (tensor parallelism allowed there, whole devices the
-Neuron scheduler extension accepts, cores on one node, EFA), the engines' limits, the buckets, and a fit
-estimate: weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a
-core's memory. A refusal says what is wrong and what would fit; an unknown model's fit is reported as not
-checked, never guessed.
-"""
+Neuron scheduler extension accepts, cores on one node, EFA), the engines' limits, an image named for an engine
+whose pods run privileged (only where the operator's setting allows it), the buckets, and a fit estimate:
+weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a core's
+memory. A refusal says what is wrong and what would fit; an unknown model's fit is reported as not checked,
+never guessed. `parse` words the schema's refusals, each naming its field."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from neuronfleet.contract import length_refusal
 
 from . import engines, names, scaling, topology
 from .parallelism import neuron_devices, role_tensor_parallel, tensor_parallel_degrees
-from .spec import NeuronModelSpec, valued
+from .spec import PATTERN_MEANINGS, NeuronModelSpec, valued
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
+# The operator's setting (the chart's security.allowPrivilegedImageOverride): whether a model may name its own
+# image for an engine whose pods run privileged (`privileged_image_errors`)
+PRIVILEGED_IMAGE_ENV = "NEURONFLEET_ALLOW_PRIVILEGED_IMAGE_OVERRIDE"
 
 
 @dataclass
@@ -166,9 +171,44 @@ class ModelLimit:
     where: str
 
 
-def validate(spec: NeuronModelSpec, limit: ModelLimit | None = None) -> Report:
+def allows_privileged_image(environ: Mapping[str, str]) -> bool:
+    """The operator's PRIVILEGED_IMAGE_ENV setting: true or false (the default); another value is refused
+    with what would be right."""
+    raw = environ.get(PRIVILEGED_IMAGE_ENV, "false")
+    if raw not in ("true", "false"):
+        raise ValueError(f"{PRIVILEGED_IMAGE_ENV}={raw!r}: must be true or false (the default)")
+    return raw == "true"
+
+
+def privileged_image_errors(spec: NeuronModelSpec, allowed: bool) -> list[str]:
+    """Refusals of an image named for an engine other than ours (`image`, `compile.image`) unless the
+    operator's administrator `allowed` it: that engine's pods run their image as the user it declares, with
+    the capabilities its documentation adds (pod_parts.security), so whoever may create a NeuronModel would
+    run any image so. Our runtime's pods (engine embedded) run any image unprivileged: no refusal."""
+    if spec.engine == "embedded" or allowed:
+        return []
+    caps = engines.documented_capabilities(spec)
+    how = "as the user the image declares (root for the pinned images)" + (
+        f", with {' and '.join(caps)}" if caps else ""
+    )
+    return [
+        f"{name} {value}: engine {spec.engine}'s pods run their image {how}, so an image named here would "
+        "run privileged; the operator takes one only where its administrator allows it (the chart value "
+        f"security.allowPrivilegedImageOverride: true, {PRIVILEGED_IMAGE_ENV}=true for the operator; "
+        f"docs/security.md); remove {name} to run the pinned {engines.ENGINES[spec.engine].image(spec)}"
+        for name, value in (("image", spec.image), ("compile.image", spec.compile.image))
+        if value
+    ]
+
+
+def validate(
+    spec: NeuronModelSpec, limit: ModelLimit | None = None, allow_privileged_image: bool | None = None
+) -> Report:
     """Every refusal for a parsed spec (empty when it can be served), and the memory fit; with the model's
-    own `limit` where it was read."""
+    own `limit` where it was read; an engine's image named in the spec as the operator's setting allows
+    (`allow_privileged_image`, default: its PRIVILEGED_IMAGE_ENV)."""
+    if allow_privileged_image is None:
+        allow_privileged_image = allows_privileged_image(os.environ)
     r = Report()
     n, serving = spec.neuron, spec.serving
     disaggregated = serving.mode == "disaggregated"
@@ -260,6 +300,7 @@ def validate(spec: NeuronModelSpec, limit: ModelLimit | None = None) -> Report:
     if disaggregated and spec.engine == "tgi":
         r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
+    r.errors += privileged_image_errors(spec, allow_privileged_image)
     r.errors += _unused_fields(spec)
     r.errors += scaling.autoscaling_errors(spec)
     if spec.model.tokenizer and spec.engine != "embedded":
@@ -358,25 +399,30 @@ def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:
         return NeuronModelSpec.model_validate(obj["spec"]), []
     except ValidationError as e:
         for err in e.errors():
-            where = ".".join(str(p) for p in ("spec", *err["loc"]))
+            loc = ["spec", *(str(p) for p in err["loc"])]
+            where = ".".join(loc)
+            if loc[-1] == "[key]":  # a map's key (a label key, a resource name)
+                where = f"{'.'.join(loc[:-2])} key {loc[-2]!r}"
             message = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 message = "unknown field"
             elif err["type"] in ("literal_error", "enum") and "expected" in err.get("ctx", {}):
                 message = f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
+            elif err["type"] == "string_pattern_mismatch" and err["ctx"]["pattern"] in PATTERN_MEANINGS:
+                message = f"must be {PATTERN_MEANINGS[err['ctx']['pattern']]}, got {err['input']!r}"
             errors.append(f"{where}: {message}")
     return None, errors
 
 
-def check(obj: dict, limit: ModelLimit | None = None) -> Report:
+def check(obj: dict, limit: ModelLimit | None = None, allow_privileged_image: bool | None = None) -> Report:
     """Parse and validate one manifest: schema errors first, then its name (`names.name_errors`: its
     children's names must fit Kubernetes' limits), then the checks of `validate` (with the model's `limit`
-    where it was read)."""
+    where it was read, and the operator's `allow_privileged_image`)."""
     spec, errors = parse(obj)
     name = (obj.get("metadata") or {}).get("name")
     errors = (names.name_errors(name) if isinstance(name, str) else []) + errors
     if spec is None:
         return Report(errors=errors)
-    report = validate(spec, limit)
+    report = validate(spec, limit, allow_privileged_image)
     report.errors = errors + report.errors
     return report

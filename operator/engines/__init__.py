@@ -43,6 +43,7 @@ __all__ = [
     "compile_container",
     "compile_files",
     "compiles",
+    "documented_capabilities",
     "engine_router_config",
     "fetch_container",
     "image_for",
@@ -114,6 +115,13 @@ def metric_names(spec: NeuronModelSpec, role: str) -> Names:
 
 def image_for(spec: NeuronModelSpec) -> str:
     return spec.image or ENGINES[spec.engine].image(spec)
+
+
+def documented_capabilities(spec: NeuronModelSpec) -> tuple[str, ...]:
+    """The capabilities an engine's serving pods add because its documentation runs it with them (each with
+    its source in the engine's module; pod_parts adds IPC_LOCK with EFA); none for our runtime."""
+    module = vllm.contract(spec) if spec.engine == "vllm" else ENGINES[spec.engine]
+    return tuple(getattr(module, "CAPABILITIES", ()))
 
 
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:

@@ -45,7 +45,9 @@ NIXL_BACKEND = "LIBFABRIC"
 SERVING_WRITES_CACHE = True
 # The servers' own folder in the model's folder of the cache claim, one per image (its tag's hash)
 SERVER_CACHE = f"{CACHE_MOUNT}/sglang/{hashlib.sha256(IMAGE.encode()).hexdigest()[:16]}"
-# --cap-add SYS_NICE in the container options of the configuration reference (IPC_LOCK with EFA: pod_parts)
+# --cap-add SYS_NICE in the container options of the configuration reference (_CONFIG), which gives no
+# reason; CAP_SYS_NICE lets a process raise scheduling priorities and set other processes' CPU affinity
+# (capabilities(7)). IPC_LOCK with EFA: pod_parts.
 CAPABILITIES = ("SYS_NICE",)
 KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}  # spec -> --kv-cache-dtype (the announcement's)
 # The scheduler's gauges and the tokenizer manager's TTFT histogram, with --enable-metrics

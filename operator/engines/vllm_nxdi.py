@@ -69,7 +69,7 @@ QUICKSTART = (
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.16.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
 PLATFORMS = ("inf2-trn1",)
-CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")  # QUICKSTART
+CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")  # QUICKSTART (why, and what it means: vllm_plugin.CAPABILITIES)
 OVERRIDE = "override_neuron_config"  # the key of --additional-config the plugin reads (PLUGIN_LOADER)
 QUANTIZATION_DTYPES = {"int8": "int8", "fp8": "f8e4m3"}  # spec -> NxDI quantization_dtype (NXDI_API)
 

@@ -91,7 +91,10 @@ SIDE_CHANNEL_PORT = 5557  # NIXL's handshake (DI_DESIGN's default; set explicitl
 # sliding-window models such as GPT-OSS"; NixlConnector for standard TP, hybrid TP included)
 SLIDING_WINDOW_MODEL_TYPES = ("gpt_oss",)
 # The capabilities the image is documented with (QUICKSTART: docker run --cap-add SYS_ADMIN --cap-add
-# IPC_LOCK)
+# IPC_LOCK), which it gives no reason for. IPC_LOCK lets a process pin memory past the memlock limit (the
+# Neuron runtime's and EFA's DMA buffers: the SDK's Kubernetes tutorial deploy/tutorials/inference/
+# k8s-rn50-demo.rst adds IPC_LOCK "to the container"); SYS_ADMIN no Kubernetes page of the SDK adds, but the
+# image is documented, and tested by its makers, only with it, so it is kept (docs/security.md says so).
 CAPABILITIES = ("SYS_ADMIN", "IPC_LOCK")
 
 

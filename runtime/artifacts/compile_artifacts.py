@@ -1,5 +1,6 @@
 """`neuronfleet compile`: what the compile Job runs for the embedded engine. It turns a model source into
-artifacts/<hash>/ on the compile cache volume, once.
+artifacts/<hash>/ on the compile cache volume (the model's own folder of the claim, which is all its pods
+mount), once.
 
 For the torch backend (instanceType cpu) the work is real: fetch the model (file:// folder or GGUF file,
 pvc:// path, hf:// through the Hub when a token allows it, s3:// into the cache's sources/ folder, resumable

@@ -280,6 +280,15 @@ def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads()
     assert scaling.tick_seconds(env(render({"autoscaler": {"intervalSeconds": 5}}))) == 5.0
 
 
+def test_the_privileged_image_leave_reaches_the_operator_as_the_setting_it_reads():
+    """security.allowPrivilegedImageOverride: off unless the administrator sets it (validation reads it)."""
+    from neuronfleet.operator import validation
+
+    assert not validation.allows_privileged_image(operator_env(render({})))
+    allowed = operator_env(render({"security": {"allowPrivilegedImageOverride": True}}))
+    assert validation.allows_privileged_image(allowed)
+
+
 @pytest.mark.parametrize(
     "values, complaint",
     [
@@ -297,6 +306,7 @@ def test_the_autoscalers_interval_reaches_the_operator_as_the_setting_it_reads()
         ({"networkPolicy": {"metricsFrom": [{"pods": {"matchLabels": {"a": "b"}}}]}}, "metricsFrom"),
         ({"networkPolicy": {"clientsFrom": {"ipBlock": {"cidr": "10.0.0.0/8"}}}}, "clientsFrom"),
         ({"rbac": {"podDeletionCost": "yes"}}, "podDeletionCost"),
+        ({"security": {"allowPrivilegedImageOverride": "yes"}}, "allowPrivilegedImageOverride"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):

@@ -177,7 +177,7 @@ def test_what_a_spec_change_deletes():
     [
         ({}, "spec.serving.gateway.endpointPicker: Field required"),
         ({"endpointPicker": {"name": "Bad_Name"}},
-         "spec.serving.gateway.endpointPicker.name: String should match"),
+         "spec.serving.gateway.endpointPicker.name: must be a DNS-1123 label"),
         ({"endpointPicker": {"name": "e", "failureMode": "Open"}},
          "spec.serving.gateway.endpointPicker.failureMode: must be one of 'FailOpen' or 'FailClose', got "
          "'Open'"),

@@ -480,15 +480,6 @@ def test_embedded_nixl_pods_carry_what_their_backend_needs(kv, flags, efa):
     assert "--kv-transport" not in container(deps["router"])["command"]
 
 
-def documented_capabilities(spec) -> set[str]:
-    """What each engine's documentation adds (its module's CAPABILITIES, each with its source), and IPC_LOCK
-    with EFA."""
-    from neuronfleet.operator.engines import sglang, vllm
-
-    module = {"vllm": vllm.contract(spec), "sglang": sglang}.get(spec.engine)
-    return {*getattr(module, "CAPABILITIES", ()), "IPC_LOCK"}
-
-
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_every_pod_states_its_security_and_mounts_only_its_models_folder_of_the_cache(path):
     """Every pod (compile Job, source probe, serving Deployments): no ServiceAccount token; our images'
@@ -521,7 +512,7 @@ def test_every_pod_states_its_security_and_mounts_only_its_models_folder_of_the_
             else:
                 assert "runAsUser" not in sc and "runAsUser" not in pod["securityContext"], where
                 assert sc["capabilities"]["drop"] == ["NET_RAW"], where
-                assert added <= documented_capabilities(spec), where
+                assert added <= {*engines.documented_capabilities(spec), "IPC_LOCK"}, where  # (with EFA)
                 assert ("allowPrivilegeEscalation" in sc) == ("SYS_ADMIN" not in added), where
             if sc.get("allowPrivilegeEscalation") is False:  # what the API server refuses
                 assert not added & {"SYS_ADMIN", "CAP_SYS_ADMIN"}, where

@@ -4,6 +4,7 @@ validation beyond the schema (topology, engines, buckets, memory fit) with its m
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from support import ROOT
 
+from neuronfleet.localcluster.semantics import apply_defaults, schema_errors
 from neuronfleet.operator import builders, crd, spec, validation
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -116,7 +118,10 @@ def edited(change) -> dict:
             "spec.neuron.tensorParallel: Input should be greater",
         ),
         (lambda s: s["neuron"].update(sequenceLengh=10), "spec.neuron.sequenceLengh: unknown field"),
-        (lambda s: s["model"].update(uri="ftp://x/y"), "spec.model.uri: String should match pattern"),
+        (
+            lambda s: s["model"].update(uri="ftp://x/y"),
+            "spec.model.uri: must be hf://org/name, s3://bucket/path, pvc://claim/path or file:///path",
+        ),
         (
             lambda s: s["neuron"].update(maxInputLength=8192),
             "neuron.maxInputLength 8192 must be below neuron.sequenceLength 8192",
@@ -470,3 +475,98 @@ def test_the_embedded_engine_on_cpu_takes_int8_and_int4_into_its_compile(kind):
     assert not errors and validation.check(obj).ok, validation.check(obj).errors
     config = CompileConfig.model_validate_json(builders.compile_config(parsed, "h").to_json())
     assert config.quantization == kind
+
+
+VAR_REF = "must not contain $(: the kubelet expands $(VAR)"
+QUALIFIED = "must be a qualified name (an optional DNS-1123 subdomain prefix"
+# Hostile NeuronModels: each refused by the operator (and `neuronfleet validate`) with a message naming the
+# field, and, where the CRD can say it, by the API server at apply (the field it names there); a map's keys
+# and a passed-through object's strings only the operator can check
+HOSTILE = [
+    (lambda s: s["model"].update(uri="hf://org/$(HF_TOKEN)"), f"spec.model.uri: {VAR_REF}", "spec.model.uri"),
+    (lambda s: s["model"].update(revision="main$(HF_TOKEN)"), f"spec.model.revision: {VAR_REF}",
+     "spec.model.revision"),
+    (lambda s: s["model"].update(revision="main --trust-remote-code"),
+     "spec.model.revision: must be one word", "spec.model.revision"),
+    (lambda s: s["neuron"].update(overrides={"async_mode": {"path": "/x/$(HF_TOKEN)"}}),
+     f"spec.neuron.overrides: neuron.overrides.async_mode.path {VAR_REF}", None),
+    (lambda s: s["neuron"].update(overrides={"$(HF_TOKEN)": 1}),
+     f"spec.neuron.overrides: neuron.overrides key '$(HF_TOKEN)' {VAR_REF}", None),
+    (lambda s: s["model"].update(secretRef={"name": "hf-token", "key": "../token"}),
+     "spec.model.secretRef.key: must be a key of a Secret's data", "spec.model.secretRef.key"),
+    (lambda s: s["model"].update(secretRef={"name": "hf-token", "key": "k" * 254}),
+     "spec.model.secretRef.key: String should have at most 253 characters", "spec.model.secretRef.key"),
+    (lambda s: s["model"].update(secretRef={"name": "HF_Token"}),
+     "spec.model.secretRef.name: must be a DNS-1123 subdomain", "spec.model.secretRef.name"),
+    (lambda s: s.update(scheduling={"priorityClassName": "High Priority"}),
+     "spec.scheduling.priorityClassName: must be a DNS-1123 subdomain", "spec.scheduling.priorityClassName"),
+    (lambda s: s.update(scheduling={"schedulerName": "my_scheduler"}),
+     "spec.scheduling.schedulerName: must be a DNS-1123 subdomain", "spec.scheduling.schedulerName"),
+    (lambda s: s.update(scheduling={"nodeSelector": {"bad key!": "x"}}),
+     f"spec.scheduling.nodeSelector key 'bad key!': {QUALIFIED}", None),
+    (lambda s: s.update(scheduling={"nodeSelector": {"topology.kubernetes.io/zone": "us east"}}),
+     "spec.scheduling.nodeSelector.topology.kubernetes.io/zone: must be a label value",
+     "spec.scheduling.nodeSelector.topology.kubernetes.io/zone"),
+    (lambda s: s["compile"].update(nodeSelector={"a/b/c": "x"}),
+     f"spec.compile.nodeSelector key 'a/b/c': {QUALIFIED}", None),
+    (lambda s: s["compile"].update(tolerations=[{"key": "gpu", "effect": "Sometimes"}]),
+     "spec.compile.tolerations: [0].effect: Input should be 'NoSchedule'",
+     "spec.compile.tolerations.0.effect"),
+    (lambda s: s.update(scheduling={"tolerations": [{"key": "bad key", "operator": "Exists"}]}),
+     f"spec.scheduling.tolerations: [0].key: {QUALIFIED}", None),
+    (lambda s: s.update(scheduling={"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+     "spec.scheduling.tolerations: [0]: value must be empty with operator Exists", None),
+    (lambda s: s["serving"]["unified"].update(resources={"requests": {"cpu": "lots"}}),
+     "spec.serving.unified.resources.requests.cpu: must be a Kubernetes quantity",
+     "spec.serving.unified.resources.requests.cpu"),
+    (lambda s: s["serving"]["unified"].update(resources={"limits": {"nvidia gpu": "1"}}),
+     f"spec.serving.unified.resources.limits key 'nvidia gpu': {QUALIFIED}", None),
+    (lambda s: s["compile"]["cache"].update(storageClassName="Fast SSD"),
+     "spec.compile.cache.storageClassName: must be a DNS-1123 subdomain",
+     "spec.compile.cache.storageClassName"),
+    (lambda s: s["compile"]["cache"].update(claimName="Shared_Claim"),
+     "spec.compile.cache.claimName: must be a DNS-1123 label", "spec.compile.cache.claimName"),
+    (lambda s: s.update(image="evil image:1"), "spec.image: must be one word, without spaces", "spec.image"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "message", "at_apply"), HOSTILE, ids=[h[1][:60] for h in HOSTILE])
+def test_hostile_models_are_refused_naming_the_field(change, message, at_apply):
+    obj = edited(change)
+    errors = validation.check(obj).errors
+    assert any(message in e for e in errors), errors
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    # as the API server: its defaults, then the schema and its rules
+    refused = schema_errors(apply_defaults({k: v for k, v in obj.items() if k != "metadata"}, schema), schema)
+    if at_apply:
+        assert any(e.startswith(f"{at_apply}: Invalid value") for e in refused), refused
+    else:  # (the operator refuses it: Validated=False)
+        assert not refused, refused
+
+
+def test_an_image_for_an_engine_whose_pods_run_privileged_needs_the_operators_leave():
+    """An image named for vLLM (or its compile) would run as vLLM's pods run, as the image's user with
+    SYS_ADMIN and IPC_LOCK: refused unless the operator's administrator allows it (the chart's
+    security.allowPrivilegedImageOverride); for our runtime's unprivileged pods no leave is needed."""
+    obj = edited(lambda s: (s.update(image="registry.example/vllm:mine"),
+                            s["compile"].update(image="registry.example/vllm:compiler")))  # fmt: skip
+    refused = validation.check(obj, allow_privileged_image=False).errors
+    for name, image in (("image", "registry.example/vllm:mine"),
+                        ("compile.image", "registry.example/vllm:compiler")):  # fmt: skip
+        assert any(
+            e.startswith(f"{name} {image}: engine vllm's pods run their image as the user the image declares")
+            and "with SYS_ADMIN and IPC_LOCK" in e
+            and "security.allowPrivilegedImageOverride: true" in e
+            for e in refused
+        ), refused
+    assert validation.check(obj, allow_privileged_image=True).ok
+    cpu = load(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml")
+    cpu["spec"]["image"] = "registry.example/neuronfleet-runtime:mine"
+    assert validation.check(cpu, allow_privileged_image=False).ok
+    env = validation.PRIVILEGED_IMAGE_ENV
+    assert validation.allows_privileged_image({env: "true"}) and not validation.allows_privileged_image({})
+    with pytest.raises(ValueError, match=f"{env}='yes': must be true or false"):
+        validation.allows_privileged_image({env: "yes"})
+    run = subprocess.run([sys.executable, "-P", "-m", "neuronfleet.cli", "operator"], capture_output=True,
+                         text=True, env={**os.environ, env: "yes"})  # fmt: skip
+    assert run.returncode != 0 and f"{env}='yes': must be true or false" in run.stderr
