@@ -148,9 +148,8 @@ class EmulatedAPIServer:
             connection.force_close()
         await self.store.expire_watches()
         await asyncio.sleep(seconds)
-        self.listener = await asyncio.get_running_loop().create_server(
-            self.handler, *self.address, ssl=self.tls
-        )
+        loop = asyncio.get_running_loop()
+        self.listener = await loop.create_server(self.handler, *self.address, ssl=self.context)
 
     async def stop(self) -> None:
         """No new connections, every watch ends (its stream closes cleanly), idle kept-alive connections close

@@ -20,6 +20,7 @@ token, its own Host name, request bodies in the API's media types), and files on
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import io
 import logging
@@ -111,12 +112,14 @@ def admin_table() -> dict[str, User]:
 def set_token(path: Path, name: str, token: str | None = None) -> str:
     """Give user `name` a new token in the token file at `path` (a fresh one unless given), its old one
     dropped, every other line kept; the file is replaced whole, so a server reading it sees the old table or
-    the new one. Returns the token."""
-    table = parse_tokens(path.read_text(), str(path)) if path.exists() else {}
-    kept = {t: u for t, u in table.items() if u.name != name}
-    uid = next((u.uid for u in table.values() if u.name == name), name)
-    token = token or new_token()
-    write_private(path, format_tokens({**kept, token: User(name, uid)}))
+    the new one, and changes are made one at a time (a lock beside it), so none is lost. Returns the token."""
+    with open_private(path.with_name(f".{path.name}.lock")) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released as the file closes)
+        table = parse_tokens(path.read_text(), str(path)) if path.exists() else {}
+        kept = {t: u for t, u in table.items() if u.name != name}
+        uid = next((u.uid for u in table.values() if u.name == name), name)
+        token = token or new_token()
+        write_private(path, format_tokens({**kept, token: User(name, uid)}))
     return token
 
 

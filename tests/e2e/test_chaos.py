@@ -64,7 +64,7 @@ def test_a_model_under_chat_load_answers_through_a_failover_and_an_api_server_ou
     stop, errors = threading.Event(), []
     supervisor = chaos.background(plane.supervise, stop, 0.2, errors)
     try:
-        local._local_models(plane.url, tmp_path)
+        local._local_models(plane.access, tmp_path)
         code, body = plane.call("POST", chaos.MODELS, chaos.manifest("smollm2"))
         assert code == 201, body
 

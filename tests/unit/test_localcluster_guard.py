@@ -63,6 +63,24 @@ def test_a_token_file_changed_while_it_is_read_rotates_the_token_at_once(tmp_pat
     assert tokens.user("chosen").name == "operator" and tokens.user(new) is None and mode(path) == 0o600
 
 
+def test_users_added_at_once_are_all_kept(tmp_path):
+    """Operators started together each add their user to the token file: none of the changes is lost."""
+    path = tmp_path / "tokens.csv"
+    given: dict[str, str] = {}
+
+    def add(n: int) -> None:
+        for round_ in range(5):
+            given[f"user-{n}"] = guard.set_token(path, f"user-{n}", f"token-{n}-{round_}")
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    table = guard.parse_tokens(path.read_text())
+    assert {u.name: t for t, u in table.items()} == given and len(given) == 16
+
+
 def test_who_a_request_is_and_when_it_is_refused_401():
     tokens = guard.Tokens(table={"right": guard.User("alice", "1")})
     assert guard.authenticate("Bearer right", "/api/v1/pods", tokens).name == "alice"
