@@ -14,7 +14,7 @@ token, its own Host name, request bodies in the API's media types), and files on
 - `check_body_type`: a request body only in a media type the API server decodes: browsers send text/plain,
   form and multipart bodies without a CORS preflight.
 - `write_private`, `private_folder`, `open_private`: files created 0600 and folders 0700 from the start (never
-  created readable by others and narrowed after).
+  created readable by others and narrowed after; only a folder an earlier version left open is narrowed).
 """
 
 from __future__ import annotations
