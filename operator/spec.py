@@ -767,7 +767,9 @@ class Condition(BaseModel):
 
 
 class Artifacts(BaseModel):
-    path: str | None = Field(None, description="artifacts/<hash>/ on the compile cache volume.")
+    path: str | None = Field(
+        None, description="artifacts/<hash>/ in the model's own folder of the compile cache, models/NAME/."
+    )
     bytes: int | None = None
     compiledAt: str | None = None
     cacheHit: bool | None = Field(None, description="True when the artifacts existed already.")
