@@ -62,6 +62,8 @@ HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # a model's download tok
 SERVE_PORT = 8000  # HTTP port of the serving pods
 KV_PORT = 7000  # decode pods' KV receiver when the operator runs them
 GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after SIGTERM
+HEADER_TIMEOUT = 30.0  # seconds an HTTP client has to send a request's headers, from its first byte
+BODY_TIMEOUT = 60.0  # seconds an HTTP client has to send a request's whole body, once its headers are in
 
 # how a router chooses a request's pod (runtime/routing/prefix_routing.py; docs/routing.md), and its knobs'
 # defaults: requests a pod may carry above the least loaded one and still win for its prefix, and the tokens
@@ -336,6 +338,15 @@ class ServeConfig(BaseModel):
     )
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
+    header_timeout: float = _flag(
+        HEADER_TIMEOUT,
+        "seconds a client has to send a request's headers (from a new connection, or from the next request's "
+        "first byte on a kept-alive one); then 408 and the connection closed",
+    )
+    body_timeout: float = _flag(
+        BODY_TIMEOUT,
+        "seconds a client has to send a request's whole body; then 408 and the connection closed",
+    )
     grace_period: float = _flag(GRACE_PERIOD, "seconds to finish requests on SIGTERM")
 
     @model_validator(mode="after")
@@ -353,6 +364,11 @@ class ServeConfig(BaseModel):
             )
         if self.role != "router" and (self.hold_requests or self.wake_url):
             raise ValueError(f"--hold-requests and --wake-url are for --role router, not {self.role}")
+        if not (self.header_timeout > 0 and self.body_timeout > 0):
+            raise ValueError(
+                f"--header-timeout {self.header_timeout:g} --body-timeout {self.body_timeout:g}: seconds a "
+                "client has to send a request's headers and its body, each over 0"
+            )
         if self.hold_requests < 0 or self.hold_seconds <= 0:
             raise ValueError(
                 f"--hold-requests {self.hold_requests} --hold-seconds {self.hold_seconds:g}: the most "

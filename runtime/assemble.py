@@ -93,17 +93,24 @@ def _serve_until_stopped(server, args: ServeConfig) -> NoReturn:
     from neuronfleet.runtime.serving.server import serve
 
     _log_info()  # (a unified server set it up before loading its model: once is enough)
-    asyncio.run(serve(server, args.host, args.port, args.grace_period))
+    timeouts = (args.header_timeout, args.body_timeout)
+    asyncio.run(serve(server, args.host, args.port, args.grace_period, *timeouts))
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def _internal_token(args: ServeConfig) -> str:
+def _optional_token(args: ServeConfig) -> str | None:
+    """The model's internal token where one is given (--internal-token-file, else INTERNAL_TOKEN_ENV)."""
     token = os.environ.get(INTERNAL_TOKEN_ENV, "")
     if args.internal_token_file:
         token = Path(args.internal_token_file).read_text().strip()
+    return token or None
+
+
+def _internal_token(args: ServeConfig) -> str:
+    token = _optional_token(args)
     if not token:
         raise ValueError(
             f"--role {args.role} needs the model's internal token: --internal-token-file FILE (mounted from "
@@ -159,8 +166,9 @@ def _serve_engine_router(args: ServeConfig) -> int:
         args.peer_protocol, args.prefill or [], args.decode or [], model_name=args.served_model_name or "",
         bootstrap_port=args.bootstrap_port, probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=tokenizer, peer_kv_events=args.peer_kv_events if tokenizer else None,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
+        routing=_routing(args), tokenizer=tokenizer,
+        peer_kv_events=args.peer_kv_events if tokenizer else None,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
@@ -173,8 +181,9 @@ def _serve_front_door(args: ServeConfig) -> int:
     door = FrontDoor(
         args.unified or [], model_name=args.served_model_name or "", probe_interval=args.peer_probe_interval,
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
-        hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
-        tokenizer=tokenizer, peer_kv_events=args.peer_kv_events if tokenizer else None,
+        hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
+        routing=_routing(args), tokenizer=tokenizer,
+        peer_kv_events=args.peer_kv_events if tokenizer else None,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

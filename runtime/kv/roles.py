@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from neuronfleet.runtime.engine.engine import AsyncEngine
 from neuronfleet.runtime.kv.kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
 from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
+from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.backend import check_fits
 from neuronfleet.runtime.serving.errors import EngineFailed, InvalidRequest, QueueFull
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
@@ -44,24 +45,39 @@ FALLBACK_REASONS = (
 
 
 def _authorized(request: web.Request, token: str) -> None:
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    # (aiohttp keeps a header's bytes that are not UTF-8 as surrogates: compared as the bytes that came)
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given, f"Bearer {token}".encode()):
         raise web.HTTPUnauthorized(
             reason="the internal endpoints need the model's token (Authorization: Bearer)"
         )
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    except web.HTTPRequestEntityTooLarge as e:  # say the limit (the router passes this on to its client)
-        raise web.HTTPRequestEntityTooLarge(0, 0, reason=e.text or e.reason) from None
+    """The body, a JSON object (bounded: `api_requests.decode_json`), or InvalidRequest."""
+    body = decode_json(await request.read())
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}),
-                                 content_type="application/json")  # fmt: skip
+        raise InvalidRequest("the body must be a JSON object", "body")
     return body
+
+
+def _invalid(e: InvalidRequest) -> web.Response:
+    """A refused body, as the router reads it (and passes it on to its client)."""
+    return web.json_response({"error": str(e), "param": e.field_name}, status=400)
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{name} must be a non-empty string", name)
+    return value
+
+
+def _token_ids(body: dict[str, Any]) -> list[int]:
+    ids = body.get("prompt_ids")
+    if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+        raise InvalidRequest("prompt_ids must be a non-empty list of token ids (integers)", "prompt_ids")
+    return ids
 
 
 class KVMetrics:
@@ -161,15 +177,17 @@ class DecodeRole:
 
     async def reserve(self, request: web.Request) -> web.Response:
         _authorized(request, self.token)
-        body = await _json(request)
         try:
-            tokens = int(body.get("prompt_tokens", 0))
+            body = await _json(request)
+            rid, tokens = _text(body, "request"), body.get("prompt_tokens")
+            if type(tokens) is not int:
+                raise InvalidRequest("prompt_tokens must be an integer", "prompt_tokens")
             check_fits(self.engine.limits, tokens, None)  # the refusal a unified pod gives, passed on as is
-            lease = self.leases.reserve(str(body.get("request")), tokens)
+            lease = self.leases.reserve(rid, tokens)
         except NoRegionFree as e:
             return web.json_response({"error": str(e)}, status=503, headers={"Retry-After": "1"})
         except InvalidRequest as e:
-            return web.json_response({"error": str(e), "param": e.field_name}, status=400)
+            return _invalid(e)
         except (TypeError, ValueError) as e:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(
@@ -214,22 +232,36 @@ class DecodeRole:
 
     async def decode(self, request: web.Request) -> web.StreamResponse:
         _authorized(request, self.token)
-        body = await _json(request)
-        lease_id, rid, ids = body.get("lease"), str(body.get("request")), body.get("prompt_ids")
-        if not isinstance(ids, list) or not ids:
-            self.leases.release(lease_id)
-            return web.json_response(
-                {"error": "prompt_ids must be a non-empty list of token ids"}, status=400
-            )
-        try:  # the client's sampling parameters as the router parsed them (dataclasses.asdict)
-            given = dict(body.get("params") or {})
-            params = SamplingParams(**{**given, "stop": tuple(given.get("stop") or ())})
-        except (TypeError, ValueError) as e:
+        try:
+            body = await _json(request)
+            lease_id, kv = body.get("lease"), body.get("kv", "ready")
+            if lease_id is not None and not isinstance(lease_id, str):
+                raise InvalidRequest(
+                    "lease must be the reserve answer's lease id (a string) or null", "lease"
+                )
+            if kv not in ("ready", "local") and not isinstance(kv, dict):
+                raise InvalidRequest('kv must be "ready", "local" or {"failed": reason}', "kv")
+        except InvalidRequest as e:
+            return _invalid(e)
+        try:
+            rid, ids = _text(body, "request"), _token_ids(body)
+            # the client's sampling parameters as the router parsed them (dataclasses.asdict)
+            given = body.get("params") or {}
+            if not isinstance(given, dict):
+                raise InvalidRequest("params must be an object of sampling parameters", "params")
+            stop = given.get("stop") or ()
+            if not isinstance(stop, list | tuple):
+                raise InvalidRequest("params: stop must be a list of strings", "params")
+            params = SamplingParams(**{**given, "stop": tuple(stop)})
+        except InvalidRequest as e:
             self.leases.release(lease_id)  # nothing will use it: free it now, not at expiry
-            return web.json_response({"error": f"params: {e}"}, status=400)
+            return _invalid(e)
+        except (TypeError, ValueError) as e:  # (SamplingParams given a name it does not take)
+            self.leases.release(lease_id)
+            return _invalid(InvalidRequest(f"params: {e}", "params"))
         self.metrics.queued += 1
         try:
-            imported = await self._take_kv(lease_id, rid, ids, body.get("kv", "ready"))
+            imported = await self._take_kv(lease_id, rid, ids, kv)
         finally:
             self.metrics.queued -= 1
             self.leases.release(lease_id)
@@ -279,15 +311,21 @@ class PrefillRole:
 
     async def prefill(self, request: web.Request) -> web.Response:
         _authorized(request, self.token)
-        body = await _json(request)
-        ids, rid, remote, region = (
-            body.get("prompt_ids"),
-            str(body.get("request")),
-            body.get("agent"),
-            body.get("region"),
-        )
-        if not isinstance(ids, list) or not ids or not isinstance(remote, dict) or not region:
-            return web.json_response({"error": "prompt_ids, agent and region are required"}, status=400)
+        try:
+            body = await _json(request)
+            ids, rid, remote, region = (
+                _token_ids(body),
+                _text(body, "request"),
+                body.get("agent"),
+                _text(body, "region"),
+            )
+            if not isinstance(remote, dict):
+                raise InvalidRequest("agent must be the decode pod's agent (an object)", "agent")
+            # a prompt the engine would refuse (too long, ids outside the vocabulary), said as a unified pod
+            # says it (checked here, on the event loop, as AsyncEngine.generate checks)
+            self.engine.engine.make_request(ids, SamplingParams(max_tokens=1))
+        except InvalidRequest as e:
+            return _invalid(e)
         self.metrics.queued += 1
         try:
             return await self._prefill(rid, ids, remote, region)

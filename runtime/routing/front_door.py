@@ -6,6 +6,8 @@ cache, chat template applied as they apply it): every request but its own `/heal
 headers but hop-by-hop ones, body) to the ready pod the routing policy chooses (`prefix_routing`: by
 default the one expected to hold the longest prefix of the request's prompt, unless it is much busier than
 the least loaded one), and its answer comes back as it comes, chunk by chunk (server-sent events stream).
+A body that is not bounded JSON (`api_requests.decode_json`: too deep, NaN, a lone surrogate...; multipart
+bodies excepted) is refused here with 400 (422 on TGI's routes), whatever engine the pods run.
 
 Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URLs or DNS names of a headless
 Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
@@ -33,7 +35,8 @@ from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
-from neuronfleet.runtime.serving.errors import openai_error_body, tgi_error_body
+from neuronfleet.runtime.serving.api_requests import decode_json
+from neuronfleet.runtime.serving.errors import InvalidRequest, openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
 if TYPE_CHECKING:  # (imported by the command only when --model is given: without it, no tokenizer is loaded)
@@ -61,9 +64,10 @@ class FrontDoor(HttpApp):
     def __init__(
         self, unified: Sequence[str], *, model_name: str = "", probe_interval: float = 2.0,
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
-        hold_seconds: float = 300.0, wake_url: str | None = None, routing: Routing | None = None,
-        tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
+        hold_seconds: float = 300.0, wake_url: str | None = None, wake_token: str | None = None,
+        routing: Routing | None = None, tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
     ) -> None:  # fmt: skip
+        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`)."""
         if not unified:
             raise ValueError(
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
@@ -85,8 +89,8 @@ class FrontDoor(HttpApp):
         self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
-        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="unified",
-                         ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
+        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, wake_token=wake_token,
+                         role="unified", ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
                          draining=self.refusing)  # fmt: skip
         self.backend = self  # what serve() drains
         self.forwarded = 0  # requests sent to a pod and not finished
@@ -187,12 +191,12 @@ class FrontDoor(HttpApp):
         path = request.path
         if self.refusing():
             return self._error(path, 503, "the front door is shutting down and takes no new requests")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._error(
-                path, 413, f"the request body exceeds the limit of {self.max_body_bytes} bytes"
-            )
+        body = await request.read()  # (read by the middleware, within its limits)
+        if body and not request.content_type.startswith("multipart/"):
+            try:  # a body no pod could take is refused here, whatever engine is behind (api_requests)
+                decode_json(body)
+            except InvalidRequest as e:
+                return self._error(path, e.http_status(tgi=not path.startswith("/v1/")), str(e))
         await self.watch.refresh_if_stale()
         blocks = (
             self.routing.blocks(request_prompt(path, body, self.tokenizer))

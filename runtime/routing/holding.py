@@ -7,8 +7,10 @@ Bounded in number and in time: at most `limit` requests held at once (one more g
 `seconds` (then 503), both with Retry-After (the cold start measured so far, else the hold bound); never
 forever. While anything is held the peers are probed every `PROBE_EVERY` seconds and a held request goes on
 at the first probe round that finds a pod really ready (its probe answered). The autoscaler is told at once:
-a POST to the wake URL when the first request is held, again every `WAKE_EVERY` seconds while any stays held.
-`limit` 0 turns holding off: requests are never held (today's behaviour).
+a POST to the wake URL when the first request is held, again every `WAKE_EVERY` seconds while any stays held,
+with the model's internal token (`Authorization: Bearer`) where the router has one: the operator's wake
+endpoint acts on no other (operator/wake.py). `limit` 0 turns holding off: requests are never held (today's
+behaviour).
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ class Hold:
         ready: Callable[[], bool],
         refresh: Callable[[], Awaitable[None]],
         wake_url: str | None = None,
+        wake_token: str | None = None,
         role: str = "serving",
         draining: Callable[[], bool] = lambda: False,
     ) -> None:
         """`ready()`: some pod of the role requests need is ready now (its last probe answered); `refresh()`:
-        one round of resolving and probing the peers (the router's own); `role`: the pods waited for, named
-        in the errors; `draining()`: the router is shutting down (held requests then get 503 at the next
-        probe round, not at the end of the grace period)."""
+        one round of resolving and probing the peers (the router's own); `wake_token`: the model's internal
+        token, sent with each wake; `role`: the pods waited for, named in the errors; `draining()`: the router
+        is shutting down (held requests then get 503 at the next probe round, not at the end of the grace
+        period)."""
         if limit < 0:
             raise ValueError(f"--hold-requests {limit}: the most requests held at once, 0 (off) or more")
         if seconds <= 0:
@@ -71,6 +75,7 @@ class Hold:
                 f"--wake-url {wake_url!r}: an http:// or https:// URL, POSTed when a request is held"
             )
         self.limit, self.seconds, self.wake_url, self.role = limit, seconds, wake_url, role
+        self._wake_headers = {"Authorization": f"Bearer {wake_token}"} if wake_token else {}
         self.ready, self.refresh, self.draining = ready, refresh, draining
         self.held = 0
         self.cold_start: float | None = None  # seconds from the first request held to its release, last seen
@@ -184,7 +189,8 @@ class Hold:
             self._session = aiohttp.ClientSession()
         try:
             timeout = aiohttp.ClientTimeout(total=WAKE_TIMEOUT)
-            async with self._session.post(self.wake_url, timeout=timeout) as r:  # type: ignore[arg-type]
+            url: str = self.wake_url  # type: ignore[assignment]
+            async with self._session.post(url, headers=self._wake_headers, timeout=timeout) as r:
                 if r.status >= 400:
                     log.warning("the wake URL %s answered %d", self.wake_url, r.status)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:

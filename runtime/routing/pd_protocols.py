@@ -39,11 +39,12 @@ names, and its answer is the client's.
 from __future__ import annotations
 
 import ipaddress
-import json
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
+
+from neuronfleet.runtime.serving.api_requests import decode_json
 
 PROTOCOLS = ("vllm", "sglang")
 
@@ -66,13 +67,9 @@ class BadPeerAnswer(ValueError):
 
 
 def client_body(raw: bytes) -> dict[str, Any]:
-    """The client's request: a JSON object (what else it holds is the engines' to check)."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError("the request body is not valid UTF-8") from None
-    except ValueError as e:
-        raise ValueError(f"the request body is not valid JSON: {e}") from None
+    """The client's request: a JSON object, bounded as every server's (`api_requests.decode_json`); what else
+    it holds is the engines' to check. ValueError says what is wrong."""
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise ValueError(f"the request body must be a JSON object, not {type(body).__name__}")
     return body

@@ -73,9 +73,10 @@ class EngineRouter(HttpApp):
         self, protocol: str, prefill: Sequence[str], decode: Sequence[str], *, model_name: str,
         bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
         max_body_bytes: int = 1 << 20, hold_requests: int = 0, hold_seconds: float = 300.0,
-        wake_url: str | None = None, routing: Routing | None = None, tokenizer: Tokenizer | None = None,
-        peer_kv_events: str | None = None,
+        wake_url: str | None = None, wake_token: str | None = None, routing: Routing | None = None,
+        tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
     ) -> None:  # fmt: skip
+        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`)."""
         if protocol not in pd.PROTOCOLS:
             raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
         if not prefill or not decode:
@@ -112,7 +113,7 @@ class EngineRouter(HttpApp):
         )  # fmt: skip
         self.labels = labels
         self.hold = Hold(
-            hold_requests, hold_seconds, wake_url=wake_url, role="prefill and decode",
+            hold_requests, hold_seconds, wake_url=wake_url, wake_token=wake_token, role="prefill and decode",
             refresh=self.watch.refresh, ready=lambda: bool(self.prefill.ready and self.decode.ready),
             draining=self.refusing,
         )  # fmt: skip
@@ -264,12 +265,7 @@ class EngineRouter(HttpApp):
             return self._error(
                 503, "the router is shutting down and takes no new requests; send it elsewhere"
             )
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._error(
-                413, f"the request body exceeds the limit of {self.max_body_bytes} bytes", "body"
-            )
+        raw = await request.read()  # (read by the middleware, within its limits)
         try:
             body = pd.client_body(raw)
         except ValueError as e:

@@ -19,7 +19,6 @@ prefix chose the pod), `load` (no pod held any of it), `overload` (the pods hold
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
@@ -27,6 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from neuronfleet.contract import ROUTING_CACHE_TOKENS, ROUTING_LOAD_MARGIN, RoutingPolicy
+from neuronfleet.runtime.serving.api_requests import (
+    decode_json,
+    parse_openai_chat,
+    parse_openai_completion,
+    parse_tgi_generate,
+)
+from neuronfleet.runtime.serving.errors import InvalidRequest
 
 POLICIES = get_args(RoutingPolicy)
 BLOCK_TOKENS = 16  # token ids per block where the router tokenizes (the engines' own block size)
@@ -65,8 +71,8 @@ def prompt_text(path: str, body: bytes) -> str | None:
     starts with its earlier turns' text); a completion's prompt; TGI's `inputs`. None for a body that is not
     such a request (it is routed by load alone)."""
     try:
-        request = json.loads(body) if body else None
-    except ValueError:
+        request = decode_json(body)
+    except InvalidRequest:
         return None
     if not isinstance(request, dict):
         return None
@@ -96,14 +102,8 @@ def prompt_ids(path: str, body: bytes, tokenizer: Any) -> list[int] | None:
     pods render it (Hugging Face's `apply_chat_template`: vLLM's and ours); a completion's prompt or TGI's
     `inputs` encoded with the special tokens. What KV-cache events name. None for a body that is not such a
     request, or one a pod would refuse (it is routed by load alone, and refused there)."""
-    from neuronfleet.runtime.serving.api_requests import (
-        parse_openai_chat,
-        parse_openai_completion,
-        parse_tgi_generate,
-    )
-
     try:
-        request = json.loads(body) if body else None
+        request = decode_json(body)
         if path.endswith("/chat/completions"):
             return tokenizer.encode_chat(parse_openai_chat(request).messages)
         if path.endswith("/completions"):

@@ -154,7 +154,7 @@ class RemoteBackend:
         self.in_flight = 0
         self.retries: Counter | None = None
         self._ids = itertools.count()
-        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, role="decode",
+        self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, wake_token=token, role="decode",
                          ready=lambda: self.decode.ready > 0, refresh=self.watch.refresh)  # fmt: skip
 
     # ---- the backend surface the HTTP server uses ----

@@ -1,4 +1,6 @@
-"""Parsing and validation of OpenAI and TGI request bodies into engine requests (pure; no I/O).
+"""Request bodies, pure (no I/O): a body's bytes decoded as bounded JSON (`decode_json`, which every server
+of the runtime uses, internal endpoints included), and OpenAI and TGI bodies parsed and validated into engine
+requests.
 
 Each parser returns what the engine needs or raises `InvalidRequest` naming the field, the value and the
 allowed range; the server turns that into the API's own error format.
@@ -6,7 +8,10 @@ allowed range; the server turns that into the API's own error format.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +22,93 @@ OPENAI_DEFAULTS = SamplingDefaults()
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()
+
+# ---- bounded JSON ------------------------------------------------------------------------------------------
+
+MAX_DEPTH = 128  # arrays and objects nested in each other, at most (an OpenAI body nests a few levels; a
+# tool's JSON schema a few dozen)
+INT_RANGE = (-(2**63), 2**64)  # the integers a body may hold: 64-bit, signed or not
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.S)  # a JSON string, or an unterminated one to the end
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_LONG_INT = re.compile(rb"\d{19}")  # an integer that may be past 64 bits (2**63 has 19 digits)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF: half of a pair, or alone
+
+
+class _Refused(ValueError):
+    """A value the decoding hooks refuse (the message says which)."""
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deeply a JSON text's arrays and objects nest (brackets inside strings ignored); 0 when it cannot
+    nest past MAX_DEPTH (no more opening brackets than that). Linear in the bytes, no recursion: Python's
+    json recurses in C and raises RecursionError only near the interpreter's limit, which a 1 MiB body of
+    `[` reaches."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return 0
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_NESTING.__getitem__, brackets)), default=0)
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(
+        f"the request body holds {name}, which is not a JSON number (RFC 8259 has no NaN or Infinity); send "
+        "a finite number"
+    )
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the request body holds the number {text}, past a float's range (about ±1.8e308)")
+    return value
+
+
+def _int64(text: str) -> int:
+    digits = text.lstrip("-")
+    value = int(text) if len(digits) <= 20 else None
+    if value is None or not INT_RANGE[0] <= value < INT_RANGE[1]:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(digits)} digits)"
+        raise _Refused(f"the request body holds the integer {shown}, which does not fit in 64 bits")
+    return value
+
+
+def decode_json(raw: bytes) -> Any:
+    """A request body's JSON value, or InvalidRequest (field `body`) saying what is wrong: not UTF-8, not
+    JSON, nested deeper than MAX_DEPTH, a lone UTF-16 surrogate escaped in a string (`\\ud800`: no text can
+    hold it), NaN or Infinity, a float past float range (1e400) or an integer past 64 bits. Python's json
+    takes all but the first two; each would fail later, deep inside, as a 500."""
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty; send a JSON object", "body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"the request body is not valid UTF-8 (byte {e.start})", "body") from None
+    depth = nesting_depth(raw)
+    if depth > MAX_DEPTH:
+        raise InvalidRequest(
+            f"the request body nests arrays and objects {depth} deep; at most {MAX_DEPTH} levels are "
+            "accepted", "body",
+        )  # fmt: skip
+    hooks: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite}
+    if _LONG_INT.search(raw):
+        hooks["parse_int"] = _int64
+    try:
+        value = json.loads(text, **hooks)
+    except _Refused as e:
+        raise InvalidRequest(str(e), "body") from None
+    except ValueError as e:
+        raise InvalidRequest(f"the request body is not valid JSON: {e}", "body") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            lone = e.object[e.start : e.end].encode("utf-8", "backslashreplace").decode()
+            raise InvalidRequest(
+                f"the request body holds a lone UTF-16 surrogate ({lone}) in a string; send whole characters "
+                "(a character outside the BMP is a surrogate pair: \\ud83d\\ude00)", "body",
+            ) from None  # fmt: skip
+    return value
 
 
 @dataclass(frozen=True)
@@ -185,6 +277,11 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content", f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(
+                f"messages[{i}].role must be a non-empty string: system, user, assistant...", f"messages[{i}]"
+            )
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text parts are supported
             texts = []
@@ -205,7 +302,7 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
             raise InvalidRequest(
                 f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
             )
-        clean.append({"role": m.get("role"), "content": content})
+        clean.append({"role": role, "content": content})
     _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
     return _openai_request(body, prompt=None, messages=clean, max_tokens_default=None, defaults=defaults)
 

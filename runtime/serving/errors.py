@@ -37,6 +37,18 @@ class BodyTooLarge(InvalidRequest):
     status, tgi_status, reason = 413, 413, "body_too_large"
 
 
+class UnsupportedEncoding(InvalidRequest):
+    """The request body has a content coding (`Content-Encoding`) other than identity."""
+
+    status, tgi_status, reason = 415, 415, "unsupported_encoding"
+
+
+class RequestTimeout(ServingError):
+    """The client did not send its request (headers or body) within the server's time for it."""
+
+    status, tgi_status, reason = 408, 408, "request_timeout"
+
+
 class QueueFull(ServingError):
     """The waiting queue is at its bound; retry later."""
 

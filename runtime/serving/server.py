@@ -26,9 +26,11 @@ from prometheus_client import (
     Histogram,
 )
 
+from neuronfleet.contract import BODY_TIMEOUT, HEADER_TIMEOUT
 from neuronfleet.runtime.serving.api_requests import (
     OPENAI_DEFAULTS,
     ParsedRequest,
+    decode_json,
     parse_openai_chat,
     parse_openai_completion,
     parse_tgi_generate,
@@ -36,14 +38,12 @@ from neuronfleet.runtime.serving.api_requests import (
 from neuronfleet.runtime.serving.backend import Backend, RequestOutput
 from neuronfleet.runtime.serving.engine_metrics import LATENCY_BUCKETS
 from neuronfleet.runtime.serving.errors import (
-    BodyTooLarge,
     Draining,
-    InvalidRequest,
     ServingError,
     openai_error_body,
     tgi_error_body,
 )
-from neuronfleet.runtime.serving.http_app import HttpApp, QuietProbesAccessLog
+from neuronfleet.runtime.serving.http_app import HttpApp, QuietProbesAccessLog, Site
 from neuronfleet.runtime.serving.sampling_params import SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,10 @@ class RuntimeServer(HttpApp):
     def error(self, path: str, status: int, message: str) -> web.Response:
         return self._error(path, status, message, None)
 
+    def refusal(self, path: str, error: ServingError) -> web.Response:
+        """A body refused before its handler, answered and counted as the handlers' refusals are."""
+        return self._refusal(error, tgi=not path.startswith("/v1/"))
+
     def _error(self, path: str, status: int, message: str, param: str | None) -> web.Response:
         """An error in the format of the API that `path` belongs to."""
         if path.startswith("/v1/"):
@@ -190,17 +194,9 @@ class RuntimeServer(HttpApp):
     # ---- shared request handling ---------------------------------------------------------------------------
 
     async def _body(self, request: web.Request):
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.max_body_bytes
-            raise BodyTooLarge(f"the request body exceeds the limit of {limit} bytes", "body") from None
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise InvalidRequest("the request body is not valid UTF-8", "body") from None
-        except ValueError as e:
-            raise InvalidRequest(f"the request body is not valid JSON: {e}", "body") from None
+        """The request's JSON (read by the middleware within its limits); InvalidRequest naming what is wrong
+        (`decode_json`)."""
+        return decode_json(await request.read())
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         if parsed.messages is not None:
@@ -483,15 +479,22 @@ class RuntimeServer(HttpApp):
         return await self._tgi_complete(request, compat=True)
 
 
-async def serve(server: RuntimeServer, host: str, port: int, grace_period: float) -> None:
+async def serve(
+    server: HttpApp, host: str, port: int, grace_period: float, header_timeout: float = HEADER_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+) -> None:  # fmt: skip
     """Serve until SIGTERM or SIGINT, then drain (http_app: requests arriving on open connections are served
     with `Connection: close`, idle connections closed, new requests refused only in the grace period's last
     tenth) until no request runs and no connection is open, or `grace_period` seconds; then any request still
-    running ends with an error, and the backend stops."""
+    running ends with an error, and the backend stops. A client has `header_timeout` seconds for a request's
+    headers and `body_timeout` for its body (http_app)."""
+    server.header_timeout, server.body_timeout = header_timeout, body_timeout
     # handler_cancellation: a client that leaves cancels its handler, which aborts its request.
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log_class=QuietProbesAccessLog)
+    # auto_decompress off: a body with a Content-Encoding is refused (415) as it came, never inflated
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log_class=QuietProbesAccessLog,
+                           auto_decompress=False)  # fmt: skip
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await Site(runner, host, port, server).start()
     log.info("serving %s on http://%s:%d", server.model_name, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
