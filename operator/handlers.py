@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import kube, leader, rollout, spec, wake
+from . import kube, leader, names, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, Cache, watch_namespaces
 from .reconcile import PROGRESS_READ, now, reconcile
@@ -230,7 +230,17 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     triggers.elector = leader.LeaderElector(client(), election, triggers.lead)
     client().may_write = triggers.elector.acting
     if (where := wake.configured()) is not None:
-        triggers.wake = wake.WakeServer(triggers.autoscaler.wake, triggers.acting)
+
+        async def known(namespace: str, name: str) -> bool:  # from the cache alone: no call for a name
+            if not cache.watches(spec.KIND, namespace):
+                return False
+            return await cache.get(spec.KIND, namespace, name) is not None
+
+        async def secret(namespace: str, name: str) -> dict[str, Any] | None:  # (Secrets are never cached)
+            return await client().get("Secret", namespace, names.internal(name), live=True)
+
+        tokens = wake.Tokens(known, secret)
+        triggers.wake = wake.WakeServer(triggers.autoscaler.wake, tokens, triggers.acting)
         await triggers.wake.start(*where)
     triggers.elector.start()
 

@@ -1,12 +1,15 @@
 """The operator's wake endpoint (operator/wake.py), the real operator process against the emulated API server
 (no kubelet: the test marks the compile Job complete itself): a model with builtin autoscaling and scaleToZero
-gets a front door whose routers are given the operator's wake URL; at zero, a POST to it makes the autoscaler
-decide at once (not at its next 15 s tick): status.autoscaling says 0 -> 1 for the requests held at the front
-door, a ScaledUp Event says so, and the unified Deployment gets its replica. Wakes while one runs or just ran
-start no other; an unknown model is 404; a flood is 429 with Retry-After."""
+gets a front door whose routers are given the operator's wake URL; at zero, a POST to it with the model's
+token (from its Secret, as its routers send it) makes the autoscaler decide at once (not at its next 15 s
+tick): status.autoscaling says 0 -> 1 for the requests held at the front door, a ScaledUp Event says so, and
+the unified Deployment gets its replica. Wakes while one runs or just ran start no other; an unknown model and
+a wake without the token are answered as a good wake is, and decide nothing; a flood is 429 with
+Retry-After."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.error
@@ -30,8 +33,9 @@ def cluster(tmp_path):
     api.stop()
 
 
-def post(url: str) -> tuple[int, dict, dict]:
-    req = urllib.request.Request(url, data=b"", method="POST")
+def post(url: str, token: str | None = None) -> tuple[int, dict, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, data=b"", method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
             return r.status, json.loads(r.read()), dict(r.headers)
@@ -70,14 +74,22 @@ def test_a_wake_scales_a_model_at_zero_up_at_once(cluster):
     )
     assert api.call("GET", f"{DEPLOYMENTS}/{NAME}-router")["spec"]["replicas"] == 1  # the front door stays
 
-    unknown = post(f"{base}/wake/default/nosuchmodel")
-    assert unknown[:2] == (404, {"wake": "unknown", "detail": "no NeuronModel default/nosuchmodel scaled by "
-                                 "the builtin autoscaler"}), unknown  # fmt: skip
+    # the model's token, as its routers read it from the Secret they mount
+    secret = api.call("GET", f"/api/v1/namespaces/default/secrets/{NAME}-internal")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    accepted = (202, {"wake": "accepted"})
+    assert post(f"{base}/wake/default/nosuchmodel")[:2] == accepted  # as for a model that exists
+    assert post(f"{base}/wake/default/nosuchmodel", token)[:2] == accepted
+    assert post(f"{base}/wake/default/{NAME}")[:2] == accepted  # without the token: nothing done
+    assert post(f"{base}/wake/default/{NAME}", "not-the-token")[:2] == accepted
+    assert f"wake of default/{NAME}: " not in operator.output()  # no decision ran for any of them
     woken = time.monotonic()
-    status, body, _ = post(f"{base}/wake/default/{NAME}")
-    assert (status, body) == (202, {"wake": "started"})
-    again = post(f"{base}/wake/default/{NAME}")
-    assert again[0] == 202 and again[1]["wake"] in ("running", "recent"), again  # no second decision
+    assert post(f"{base}/wake/default/{NAME}", token)[:2] == accepted
+    operator.wait_until(lambda: f"wake of default/{NAME}: started" in operator.output(), "the decision")
+    assert post(f"{base}/wake/default/{NAME}", token)[:2] == accepted
+    operator.wait_until(lambda: operator.output().count(f"wake of default/{NAME}: ") == 2, "the second wake")
+    second = operator.output().rsplit(f"wake of default/{NAME}: ", 1)[1].split()[0]
+    assert second in ("running", "recent"), second  # no second decision
     auto = lambda: (api.call("GET", NM).get("status") or {}).get("autoscaling") or {}  # noqa: E731
     scale = operator.wait_until(lambda: auto().get("lastScale"), "the wake's decision")
     decided = time.monotonic() - woken
@@ -93,7 +105,7 @@ def test_a_wake_scales_a_model_at_zero_up_at_once(cluster):
     print(f"\nwake to decision: {decided:.2f}s")
     assert decided < 15.0
 
-    answers = [post(f"{base}/wake/default/{NAME}") for _ in range(40)]
+    answers = [post(f"{base}/wake/default/{NAME}", token) for _ in range(40)]
     limited = [headers for code, _, headers in answers if code == 429]
     assert limited and all(h.get("Retry-After") == "1" for h in limited), [a[:2] for a in answers]
     assert {code for code, _, _ in answers} <= {202, 429}
