@@ -34,11 +34,12 @@ OPTIONS = ("--slots", "2", "--max-seq-len", "256", "--no-prefix-reuse")
 
 class ThreadApp:
     """A tiny aiohttp server in a thread (the wake endpoint, a pod of another kind): every request it gets is
-    recorded (time, method, path, body) and answered with `status` and `body`; its probes (`GET /ready`)
-    with 200."""
+    recorded (time, method, path, body; its headers in `headers`) and answered with `status` and `body`; its
+    probes (`GET /ready`) with 200."""
 
     def __init__(self, status: int = 202, body: dict | None = None) -> None:
         self.port, self.seen, self.status, self.body = free_port(), [], status, body
+        self.headers: list[dict[str, str]] = []
         self.base = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -51,6 +52,7 @@ class ThreadApp:
             if request.path == "/ready":
                 return web.json_response({"ready": True})
             self.seen.append((time.monotonic(), request.method, request.path, await request.read()))
+            self.headers.append(dict(request.headers))
             return web.json_response(self.body, status=self.status)
 
         app = web.Application()
@@ -172,8 +174,10 @@ def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_
 ):
     port = free_port()  # where the unified pod will be: nothing listens there yet
     wake = ThreadApp()  # the autoscaler's wake endpoint
+    (tmp_path / "token").write_text("the-models-token\n")  # as the operator mounts it from the model's Secret
     door, process = front_door(tmp_path, *peer_map(tmp_path, "unified:8000", [port]), "--hold-requests", "2",
-                               "--hold-seconds", "600", "--wake-url", wake.base + "/wake")  # fmt: skip
+                               "--hold-seconds", "600", "--wake-url", wake.base + "/wake",
+                               "--internal-token-file", str(tmp_path / "token"))  # fmt: skip
     server = None
     try:
         assert _status(door + "/ready") == 200  # it takes requests at zero
@@ -187,6 +191,7 @@ def test_at_zero_a_request_is_held_the_autoscaler_woken_and_the_first_ready_pod_
             )
             wait_until(lambda: wake.seen, "the wake URL to be POSTed")
             assert wake.seen[0][1:] == ("POST", "/wake", b"")  # no body
+            assert wake.headers[0]["Authorization"] == "Bearer the-models-token"  # what the operator checks
             # one more than the bound: 429 with Retry-After, in each API's format
             from openai import RateLimitError
 
