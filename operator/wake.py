@@ -18,6 +18,8 @@ decision started, so that they tell nobody which models exist:
   without the token never holds back the model's own routers (and the rest behave alike for every name);
 - 503 `follower` with Retry-After: this replica does not lead (leader election); the router posts again,
   and the leader's next tick decides anyway.
+
+A connection that has not sent a whole request within IDLE_SECONDS (slow headers included) is closed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ MAX_KEYS = 10_000  # models (namespace, name) whose rate is followed at once, in
 TOKEN_SECONDS = 60.0  # a model's token, read from its Secret, is used this long before it is read again
 MISSING_SECONDS = 5.0  # a model found without a Secret (or whose read failed) is looked at again after this
 SECRET_KEY = "token"  # the Secret's key (builders.build_internal_secret; the file the pods mount)
+# a connection without a whole request for this long is closed, headers half sent included (aiohttp 3.14's
+# keepalive_timeout: web_protocol.RequestHandler._process_keepalive closes a connection still waiting for a
+# request's headers, counted from its start or its last answer); routers post once every 5 s at most
+IDLE_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +183,7 @@ class WakeServer:
         return web.json_response({"wake": "accepted"}, status=202)
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=IDLE_SECONDS)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
         log.info("wake endpoint on %s:%d (routers call %s)", host, port, base_url())

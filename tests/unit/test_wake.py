@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
+import time
 
 from aiohttp.test_utils import TestClient, TestServer
+from support import free_port
 
 from neuronfleet.operator import wake
 from neuronfleet.operator.wake import BURST, MISSING_SECONDS, RATE, TOKEN_SECONDS, Buckets, Tokens, WakeServer
@@ -161,3 +164,33 @@ def test_the_buckets_forget_full_ones_and_follow_at_most_max_keys():
     now += 2.0  # every bucket refilled: all forgotten at the next take
     assert buckets.take("new", now) and len(buckets) == 1
     assert [buckets.take("x", now) for _ in range(3)] == [True, True, False]  # "x" starts full again
+
+
+def test_a_connection_whose_headers_trickle_is_closed(monkeypatch):
+    monkeypatch.setattr(wake, "IDLE_SECONDS", 1.0)
+    cluster = Cluster()
+    server = WakeServer(cluster.wake, Tokens(cluster.exists, cluster.secret))
+    port = free_port()
+
+    def trickle() -> float:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            started = time.monotonic()
+            for byte in b"POST /wake/default/a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n":
+                s.sendall(bytes([byte]))
+                s.settimeout(0.4)  # the next byte unless the server closed meanwhile
+                try:
+                    if s.recv(1) == b"":
+                        return time.monotonic() - started
+                except TimeoutError:
+                    continue
+        raise AssertionError("the whole request went in, a byte every 0.4 s")
+
+    async def main():
+        await server.start("127.0.0.1", port)
+        try:
+            took = await asyncio.get_running_loop().run_in_executor(None, trickle)
+        finally:
+            await server.stop()
+        assert 1.0 <= took < 4.0 and cluster.woken == []
+
+    asyncio.run(main())
