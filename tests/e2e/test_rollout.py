@@ -3,10 +3,10 @@ process kubelet, the real operator and runtime, the real SmolLM2 model, the real
 chat requests through the model's public endpoint: a change that needs a compile (batchSize) leaves the
 Deployment exactly as it is until the new artifacts exist, then rolls once (never the old artifacts with the
 new arguments); unified -> disaggregated and back switch the Service only when the new set answers, then
-delete the old one; a replicas change rolls at once, and back down. Not one request fails, from clients that
-open a connection per request, the official `openai` client (one, reused, no retries: its pool keeps
-connections alive) and a plain kept-alive HTTP/1.1 connection (a draining pod serves what arrives on open
-connections and tells them to close)."""
+delete the old one (the model's token Secret stays); a replicas change rolls at once, and back down. Not one
+request fails, from clients that open a connection per request, the official `openai` client (one, reused, no
+retries: its pool keeps connections alive) and a plain kept-alive HTTP/1.1 connection (a draining pod serves
+what arrives on open connections and tells them to close)."""
 
 from __future__ import annotations
 
@@ -140,7 +140,9 @@ def test_every_change_rolls_once_with_no_failed_request(local):
                    and local.roles() == ["unified"])  # fmt: skip
         timings["disaggregated -> unified"] = time.monotonic() - t0
         assert local.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
-        assert local.get("secret", "-l", f"neuronfleet.dev/model={NAME}")["items"] == []
+        # the model's token Secret stays, the one every pod of the model mounted from the first
+        (secret,) = local.get("secret", "-l", f"neuronfleet.dev/model={NAME}")["items"]
+        assert secret["metadata"]["name"] == f"{NAME}-internal"
 
         # 5. a change that needs no compile rolls at once (no Job)
         t0 = time.monotonic()
