@@ -41,6 +41,10 @@ import xxhash
 from neuronfleet.runtime.kv.kv_transfer import Descriptor, TcpAgent, tensor_bytes
 
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64
+SECRET, KEY = (
+    "bench-model-secret",
+    bytes(range(32)),
+)  # the model's secret and a lease's key, as pods hold them
 
 
 def layer_tensors(tokens: int) -> list[torch.Tensor]:
@@ -53,9 +57,9 @@ def agent_receiver(transport: str, tokens: int, conn) -> None:
     from neuronfleet.runtime.kv.transports import make_agent
 
     async def main() -> None:
-        receiver = make_agent(transport, f"decode-{transport}", "m")
+        receiver = make_agent(transport, f"decode-{transport}", "m", secret=SECRET)
         receiver.register_memory(
-            "lease", torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16)
+            "lease", torch.zeros(LAYERS, 2, KV_HEADS, tokens, HEAD_DIM, dtype=torch.bfloat16), KEY
         )
         await receiver.start()
         conn.send(receiver.metadata())
@@ -73,7 +77,7 @@ class OursOverNixl:
         from neuronfleet.runtime.kv.transports import make_agent
 
         self.meta, self.loop = meta, asyncio.new_event_loop()
-        self.sender = make_agent("nixl", "prefill-nf", "m")
+        self.sender = make_agent("nixl", "prefill-nf", "m", secret=SECRET)
         # a prefill pod's engine exports a request's KV into the agent's registered memory (outside the clock)
         self.export = self.sender.export_buffer((len(layers), *layers[0].shape), layers[0].dtype)
         self.export.copy_(torch.stack(layers))
@@ -87,7 +91,7 @@ async def timed_writes(sender, meta: dict, layers: list[torch.Tensor]) -> float:
     per = layers[0].numel() * 2
     start = time.perf_counter()
     transfers = [
-        sender.write_nowait(meta, layer, Descriptor("lease", i * per, per), f"layer-{i}")
+        sender.write_nowait(meta, layer, Descriptor("lease", i * per, per, KEY), f"layer-{i}")
         for i, layer in enumerate(layers)
     ]
     for t in transfers:
@@ -186,8 +190,10 @@ def ours(meta: dict, layers: list[torch.Tensor]) -> float:
     per = layers[0].numel() * 2
 
     async def send() -> float:
-        sender = TcpAgent("prefill", "m")
-        await sender.write(meta, layers[0], Descriptor("lease", 0, per), "warm")  # connect outside the clock
+        sender = TcpAgent("prefill", "m", secret=SECRET)
+        await sender.write(
+            meta, layers[0], Descriptor("lease", 0, per, KEY), "warm"
+        )  # connect outside the clock
         seconds = await timed_writes(sender, meta, layers)
         await sender.stop()
         return seconds

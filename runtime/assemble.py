@@ -43,6 +43,7 @@ def run(args: ServeConfig) -> int:
     engine = AsyncEngine(make_engine)
     engine.kv_events_endpoint = publisher.endpoint if publisher is not None else None
     engine.kv_events_replay = publisher.replay_endpoint if publisher is not None else None
+    engine.kv_events_auth = publisher.auth if publisher is not None else None
     server = RuntimeServer(
         engine,
         args.served_model_name or Path(args.model).name,
@@ -71,14 +72,17 @@ def _sampling_defaults(args: ServeConfig):
 
 
 def _kv_event_publisher(args: ServeConfig):
-    """The pod's KV-cache event publisher, when --kv-events-config asks for one."""
+    """The pod's KV-cache event publisher, when --kv-events-config asks for one: authenticated and encrypted
+    with the model's secret where it is given, on the pod's own address (POD_IP) where a wildcard is asked."""
     from neuronfleet.contract import KvEventsConfig
 
     if args.kv_events_config is None or not (config := KvEventsConfig.parse(args.kv_events_config)).publishes:
         return None
     from neuronfleet.runtime.engine.kv_event_publisher import KvEventPublisher
 
-    return KvEventPublisher(config)
+    return KvEventPublisher(
+        config, secret=_optional_token(args), bind_host=os.environ.get(POD_IP_ENV) or None
+    )
 
 
 def _log_info() -> None:
@@ -235,7 +239,7 @@ def _role_setup(args: ServeConfig, config):
     identity = f"{args.role}-{secrets.token_hex(6)}"  # new at every start: peers notice a restart
     try:  # a writer stalled mid-payload loses its connection after twice its own deadline
         agent = make_agent(args.kv_transport, identity, model_id, args.host, backend=args.kv_nixl_backend,
-                           advertise=advertise, stall_seconds=2 * args.kv_wait)  # fmt: skip
+                           advertise=advertise, stall_seconds=2 * args.kv_wait, secret=token)  # fmt: skip
     except TransportUnavailable as e:  # a usage error, reported as main() reports a bad flag
         raise ValueError(str(e)) from None
 

@@ -4,6 +4,9 @@ start-up, since first-touch page faults cost more than the network; a lease regi
 transfer agent and an expired or released lease deregisters it, so late writes are refused, never pinned.
 A region whose memory a payload is still landing in when its lease ends waits (draining) until that payload
 ends before another lease may use it. Lease ids are random, so a restarted pod never honours an old one.
+Each lease has a key of its own (random, KEY_BYTES), given only in the answer to the reservation: a write
+lands only with it (`kv_transfer.AgentBase.check`), so knowing a lease id, which writes carry in clear, is not
+enough to write into its region.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from neuronfleet.runtime.kv.kv_transfer import KEY_BYTES
 
 
 class NoRegionFree(RuntimeError):
@@ -27,6 +32,7 @@ class Lease:
     region: str  # the registered region's name
     tokens: int  # prompt tokens the region holds for this request
     expires_at: float
+    key: bytes = field(default=b"", repr=False)  # what writes into its region must prove they hold
 
 
 class LeasePool:
@@ -65,9 +71,10 @@ class LeasePool:
             raise NoRegionFree(f"all {len(self.regions)} KV staging regions are leased")
         index = self.free.pop()
         lease_id = f"lease-{secrets.token_hex(8)}"
-        lease = Lease(lease_id, request_id, lease_id, tokens, self.clock() + self.ttl)
+        key = secrets.token_bytes(KEY_BYTES)
+        lease = Lease(lease_id, request_id, lease_id, tokens, self.clock() + self.ttl, key)
         view = self.regions[index][: self.elements(tokens)]
-        self.agent.register_memory(lease.region, view)
+        self.agent.register_memory(lease.region, view, key)
         self.leases[lease.lease_id] = (lease, index)
         return lease
 

@@ -38,6 +38,7 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import hmac
 import itertools
 import json
 import logging
@@ -58,7 +59,9 @@ from neuronfleet.runtime.kv.kv_transfer import (
     Region,
     Transfer,
     TransportUnavailable,
+    checksum_tag,
     tensor_bytes,
+    write_mac,
 )
 
 log = logging.getLogger(__name__)
@@ -195,6 +198,7 @@ class _Verified:
     region: Region | None = None
     digest: int | None = None  # of the bytes read
     expected: int | None = None  # the writer's
+    tag: str = ""  # the writer's HMAC of its checksum under the lease key (`checksum_tag`)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -215,11 +219,22 @@ class NixlAgent(AgentBase):
 
     transport_name = "nixl"
 
-    def __init__(self, name: str, model_id: str, backend: str = "ucx", stall_seconds: float = 30.0) -> None:
-        """`stall_seconds`: how long a read may take before the receiver gives it up (and answers so)."""
+    def __init__(
+        self,
+        name: str,
+        model_id: str,
+        backend: str = "ucx",
+        stall_seconds: float = 30.0,
+        *,
+        secret: bytes | str,
+    ) -> None:
+        """`stall_seconds`: how long a read may take before the receiver gives it up (and answers so);
+        `secret`: the model's (every pull and checksum carries an HMAC under its lease's key, and the metadata
+        NIXL needs to read a writer's memory travels only in those pulls and in the authenticated reserve
+        answer)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown NIXL backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        super().__init__(name, model_id, stall_seconds)
+        super().__init__(name, model_id, secret=secret, stall_seconds=stall_seconds)
         self.backend = backend
         api = _nixl_api()
         if backend == "libfabric" and (problem := libfabric_problem()):
@@ -247,8 +262,9 @@ class NixlAgent(AgentBase):
         self._queued: list[tuple[str, list[tuple[dict[str, Any], Region]], bool, bool]] = []  # reads to start
         self._cancelling: list[_Incoming] = []  # given up, but NIXL could not cancel yet: region kept pinned
         self._exports: list[_Export] = []  # the memory this agent offers (a pool: see `_lend`)
-        # offered this turn, checksum not sent yet: (receiver's metadata, pull id, bytes, flipped digest)
-        self._unhashed: list[tuple[str, str, memoryview, int | None]] = []
+        # offered this turn, checksum not sent yet: (receiver's metadata, pull id, bytes, flipped digest, the
+        # lease key and the pull's mac, which the checksum's tag is made with)
+        self._unhashed: list[tuple[str, str, memoryview, int | None, bytes, str]] = []
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # notifications for the agent's thread to send
         self._wake = threading.Event()  # something for the agent's thread to do now
         # LIBFABRIC's connections are made by both ends together (each waits for the other's handshake): one
@@ -258,6 +274,7 @@ class NixlAgent(AgentBase):
         self._hashed: queue.SimpleQueue = queue.SimpleQueue()  # and what it hashed
         self._hashing = 0  # reads handed to the hashing thread and not judged yet (the agent's thread counts)
         self._verifying: dict[tuple[str, str], _Verified] = {}  # (writer, pull id) -> read or checksum
+        self.unproven = 0  # pulls dropped for not proving the model's secret
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._stopped = threading.Event()
@@ -291,9 +308,9 @@ class NixlAgent(AgentBase):
         for tensor in tensors:
             self._register(tensor)
 
-    def register_memory(self, name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    def register_memory(self, name: str, tensor: torch.Tensor, key: bytes) -> dict[str, Any]:
         self._register(tensor)
-        return super().register_memory(name, tensor)
+        return super().register_memory(name, tensor, key)
 
     def _md(self) -> str:
         """This agent's NIXL metadata (base64), made again at each registration."""
@@ -388,20 +405,17 @@ class NixlAgent(AgentBase):
             flipped = xxhash.xxh3_64_intdigest(payload)
             payload[len(payload) // 2] ^= 0xFF
         pull_id = f"{self.name}/{next(self._ids)}"
-        pull = {
-            **self.write_header(remote, src, dst, notification, len(payload)),
-            "op": "pull",
-            "id": pull_id,
-            "address": src.data_ptr(),
-            "md": self._md(),  # the receiver reads this agent's memory: it needs the registrations
-        }
+        # the receiver reads this agent's memory: it needs the registrations (`md`), signed with the rest
+        pull = self.write_header(remote, src, dst, notification, len(payload), op="pull", id=pull_id,
+                                 address=src.data_ptr(), md=self._md())  # fmt: skip
+        pull["proof"] = write_mac(self.connection_key, pull)  # that this agent holds the model's secret
         self._outgoing[pull_id] = _Outgoing(transfer, source, remote["agent"], self._loop)
         # the pull's `to` still names the lease's agent; the notification goes to whom the metadata names
         self._post(remote["nixl"], [pull_id], json.dumps(pull).encode(), "kill")
         # the checksums go once this turn's pulls are out (the receiver reads meanwhile)
         if not self._unhashed:
             self._loop.call_soon(self._send_sums)
-        self._unhashed.append((remote["nixl"], pull_id, payload, flipped))
+        self._unhashed.append((remote["nixl"], pull_id, payload, flipped, dst.key, pull["mac"]))
         return transfer
 
     def _post(self, to: str, pull_ids: list[str], message: bytes, fault: str = "") -> None:
@@ -434,14 +448,17 @@ class NixlAgent(AgentBase):
         unhashed, self._unhashed = self._unhashed, []
         self._to_hash.put(("sums", unhashed))
 
-    def _hash_sums(self, unhashed: list[tuple[str, str, memoryview, int | None]]) -> None:
+    def _hash_sums(self, unhashed: list[tuple[str, str, memoryview, int | None, bytes, str]]) -> None:
         sums: dict[str, dict[str, int]] = {}
-        for to, pull_id, payload, flipped in unhashed:
+        tags: dict[str, dict[str, str]] = {}
+        for to, pull_id, payload, flipped, key, mac in unhashed:
             if pull_id in self._outgoing:
                 digest = flipped if flipped is not None else xxhash.xxh3_64_intdigest(payload)
                 sums.setdefault(to, {})[pull_id] = digest
+                tags.setdefault(to, {})[pull_id] = checksum_tag(key, mac, digest).hex()
         for to, digests in sums.items():
-            self._post(to, list(digests), json.dumps({"op": "sums", "sums": digests}).encode())
+            message = {"op": "sums", "sums": digests, "tags": tags[to]}
+            self._post(to, list(digests), json.dumps(message).encode())
 
     def abandon(self, remote: dict[str, Any], reason: str) -> None:
         """Give up on what this agent offered `remote`: pending handles fail now; their memory stays
@@ -516,15 +533,19 @@ class NixlAgent(AgentBase):
                     continue
                 if message.get("op") == "pull":
                     offered.append(message)
-                elif message.get("op") == "ack":
-                    for answer in message.get("acks") or []:
-                        self._settle(str(answer.get("id")), str(answer.get("error", "")),
-                                     bool(answer.get("integrity")))  # fmt: skip
+                elif message.get("op") == "ack" and _proven(self.connection_key, message):  # the model's
+                    for answer in _dicts(message.get("acks")):
+                        if str(answer.get("id")) in self._outgoing:
+                            self._settle(str(answer.get("id")), str(answer.get("error", "")),
+                                         bool(answer.get("integrity")))  # fmt: skip
                 elif message.get("op") == "sums":
                     answers = []
-                    for pull_id, expected in (message.get("sums") or {}).items():
+                    sums, tags = message.get("sums"), message.get("tags")
+                    for pull_id, expected in sums.items() if isinstance(sums, dict) else ():
+                        if type(expected) is not int or not isinstance(tags, dict):
+                            continue
                         entry = self._verifying.setdefault((writer, str(pull_id)), _Verified())
-                        entry.expected = int(expected)
+                        entry.expected, entry.tag = expected, str(tags.get(pull_id, ""))
                         answers += self._verdict(writer, str(pull_id))
                     self._ack(writer, answers)
             if offered:
@@ -555,6 +576,9 @@ class NixlAgent(AgentBase):
         pull = entry.pull
         if self.regions.get(pull["region"]) is not entry.region:  # (then its bytes may be another's since)
             return [(pull, f"region {pull['region']!r} was deregistered (its lease ended) meanwhile", True)]
+        tag = checksum_tag(entry.region.key, pull["mac"], entry.expected).hex()
+        if not hmac.compare_digest(entry.tag, tag):
+            return [(pull, "refused: the checksum does not carry the lease key the pull was made with", True)]
         if entry.digest != entry.expected:
             return [(pull, "checksum mismatch: the bytes arrived corrupted", True)]
         if self._loop is not None:
@@ -569,28 +593,39 @@ class NixlAgent(AgentBase):
             return
         acks = [{"id": str(pull.get("id")), **({"error": error, "integrity": integrity} if error else {})}
                 for pull, error, integrity in answers]  # fmt: skip
+        answer = {"op": "ack", "acks": acks}
+        answer["proof"] = write_mac(self.connection_key, answer)  # that a pod of the model answers
         for attempt in range(2):
             try:
                 if attempt:
                     self._load(str(answers[-1][0].get("md")))
                 with self._nixl_lock:
-                    self._nixl.send_notif(writer, json.dumps({"op": "ack", "acks": acks}).encode())
+                    self._nixl.send_notif(writer, json.dumps(answer).encode())
                 return
             except Exception as e:
                 failure = e
         log.info("could not answer %s's pulls: %s", writer, failure)
 
     def _read(self, writer: str, offered: list[dict[str, Any]]) -> None:
-        """A writer offers layers: check each, pin their regions and read them all with one NIXL READ."""
+        """A writer offers layers: drop those that do not prove the model's secret (`proof`: nothing of them,
+        their metadata included, reaches NIXL), check each other one (its lease key among the rest), pin their
+        regions and read them with NIXL READs."""
+        proven = [pull for pull in offered if _proven(self.connection_key, pull)]
+        if len(proven) < len(offered):
+            self.unproven += len(offered) - len(proven)
+            log.warning("agent %s offered %d pulls without the model's proof; dropped", writer,
+                        len(offered) - len(proven))  # fmt: skip
+        if not proven:
+            return
         try:  # the newest metadata: it has every registration the offered pulls name
-            if self._load(str(offered[-1].get("md"))) != writer:
+            if self._load(str(proven[-1].get("md"))) != writer:
                 raise ValueError(f"they name another agent than {writer}")
         except Exception as e:
             error = f"refused: the writer's NIXL metadata did not load: {e}"
-            return self._ack(writer, [(pull, error, True) for pull in offered])
+            return self._ack(writer, [(pull, error, True) for pull in proven])
         pulls, refusals = [], []
         with self._lock:  # checked and pinned at once: a lease ending cannot slip in between
-            for pull in offered:
+            for pull in proven:
                 if problem := self.check(pull):
                     refusals.append((pull, problem, True))
                     continue
@@ -719,6 +754,17 @@ class NixlAgent(AgentBase):
                 entry.pull, entry.region, entry.digest = pull, region, digest
                 answers += self._verdict(writer, str(pull.get("id")))
             self._ack(writer, answers)
+
+
+def _proven(key: bytes, message: dict[str, Any]) -> bool:
+    """The message (a pull, an answer) carries the proof that its sender holds the model's secret."""
+    proof = message.get("proof")
+    return isinstance(proof, str) and hmac.compare_digest(proof, write_mac(key, message))
+
+
+def _dicts(items: object) -> list[dict[str, Any]]:
+    """The dicts of a list a peer sent (anything else in it, or no list, counts for nothing)."""
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
 def _take_fault(kinds: set[str]) -> str | None:

@@ -3,7 +3,8 @@ a runtime server adds to its app. Every internal endpoint requires the per-model
 without it gets 401 and changes nothing.
 
 - decode: `POST /internal/reserve` leases a KV staging region and answers with the transfer agent's
-  metadata; `POST /internal/decode` waits for the prefill pod's verified writes, imports them into a free slot
+  metadata and the lease's key (only writes that hold it land: the router hands it to the prefill pod it
+  chooses); `POST /internal/decode` waits for the prefill pod's verified writes, imports them into a free slot
   (whose prefill then computes only the last prompt token) and streams the tokens as JSON lines.
 - prefill: `POST /internal/prefill` runs a prompt and writes its KV cache, layer by layer, into the decode
   pod's lease; it answers with the first token once every write was verified, or 502 with the reason
@@ -24,7 +25,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from neuronfleet.runtime.engine.engine import AsyncEngine
-from neuronfleet.runtime.kv.kv_transfer import Descriptor, IntegrityError, TransferError, TransferTimeout
+from neuronfleet.runtime.kv.kv_transfer import (
+    KEY_BYTES,
+    Descriptor,
+    IntegrityError,
+    TransferError,
+    TransferTimeout,
+)
 from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
 from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.backend import check_fits
@@ -51,6 +58,15 @@ def _authorized(request: web.Request, token: str) -> None:
         raise web.HTTPUnauthorized(
             reason="the internal endpoints need the model's token (Authorization: Bearer)"
         )
+
+
+def _lease_key(given: object) -> bytes | None:
+    """A lease key as the reserve answer gives it (hex), or None when it is not one."""
+    try:
+        key = bytes.fromhex(given) if isinstance(given, str) else b""
+    except ValueError:
+        return None
+    return key if len(key) == KEY_BYTES else None
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
@@ -141,6 +157,7 @@ def _status(engine: AsyncEngine, agent, role: str, **extra) -> dict[str, Any]:
         "ready": engine.alive,
         **({"kv_events": engine.kv_events_endpoint} if engine.kv_events_endpoint else {}),
         **({"kv_events_replay": engine.kv_events_replay} if engine.kv_events_replay else {}),
+        **({"kv_events_auth": engine.kv_events_auth} if engine.kv_events_auth else {}),
         **extra,
     }
 
@@ -194,6 +211,7 @@ class DecodeRole:
             {
                 "lease": lease.lease_id,
                 "region": lease.region,
+                "key": lease.key.hex(),  # for the prefill pod this router chooses, and no one else
                 "agent": self.agent.metadata(),
                 "expires_in": self.leases.ttl,
                 "layers": self.leases.shape[0],
@@ -313,11 +331,12 @@ class PrefillRole:
         _authorized(request, self.token)
         try:
             body = await _json(request)
-            ids, rid, remote, region = (
+            ids, rid, remote, region, key = (
                 _token_ids(body),
                 _text(body, "request"),
                 body.get("agent"),
                 _text(body, "region"),
+                _lease_key(body.get("key")),
             )
             if not isinstance(remote, dict):
                 raise InvalidRequest("agent must be the decode pod's agent (an object)", "agent")
@@ -326,28 +345,33 @@ class PrefillRole:
             self.engine.engine.make_request(ids, SamplingParams(max_tokens=1))
         except InvalidRequest as e:
             return _invalid(e)
+        if key is None:
+            why = f"key must be the lease key of the decode pod's reserve answer ({2 * KEY_BYTES} hex digits)"
+            return web.json_response({"error": why}, status=400)
         self.metrics.queued += 1
         try:
-            return await self._prefill(rid, ids, remote, region)
+            return await self._prefill(rid, ids, remote, region, key)
         finally:
             self.metrics.queued -= 1
 
-    async def _prefill(self, rid: str, ids: list[int], remote: dict, region: str) -> web.Response:
+    async def _prefill(self, rid: str, ids: list[int], remote: dict, region: str, key: bytes) -> web.Response:
         into = self.agent.export_buffer  # the keys and values go straight into memory the agent sends from
         try:
             first, kv = await self.engine.call(lambda e: e.prefill_and_export(ids, into=into))
         except QueueFull as e:
             return web.json_response({"error": str(e), "reason": "prefill_busy"}, status=503)
         try:
-            return await self._push(rid, kv, remote, region, first)
+            return await self._push(rid, kv, remote, Descriptor(region, 0, 0, key), first)
         finally:
             self.agent.release_export(kv)
 
-    async def _push(self, rid: str, kv: torch.Tensor, remote: dict, region: str, first: int) -> web.Response:
+    async def _push(
+        self, rid: str, kv: torch.Tensor, remote: dict, lease: Descriptor, first: int
+    ) -> web.Response:
         per_layer = kv[0].numel() * kv.element_size()
         transfers = []
         for layer in range(kv.shape[0]):  # layer by layer, each notified as `<request>:<layer>`
-            where = Descriptor(region, layer * per_layer, per_layer)
+            where = Descriptor(lease.region, layer * per_layer, per_layer, lease.key)
             transfers.append(self.agent.write_nowait(remote, kv[layer].contiguous(), where, f"{rid}:{layer}"))
         try:
             await asyncio.gather(*(t.wait(self.timeout) for t in transfers))

@@ -141,7 +141,7 @@ class RemoteBackend:
         resolve_peers([*prefill, *decode])  # malformed specs fail at start-up
         self.prefill, self.decode = PeerSet("prefill", prefill), PeerSet("decode", decode)
         self.routing = dataclasses.replace(routing or Routing(), by_tokens=True)
-        self.subscriptions = Subscriptions()  # prefill pods that publish KV-cache events
+        self.subscriptions = Subscriptions(secret=token)  # prefill pods that publish KV-cache events
         self.routing.events = self.subscriptions
         auth = {"Authorization": f"Bearer {token}"}
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval, headers=auth)
@@ -397,7 +397,8 @@ class RemoteBackend:
         self.routing.observe(self.prefill.peers.values())
         blocks = self.routing.blocks(ids)
         peer = self.routing.pick(candidates, blocks, time.monotonic())
-        push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+        push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"],
+                "key": lease.get("key")}  # fmt: skip
         self.stages["prefill"] += 1
         peer.in_flight += 1
         try:

@@ -219,7 +219,13 @@ def test_an_expired_lease_refuses_late_writes_and_the_request_still_completes(fl
     fleet.wait_until(lambda: fleet.status("decode-a")["leases_free"] == SLOTS, "the lease to expire")
     assert time.monotonic() - reserved >= LEASE_TTL
     assert fleet.metric("decode-a", "neuronfleet:kv_lease_expiries") == expiries + 1
-    push = {"request": "gone", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+    push = {
+        "request": "gone",
+        "prompt_ids": ids,
+        "agent": lease["agent"],
+        "region": lease["region"],
+        "key": lease["key"],
+    }
     code, body, _ = post(prefill, "/internal/prefill", push, AUTH)
     assert code == 502 and body["reason"] == "refused" and "is registered" in body["error"]
     before = fleet.fallbacks("lease_expired")

@@ -27,6 +27,9 @@ def engines(smollm2_dir):
     return make(slots=2), make(slots=4), make(slots=1, prefix_reuse=False)
 
 
+SECRET, KEY = "test-model-secret", bytes(range(32))  # the model's secret and a lease's key
+
+
 async def hand_over(prefill: Engine, ids: list[int]) -> torch.Tensor:
     """Prefill on one engine, send each layer's KV to a receiver agent, return what arrived."""
     runner = prefill.runner
@@ -34,14 +37,14 @@ async def hand_over(prefill: Engine, ids: list[int]) -> torch.Tensor:
     prefill.prefill_and_export(ids)
     c = runner.model_config
     region = torch.zeros((c.num_layers, 2, c.num_kv_heads, len(ids), c.head_dim), dtype=runner.dtype)
-    receiver = TcpAgent("decode-0", "smollm2")
-    receiver.register_memory("lease-1", region)
+    receiver = TcpAgent("decode-0", "smollm2", secret=SECRET)
+    receiver.register_memory("lease-1", region, KEY)
     await receiver.start()
-    sender = TcpAgent("prefill-0", "smollm2")
+    sender = TcpAgent("prefill-0", "smollm2", secret=SECRET)
     per_layer = region[0].numel() * region.element_size()
     transfers = []
     for layer in range(c.num_layers):
-        where = Descriptor("lease-1", layer * per_layer, per_layer)
+        where = Descriptor("lease-1", layer * per_layer, per_layer, KEY)
         kv = runner.export_kv(0, len(ids), layer)
         transfers.append(sender.write_nowait(receiver.metadata(), kv, where, f"r1:{layer}"))
     for t in transfers:
@@ -96,12 +99,13 @@ def test_prefill_and_decode_engines_hand_over_through_their_own_threads(engines)
             first, kv = await p.call(lambda e: e.prefill_and_export(ids))
             c = prefill.runner.model_config
             region = torch.zeros_like(kv)
-            receiver, sender = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
-            receiver.register_memory("lease-2", region)
+            receiver = TcpAgent("decode-0", "smollm2", secret=SECRET)
+            sender = TcpAgent("prefill-0", "smollm2", secret=SECRET)
+            receiver.register_memory("lease-2", region, KEY)
             await receiver.start()
             per_layer = kv[0].numel() * kv.element_size()
             for layer in range(c.num_layers):
-                where = Descriptor("lease-2", layer * per_layer, per_layer)
+                where = Descriptor("lease-2", layer * per_layer, per_layer, KEY)
                 await sender.write(receiver.metadata(), kv[layer].contiguous(), where, f"r2:{layer}")
             await sender.stop()
             await receiver.stop()

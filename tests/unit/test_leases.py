@@ -13,6 +13,8 @@ from support import wait_until_async
 from neuronfleet.runtime.kv.kv_transfer import Descriptor, IntegrityError, TcpAgent
 from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
 
+SECRET, KEY = "test-model-secret", bytes(range(32))  # the model's secret and a lease's key
+
 
 class Clock:
     def __init__(self) -> None:
@@ -29,14 +31,18 @@ def pool(agent, clock, count=2):
 
 def test_a_leased_region_receives_writes_and_an_expired_one_refuses_them():
     async def main():
-        clock, receiver, sender = Clock(), TcpAgent("decode", "m"), TcpAgent("prefill", "m")
+        clock, receiver, sender = (
+            Clock(),
+            TcpAgent("decode", "m", secret=SECRET),
+            TcpAgent("prefill", "m", secret=SECRET),
+        )
         leases = pool(receiver, clock)
         await receiver.start()
         lease = leases.reserve("r1", tokens=5)
         kv = torch.randn(2, 2, 3, 5, 4).to(torch.bfloat16)  # [layers, 2, kv_heads, tokens, head_dim]
         per_layer = kv[0].numel() * 2
         for layer in range(2):
-            where = Descriptor(lease.region, layer * per_layer, per_layer)
+            where = Descriptor(lease.region, layer * per_layer, per_layer, lease.key)
             await sender.write(receiver.metadata(), kv[layer].contiguous(), where, f"r1:{layer}")
         assert torch.equal(leases.kv(lease.lease_id), kv)
         leases.release(lease.lease_id)
@@ -47,7 +53,7 @@ def test_a_leased_region_receives_writes_and_an_expired_one_refuses_them():
         assert [x.lease_id for x in leases.sweep()] == [late.lease_id] and leases.expired == 1
         with pytest.raises(IntegrityError, match="is registered"):
             await sender.write(
-                receiver.metadata(), kv[0].contiguous(), Descriptor(late.region, 0, per_layer), "x"
+                receiver.metadata(), kv[0].contiguous(), Descriptor(late.region, 0, per_layer, late.key), "x"
             )
         with pytest.raises(KeyError, match="unknown or expired"):
             leases.kv(late.lease_id)
@@ -58,7 +64,7 @@ def test_a_leased_region_receives_writes_and_an_expired_one_refuses_them():
 
 
 def test_a_full_pool_and_an_oversized_request_are_refused():
-    leases = pool(TcpAgent("decode", "m"), Clock(), count=1)
+    leases = pool(TcpAgent("decode", "m", secret=SECRET), Clock(), count=1)
     leases.reserve("r1", tokens=16)
     with pytest.raises(NoRegionFree, match="all 1 KV staging regions are leased"):
         leases.reserve("r2", tokens=4)
@@ -73,17 +79,18 @@ def test_a_region_whose_payload_is_still_landing_is_not_leased_again_until_it_en
     import socket
     import time
 
-    from neuronfleet.runtime.kv.kv_transfer import HEADER
+    from neuronfleet.runtime.kv.kv_transfer import HEADER, _offer_handshake, derive, write_mac
 
     async def main():
-        clock, receiver = Clock(), TcpAgent("decode", "m", stall_seconds=0.5)
+        clock, receiver = Clock(), TcpAgent("decode", "m", stall_seconds=0.5, secret=SECRET)
         leases = pool(receiver, clock, count=1)
         await receiver.start()
         lease = leases.reserve("r1", tokens=5)
         header = dict(agent="prefill", to="decode", model="m", region=lease.region, offset=0, nbytes=96,
                       dtype="bfloat16", shape=[48], notification="r1:0")  # fmt: skip
-        raw = json.dumps(header).encode()
+        raw = json.dumps({**header, "mac": write_mac(lease.key, header)}).encode()
         stalled = socket.create_connection(("127.0.0.1", receiver.port))
+        await asyncio.to_thread(_offer_handshake, derive(SECRET, "kv-connect"), stalled, "prefill")
         stalled.sendall(HEADER.pack(len(raw)) + raw + b"\0" * 40)  # 40 of the 96 bytes, then nothing
         await wait_until_async(lambda: receiver.regions[lease.region].receiving, "the payload to arrive")
         leases.release(lease.lease_id)
@@ -111,19 +118,21 @@ def test_a_restarted_receiver_refuses_writes_meant_for_its_earlier_life():
     new process happens to use too) is refused instead of writing into someone else's region."""
 
     async def main():
-        old = TcpAgent("decode-aaaa", "m")
+        old = TcpAgent("decode-aaaa", "m", secret=SECRET)
         port = await old.start()
         stale = old.metadata()
         await old.stop()
-        new = TcpAgent("decode-bbbb", "m")
-        new.register_memory("lease-1", torch.zeros(48, dtype=torch.bfloat16))
+        new = TcpAgent("decode-bbbb", "m", secret=SECRET)
+        new.register_memory("lease-1", torch.zeros(48, dtype=torch.bfloat16), KEY)
         await new.start(port)
-        sender = TcpAgent("prefill", "m")
+        sender = TcpAgent("prefill", "m", secret=SECRET)
         with pytest.raises(IntegrityError, match="the receiver restarted"):
-            await sender.write(stale, torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96), "x")
+            await sender.write(
+                stale, torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96, KEY), "x"
+            )
         assert not new.get_notifications() and torch.count_nonzero(new.regions["lease-1"].tensor) == 0
         await sender.write(
-            new.metadata(), torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96), "y"
+            new.metadata(), torch.ones(48, dtype=torch.bfloat16), Descriptor("lease-1", 0, 96, KEY), "y"
         )
         assert torch.count_nonzero(new.regions["lease-1"].tensor) == 48
         await new.stop()
