@@ -325,6 +325,9 @@ class AsyncEngine:
         self._commands: collections.deque = collections.deque()
         self.kv_events_endpoint: str | None = None  # where its KV-cache events are published, if they are
         self.kv_events_replay: str | None = None  # where it answers replays of them, if it does
+        self.kv_events_auth: str | None = (
+            None  # what a subscriber needs (kv_event_publisher.AUTH), if anything
+        )
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False

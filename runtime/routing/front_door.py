@@ -67,7 +67,8 @@ class FrontDoor(HttpApp):
         hold_seconds: float = 300.0, wake_url: str | None = None, wake_token: str | None = None,
         routing: Routing | None = None, tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
     ) -> None:  # fmt: skip
-        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`)."""
+        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`) and the key to its
+        pods' KV-cache events (`kv_event_index.Subscriptions`)."""
         if not unified:
             raise ValueError(
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
@@ -84,7 +85,7 @@ class FrontDoor(HttpApp):
         if peer_kv_events is not None and tokenizer is None:
             raise ValueError("--peer-kv-events needs --model: the events name token ids")
         self.peer_events = peers_publish(peer_kv_events)
-        self.subscriptions = Subscriptions() if tokenizer is not None else None
+        self.subscriptions = Subscriptions(secret=wake_token) if tokenizer is not None else None
         self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
         # bytes as they come from a pod: no decompression

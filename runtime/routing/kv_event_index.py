@@ -17,7 +17,10 @@ asked of the pod's replay endpoint where it has one (vLLM's protocol), so a rout
 knows what they hold at once; what cannot be replayed whole means the router no longer knows what the pod
 holds, so it forgets it and starts again from the next batch (a pod is then routed by what this router sent
 it, as for engines that publish nothing, until its events name blocks again). Every router replica subscribes
-to every pod, so replicas agree on what pods hold, whatever each one sent.
+to every pod, so replicas agree on what pods hold, whatever each one sent. A pod that says its events need
+the model's key (`kv_events_auth: curve`: ours, given the model's secret) is subscribed to as a CurveZMQ
+client with the model's client keys (`kv_event_publisher.curve_keys`); a router without the secret follows
+no such pod (it says so once) and routes it by what it sent there.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from neuronfleet.contract import KvEventsConfig
+from neuronfleet.runtime.engine.kv_event_publisher import AUTH, CurveKeys, curve_keys
 from neuronfleet.runtime.engine.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -110,16 +114,28 @@ def _key(block: Any) -> Any:
 class Subscriptions:
     """A SUB socket per publishing pod; what each holds, in `pods` (by the pod's URL)."""
 
-    def __init__(self, replay_timeout: float = REPLAY_TIMEOUT) -> None:
+    def __init__(self, replay_timeout: float = REPLAY_TIMEOUT, secret: str | None = None) -> None:
+        """`secret`: the model's, for pods whose events need its key."""
+        self.keys: CurveKeys | None = curve_keys(secret) if secret else None
+        self._unfollowed: set[str] = set()  # pods whose events need a key this router lacks (said once)
         self.pods: dict[str, PodBlocks] = {}
         self._tasks: dict[str, tuple[tuple[str, str | None], asyncio.Task]] = {}
         self.gaps = 0  # batches missed that no replay brought back: the pod was learnt again
         self.replayed = 0  # batches brought back by a pod's replay endpoint
         self.replay_timeout = replay_timeout
 
-    def follow(self, url: str, advertised: str | None, replay: str | None = None) -> None:
+    def follow(
+        self, url: str, advertised: str | None, replay: str | None = None, auth: str | None = None
+    ) -> None:
         """Subscribe to the pod at `url` publishing at `advertised` (from its status; None: it publishes
-        nothing, and anything known of it goes), asking `replay` (its replay endpoint) for what it missed."""
+        nothing, and anything known of it goes), asking `replay` (its replay endpoint) for what it missed;
+        `auth` what its events need (None, or AUTH: the model's key)."""
+        if auth is not None and (auth != AUTH or self.keys is None):
+            if url not in self._unfollowed:
+                self._unfollowed.add(url)
+                why = "this router has not the model's secret" if auth == AUTH else f"unknown kind {auth!r}"
+                log.warning("pod %s: its KV-cache events need a key (%s); not following them", url, why)
+            advertised = None
         endpoint = _endpoint(url, advertised) if advertised else None
         where = (endpoint, _endpoint(url, replay) if endpoint and replay else None)
         current = self._tasks.get(url)
@@ -131,7 +147,10 @@ class Subscriptions:
             self.pods.pop(url, None)
         if endpoint is not None:
             self.pods[url] = PodBlocks()
-            self._tasks[url] = (where, asyncio.get_running_loop().create_task(self._listen(url, *where)))
+            self._tasks[url] = (
+                where,
+                asyncio.get_running_loop().create_task(self._listen(url, *where, auth)),
+            )
 
     def forget(self, url: str) -> None:
         """The pod restarted or left: what it held is gone; a new subscription starts from its next status."""
@@ -145,11 +164,20 @@ class Subscriptions:
             task.cancel()
         self._tasks.clear()
 
-    async def _listen(self, url: str, endpoint: str, replay: str | None) -> None:
-        import zmq
+    def _socket(self, kind: int, auth: str | None):
+        """A socket to a pod: a CurveZMQ client with the model's keys where its events need them."""
         import zmq.asyncio
 
-        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket = zmq.asyncio.Context.instance().socket(kind)
+        if auth is not None and self.keys is not None:
+            socket.curve_serverkey = self.keys.server_public
+            socket.curve_publickey, socket.curve_secretkey = self.keys.client_public, self.keys.client_secret
+        return socket
+
+    async def _listen(self, url: str, endpoint: str, replay: str | None, auth: str | None = None) -> None:
+        import zmq
+
+        socket = self._socket(zmq.SUB, auth)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.connect(endpoint)
         try:
@@ -164,13 +192,15 @@ class Subscriptions:
                     continue
                 seq = int.from_bytes(frames[1], "big")
                 if seq != pod.next_seq and (pod.batches or seq > 0):  # missed some, or joined late
-                    await self._catch_up(url, pod, seq, replay)
+                    await self._catch_up(url, pod, seq, replay, auth)
                 pod.next_seq = seq + 1
                 self._apply(url, pod, seq, frames[2])
         finally:
             socket.close(linger=0)
 
-    async def _catch_up(self, url: str, pod: PodBlocks, seq: int, replay: str | None) -> None:
+    async def _catch_up(
+        self, url: str, pod: PodBlocks, seq: int, replay: str | None, auth: str | None
+    ) -> None:
         """Before batch `seq`: the batches missed since the last one applied (since 0 when the pod's
         sequence started again: it restarted), from the pod's replay endpoint; where they cannot all be had,
         what the pod holds is learnt again from here."""
@@ -178,7 +208,7 @@ class Subscriptions:
         if restarted:
             pod.clear()
         start = 0 if restarted else pod.next_seq
-        missed = await self._replayed(replay, start, seq) if replay else None
+        missed = await self._replayed(replay, start, seq, auth) if replay else None
         if missed is not None:
             for number, payload in missed:
                 self._apply(url, pod, number, payload)
@@ -190,14 +220,15 @@ class Subscriptions:
                         "holds is learnt again from here", url, seq, pod.next_seq - 1)  # fmt: skip
             pod.clear()
 
-    async def _replayed(self, endpoint: str, start: int, end: int) -> list[tuple[int, bytes]] | None:
+    async def _replayed(
+        self, endpoint: str, start: int, end: int, auth: str | None = None
+    ) -> list[tuple[int, bytes]] | None:
         """Batches start..end-1 from a replay endpoint (vLLM's protocol: the first sequence number asked,
         then (sequence, payload) for every buffered batch from there and (-1, empty)); None when the pod no
         longer holds them all, or does not answer in time."""
         import zmq
-        import zmq.asyncio
 
-        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        socket = self._socket(zmq.DEALER, auth)
         socket.connect(endpoint)
         got: list[tuple[int, bytes]] = []
         try:
@@ -224,22 +255,23 @@ class Subscriptions:
             log.warning("pod %s: KV event batch %d refused: %s", url, seq, e)
 
 
-def advertised(status: object) -> tuple[str | None, str | None]:
-    """Where a pod says it publishes its KV-cache events and answers replays (`kv_events`,
-    `kv_events_replay` in its status or ready answer), (None, None) where it says nothing."""
+def advertised(status: object) -> tuple[str | None, str | None, str | None]:
+    """Where a pod says it publishes its KV-cache events and answers replays, and what they need (`kv_events`,
+    `kv_events_replay`, `kv_events_auth` in its status or ready answer), Nones where it says nothing."""
     if not isinstance(status, dict):
-        return None, None
-    endpoint, replay = status.get("kv_events"), status.get("kv_events_replay")
-    return (endpoint if isinstance(endpoint, str) else None), (replay if isinstance(replay, str) else None)
+        return None, None, None
+    said = status.get("kv_events"), status.get("kv_events_replay"), status.get("kv_events_auth")
+    return tuple(value if isinstance(value, str) else None for value in said)  # type: ignore[return-value]
 
 
-def peers_publish(config: str | None) -> tuple[str | None, str | None]:
+def peers_publish(config: str | None) -> tuple[str | None, str | None, None]:
     """Where peers that do not say publish and answer replays: their `--kv-events-config` JSON (a router's
-    `--peer-kv-events`), its endpoint and replay_endpoint; (None, None) without one."""
+    `--peer-kv-events`: vLLM's pods, whose publisher takes no key), its endpoint and replay_endpoint; Nones
+    without one."""
     if config is None:
-        return None, None
+        return None, None, None
     parsed = KvEventsConfig.parse(config)
-    return parsed.endpoint, parsed.replay_endpoint
+    return parsed.endpoint, parsed.replay_endpoint, None
 
 
 def _endpoint(url: str, advertised: str) -> str:

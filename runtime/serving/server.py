@@ -112,7 +112,8 @@ class RuntimeServer(HttpApp):
         """A unified pod's KV-cache events endpoint (and replay endpoint), for the front door that follows
         them."""
         said = {"kv_events": getattr(self.backend, "kv_events_endpoint", None),
-                "kv_events_replay": getattr(self.backend, "kv_events_replay", None)}  # fmt: skip
+                "kv_events_replay": getattr(self.backend, "kv_events_replay", None),
+                "kv_events_auth": getattr(self.backend, "kv_events_auth", None)}  # fmt: skip
         return {k: v for k, v in said.items() if v}
 
     def routes(self) -> list[web.RouteDef]:

@@ -14,6 +14,7 @@ from support import (
     CEILING,
     EXACT_DTYPE,
     EXACT_DTYPE_OPTIONS,
+    free_port,
     metric,
     neuronfleet_command,
     post,
@@ -48,7 +49,8 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
     async def main():
         with AsyncEngine(lambda: make(2)) as pe, AsyncEngine(lambda: make(4)) as de:
             c = de.engine.runner.model_config
-            decode_agent, prefill_agent = TcpAgent("decode-0", "smollm2"), TcpAgent("prefill-0", "smollm2")
+            decode_agent = TcpAgent("decode-0", "smollm2", secret=TOKEN)
+            prefill_agent = TcpAgent("prefill-0", "smollm2", secret=TOKEN)
             await decode_agent.start()
             leases = LeasePool(decode_agent, count=2, layers=c.num_layers, kv_heads=c.num_kv_heads,
                                head_dim=c.head_dim, max_tokens=256, dtype=de.engine.runner.dtype)  # fmt: skip
@@ -83,6 +85,7 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
                         "prompt_ids": ids,
                         "agent": lease["agent"],
                         "region": lease["region"],
+                        "key": lease["key"],
                     }
                     r = await prefill.post("/internal/prefill", headers=AUTH, json=push)
                     assert r.status == 200 and (await r.json())["first_token"] == want[i][0]
@@ -109,6 +112,7 @@ def test_router_path_over_the_internal_endpoints(smollm2_dir):
                     "prompt_ids": prompts[0],
                     "agent": lease["agent"],
                     "region": lease["region"],
+                    "key": lease["key"],
                 }
                 assert (await prefill.post("/internal/prefill", headers=AUTH, json=push)).status == 200
                 tokens, imported = await stream(
@@ -162,7 +166,13 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
         assert code == 401 and "the model's token" in body["error"]
         code, lease, _ = post(decode, "/internal/reserve", {"request": "r1", "prompt_tokens": len(ids)}, AUTH)
         assert code == 200 and lease["agent"]["transport"] == "tcp"
-        push = {"request": "r1", "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"]}
+        push = {
+            "request": "r1",
+            "prompt_ids": ids,
+            "agent": lease["agent"],
+            "region": lease["region"],
+            "key": lease["key"],
+        }
         code, pushed, _ = post(prefill, "/internal/prefill", push, AUTH)
         assert code == 200 and pushed["first_token"] == want[0]
         body = json.dumps(
@@ -315,6 +325,68 @@ def test_kv_events_cross_a_real_socket_and_a_restarted_publisher_is_learnt_again
             assert subs.gaps == 1
         finally:
             subs.close()
+            publisher.close()
+
+    asyncio.run(scenario())
+
+
+def test_kv_events_reach_only_the_models_own_subscribers():
+    """The events name every cached block's token ids, so every client's prompt: published with the model's
+    secret they are encrypted, and a subscriber (or a replay request) without the model's key receives nothing
+    while the model's own router follows them; without a secret a pod publishes on this machine only."""
+    import zmq
+
+    from neuronfleet.contract import KvEventsConfig
+    from neuronfleet.runtime.engine.kv_event_publisher import KvEventPublisher, curve_keys
+    from neuronfleet.runtime.engine.kv_events import BlockStored
+    from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised
+    from neuronfleet.runtime.routing.prefix_routing import token_blocks
+
+    port, replay_port = free_port(), free_port()
+    config = KvEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port}",
+                            replay_endpoint=f"tcp://*:{replay_port}")  # fmt: skip
+    with pytest.raises(ValueError, match="no authentication: give the model's secret"):
+        KvEventPublisher(config)
+    tokens = list(range(100, 116))
+
+    async def scenario() -> None:
+        publisher = KvEventPublisher(config, secret=TOKEN, bind_host="127.0.0.1")
+        assert publisher.endpoint == f"tcp://127.0.0.1:{port}" and publisher.auth == "curve"
+        status = {"kv_events": publisher.endpoint, "kv_events_replay": publisher.replay_endpoint,
+                  "kv_events_auth": publisher.auth}  # fmt: skip
+        ours, keyless = Subscriptions(secret=TOKEN), Subscriptions()
+        ctx = zmq.Context()
+        eavesdropper = ctx.socket(zmq.SUB)  # a plain subscriber, as the probe's was
+        eavesdropper.setsockopt(zmq.SUBSCRIBE, b"")
+        eavesdropper.connect(publisher.endpoint)
+        impostor = ctx.socket(zmq.SUB)  # a CURVE client with keys of its own (it knows the server's key)
+        theirs = curve_keys("another model's secret")
+        impostor.curve_serverkey = curve_keys(TOKEN).server_public
+        impostor.curve_publickey, impostor.curve_secretkey = theirs.client_public, theirs.client_secret
+        impostor.setsockopt(zmq.SUBSCRIBE, b"")
+        impostor.connect(publisher.endpoint)
+        replay = ctx.socket(zmq.DEALER)  # and one asking the replay endpoint for the history
+        replay.connect(publisher.replay_endpoint)
+        try:
+            ours.follow("http://127.0.0.1:1", *advertised(status))
+            keyless.follow("http://127.0.0.1:1", *advertised(status))
+            assert "http://127.0.0.1:1" not in keyless.pods  # (it says why, once)
+            pod = ours.pods["http://127.0.0.1:1"]
+            for _ in range(200):  # a PUB socket drops what it sends before a subscriber is connected
+                publisher.publish([BlockStored([1], None, tokens, 16)])
+                await asyncio.sleep(0.05)
+                if pod.batches:
+                    break
+            await wait_until_async(lambda: pod.held(token_blocks(tokens)) == 1, "the model's router follows")
+            replay.send_multipart((b"", (0).to_bytes(8, "big")))
+            await asyncio.sleep(0.5)
+            for sock in (eavesdropper, impostor, replay):
+                assert sock.poll(0) == 0  # nothing received: no batch, no history
+        finally:
+            for sock in (eavesdropper, impostor, replay):
+                sock.close(linger=0)
+            ctx.term()
+            ours.close()
             publisher.close()
 
     asyncio.run(scenario())
