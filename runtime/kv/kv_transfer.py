@@ -256,13 +256,18 @@ def _send_all(sock: socket.socket, buffers: list) -> None:
                 views[0], sent = views[0][sent:], 0
 
 
-def _recv_into(sock: socket.socket, view: memoryview, idle_for: float | None = None) -> None:
+def _recv_into(
+    sock: socket.socket, view: memoryview, idle_for: float | None = None, deadline: float | None = None
+) -> None:
     """Fill `view` from the socket: MSG_WAITALL lets the kernel fill it in one call (one wake-up, one turn of
     the GIL). The receive timeout (SO_RCVTIMEO) ends a read that stalls part-way; with `idle_for` a read that
-    has received nothing yet waits on (an idle connection between writes) up to that many seconds in all."""
+    has received nothing yet waits on (an idle connection between writes) up to that many seconds in all; past
+    `deadline` (monotonic) a peer that trickles bytes is cut off too."""
     got = 0
     idle_until = None if idle_for is None else time.monotonic() + idle_for
     while got < len(view):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("the peer did not finish in time")
         try:
             n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
         except BlockingIOError:  # the receive timeout passed
@@ -284,14 +289,14 @@ def _set_timeout(sock: socket.socket, seconds: float) -> None:
     )
 
 
-def _read_name(sock: socket.socket) -> str:
+def _read_name(sock: socket.socket, deadline: float) -> str:
     size = bytearray(2)
-    _recv_into(sock, memoryview(size))
+    _recv_into(sock, memoryview(size), deadline=deadline)
     length = int.from_bytes(size, "big")
     if not 0 < length <= MAX_NAME:
         raise ConnectionError(f"an agent name of {length} bytes (1 to {MAX_NAME})")
     name = bytearray(length)
-    _recv_into(sock, memoryview(name))
+    _recv_into(sock, memoryview(name), deadline=deadline)
     return name.decode()
 
 
@@ -299,16 +304,17 @@ def _accept_handshake(agent: TcpAgent, sock: socket.socket) -> str:
     """The receiver's side of a connection's start: a fresh nonce out; the writer's nonce, name and proof in
     (HMAC under the model's connection key over both nonces and its name); its own proof back.
     Returns the writer's name; ConnectionError (after saying why) when the writer holds no such key."""
+    deadline = time.monotonic() + HANDSHAKE_SECONDS  # all of it, however the bytes trickle in
     ours = os.urandom(NONCE)
     sock.sendall(MAGIC + ours)
     hello = bytearray(len(MAGIC) + NONCE)
-    _recv_into(sock, memoryview(hello))
+    _recv_into(sock, memoryview(hello), deadline=deadline)
     if bytes(hello[: len(MAGIC)]) != MAGIC:
         raise ConnectionError("not a neuronfleet KV writer (or another version of the protocol)")
     theirs = bytes(hello[len(MAGIC) :])
-    writer = _read_name(sock)
+    writer = _read_name(sock, deadline)
     proof = bytearray(TAG)
-    _recv_into(sock, memoryview(proof))
+    _recv_into(sock, memoryview(proof), deadline=deadline)
     expected = _proof(agent.connection_key, b"writer", ours, theirs, writer)
     if not hmac.compare_digest(bytes(proof), expected):
         _reply(sock, REPLY_ERR, "unauthenticated: the writer did not prove it holds this model's secret")

@@ -10,6 +10,7 @@ import os
 import random
 import socket
 import struct
+import time
 
 import pytest
 import torch
@@ -273,6 +274,28 @@ def test_lengths_are_checked_before_allocation_and_idle_or_slow_connections_clos
             sock.sendall(b"NFKV1")  # a handshake begun and never finished
             assert await asyncio.to_thread(closed_by_peer, sock)
         await receiver.stop()
+        # a handshake that trickles in, each byte within the stall limit, is cut off at its deadline
+        monkeypatch.setattr(kv_transfer, "HANDSHAKE_SECONDS", 1.0)
+        patient = make_agent("tcp", "decode-2", "smollm2@abc", secret=SECRET, stall_seconds=60.0)
+        await patient.start()
+
+        def trickle() -> int:
+            with socket.create_connection(("127.0.0.1", patient.port), timeout=CEILING) as sock:
+                hello = b"NFKV1" + bytes(16) + (256).to_bytes(2, "big") + b"a" * 256 + bytes(16)
+                for sent, byte in enumerate(hello):
+                    try:
+                        sock.sendall(bytes([byte]))
+                        if sent > 5 and not sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                            return sent  # closed by the receiver
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        return sent
+                    time.sleep(0.1)
+            return -1
+
+        assert 0 < await asyncio.to_thread(trickle) < 100  # about 1 s of 0.1 s steps, not 30 s
+        await patient.stop()
         # at most MAX_CONNECTIONS at once: the next one is closed at once
         monkeypatch.setattr(kv_transfer, "MAX_CONNECTIONS", 2)
         busy = make_agent("tcp", "decode-1", "smollm2@abc", secret=SECRET)
