@@ -21,6 +21,7 @@ import yaml
 from s3_server import ALLOW_ALL, CuttingProxy, MotoServer, env_of
 from support import ROOT, chat, local_mode
 
+from neuronfleet.contract import model_cache_folder
 from neuronfleet.runtime.model.gguf_import import default_gguf_path
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
@@ -107,7 +108,7 @@ def test_an_s3_model_becomes_ready_and_answers(local):
     local.wait("from-s3 Ready", lambda: (model().get("status") or {}).get("phase") == "Ready")
     assert chat(model()["status"]["endpoint"], "from-s3", 4)[1]
     claim = local.get("pvc", "-l", "neuronfleet.dev/model=from-s3")["items"][0]["metadata"]["name"]
-    sources = local.state / "node" / "volumes" / "default" / claim / "sources"
+    sources = local.state / "node" / "volumes" / "default" / claim / model_cache_folder("from-s3") / "sources"
     assert sources.is_dir() and not [p for p in sources.rglob("*") if p.is_file()]  # converted: not kept
     local.kubectl("delete", "neuronmodel", "from-s3")  # (one serving pod fewer on this small machine)
 
