@@ -21,7 +21,9 @@ pod the caches report (a cold start ends when a new pod is ready), and with `--w
 
 Several replicas (leader election, `leader.py`): every replica keeps its caches warm; only the leader
 reconciles, runs the autoscaler's loop and answers wake calls, and `kube.Kube` refuses any other replica's
-write, so a follower writes nothing at all.
+write, so a follower writes nothing at all. A leader that may not act for a while (its renewal late: the
+process was starved) keeps every model it takes meanwhile, and every model whose pass a refused write cut
+off, and queues them again once it acts (`Triggers.resume`, after each renewal): none waits for the resync.
 
 Shutdown: on SIGTERM the cleanup handler stops the wake endpoint, the autoscaler's loop and the trigger
 workers, then releases the Lease (a follower leads at once) and stops the caches before it closes the HTTP
@@ -77,6 +79,11 @@ class Triggers:
         self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
         self.wake: wake.WakeServer | None = None  # its wake endpoint (wake.py), with --wake-port
         self.elector: leader.LeaderElector | None = None
+        # models taken while this leader could not act (its renewal late: the process starved), or whose
+        # pass a write refused for that (NotLeading): queued again once it acts (`resume`), never dropped
+        self._parked: set[tuple[str, str]] = set()
+        self._resumed = asyncio.Event()  # set whenever nothing is parked
+        self._resumed.set()
         self._progress: set[tuple[str, str]] = set()  # compiling models whose next progress read is timed
 
     def changed(self, event: str, obj: dict[str, Any]) -> None:
@@ -138,11 +145,17 @@ class Triggers:
                 await self._one(key)
             finally:
                 self._queue.task_done()
+            # a pass the caches answer alone (most, once the models are converged) awaits nothing that
+            # waits, nor does taking a key from a full queue: without this, the workers would go through a
+            # whole pass over every model without letting any other task (the watches, the wake endpoint)
+            # run: seconds at 1000 models (docs/benchmarks.md)
+            await asyncio.sleep(0)
 
     async def _one(self, key: tuple[str, str]) -> None:
         self._queued.discard(key)
         if not self.acting():
-            return  # a follower: the leader reconciles (and a new leader, every model)
+            self._park(key)
+            return
         try:
             if key in self._check:
                 self._check.discard(key)
@@ -156,7 +169,8 @@ class Triggers:
         except asyncio.CancelledError:
             raise
         except kube.NotLeading:
-            log.info("reconciling %s/%s stopped: this replica no longer leads", *key)
+            log.info("reconciling %s/%s stopped: this replica does not act now", *key)
+            self._park(key)
         except Exception as e:
             if isinstance(e, kube.KubeError) or kube.unreachable(e):  # refused after the client's own tries,
                 # or a write cut off (an API-server restart; not sent again: it may have been applied)
@@ -168,6 +182,35 @@ class Triggers:
     def acting(self) -> bool:
         return self.elector is None or self.elector.acting()
 
+    def _park(self, key: tuple[str, str]) -> None:
+        """A model this replica could not reconcile because it did not act: a leader whose renewal is late
+        keeps it for when it acts again (`resume`); a follower drops it (a new leader reconciles every model,
+        and one that lost the Lease exits)."""
+        if self.elector is not None and self.elector.lead:
+            self._parked.add(key)
+            self._resumed.clear()
+
+    def resume(self) -> None:
+        """This replica acts (it has just taken or renewed the Lease): what it put off is queued again."""
+        if self._parked:
+            log.info("acting again: %d model(s) put off meanwhile are queued again", len(self._parked))
+            for key in sorted(self._parked):
+                self.enqueue(key)
+            self._parked.clear()
+        self._resumed.set()
+
+    async def drained(self) -> None:
+        """Until every model queued has been taken: reconciled, or put off until this replica acts again."""
+        await self._queue.join()
+
+    async def settled(self) -> None:
+        """Until every model queued has been taken and reconciled, none put off (models queued meanwhile
+        included)."""
+        await self.drained()
+        while not self._resumed.is_set():
+            await self._resumed.wait()
+            await self.drained()
+
     async def lead(self) -> None:
         """This replica leads now: once its caches are whole, the autoscaler's loop starts and every model
         is reconciled (what it saw as a follower, it did not act on)."""
@@ -177,7 +220,7 @@ class Triggers:
         models = self.cache.models()
         for model in models:
             self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
-        await self._queue.join()
+        await self.settled()
         log.info("leading: every model reconciled once (%d)", len(models))
 
     async def _resync(self) -> None:
@@ -227,7 +270,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     cache.start()
     _triggers.start()
     triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
-    triggers.elector = leader.LeaderElector(client(), election, triggers.lead)
+    triggers.elector = leader.LeaderElector(client(), election, triggers.lead, triggers.resume)
     client().may_write = triggers.elector.acting
     if (where := wake.configured()) is not None:
 

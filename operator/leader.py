@@ -1,9 +1,12 @@
 """The operator's leader election (the shell of `leadership`): every replica runs a `LeaderElector` that
-reads and writes the `coordination.k8s.io/v1` Lease in the operator's namespace every retry period. The
-leader reconciles, autoscales and answers wake calls; followers keep their caches warm and do none of it
-(`kube.Kube` refuses their writes). Becoming leader starts `on_lead`; a leader that could not renew within
-the renew deadline has lost: it stops (SIGTERM to itself, as controller-runtime exits) before anyone may
-take the Lease, and its pod starts again as a follower. A clean stop releases the Lease.
+reads and writes the `coordination.k8s.io/v1` Lease in the operator's namespace every retry period, on a
+thread of its own (the operator's own work cannot hold a renewal back). The leader reconciles, autoscales
+and answers wake calls; followers keep their caches warm and do none of it (`kube.Kube` refuses their
+writes). Becoming leader starts `on_lead`; a leader that could not renew within the renew deadline has
+lost: it stops (SIGTERM to itself, as controller-runtime exits) before anyone may take the Lease, and its
+pod starts again as a follower. A renewal that lands late but finds the Lease still its own (the whole
+process was starved: no one could take the Lease yet) lets the leader act again, and `on_renewed` takes up
+what it put off meanwhile. A clean stop releases the Lease.
 
 Settings (flags of `neuronfleet operator`, the chart's `leaderElection` values): NEURONFLEET_LEADER_ELECT
 (default on), NEURONFLEET_LEASE_NAME, NEURONFLEET_LEASE_NAMESPACE (default: the pod's namespace),
@@ -13,12 +16,14 @@ NEURONFLEET_LEASE_DURATION_SECONDS, NEURONFLEET_RENEW_DEADLINE_SECONDS, NEURONFL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import os
 import random
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -84,40 +89,63 @@ def _own_namespace() -> str:
 
 
 class LeaderElector:
-    """One replica's candidacy. `acting()` says whether it may act now (always, with election off)."""
+    """One replica's candidacy. `acting()` says whether it may act now (always, with election off).
+
+    Its tries run on a thread of their own, with their own event loop and HTTP connection: the replica's own
+    work (a pass over every model that the caches answer alone, a re-list of every object) can keep the
+    operator's event loop from running any other task for seconds (measured: docs/benchmarks.md), and a
+    renewal waiting behind it would lose the lead though nothing else is wrong. Becoming leader, and each
+    renewal, are handed to the operator's loop (`on_lead`, `on_renewed`)."""
 
     def __init__(
         self, client: kube.Kube, config: Settings, on_lead: Callable[[], Awaitable[None]],
+        on_renewed: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        self.client, self.config, self.on_lead = client, config, on_lead
+        """`on_lead` runs when this replica becomes leader; `on_renewed` after every Lease write of its that
+        succeeded (it may act from then: what it put off while it could not is taken up again); `clock`:
+        monotonic seconds."""
+        self.client, self.config, self.on_lead, self.on_renewed = client, config, on_lead, on_renewed
+        self.clock = clock
         self.seen, self.leading = Seen(), Leading()
         self.lead = False  # it leads (became leader and has not lost)
         self.holder = ""  # who leads, as last read
-        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the operator's: on_lead, on_renewed run there
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._tries: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None  # the thread's loop, task
         self._leading_task: asyncio.Task | None = None  # on_lead, running
         self._lease: dict | None = None  # as last written or read
+        self._late = 0.0  # how late (seconds) this try started after its retry period
 
     def acting(self) -> bool:
         if not self.config.enabled:
             return True
-        return self.lead and self.leading.acting(time.monotonic(), self.config.timing)
+        return self.lead and self.leading.acting(self.clock(), self.config.timing)
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if not self.config.enabled:
             log.info("leader election off: this replica acts alone")
             metrics.leader(True)
             self._leading_task = asyncio.create_task(self.on_lead(), name="lead")
             return
         metrics.leader(False)
-        self._task = asyncio.create_task(self._run(), name="leader election")
+        self._thread = threading.Thread(target=self._elect, name="leader election", daemon=True)
+        self._thread.start()
 
     async def stop(self) -> None:
         """Stop trying and leading; a leader releases the Lease, so that a follower takes it at its next
         try."""
-        tasks = [t for t in (self._task, self._leading_task) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._thread is not None:
+            self._stopped.set()
+            if self._tries is not None:
+                loop, task = self._tries
+                with contextlib.suppress(RuntimeError):  # (its loop has closed: it had stopped)
+                    loop.call_soon_threadsafe(task.cancel)  # (a call under way included)
+            await asyncio.to_thread(self._thread.join)
+        if self._leading_task is not None:
+            self._leading_task.cancel()
+            await asyncio.gather(self._leading_task, return_exceptions=True)
         if self.config.enabled and self.lead and self._lease is not None:
             self.lead = False
             try:
@@ -127,54 +155,96 @@ class LeaderElector:
                 log.warning("the lease could not be released (a follower takes it once it lapses): %r", e)
         metrics.leader(False)
 
+    def _elect(self) -> None:
+        """The election thread: tries every retry period until this replica loses the lead or stops."""
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(self._run())
+
     async def _run(self) -> None:
         c, timing = self.config, self.config.timing
+        self._tries = (asyncio.get_running_loop(), asyncio.current_task())
         log.info("leader election: %s is a candidate for the lease %s/%s", c.identity, c.namespace, c.name)
-        while True:
-            sent = time.monotonic()
-            try:
-                await self._try(sent)
-            except asyncio.CancelledError:
-                raise
-            except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
-                log.warning("leader election: the lease could not be read or written: %r", e)
-            if self.lead and not self.leading.acting(time.monotonic(), timing):
-                log.error(
-                    "leader election: %s could not renew the lease within %.0f s; it stops acting and exits",
-                    c.identity, timing.renew_deadline,
-                )  # fmt: skip
-                self.lead = False
-                metrics.leader(False)
-                os.kill(os.getpid(), signal.SIGTERM)  # (kopf stops; the pod starts again, a follower)
-                return
-            pause = timing.retry_period if self.lead else timing.retry_period * random.uniform(1, JITTER)
-            await asyncio.sleep(pause)
+        client = kube.Kube(self.client.credentials)  # (its own session: its own connection)
+        try:
+            while not self._stopped.is_set() and await self.tick(client):
+                pause = timing.retry_period if self.lead else timing.retry_period * random.uniform(1, JITTER)
+                due = self.clock() + pause
+                await asyncio.sleep(pause)
+                self._late = max(0.0, self.clock() - due)
+        finally:
+            await client.close()
 
-    async def _try(self, sent: float) -> None:
-        c = self.config
-        lease = await self.client.get("Lease", c.namespace, c.name, live=True)
-        move = step(lease, c.identity, self.seen, sent, datetime.datetime.now(datetime.UTC), c.timing,
+    async def tick(self, client: kube.Kube | None = None) -> bool:
+        """One try (every retry period) through `client` (its thread passes its own; by default, the one it
+        was given): read the Lease, and take or renew it where this replica may. False once this replica has
+        lost the lead (it could not renew within the renew deadline): it has stopped acting and exits
+        (SIGTERM to itself, as controller-runtime's manager exits; kopf stops, and the pod starts again as a
+        follower)."""
+        c, timing = self.config, self.config.timing
+        try:
+            await self._try(client or self.client)
+        except asyncio.CancelledError:
+            raise
+        except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+            log.warning("leader election: the lease could not be read or written: %r", e)
+        if self.lead and not self.acting():
+            log.error(
+                "leader election: %s could not renew the lease within %g s; it stops acting and exits",
+                c.identity, timing.renew_deadline,
+            )  # fmt: skip
+            self.lead = False
+            metrics.leader(False)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return False
+        return True
+
+    async def _try(self, client: kube.Kube) -> None:
+        c, timing = self.config, self.config.timing
+        sent = self.clock()
+        lease = await client.get("Lease", c.namespace, c.name, live=True)
+        move = step(lease, c.identity, self.seen, sent, datetime.datetime.now(datetime.UTC), timing,
                     namespace=c.namespace, name=c.name)  # fmt: skip
         self._lease = lease
         if move.write is None:
             self._holder(move.holder)
             return
+        # no later than the API server applies the write, so no earlier than any other candidate sees it:
+        # acting until `renew_deadline` after it ends before anyone may take the Lease
+        writing = self.clock()
         try:
-            write = self.client.create if move.create else self.client.replace_lease
+            write = client.create if move.create else client.replace_lease
             written = await write(move.write)
         except kube.KubeError as e:
             if e.status in (409, 422):  # another candidate wrote first: read again next time
                 return
             raise
+        last, self.leading.renewed_at = self.leading.renewed_at, writing
         self._lease = written
-        self.leading.renewed_at = sent
         self._holder(c.identity)
+        if self.lead and last is not None and writing - last >= timing.renew_deadline:
+            # the Lease was still this replica's (the write's resourceVersion proves no one took it), so it
+            # leads on; meanwhile it acted on nothing, and `on_renewed` takes up what it put off
+            log.warning(
+                "leader election: %s renewed the lease %.1f s after its last renewal, past the %g s renew "
+                "deadline (this try started %.1f s late, its calls took %.1f s): it did not act meanwhile, "
+                "and leads on", c.identity, writing - last, timing.renew_deadline, self._late,
+                self.clock() - sent,
+            )  # fmt: skip
+        loop = self._loop or asyncio.get_running_loop()
         if not self.lead:
             self.lead = True
             metrics.leader(True)
             log.info("leader election: %s leads (lease %s/%s)", c.identity, c.namespace, c.name)
-            await self.client.post_event(written, "Normal", "LeaderElection", f"{c.identity} became leader")
-            self._leading_task = asyncio.create_task(self.on_lead(), name="lead")
+            loop.call_soon_threadsafe(self._begin)
+            try:
+                await client.post_event(written, "Normal", "LeaderElection", f"{c.identity} became leader")
+            except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                log.warning("the LeaderElection event could not be posted: %r", e)  # (only the event is lost)
+        loop.call_soon_threadsafe(self.on_renewed)
+
+    def _begin(self) -> None:
+        """(On the operator's loop) this replica leads: `on_lead` runs."""
+        self._leading_task = asyncio.create_task(self.on_lead(), name="lead")
 
     def _holder(self, holder: str) -> None:
         if holder != self.holder:

@@ -4,10 +4,14 @@ lease timings (lease 4 s, renew deadline 3 s, retry 1 s; the rules themselves ar
 tests/unit/test_leadership.py): one leads and acts, the other keeps watching and writes nothing; the leader
 killed with SIGKILL is followed once its Lease lapses, one stopped cleanly at once (it releases the Lease);
 models created meanwhile are reconciled by the new leader; the metric and an Event say who leads; and the
-audit log shows no write from a replica that did not hold the Lease."""
+audit log shows no write from a replica that did not hold the Lease. Then the operator's own parts in this
+process (triggers, caches, client, elector) against one API server: a renewal that lands past the renew
+deadline mid-pass drops no model, and the operator's own work on its event loop holds no renewal back."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 import time
 import urllib.error
@@ -16,6 +20,10 @@ import urllib.request
 import pytest
 import yaml
 from support import HTTP_TIMEOUT, ROOT, OperatorCluster, free_port
+
+from neuronfleet.operator import handlers, kube, leader
+from neuronfleet.operator.cache import Cache
+from neuronfleet.operator.leadership import Timing
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 TIMING = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
@@ -111,3 +119,134 @@ def test_one_replica_acts_and_another_takes_over_when_it_goes(cluster):
         assert call["user"] == leading, (call, leading)
         wrote[call["user"]] = wrote.get(call["user"], 0) + 1
     assert set(wrote) == {first, other, third}, wrote
+
+
+class Clock:
+    """Monotonic seconds that the test moves on at once: a jump is what an event loop kept busy past the renew
+    deadline sees (every timer late), without the wait."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.ahead
+
+
+@pytest.fixture(scope="module")
+def inproc(tmp_path_factory):
+    """One API server for the tests that run the operator's parts in this process."""
+    api = OperatorCluster(tmp_path_factory.mktemp("inproc"))
+    yield api
+    api.stop()
+
+
+def test_a_leader_whose_renewal_lands_late_drops_no_model(inproc, caplog):
+    """A leader's renewal lands past its renew deadline in the middle of its pass over every model (its event
+    loop was kept busy: here the clock jumps right after the pass's third compile Job is created, and the test
+    holds the renewal back until the workers have taken every queued model): meanwhile it writes nothing but
+    what was under way, and what it took is kept, the model whose pass a refused write cut off included; the
+    late renewal finds the Lease still its own, it acts again, and every model converges at once, with no
+    resync. The operator's own parts in this process (triggers, caches, client, elector) against the emulated
+    API server."""
+    api, names = inproc, [f"m{i:02d}" for i in range(60)]
+    for name in names:
+        create_model(api, name)
+    timing, clock = Timing(), Clock()
+    config = leader.Settings(True, "neuronfleet-operator", "default", "operator-t_1", timing)
+    caplog.set_level(logging.INFO, logger="neuronfleet.operator")
+    stepped_down: list[int] = []  # (a step-down signals this process: it must not happen here)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stepped_down.append(1))
+
+    class Stalled(kube.Kube):
+        """The operator's client; the stall lands right after the third compile Job is created, before that
+        model's status is written."""
+
+        jobs = 0
+
+        async def create(self, obj: dict) -> dict:
+            made = await super().create(obj)
+            Stalled.jobs += obj["kind"] == "Job"
+            if obj["kind"] == "Job" and Stalled.jobs == 3:
+                clock.ahead += timing.renew_deadline + 1  # no renewal for longer than the deadline
+            return made
+
+    def reconciled(models: list[dict]) -> set[str]:
+        return {m["metadata"]["name"] for m in models if (m.get("status") or {}).get("observedGeneration")}
+
+    def wrote(user: str) -> int:
+        return sum(c["user"] == user and c["verb"] in WRITES and c["code"] < 400 for c in api.audit())
+
+    async def scenario() -> tuple[set[str], int]:
+        client = Stalled(kube.load_credentials(str(api.api.kubeconfig_for("operator-t"))))
+        cache = Cache(client, ["default"], lambda event, obj: triggers.changed(event, obj))
+        triggers = handlers.Triggers(client, cache)
+        client.cache = cache
+        elector = leader.LeaderElector(client, config, triggers.lead, triggers.resume, clock=clock)
+        triggers.elector, client.may_write = elector, elector.acting
+        cache.start()
+        triggers.start()
+        try:
+            assert await elector.tick() and elector.acting()  # it leads: its pass over every model starts
+            while elector.acting():  # (until the stall)
+                await asyncio.sleep(0.005)
+            stalled = wrote("operator-t")
+            await asyncio.wait_for(triggers.drained(), 60)  # every queued model taken, none reconciled:
+            # nothing written but the writes already under way (at most one a worker)
+            assert wrote("operator-t") - stalled <= handlers.WORKERS
+            before = reconciled(await client.list("NeuronModel", "default", ""))
+            assert not any("every model reconciled once" in r.getMessage() for r in caplog.records)
+            assert await elector.tick() and elector.acting()  # the renewal, late: the Lease is still its own
+            await asyncio.wait_for(triggers.settled(), 60)
+            return before, wrote("operator-t") - stalled
+        finally:
+            await triggers.stop()
+            await elector.stop()
+            await cache.stop()
+            await client.close()
+
+    try:
+        before, written = asyncio.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not stepped_down
+    assert len(before) <= 2 + handlers.WORKERS, before  # the stall came early in the pass
+    assert written > len(names)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("stopped: this replica does not act now" in m for m in messages)  # the third model's pass
+    assert any("put off meanwhile are queued again" in m for m in messages)
+    assert any("past the 10 s renew deadline" in m for m in messages)
+    assert "leading: every model reconciled once (60)" in messages
+    assert reconciled(api.call("GET", MODELS)["items"]) == set(names)  # every model, with no resync
+    assert all(len(compile_job(api, name)) == 1 for name in names)
+
+
+def test_the_operators_own_work_holds_no_renewal_back(inproc):
+    """The leader's event loop runs Python for twice its renew deadline without letting any other task run (a
+    pass the caches answer alone, a re-list): its renewals go on beside it, on their own thread and
+    connection, and it may act all along."""
+    timing = Timing(lease_duration=3, renew_deadline=1.5, retry_period=0.25)
+    config = leader.Settings(True, "busy", "default", "operator-busy_1", timing)
+    client = kube.Kube(kube.load_credentials(str(inproc.api.kubeconfig_for("operator-busy"))))
+
+    async def lead() -> None:
+        pass
+
+    async def scenario() -> tuple[int, float]:
+        elector = leader.LeaderElector(client, config, lead)
+        elector.start()
+        try:
+            while not elector.acting():
+                await asyncio.sleep(0.01)
+            started, acted = time.monotonic(), 0
+            while time.monotonic() - started < 2 * timing.renew_deadline:  # (no await: nothing else runs)
+                assert elector.acting(), time.monotonic() - started
+                acted += 1
+            return acted, time.monotonic() - started
+        finally:
+            await elector.stop()
+            await client.close()
+
+    acted, busy = asyncio.run(scenario())
+    assert acted > 0 and busy >= 2 * timing.renew_deadline
+    lease = inproc.call("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/busy")
+    assert lease["spec"]["holderIdentity"] is None  # (released at the stop)

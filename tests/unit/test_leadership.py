@@ -1,7 +1,8 @@
 """Leader election's decisions (operator/leadership.py) in simulated time: two candidates and a Lease held
 by an API server that applies writes in order with optimistic concurrency. Never two acting leaders at any
 instant, a takeover within the lease duration (plus a retry) after the leader stops, an immediate one after
-it releases, and timings that could let two act refused."""
+it releases, a leader whose tries were held back past its renew deadline acting again only if no one took
+over, and timings that could let two act refused."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Candidate:
 
 def simulate(until: float, events: dict[float, str]) -> tuple[list[tuple[float, set[str]]], list[Candidate]]:
     """Both candidates try every retry period (b a little later); `events` stop or release a candidate at
-    a time. Returns who was acting, sampled every 0.1 s."""
+    a time, or hold its tries back for some seconds ("a stall 12": its process starved). Returns who was
+    acting, sampled every 0.1 s."""
     server: dict = {}
     a, b = Candidate("a"), Candidate("b")
     timeline, now, due = [], 0.0, {"a": 0.0, "b": 0.7}
@@ -43,6 +45,10 @@ def simulate(until: float, events: dict[float, str]) -> tuple[list[tuple[float, 
             if now >= at:
                 who, _, how = what.partition(" ")
                 c = a if who == "a" else b
+                if how.startswith("stall "):
+                    due[c.me] = now + float(how.split()[1])
+                    del events[at]
+                    continue
                 if how == "release" and server.get("lease", {}).get("spec", {}).get("holderIdentity") == c.me:
                     server["lease"], server["version"] = released(server["lease"]), server["version"] + 1
                 c.alive, c.leading.renewed_at = False, None
@@ -70,6 +76,23 @@ def test_a_leader_that_releases_is_followed_at_once():
     timeline, _ = simulate(40.0, {20.0: "a release"})
     b_from = next(t for t, acting in timeline if "b" in acting)
     assert 20.0 < b_from <= 20.0 + T.retry_period + 0.2, b_from
+
+
+def test_a_leader_held_back_past_its_renew_deadline_acts_again_only_if_no_one_took_over():
+    # held back 12 s (its last renewal at 18): it stops acting at 28, past its deadline; its late renewal at
+    # 32 finds the Lease still its own (b may take it only at 18.7 + 15), so it acts again and b never does
+    timeline, _ = simulate(60.0, {20.0: "a stall 12"})
+    assert all(len(acting) <= 1 for _, acting in timeline)
+    idle = [t for t, acting in timeline if not acting and t > 1]
+    assert idle and min(idle) == 18.0 + T.renew_deadline and max(idle) < 32.0, idle
+    assert not any("b" in acting for _, acting in timeline)
+    assert all(acting == {"a"} for t, acting in timeline if t >= 32.0)
+    # held back 20 s: b takes the Lease once it lapses; a's late try finds b's, and a never acts again
+    timeline, _ = simulate(60.0, {20.0: "a stall 20"})
+    assert all(len(acting) <= 1 for _, acting in timeline)
+    b_from = next(t for t, acting in timeline if "b" in acting)
+    assert 18.7 + T.lease_duration <= b_from <= 18.7 + T.lease_duration + T.retry_period + 0.1, b_from
+    assert all(acting == {"b"} for t, acting in timeline if t >= b_from)
 
 
 def test_a_leader_that_cannot_renew_stops_acting_before_anyone_may_take_over():

@@ -1,12 +1,17 @@
 """The operator's triggers (operator/handlers.py): a model that found an object of an earlier model of its
 name in its way (deleted, then made again: the garbage collector deletes that object) is looked at again, as
-no later event may bring it back; a conflict with any other owner is left to the Conflict condition."""
+no later event may bring it back; a conflict with any other owner is left to the Conflict condition; a pass
+that awaits nothing lets the operator's other tasks run between its models. (A leader whose renewal lands
+late: tests/e2e/test_leader_election.py.)"""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from neuronfleet.operator import handlers
+from neuronfleet.operator.cache import Cache
 
 
 def conflict(message: str, status: str = "True") -> dict:
@@ -81,3 +86,46 @@ def test_an_earlier_models_object_the_cache_still_holds_is_confirmed_live_before
     held = TwoViews(cached=[deployment("earlier")], live=[deployment("earlier")])
     asyncio.run(reconcile.apply(held, deployment("now"), conflicts))
     assert held.created == [] and len(conflicts) == 1 and "(uid earlier)" in conflicts[0]
+
+
+class Quiet:
+    """An API server, as the cache sees it, that holds nothing and reports no change."""
+
+    async def list_all(self, kind: str, namespace: str | None, selector: str) -> tuple[list, str]:
+        return [], "1"
+
+    async def watch(self, kind: str, namespace: str | None, selector: str, rv: str, timeout: float):
+        await asyncio.Event().wait()
+        yield  # (an async generator that never yields an event)
+
+
+def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
+    """Models gone from the cache (as converged ones, a pass the cache answers alone): the workers take them
+    one by one, and another task (the watches, the wake endpoint) runs between them rather than after the
+    whole pass."""
+    models = 400
+
+    async def scenario() -> int:
+        cache = Cache(Quiet(), None, lambda event, obj: None)
+        triggers = handlers.Triggers(None, cache)
+        cache.start()
+        await cache.synced()
+        triggers.start()
+        turns = 0
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        task = asyncio.create_task(other())
+        for i in range(models):
+            triggers.enqueue(("ns", f"m{i}"))
+        await triggers.settled()
+        task.cancel()
+        await triggers.stop()
+        await cache.stop()
+        return turns
+
+    assert asyncio.run(scenario()) >= models // (2 * handlers.WORKERS)  # (a turn every WORKERS models)
