@@ -544,7 +544,8 @@ def test_slow_clients_get_408_and_a_closed_connection_and_idle_ones_are_kept(ser
         assert response.getheader("Connection") == "close"
         check(response.status, answer, "/v1/completions", 408, "the request body did not arrive within 2 s")
         lived, statuses = idle.result()
-        assert SLOW <= lived < SLOW + 3 and statuses == [200, 200], (lived, statuses)
+        # (the server's clock starts at its accept, a moment before the client's `started`: CI saw 1.998 s)
+        assert SLOW - 0.2 <= lived < SLOW + 3 and statuses == [200, 200], (lived, statuses)
 
 
 @pytest.mark.parametrize("kind", KINDS)
