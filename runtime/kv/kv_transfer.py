@@ -214,16 +214,7 @@ class _Link:
     def _read(self) -> None:
         try:
             while not self.closed:
-                head = bytearray(2 + HEADER.size)
-                _recv_into(self.sock, memoryview(head))
-                length = HEADER.unpack(head[2:])[0]
-                if length > MAX_REPLY:
-                    raise ConnectionError(
-                        f"the receiver's answer claims {length} bytes (at most {MAX_REPLY})"
-                    )
-                body = bytearray(length)
-                _recv_into(self.sock, memoryview(body))
-                ok, message = bytes(head[:2]) == REPLY_OK, body.decode()
+                ok, message = _read_reply(self.sock)
                 transfer = self.pending.popleft()
                 self.loop.call_soon_threadsafe(transfer.finish, "" if ok else message, not ok)
         except (OSError, ConnectionError, IndexError) as e:
@@ -335,17 +326,11 @@ def _offer_handshake(key: bytes, sock: socket.socket, name: str) -> None:
     encoded = name.encode()
     proof = _proof(key, b"writer", theirs, ours, name)
     sock.sendall(MAGIC + ours + len(encoded).to_bytes(2, "big") + encoded + proof)
-    head = bytearray(2 + HEADER.size)
-    _recv_into(sock, memoryview(head))
-    length = HEADER.unpack(head[2:])[0]
-    if length > MAX_REPLY:
-        raise ConnectionError(f"the receiver's answer claims {length} bytes (at most {MAX_REPLY})")
-    body = bytearray(length)
-    _recv_into(sock, memoryview(body))
-    if bytes(head[:2]) != REPLY_OK:
-        raise ConnectionError(f"the receiver refused the connection: {body.decode(errors='replace')}")
+    ok, message = _read_reply(sock)
+    if not ok:
+        raise ConnectionError(f"the receiver refused the connection: {message}")
     expected = _proof(key, b"receiver", theirs, ours, name).hex()
-    if not hmac.compare_digest(body.decode(errors="replace"), expected):
+    if not hmac.compare_digest(message, expected):
         raise ConnectionError("the receiver did not prove it holds this model's secret")
     _set_timeout(sock, 0)
 
@@ -440,6 +425,18 @@ def _receive(agent: TcpAgent, sock: socket.socket, loop: asyncio.AbstractEventLo
     finally:
         agent._accepted.discard(sock)
         sock.close()
+
+
+def _read_reply(sock: socket.socket) -> tuple[bool, str]:
+    """A receiver's answer (`_reply`): OK or not, and its message; its length checked before it is read."""
+    head = bytearray(2 + HEADER.size)
+    _recv_into(sock, memoryview(head))
+    length = HEADER.unpack(head[2:])[0]
+    if length > MAX_REPLY:
+        raise ConnectionError(f"the receiver's answer claims {length} bytes (at most {MAX_REPLY})")
+    body = bytearray(length)
+    _recv_into(sock, memoryview(body))
+    return bytes(head[:2]) == REPLY_OK, body.decode(errors="replace")
 
 
 def _reply(sock: socket.socket, code: bytes, message: str) -> None:
