@@ -21,7 +21,7 @@ import pytest
 import yaml
 from support import HTTP_TIMEOUT, ROOT, OperatorCluster, free_port
 
-from neuronfleet.operator import handlers, kube, leader
+from neuronfleet.operator import kube, leader, triggers
 from neuronfleet.operator.cache import Cache
 from neuronfleet.operator.leadership import Timing
 
@@ -178,28 +178,28 @@ def test_a_leader_whose_renewal_lands_late_drops_no_model(inproc, caplog):
 
     async def scenario() -> tuple[set[str], int]:
         client = Stalled(kube.load_credentials(str(api.api.kubeconfig_for("operator-t"))))
-        cache = Cache(client, ["default"], lambda event, obj: triggers.changed(event, obj))
-        triggers = handlers.Triggers(client, cache)
+        cache = Cache(client, ["default"], lambda event, obj: work.changed(event, obj))
+        work = triggers.Triggers(client, cache)
         client.cache = cache
-        elector = leader.LeaderElector(client, config, triggers.lead, triggers.resume, clock=clock)
-        triggers.elector, client.may_write = elector, elector.acting
+        elector = leader.LeaderElector(client, config, work.lead, work.resume, clock=clock)
+        work.elector, client.may_write = elector, elector.acting
         cache.start()
-        triggers.start()
+        work.start()
         try:
             assert await elector.tick() and elector.acting()  # it leads: its pass over every model starts
             while elector.acting():  # (until the stall)
                 await asyncio.sleep(0.005)
             stalled = wrote("operator-t")
-            await asyncio.wait_for(triggers.drained(), 60)  # every queued model taken, none reconciled:
+            await asyncio.wait_for(work.drained(), 60)  # every queued model taken, none reconciled:
             # nothing written but the writes already under way (at most one a worker)
-            assert wrote("operator-t") - stalled <= handlers.WORKERS
+            assert wrote("operator-t") - stalled <= triggers.WORKERS
             before = reconciled(await client.list("NeuronModel", "default", ""))
             assert not any("every model reconciled once" in r.getMessage() for r in caplog.records)
             assert await elector.tick() and elector.acting()  # the renewal, late: the Lease is still its own
-            await asyncio.wait_for(triggers.settled(), 60)
+            await asyncio.wait_for(work.settled(), 60)
             return before, wrote("operator-t") - stalled
         finally:
-            await triggers.stop()
+            await work.stop()
             await elector.stop()
             await cache.stop()
             await client.close()
@@ -209,7 +209,7 @@ def test_a_leader_whose_renewal_lands_late_drops_no_model(inproc, caplog):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not stepped_down
-    assert len(before) <= 2 + handlers.WORKERS, before  # the stall came early in the pass
+    assert len(before) <= 2 + triggers.WORKERS, before  # the stall came early in the pass
     assert written > len(names)
     messages = [r.getMessage() for r in caplog.records]
     assert any("stopped: this replica does not act now" in m for m in messages)  # the third model's pass

@@ -1,4 +1,4 @@
-"""The operator's triggers (operator/handlers.py): a model that found an object of an earlier model of its
+"""The operator's triggers (operator/triggers.py): a model that found an object of an earlier model of its
 name in its way (deleted, then made again: the garbage collector deletes that object) is looked at again, as
 no later event may bring it back; a conflict with any other owner is left to the Conflict condition; a pass
 that awaits nothing lets the operator's other tasks run between its models. (A leader whose renewal lands
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from neuronfleet.operator import handlers
+from neuronfleet.operator import triggers
 from neuronfleet.operator.cache import Cache
 
 
@@ -43,7 +43,7 @@ def conflict(message: str, status: str = "True") -> dict:
     ],
 )
 def test_a_model_in_the_way_of_an_earlier_one_of_its_name_is_looked_at_again(status, again):
-    assert handlers._left_by_an_earlier_model(("ns", "m"), status) is again
+    assert triggers._left_by_an_earlier_model(("ns", "m"), status) is again
 
 
 class TwoViews:
@@ -107,10 +107,10 @@ def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
 
     async def scenario() -> int:
         cache = Cache(Quiet(), None, lambda event, obj: None)
-        triggers = handlers.Triggers(None, cache)
+        work = triggers.Triggers(None, cache)
         cache.start()
         await cache.synced()
-        triggers.start()
+        work.start()
         turns = 0
 
         async def other() -> None:
@@ -121,11 +121,11 @@ def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
 
         task = asyncio.create_task(other())
         for i in range(models):
-            triggers.enqueue(("ns", f"m{i}"))
-        await triggers.settled()
+            work.enqueue(("ns", f"m{i}"))
+        await work.settled()
         task.cancel()
-        await triggers.stop()
+        await work.stop()
         await cache.stop()
         return turns
 
-    assert asyncio.run(scenario()) >= models // (2 * handlers.WORKERS)  # (a turn every WORKERS models)
+    assert asyncio.run(scenario()) >= models // (2 * triggers.WORKERS)  # (a turn every WORKERS models)
