@@ -1,12 +1,22 @@
 """The operator's work queue of models to reconcile (per-model serialization: a model is queued at most once
 and one worker reconciles it at a time): fed by the watches (a model's own change, a child's change enqueues
 its owner), by the passes' come-back times, by taking the lead and by the rare resync; a leader that may not
-act keeps what it takes for when it acts again (`resume`)."""
+act keeps what it takes for when it acts again (`resume`).
+
+A pass that fails is tried again after a growing delay (`retries.Backoff`: 1 s doubling up to 300 s, never
+sooner than the API server's Retry-After), and meanwhile only a new generation of the model (the user changed
+it) is tried at once; every other trigger of it waits for that retry. A write the API server refuses (a
+webhook's or a quota's 403, a 422) is named (`WriteRefused`) and said once in a Warning Event `ApplyRefused`
+with the server's words: once per distinct message until a pass succeeds, and a failing pass's other Events
+once too, so nothing is written again and again. Each model has at most one timer per reason (a come-back
+time, a compile's progress read, the retry), all cancelled by `stop`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -15,10 +25,13 @@ from . import kube, leader, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .cache import CHILD_LABEL, Cache
 from .reconcile import PROGRESS_READ, now, reconcile
+from .retries import Backoff, Retries, Said, retry_after_seconds
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
 WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
-RETRY_SECONDS = 10.0  # a failed child-triggered reconcile is tried again after this long
+EARLIER_MODEL_SECONDS = 10.0  # a model in the way of an earlier model's object looks again after this long
+REFUSED = "ApplyRefused"  # the Warning Event's reason for a write the API server refused
+RETRY = "retry"  # the timer of a failing model's next pass (come_back's timers are named by their field)
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +48,84 @@ def _left_by_an_earlier_model(key: tuple[str, str], status: dict[str, Any]) -> b
     )
 
 
+class WriteRefused(kube.KubeError):
+    """A write of the pass that the API server refused, with what was written (`kind`, `name`) and the
+    server's words (`words`); its status is the answer's."""
+
+    def __init__(self, error: kube.KubeError, kind: str, name: str) -> None:
+        words = str(error).removeprefix(f"{error.status}: ")
+        super().__init__(error.status, words)
+        self.kind, self.name, self.words = kind, name, words
+
+
+def refusal_event(refused: WriteRefused, backoff: Backoff) -> Said:
+    """The Warning Event that says a write was refused: what, the answer's status and the server's words."""
+    message = (
+        f"the API server refused the operator's write of {refused.kind} {refused.name} ({refused.status}): "
+        f"{refused.words}. It is tried again at growing intervals, up to every {backoff.most:g} s, and at "
+        "once when the model changes"
+    )
+    return "Warning", REFUSED, message
+
+
+def server_delay(error: BaseException) -> float | None:
+    """The API server's Retry-After for the request that failed, where the client's error carries the
+    answer's headers (`headers`: the official client's ApiException does), in seconds."""
+    for cause in (error, error.__cause__):
+        headers = getattr(cause, "headers", None)
+        if headers:
+            return retry_after_seconds(headers.get("Retry-After"))
+    return None
+
+
+@contextlib.contextmanager
+def _naming(kind: str, name: str) -> Iterator[None]:
+    try:
+        yield
+    except kube.NotLeading:  # (not refused by the API server: retried by whoever leads)
+        raise
+    except WriteRefused:
+        raise
+    except kube.KubeError as e:
+        raise WriteRefused(e, kind, name) from e
+
+
+class _NamingWrites:
+    """The client as a pass writes through it: a write the API server refuses is raised as `WriteRefused`,
+    which names what was written (a 409 on create stays a KubeError of status 409, as `reconcile.apply`
+    expects); everything else is the client's own."""
+
+    def __init__(self, client: kube.Kube) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        with _naming(obj["kind"], obj["metadata"]["name"]):
+            return await self._client.create(obj)
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        with _naming(kind, name):
+            return await self._client.patch(kind, namespace, name, patch)
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        with _naming(kind, name):
+            return await self._client.delete(kind, namespace, name)
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        with _naming(spec.KIND, f"{name} (its status)"):
+            return await self._client.patch_status(namespace, name, status)
+
+
 class Triggers:
     """Models to reconcile because a child changed: a queue of (namespace, name), each at most once in it,
-    worked by WORKERS tasks; and the periodic cache-only pass."""
+    worked by WORKERS tasks; failing models' retries (`backoff`: their schedule); and the periodic cache-only
+    pass."""
 
-    def __init__(self, client: kube.Kube, cache: Cache) -> None:
+    def __init__(self, client: kube.Kube, cache: Cache, backoff: Backoff | None = None) -> None:
         self.client, self.cache = client, cache
+        self.retries = Retries(backoff)
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[tuple[str, str]] = set()
         # models a child of which was deleted: read live before the pass (the garbage collector deletes the
@@ -55,15 +140,21 @@ class Triggers:
         self._parked: set[tuple[str, str]] = set()
         self._resumed = asyncio.Event()  # set whenever nothing is parked
         self._resumed.set()
-        self._progress: set[tuple[str, str]] = set()  # compiling models whose next progress read is timed
+        # (model, reason) -> its one pending timer: a come-back field, "progress", "earlier model" or RETRY
+        self._timers: dict[tuple[tuple[str, str], str], asyncio.TimerHandle] = {}
 
     def changed(self, event: str, obj: dict[str, Any]) -> None:
         """A watched object changed (not by this operator's own write): a model added or changed is
-        reconciled; a child's change reconciles its model."""
+        reconciled (at once where it is a new generation of a failing model); a child's change reconciles
+        its model."""
         meta = obj.get("metadata") or {}
         if obj.get("kind") == spec.KIND:
             if event != "DELETED":  # (its children go with it: the garbage collector's)
-                self.enqueue((meta.get("namespace", ""), meta.get("name", "")))
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                if self.retries.changed_by_user(key, meta.get("generation", 1)):
+                    self._put(key)  # the user changed the spec: no waiting out the back-off
+                else:
+                    self.enqueue(key)
             return
         model = (meta.get("labels") or {}).get(CHILD_LABEL)
         if model:
@@ -74,6 +165,13 @@ class Triggers:
             self.enqueue((meta.get("namespace", ""), model))
 
     def enqueue(self, key: tuple[str, str]) -> None:
+        """Reconcile the model: at once, unless its passes are failing and its retry is still ahead (that
+        retry then reconciles it, with whatever changed meanwhile)."""
+        if self.retries.waiting(key, asyncio.get_running_loop().time()):
+            return
+        self._put(key)
+
+    def _put(self, key: tuple[str, str]) -> None:
         if key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
@@ -83,22 +181,38 @@ class Triggers:
         one whose compile waits to be tried again, then (status.compileRetryAt), and one whose failed
         compile's source is fingerprinted again, then (status.sourceCheckAt), a compiling one every
         PROGRESS_READ seconds (its compile pod's progress), and one that found an earlier model's object
-        in its way after RETRY_SECONDS; through the queue, so that pass reports its events and stops with
-        the operator."""
+        in its way after EARLIER_MODEL_SECONDS; through the queue, so that pass reports its events and stops
+        with the operator. One timer per model and reason: a pending one that is due sooner is kept."""
         for field in ("drainUntil", "compileRetryAt", "sourceCheckAt"):
             if status.get(field):
-                delay = rollout.seconds_until(status[field], now()) + 1
-                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+                self._later(key, field, rollout.seconds_until(status[field], now()) + 1)
         if _left_by_an_earlier_model(key, status):  # the garbage collector deletes it: look again soon
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
-        compiling = any(c.get("reason") == "Compiling" for c in status.get("conditions") or [])
-        if compiling and key not in self._progress:  # its compile pod's progress is read again then
-            self._progress.add(key)
-            asyncio.get_running_loop().call_later(PROGRESS_READ, self._progress_due, key)
+            self._later(key, "earlier model", EARLIER_MODEL_SECONDS)
+        if any(c.get("reason") == "Compiling" for c in status.get("conditions") or []):
+            self._later(key, "progress", PROGRESS_READ)  # its compile pod's progress is read again then
 
-    def _progress_due(self, key: tuple[str, str]) -> None:
-        self._progress.discard(key)
-        self.enqueue(key)
+    def _later(self, key: tuple[str, str], reason: str, delay: float, keep_sooner: bool = True) -> None:
+        """The model's timer for `reason`, due in `delay` seconds: it replaces the pending one, unless
+        `keep_sooner` and that one is due no later."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay, 0.0)
+        pending = self._timers.get((key, reason))
+        if pending is not None:
+            if keep_sooner and pending.when() <= when:
+                return
+            pending.cancel()
+        self._timers[(key, reason)] = loop.call_at(when, self._due, key, reason)
+
+    def _due(self, key: tuple[str, str], reason: str) -> None:
+        self._timers.pop((key, reason), None)
+        if reason == RETRY:
+            self._put(key)  # (its back-off is over: a timer may run a moment before its time)
+        else:
+            self.enqueue(key)
+
+    def pending(self, key: tuple[str, str]) -> dict[str, float]:
+        """The model's timers: reason -> when it is due, in the event loop's time."""
+        return {reason: timer.when() for (k, reason), timer in self._timers.items() if k == key}
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]
@@ -108,6 +222,9 @@ class Triggers:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
     async def _work(self) -> None:
         while True:
@@ -127,6 +244,7 @@ class Triggers:
         if not self.acting():
             self._park(key)
             return
+        body: dict[str, Any] | None = None
         try:
             if key in self._check:
                 self._check.discard(key)
@@ -134,8 +252,11 @@ class Triggers:
             else:
                 body = await self.cache.get(spec.KIND, *key)
             if body is None:
+                self._succeeded(key)
                 return  # the model is gone; its children go with it
-            status = await reconcile_and_report(self.client, body, log)
+            said = lambda event: self.retries.first_said(key, event)  # noqa: E731
+            status = await reconcile_and_report(_NamingWrites(self.client), body, log, said)
+            self._succeeded(key)
             self.come_back(key, status)
         except asyncio.CancelledError:
             raise
@@ -143,12 +264,39 @@ class Triggers:
             log.info("reconciling %s/%s stopped: this replica does not act now", *key)
             self._park(key)
         except Exception as e:
-            if isinstance(e, kube.KubeError) or kube.unreachable(e):  # refused after the client's own tries,
-                # or a write cut off (an API-server restart; not sent again: it may have been applied)
-                log.warning("reconciling %s/%s failed: %s; trying again in %.0f s", *key, e, RETRY_SECONDS)
-            else:
-                log.exception("reconciling %s/%s failed; trying again in %.0f s", *key, RETRY_SECONDS)
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+            await self._failed(key, body, e)
+
+    def _succeeded(self, key: tuple[str, str]) -> None:
+        """The model's pass succeeded (or found it gone): its back-off and what its failures said are
+        forgotten, and its retry is not needed."""
+        self.retries.succeeded(key)
+        timer = self._timers.pop((key, RETRY), None)
+        if timer is not None:
+            timer.cancel()
+
+    async def _failed(self, key: tuple[str, str], body: dict[str, Any] | None, error: Exception) -> None:
+        """The model's pass failed: it is tried again after its back-off; a write the API server refused is
+        said in a Warning Event, once per distinct message until a pass succeeds."""
+        generation = ((body or {}).get("metadata") or {}).get("generation", 1)
+        loop = asyncio.get_running_loop()
+        delay = self.retries.failed(key, loop.time(), generation, server_delay(error))
+        failures = self.retries.failures(key)
+        if isinstance(error, kube.KubeError) or kube.unreachable(error):  # refused after the client's own
+            # tries, or a write cut off (an API-server restart; not sent again: it may have been applied)
+            log.warning("reconciling %s/%s failed (%d in a row): %s; trying again in %.3g s",
+                        *key, failures, error, delay)  # fmt: skip
+        else:
+            log.exception("reconciling %s/%s failed (%d in a row); trying again in %.3g s",
+                          *key, failures, delay)  # fmt: skip
+        self._later(key, RETRY, delay, keep_sooner=False)
+        if isinstance(error, WriteRefused) and body is not None:
+            event = refusal_event(error, self.retries.backoff)
+            if self.retries.first_said(key, event):
+                try:
+                    await self.client.post_event(body, *event)
+                except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
+                    self.retries.unsay(key, event)  # (said with the next failure)
+                    log.warning("the event %s could not be posted: %r", REFUSED, e)
 
     def acting(self) -> bool:
         return self.elector is None or self.elector.acting()
@@ -166,7 +314,7 @@ class Triggers:
         if self._parked:
             log.info("acting again: %d model(s) put off meanwhile are queued again", len(self._parked))
             for key in sorted(self._parked):
-                self.enqueue(key)
+                self._put(key)
             self._parked.clear()
         self._resumed.set()
 
@@ -190,7 +338,7 @@ class Triggers:
             self.autoscaler.start()
         models = self.cache.models()
         for model in models:
-            self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+            self._put((model["metadata"]["namespace"], model["metadata"]["name"]))
         await self.settled()
         log.info("leading: every model reconciled once (%d)", len(models))
 
@@ -202,14 +350,23 @@ class Triggers:
 
 
 async def reconcile_and_report(
-    client: kube.Kube, body: dict[str, Any], logger: logging.Logger
+    client: kube.Kube,
+    body: dict[str, Any],
+    logger: logging.Logger,
+    first_said: Callable[[Said], bool] | None = None,
 ) -> dict[str, Any]:
-    """One pass; the events it reports are posted once it is done. Returns the model's status."""
-    events: list[tuple[str, str, str]] = []
+    """One pass; the events it reports are posted once it is done, those `first_said` lets through (a
+    failing model's passes say each event once: one whose status write is refused would otherwise say the
+    same transitions every retry, and the pass that writes that status at last, once more). Returns the
+    model's status."""
+    events: list[Said] = []
     try:
         return await reconcile(client, body, lambda *event: events.append(event))
     finally:
-        for type_, reason, message in events:
+        for event in events:
+            if first_said is not None and not first_said(event):
+                continue
+            type_, reason, message = event
             logger.info("%s %s: %s", type_, reason, message)
             try:
                 await client.post_event(body, type_, reason, message)
