@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -309,22 +311,151 @@ def prune(obj: Any, schema: dict[str, Any], path: str, unknown: list[str]) -> An
     return obj
 
 
-def cel_violations(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
-    """Evaluate x-kubernetes-validations (CEL, with `self` bound to the node) throughout the object."""
+# ---- CEL: a CRD's x-kubernetes-validations ----------------------------------------------------------------
+# Kubernetes' CEL (https://kubernetes.io/docs/reference/using-api/cel/, v1.30; the rules' form:
+# https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+# #validation-rules): the standard definitions and macros, which the `cel` package (cel-rust) evaluates, and
+# Kubernetes' libraries, whose functions a rule here may call only where this table evaluates them, each
+# with Kubernetes' semantics. A rule calling anything else makes its CRD refused (`cel_rule_problems`), as the
+# real API server refuses a rule that does not compile, rather than evaluated wrong.
+
+
+def _is_sorted(items: Any) -> bool:
+    """k8s.io/apiserver/pkg/cel/library/lists.go: `<list<T>>.isSorted()`, T comparable: whether each element
+    is no greater than the next (an empty list is sorted)."""
+    if not isinstance(items, list):
+        raise TypeError(f"no such overload: isSorted on {type(items).__name__}")
+    return all(a <= b for a, b in itertools.pairwise(items))
+
+
+def _join(items: Any, separator: str = "") -> str:
+    """cel-go ext/strings.go (ext.Strings, in Kubernetes' environment at every version):
+    `<list<string>>.join()` and `.join(<string>)`, the strings joined with the separator between them."""
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise TypeError("no such overload: join takes a list of strings")
+    return separator.join(items)
+
+
+KUBERNETES_CEL_LIBRARY = {"isSorted": _is_sorted, "join": _join}
+# The standard definitions' functions and operators (cel-spec langdef.md "List of Standard Definitions"), as
+# the cel package names them: what a rule may call besides KUBERNETES_CEL_LIBRARY (the macros, has() among
+# them, are expanded before)
+CEL_STANDARD = frozenset({
+    "!_", "-_", "_&&_", "_||_", "_?_:_", "@not_strictly_false", "_==_", "_!=_", "_<_", "_<=_", "_>_", "_>=_",
+    "_+_", "_-_", "_*_", "_/_", "_%_", "_[_]", "@in", "size", "contains", "startsWith", "endsWith", "matches",
+    "int", "uint", "double", "string", "bytes", "dyn", "type", "duration", "timestamp",
+    "getFullYear", "getMonth", "getDayOfYear", "getDayOfMonth", "getDate", "getDayOfWeek", "getHours",
+    "getMinutes", "getSeconds", "getMilliseconds",
+})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _cel_program(expression: str):
     import cel
 
+    return cel.compile(expression)
+
+
+def cel_rule_problems(expression: str) -> list[str]:
+    """Why this evaluator cannot take a rule (or messageExpression) as Kubernetes would: it does not
+    compile, calls a function neither CEL's standard nor KUBERNETES_CEL_LIBRARY holds, or is a transition
+    rule (oldSelf, which this server does not evaluate); empty when it can."""
+    try:
+        program = _cel_program(expression)
+    except Exception as e:  # the cel package's parse error
+        return [f"compilation failed: {e}"]
+    problems = []
+    unknown = set(program.functions()) - CEL_STANDARD - set(KUBERNETES_CEL_LIBRARY)
+    if unknown:
+        problems.append(f"compilation failed: undeclared reference to {', '.join(sorted(unknown))}")
+    if "oldSelf" in program.variables():
+        problems.append("transition rules (oldSelf) are not evaluated by this emulated API server")
+    return problems
+
+
+def crd_rule_problems(crd: dict[str, Any]) -> list[str]:
+    """Every rule (and messageExpression) of a CRD's versions that `cel_rule_problems` refuses, by path."""
     out = []
+
+    def walk(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for i, rule in enumerate(node.get("x-kubernetes-validations", [])):
+            for key in ("rule", "messageExpression"):
+                if key in rule:
+                    where = f"{path}.x-kubernetes-validations[{i}].{key}"
+                    out.extend(f"{where}: Invalid value: {p}" for p in cel_rule_problems(rule[key]))
+        for name, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.properties[{name}]")
+        for key in ("items", "additionalProperties"):
+            walk(node.get(key), f"{path}.{key}")
+
+    for i, version in enumerate((crd.get("spec") or {}).get("versions", [])):
+        walk(
+            (version.get("schema") or {}).get("openAPIV3Schema"), f"spec.versions[{i}].schema.openAPIV3Schema"
+        )
+    return out
+
+
+def _cel_value(obj: Any, schema: dict[str, Any]) -> Any:
+    """The object as Kubernetes' CEL sees it: a number field's integers as doubles."""
+    if schema.get("type") == "number" and isinstance(obj, int) and not isinstance(obj, bool):
+        return float(obj)
+    if isinstance(obj, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        return {
+            k: _cel_value(v, props.get(k) or (extra if isinstance(extra, dict) else {}))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [_cel_value(v, schema["items"]) for v in obj]
+    return obj
+
+
+def evaluate_rule(expression: str, obj: Any, schema: dict[str, Any] | None = None) -> Any:
+    """A rule (or messageExpression) of a CRD on a node, `self` bound to the node as Kubernetes' CEL sees it
+    under its schema; raises what the evaluation raises (a missing field, a wrong type)."""
+    return _cel_evaluate(expression, _cel_value(obj, schema or {}))
+
+
+def _cel_evaluate(expression: str, node: Any) -> Any:
+    import cel
+
+    context = cel.Context(variables={"self": node}, functions=KUBERNETES_CEL_LIBRARY)
+    return _cel_program(expression).execute(context)
+
+
+def _cel_message(rule: dict[str, Any], node: Any) -> str:
+    """A failed rule's message: its messageExpression's string where that evaluates to one without line
+    breaks, else its message, else the rule (as the API server words it)."""
+    if "messageExpression" in rule:
+        try:
+            message = _cel_evaluate(rule["messageExpression"], node)
+        except Exception:  # the API server logs it and falls back on the message
+            message = None
+        if isinstance(message, str) and message.strip() and "\n" not in message:
+            return message
+    return rule.get("message") or f"failed rule: {rule['rule']}"
+
+
+def cel_violations(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Evaluate x-kubernetes-validations (CEL, with `self` bound to the node) throughout the object."""
+    out = []
+    node = _cel_value(obj, schema) if schema.get("x-kubernetes-validations") else None
     for rule in schema.get("x-kubernetes-validations", []):
         try:
-            ok = cel.evaluate(rule["rule"], {"self": obj})
+            ok = _cel_evaluate(rule["rule"], node)
         except Exception as e:  # a rule that cannot evaluate refuses, as the API server does
-            ok, rule = False, {**rule, "message": f"{rule.get('message', rule['rule'])} ({e})"}
+            ok, rule = False, {"rule": rule["rule"], "message": f"{_cel_message(rule, node)} ({e})"}
         if ok is not True:
-            out.append(f"{path or '<root>'}: Invalid value: {rule.get('message') or rule['rule']}")
+            out.append(f"{path or '<root>'}: Invalid value: {_cel_message(rule, node)}")
     if isinstance(obj, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in obj:
                 out += cel_violations(obj[name], sub, f"{path}.{name}" if path else name)
+        if isinstance(schema.get("additionalProperties"), dict):
+            for name, value in obj.items():
+                out += cel_violations(value, schema["additionalProperties"], f"{path}.{name}")
     if isinstance(obj, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(obj):
             out += cel_violations(item, schema["items"], f"{path}[{i}]")
@@ -332,7 +463,10 @@ def cel_violations(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
 
 
 def schema_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[str]:
-    """The schema's complaints ("path: Invalid value: why"), then, when it has none, its CEL rules'."""
+    """The schema's complaints ("path: Invalid value: why"), then, when it has none, its CEL rules'. Of the
+    object's metadata only name and generateName are checked (what a CRD's schema and rules may see)."""
+    meta = obj.get("metadata") or {}
+    obj = {**obj, "metadata": {k: v for k, v in meta.items() if k in ("name", "generateName")}}
     validator = jsonschema.Draft4Validator(schema)  # OpenAPI v3.0 bounds (boolean exclusiveMinimum)
     errors = []
     for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
@@ -347,8 +481,11 @@ def admit(kind: Resource, obj: dict[str, Any], params: dict[str, str]) -> dict[s
         return obj
     meta = obj.get("metadata")
     unknown: list[str] = []
-    obj = prune(apply_defaults(obj, kind.schema), kind.schema, "", unknown)
-    obj["metadata"] = meta
+    body = {k: v for k, v in obj.items() if k != "metadata"}  # (metadata is ObjectMeta, never pruned)
+    pruned = prune(apply_defaults(body, kind.schema), kind.schema, "", unknown)
+    obj = {k: meta if k == "metadata" else pruned[k] for k in obj if k == "metadata" or k in pruned}
+    obj.update({k: v for k, v in pruned.items() if k not in obj})
+    obj.setdefault("metadata", meta)
     obj.setdefault("apiVersion", kind.api_version)
     obj.setdefault("kind", kind.kind)
     name = (meta or {}).get("name")
@@ -357,7 +494,7 @@ def admit(kind: Resource, obj: dict[str, Any], params: dict[str, str]) -> dict[s
         fields = ", ".join(f'unknown field "{u.lstrip(".")}"' for u in unknown)
         decoding = f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}'
         raise ApiError(400, "BadRequest", f"{decoding}: strict decoding error: {fields}")
-    errors = schema_errors({k: v for k, v in obj.items() if k != "metadata"}, kind.schema)
+    errors = schema_errors(obj, kind.schema)
     if errors:
         causes = []
         for e in errors:
@@ -413,6 +550,11 @@ def established(crd: dict[str, Any]) -> dict[str, Any]:
         raise ApiError(
             422, "Invalid", f"CustomResourceDefinition is invalid: metadata.name must be {expected}"
         )
+    if problems := crd_rule_problems(crd):  # a rule the API server could not compile is refused with its CRD
+        raise ApiError(
+            422, "Invalid",
+            f'CustomResourceDefinition.apiextensions.k8s.io "{expected}" is invalid: ' + "; ".join(problems),
+        )  # fmt: skip
     crd["status"] = {
         "acceptedNames": spec["names"],
         "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
