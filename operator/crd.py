@@ -1,9 +1,19 @@
 """The NeuronModel CustomResourceDefinition, generated from the pydantic models in `spec.py`.
 
 Pydantic's JSON Schema is turned into a structural openAPIV3Schema: references inlined, optional fields
-without `null` unions, titles dropped, defaults, enums, bounds and descriptions kept, each model's rules
-added as `x-kubernetes-validations`. `neuronfleet crd` writes the result into `crds/`; a test fails when the
-file there differs from what this module generates.
+without `null` unions, titles dropped, defaults, enums, bounds and descriptions kept, each section's rules
+(`spec_base.Rule`: those checked at parse and those checked with validation) added as
+`x-kubernetes-validations`, and the model name's rule at the object's root. `neuronfleet crd` writes the
+result into `crds/`; a test fails when the file there differs from what this module generates.
+
+What the API server takes (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/
+custom-resource-definitions/#validation-rules, v1.30): a rule is CEL with `self` the node it sits on, after
+the schema's defaults; `message` is static, `messageExpression` a CEL string expression worded with the
+object's values (its `message` is used when it fails); Kubernetes' CEL is the standard definitions plus its
+libraries (https://kubernetes.io/docs/reference/using-api/cel/); at the root `self.metadata` holds only name
+and generateName, and the root schema may restrict only those two (a maxLength on metadata.name bounds the
+cost of the name's rule). The API server refuses a CRD whose rules' estimated cost exceeds its budget, so a
+list or string a rule iterates carries maxItems or maxLength (tests/unit/test_cel_rules.py checks both).
 """
 
 from __future__ import annotations
@@ -26,6 +36,13 @@ SCALE_SUBRESOURCE = {
     "specReplicasPath": ".spec.replicas",
     "statusReplicasPath": ".status.scaleReplicas",
     "labelSelectorPath": ".status.selector",
+}
+# The root's metadata: what the API server checks of every name already (a DNS subdomain of at most 253
+# characters), declared so that the name's rule has a bounded cost; generateName too, or the API server's
+# CEL would not take this declaration (apiextensions-apiserver schema/cel/model WithTypeAndObjectMeta)
+METADATA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 253}, "generateName": {"type": "string"}},
 }
 # Keywords a structural schema may carry (others, like title or $schema, are dropped).
 KEPT = {
@@ -134,9 +151,9 @@ def _with_model_extras(schema: dict[str, Any], model: type[BaseModel]) -> dict[s
         props[name] = {**props[name], "default": {} if isinstance(value, BaseModel) else value}
     if props:
         schema["properties"] = props
-    rules = getattr(model, "__rules__", [])
+    rules = [*getattr(model, "__rules__", []), *getattr(model, "__validated_rules__", [])]
     if rules:
-        schema["x-kubernetes-validations"] = [{"rule": r.cel, "message": r.message} for r in rules]
+        schema["x-kubernetes-validations"] = [r.validation() for r in rules]
     return schema
 
 
@@ -182,12 +199,17 @@ def build_crd() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "An LLM served on AWS Neuron: compiled once, deployed per role.",
+                            "description": "An LLM served on AWS Neuron: compiled once, deployed per role. "
+                            "Its name is an RFC 1035 label of at most "
+                            f"{spec.MAX_MODEL_NAME} characters (its children are named after it). What needs "
+                            "only the object is checked at apply (x-kubernetes-validations); what needs the "
+                            "cluster or the Hugging Face Hub, by the operator (condition Validated).",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [spec.NAME_RULE.validation()],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": METADATA,
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },

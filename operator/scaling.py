@@ -109,32 +109,9 @@ def scale_status(
 
 
 def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of autoscaling settings that depend on other sections (the rest are the spec's rules)."""
-    a, disaggregated = spec.autoscaling, spec.serving.mode == "disaggregated"
-    errors = []
-    if not disaggregated:
-        for name in ("prefill", "prefillDecodeRatio"):
-            if getattr(a, name) is not None:
-                errors.append(
-                    f"autoscaling.{name} applies to serving.mode disaggregated; this model is unified: "
-                    "remove it"
-                )
-    if not a.enabled:
-        return errors
-    if a.provider == "hpa" and spec.replicas is None:
-        errors.append(
-            "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, "
-            "and a HorizontalPodAutoscaler does nothing while it reads 0 replicas: set spec.replicas (the "
-            f"starting count, {a.min} to {a.max})"
-        )
-    errors += _missing_signals(spec)
-    if a.provider == "hpa" and a.metric == "ttft" and disaggregated:
-        errors.append(
-            "autoscaling.metric ttft with provider hpa needs serving.mode unified: a disaggregated model's "
-            "TTFT is measured by its router, not by the decode pods a HorizontalPodAutoscaler averages over; "
-            "use metric occupancy or queue, or provider keda or builtin"
-        )
-    return errors
+    """Refusals of autoscaling settings that need the engines' facts: a signal the engine's pods do not export
+    (the rest are the spec's rules, which the CRD also carries)."""
+    return _missing_signals(spec) if spec.autoscaling.enabled else []
 
 
 def signal_metric(spec: NeuronModelSpec, role: str, signal: str) -> str | None:

@@ -1,20 +1,24 @@
 """The NeuronModel resource (neuronfleet.dev/v1alpha1): pydantic models of its spec and status.
 
 These models are the single source of truth: the CRD's openAPIV3Schema is generated from them (`crd.py`),
-and the operator parses objects with them. A rule that spans fields is declared once with `rule(...)`: its
-CEL expression goes into the CRD's `x-kubernetes-validations` (the API server enforces it) and its Python
-twin runs when a model is parsed here (so `neuronfleet validate` and the operator refuse the same things).
-Field names are the public contract: users' manifests and the samples use them.
+and the operator parses objects with them. A rule that needs only the object is declared once, beside its
+section, as a `Rule`: its CEL expression goes into the CRD's `x-kubernetes-validations` (the API server
+refuses an object that breaks it, at `kubectl apply`) and its Python twin runs when a model is parsed here
+(`rules`) or validated (`validated_rules`, with the checks that need more than the object), so that
+`neuronfleet validate`, `render` and the operator refuse the same things. Field names are the public
+contract: users' manifests and the samples use them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from neuronfleet.contract import SERVE_PORT, RoutingPolicy
 
+from . import names, topology
 from .gateway_spec import Gateway
 from .spec_base import (
     DNS_LABEL,
@@ -22,6 +26,8 @@ from .spec_base import (
     LABEL_VALUE,
     MEANINGS,
     NO_SPACE,
+    QUALIFIED_NAME,
+    QUALIFIED_NAME_CEL,
     QUANTITY,
     SECRET_KEY,
     VAR_REF,
@@ -34,6 +40,7 @@ from .spec_base import (
     qualified_name,
     rules,
     section,
+    validated_rules,
     var_refs,
 )
 
@@ -99,7 +106,8 @@ class ModelSource(Spec):
     tokenizer: arg_text(TOKENIZER, 4096) | None = Field(
         None,
         description="Where the tokenizer is when it differs from the model's (a folder: file:///path, "
-        "pvc://claim/path or hf://org/name); the compile puts its tokenizer files beside the weights.",
+        "pvc://claim/path or hf://org/name); the compile puts its tokenizer files beside the weights. Engine "
+        "embedded only (the API server refuses it for the others).",
     )
     secretRef: SecretKeyRef | None = Field(
         None, description="Secret with the token to download the model (e.g. a Hugging Face token)."
@@ -109,15 +117,31 @@ class ModelSource(Spec):
     )
 
 
+@validated_rules(
+    Rule(
+        "self.context.isSorted() && self.context.all(b, self.context.exists_one(c, c == b))",
+        "neuron.buckets.context must be increasing without repeats (e.g. [512, 1024, 2048])",
+        lambda s: s.context == sorted(set(s.context)),
+        lambda s: f"neuron.buckets.context must be increasing without repeats, got {s.context}",
+    ),
+    Rule(
+        "self.generation.isSorted() && self.generation.all(b, self.generation.exists_one(c, c == b))",
+        "neuron.buckets.generation must be increasing without repeats (e.g. [512, 1024, 2048])",
+        lambda s: s.generation == sorted(set(s.generation)),
+        lambda s: f"neuron.buckets.generation must be increasing without repeats, got {s.generation}",
+    ),
+)
 class Buckets(Spec):
     context: list[int] = Field(
         default_factory=list,
-        description="Prompt length buckets (context encoding); empty: derived from maxInputLength.",
+        description="Prompt length buckets (context encoding), increasing, between 1 and maxInputLength; "
+        "empty: derived from maxInputLength.",
         max_length=32,
     )
     generation: list[int] = Field(
         default_factory=list,
-        description="KV length buckets for token generation; empty: derived from sequenceLength.",
+        description="KV length buckets for token generation, increasing, between 1 and sequenceLength; "
+        "empty: derived from sequenceLength.",
         max_length=32,
     )
 
@@ -133,42 +157,157 @@ def valued(section: BaseModel, name: str) -> str:
     )
 
 
+def placeable_tensor_parallel(inst: topology.Instance, logical_cores: int | None) -> tuple[int, ...]:
+    """The tensor parallelisms one pod can run at on an instance type: a documented degree, within one node's
+    cores, on as many devices as the Neuron scheduler extension places."""
+    out = []
+    for tp in inst.tensor_parallel:
+        devices = math.ceil(tp / inst.cores_per_device(logical_cores))
+        if tp <= inst.total_cores(logical_cores) and (
+            inst.device_counts is None or devices in inst.device_counts
+        ):
+            out.append(tp)
+    return tuple(out)
+
+
+def _placement_key(instance: str, logical_cores: int | None) -> str:
+    return f"{instance}/{'' if logical_cores is None else logical_cores}"
+
+
+# Per instance type and neuron.logicalCores (unset, 1, 2): what `placeable_tensor_parallel` allows, as the
+# Python twins read it and as a CEL map literal the rules index (a table the CRD carries, from topology.py)
+PLACEABLE = {
+    _placement_key(name, lnc): placeable_tensor_parallel(inst, lnc)
+    for name, inst in topology.INSTANCES.items()
+    for lnc in (None, 1, 2)
+}
+PLACEABLE_CEL = "{" + ", ".join(f"'{k}': [{', '.join(map(str, v))}]" for k, v in PLACEABLE.items()) + "}"
+LNC_INSTANCES = [name for name, inst in topology.INSTANCES.items() if inst.lnc_configurable]
+EFA_CEL = "{" + ", ".join(f"'{k}': {i.efa_interfaces}" for k, i in topology.INSTANCES.items()) + "}"
+
+
+def placement_key_cel(neuron: str) -> str:
+    """The CEL of PLACEABLE's key for the neuron section at `neuron` (`self` or `self.neuron`)."""
+    return f"{neuron}.instanceType + '/' + (has({neuron}.logicalCores) ? string({neuron}.logicalCores) : '')"
+
+
+def placeable_cel(tp: str, neuron: str) -> str:
+    """CEL: tensor parallelism `tp` runs on the instance type of the neuron section at `neuron`."""
+    return f"{neuron}.instanceType == 'cpu' || {tp} in {PLACEABLE_CEL}[{placement_key_cel(neuron)}]"
+
+
+def placeable_message_cel(name: str, tp: str, neuron: str) -> str:
+    """CEL that words a refusal of `tp` (`name` in the spec) with the degrees that would fit."""
+    return (
+        f"'{name} ' + string({tp}) + ' does not fit one pod on ' + {neuron}.instanceType + ' (a documented "
+        "degree, within its Neuron cores, on as many devices as the Neuron scheduler extension places): "
+        f"choose one of ' + {PLACEABLE_CEL}[{placement_key_cel(neuron)}].map(t, string(t)).join(', ')"
+    )
+
+
+PLACEABLE_MESSAGE = (
+    "{name} must be a tensor parallelism that fits one pod on the instance type: "
+    + "; ".join(
+        f"{name} {', '.join(map(str, PLACEABLE[_placement_key(name, None)]))}" for name in topology.INSTANCES
+    )
+)
+
+
+def tensor_parallel_refusal(name: str, tp: int, instance: str, logical_cores: int | None) -> str | None:
+    """Why tensor parallelism `tp` (`name` in the spec) cannot run on the instance type, in the words of the
+    first limit it breaks, with the degrees that would fit; None when it can (or on cpu)."""
+    inst = topology.INSTANCES.get(instance)
+    if inst is None or tp in PLACEABLE[_placement_key(instance, logical_cores)]:
+        return None
+    allowed = ", ".join(map(str, PLACEABLE[_placement_key(instance, logical_cores)]))
+    if tp not in inst.tensor_parallel:
+        return f"{name} {tp} is not a documented degree on {inst.name}; choose one of {allowed}"
+    if tp > inst.total_cores(logical_cores):
+        return (
+            f"{name} {tp} needs more cores than one {inst.name} has ({inst.total_cores(logical_cores)}); "
+            f"choose one of {allowed} or a larger instance"
+        )
+    devices = math.ceil(tp / inst.cores_per_device(logical_cores))
+    return (
+        f"{name} {tp} needs {devices} Neuron devices per pod, but the Neuron scheduler extension on "
+        f"{inst.name} places only {', '.join(map(str, inst.device_counts or ()))} devices; choose {name} "
+        f"{allowed}"
+    )
+
+
 @rules(
-    Rule(
-        "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength",
-        "neuron.maxInputLength must be below neuron.sequenceLength (4096 when not set): room is needed to "
-        "generate",
-        lambda s: s.maxInputLength is None or s.maxInputLength < s.sequenceLength,
-        lambda s: (
-            f"{valued(s, 'maxInputLength')} must be below {valued(s, 'sequenceLength')} (room is needed "
-            f"to generate); set neuron.maxInputLength below {s.sequenceLength}"
-        ),
-    ),
-    Rule(
-        "!has(self.maxInputLength) || self.buckets.context.all(b, b >= 1 && b <= self.maxInputLength)",
-        "neuron.buckets.context must lie between 1 and neuron.maxInputLength",
-        lambda s: s.maxInputLength is None or all(1 <= b <= s.maxInputLength for b in s.buckets.context),
-    ),
     Rule(
         "self.buckets.generation.all(b, b >= 1 && b <= self.sequenceLength)",
         "neuron.buckets.generation must lie between 1 and neuron.sequenceLength",
         lambda s: all(1 <= b <= s.sequenceLength for b in s.buckets.generation),
     ),
 )
+@validated_rules(
+    Rule(
+        "self.instanceType != 'cpu' || self.tensorParallel == 1",
+        "neuron.tensorParallel needs Neuron cores: on instanceType cpu use 1",
+        lambda s: s.instanceType != "cpu" or s.tensorParallel == 1,
+        lambda s: f"tensorParallel {s.tensorParallel} needs Neuron cores; on cpu use 1",
+        "'neuron.tensorParallel ' + string(self.tensorParallel) + ' needs Neuron cores: on instanceType cpu "
+        "use 1'",
+    ),
+    Rule(
+        "self.instanceType != 'cpu' || self.quantization in ['none', 'int8', 'int4']",
+        "neuron.quantization fp8 is not available on instanceType cpu: use none, int8 or int4",
+        lambda s: s.instanceType != "cpu" or s.quantization in ("none", "int8", "int4"),
+        lambda s: f"quantization {s.quantization} is not available on cpu; use none, int8 or int4",
+    ),
+    Rule(
+        "self.instanceType == 'cpu' || self.quantization != 'int4'",
+        "quantization int4 runs on the embedded engine's CPU kernels only (instanceType cpu); on Neuron use "
+        "none, int8 or fp8 (engine vllm)",
+        lambda s: s.instanceType == "cpu" or s.quantization != "int4",
+    ),
+    Rule(
+        f"!has(self.logicalCores) || self.instanceType in {LNC_INSTANCES!r}",
+        "neuron.logicalCores applies to Trn2 and Trn3 instances only; remove it",
+        lambda s: s.logicalCores is None or s.instanceType in LNC_INSTANCES,
+        lambda s: (
+            "neuron.logicalCores applies to Trn2 and Trn3 instances only"
+            + ("" if s.instanceType == "cpu" else f", not {s.instanceType}")
+            + "; remove it"
+        ),
+        "'neuron.logicalCores applies to Trn2 and Trn3 instances only, not ' + self.instanceType + '; remove "
+        "it'",
+    ),
+    Rule(
+        placeable_cel("self.tensorParallel", "self"),
+        PLACEABLE_MESSAGE.format(name="neuron.tensorParallel"),
+        lambda s: (
+            tensor_parallel_refusal("tensorParallel", s.tensorParallel, s.instanceType, s.logicalCores)
+            is None
+        ),
+        lambda s: tensor_parallel_refusal("tensorParallel", s.tensorParallel, s.instanceType, s.logicalCores),
+        placeable_message_cel("neuron.tensorParallel", "self.tensorParallel", "self"),
+    ),
+)
 class NeuronSettings(Spec):
     instanceType: InstanceType = Field(
         description="EC2 instance type of the serving nodes; `cpu` runs the embedded engine without Neuron "
-        "(its only instance type until its Neuron backend is built)."
+        "(its only instance type until its Neuron backend is built). The API server refuses engine embedded "
+        "on a Neuron instance type, another engine on cpu, and a tensorParallel, logicalCores, quantization "
+        "or kvTransfer.efaInterfaces the instance type cannot take (the messages say what would fit)."
     )
     tensorParallel: int = Field(
-        1, description="Neuron cores (logical cores on Trn2) per replica.", ge=1, le=128
+        1,
+        description="Neuron cores (logical cores on Trn2 and Trn3) per replica: a degree that fits one pod "
+        "on the instance type (e.g. 1, 2, 4, 8 or 24 on inf2.48xlarge; 1 on cpu), refused at apply "
+        "otherwise.",
+        ge=1,
+        le=128,
     )
     batchSize: int = Field(4, description="Static batch compiled into the model: the slots.", ge=1, le=1024)
     sequenceLength: int = Field(4096, description="Prompt plus generated tokens per slot.", ge=16, le=1048576)
     maxInputLength: int | None = Field(
         None,
         description="Longest prompt in tokens. Default: neuron.sequenceLength - 1 for engines vllm and "
-        "sglang (they bound a prompt by the context length only), 3072 for embedded and tgi.",
+        "sglang (they bound a prompt by the context length only), 3072 for embedded and tgi. Must be below "
+        "sequenceLength, default or not (refused at apply).",
         ge=1,
         le=1048576,
     )
@@ -180,7 +319,9 @@ class NeuronSettings(Spec):
         "each pod.",
     )
     logicalCores: Literal[1, 2] | None = Field(
-        None, description="Logical NeuronCore configuration (LNC) on Trn2: 2 (default there) or 1."
+        None,
+        description="Logical NeuronCore configuration (LNC) on Trn2 and Trn3: 2 (default there) or 1; "
+        "refused on other instance types.",
     )
     buckets: Buckets = section(Buckets, "Length buckets compiled for prefill and decode.")
     quantization: Literal["none", "int8", "int4", "fp8"] = Field(
@@ -241,6 +382,37 @@ class Resources(Spec):
     )
 
 
+def _qualified(value: str) -> bool:
+    try:
+        qualified_name(value)
+    except ValueError:
+        return False
+    return True
+
+
+@rules(
+    Rule(
+        f"!has(self.key) || self.key == '' || ({QUALIFIED_NAME_CEL.format('self.key')})",
+        f"key must be {QUALIFIED_NAME}",
+        lambda t: not t.key or _qualified(t.key),
+        lambda t: f"key must be {QUALIFIED_NAME}, got {t.key!r}",
+    ),
+    Rule(
+        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "value must be empty with operator Exists",
+        lambda t: t.operator != "Exists" or not t.value,
+    ),
+    Rule(
+        "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+        "a toleration without a key needs operator Exists",
+        lambda t: bool(t.key) or t.operator == "Exists",
+    ),
+    Rule(
+        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        "tolerationSeconds applies to effect NoExecute only",
+        lambda t: t.tolerationSeconds is None or t.effect == "NoExecute",
+    ),
+)
 class Toleration(Spec):
     """A Pod's toleration, as Kubernetes checks it (pkg/apis/core/validation validateTolerations, v1.31)."""
 
@@ -254,21 +426,6 @@ class Toleration(Spec):
         None, description="The taint effect tolerated (empty: all)."
     )
     tolerationSeconds: int | None = Field(None, description="Effect NoExecute: how long the pod stays.")
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, value: str | None) -> str | None:
-        return qualified_name(value) if value else value
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.operator == "Exists" and self.value:
-            raise ValueError("value must be empty with operator Exists")
-        if not self.key and self.operator != "Exists":
-            raise ValueError("a toleration without a key needs operator Exists")
-        if self.tolerationSeconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds applies to effect NoExecute only")
-        return self
 
 
 def _tolerations(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -284,7 +441,9 @@ def _tolerations(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _toleration_items(schema: dict[str, Any]) -> None:
-    schema["items"] = Toleration.model_json_schema()
+    """A toleration's schema and rules (the list keeps each item as written, so pydantic leaves them out)."""
+    rules = [r.validation() for r in Toleration.__rules__]
+    schema["items"] = {**Toleration.model_json_schema(), "x-kubernetes-validations": rules}
 
 
 Tolerations = Annotated[list[dict[str, Any]], AfterValidator(_tolerations)]
@@ -423,17 +582,43 @@ class Routing(Spec):
     )
 
 
+PROMPT_TO_CONTEXT_ENGINES = ["vllm", "sglang"]  # a prompt may fill their context but one token
+FIXED_MAX_INPUT = 3072
+
+
 def default_max_input_length(engine: str, sequence_length: int) -> int:
     """The prompt limit of a spec that names none: what vLLM and SGLang enforce (a prompt may fill the
     context but one token: vLLM's --max-model-len, SGLang's --context-length), 3072 for the engines whose
-    compile takes a prompt length of its own (embedded, TGI's MAX_INPUT_TOKENS)."""
-    return sequence_length - 1 if engine in ("vllm", "sglang") else 3072
+    compile takes a prompt length of its own (embedded, TGI's MAX_INPUT_TOKENS). (`MAX_INPUT_CEL` says the
+    same to the API server.)"""
+    return sequence_length - 1 if engine in PROMPT_TO_CONTEXT_ENGINES else FIXED_MAX_INPUT
 
 
 def default_transport(engine: str) -> str:
     """The KV transport of a spec that names none: tcp for the embedded engine (it runs anywhere, no extra
-    package), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang)."""
+    package), efa for the engines whose NIXL/LIBFABRIC path is configured (vllm, sglang). (`TRANSPORT_CEL`
+    says the same to the API server.)"""
     return "tcp" if engine == "embedded" else "efa"
+
+
+# The spec's values the rules of the whole spec read, in CEL (the API server has no engine-dependent
+# defaults: an unset field is derived as `default_max_input_length` and `default_transport` derive it)
+MAX_INPUT_CEL = (
+    "(has(self.neuron.maxInputLength) ? self.neuron.maxInputLength : (self.engine in "
+    f"{PROMPT_TO_CONTEXT_ENGINES!r} ? self.neuron.sequenceLength - 1 : {FIXED_MAX_INPUT}))"
+)
+TRANSPORT_CEL = (
+    "(has(self.serving.kvTransfer.transport) ? self.serving.kvTransfer.transport : (self.engine == "
+    "'embedded' ? 'tcp' : 'efa'))"
+)
+OVER_EFA_CEL = (
+    f"({TRANSPORT_CEL} == 'efa' || ({TRANSPORT_CEL} == 'nixl' && has(self.serving.kvTransfer.backend) && "
+    "self.serving.kvTransfer.backend == 'libfabric'))"
+)
+DISAGGREGATED_CEL = "(self.serving.mode == 'disaggregated')"
+
+
+DEFAULT_EFA_INTERFACES = 1
 
 
 class KVTransfer(Spec):
@@ -446,10 +631,14 @@ class KVTransfer(Spec):
     backend: Literal["ucx", "libfabric"] | None = Field(
         None,
         description="Transport nixl: NIXL's backend, ucx (any network; the default) or libfabric (EFA, as "
-        "transport efa).",
+        "transport efa). Refused with another transport.",
     )
     efaInterfaces: int = Field(
-        1, description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa).", ge=0, le=32
+        DEFAULT_EFA_INTERFACES,
+        description="EFA devices requested per prefill/decode pod (vpc.amazonaws.com/efa): with an EFA "
+        "transport (efa, or nixl with backend libfabric) only, at most the instance type's EFA interfaces.",
+        ge=0,
+        le=32,
     )
     connector: Literal["NixlConnector", "NeuronNixlConnector"] | None = Field(
         None,
@@ -702,6 +891,230 @@ class Scheduling(Spec):
     priorityClassName: ObjectName | None = Field(None, description="Priority class of the serving pods.")
 
 
+def _role_tp_rule(role: str) -> Rule:
+    tp = f"self.serving.{role}.tensorParallel"
+    return Rule(
+        f"!{DISAGGREGATED_CEL} || !has(self.serving.{role}) || !has({tp}) || "
+        f"{placeable_cel(tp, 'self.neuron')}",
+        PLACEABLE_MESSAGE.format(name=f"serving.{role}.tensorParallel"),
+        lambda s: (
+            s.serving.mode != "disaggregated"
+            or getattr(s.serving, role) is None
+            or _role_tp_refusal(s, role) is None
+        ),
+        lambda s: _role_tp_refusal(s, role) or "",
+        placeable_message_cel(f"serving.{role}.tensorParallel", tp, "self.neuron"),
+    )
+
+
+def _role_tp_refusal(s: NeuronModelSpec, role: str) -> str | None:
+    tp = getattr(s.serving, role).tensorParallel
+    n = s.neuron
+    name = f"serving.{role}.tensorParallel"
+    return None if tp is None else tensor_parallel_refusal(name, tp, n.instanceType, n.logicalCores)
+
+
+def _efa_interfaces(s: NeuronModelSpec) -> int:
+    inst = topology.INSTANCES.get(s.neuron.instanceType)
+    return inst.efa_interfaces if inst is not None else 0
+
+
+def _over_efa(s: NeuronModelSpec) -> bool:
+    return s.serving.mode == "disaggregated" and s.serving.kvTransfer.over_efa
+
+
+def _transport_named(s: NeuronModelSpec) -> str:
+    kv = s.serving.kvTransfer
+    return f"{kv.transport} with backend libfabric" if kv.transport == "nixl" else str(kv.transport)
+
+
+# The rules that read more than one section (checked by validation.validate, with the rest of its checks;
+# the rules of one section are declared beside it)
+@validated_rules(
+    Rule(
+        f"{MAX_INPUT_CEL} < self.neuron.sequenceLength",
+        "neuron.maxInputLength must be below neuron.sequenceLength (room is needed to generate); unset it is "
+        f"{FIXED_MAX_INPUT} for engines embedded and tgi, neuron.sequenceLength - 1 for vllm and sglang: set "
+        "neuron.maxInputLength below neuron.sequenceLength",
+        lambda s: s.neuron.maxInputLength < s.neuron.sequenceLength,
+        lambda s: (
+            f"{valued(s.neuron, 'maxInputLength')} must be below {valued(s.neuron, 'sequenceLength')} (room "
+            f"is needed to generate); set neuron.maxInputLength below {s.neuron.sequenceLength}"
+        ),
+        f"'neuron.maxInputLength ' + string({MAX_INPUT_CEL}) + (has(self.neuron.maxInputLength) ? '' : ' "
+        "(the default of engine ' + self.engine + ', not set)') + ' must be below neuron.sequenceLength ' + "
+        "string(self.neuron.sequenceLength) + ' (room is needed to generate); set neuron.maxInputLength "
+        "below ' + string(self.neuron.sequenceLength)",
+    ),
+    Rule(
+        f"self.neuron.buckets.context.all(b, b >= 1 && b <= {MAX_INPUT_CEL})",
+        "neuron.buckets.context must lie between 1 and neuron.maxInputLength (unset: "
+        f"{FIXED_MAX_INPUT} for engines embedded and tgi, neuron.sequenceLength - 1 for vllm and sglang)",
+        lambda s: all(1 <= b <= s.neuron.maxInputLength for b in s.neuron.buckets.context),
+        lambda s: (
+            f"neuron.buckets.context must lie between 1 and {valued(s.neuron, 'maxInputLength')}, got "
+            f"{s.neuron.buckets.context}"
+        ),
+    ),
+    Rule(
+        "self.neuron.instanceType != 'cpu' || self.engine == 'embedded'",
+        "engine vllm, tgi and sglang need Neuron devices: instanceType cpu runs engine embedded only",
+        lambda s: s.neuron.instanceType != "cpu" or s.engine == "embedded",
+        lambda s: f"engine {s.engine} needs Neuron devices; instanceType cpu runs engine embedded only",
+        "'engine ' + self.engine + ' needs Neuron devices: instanceType cpu runs engine embedded only'",
+    ),
+    EMBEDDED_ON_NEURON := Rule(
+        "self.neuron.instanceType == 'cpu' || self.engine != 'embedded'",
+        "engine embedded (the default) has no Neuron backend yet: neuronfleet's runtime serves on "
+        "instanceType "
+        "cpu only; on a Neuron instance type use engine vllm (or tgi on Inf2 and Trn1, sglang on Trn3), or "
+        "use instanceType cpu",
+        lambda s: s.neuron.instanceType == "cpu" or s.engine != "embedded",
+        # (validation words the Python refusal: it names the engines that serve such a spec there)
+    ),
+    _role_tp_rule("prefill"),
+    _role_tp_rule("decode"),
+    Rule(
+        f"!({DISAGGREGATED_CEL} && {OVER_EFA_CEL}) || self.neuron.instanceType == 'cpu' || {EFA_CEL}"
+        "[self.neuron.instanceType] > 0",
+        "serving.kvTransfer over EFA (transport efa, the default of engines vllm and sglang, or nixl with "
+        "backend libfabric) needs an instance type with EFA ("
+        + ", ".join(k for k, i in topology.INSTANCES.items() if i.efa_interfaces)
+        + "): use kvTransfer.transport tcp (or nixl with backend ucx) or an EFA instance",
+        lambda s: not _over_efa(s) or s.neuron.instanceType == "cpu" or _efa_interfaces(s) > 0,
+        lambda s: (
+            f"{s.neuron.instanceType} has no EFA; use kvTransfer.transport tcp (or nixl with backend ucx) or "
+            "an EFA instance"
+        ),
+        "self.neuron.instanceType + ' has no EFA: use kvTransfer.transport tcp (or nixl with backend ucx) or "
+        "an EFA instance'",
+    ),
+    Rule(
+        f"!({DISAGGREGATED_CEL} && {OVER_EFA_CEL}) || self.neuron.instanceType == 'cpu' || "
+        f"self.serving.kvTransfer.efaInterfaces <= {EFA_CEL}[self.neuron.instanceType] || {EFA_CEL}"
+        "[self.neuron.instanceType] == 0",
+        "serving.kvTransfer.efaInterfaces must not exceed the instance type's EFA interfaces ("
+        + ", ".join(f"{k} {i.efa_interfaces}" for k, i in topology.INSTANCES.items() if i.efa_interfaces)
+        + ")",
+        lambda s: (
+            not _over_efa(s)
+            or _efa_interfaces(s) == 0
+            or s.serving.kvTransfer.efaInterfaces <= _efa_interfaces(s)
+        ),
+        lambda s: (
+            f"kvTransfer.efaInterfaces {s.serving.kvTransfer.efaInterfaces} exceeds the {_efa_interfaces(s)} "
+            f"EFA interfaces of {s.neuron.instanceType}"
+        ),
+        "'kvTransfer.efaInterfaces ' + string(self.serving.kvTransfer.efaInterfaces) + ' exceeds the ' + "
+        f"string({EFA_CEL}[self.neuron.instanceType]) + ' EFA interfaces of ' + self.neuron.instanceType",
+    ),
+    Rule(
+        f"!({DISAGGREGATED_CEL} && self.engine == 'embedded' && {OVER_EFA_CEL} && !has(self.image))",
+        "serving.kvTransfer over EFA (transport efa, or nixl with backend libfabric: NIXL over LIBFABRIC on "
+        "the pods' EFA devices) needs a runtime image with AWS's EFA userspace (EFA installer 1.51.0 or "
+        "later; docs/disaggregation.md): neuronfleet's runtime-cpu image has NIXL but not EFA's libfabric. "
+        "Set spec.image to such an image, or use kvTransfer.transport nixl (backend ucx) or tcp",
+        lambda s: not (_over_efa(s) and s.engine == "embedded" and s.image is None),
+        lambda s: (
+            f"kvTransfer.transport {_transport_named(s)} (NIXL over LIBFABRIC on the pods' EFA devices) "
+            "needs a "
+            "runtime image with AWS's EFA userspace (EFA installer 1.51.0 or later: NIXL 1.5.1's LIBFABRIC "
+            "plugin needs a libfabric newer than 2.6.0, and the libraries docs/disaggregation.md lists); "
+            "neuronfleet's runtime-cpu image has NIXL but not EFA's libfabric: set spec.image to such an "
+            "image, or use kvTransfer.transport nixl (backend ucx) or tcp"
+        ),
+    ),
+    Rule(
+        f"!({DISAGGREGATED_CEL} && {TRANSPORT_CEL} == 'nixl' && self.engine != 'embedded')",
+        "kvTransfer.transport nixl names the embedded engine's NIXL transport; engines vllm and sglang move "
+        "KV caches with their own NIXL connector over LIBFABRIC: use kvTransfer.transport efa",
+        lambda s: (
+            not (
+                s.serving.mode == "disaggregated"
+                and s.serving.kvTransfer.transport == "nixl"
+                and s.engine != "embedded"
+            )
+        ),
+        lambda s: (
+            "kvTransfer.transport nixl names the embedded engine's NIXL transport; engine "
+            f"{s.engine} moves KV caches with its own NIXL connector over LIBFABRIC: use "
+            "kvTransfer.transport efa"
+        ),
+    ),
+    Rule(
+        f"!({DISAGGREGATED_CEL} && self.engine == 'tgi')",
+        "engine tgi has no prefill/decode disaggregation; use serving.mode unified",
+        lambda s: not (s.serving.mode == "disaggregated" and s.engine == "tgi"),
+    ),
+    Rule(
+        f"self.serving.kvTransfer.efaInterfaces == {DEFAULT_EFA_INTERFACES} || ({DISAGGREGATED_CEL} && "
+        f"{OVER_EFA_CEL})",
+        "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
+        "kvTransfer.transport efa (or nixl with backend libfabric) only; remove it, or use serving.mode "
+        "disaggregated with transport efa",
+        lambda s: s.serving.kvTransfer.efaInterfaces == DEFAULT_EFA_INTERFACES or _over_efa(s),
+    ),
+    Rule(
+        f"!has(self.serving.kvTransfer.backend) || ({DISAGGREGATED_CEL} && {TRANSPORT_CEL} == 'nixl')",
+        "serving.kvTransfer.backend: a NIXL backend is chosen for kvTransfer.transport nixl only (efa is "
+        "NIXL over LIBFABRIC already); remove it, or use transport nixl",
+        lambda s: (
+            s.serving.kvTransfer.backend is None
+            or (s.serving.mode == "disaggregated" and s.serving.kvTransfer.transport == "nixl")
+        ),
+        lambda s: (
+            f"serving.kvTransfer.backend {s.serving.kvTransfer.backend}: a NIXL backend is chosen for "
+            "kvTransfer.transport nixl only (efa is NIXL over LIBFABRIC already); remove it, or use "
+            "transport nixl"
+        ),
+    ),
+    Rule(
+        "!has(self.model.tokenizer) || self.engine == 'embedded'",
+        "model.tokenizer is applied by the embedded engine's compile, not engines vllm, tgi or sglang: "
+        "remove it, or put the tokenizer files beside the model's weights",
+        lambda s: s.model.tokenizer is None or s.engine == "embedded",
+        lambda s: (
+            f"model.tokenizer is applied by the embedded engine's compile, not engine {s.engine}; remove it, "
+            "or put the tokenizer files beside the model's weights"
+        ),
+    ),
+    *(
+        Rule(
+            f"{DISAGGREGATED_CEL} || !has(self.autoscaling.{name})",
+            f"autoscaling.{name} applies to serving.mode disaggregated; this model is unified: remove it",
+            lambda s, name=name: s.serving.mode == "disaggregated" or getattr(s.autoscaling, name) is None,
+        )
+        for name in ("prefill", "prefillDecodeRatio")
+    ),
+    Rule(
+        "!self.autoscaling.enabled || self.autoscaling.provider != 'hpa' || has(self.replicas)",
+        "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, and a "
+        "HorizontalPodAutoscaler does nothing while it reads 0 replicas: set spec.replicas (the starting "
+        "count, between autoscaling.min and autoscaling.max)",
+        lambda s: not s.autoscaling.enabled or s.autoscaling.provider != "hpa" or s.replicas is not None,
+        lambda s: (
+            "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, "
+            "and a HorizontalPodAutoscaler does nothing while it reads 0 replicas: set spec.replicas (the "
+            f"starting count, {s.autoscaling.min} to {s.autoscaling.max})"
+        ),
+    ),
+    Rule(
+        "!self.autoscaling.enabled || self.autoscaling.provider != 'hpa' || self.autoscaling.metric != "
+        f"'ttft' || !{DISAGGREGATED_CEL}",
+        "autoscaling.metric ttft with provider hpa needs serving.mode unified: a disaggregated model's TTFT "
+        "is "
+        "measured by its router, not by the decode pods a HorizontalPodAutoscaler averages over; use metric "
+        "occupancy or queue, or provider keda or builtin",
+        lambda s: (
+            not (
+                s.autoscaling.enabled
+                and s.autoscaling.provider == "hpa"
+                and s.autoscaling.metric == "ttft"
+                and s.serving.mode == "disaggregated"
+            )
+        ),
+    ),
+)
 class NeuronModelSpec(Spec):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
@@ -721,7 +1134,8 @@ class NeuronModelSpec(Spec):
     replicas: int | None = Field(
         None,
         description="Replicas of the scaled role, the NeuronModel's scale subresource (kubectl scale, HPA, "
-        "KEDA): unified pods, or decode pods with prefill following their ratio. Unset: serving.*.replicas.",
+        "KEDA): unified pods, or decode pods with prefill following their ratio. Unset: serving.*.replicas. "
+        "autoscaling.provider hpa needs it (refused at apply without it).",
         ge=0,
         le=1000,
     )
@@ -736,7 +1150,7 @@ class NeuronModelSpec(Spec):
         """Defaults that depend on the engine (the CRD cannot say them: its defaults are per field): the KV
         transport and the prompt limit. Filled in, but still not set by the user (`model_fields_set`), so a
         refusal caused by one says it is a default, and `model_dump(exclude_unset=True)` re-derives it for
-        another engine; the neuron section's rules are checked again with the limit filled in."""
+        another engine (the rules that read them are validated rules: validation.validate checks them)."""
         kv = self.serving.kvTransfer
         if kv.transport is None:
             kv.transport = default_transport(self.engine)
@@ -745,8 +1159,26 @@ class NeuronModelSpec(Spec):
         if n.maxInputLength is None:
             n.maxInputLength = default_max_input_length(self.engine, n.sequenceLength)
             n.model_fields_set.discard("maxInputLength")
-            n._check_rules()
         return self
+
+
+# The model's own name: its children are named after it (names.py); the CRD's rule at the object's root, where
+# Kubernetes' CEL sees metadata.name (and generateName) only; the Python twin is names.name_errors
+MAX_MODEL_NAME = names.max_model_name()
+NAME_RULE = Rule(
+    f"self.metadata.name.matches('{names.RFC1035.pattern}') && size(self.metadata.name) <= {MAX_MODEL_NAME}",
+    "metadata.name must be an RFC 1035 label (lower-case letters, digits and '-', starting with a letter, "
+    f"ending with a letter or digit) of at most {MAX_MODEL_NAME} characters: it names the model's Service, "
+    "and the longest name of its children (a disaggregated set's Deployments) must fit Kubernetes' 63",
+    lambda name: not names.name_errors(name),
+    lambda name: names.name_errors(name)[0],
+    f"'metadata.name ' + self.metadata.name + (size(self.metadata.name) > {MAX_MODEL_NAME} ? ' has ' + "
+    f"string(size(self.metadata.name)) + ' characters; at most {MAX_MODEL_NAME} fit: the longest name of its "
+    "children (the Deployments of a disaggregated set) must fit the 63 characters Kubernetes allows' : ' "
+    "must "
+    "be an RFC 1035 label (lower-case letters, digits and -, starting with a letter, ending with a letter or "
+    "digit): it names the Service of the model')",
+)
 
 
 # ---- status ----------------------------------------------------------------------------------------------

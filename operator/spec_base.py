@@ -7,7 +7,7 @@ arguments or environment, where `$(` is refused (`ArgText`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -37,6 +37,14 @@ _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 QUALIFIED_NAME = (
     "a qualified name (an optional DNS-1123 subdomain prefix and '/', then at most 63 letters, digits, '-', "
     "'_' and '.', starting and ending with a letter or digit; e.g. node.kubernetes.io/instance-type)"
+)
+
+
+# QUALIFIED_NAME in CEL, for a string of at most 317 characters at `{0}` (a prefix of at most 253, a name of
+# at most 63: RE2's bounded repetition)
+QUALIFIED_NAME_CEL = (
+    r"{0}.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]{{0,61}})?[A-Za-z0-9]$') && !{0}.matches('^[^/]{{254,}}/')"
 )
 
 
@@ -106,7 +114,18 @@ Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=64)]
 
 
 class Rule:
-    """A cross-field rule: a CEL expression for the API server and the same check in Python."""
+    """A rule over one section of the spec, declared once: a CEL expression that the CRD carries as an
+    `x-kubernetes-validations` entry (the API server refuses an object that breaks it, at apply), and the
+    same check in Python for what does not pass through the API server (`neuronfleet validate` and `render`,
+    and an object stored before the CRD had the rule: the Validated condition). tests/unit/test_cel_rules.py
+    holds the two to agreeing on a table of good and bad objects.
+
+    CEL as Kubernetes offers it (https://kubernetes.io/docs/reference/using-api/cel/, v1.30): the standard
+    definitions and macros, and Kubernetes' libraries (here only `isSorted` of its list library and `join` of
+    cel-go's strings extension); `self` is the section, after the schema's defaults; a rule that iterates a
+    list or a string needs maxItems or maxLength on it, so that the API server's estimate of its cost is
+    bounded (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/
+    #resource-use-by-validation-functions). localcluster/semantics.py evaluates the same rules."""
 
     def __init__(
         self,
@@ -114,14 +133,32 @@ class Rule:
         message: str,
         check: Callable[[Any], bool],
         explain: Callable[[Any], str] | None = None,
+        message_expression: str | None = None,
     ) -> None:
-        """`message` is the API server's (static); `explain`, when given, words the Python twin's refusal
-        with the values at hand (naming a default the user did not set)."""
+        """`message` is the API server's (static); `message_expression`, when given, a CEL expression that
+        words it with the object's values (the API server falls back on `message` if it fails); `explain`,
+        when given, words the Python twin's refusal with the values at hand (naming a default the user did not
+        set)."""
         self.cel, self.message, self.check, self.explain = cel, message, check, explain
+        self.message_expression = message_expression
+
+    def refusal(self, section: Any) -> str | None:
+        """The Python twin's refusal of a section, or None when the section keeps the rule."""
+        if self.check(section):
+            return None
+        return self.explain(section) if self.explain else self.message
+
+    def validation(self) -> dict[str, str]:
+        """The CRD's x-kubernetes-validations entry."""
+        out = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
+        return out
 
 
 def rules(*declared: Rule):
-    """Class decorator: attach rules to a model (the CRD generator reads `__rules__`)."""
+    """Class decorator: attach rules to a section, checked when it is parsed (a spec that breaks one does not
+    parse); the CRD generator reads `__rules__`."""
 
     def attach(cls):
         cls.__rules__ = list(declared)
@@ -130,17 +167,45 @@ def rules(*declared: Rule):
     return attach
 
 
+def validated_rules(*declared: Rule):
+    """Class decorator: attach rules to a section that `validation.validate` checks with the rest of its
+    checks (a spec that breaks one parses, and every refusal is reported together); in the CRD alike."""
+
+    def attach(cls):
+        cls.__validated_rules__ = list(declared)
+        return cls
+
+    return attach
+
+
+def broken_rules(section: BaseModel, words: Mapping[Rule, Callable[[Any], str]] | None = None) -> list[str]:
+    """The refusals of every validated rule (`validated_rules`) of a parsed section and the sections in it;
+    `words` words a rule's refusal where the caller knows more (validation names the engines that run)."""
+    words = words or {}
+    out = []
+    for rule in getattr(type(section), "__validated_rules__", []):
+        if not rule.check(section):
+            out.append(words[rule](section) if rule in words else rule.refusal(section) or "")
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                out += broken_rules(item, words)
+    return out
+
+
 class Spec(BaseModel):
     """Base of every section: camelCase names as written, unknown fields refused, rules checked."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
     __rules__: list[Rule] = []
+    __validated_rules__: list[Rule] = []
 
     @model_validator(mode="after")
     def _check_rules(self):
         for r in type(self).__rules__:
-            if not r.check(self):
-                raise ValueError(r.explain(self) if r.explain else r.message)
+            if (refusal := r.refusal(self)) is not None:
+                raise ValueError(refusal)
         return self
 
 

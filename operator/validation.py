@@ -1,12 +1,18 @@
-"""Validation beyond the CRD schema, pure: the checks the operator runs at reconcile (and the admission
-webhook will run), and that `neuronfleet validate` runs on manifests.
+"""Validation of a NeuronModel, pure: the checks the operator runs at reconcile (its Validated condition), and
+that `neuronfleet validate` and `render` run on manifests.
 
-It checks a parsed spec against the instance topology (tensor parallelism allowed there, whole devices the
-Neuron scheduler extension accepts, cores on one node, EFA), the engines' limits, an image named for an engine
-whose pods run privileged (only where the operator's setting allows it), the buckets, and a fit estimate:
-weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a core's
-memory. A refusal says what is wrong and what would fit; an unknown model's fit is reported as not checked,
-never guessed. `parse` words the schema's refusals, each naming its field."""
+The rules that need only the object are the spec's (`spec_base.Rule`, declared beside their sections): the
+API server refuses an object that breaks one at apply (the CRD's CEL), and their Python twins run here too,
+for what does not pass through the API server (a manifest on disk, an object stored before the CRD had the
+rule): the instance topology (tensor parallelism allowed there, whole devices the Neuron scheduler extension
+accepts, cores on one node, EFA), the engine an instance type runs, the buckets' order, fields that apply to
+another mode. What stays here needs more than the object: the engines' own limits (each engine module's
+facts: versions, platforms, model families, metrics), the compile Job's settings for an engine that runs none,
+an image named for an engine whose pods run privileged (the operator's setting), the model's own length limit
+(read from the Hugging Face Hub), the largest bucket for engines that bound it, and a fit estimate: weights in
+the dtype plus the KV cache for batch x sequence length x layers, per core, against a core's memory (from the
+table of well-known models). A refusal says what is wrong and what would fit; an unknown model's fit is
+reported as not checked, never guessed. `parse` words the schema's refusals, each naming its field."""
 
 from __future__ import annotations
 
@@ -18,8 +24,11 @@ from dataclasses import dataclass, field
 from neuronfleet.contract import length_refusal
 
 from . import engines, names, scaling, topology
-from .parallelism import neuron_devices, role_tensor_parallel, tensor_parallel_degrees
-from .spec import PATTERN_MEANINGS, NeuronModelSpec, valued
+from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
+from .parallelism import role_tensor_parallel as role_tensor_parallel
+from .parallelism import tensor_parallel_degrees
+from .spec import EMBEDDED_ON_NEURON, PATTERN_MEANINGS, PLACEABLE, NeuronModelSpec, valued
+from .spec_base import broken_rules
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
 # The operator's setting (the chart's security.allowPrivilegedImageOverride): whether a model may name its own
@@ -106,14 +115,9 @@ def _suggest(spec: NeuronModelSpec, inst: topology.Instance) -> str:
     return " or ".join(options) if options else "a larger instance type"
 
 
-def _placeable_tp(spec: NeuronModelSpec, inst: topology.Instance) -> list[int]:
+def _placeable_tp(spec: NeuronModelSpec, inst: topology.Instance) -> tuple[int, ...]:
     lnc = spec.neuron.logicalCores
-    out = []
-    for tp in inst.tensor_parallel:
-        devices = math.ceil(tp / inst.cores_per_device(lnc))
-        if tp <= inst.total_cores(lnc) and (inst.device_counts is None or devices in inst.device_counts):
-            out.append(tp)
-    return out
+    return PLACEABLE[f"{inst.name}/{'' if lnc is None else lnc}"]
 
 
 def _either(names: list[str]) -> str:
@@ -160,6 +164,16 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
             "use instanceType cpu for engine embedded"
         )
     return f"on {instance} use engine {_either(others)}, or instanceType cpu for engine embedded"
+
+
+def _embedded_on_neuron(spec: NeuronModelSpec) -> str:
+    """The refusal of engine embedded on a Neuron instance type, naming the engines that serve such a spec."""
+    named = "engine embedded" + ("" if "engine" in spec.model_fields_set else " (the default, not set)")
+    instance = spec.neuron.instanceType
+    return (
+        f"{named} has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its compile for "
+        f"{instance} would fail); {_what_runs_on(spec, instance)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -210,113 +224,21 @@ def validate(
     if allow_privileged_image is None:
         allow_privileged_image = allows_privileged_image(os.environ)
     r = Report()
-    n, serving = spec.neuron, spec.serving
-    disaggregated = serving.mode == "disaggregated"
+    n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
-    if inst is None:  # cpu
-        if spec.engine != "embedded":
-            r.errors.append(
-                f"engine {spec.engine} needs Neuron devices; instanceType cpu runs engine embedded only"
-            )
-        if n.tensorParallel != 1:
-            r.errors.append(f"tensorParallel {n.tensorParallel} needs Neuron cores; on cpu use 1")
-        if n.quantization not in ("none", "int8", "int4"):  # the embedded engine's CPU kernels
-            r.errors.append(f"quantization {n.quantization} is not available on cpu; use none, int8 or int4")
-        if n.logicalCores is not None:
-            r.errors.append("neuron.logicalCores applies to Trn2 and Trn3 instances only; remove it")
-    else:
-        if n.quantization == "int4":
-            r.errors.append(
-                "quantization int4 runs on the embedded engine's CPU kernels only (instanceType cpu); on "
-                "Neuron use none, int8 or fp8 (engine vllm)"
-            )
-        if spec.engine == "embedded":
-            named = "engine embedded" + (
-                "" if "engine" in spec.model_fields_set else " (the default, not set)"
-            )
-            r.errors.append(
-                f"{named} has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its compile "
-                f"for {inst.name} would fail); {_what_runs_on(spec, inst.name)}"
-            )
-        lnc = n.logicalCores
-        if lnc is not None and not inst.lnc_configurable:
-            r.errors.append(
-                f"neuron.logicalCores applies to Trn2 and Trn3 instances only, not {inst.name}; remove it"
-            )
-        allowed = ", ".join(map(str, _placeable_tp(spec, inst)))
-        roles = [(None, "tensorParallel")] + [
-            (role, f"serving.{role}.tensorParallel")
-            for role in ("prefill", "decode")
-            if disaggregated and getattr(serving, role).tensorParallel is not None
-        ]
-        for role, name in roles:
-            tp = role_tensor_parallel(spec, role)
-            if tp not in inst.tensor_parallel:
-                r.errors.append(
-                    f"{name} {tp} is not a documented degree on {inst.name}; choose one of {allowed}"
-                )
-            elif tp > inst.total_cores(lnc):
-                r.errors.append(
-                    f"{name} {tp} needs more cores than one {inst.name} has ({inst.total_cores(lnc)}); "
-                    f"choose one of {allowed} or a larger instance"
-                )
-            else:
-                devices, _ = neuron_devices(spec, role)
-                if inst.device_counts is not None and devices not in inst.device_counts:
-                    r.errors.append(
-                        f"{name} {tp} needs {devices} Neuron devices per pod, but the Neuron scheduler "
-                        f"extension on {inst.name} places only {', '.join(map(str, inst.device_counts))} "
-                        f"devices; choose {name} {allowed}"
-                    )
-        if disaggregated and serving.kvTransfer.over_efa:
-            if inst.efa_interfaces == 0:
-                r.errors.append(
-                    f"{inst.name} has no EFA; use kvTransfer.transport tcp (or nixl with backend ucx) or an "
-                    "EFA instance"
-                )
-            elif serving.kvTransfer.efaInterfaces > inst.efa_interfaces:
-                r.errors.append(
-                    f"kvTransfer.efaInterfaces {serving.kvTransfer.efaInterfaces} exceeds the "
-                    f"{inst.efa_interfaces} EFA interfaces of {inst.name}"
-                )
-        # the instances each engine runs on are the engine's own facts: engines.unsupported refuses the others
-    kv = serving.kvTransfer
-    if disaggregated and spec.engine == "embedded" and kv.over_efa and spec.image is None:
-        named = f"{kv.transport} with backend libfabric" if kv.transport == "nixl" else kv.transport
-        r.errors.append(
-            f"kvTransfer.transport {named} (NIXL over LIBFABRIC on the pods' EFA devices) needs a runtime "
-            "image with AWS's EFA userspace (EFA installer 1.51.0 or later: NIXL 1.5.1's LIBFABRIC plugin "
-            "needs a libfabric newer than 2.6.0, and the libraries docs/disaggregation.md lists); "
-            "neuronfleet's runtime-cpu image has NIXL but not EFA's "
-            "libfabric: set spec.image to such an image, or use kvTransfer.transport nixl (backend ucx) or "
-            "tcp"
-        )
-    if disaggregated and kv.transport == "nixl" and spec.engine != "embedded":
-        r.errors.append(
-            "kvTransfer.transport nixl names the embedded engine's NIXL transport; engine "
-            f"{spec.engine} moves KV caches with its own NIXL connector over LIBFABRIC: use "
-            "kvTransfer.transport efa"
-        )
-    if disaggregated and spec.engine == "tgi":
-        r.errors.append("engine tgi has no prefill/decode disaggregation; use serving.mode unified")
+    r.errors += broken_rules(spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron})  # (the CRD's, at apply)
     r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
     r.errors += _unused_fields(spec)
     r.errors += scaling.autoscaling_errors(spec)
-    if spec.model.tokenizer and spec.engine != "embedded":
-        r.errors.append(
-            f"model.tokenizer is applied by the embedded engine's compile, not engine {spec.engine}; remove "
-            "it, or put the tokenizer files beside the model's weights"
-        )
     if limit is not None and n.sequenceLength > limit.length:
         r.errors.append(length_refusal(n.sequenceLength, limit.length, limit.where))
     for kind, buckets, largest, name in (
         ("context", n.buckets.context, n.maxInputLength, "maxInputLength"),
         ("generation", n.buckets.generation, n.sequenceLength, "sequenceLength"),
     ):
-        if buckets and buckets != sorted(set(buckets)):
-            r.errors.append(f"neuron.buckets.{kind} must be increasing without repeats, got {buckets}")
-        elif buckets and buckets[-1] != largest and engines.bucket_limits(spec):
+        increasing = buckets == sorted(set(buckets))  # (else a rule of the spec refuses them)
+        if buckets and increasing and buckets[-1] != largest and engines.bucket_limits(spec):
             r.errors.append(
                 f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal {valued(n, name)}, or "
                 "requests that the spec accepts would fit no bucket"
@@ -349,9 +271,9 @@ COMPILE_JOB_FIELDS = (
 
 
 def _unused_fields(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of fields that nothing would read for this spec (a field is used or refused, never dropped):
-    the compile Job's settings where the engine runs no Job, EFA devices without the efa transport, a
-    NetworkPolicy of a unified model."""
+    """Refusals of the compile Job's settings where the engine runs no Job (a field is used or refused, never
+    dropped; the spec's rules refuse the others: EFA devices without an EFA transport, a NIXL backend without
+    transport nixl)."""
     out = []
     if not engines.compiles(spec):  # (compared with the defaults: the API server fills them in)
         for name in COMPILE_JOB_FIELDS:
@@ -360,18 +282,6 @@ def _unused_fields(spec: NeuronModelSpec) -> list[str]:
                     f"compile.{name}: engine {spec.engine} runs no compile Job for this model (it compiles "
                     "as each server starts); remove it"
                 )
-    kv = spec.serving.kvTransfer
-    if _differs(kv, "efaInterfaces") and (spec.serving.mode != "disaggregated" or not kv.over_efa):
-        out.append(
-            "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
-            "kvTransfer.transport efa (or nixl with backend libfabric) only; remove it, or use serving.mode "
-            "disaggregated with transport efa"
-        )
-    if kv.backend is not None and (spec.serving.mode != "disaggregated" or kv.transport != "nixl"):
-        out.append(
-            f"serving.kvTransfer.backend {kv.backend}: a NIXL backend is chosen for kvTransfer.transport "
-            "nixl only (efa is NIXL over LIBFABRIC already); remove it, or use transport nixl"
-        )
     return out
 
 

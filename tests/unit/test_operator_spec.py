@@ -16,7 +16,7 @@ import yaml
 from support import ROOT
 
 from neuronfleet.localcluster.semantics import apply_defaults, schema_errors
-from neuronfleet.operator import builders, crd, spec, validation
+from neuronfleet.operator import builders, crd, parallelism, spec, validation
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 KUBERNETES_VERSION = "1.37.0"  # the pinned version manifests are validated against (kubernetes-validate)
@@ -69,7 +69,11 @@ def test_crd_carries_each_models_rules_as_cel():
     serving_rules = schema["properties"]["serving"]["x-kubernetes-validations"]
     assert serving_rules[0]["rule"].startswith("self.mode == 'unified'")
     neuron_rules = [r["rule"] for r in schema["properties"]["neuron"]["x-kubernetes-validations"]]
-    assert "!has(self.maxInputLength) || self.maxInputLength < self.sequenceLength" in neuron_rules
+    assert "self.instanceType != 'cpu' || self.tensorParallel == 1" in neuron_rules
+    spec_rules = [r["rule"] for r in schema["x-kubernetes-validations"]]  # rules over several sections
+    assert any(r.endswith("< self.neuron.sequenceLength") for r in spec_rules)
+    root = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert root["x-kubernetes-validations"] == [spec.NAME_RULE.validation()]  # the model's name
 
 
 def test_generate_command_writes_the_same_file(tmp_path):
@@ -219,7 +223,7 @@ def test_neuron_devices_per_replica_follow_cores_per_device():
         obj["spec"]["neuron"] = {k: v for k, v in obj["spec"]["neuron"].items() if v is not None}
         parsed, errors = validation.parse(obj)
         assert not errors
-        assert validation.neuron_devices(parsed) == (devices, tp), instance
+        assert parallelism.neuron_devices(parsed) == (devices, tp), instance
 
 
 def test_an_unknown_model_is_not_checked_for_fit_and_says_how_to_check_it():
@@ -513,9 +517,10 @@ HOSTILE = [
      "spec.compile.tolerations: [0].effect: Input should be 'NoSchedule'",
      "spec.compile.tolerations.0.effect"),
     (lambda s: s.update(scheduling={"tolerations": [{"key": "bad key", "operator": "Exists"}]}),
-     f"spec.scheduling.tolerations: [0].key: {QUALIFIED}", None),
+     f"spec.scheduling.tolerations: [0]: key {QUALIFIED}", "spec.scheduling.tolerations[0]"),
     (lambda s: s.update(scheduling={"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
-     "spec.scheduling.tolerations: [0]: value must be empty with operator Exists", None),
+     "spec.scheduling.tolerations: [0]: value must be empty with operator Exists",
+     "spec.scheduling.tolerations[0]"),
     (lambda s: s["serving"]["unified"].update(resources={"requests": {"cpu": "lots"}}),
      "spec.serving.unified.resources.requests.cpu: must be a Kubernetes quantity",
      "spec.serving.unified.resources.requests.cpu"),
@@ -537,7 +542,7 @@ def test_hostile_models_are_refused_naming_the_field(change, message, at_apply):
     assert any(message in e for e in errors), errors
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     # as the API server: its defaults, then the schema and its rules
-    refused = schema_errors(apply_defaults({k: v for k, v in obj.items() if k != "metadata"}, schema), schema)
+    refused = schema_errors(apply_defaults(obj, schema), schema)
     if at_apply:
         assert any(e.startswith(f"{at_apply}: Invalid value") for e in refused), refused
     else:  # (the operator refuses it: Validated=False)
