@@ -86,7 +86,8 @@ def test_kubectl_applies_the_crd_and_a_sample_and_shows_the_printer_columns(with
         ({"neuron": {"instanceType": "inf2.xlarge", "tensorParallel": 0}}, "0 is less than the minimum of 1"),
         (
             {"neuron": {"instanceType": "inf2.xlarge", "maxInputLength": 5000, "sequenceLength": 4096}},
-            "neuron.maxInputLength must be below neuron.sequenceLength (4096 when not set)",
+            "neuron.maxInputLength 5000 must be below neuron.sequenceLength 4096 (room is needed to "
+            "generate)",
         ),
         (
             {"serving": {"mode": "disaggregated"}},

@@ -23,6 +23,7 @@ from neuronfleet.operator.kube import LEASE_RULES, RBAC_RULES
 # and Deployment controllers), and a Neuron sample for the refusals
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 NEURON_SAMPLE = ROOT / "crds" / "samples" / "llama-3.1-8b-vllm-inf2.yaml"
+CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
 
 
 class Cluster(OperatorCluster):
@@ -50,6 +51,13 @@ def cluster(tmp_path):
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
     declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES).items() for v in verbs}
     assert used and used <= declared, sorted(used - declared)
+
+
+def without_rules(node):
+    """A CRD (or a part of it) without its x-kubernetes-validations."""
+    if isinstance(node, dict):
+        return {k: without_rules(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+    return [without_rules(v) for v in node] if isinstance(node, list) else node
 
 
 def get(api, *args: str) -> dict | None:
@@ -262,12 +270,19 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     ids=["topology", "embedded-on-neuron"],
 )
 def test_a_spec_that_cannot_be_served_fails_validation_and_creates_nothing(cluster, change, refusal):
+    """Refused at apply by the CRD's rule; a model stored before the CRD had the rule (created here under the
+    CRD without its rules, then the CRD applied as it is) is refused by the operator: Validated=False."""
     api = cluster
-    api.start_operator()
     obj = sample(NEURON_SAMPLE)
     obj["spec"]["neuron"].update(change.get("neuron", {}))
     obj["spec"].update({k: v for k, v in change.items() if k != "neuron"})
-    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))  # the schema allows it; validation not
+    at_apply = api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj), check=False)
+    assert at_apply.returncode != 0 and "is invalid" in at_apply.stderr, at_apply.stderr
+    crd = yaml.safe_load(CRD.read_text())
+    api.kubectl("apply", "-f", "-", stdin=json.dumps(without_rules(crd)))  # the CRD before its rules
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    api.kubectl("apply", "-f", str(CRD))  # the CRD as it is: what is stored stays as it was
+    api.start_operator()
     model = api.wait_for("status", lambda: (m := get(api, "nm", "llama-3-1-8b")).get("status") and m)
     assert model["status"]["phase"] == "Failed"
     validated = condition(model, "Validated")
