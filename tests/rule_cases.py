@@ -147,6 +147,8 @@ CASES = [
          "must be a qualified name"),
     Case("toleration-long-name", CPU, tolerations({"key": "k" * 64, "operator": "Exists"}),
          "must be a qualified name"),
+    Case("toleration-prefix", CPU, tolerations({"key": "a_b/c", "operator": "Exists"}),
+         "must be a qualified name"),
     Case("toleration-long-prefix", CPU, tolerations({"key": "p" * 254 + "/k", "operator": "Exists"}),
          "must be a qualified name"),
     Case("toleration-ok", CPU,
