@@ -250,6 +250,13 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"neuronfleet operator: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    from neuronfleet.operator import login
+
+    try:  # a kubeconfig that cannot log in (its exec plugin fails) stops here, saying why
+        login.verify(args.kubeconfig)
+    except login.LoginError as e:
+        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.metrics_port:
         from prometheus_client import start_http_server
 

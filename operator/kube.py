@@ -1,6 +1,9 @@
 """The operator's one door to the Kubernetes API: reading, creating, patching and deleting objects, the
-NeuronModel status subresource, Events, and the LISTs and WATCHes behind the operator's caches, over aiohttp
-with credentials from a kubeconfig or the pod's service account.
+NeuronModel status subresource, Events, and the LISTs and WATCHes behind the operator's caches. Every request
+goes through the official client's `ApiClient` (kubernetes_asyncio), logged in by `login.Login` (a kubeconfig:
+token, tokenFile, client certificates, exec plugins; or the pod's service account); answers stay plain dicts.
+A request the API server refuses with 401 logs in again (a rotated token file, an expired exec token) and is
+sent once more.
 
 Every call the operator makes is declared in RBAC_RULES (API group, resource, verbs), LEASE_RULES or, for a
 feature the chart must opt into, OPT_IN_RULES; `Kube` refuses any other, so the chart's RBAC can be derived
@@ -14,26 +17,22 @@ rate limiter (https://pkg.go.dev/k8s.io/client-go/rest#Config: QPS, Burst).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime
 import json
-import os
-import ssl
-import tempfile
+import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
 
 import aiohttp
-import yaml
+from kubernetes_asyncio.client import ApiClient
 
-from . import spec
+from . import login, spec
 
 if TYPE_CHECKING:
     from .cache import Cache
+
+log = logging.getLogger(__name__)
 
 # (API group, resource) -> verbs the operator uses. The chart's RBAC is exactly this (plus kopf's own).
 RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -89,6 +88,8 @@ LEASE_RULES: dict[tuple[str, str], tuple[str, ...]] = {
 RETRIES, RETRY_WAIT_MAX = 5, 10.0
 MAX_IN_FLIGHT = 16  # requests at once (watches not counted: they wait for changes, not for the server)
 QPS, BURST = 100.0, 200  # requests per second on average, and in a burst (watches included)
+CONNECTIONS = MAX_IN_FLIGHT + 32  # the client's connections at most: the requests in flight and the watches
+REQUEST_TIMEOUT = 300.0  # seconds a request (not a watch) may take in all (aiohttp's session default)
 API_VERSIONS = {  # kind -> (group, version, resource)
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "ConfigMap": ("", "v1", "configmaps"),
@@ -137,57 +138,11 @@ class NotLeading(KubeError):
         super().__init__(503, message)
 
 
-@dataclass
-class Credentials:
-    server: str
-    token: str | None = None
-    ssl_context: ssl.SSLContext | bool | None = None
-
-
-def _data_file(data: str, suffix: str) -> str:
-    f = tempfile.NamedTemporaryFile("wb", suffix=suffix, delete=False)  # noqa: SIM115 (lives with the process)
-    f.write(base64.b64decode(data))
-    f.close()
-    return f.name
-
-
-def load_credentials(kubeconfig: str | None = None) -> Credentials:
-    """From a kubeconfig (KUBECONFIG or ~/.kube/config), else the in-cluster service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    if Path(path).is_file():
-        cfg = yaml.safe_load(Path(path).read_text())
-        ctx_name = cfg.get("current-context")
-        ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
-        cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
-        user = next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {})
-        ssl_ctx: ssl.SSLContext | bool | None = None
-        if cluster["server"].startswith("https"):
-            if cluster.get("insecure-skip-tls-verify"):
-                ssl_ctx = False
-            else:
-                ca = cluster.get("certificate-authority") or (
-                    _data_file(cluster["certificate-authority-data"], ".crt")
-                    if "certificate-authority-data" in cluster
-                    else None
-                )
-                ssl_ctx = ssl.create_default_context(cafile=ca)
-                cert = user.get("client-certificate") or (
-                    _data_file(user["client-certificate-data"], ".crt")
-                    if "client-certificate-data" in user
-                    else None
-                )
-                key = user.get("client-key") or (
-                    _data_file(user["client-key-data"], ".key") if "client-key-data" in user else None
-                )
-                if cert and key:
-                    ssl_ctx.load_cert_chain(cert, key)
-        return Credentials(cluster["server"].rstrip("/"), user.get("token"), ssl_ctx)
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    sa = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-    if host and sa.is_dir():
-        ctx = ssl.create_default_context(cafile=str(sa / "ca.crt"))
-        return Credentials(f"https://{host}:{port}", (sa / "token").read_text().strip(), ctx)
-    raise KubeError(0, f"no kubeconfig at {path} and not running in a cluster")
+def load_credentials(kubeconfig: str | None = None) -> login.Login:
+    """The login a `Kube` is made with: from `kubeconfig`, else the operator process's one login
+    (`login.operator_login()`: KUBECONFIG, ~/.kube/config or the pod's service account), which kopf's login
+    handler shares. login.LoginError when there is none."""
+    return login.Login(kubeconfig) if kubeconfig is not None else login.operator_login()
 
 
 def object_path(
@@ -221,30 +176,56 @@ class RateLimit:
 
 class Kube:
     """An async client limited to the operator's declared calls (RBAC_RULES); reads come from `cache` for the
-    kinds it watches."""
+    kinds it watches. Requests go through the official client's ApiClient, made on the event loop that first
+    sends one (a `Kube` serves one loop: the Lease's thread makes its own)."""
 
-    def __init__(self, credentials: Credentials) -> None:
-        self.credentials = credentials
+    def __init__(self, credentials: login.Login) -> None:
+        """`credentials`: the login its requests are sent with (`load_credentials`)."""
+        self.login = credentials
         self.cache: Cache | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._api: ApiClient | None = None
+        self._transport: tuple | None = None  # what `_api` was made for (login.Credentials.transport)
+        self._retired: list[ApiClient] = []  # made for an earlier transport: closed with this client
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._rate = RateLimit(QPS, BURST)
         # leader election: whether this replica may write now (None: always); the Lease's own writes pass
         self.may_write: Callable[[], bool] | None = None
 
-    async def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Accept": "application/json"}
-            if self.credentials.token:
-                headers["Authorization"] = f"Bearer {self.credentials.token}"
-            connector = aiohttp.TCPConnector(ssl=self.credentials.ssl_context, limit=MAX_IN_FLIGHT + 32)
-            # a watch event is one line holding a whole object: room for large ones
-            self._session = aiohttp.ClientSession(headers=headers, connector=connector, read_bufsize=1 << 22)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for client in [*self._retired, *([self._api] if self._api is not None else [])]:
+            await client.close()
+        self._api, self._retired = None, []
+
+    def _client_for(self, credentials: login.Credentials) -> ApiClient:
+        if self._api is None or self._transport != credentials.transport():
+            if self._api is not None:  # (watches may still read from it: it is closed with this client)
+                self._retired.append(self._api)
+            self._api, self._transport = credentials.api_client(CONNECTIONS), credentials.transport()
+        return self._api
+
+    async def _send(
+        self, method: str, path: str, query: list[tuple[str, str]] | None = None, body: Any = None,
+        content_type: str = "application/json", timeout: float | aiohttp.ClientTimeout = REQUEST_TIMEOUT,
+    ) -> aiohttp.ClientResponse:  # fmt: skip
+        """One request through the official client (its answer unread: the caller reads and releases it);
+        an answer 401 logs in again (a rotated token, an expired exec token) and sends it once more."""
+        used: login.Credentials | None = None
+        while True:
+            try:
+                credentials = await self.login.credentials(stale=used)
+            except login.LoginError as e:
+                raise KubeError(401, f"cannot log in: {e}") from None
+            headers = {"Accept": "application/json", "Content-Type": content_type}
+            response = await self._client_for(credentials).call_api(
+                path, method, query_params=query or [], header_params=headers, body=body,
+                auth_settings=["BearerToken"], _request_auth=credentials.request_auth(),
+                _preload_content=False, _request_timeout=timeout,
+            )  # fmt: skip
+            if response.status != 401 or used is not None:
+                return response
+            response.release()
+            log.info("the API server refused the credentials of %s (401): logging in again", credentials.user)
+            used = credentials
 
     @staticmethod
     def _allowed(group: str, resource: str, verb: str) -> None:
@@ -254,12 +235,13 @@ class Kube:
                 403, f"the operator does not {verb} {resource} in group {group!r} (not in RBAC_RULES)"
             )
 
-    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json"):
+    async def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ):  # fmt: skip
         lease = "/leases" in path
         if method != "GET" and self.may_write is not None and not lease and not self.may_write():
             raise NotLeading("this operator replica does not lead (leader election): it writes nothing")
-        session = await self.session()
-        headers = {"Content-Type": content_type} if body is not None else {}
         for attempt in range(RETRIES + 1):
             # the Lease's own calls never wait behind the reconciles' (client-go gives leader election its
             # own client): a renewal starved by a busy queue would lose the lead
@@ -267,9 +249,7 @@ class Kube:
                 if not lease:
                     await self._rate.take()
                 try:
-                    async with session.request(
-                        method, self.credentials.server + path, json=body, headers=headers
-                    ) as response:
+                    async with await self._send(method, path, query, body, content_type) as response:
                         payload = await response.json(content_type=None)
                         status, wait = response.status, retry_after(response.headers, attempt)
                 except aiohttp.ClientConnectionError:
@@ -291,13 +271,11 @@ class Kube:
 
     async def answers(self) -> bool:
         """The API server answers now (GET /version, with any status), within 5 s."""
-        session = await self.session()
         try:
-            timeout = aiohttp.ClientTimeout(total=5)
-            async with session.get(self.credentials.server + "/version", timeout=timeout) as response:
+            async with await self._send("GET", "/version", timeout=5) as response:
                 await response.read()
                 return True
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        except (aiohttp.ClientError, OSError, TimeoutError, KubeError):
             return False
 
     async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict[str, Any] | None:
@@ -333,9 +311,8 @@ class Kube:
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "list")
         path = object_path(group, version, resource, namespace)
-        if label_selector:
-            path += "?labelSelector=" + quote(label_selector)
-        payload = await self._call("GET", path)
+        query = [("labelSelector", label_selector)] if label_selector else []
+        payload = await self._call("GET", path, query=query)
         api_version = f"{group}/{version}" if group else version
         items = [{"apiVersion": api_version, "kind": kind, **o} for o in payload.get("items") or []]
         return items, (payload.get("metadata") or {}).get("resourceVersion")
@@ -347,15 +324,14 @@ class Kube:
         `timeout` seconds; type ERROR carries a Status (410: the resourceVersion is too old)."""
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "watch")
-        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(int(timeout))}
-        query["allowWatchBookmarks"] = "true"
+        query = [("watch", "true"), ("resourceVersion", resource_version)]
+        query += [("timeoutSeconds", str(int(timeout))), ("allowWatchBookmarks", "true")]
         if label_selector:
-            query["labelSelector"] = label_selector
-        path = object_path(group, version, resource, namespace) + "?" + urlencode(query)
-        session = await self.session()
+            query.append(("labelSelector", label_selector))
+        path = object_path(group, version, resource, namespace)
         await self._rate.take()
         limit = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 60)
-        async with session.get(self.credentials.server + path, timeout=limit) as response:
+        async with await self._send("GET", path, query, timeout=limit) as response:
             if response.status >= 400:
                 payload = await response.json(content_type=None)
                 if response.status == 410:
@@ -385,9 +361,9 @@ class Kube:
         False when it was gone already."""
         group, version, resource = API_VERSIONS[kind]
         self._allowed(group, resource, "delete")
-        path = object_path(group, version, resource, namespace, name) + "?propagationPolicy=Background"
+        path = object_path(group, version, resource, namespace, name)
         try:
-            await self._call("DELETE", path)
+            await self._call("DELETE", path, query=[("propagationPolicy", "Background")])
         except KubeError as e:
             if e.status == 404:
                 return False
@@ -406,11 +382,10 @@ class Kube:
         its container has not started (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/
         pod-v1/#get-read-log-of-the-specified-pod: tailLines; plain text)."""
         self._allowed("", "pods/log", "get")
-        path = object_path("", "v1", "pods", namespace, name) + f"/log?tailLines={int(tail_lines)}"
-        session = await self.session()
+        path = object_path("", "v1", "pods", namespace, name) + "/log"
         async with self._in_flight:
             await self._rate.take()
-            async with session.get(self.credentials.server + path) as response:
+            async with await self._send("GET", path, [("tailLines", str(int(tail_lines)))]) as response:
                 if response.status in (400, 404):  # gone, or (400) waiting to start: no log yet
                     return None
                 if response.status >= 400:

@@ -164,7 +164,7 @@ class LeaderElector:
         c, timing = self.config, self.config.timing
         self._tries = (asyncio.get_running_loop(), asyncio.current_task())
         log.info("leader election: %s is a candidate for the lease %s/%s", c.identity, c.namespace, c.name)
-        client = kube.Kube(self.client.credentials)  # (its own session: its own connection)
+        client = kube.Kube(self.client.login)  # (its own ApiClient on this thread's loop: its own connection)
         try:
             while not self._stopped.is_set() and await self.tick(client):
                 pause = timing.retry_period if self.lead else timing.retry_period * random.uniform(1, JITTER)
