@@ -69,12 +69,14 @@ def refusal_event(refused: WriteRefused, backoff: Backoff) -> Said:
 
 
 def server_delay(error: BaseException) -> float | None:
-    """The API server's Retry-After for the request that failed, where the client's error carries the
-    answer's headers (`headers`: the official client's ApiException does), in seconds."""
-    for cause in (error, error.__cause__):
+    """The API server's Retry-After for the request that failed, in seconds, where the error or one it was
+    raised from carries the answer's headers (`headers`, as the official client's ApiException does)."""
+    cause: BaseException | None = error
+    while cause is not None:
         headers = getattr(cause, "headers", None)
         if headers:
             return retry_after_seconds(headers.get("Retry-After"))
+        cause = cause.__cause__
     return None
 
 

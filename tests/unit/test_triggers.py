@@ -301,6 +301,9 @@ def test_a_trigger_of_a_failing_model_waits_for_its_retry_unless_the_spec_change
 
 
 def test_the_api_servers_retry_after_delays_the_retry():
+    """A refusal whose answer says Retry-After (its error carries the answer's headers, as the official
+    client's ApiException does): the model's retry waits that long, where its back-off is shorter."""
+
     async def scenario() -> float:
         server = Guarded(Refusal(429, "too many requests", {"Retry-After": "30"}))
         work = triggers.Triggers(server, server, Backoff(first=0.01, most=1))
@@ -313,6 +316,15 @@ def test_the_api_servers_retry_after_delays_the_retry():
             await work.stop()
 
     assert 29 < asyncio.run(scenario()) <= 30
+    # (where the client raises its own error from the one that carries the answer's headers)
+    try:
+        try:
+            raise Refusal(503, "overloaded", {"Retry-After": "7"})
+        except Refusal as e:
+            raise kube.KubeError(503, "overloaded") from e
+    except kube.KubeError as e:
+        assert triggers.server_delay(e) == 7
+    assert triggers.server_delay(kube.KubeError(422, "invalid")) is None
 
 
 def later(seconds: float) -> str:
