@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -256,8 +256,7 @@ class Triggers:
             if body is None:
                 self._succeeded(key)
                 return  # the model is gone; its children go with it
-            said = lambda event: self.retries.first_said(key, event)  # noqa: E731
-            status = await reconcile_and_report(_NamingWrites(self.client), body, log, said)
+            status = await reconcile_and_report(_NamingWrites(self.client), body, log, self.retries)
             self._succeeded(key)
             self.come_back(key, status)
         except asyncio.CancelledError:
@@ -352,21 +351,19 @@ class Triggers:
 
 
 async def reconcile_and_report(
-    client: kube.Kube,
-    body: dict[str, Any],
-    logger: logging.Logger,
-    first_said: Callable[[Said], bool] | None = None,
+    client: kube.Kube, body: dict[str, Any], logger: logging.Logger, retries: Retries | None = None
 ) -> dict[str, Any]:
-    """One pass; the events it reports are posted once it is done, those `first_said` lets through (a
-    failing model's passes say each event once: one whose status write is refused would otherwise say the
-    same transitions every retry, and the pass that writes that status at last, once more). Returns the
-    model's status."""
+    """One pass; the events it reports are posted once it is done, each once while the model fails where
+    `retries` remembers what was said (one whose status write is refused would otherwise say the same
+    transitions every retry, and the pass that writes that status at last, once more); an event that could
+    not be posted is not remembered. Returns the model's status."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
     events: list[Said] = []
     try:
         return await reconcile(client, body, lambda *event: events.append(event))
     finally:
         for event in events:
-            if first_said is not None and not first_said(event):
+            if retries is not None and not retries.first_said(key, event):
                 continue
             type_, reason, message = event
             logger.info("%s %s: %s", type_, reason, message)
@@ -374,3 +371,5 @@ async def reconcile_and_report(
                 await client.post_event(body, type_, reason, message)
             except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 logger.warning("the event %s could not be posted: %r", reason, e)  # only the event is lost
+                if retries is not None:
+                    retries.unsay(key, event)  # (said by the next pass that reports it)
