@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -216,7 +217,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_operator(args: argparse.Namespace) -> int:
 
-    from kopf.cli import main as kopf_main
+    import kopf
+
+    from neuronfleet.operator import handlers
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
@@ -261,10 +264,14 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.metrics_host)
-    kopf_args = [a for a in args.kopf_args if a != "--"]
-    if not any(a in ("-A", "--all-namespaces") or a.startswith(("-n", "--namespace")) for a in kopf_args):
-        kopf_args.append("--all-namespaces")
-    kopf_main(args=["run", "-m", "neuronfleet.operator.handlers", *kopf_args], standalone_mode=False)
+    if args.namespace and args.all_namespaces:
+        print("neuronfleet operator: error: --namespace and --all-namespaces exclude each other: give "
+              "one or more --namespace NS, or --all-namespaces (the default)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)  # kopf's logging
+    if not args.debug:  # kopf's line for each object's event and index ("Handler ... succeeded"): too many
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    handlers.run(args.namespace or None, liveness=args.liveness)
     return 0
 
 
@@ -407,9 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("--namespace", help="namespace of the objects (default: the manifest's, else default)")
     ren.set_defaults(func=_cmd_render)
 
-    opr = sub.add_parser(
-        "operator", help="run the NeuronModel controller (kopf); other options go to kopf run"
-    )
+    opr = sub.add_parser("operator", help="run the NeuronModel controller (kopf, embedded)")
     opr.add_argument("--kubeconfig", help="kubeconfig of the cluster (default: KUBECONFIG, else in-cluster)")
     opr.add_argument("--metrics-port", type=int, help="serve the operator's Prometheus metrics on this port")
     opr.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
@@ -447,7 +452,22 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         help_text = f"{text} (seconds, default {default}, as controller-runtime)"
         opr.add_argument(f"--{flag}", type=float, help=help_text)
-    opr.add_argument("kopf_args", nargs="*", help="kopf run options, e.g. --standalone -n NS")
+    opr.add_argument(
+        "-n", "--namespace", action="append", help="watch this namespace (repeat for more; default: all)"
+    )
+    opr.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    opr.add_argument(
+        "--liveness", help="serve kopf's liveness probe at this URL, e.g. http://0.0.0.0:8080/healthz"
+    )
+    opr.add_argument(
+        "--standalone", action="store_true", help="accepted for older charts: the operator is always "
+        "standalone (several replicas elect a leader on a Lease, not with kopf's peering)",
+    )  # fmt: skip
+    for flag, text in (("verbose", "log more (kopf's and ours)"), ("debug", "log everything"),
+                       ("quiet", "log warnings and errors only")):  # fmt: skip
+        opr.add_argument(f"--{flag}", action="store_true", help=text)
     opr.set_defaults(func=_cmd_operator)
 
     for name, text in (
@@ -466,9 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if args.command == "operator":  # everything else is kopf's (kopf run --help)
-        args.kopf_args = [*unknown, *args.kopf_args]
-    elif unknown:
+    if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args)

@@ -1,99 +1,166 @@
-"""The operator's triggers of the one reconcile path (`reconcile.reconcile`), all from its own watch-backed
-caches (`cache.Cache`); kopf runs the process (start-up, signals, clean-up, liveness) and watches nothing.
+"""kopf's part of the operator: the registry of its handlers and `run`, which starts kopf embedded in the
+`neuronfleet operator` process with its settings as arguments.
+
+kopf logs in, watches the NeuronModels and their children (`watching.py`: its indexes are the store the
+reconciles read, its event handlers the triggers), queues and batches each object's events, and runs the
+process (start-up, signals, clean-up, liveness). Ours: the work queue of models (`triggers.py`: a child's
+change queues its owner, one pass per model at a time), the one reconcile path (`reconcile.reconcile`),
+leader election on a Lease (`leader.py`), the builtin autoscaler's loop and the wake endpoint. kopf
+persists nothing: event handlers and indexes write no annotation, finalizer or status field, and kopf posts
+no Event (the reconciles post their own).
 
 A NeuronModel is reconciled when it is added or changed by anyone but the operator itself, and when one of
 its children (labelled neuronfleet.dev/model) is added, changed or deleted (a deleted Service comes back as
 soon as the watch reports it); every model once when this replica starts to lead (at start-up, or on
-taking over). Reconciles read the caches, not the API server; a rare cache-only pass over every model
-(RESYNC_SECONDS) is the safety net for a change no watch reported. The caches list again the moment the API
-server answers after an outage, and a NeuronModel CRD that is missing (not installed yet, or being
-replaced) is waited for: the operator never exits for it.
+taking over). Reconciles read kopf's indexes, not the API server; a rare index-only pass over every model
+(triggers.RESYNC_SECONDS) is the safety net for a change no watch reported. In cluster mode kopf also
+watches CustomResourceDefinitions, so a NeuronModel CRD that is missing (not installed yet, or being
+replaced) is served once it comes: the operator never exits for it.
 
 No finalizer: deletion never needs the operator. Every child carries an ownerReference to its NeuronModel
 (controller, blockOwnerDeletion), so the API server's garbage collector deletes them when the model goes;
 nothing outside the owner references (no external resource, no shared file) needs cleaning, so a model is
 deleted at once even with the operator stopped or uninstalled.
 
-The builtin autoscaler's tick loop (`autoscale_loop.AutoscaleLoop`) starts when this replica leads and
-queues a model's reconcile through the triggers when it has changed the model's replicas; it hears of every
-pod the caches report (a cold start ends when a new pod is ready), and with `--wake-port` the wake endpoint
-(`wake.py`) runs its decision for a model whose front door holds a request.
+Several replicas (leader election, `leader.py`): kopf runs on every replica, so every replica keeps its
+indexes warm; only the leader reconciles, runs the autoscaler's loop and answers wake calls, and
+`kube.Kube` refuses any other replica's write, so a follower writes nothing at all.
 
-Several replicas (leader election, `leader.py`): every replica keeps its caches warm; only the leader
-reconciles, runs the autoscaler's loop and answers wake calls, and `kube.Kube` refuses any other replica's
-write, so a follower writes nothing at all. A leader that may not act for a while (its renewal late: the
-process was starved) keeps every model it takes meanwhile, and every model whose pass a refused write cut
-off, and queues them again once it acts (`Triggers.resume`, after each renewal): none waits for the resync.
-
-Shutdown: on SIGTERM the cleanup handler stops the wake endpoint, the autoscaler's loop and the trigger
-workers, then releases the Lease (a follower leads at once) and stops the caches before it closes the HTTP
-session.
+Shutdown: on SIGTERM the clean-up handler stops the wake endpoint, the autoscaler's loop and the trigger
+workers, then releases the Lease (a follower leads at once) before it closes the client.
 """
 
 from __future__ import annotations
 
-import sys
+import asyncio
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from . import kube, leader, names, spec, wake
 from .autoscale_loop import AutoscaleLoop
-from .cache import Cache, watch_namespaces
 from .triggers import Triggers
+from .watching import Observed
 
-_client: kube.Kube | None = None
-_triggers: Triggers | None = None
+log = logging.getLogger(__name__)
 
-
-def client() -> kube.Kube:
-    global _client
-    if _client is None:
-        _client = kube.Kube(kube.load_credentials())
-    return _client
+WATCH_SECONDS = 300  # one watch request's server-side timeout; kopf then resumes from its resourceVersion
 
 
-@kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _triggers
-    # kopf watches nothing (the caches do): no scanning of CRDs and namespaces either, so the operator needs
-    # no cluster-wide permission beyond its own resources (RBAC_RULES)
-    settings.scanning.disabled = True
-    election = leader.settings()
-    cache = Cache(client(), watch_namespaces(sys.argv), lambda event, obj: triggers.changed(event, obj))
-    _triggers = triggers = Triggers(client(), cache)
-    client().cache = cache
-    cache.start()
-    _triggers.start()
-    triggers.autoscaler = AutoscaleLoop(client(), triggers.enqueue, cache.models)
-    triggers.elector = leader.LeaderElector(client(), election, triggers.lead, triggers.resume)
-    client().may_write = triggers.elector.acting
-    if (where := wake.configured()) is not None:
+@dataclass
+class Operator:
+    """The process's parts: the client, what kopf observes, the work queue (made at start-up)."""
 
-        async def known(namespace: str, name: str) -> bool:  # from the cache alone: no call for a name
-            if not cache.watches(spec.KIND, namespace):
-                return False
-            return await cache.get(spec.KIND, namespace, name) is not None
+    namespaces: list[str] | None
+    observed: Observed = field(init=False)
+    client: kube.Kube | None = None
+    triggers: Triggers | None = None
 
-        async def secret(namespace: str, name: str) -> dict[str, Any] | None:  # (Secrets are never cached)
-            return await client().get("Secret", namespace, names.internal(name), live=True)
+    def __post_init__(self) -> None:
+        self.observed = Observed(self.namespaces)
 
-        tokens = wake.Tokens(known, secret)
-        triggers.wake = wake.WakeServer(triggers.autoscaler.wake, tokens, triggers.acting)
-        await triggers.wake.start(*where)
-    triggers.elector.start()
+    async def start(self, indices: dict[str, Any]) -> None:
+        self.observed.attach(indices)
+        election = leader.settings()
+        self.client = client = kube.Kube(kube.load_credentials())
+        client.cache = self.observed
+        self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
+        self.triggers = triggers = Triggers(client, self.observed)
+        self.observed.on_change = triggers.changed
+        triggers.start()
+        triggers.autoscaler = AutoscaleLoop(client, triggers.enqueue, self.observed.models)
+        triggers.elector = leader.LeaderElector(client, election, triggers.lead, triggers.resume)
+        client.may_write = triggers.elector.acting
+        if (where := wake.configured()) is not None:
+            observed = self.observed
+
+            async def known(namespace: str, name: str) -> bool:  # from the index alone: no call for a name
+                if not observed.watches(spec.KIND, namespace):
+                    return False
+                return await observed.get(spec.KIND, namespace, name) is not None
+
+            async def secret(namespace: str, name: str) -> dict[str, Any] | None:  # (Secrets are not watched)
+                return await client.get("Secret", namespace, names.internal(name), live=True)
+
+            tokens = wake.Tokens(known, secret)
+            triggers.wake = wake.WakeServer(triggers.autoscaler.wake, tokens, triggers.acting)
+            await triggers.wake.start(*where)
+        triggers.elector.start()
+
+    async def stop(self) -> None:
+        triggers = self.triggers
+        if triggers is not None:
+            if triggers.wake is not None:
+                await triggers.wake.stop()
+            if triggers.autoscaler is not None:
+                await triggers.autoscaler.stop()
+            await triggers.stop()  # (a reconcile in flight finishes, while this replica still leads)
+            if triggers.elector is not None:
+                await triggers.elector.stop()  # then the Lease is released: a follower leads at once
+        await self.observed.stop()
+        if self.client is not None:
+            await self.client.close()
 
 
-@kopf.on.cleanup()
-async def close(**_: Any) -> None:
-    if _triggers is not None:
-        if _triggers.wake is not None:
-            await _triggers.wake.stop()
-        if _triggers.autoscaler is not None:
-            await _triggers.autoscaler.stop()
-        await _triggers.stop()  # (a reconcile in flight finishes, while this replica still leads)
-        if _triggers.elector is not None:
-            await _triggers.elector.stop()  # then the Lease is released: a follower leads at once
-        await _triggers.cache.stop()
-    if _client is not None:
-        await _client.close()
+def configure(settings: kopf.OperatorSettings, clusterwide: bool) -> None:
+    """kopf's settings for the operator (https://kopf.readthedocs.io/en/stable/configuration/)."""
+    settings.posting.enabled = False  # kopf posts no Events of its own: the reconciles post theirs
+    settings.peering.standalone = True  # one replica acts by leader election on a Lease, not kopf's peering
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + 60
+    settings.watching.inactivity_timeout = WATCH_SECONDS + 60  # (the server ends a watch first)
+    settings.watching.connect_timeout = 30
+    # cluster mode: kopf watches CustomResourceDefinitions (a NeuronModel CRD installed later is served);
+    # namespaced: no cluster-wide permission at all (the CRD must exist when the operator starts)
+    settings.scanning.disabled = not clusterwide
+
+
+def watching_parts(
+    observed: Observed, clusterwide: bool
+) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+    """A kopf registry that logs in and keeps `observed` (its indexes and event handlers), with kopf's
+    settings: what every replica runs."""
+    registry, settings = kopf.OperatorRegistry(), kopf.OperatorSettings()
+    configure(settings, clusterwide)
+    # kopf logs in from the kubeconfig (KUBECONFIG), else as the pod's service account
+    kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
+    kopf.on.login(registry=registry)(kopf.login_with_service_account)
+    observed.register(registry, settings)
+    return registry, settings
+
+
+def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+    """The registry of the operator's kopf handlers and kopf's settings."""
+    registry, settings = watching_parts(operator.observed, clusterwide=operator.namespaces is None)
+
+    @kopf.on.startup(registry=registry)
+    async def start(**kwargs: Any) -> None:
+        await operator.start(kwargs)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        await operator.stop()
+
+    return registry, settings
+
+
+def run(
+    namespaces: list[str] | None,
+    liveness: str | None = None,
+    stop_flag: asyncio.Event | None = None,
+) -> None:
+    """Run the operator until SIGTERM or SIGINT (or `stop_flag`): kopf embedded, in this thread's event loop.
+    `namespaces` None: every namespace."""
+    operator = Operator(namespaces)
+    registry, settings = build(operator)
+    kopf.run(
+        registry=registry,
+        settings=settings,
+        clusterwide=namespaces is None,
+        namespaces=namespaces or (),
+        standalone=True,
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+    )

@@ -30,7 +30,7 @@ from kubernetes_asyncio.client import ApiClient
 from . import login, spec
 
 if TYPE_CHECKING:
-    from .cache import Cache
+    from .watching import Observed
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Kube:
     def __init__(self, credentials: login.Login) -> None:
         """`credentials`: the login its requests are sent with (`load_credentials`)."""
         self.login = credentials
-        self.cache: Cache | None = None
+        self.cache: Observed | None = None
         self._api: ApiClient | None = None
         self._transport: tuple | None = None  # what `_api` was made for (login.Credentials.transport)
         self._retired: list[ApiClient] = []  # made for an earlier transport: closed with this client

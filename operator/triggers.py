@@ -23,9 +23,9 @@ import aiohttp
 
 from . import kube, leader, rollout, spec, wake
 from .autoscale_loop import AutoscaleLoop
-from .cache import CHILD_LABEL, Cache
 from .reconcile import PROGRESS_READ, now, reconcile
 from .retries import Backoff, Retries, Said, retry_after_seconds
+from .watching import CHILD_LABEL, Observed
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
 WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
@@ -125,7 +125,7 @@ class Triggers:
     worked by WORKERS tasks; failing models' retries (`backoff`: their schedule); and the periodic cache-only
     pass."""
 
-    def __init__(self, client: kube.Kube, cache: Cache, backoff: Backoff | None = None) -> None:
+    def __init__(self, client: kube.Kube, cache: Observed, backoff: Backoff | None = None) -> None:
         self.client, self.cache = client, cache
         self.retries = Retries(backoff)
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()

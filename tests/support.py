@@ -754,3 +754,33 @@ def finish_compile(kubectl, job: str) -> None:
     kubectl(
         "patch", "job", job, "--subresource", "status", "--type", "merge", "-p", json.dumps({"status": done})
     )
+
+
+@contextlib.asynccontextmanager
+async def kopf_watching(observed: Any, kubeconfig: Path, namespaces: list[str]):
+    """kopf in this event loop, keeping `observed` (operator/watching.py) as the operator's replicas do,
+    logged in with `kubeconfig`; stopped on leaving."""
+    import asyncio
+
+    import kopf
+
+    from neuronfleet.operator import handlers
+
+    registry, settings = handlers.watching_parts(observed, clusterwide=False)
+    stop = asyncio.Event()
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(kubeconfig)  # (what kopf's kubeconfig login reads)
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=registry, settings=settings, namespaces=namespaces, standalone=True, stop_flag=stop
+        )
+    )
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+        if previous is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = previous

@@ -2,7 +2,7 @@
 (`--fault-switches`, localcluster/apiserver.py `Faults`), with no kubelet (nothing here needs a pod): the
 NeuronModel CRD missing at the start (the operator waits, never exits, and serves models once the CRD is
 installed); requests refused with 429 and Retry-After, as API Priority and Fairness does (sent again, the
-work done once); every watch ended with 410 after a compaction (the caches list again, nothing lost or
+work done once); every watch ended with 410 after a compaction (kopf lists again, nothing lost or
 doubled); the API server restarted mid-work, its objects kept as etcd keeps them (the operator stays up and
 goes on the moment it answers)."""
 
@@ -65,8 +65,8 @@ class Faulty:
 def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_restart(tmp_path):
     faulty = Faulty(tmp_path)
     try:
-        # no CRD yet: the operator waits for it (it says so, and does not exit)
-        waiting = "the server doesn't have a resource type"
+        # no CRD yet: the operator waits for it (kopf says so, does not exit, and watches the CRDs)
+        waiting = "Unresolved resources cannot be served (try creating their CRDs)"
         faulty.operator.wait_until(lambda: waiting in faulty.operator.output(), "the wait for the CRD")
         assert faulty.operator.poll() is None
         faulty.api.kubectl("apply", "-f", str(CRD))
@@ -84,7 +84,7 @@ def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_res
         faulty.create_model("m2b")
         faulty.wait_job("m2b")
 
-        # every watch ends with 410 and no resourceVersion resumes: the caches list again
+        # every watch ends with 410 and no resourceVersion resumes: kopf lists again
         faulty.switch(expireWatches=True)
         faulty.create_model("m3")
         faulty.wait_job("m3")

@@ -14,6 +14,7 @@ import yaml
 from support import OPERATOR_USER, ROOT, OperatorCluster, finish_compile
 
 from neuronfleet.operator.kube import LEASE_RULES, RBAC_RULES
+from neuronfleet.operator.watching import KOPF_RULES
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 POOL_CRD = ROOT / "tests" / "data" / "gie-v1.6.0-inferencepools.yaml"
@@ -78,7 +79,7 @@ def test_the_model_behind_an_inference_gateway_gets_a_pool_and_route_the_cluster
     operator.wait_until(lambda: kubectl.get("inferencepool", "g") is None, "the InferencePool deleted")
     calls = [json.loads(line) for line in (cluster.state / "audit.jsonl").read_text().splitlines()]
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
-    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES).items() for v in verbs}
+    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES | KOPF_RULES).items() for v in verbs}
     assert used <= declared, sorted(used - declared)
     for resource in ("inferencepools", "httproutes"):
         group = "inference.networking.k8s.io" if resource == "inferencepools" else "gateway.networking.k8s.io"

@@ -13,6 +13,7 @@ import yaml
 from support import OPERATOR_USER, ROOT, OperatorCluster, finish_compile
 
 from neuronfleet.operator.kube import LEASE_RULES, RBAC_RULES
+from neuronfleet.operator.watching import KOPF_RULES
 
 UNIFIED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 DISAGGREGATED = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
@@ -168,5 +169,5 @@ def test_provider_keda_makes_a_scaled_object_the_cluster_accepts_and_deletes_it_
     operator.wait_until(lambda: (active() or {}).get("reason") == "Builtin", "builtin: the operator scales")
     calls = [json.loads(line) for line in (cluster.state / "audit.jsonl").read_text().splitlines()]
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
-    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES).items() for v in verbs}
+    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES | KOPF_RULES).items() for v in verbs}
     assert ("keda.sh", "scaledobjects", "delete") in used and used <= declared, sorted(used - declared)

@@ -19,11 +19,11 @@ import urllib.request
 
 import pytest
 import yaml
-from support import HTTP_TIMEOUT, ROOT, OperatorCluster, free_port
+from support import HTTP_TIMEOUT, ROOT, OperatorCluster, free_port, kopf_watching
 
 from neuronfleet.operator import kube, leader, triggers
-from neuronfleet.operator.cache import Cache
 from neuronfleet.operator.leadership import Timing
+from neuronfleet.operator.watching import Observed
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 TIMING = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
@@ -177,14 +177,19 @@ def test_a_leader_whose_renewal_lands_late_drops_no_model(inproc, caplog):
         return sum(c["user"] == user and c["verb"] in WRITES and c["code"] < 400 for c in api.audit())
 
     async def scenario() -> tuple[set[str], int]:
-        client = Stalled(kube.load_credentials(str(api.api.kubeconfig_for("operator-t"))))
-        cache = Cache(client, ["default"], lambda event, obj: work.changed(event, obj))
-        work = triggers.Triggers(client, cache)
-        client.cache = cache
+        kubeconfig = api.api.kubeconfig_for("operator-t")
+        client = Stalled(kube.load_credentials(str(kubeconfig)))
+        observed = Observed(["default"], lambda event, obj: work.changed(event, obj))
+        work = triggers.Triggers(client, observed)
+        client.cache = observed
         elector = leader.LeaderElector(client, config, work.lead, work.resume, clock=clock)
         work.elector, client.may_write = elector, elector.acting
-        cache.start()
         work.start()
+        async with kopf_watching(observed, kubeconfig, ["default"]):
+            await observed.synced()
+            return await stalled_pass(client, work, elector)
+
+    async def stalled_pass(client, work, elector) -> tuple[set[str], int]:
         try:
             assert await elector.tick() and elector.acting()  # it leads: its pass over every model starts
             while elector.acting():  # (until the stall)
@@ -201,7 +206,6 @@ def test_a_leader_whose_renewal_lands_late_drops_no_model(inproc, caplog):
         finally:
             await work.stop()
             await elector.stop()
-            await cache.stop()
             await client.close()
 
     try:

@@ -18,6 +18,7 @@ from support import (
 )
 
 from neuronfleet.operator.kube import LEASE_RULES, RBAC_RULES
+from neuronfleet.operator.watching import KOPF_RULES
 
 # Our runtime's sample (engine embedded serves on cpu; no kubelet runs its pods here: the test plays the Job
 # and Deployment controllers), and a Neuron sample for the refusals
@@ -49,7 +50,7 @@ def cluster(tmp_path):
     # the chart's RBAC equals (tests/unit/test_chart.py)
     calls = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     used = {(c["group"], c["resource"], c["verb"]) for c in calls if c["user"] == OPERATOR_USER}
-    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES).items() for v in verbs}
+    declared = {(g, r, v) for (g, r), verbs in (RBAC_RULES | LEASE_RULES | KOPF_RULES).items() for v in verbs}
     assert used and used <= declared, sorted(used - declared)
 
 

@@ -16,11 +16,11 @@ import time
 
 import pytest
 import yaml
-from support import ROOT, OperatorCluster
+from support import ROOT, OperatorCluster, kopf_watching
 
 from neuronfleet.operator import kube, triggers
-from neuronfleet.operator.cache import Cache
 from neuronfleet.operator.retries import Backoff
+from neuronfleet.operator.watching import Observed
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 KEDA_CRD = ROOT / "tests" / "data" / "keda-v2.20.2-scaledobjects.yaml"  # KEDA's published CRD
@@ -114,14 +114,16 @@ def test_a_refused_write_backs_off_and_is_said_once_per_message(cluster):
         return found
 
     async def scenario() -> dict:
-        cache = Cache(client, ["default"], lambda event, obj: work.changed(event, obj))
-        work = triggers.Triggers(client, cache, BACKOFF)
-        client.cache = cache
-        cache.start()
+        observed = Observed(["default"], lambda event, obj: work.changed(event, obj))
+        work = triggers.Triggers(client, observed, BACKOFF)
+        client.cache = observed
         work.start()
+        async with kopf_watching(observed, api.api.kubeconfig_for(USER), ["default"]):
+            return await refused(work)
+
+    async def refused(work) -> dict:
         seen: dict = {}
         try:
-            await cache.synced()
             api.call("POST", MODELS, model(3))
             # refused again and again: each try at least its back-off after the one before
             await until(lambda: len(client.sent) >= 7, "seven tries of the ScaledObject")
@@ -160,7 +162,6 @@ def test_a_refused_write_backs_off_and_is_said_once_per_message(cluster):
         finally:
             await work.stop()
             seen["pending after stop"] = work.pending(key)
-            await cache.stop()
             await client.close()
         return seen
 

@@ -15,7 +15,7 @@ import yaml
 from support import ROOT
 
 import neuronfleet
-from neuronfleet.operator import crd, kube, leader, leadership
+from neuronfleet.operator import crd, kube, leader, leadership, watching
 
 RELEASE_NAMESPACE = "neuronfleet-system"
 
@@ -154,7 +154,8 @@ def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace()
     role = leader_election_role(objects)  # the Lease, in the release's namespace only
     assert rule_set(role["rules"]) == lease and role["metadata"]["namespace"] == RELEASE_NAMESPACE
     (role,) = kinds(objects, "ClusterRole")
-    assert rule_set(role["rules"]) == declared()
+    kopf = {(g, r, v) for (g, r), verbs in watching.KOPF_RULES.items() for v in verbs}
+    assert rule_set(role["rules"]) == declared() | kopf
     assert not any(
         "*" in x for rule in role["rules"] for x in rule["apiGroups"] + rule["resources"] + rule["verbs"]
     )
@@ -180,7 +181,8 @@ def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace()
 def test_no_rule_reads_every_secret_or_patches_pods_unless_a_value_opts_in(name):
     """Secrets: get (by name) and create only, never list, watch or delete; pods: patch only with
     rbac.podDeletionCost, which also tells the operator it may (NEURONFLEET_POD_DELETION_COST); the rules
-    are then exactly RBAC_RULES and that opt-in's OPT_IN_RULES, cluster-wide or in each watched namespace."""
+    are then exactly RBAC_RULES and that opt-in's OPT_IN_RULES, cluster-wide (with kopf's KOPF_RULES) or in
+    each watched namespace."""
     from neuronfleet.operator import autoscale_loop
 
     values = VALUE_SETS[name]
@@ -191,7 +193,11 @@ def test_no_rule_reads_every_secret_or_patches_pods_unless_a_value_opts_in(name)
     assert roles
     for role in roles:
         rules = rule_set(role["rules"])
-        assert rules == declared(*(["podDeletionCost"] if opted else [])), role["metadata"]
+        kopf = {(g, r, v) for (g, r), verbs in watching.KOPF_RULES.items() for v in verbs}
+        wanted = declared(*(["podDeletionCost"] if opted else [])) | (
+            kopf if role["kind"] == "ClusterRole" else set()
+        )
+        assert rules == wanted, role["metadata"]
         assert not {("", "secrets", v) for v in ("list", "watch", "delete", "deletecollection")} & rules
         assert (("", "pods", "patch") in rules) == opted
     assert autoscale_loop.pod_deletion_cost(operator_env(objects)) == opted

@@ -1,14 +1,16 @@
-"""The pure parts of the operator's ownership rule and caches: who controls an object (never patch
-another owner's), the Conflict condition, the label selectors the cache answers itself, the namespaces it
-watches."""
+"""The pure parts of the operator's ownership rule and of what it observes (operator/watching.py, fed here as
+kopf feeds it: each object indexed, then delivered): who controls an object (never patch another owner's),
+the Conflict condition, the label selectors answered from the indexes, read-your-writes, a re-list told
+from changes, and objects deleted while no watch ran found out."""
 
 from __future__ import annotations
 
 import asyncio
 
-from neuronfleet.operator.cache import Cache, selector_matcher, watch_namespaces
+from neuronfleet.operator import watching
 from neuronfleet.operator.planner import foreign_owner
 from neuronfleet.operator.status import transitions, with_conflicts
+from neuronfleet.operator.watching import Observed, selector_matcher
 
 
 def owned(uid: str | None, controller: bool = True, name: str = "col") -> dict:
@@ -79,45 +81,147 @@ def test_equality_selectors_are_answered_from_the_cache_and_set_based_ones_are_n
     assert selector_matcher("env in (a,b)") is None and selector_matcher("a notin (b)") is None
 
 
-def test_the_cache_watches_the_namespaces_kopf_was_given_or_the_whole_cluster():
-    assert watch_namespaces(["neuronfleet", "operator", "--all-namespaces"]) is None
-    assert watch_namespaces(["x", "--standalone", "-A"]) is None
-    assert watch_namespaces(["x", "--standalone"]) is None
-    assert watch_namespaces(["x", "--namespace=team-a", "--namespace", "team-b", "-n", "c", "-nd"]) == [
-        "team-a", "team-b", "c", "d",
-    ]  # fmt: skip
-    assert watch_namespaces(["x", "--namespace=team-*"]) is None  # a glob: no single watch follows it
+class Kopf:
+    """kopf's side as Observed meets it: each object put into its kind's index under the keys
+    `watching.index_keys` gives (as kopf's index handler returns them), then delivered to the event
+    handler."""
+
+    def __init__(self, observed: Observed) -> None:
+        self.observed, self.indexes = observed, {kind: {} for kind in watching.WATCHED}
+        observed.attach({watching.index_id(kind): index for kind, index in self.indexes.items()})
+        observed.synced_event().set()
+
+    def event(self, kind: str, event: str | None, obj: dict) -> None:
+        index = self.indexes[kind]
+        for key in [k for k, objs in index.items() if any(o["metadata"]["name"] == obj["metadata"]["name"]
+                                                          for o in objs)]:  # fmt: skip
+            index[key] = [o for o in index[key] if o["metadata"]["name"] != obj["metadata"]["name"]]
+            if not index[key]:
+                del index[key]
+        if event != "DELETED":
+            for key in watching.index_keys(kind, obj):
+                index.setdefault(key, []).append(obj)
+        self.observed.delivered(kind, event, obj)
 
 
-def _service(rv: str, ingress: str | None = None) -> dict:
+def _service(rv: str, ingress: str | None = None, name: str = "m") -> dict:
     status = {"loadBalancer": {"ingress": [{"ip": ingress}]}} if ingress else {}
-    return {"kind": "Service", "metadata": {"name": "m", "namespace": "d", "resourceVersion": rv},
-            "status": status}  # fmt: skip
+    return {"kind": "Service", "status": status,
+            "metadata": {"name": name, "namespace": "d", "resourceVersion": rv,
+                         "labels": {"neuronfleet.dev/model": "m"}}}  # fmt: skip
 
 
-def _cached_service(cache: Cache) -> dict:
-    async def read() -> dict:
-        cache._synced[("Service", None)] = event = asyncio.Event()
-        event.set()
-        return await cache.get("Service", "d", "m")
-
-    return asyncio.run(read())
+def _read(observed: Observed, name: str = "m") -> dict | None:
+    return asyncio.run(observed.get("Service", "d", name))
 
 
 def test_a_writes_answer_never_puts_an_older_object_over_what_the_watch_delivered_since():
     """The answer to the operator's write and the watch travel apart: when another writer's change (here a
-    load balancer's status) was delivered before the answer arrived, the cache keeps the newer object (else
-    the model's endpoint would stay stale with no event to correct it)."""
+    load balancer's status) was delivered before the answer arrived, the newer object is read (else the
+    model's endpoint would stay stale with no event to correct it)."""
     changes: list[tuple[str, str]] = []
-    cache = Cache(None, None, lambda event, obj: changes.append((event, obj["metadata"]["resourceVersion"])))
-    cache._apply("Service", "ADDED", _service("1"))
-    cache._apply("Service", "MODIFIED", _service("2"))  # the operator's write, seen by the watch first
-    cache._apply("Service", "MODIFIED", _service("3", "10.0.0.7"))  # the load balancer's
-    cache.stored(_service("2"))  # the write's answer comes last
-    assert _cached_service(cache)["metadata"]["resourceVersion"] == "3"
+    observed = Observed(None, lambda event, obj: changes.append((event, obj["metadata"]["resourceVersion"])))
+    kopf = Kopf(observed)
+    kopf.event("Service", "ADDED", _service("1"))
+    kopf.event("Service", "MODIFIED", _service("2"))  # the operator's write, seen by the watch first
+    kopf.event("Service", "MODIFIED", _service("3", "10.0.0.7"))  # the load balancer's
+    observed.stored(_service("2"))  # the write's answer comes last
+    assert _read(observed)["metadata"]["resourceVersion"] == "3"
     assert changes[-1] == ("MODIFIED", "3")
-    # the usual order: the answer first is cached at once, and its echo is not reported as a change
-    cache.stored(_service("4"))
-    assert _cached_service(cache)["metadata"]["resourceVersion"] == "4"
-    cache._apply("Service", "MODIFIED", _service("4"))
+    # the usual order: the answer first is read at once, and its echo is not reported as a change
+    observed.stored(_service("4"))
+    assert _read(observed)["metadata"]["resourceVersion"] == "4"
+    kopf.event("Service", "MODIFIED", _service("4"))
     assert changes[-1] == ("MODIFIED", "3")
+    # deleted by the operator: hidden at once; made again (the watch's ADDED): read again
+    observed.forget(_service("4"))
+    assert _read(observed) is None
+    assert asyncio.run(observed.list("Service", "d", "neuronfleet.dev/model=m")) == []
+    kopf.event("Service", "DELETED", _service("4"))
+    kopf.event("Service", "ADDED", _service("5"))
+    assert _read(observed)["metadata"]["resourceVersion"] == "5"
+
+
+def test_reads_look_objects_up_by_model_by_name_and_a_pod_by_its_job():
+    observed = Observed(["d"])
+    kopf = Kopf(observed)
+    kopf.event("Service", None, _service("1", name="m"))
+    kopf.event("Service", None, _service("2", name="m-prefill"))
+    other = _service("3", name="x")
+    other["metadata"]["labels"] = {"neuronfleet.dev/model": "x", "neuronfleet.dev/role": "router"}
+    kopf.event("Service", None, other)
+    labels = {"neuronfleet.dev/model": "m", "job-name": "m-compile-1"}
+    pod = {"kind": "Pod", "metadata": {"name": "m-compile-1-abc", "namespace": "d", "resourceVersion": "4"}}
+    pod["metadata"]["labels"] = labels
+    kopf.event("Pod", None, pod)
+    names = lambda objs: [o["metadata"]["name"] for o in objs]  # noqa: E731
+    assert names(asyncio.run(observed.list("Service", "d", "neuronfleet.dev/model=m"))) == ["m", "m-prefill"]
+    both = "neuronfleet.dev/model=x,neuronfleet.dev/role=router"
+    assert names(asyncio.run(observed.list("Service", "d", both))) == ["x"]
+    assert names(asyncio.run(observed.list("Service", "d", "neuronfleet.dev/role=router"))) == ["x"]
+    assert names(asyncio.run(observed.list("Pod", "d", "job-name=m-compile-1"))) == ["m-compile-1-abc"]
+    assert asyncio.run(observed.list("Pod", "d", "job-name=m-compile-2")) == []
+    assert asyncio.run(observed.list("Service", "d", "a in (b)")) is None  # asked of the API server
+    assert observed.watches("Service", "d") and not observed.watches("Service", "e")
+    assert not observed.watches("Secret", "d") and not observed.watches("EndpointSlice", "d")
+    # what is read is a copy: a reconcile that changes it changes nothing observed
+    asyncio.run(observed.get("Service", "d", "m"))["metadata"]["name"] = "changed"
+    assert _read(observed)["metadata"]["name"] == "m"
+
+
+def test_a_relisted_object_is_a_change_only_at_a_new_version():
+    changes: list[tuple[str, str]] = []
+
+    async def scenario() -> None:
+        observed = Observed(
+            None, lambda event, obj: changes.append((event, obj["metadata"]["resourceVersion"]))
+        )
+        observed.live_get = lambda kind, ns, name: asyncio.sleep(0, result=None)
+        kopf = Kopf(observed)
+        kopf.event("Service", None, _service("1"))  # the first list
+        kopf.event("Service", None, _service("1"))  # a re-list (after 410 Gone): nothing changed
+        assert changes == [("ADDED", "1")]
+        kopf.event("Service", None, _service("7"))  # a re-list: changed meanwhile
+        assert changes[-1] == ("MODIFIED", "7")
+        await observed.stop()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_relist_an_object_it_did_not_deliver_is_read_live_and_forgotten_when_gone(monkeypatch):
+    """kopf's indexes keep an object deleted while no watch ran (a re-list cannot report it): once the
+    re-list is over, such an object is read live; gone, it is hidden and reported deleted; one still there
+    (re-listed or not) stays."""
+    monkeypatch.setattr(watching, "RELIST_QUIET", 0.05)
+    changes: list[tuple[str, str]] = []
+    live = {"kept": _service("2", name="kept")}
+    asked: list[str] = []
+
+    async def live_get(kind: str, ns: str, name: str) -> dict | None:
+        asked.append(name)
+        return live.get(name)
+
+    async def scenario() -> None:
+        observed = Observed(None, lambda event, obj: changes.append((event, obj["metadata"]["name"])))
+        observed.live_get = live_get
+        kopf = Kopf(observed)
+        for name in ("m", "gone", "kept"):
+            kopf.event("Service", None, _service("1" if name != "kept" else "2", name=name))
+        await asyncio.sleep(0.1)
+        kopf.event("Service", None, _service("1", name="m"))  # the re-list: "gone" and "kept" not in it
+        for _ in range(200):
+            if "gone" in asked and "kept" in asked:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        assert sorted(asked) == ["gone", "kept"]  # m was re-listed: no read
+        assert await observed.get("Service", "d", "gone") is None
+        assert (await observed.get("Service", "d", "kept"))["metadata"]["name"] == "kept"
+        assert [n for n in (o["metadata"]["name"] for o in await observed.list("Service", "d", ""))] == [
+            "kept",
+            "m",
+        ]
+        assert changes[-1] == ("DELETED", "gone")
+        await observed.stop()
+
+    asyncio.run(scenario())

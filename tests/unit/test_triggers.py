@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from neuronfleet.operator import kube, triggers
-from neuronfleet.operator.cache import CHILD_LABEL, Cache
+from neuronfleet.operator.watching import CHILD_LABEL, Observed
 from neuronfleet.operator.retries import Backoff
 
 
@@ -94,17 +94,6 @@ def test_an_earlier_models_object_the_cache_still_holds_is_confirmed_live_before
     assert held.created == [] and len(conflicts) == 1 and "(uid earlier)" in conflicts[0]
 
 
-class Quiet:
-    """An API server, as the cache sees it, that holds nothing and reports no change."""
-
-    async def list_all(self, kind: str, namespace: str | None, selector: str) -> tuple[list, str]:
-        return [], "1"
-
-    async def watch(self, kind: str, namespace: str | None, selector: str, rv: str, timeout: float):
-        await asyncio.Event().wait()
-        yield  # (an async generator that never yields an event)
-
-
 def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
     """Models gone from the cache (as converged ones, a pass the cache answers alone): the workers take them
     one by one, and another task (the watches, the wake endpoint) runs between them rather than after the
@@ -112,10 +101,9 @@ def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
     models = 400
 
     async def scenario() -> int:
-        cache = Cache(Quiet(), None, lambda event, obj: None)
-        work = triggers.Triggers(None, cache)
-        cache.start()
-        await cache.synced()
+        observed = Observed(None)  # kopf's indexes hold nothing
+        observed.synced_event().set()
+        work = triggers.Triggers(None, observed)
         work.start()
         turns = 0
 
@@ -131,7 +119,6 @@ def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
         await work.settled()
         task.cancel()
         await work.stop()
-        await cache.stop()
         return turns
 
     assert asyncio.run(scenario()) >= models // (2 * triggers.WORKERS)  # (a turn every WORKERS models)

@@ -1,0 +1,337 @@
+"""What kopf watches for the operator, and the operator's reads answered from it.
+
+kopf watches the NeuronModels and every child kind the operator makes (labelled neuronfleet.dev/model, the
+selector sent to the API server with each LIST and WATCH) but Secrets, and keeps each kind in a `@kopf.index`:
+a child under its model (a per-model lookup, not a scan), under its own name, and a pod also under its
+Job's name. `Observed` answers the reconciles' reads (`get`, `list`, through `kube.Kube`) from those indexes,
+so a reconcile reads memory, not the API server, and its `@kopf.on.event` handler turns each change into
+`on_change(event type, object)` (the operator queues the model). Secrets are read by name
+(`reconcile.apply_secret`): a LIST or WATCH of Secrets, which RBAC cannot narrow to a label, would need the
+right to read every Secret of the cluster.
+
+What kopf lacks, and this module adds (small, and named for it):
+- read-your-writes: the API server's answer to the operator's own write is read at once (`stored`,
+  `forget`) until kopf delivers a newer event for that object, and the watch's echo of that write is not
+  reported as a change (the write's answer and the watch travel apart: an answer the watch is already past
+  is not put over what it delivered);
+- a re-list told from changes: after a watch whose resourceVersion expired (410 Gone) kopf lists again and
+  delivers every object anew; an object delivered again at a version already seen is not a change;
+- objects deleted while no watch ran: a re-list cannot report them (kopf's indexes keep them). After a
+  re-list, an indexed object that the re-list did not deliver is read live once; if it is gone, it is hidden
+  from reads and reported as deleted.
+
+Reads wait until kopf has indexed every kind's first list (kopf holds every handler back until then; the
+first event delivered says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import kopf
+
+from . import spec
+
+log = logging.getLogger(__name__)
+
+CHILD_LABEL = "neuronfleet.dev/model"  # builders.LABEL_PREFIX + "/model"; every child carries it
+JOB_LABEL = "job-name"  # set by the Job controller on its pods
+# kind -> (group, version, plural) of what kopf watches
+WATCHED: dict[str, tuple[str, str, str]] = {
+    spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
+    "Pod": ("", "v1", "pods"),  # serving pods' states (crash loops, unschedulable), the compile pod's report
+    "Job": ("batch", "v1", "jobs"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "Service": ("", "v1", "services"),
+    "ConfigMap": ("", "v1", "configmaps"),
+    "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+}
+CHILD_KINDS = tuple(kind for kind in WATCHED if kind != spec.KIND)
+# kopf's own calls beyond RBAC_RULES, in cluster mode only (a ClusterRole): it watches the
+# CustomResourceDefinitions, so a NeuronModel CRD installed (or replaced) after the operator started is
+# served (https://kopf.readthedocs.io/en/stable/scopes/). Namespaced, kopf scans nothing: no cluster-wide right
+KOPF_RULES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
+}
+DELIVERED_KEPT = 8  # versions remembered per object: a write's answer is rarely more than a few events behind
+RELIST_QUIET = 2.0  # seconds without a re-listed object after which a re-list is taken to be over
+
+Key = tuple[str, str]  # namespace, name
+OnChange = Callable[[str, dict[str, Any]], None]
+LiveGet = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
+
+_TERM = re.compile(
+    r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9_./-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*))?\s*$"
+)
+
+
+def selector_matcher(selector: str) -> Callable[[dict[str, str]], bool] | None:
+    """A predicate on labels for an equality-based selector (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-joined);
+    None for what it does not read (set-based terms), which the caller then asks the API server."""
+    checks: list[Callable[[dict[str, str]], bool]] = []
+    for term in filter(str.strip, selector.split(",")):
+        m = _TERM.match(term)
+        if m is None:
+            return None
+        key, op, value = m["key"], m["op"], m["value"]
+        if op and m["neg"]:
+            return None
+        if op:
+            checks.append(lambda labels, k=key, v=value, eq=op != "!=": (labels.get(k) == v) == eq)
+        else:
+            checks.append(lambda labels, k=key, present=not m["neg"]: (k in labels) == present)
+    return lambda labels: all(check(labels) for check in checks)
+
+
+def _equals(selector: str, label: str) -> str | None:
+    """The value `selector` requires of `label` (`label=v` or `label==v` among its terms), or None."""
+    for term in selector.split(","):
+        m = _TERM.match(term)
+        if m and m["key"] == label and m["op"] in ("=", "==") and not m["neg"]:
+            return m["value"]
+    return None
+
+
+def index_id(kind: str) -> str:
+    """The kopf index of a kind (a handler id, and the keyword its handlers receive it by)."""
+    return "nf_" + kind.lower()
+
+
+def index_keys(kind: str, obj: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Where an object is found: by name; a child also by its model; a pod also by its Job."""
+    meta = obj.get("metadata") or {}
+    ns, labels = meta.get("namespace", ""), meta.get("labels") or {}
+    keys = [("name", ns, meta.get("name", ""))]
+    if kind != spec.KIND and labels.get(CHILD_LABEL):
+        keys.append(("model", ns, labels[CHILD_LABEL]))
+    if kind == "Pod" and labels.get(JOB_LABEL):
+        keys.append(("job", ns, labels[JOB_LABEL]))
+    return keys
+
+
+def resource_version(obj: dict[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("resourceVersion", "")
+
+
+def _snapshot(kind: str, body: Any) -> dict[str, Any]:
+    """A plain copy of what kopf delivered, with its kind (list items carry it too: kopf adds it)."""
+    obj = copy.deepcopy(dict(body))
+    obj.setdefault("kind", kind)
+    return obj
+
+
+class Observed:
+    """The objects the reconciles read: kopf's indexes of the watched kinds, with read-your-writes, re-lists
+    told from changes, and objects deleted while no watch ran found out (see the module's docstring)."""
+
+    def __init__(self, namespaces: list[str] | None, on_change: OnChange | None = None) -> None:
+        self._namespaces = namespaces
+        self.on_change: OnChange = on_change or (lambda event, obj: None)
+        self.live_get: LiveGet | None = None  # a live read by name (kube.Kube.get(live=True)): re-list sweeps
+        self._indexes: dict[str, Any] = {}  # kind -> kopf.Index (attached once kopf has made them)
+        self._synced: asyncio.Event | None = None
+        # (kind, ns, name) -> the object the operator wrote, until kopf delivers that object again
+        self._written: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._gone: set[tuple[str, str, str]] = set()  # deleted by the operator or found gone; hidden
+        # (kind, ns, name) -> the last resourceVersions delivered, and when the last one was
+        self._delivered: dict[tuple[str, str, str], deque[str]] = {}
+        self._delivered_at: dict[tuple[str, str, str], float] = {}
+        self._relisting: dict[str, float] = {}  # kind -> when its re-list began (a sweep is due after it)
+        self._relisted_last: dict[str, float] = {}  # kind -> when its re-list last delivered an object
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- kopf's side ----
+
+    def register(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings) -> None:
+        """kopf's indexes and event handlers for every watched kind; the children's watches carry the
+        label selector, so the API server sends only the operator's children."""
+        for kind, (group, version, plural) in WATCHED.items():
+            where = {"group": group, "version": version, "plural": plural, "registry": registry}
+            labels = None if kind == spec.KIND else {CHILD_LABEL: kopf.PRESENT}
+            kopf.index(**where, id=index_id(kind), param=kind, labels=labels)(self._index)
+            kopf.on.event(**where, id=f"nf_{kind.lower()}_event", param=kind, labels=labels)(self._event)
+            if labels:
+                settings.watching.label_selectors[(group, version, plural)] = CHILD_LABEL
+
+    def attach(self, indices: dict[str, Any]) -> None:
+        """The indexes kopf made (its handlers' keyword arguments, e.g. the start-up handler's)."""
+        self._indexes = {kind: indices[index_id(kind)] for kind in WATCHED}
+
+    @staticmethod
+    def _index(body: Any, param: str, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+        obj = _snapshot(param, body)
+        return dict.fromkeys(index_keys(param, obj), obj)
+
+    async def _event(self, type: str | None, body: Any, param: str, **kwargs: Any) -> None:
+        if not self._indexes:
+            self.attach(kwargs)
+        self.synced_event().set()  # kopf delivers events only once every kind's first list is indexed
+        self.delivered(param, type, _snapshot(param, body))
+
+    def delivered(self, kind: str, event: str | None, obj: dict[str, Any]) -> None:
+        """kopf delivered an object (event None: listed) after indexing it: reported to `on_change`
+        unless it is the echo of the operator's own write or a re-list's copy of a version already seen."""
+        meta = obj["metadata"]
+        key = (kind, meta.get("namespace", ""), meta["name"])
+        rv, seen = resource_version(obj), self._delivered.get(key)
+        again = seen is not None and rv in seen  # a version delivered before (a re-list's copy)
+        written = self._written.pop(key, None)
+        self._gone.discard(key)
+        if event is None and seen is not None:
+            self._relisted(kind)  # delivered before: this is a re-list
+        if event == "DELETED":
+            self._delivered.pop(key, None)
+            self._delivered_at.pop(key, None)
+        else:
+            if not again:
+                self._delivered.setdefault(key, deque(maxlen=DELIVERED_KEPT)).append(rv)
+            self._delivered_at[key] = time.monotonic()
+            if again:
+                return  # a re-list's copy of what was delivered already
+            if written is not None and resource_version(written) == rv:
+                return  # the echo of the operator's own write: nothing new to act on
+        self.on_change("MODIFIED" if event is None and seen is not None else event or "ADDED", obj)
+
+    # ---- objects deleted while no watch ran ----
+
+    def _relisted(self, kind: str) -> None:
+        now = time.monotonic()
+        self._relisted_last[kind] = now
+        if kind not in self._relisting:
+            self._relisting[kind] = now
+            task = asyncio.get_running_loop().create_task(self._sweep(kind), name=f"re-list sweep {kind}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _sweep(self, kind: str) -> None:
+        """Once the re-list of `kind` is over, each indexed object it did not deliver is read live; one that
+        is gone is hidden and reported deleted."""
+        while time.monotonic() - self._relisted_last[kind] < RELIST_QUIET:
+            await asyncio.sleep(RELIST_QUIET / 2)
+        began = self._relisting.pop(kind)
+        index = self._indexes.get(kind)
+        suspects = [
+            (ns, name)
+            for (how, ns, name) in list(index or ())
+            if how == "name" and self._delivered_at.get((kind, ns, name), 0.0) < began
+        ]
+        for ns, name in suspects:
+            if self.live_get is None:
+                break
+            try:
+                live = await self.live_get(kind, ns, name)
+            except Exception as e:  # the API server away again: the next re-list sweeps again
+                log.warning("checking %s %s/%s after a re-list failed: %r", kind, ns, name, e)
+                return
+            if live is None and self._delivered_at.get((kind, ns, name), 0.0) < began:
+                gone = self._indexed(kind, ns, name)
+                log.info("%s %s/%s was deleted while no watch ran: forgotten", kind, ns, name)
+                self._gone.add((kind, ns, name))
+                self._delivered.pop((kind, ns, name), None)
+                self._delivered_at.pop((kind, ns, name), None)
+                if gone is not None:
+                    self.on_change("DELETED", gone)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- the operator's own writes ----
+
+    def _covers(self, ns: str | None) -> bool:
+        return self._namespaces is None or ns in self._namespaces
+
+    def stored(self, obj: dict[str, Any]) -> None:
+        """What the API server answered to the operator's own write: read at once, and its watch event is
+        not reported as a change. Unless kopf has delivered that very version already: the answer and the
+        watch travel apart, and the watch may be past it by now (another writer's change, e.g. a Service's
+        status that a load balancer set). (Resource versions are compared for equality only, as the API
+        asks of clients: https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions.)"""
+        kind = obj.get("kind", "")
+        if kind not in WATCHED or not self._covers(obj["metadata"].get("namespace")):
+            return
+        key = (kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if resource_version(obj) in self._delivered.get(key, ()):
+            return
+        self._written[key] = obj
+        self._gone.discard(key)
+
+    def forget(self, obj: dict[str, Any]) -> None:
+        """An object the operator deleted: hidden at once (kopf's event confirms it)."""
+        kind, meta = obj.get("kind", ""), obj["metadata"]
+        if kind in WATCHED:
+            key = (kind, meta.get("namespace", ""), meta["name"])
+            self._written.pop(key, None)
+            self._gone.add(key)
+
+    # ---- reading ----
+
+    def synced_event(self) -> asyncio.Event:
+        if self._synced is None:
+            self._synced = asyncio.Event()
+        return self._synced
+
+    async def synced(self) -> None:
+        """Until kopf has indexed every kind's first list (a new leader's view is whole)."""
+        await self.synced_event().wait()
+
+    def watches(self, kind: str, ns: str | None) -> bool:
+        return kind in WATCHED and self._covers(ns)
+
+    def _indexed(self, kind: str, ns: str, name: str) -> dict[str, Any] | None:
+        store = (self._indexes.get(kind) or {}).get(("name", ns, name))
+        return next(iter(store), None) if store else None
+
+    def _current(
+        self, kind: str, ns: str, name: str, indexed: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        key = (kind, ns, name)
+        if key in self._gone:
+            return None
+        return self._written.get(key, indexed)
+
+    async def get(self, kind: str, ns: str, name: str) -> dict[str, Any] | None:
+        await self.synced()
+        obj = self._current(kind, ns, name, self._indexed(kind, ns, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def list(self, kind: str, ns: str, selector: str) -> list[dict[str, Any]] | None:
+        """The objects of a kind in `ns` matching `selector`, looked up by model (or a pod's Job) where the
+        selector names one; None for a selector it cannot read."""
+        matches = selector_matcher(selector)
+        if matches is None:
+            return None
+        await self.synced()
+        index = self._indexes.get(kind) or {}
+        if (model := _equals(selector, CHILD_LABEL)) is not None:
+            found: Iterable[dict[str, Any]] = index.get(("model", ns, model)) or ()
+        elif kind == "Pod" and (job := _equals(selector, JOB_LABEL)) is not None:
+            found = index.get(("job", ns, job)) or ()
+        else:
+            found = [
+                next(iter(s)) for (how, n, _), s in list(index.items()) if how == "name" and n == ns and s
+            ]
+        objects = {o["metadata"]["name"]: o for o in found}
+        for (k, n, name), obj in self._written.items():
+            if k == kind and n == ns:
+                objects[name] = obj
+        return [
+            copy.deepcopy(current)
+            for name, obj in sorted(objects.items())
+            if (current := self._current(kind, ns, name, obj)) is not None
+            and matches(current["metadata"].get("labels") or {})
+        ]
+
+    def models(self) -> list[dict[str, Any]]:
+        index = self._indexes.get(spec.KIND) or {}
+        return [copy.deepcopy(next(iter(store))) for store in list(index.values()) if store]
