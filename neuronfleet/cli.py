@@ -221,8 +221,6 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     from neuronfleet.operator import handlers
 
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = str(Path(args.kubeconfig).resolve())
     if args.wake_port:  # served on kopf's event loop by the operator's startup (operator/wake.py)
         from neuronfleet.operator import wake
 
@@ -271,7 +269,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)  # kopf's logging
     if not args.debug:  # kopf's line for each object's event and index ("Handler ... succeeded"): too many
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    handlers.run(args.namespace or None, liveness=args.liveness)
+    handlers.run(args.namespace or None, kubeconfig=args.kubeconfig, liveness=args.liveness)
     return 0
 
 

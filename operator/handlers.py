@@ -39,7 +39,7 @@ from typing import Any
 
 import kopf
 
-from . import kube, leader, names, spec, wake
+from . import kube, leader, login, names, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .triggers import Triggers
 from .watching import Observed
@@ -54,6 +54,7 @@ class Operator:
     """The process's parts: the client, what kopf observes, the work queue (made at start-up)."""
 
     namespaces: list[str] | None
+    login: login.Login
     observed: Observed = field(init=False)
     client: kube.Kube | None = None
     triggers: Triggers | None = None
@@ -64,7 +65,7 @@ class Operator:
     async def start(self, indices: dict[str, Any]) -> None:
         self.observed.attach(indices)
         election = leader.settings()
-        self.client = client = kube.Kube(kube.load_credentials())
+        self.client = client = kube.Kube(self.login)
         client.cache = self.observed
         self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
         self.triggers = triggers = Triggers(client, self.observed)
@@ -118,22 +119,20 @@ def configure(settings: kopf.OperatorSettings, clusterwide: bool) -> None:
 
 
 def watching_parts(
-    observed: Observed, clusterwide: bool
+    observed: Observed, clusterwide: bool, credentials: login.Login
 ) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
-    """A kopf registry that logs in and keeps `observed` (its indexes and event handlers), with kopf's
-    settings: what every replica runs."""
+    """A kopf registry that logs in with `credentials` and keeps `observed` (its indexes and event handlers),
+    with kopf's settings: what every replica runs."""
     registry, settings = kopf.OperatorRegistry(), kopf.OperatorSettings()
     configure(settings, clusterwide)
-    # kopf logs in from the kubeconfig (KUBECONFIG), else as the pod's service account
-    kopf.on.login(registry=registry)(kopf.login_with_kubeconfig)
-    kopf.on.login(registry=registry)(kopf.login_with_service_account)
+    kopf.on.login(registry=registry)(login.kopf_login_with(credentials))
     observed.register(registry, settings)
     return registry, settings
 
 
 def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
     """The registry of the operator's kopf handlers and kopf's settings."""
-    registry, settings = watching_parts(operator.observed, clusterwide=operator.namespaces is None)
+    registry, settings = watching_parts(operator.observed, operator.namespaces is None, operator.login)
 
     @kopf.on.startup(registry=registry)
     async def start(**kwargs: Any) -> None:
@@ -148,12 +147,14 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
 
 def run(
     namespaces: list[str] | None,
+    kubeconfig: str | None = None,
     liveness: str | None = None,
     stop_flag: asyncio.Event | None = None,
 ) -> None:
     """Run the operator until SIGTERM or SIGINT (or `stop_flag`): kopf embedded, in this thread's event loop.
-    `namespaces` None: every namespace."""
-    operator = Operator(namespaces)
+    `namespaces` None: every namespace; `kubeconfig` None: KUBECONFIG, ~/.kube/config or the pod's service
+    account (login.Login)."""
+    operator = Operator(namespaces, login.operator_login(kubeconfig))
     registry, settings = build(operator)
     kopf.run(
         registry=registry,

@@ -41,7 +41,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -438,15 +438,23 @@ def operator_login(kubeconfig: str | os.PathLike[str] | None = None) -> Login:
         return _operator
 
 
+def kopf_login_with(login: Login) -> Callable[..., Awaitable[kopf.ConnectionInfo]]:
+    """A kopf login handler (register it with `kopf.on.login()`) logging in with `login`, again on every call
+    (kopf calls it at start, after the API server refused its credentials with 401, and once an exec token
+    has expired: `expiration`), so kopf's watches and `kube.Kube` use the same credentials."""
+
+    async def kopf_login(**kwargs: Any) -> kopf.ConnectionInfo:
+        credentials = await login.again()
+        settings = kwargs.get("settings")
+        trust_env = bool(settings.networking.trust_env) if settings is not None else False
+        return credentials.connection_info(trust_env)
+
+    return kopf_login
+
+
 async def kopf_login(**kwargs: Any) -> kopf.ConnectionInfo:
-    """kopf's login handler (register it with `kopf.on.login()`): the operator's login (`operator_login()`),
-    logged in again on every call (kopf calls it at start, after the API server refused its credentials with
-    401, and once an exec token has expired: `expiration`), so kopf's watches and `kube.Kube` use the same
-    credentials."""
-    credentials = await operator_login().again()
-    settings = kwargs.get("settings")
-    trust_env = bool(settings.networking.trust_env) if settings is not None else False
-    return credentials.connection_info(trust_env)
+    """kopf's login handler with the operator process's login (`operator_login()`)."""
+    return await kopf_login_with(operator_login())(**kwargs)
 
 
 def verify(kubeconfig: str | os.PathLike[str] | None = None) -> None:

@@ -58,7 +58,8 @@ WATCHED: dict[str, tuple[str, str, str]] = {
 CHILD_KINDS = tuple(kind for kind in WATCHED if kind != spec.KIND)
 # kopf's own calls beyond RBAC_RULES, in cluster mode only (a ClusterRole): it watches the
 # CustomResourceDefinitions, so a NeuronModel CRD installed (or replaced) after the operator started is
-# served (https://kopf.readthedocs.io/en/stable/scopes/). Namespaced, kopf scans nothing: no cluster-wide right
+# served (https://kopf.readthedocs.io/en/stable/scopes/). Namespaced, kopf scans nothing (no cluster-wide
+# right at all)
 KOPF_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
 }

@@ -764,12 +764,10 @@ async def kopf_watching(observed: Any, kubeconfig: Path, namespaces: list[str]):
 
     import kopf
 
-    from neuronfleet.operator import handlers
+    from neuronfleet.operator import handlers, login
 
-    registry, settings = handlers.watching_parts(observed, clusterwide=False)
+    registry, settings = handlers.watching_parts(observed, False, login.Login(kubeconfig))
     stop = asyncio.Event()
-    previous = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(kubeconfig)  # (what kopf's kubeconfig login reads)
     task = asyncio.create_task(
         kopf.operator(
             registry=registry, settings=settings, namespaces=namespaces, standalone=True, stop_flag=stop
@@ -780,7 +778,3 @@ async def kopf_watching(observed: Any, kubeconfig: Path, namespaces: list[str]):
     finally:
         stop.set()
         await task
-        if previous is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = previous

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from neuronfleet.operator import kube, triggers
-from neuronfleet.operator.watching import CHILD_LABEL, Observed
 from neuronfleet.operator.retries import Backoff
+from neuronfleet.operator.watching import CHILD_LABEL, Observed
 
 
 def conflict(message: str, status: str = "True") -> dict:
