@@ -126,9 +126,11 @@ def retry_after(headers: Any, attempt: int) -> float:
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
+    """The API server's refusal: its status code, its message and its answer's headers (Retry-After)."""
+
+    def __init__(self, status: int, message: str, headers: Any = None) -> None:
         super().__init__(f"{status}: {message}")
-        self.status = status
+        self.status, self.headers = status, dict(headers or {})
 
 
 class NotLeading(KubeError):
@@ -252,15 +254,16 @@ class Kube:
                     async with await self._send(method, path, query, body, content_type) as response:
                         payload = await response.json(content_type=None)
                         status, wait = response.status, retry_after(response.headers, attempt)
+                        answered = response.headers
                 except aiohttp.ClientConnectionError:
                     if method != "GET" or lease or attempt == RETRIES:  # (a write may have been applied)
                         raise
-                    status, payload, wait = 0, None, retry_after({}, attempt)
+                    status, payload, wait, answered = 0, None, retry_after({}, attempt), {}
             if status in (429, 503, 0) and attempt < RETRIES:
                 await asyncio.sleep(wait)  # (outside the bound on requests in flight)
                 continue
             if status >= 400:
-                raise KubeError(status, (payload or {}).get("message", str(payload)))
+                raise KubeError(status, (payload or {}).get("message", str(payload)), answered)
             break
         if self.cache is not None and isinstance(payload, dict) and "metadata" in payload:
             if method in ("POST", "PATCH"):

@@ -8,11 +8,14 @@ goes on the moment it answers)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 
 import yaml
 from support import HTTP_TIMEOUT, OPERATOR_USER, ROOT, ApiServer, Process, free_port, neuronfleet_command
+
+from neuronfleet.operator import kube, login, triggers
 
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml"
 CRD = ROOT / "crds" / "neuronfleet.dev_neuronmodels.yaml"
@@ -62,6 +65,17 @@ class Faulty:
         self.api.stop()
 
 
+async def refused_read(kubeconfig) -> kube.KubeError:
+    client = kube.Kube(login.Login(kubeconfig))
+    try:
+        await client.get("ConfigMap", "default", "any", live=True)
+    except kube.KubeError as e:
+        return e
+    finally:
+        await client.close()
+    raise AssertionError("the read was not refused")
+
+
 def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_restart(tmp_path):
     faulty = Faulty(tmp_path)
     try:
@@ -83,6 +97,11 @@ def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_res
         faulty.switch(refuse=3, status=503, retryAfter=1, user=OPERATOR_USER)
         faulty.create_model("m2b")
         faulty.wait_job("m2b")
+        # refused past the client's own tries: its error carries the answer's Retry-After, which the model's
+        # retry then waits (tests/unit/test_triggers.py)
+        faulty.switch(refuse=kube.RETRIES + 1, status=429, retryAfter=1, user="probe")
+        error = asyncio.run(refused_read(faulty.api.kubeconfig_for("probe")))
+        assert error.status == 429 and triggers.server_delay(error) == 1
 
         # every watch ends with 410 and no resourceVersion resumes: kopf lists again
         faulty.switch(expireWatches=True)

@@ -131,14 +131,6 @@ SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "smollm2-135
 WEBHOOK = 'admission webhook "status-guard.example.com" denied the request: status.phase may not be set'
 
 
-class Refusal(kube.KubeError):
-    """An API server's refusal as the official client carries it: with the answer's headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str]) -> None:
-        super().__init__(status, message)
-        self.headers = headers
-
-
 class Guarded:
     """An API server holding one NeuronModel (and the operator's cache of it, which answers alike), whose
     admission refuses every write of the model's status with `refusal` while it is set; the children's
@@ -288,11 +280,12 @@ def test_a_trigger_of_a_failing_model_waits_for_its_retry_unless_the_spec_change
 
 
 def test_the_api_servers_retry_after_delays_the_retry():
-    """A refusal whose answer says Retry-After (its error carries the answer's headers, as the official
-    client's ApiException does): the model's retry waits that long, where its back-off is shorter."""
+    """A refusal whose answer says Retry-After (kube.KubeError carries the answer's headers: refused with it
+    past the client's own tries, tests/e2e/test_apiserver_faults.py): the model's retry waits that long,
+    where its back-off is shorter."""
 
     async def scenario() -> float:
-        server = Guarded(Refusal(429, "too many requests", {"Retry-After": "30"}))
+        server = Guarded(kube.KubeError(429, "too many requests", {"Retry-After": "30"}))
         work = triggers.Triggers(server, server, Backoff(first=0.01, most=1))
         work.start()
         try:
@@ -306,8 +299,8 @@ def test_the_api_servers_retry_after_delays_the_retry():
     # (where the client raises its own error from the one that carries the answer's headers)
     try:
         try:
-            raise Refusal(503, "overloaded", {"Retry-After": "7"})
-        except Refusal as e:
+            raise kube.KubeError(503, "overloaded", {"Retry-After": "7"})
+        except kube.KubeError as e:
             raise kube.KubeError(503, "overloaded") from e
     except kube.KubeError as e:
         assert triggers.server_delay(e) == 7
