@@ -216,60 +216,54 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-
+    """The operator's settings from its flags (each flag's default from the environment the chart sets, read
+    here once), checked before kopf starts; then kopf embedded with them (operator/handlers.py)."""
     import kopf
 
-    from neuronfleet.operator import handlers
+    from neuronfleet.operator import handlers, leader, login, scaling, validation, wake
 
-    if args.wake_port:  # served on kopf's event loop by the operator's startup (operator/wake.py)
-        from neuronfleet.operator import wake
-
-        os.environ[wake.PORT_ENV], os.environ[wake.HOST_ENV] = str(args.wake_port), args.wake_host
-        if args.wake_url:
-            os.environ[wake.URL_ENV] = args.wake_url
-    from neuronfleet.operator import scaling
-
-    if args.autoscale_interval is not None:
-        os.environ[scaling.TICK_ENV] = str(args.autoscale_interval)
-    scaling.tick_seconds(os.environ)  # a bad setting stops here, saying what would be right
-    from neuronfleet.operator import validation
-
-    try:
-        validation.allows_privileged_image(os.environ)
-    except ValueError as e:
-        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
+    def refuse(why: object) -> int:
+        print(f"neuronfleet operator: error: {why}", file=sys.stderr)
         return EXIT_USAGE
-    from neuronfleet.operator import leader
 
+    environ = dict(os.environ)
+    if args.autoscale_interval is not None:
+        environ[scaling.TICK_ENV] = str(args.autoscale_interval)
     for flag, env in (("leader_elect", leader.ELECT_ENV), ("lease_name", leader.NAME_ENV),
                       ("lease_namespace", leader.NAMESPACE_ENV),
                       *((k, v) for k, v in leader.TIMING_ENVS.items())):  # fmt: skip
         if (value := getattr(args, flag)) is not None:
-            os.environ[env] = str(value).lower()
-    try:
-        leader.settings(os.environ)
+            environ[env] = str(value).lower()
+    try:  # a bad setting stops here, saying what would be right
+        every = scaling.tick_seconds(environ)
+        validation.allows_privileged_image(environ)
+        election = leader.settings(environ)
     except ValueError as e:
-        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    from neuronfleet.operator import login
-
+        return refuse(e)
+    if args.namespace and args.all_namespaces:
+        return refuse("--namespace and --all-namespaces exclude each other: give one or more --namespace NS, "
+                      "or --all-namespaces (the default)")  # fmt: skip
     try:  # a kubeconfig that cannot log in (its exec plugin fails) stops here, saying why
         login.verify(args.kubeconfig)
     except login.LoginError as e:
-        print(f"neuronfleet operator: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse(e)
     if args.metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.metrics_host)
-    if args.namespace and args.all_namespaces:
-        print("neuronfleet operator: error: --namespace and --all-namespaces exclude each other: give "
-              "one or more --namespace NS, or --all-namespaces (the default)", file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
+    config = handlers.Config(
+        namespaces=args.namespace or None,
+        kubeconfig=args.kubeconfig,
+        liveness=args.liveness,
+        election=election,
+        wake_at=(args.wake_host, args.wake_port) if args.wake_port else None,
+        wake_url=args.wake_url or environ.get(wake.URL_ENV) or None,
+        autoscale_every=every,
+    )
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)  # kopf's logging
     if not args.debug:  # kopf's line for each object's event and index ("Handler ... succeeded"): too many
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    handlers.run(args.namespace or None, kubeconfig=args.kubeconfig, liveness=args.liveness)
+    handlers.run(config)
     return 0
 
 

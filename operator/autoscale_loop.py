@@ -129,8 +129,15 @@ class AutoscaleLoop:
     the loop first saw each pod ready (local pods' conditions carry no transition time) and which models
     have pods stuck Pending (ScaleUpStuck is posted once per episode)."""
 
-    def __init__(self, client: kube.Kube, enqueue: Callable[[Key], None], models: Callable[[], list]) -> None:
-        self.client, self.enqueue, self.models = client, enqueue, models
+    def __init__(
+        self,
+        client: kube.Kube,
+        enqueue: Callable[[Key], None],
+        models: Callable[[], list],
+        every: float = scaling.TICK_SECONDS,
+    ) -> None:
+        """`every`: seconds between decisions (`neuronfleet operator --autoscale-interval`)."""
+        self.client, self.enqueue, self.models, self.every = client, enqueue, models, every
         self._history: dict[Key, autoscaler.History] = {}
         self._scrapes: dict[Key, tuple[float, pod_metrics.Scrape]] = {}  # (ns, pod) -> last good scrape
         self._ready_since: dict[Key, float] = {}
@@ -159,11 +166,10 @@ class AutoscaleLoop:
             await self._session.close()
 
     async def _run(self) -> None:
-        every = scaling.tick_seconds(os.environ)
         while True:
             started = time.monotonic()
             await self.tick()
-            await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, self.every - (time.monotonic() - started)))
 
     async def tick(self) -> None:
         """One decision for every model the builtin autoscaler scales; a model's failure is logged and the

@@ -39,7 +39,7 @@ from typing import Any
 
 import kopf
 
-from . import kube, leader, login, names, spec, wake
+from . import kube, leader, login, names, scaling, spec, wake
 from .autoscale_loop import AutoscaleLoop
 from .triggers import Triggers
 from .watching import Observed
@@ -49,32 +49,50 @@ log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # one watch request's server-side timeout; kopf then resumes from its resourceVersion
 
 
+@dataclass(frozen=True)
+class Config:
+    """What `neuronfleet operator` runs with (its flags, their defaults from the environment the chart sets,
+    read once by the command): given to kopf and to the operator's parts as arguments."""
+
+    namespaces: list[str] | None = None  # None: every namespace
+    kubeconfig: str | None = None  # None: KUBECONFIG, ~/.kube/config or the pod's service account
+    liveness: str | None = None  # kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz
+    election: leader.Settings | None = None  # None: leader.settings() from the environment
+    wake_at: tuple[str, int] | None = None  # (host, port) of the wake endpoint, when it is served
+    wake_url: str | None = None  # the wake endpoint as routers reach it
+    autoscale_every: float = scaling.TICK_SECONDS  # seconds between the builtin autoscaler's decisions
+
+
 @dataclass
 class Operator:
     """The process's parts: the client, what kopf observes, the work queue (made at start-up)."""
 
-    namespaces: list[str] | None
+    config: Config
     login: login.Login
     observed: Observed = field(init=False)
     client: kube.Kube | None = None
     triggers: Triggers | None = None
 
     def __post_init__(self) -> None:
-        self.observed = Observed(self.namespaces)
+        self.observed = Observed(self.config.namespaces)
 
     async def start(self, indices: dict[str, Any]) -> None:
+        config = self.config
         self.observed.attach(indices)
-        election = leader.settings()
+        election = config.election or leader.settings()
         self.client = client = kube.Kube(self.login)
         client.cache = self.observed
         self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
         self.triggers = triggers = Triggers(client, self.observed)
         self.observed.on_change = triggers.changed
         triggers.start()
-        triggers.autoscaler = AutoscaleLoop(client, triggers.enqueue, self.observed.models)
+        triggers.wake_url = config.wake_url
+        triggers.autoscaler = AutoscaleLoop(
+            client, triggers.enqueue, self.observed.models, config.autoscale_every
+        )
         triggers.elector = leader.LeaderElector(client, election, triggers.lead, triggers.resume)
         client.may_write = triggers.elector.acting
-        if (where := wake.configured()) is not None:
+        if config.wake_at is not None:
             observed = self.observed
 
             async def known(namespace: str, name: str) -> bool:  # from the index alone: no call for a name
@@ -87,7 +105,7 @@ class Operator:
 
             tokens = wake.Tokens(known, secret)
             triggers.wake = wake.WakeServer(triggers.autoscaler.wake, tokens, triggers.acting)
-            await triggers.wake.start(*where)
+            await triggers.wake.start(*config.wake_at, config.wake_url)
         triggers.elector.start()
 
     async def stop(self) -> None:
@@ -132,7 +150,7 @@ def watching_parts(
 
 def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
     """The registry of the operator's kopf handlers and kopf's settings."""
-    registry, settings = watching_parts(operator.observed, operator.namespaces is None, operator.login)
+    registry, settings = watching_parts(operator.observed, operator.config.namespaces is None, operator.login)
 
     @kopf.on.startup(registry=registry)
     async def start(**kwargs: Any) -> None:
@@ -145,23 +163,17 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     return registry, settings
 
 
-def run(
-    namespaces: list[str] | None,
-    kubeconfig: str | None = None,
-    liveness: str | None = None,
-    stop_flag: asyncio.Event | None = None,
-) -> None:
-    """Run the operator until SIGTERM or SIGINT (or `stop_flag`): kopf embedded, in this thread's event loop.
-    `namespaces` None: every namespace; `kubeconfig` None: KUBECONFIG, ~/.kube/config or the pod's service
-    account (login.Login)."""
-    operator = Operator(namespaces, login.operator_login(kubeconfig))
+def run(config: Config, stop_flag: asyncio.Event | None = None) -> None:
+    """Run the operator until SIGTERM or SIGINT (or `stop_flag`): kopf embedded, in this thread's event loop,
+    with its settings as arguments."""
+    operator = Operator(config, login.operator_login(config.kubeconfig))
     registry, settings = build(operator)
     kopf.run(
         registry=registry,
         settings=settings,
-        clusterwide=namespaces is None,
-        namespaces=namespaces or (),
+        clusterwide=config.namespaces is None,
+        namespaces=config.namespaces or (),
         standalone=True,
-        liveness_endpoint=liveness,
+        liveness_endpoint=config.liveness,
         stop_flag=stop_flag,
     )

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import builders, hub, metrics, names, network_policy, planner, rollout, validation, wake
+from . import builders, hub, metrics, names, network_policy, planner, rollout, validation
 from .kube import Kube, KubeError
 from .planner import Apply, Delete, Observed, PatchSpec, foreign_owner, is_subset
 from .status import (
@@ -107,11 +107,12 @@ async def apply_secret(kube: Kube, obj: dict[str, Any], conflicts: list[str]) ->
 
 
 async def reconcile(
-    kube: Kube, body: dict[str, Any], emit: Callable[[str, str, str], None]
+    kube: Kube, body: dict[str, Any], emit: Callable[[str, str, str], None], wake_url: str | None = None
 ) -> dict[str, Any]:
     """Bring one NeuronModel's children to what its spec asks for and write its status; returns the status.
-    Reads come from the operator's caches (kube.Kube answers them); `body` (the trigger's copy) is used when
-    it is newer than the cached one."""
+    Reads come from kopf's indexes (kube.Kube answers them); `body` (the trigger's copy) is used when it is
+    newer than the indexed one. `wake_url`: the operator's wake endpoint as routers reach it (a
+    scale-to-zero model's routers are given it)."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     async with _locks.setdefault(key, asyncio.Lock()):
@@ -126,7 +127,7 @@ async def reconcile(
                     metrics.model_phase(*key, None)
                     metrics.model_replicas(*key, None)
                     return {}
-                status = await _reconcile_locked(kube, fresh, emit)
+                status = await _reconcile_locked(kube, fresh, emit, wake_url)
             except Exception:
                 metrics.RECONCILES.labels("error").inc()
                 raise
@@ -140,11 +141,11 @@ def _generation(body: dict[str, Any]) -> int:
     return body["metadata"].get("generation", 1)
 
 
-async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit) -> dict[str, Any]:
+async def _reconcile_locked(kube: Kube, body: dict[str, Any], emit, wake_url: str | None) -> dict[str, Any]:
     parsed = planner.parse(body, await model_limit(kube, body))
     observed = await observe(kube, body, parsed)
     at = now()
-    settings = planner.Settings(SOURCE_CHECK_SECONDS, PROGRESS_WRITE, wake.base_url(), PEERS)
+    settings = planner.Settings(SOURCE_CHECK_SECONDS, PROGRESS_WRITE, wake_url, PEERS)
     plan = planner.plan(body, parsed, observed, at, settings)
     conflicts = await execute(kube, body, plan.writes)
     key = (parsed.owner.namespace, parsed.owner.name)

@@ -134,6 +134,7 @@ class Triggers:
         # children of a deleted model, and the cache may report that before the model's own deletion)
         self._check: set[tuple[str, str]] = set()
         self._tasks: list[asyncio.Task] = []
+        self.wake_url: str | None = None  # the wake endpoint as routers reach it (--wake-url)
         self.autoscaler: AutoscaleLoop | None = None  # provider builtin's tick loop (autoscale_loop.py)
         self.wake: wake.WakeServer | None = None  # its wake endpoint (wake.py), with --wake-port
         self.elector: leader.LeaderElector | None = None
@@ -256,7 +257,9 @@ class Triggers:
             if body is None:
                 self._succeeded(key)
                 return  # the model is gone; its children go with it
-            status = await reconcile_and_report(_NamingWrites(self.client), body, log, self.retries)
+            status = await reconcile_and_report(
+                _NamingWrites(self.client), body, log, self.retries, self.wake_url
+            )
             self._succeeded(key)
             self.come_back(key, status)
         except asyncio.CancelledError:
@@ -351,7 +354,11 @@ class Triggers:
 
 
 async def reconcile_and_report(
-    client: kube.Kube, body: dict[str, Any], logger: logging.Logger, retries: Retries | None = None
+    client: kube.Kube,
+    body: dict[str, Any],
+    logger: logging.Logger,
+    retries: Retries | None = None,
+    wake_url: str | None = None,
 ) -> dict[str, Any]:
     """One pass; the events it reports are posted once it is done, each once while the model fails where
     `retries` remembers what was said (one whose status write is refused would otherwise say the same
@@ -360,7 +367,7 @@ async def reconcile_and_report(
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     events: list[Said] = []
     try:
-        return await reconcile(client, body, lambda *event: events.append(event))
+        return await reconcile(client, body, lambda *event: events.append(event), wake_url)
     finally:
         for event in events:
             if retries is not None and not retries.first_said(key, event):

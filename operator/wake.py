@@ -28,16 +28,13 @@ import base64
 import binascii
 import hmac
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-PORT_ENV = "NEURONFLEET_WAKE_PORT"  # set by `neuronfleet operator --wake-port` (kopf runs this module's host)
-HOST_ENV = "NEURONFLEET_WAKE_HOST"
-URL_ENV = "NEURONFLEET_WAKE_URL"  # the base URL the routers are given (builders' wake_base)
+URL_ENV = "NEURONFLEET_WAKE_URL"  # `neuronfleet operator --wake-url`s default: the URL routers are given
 RATE = 1.0  # wakes a second per model (a router posts every 5 s while it holds; a few replicas post)
 BURST = 5  # wakes at once per model
 MAX_KEYS = 10_000  # models (namespace, name) whose rate is followed at once, in each of the two counts
@@ -50,11 +47,6 @@ SECRET_KEY = "token"  # the Secret's key (builders.build_internal_secret; the fi
 IDLE_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
-
-
-def base_url() -> str | None:
-    """The wake endpoint's base URL for the routers, when the operator serves one (NEURONFLEET_WAKE_URL)."""
-    return os.environ.get(URL_ENV) or None
 
 
 class Buckets:
@@ -182,18 +174,13 @@ class WakeServer:
             log.warning("a wake of %s/%s without the model's token: ignored", ns, name)
         return web.json_response({"wake": "accepted"}, status=202)
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, base_url: str | None = None) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=IDLE_SECONDS)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
-        log.info("wake endpoint on %s:%d (routers call %s)", host, port, base_url())
+        log.info("wake endpoint on %s:%d (routers call %s)", host, port, base_url)
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
 
-
-def configured() -> tuple[str, int] | None:
-    """(host, port) of the wake endpoint, when `neuronfleet operator --wake-port` asked for one."""
-    port = os.environ.get(PORT_ENV)
-    return (os.environ.get(HOST_ENV, "0.0.0.0"), int(port)) if port else None
