@@ -39,7 +39,7 @@ from typing import Any
 
 import kopf
 
-from . import kube, leader, login, names, scaling, spec, wake
+from . import kube, leader, login, names, scaling, spec, wake, watching
 from .autoscale_loop import AutoscaleLoop
 from .triggers import Triggers
 from .watching import Observed
@@ -82,7 +82,12 @@ class Operator:
         election = config.election or leader.settings()
         self.client = client = kube.Kube(self.login)
         client.cache = self.observed
-        self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
+
+        async def live_list(kind: str, namespace: str | None) -> list[dict[str, Any]]:
+            selector = "" if kind == spec.KIND else watching.CHILD_LABEL  # as kopf's watches select
+            return (await client.list_all(kind, namespace, selector))[0]
+
+        self.observed.live_list = live_list
         self.triggers = triggers = Triggers(client, self.observed)
         self.observed.on_change = triggers.changed
         triggers.start()

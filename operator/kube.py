@@ -1,7 +1,8 @@
 """The operator's one door to the Kubernetes API: reading, creating, patching and deleting objects, the
-NeuronModel status subresource, Events, and the LISTs and WATCHes behind the operator's caches. Every request
-goes through the official client's `ApiClient` (kubernetes_asyncio), logged in by `login.Login` (a kubeconfig:
-token, tokenFile, client certificates, exec plugins; or the pod's service account); answers stay plain dicts.
+NeuronModel status subresource, Events, and the few live LISTs (kopf watches: operator/watching.py).
+Every request goes through the official client's `ApiClient` (kubernetes_asyncio), logged in by
+`login.Login` (a kubeconfig: token, tokenFile, client certificates, exec plugins; or the pod's service
+account); answers stay plain dicts.
 A request the API server refuses with 401 logs in again (a rotated token file, an expired exec token) and is
 sent once more.
 
@@ -9,7 +10,8 @@ Every call the operator makes is declared in RBAC_RULES (API group, resource, ve
 feature the chart must opt into, OPT_IN_RULES; `Kube` refuses any other, so the chart's RBAC can be derived
 from these tables and checked against them.
 
-Reads of a kind the attached `cache.Cache` watches are answered from it (no request); requests are bounded:
+Reads of a kind kopf watches are answered from its indexes (`watching.Observed`, attached as `cache`: no
+request); requests are bounded:
 at most MAX_IN_FLIGHT at once and QPS per second on average (bursts of BURST), like client-go's client-side
 rate limiter (https://pkg.go.dev/k8s.io/client-go/rest#Config: QPS, Burst).
 """
@@ -19,9 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -38,10 +39,10 @@ log = logging.getLogger(__name__)
 RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     (spec.GROUP, spec.PLURAL): ("get", "list", "watch", "patch"),
     (spec.GROUP, f"{spec.PLURAL}/status"): ("patch",),
-    # list and watch: the operator's caches (cache.py); get: only on a create's 409 AlreadyExists
+    # list and watch: kopf's watches (watching.py); get: only on a create's 409 AlreadyExists
     ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),  # created only (CREATE_ONLY)
     # the model's internal token (reconcile.apply_secret): made once, never changed, never deleted (its
-    # model's garbage collection does), read by name (no list or watch: the cache holds no Secret); get
+    # model's garbage collection does), read by name (no list or watch: kopf watches no Secret); get
     # also reads an hf:// model's secretRef, by name, for its length check at apply (reconcile.model_limit)
     ("", "secrets"): ("get", "create"),
     ("", "configmaps"): ("get", "list", "watch", "create", "patch"),
@@ -319,32 +320,6 @@ class Kube:
         api_version = f"{group}/{version}" if group else version
         items = [{"apiVersion": api_version, "kind": kind, **o} for o in payload.get("items") or []]
         return items, (payload.get("metadata") or {}).get("resourceVersion")
-
-    async def watch(
-        self, kind: str, namespace: str | None, label_selector: str, resource_version: str, timeout: float
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(type, object) of each change after `resource_version` until the server ends the request after
-        `timeout` seconds; type ERROR carries a Status (410: the resourceVersion is too old)."""
-        group, version, resource = API_VERSIONS[kind]
-        self._allowed(group, resource, "watch")
-        query = [("watch", "true"), ("resourceVersion", resource_version)]
-        query += [("timeoutSeconds", str(int(timeout))), ("allowWatchBookmarks", "true")]
-        if label_selector:
-            query.append(("labelSelector", label_selector))
-        path = object_path(group, version, resource, namespace)
-        await self._rate.take()
-        limit = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 60)
-        async with await self._send("GET", path, query, timeout=limit) as response:
-            if response.status >= 400:
-                payload = await response.json(content_type=None)
-                if response.status == 410:
-                    yield "ERROR", payload
-                    return
-                raise KubeError(response.status, (payload or {}).get("message", str(payload)))
-            async for line in response.content:
-                if line.strip():
-                    event = json.loads(line)
-                    yield event["type"], event["object"]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         group, version, resource = API_VERSIONS[obj["kind"]]

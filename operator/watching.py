@@ -16,9 +16,10 @@ What kopf lacks, and this module adds (small, and named for it):
   is not put over what it delivered);
 - a re-list told from changes: after a watch whose resourceVersion expired (410 Gone) kopf lists again and
   delivers every object anew; an object delivered again at a version already seen is not a change;
-- objects deleted while no watch ran: a re-list cannot report them (kopf's indexes keep them). After a
-  re-list, an indexed object that the re-list did not deliver is read live once; if it is gone, it is hidden
-  from reads and reported as deleted.
+- objects deleted while no watch ran: a re-list cannot report them (kopf's indexes keep them). After kopf
+  re-lists (an object delivered again), every watched kind is listed live once; an indexed object missing
+  from it is hidden from reads and reported as deleted. (A kind re-listed alone whose every object went
+  meanwhile delivers nothing to notice: found out at the next re-list of any kind.)
 
 Reads wait until kopf has indexed every kind's first list (kopf holds every handler back until then; the
 first event delivered says so).
@@ -65,10 +66,11 @@ KOPF_RULES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 DELIVERED_KEPT = 8  # versions remembered per object: a write's answer is rarely more than a few events behind
 RELIST_QUIET = 2.0  # seconds without a re-listed object after which a re-list is taken to be over
+RELIST_LONGEST = 10.0  # a sweep's longest wait (kopf re-listing again and again: every watch expiring)
 
 Key = tuple[str, str]  # namespace, name
 OnChange = Callable[[str, dict[str, Any]], None]
-LiveGet = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
+LiveList = Callable[[str, str | None], Awaitable[list[dict[str, Any]]]]
 
 _TERM = re.compile(
     r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9_./-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*))?\s*$"
@@ -137,7 +139,8 @@ class Observed:
     def __init__(self, namespaces: list[str] | None, on_change: OnChange | None = None) -> None:
         self._namespaces = namespaces
         self.on_change: OnChange = on_change or (lambda event, obj: None)
-        self.live_get: LiveGet | None = None  # a live read by name (kube.Kube.get(live=True)): re-list sweeps
+        # a live LIST of a kind's watched objects in a namespace (None: all): the sweep after a re-list
+        self.live_list: LiveList | None = None
         self._indexes: dict[str, Any] = {}  # kind -> kopf.Index (attached once kopf has made them)
         self._synced: asyncio.Event | None = None
         # (kind, ns, name) -> the object the operator wrote, until kopf delivers that object again
@@ -146,8 +149,8 @@ class Observed:
         # (kind, ns, name) -> the last resourceVersions delivered, and when the last one was
         self._delivered: dict[tuple[str, str, str], deque[str]] = {}
         self._delivered_at: dict[tuple[str, str, str], float] = {}
-        self._relisting: dict[str, float] = {}  # kind -> when its re-list began (a sweep is due after it)
-        self._relisted_last: dict[str, float] = {}  # kind -> when its re-list last delivered an object
+        self._relisting: float | None = None  # when kopf's re-lists began (a sweep is due after them)
+        self._relisted_last = 0.0  # when a re-list last delivered an object
         self._tasks: set[asyncio.Task] = set()
 
     # ---- kopf's side ----
@@ -206,39 +209,47 @@ class Observed:
 
     def _relisted(self, kind: str) -> None:
         now = time.monotonic()
-        self._relisted_last[kind] = now
-        if kind not in self._relisting:
-            self._relisting[kind] = now
-            task = asyncio.get_running_loop().create_task(self._sweep(kind), name=f"re-list sweep {kind}")
+        self._relisted_last = now
+        if self._relisting is None:
+            self._relisting = now
+            task = asyncio.get_running_loop().create_task(self._sweep(), name="re-list sweep")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _sweep(self, kind: str) -> None:
-        """Once the re-list of `kind` is over, each indexed object it did not deliver is read live; one that
-        is gone is hidden and reported deleted."""
-        while time.monotonic() - self._relisted_last[kind] < RELIST_QUIET:
+    async def _sweep(self) -> None:
+        """Once kopf's re-lists are over (none delivered an object for RELIST_QUIET seconds), every watched
+        kind is listed live once; an indexed object that list lacks, and that kopf has not delivered since,
+        was deleted while no watch ran: hidden, and reported deleted. Every kind, not only those seen
+        re-listed: a kind whose every object went meanwhile re-lists without delivering any."""
+        began = self._relisting or time.monotonic()
+        while (now := time.monotonic()) - self._relisted_last < RELIST_QUIET and now - began < RELIST_LONGEST:
             await asyncio.sleep(RELIST_QUIET / 2)
-        began = self._relisting.pop(kind)
-        index = self._indexes.get(kind)
-        suspects = [
-            (ns, name)
-            for (how, ns, name) in list(index or ())
-            if how == "name" and self._delivered_at.get((kind, ns, name), 0.0) < began
-        ]
-        for ns, name in suspects:
-            if self.live_get is None:
-                break
+        self._relisting = None
+        if self.live_list is None:
+            return
+        for kind in WATCHED:
+            listed_at = time.monotonic()
             try:
-                live = await self.live_get(kind, ns, name)
-            except Exception as e:  # the API server away again: the next re-list sweeps again
-                log.warning("checking %s %s/%s after a re-list failed: %r", kind, ns, name, e)
+                live = {
+                    (o["metadata"].get("namespace", ""), o["metadata"]["name"])
+                    for ns in self._namespaces or [None]
+                    for o in await self.live_list(kind, ns)
+                }
+            except Exception as e:  # the API server away again: its next re-list sweeps again
+                log.warning("listing %s after a re-list failed: %r", kind, e)
                 return
-            if live is None and self._delivered_at.get((kind, ns, name), 0.0) < began:
+            index = self._indexes.get(kind) or {}
+            for how, ns, name in list(index):
+                key = (kind, ns, name)
+                if how != "name" or (ns, name) in live or key in self._gone:
+                    continue
+                if self._delivered_at.get(key, 0.0) >= listed_at:
+                    continue  # delivered since the list began: made meanwhile
                 gone = self._indexed(kind, ns, name)
                 log.info("%s %s/%s was deleted while no watch ran: forgotten", kind, ns, name)
-                self._gone.add((kind, ns, name))
-                self._delivered.pop((kind, ns, name), None)
-                self._delivered_at.pop((kind, ns, name), None)
+                self._gone.add(key)
+                self._delivered.pop(key, None)
+                self._delivered_at.pop(key, None)
                 if gone is not None:
                     self.on_change("DELETED", gone)
 

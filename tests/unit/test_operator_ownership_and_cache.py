@@ -176,7 +176,7 @@ def test_a_relisted_object_is_a_change_only_at_a_new_version():
         observed = Observed(
             None, lambda event, obj: changes.append((event, obj["metadata"]["resourceVersion"]))
         )
-        observed.live_get = lambda kind, ns, name: asyncio.sleep(0, result=None)
+        observed.live_list = lambda kind, ns: asyncio.sleep(0, result=[])
         kopf = Kopf(observed)
         kopf.event("Service", None, _service("1"))  # the first list
         kopf.event("Service", None, _service("1"))  # a re-list (after 410 Gone): nothing changed
@@ -188,40 +188,46 @@ def test_a_relisted_object_is_a_change_only_at_a_new_version():
     asyncio.run(scenario())
 
 
-def test_after_a_relist_an_object_it_did_not_deliver_is_read_live_and_forgotten_when_gone(monkeypatch):
-    """kopf's indexes keep an object deleted while no watch ran (a re-list cannot report it): once the
-    re-list is over, such an object is read live; gone, it is hidden and reported deleted; one still there
-    (re-listed or not) stays."""
+def test_after_a_relist_every_kind_is_listed_live_and_what_it_lacks_is_forgotten(monkeypatch):
+    """kopf's indexes keep an object deleted while no watch ran (a re-list cannot report it): once kopf's
+    re-lists are over (one re-delivered object says they happened), every watched kind is listed live once;
+    what a list lacks is hidden and reported deleted, a kind that re-listed nothing included (its only
+    object went); what the lists hold stays, and one delivered after its list began is not forgotten."""
     monkeypatch.setattr(watching, "RELIST_QUIET", 0.05)
     changes: list[tuple[str, str]] = []
-    live = {"kept": _service("2", name="kept")}
-    asked: list[str] = []
+    job = {"kind": "Job", "metadata": {"name": "m-compile", "namespace": "d", "resourceVersion": "3",
+                                       "labels": {"neuronfleet.dev/model": "m"}}}  # fmt: skip
+    live = {"Service": [_service("1", name="m"), _service("2", name="kept")], "Job": []}
+    listed: list[str] = []
 
-    async def live_get(kind: str, ns: str, name: str) -> dict | None:
-        asked.append(name)
-        return live.get(name)
+    async def live_list(kind: str, ns: str | None) -> list[dict]:
+        listed.append(kind)
+        return live.get(kind, [])
 
     async def scenario() -> None:
         observed = Observed(None, lambda event, obj: changes.append((event, obj["metadata"]["name"])))
-        observed.live_get = live_get
+        observed.live_list = live_list
         kopf = Kopf(observed)
         for name in ("m", "gone", "kept"):
             kopf.event("Service", None, _service("1" if name != "kept" else "2", name=name))
+        kopf.event("Job", None, job)
         await asyncio.sleep(0.1)
-        kopf.event("Service", None, _service("1", name="m"))  # the re-list: "gone" and "kept" not in it
-        for _ in range(200):
-            if "gone" in asked and "kept" in asked:
+        kopf.event("Service", None, _service("1", name="m"))  # a re-list: "gone", "kept", the Job not in it
+        for _ in range(500):
+            if set(watching.WATCHED) <= set(listed):
                 break
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.05)
-        assert sorted(asked) == ["gone", "kept"]  # m was re-listed: no read
+        assert sorted(listed) == sorted(watching.WATCHED)  # each kind once
         assert await observed.get("Service", "d", "gone") is None
+        assert await observed.get("Job", "d", "m-compile") is None  # its kind re-listed nothing
         assert (await observed.get("Service", "d", "kept"))["metadata"]["name"] == "kept"
-        assert [n for n in (o["metadata"]["name"] for o in await observed.list("Service", "d", ""))] == [
-            "kept",
-            "m",
-        ]
-        assert changes[-1] == ("DELETED", "gone")
+        names = [o["metadata"]["name"] for o in await observed.list("Service", "d", "")]
+        assert names == ["kept", "m"]
+        assert sorted(changes[-2:]) == [("DELETED", "gone"), ("DELETED", "m-compile")]
+        # made again later: delivered, read again
+        kopf.event("Job", "ADDED", {**job, "metadata": {**job["metadata"], "resourceVersion": "9"}})
+        assert (await observed.get("Job", "d", "m-compile"))["metadata"]["resourceVersion"] == "9"
         await observed.stop()
 
     asyncio.run(scenario())
