@@ -316,7 +316,7 @@ class AutoscaleLoop:
         mine = [p for p in found if role_of(p) in policy.roles]
         doors = [p for p in found if routers and role_of(p) == "router" and _is_ready(p)]
         where: dict[str, str] = {}
-        # the only live reads (pods and Services come from the caches): none while no pod is ready, so a
+        # the only live reads (pods and Services come from kopf's indexes): none while no pod is ready, so a
         # model without serving pods (or front door) costs no request
         for svc in await self.client.list("Service", ns, label) if any(map(_is_ready, mine + doors)) else []:
             slices = await self.client.list("EndpointSlice", ns, f"{SERVICE_LABEL}={svc['metadata']['name']}")

@@ -283,7 +283,7 @@ class Kube:
             return False
 
     async def get(self, kind: str, namespace: str, name: str, live: bool = False) -> dict[str, Any] | None:
-        """The object, or None; from the cache where it watches the kind, unless `live`."""
+        """The object, or None; from kopf's indexes where they hold the kind, unless `live`."""
         if not live and self.cache is not None and self._cached(kind, namespace):
             return await self.cache.get(kind, namespace, name)
         group, version, resource = API_VERSIONS[kind]

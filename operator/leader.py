@@ -1,7 +1,7 @@
 """The operator's leader election (the shell of `leadership`): every replica runs a `LeaderElector` that
 reads and writes the `coordination.k8s.io/v1` Lease in the operator's namespace every retry period, on a
 thread of its own (the operator's own work cannot hold a renewal back). The leader reconciles, autoscales
-and answers wake calls; followers keep their caches warm and do none of it (`kube.Kube` refuses their
+and answers wake calls; followers keep kopf's indexes warm and do none of it (`kube.Kube` refuses their
 writes). Becoming leader starts `on_lead`; a leader that could not renew within the renew deadline has
 lost: it stops (SIGTERM to itself, as controller-runtime exits) before anyone may take the Lease, and its
 pod starts again as a follower. A renewal that lands late but finds the Lease still its own (the whole
@@ -92,7 +92,7 @@ class LeaderElector:
     """One replica's candidacy. `acting()` says whether it may act now (always, with election off).
 
     Its tries run on a thread of their own, with their own event loop and HTTP connection: the replica's own
-    work (a pass over every model that the caches answer alone, a re-list of every object) can keep the
+    work (a pass over every model that the indexes answer alone, a re-list of every object) can keep the
     operator's event loop from running any other task for seconds (measured: docs/benchmarks.md), and a
     renewal waiting behind it would lose the lead though nothing else is wrong. Becoming leader, and each
     renewal, are handed to the operator's loop (`on_lead`, `on_renewed`)."""

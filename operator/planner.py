@@ -68,7 +68,7 @@ Write = Apply | Delete | PatchSpec
 
 @dataclass
 class Observed:
-    """What the cluster held for one model when its reconcile began (the operator's caches, and the few live
+    """What the cluster held for one model when its reconcile began (kopf's indexes, and the few live
     reads `reconcile.observe` makes when the plan will need them)."""
 
     job: dict[str, Any] | None = None  # the compile Job of the spec's hash

@@ -3,8 +3,8 @@
 NeuronModel CRD missing at the start (the operator waits, never exits, and serves models once the CRD is
 installed); requests refused with 429 and Retry-After, as API Priority and Fairness does (sent again, the
 work done once); every watch ended with 410 after a compaction (kopf lists again, nothing lost or
-doubled), an object deleted while no watch ran made again; the API server restarted mid-work, its objects kept as etcd keeps them (the operator stays up and
-goes on the moment it answers)."""
+doubled), an object deleted while no watch ran made again; the API server restarted mid-work, its objects
+kept as etcd keeps them (the operator stays up and goes on the moment it answers); kopf's liveness probe."""
 
 from __future__ import annotations
 
@@ -32,7 +32,15 @@ class Faulty:
                      "--data-file", str(state / "objects.json"))  # fmt: skip
         self.api = ApiServer(state, *self.args)
         kubeconfig = self.api.kubeconfig_for(OPERATOR_USER)  # (its token kept over the restarts)
-        args = [*neuronfleet_command(), "operator", "--kubeconfig", str(kubeconfig)]
+        self.health = f"http://127.0.0.1:{free_port()}/healthz"  # kopf's liveness endpoint
+        args = [
+            *neuronfleet_command(),
+            "operator",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--liveness",
+            self.health,
+        ]
         self.operator = Process([*args, "--standalone", "--verbose"], state / "operator.log")
 
     def restart(self) -> None:
@@ -86,6 +94,8 @@ def test_the_operator_rides_out_a_missing_crd_refusals_expired_watches_and_a_res
         faulty.api.kubectl("apply", "-f", str(CRD))
         faulty.create_model("m1")
         faulty.wait_job("m1")
+        with urllib.request.urlopen(faulty.health, timeout=HTTP_TIMEOUT) as live:  # --liveness: kopf's probe
+            assert live.status == 200
 
         # 429 with Retry-After, 5 in a row for the operator (its Lease's calls too, so fewer than its renew
         # deadline lasts: a longer refusal makes the leader step down, tests/e2e/test_leader_election.py),
