@@ -183,4 +183,3 @@ class WakeServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-
