@@ -126,8 +126,10 @@ def resource_version(obj: dict[str, Any]) -> str:
 
 
 def _snapshot(kind: str, body: Any) -> dict[str, Any]:
-    """A plain copy of what kopf delivered, with its kind (list items carry it too: kopf adds it)."""
-    obj = copy.deepcopy(dict(body))
+    """What kopf delivered as a plain dict, with its kind (list items carry it too: kopf adds it). Not a deep
+    copy: kopf parses each event's object afresh and changes none afterwards (no daemons, no patches here),
+    and every read hands out a deep copy (`get`, `list`, `models`)."""
+    obj = dict(body)
     obj.setdefault("kind", kind)
     return obj
 
