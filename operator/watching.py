@@ -173,7 +173,8 @@ class Observed:
         self._indexes = {kind: indices[index_id(kind)] for kind in WATCHED}
 
     @staticmethod
-    def _index(body: Any, param: str, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+    async def _index(body: Any, param: str, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+        # (async: kopf runs a plain function in a thread, a hop per object that a re-list pays thousands of)
         obj = _snapshot(param, body)
         return dict.fromkeys(index_keys(param, obj), obj)
 
