@@ -88,6 +88,7 @@ class Operator:
             return (await client.list_all(kind, namespace, selector))[0]
 
         self.observed.live_list = live_list
+        self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
         self.triggers = triggers = Triggers(client, self.observed)
         self.observed.on_change = triggers.changed
         triggers.start()
@@ -136,6 +137,9 @@ def configure(settings: kopf.OperatorSettings, clusterwide: bool) -> None:
     settings.watching.client_timeout = WATCH_SECONDS + 60
     settings.watching.inactivity_timeout = WATCH_SECONDS + 60  # (the server ends a watch first)
     settings.watching.connect_timeout = 30
+    # a request that failed (the API server away: a restart) is tried again every second, not after kopf's
+    # growing 1, 1, 2, 3, 5, 8, 13, 21 s: watching goes on within a second of the server answering again
+    settings.networking.error_backoffs = [1.0] * 8
     # cluster mode: kopf watches CustomResourceDefinitions (a NeuronModel CRD installed later is served);
     # namespaced: no cluster-wide permission at all (the CRD must exist when the operator starts)
     settings.scanning.disabled = not clusterwide

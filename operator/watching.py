@@ -71,6 +71,7 @@ RELIST_LONGEST = 10.0  # a sweep's longest wait (kopf re-listing again and again
 Key = tuple[str, str]  # namespace, name
 OnChange = Callable[[str, dict[str, Any]], None]
 LiveList = Callable[[str, str | None], Awaitable[list[dict[str, Any]]]]
+LiveGet = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
 
 _TERM = re.compile(
     r"^\s*(?P<neg>!)?(?P<key>[A-Za-z0-9_./-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[A-Za-z0-9_.-]*))?\s*$"
@@ -143,6 +144,7 @@ class Observed:
         self.on_change: OnChange = on_change or (lambda event, obj: None)
         # a live LIST of a kind's watched objects in a namespace (None: all): the sweep after a re-list
         self.live_list: LiveList | None = None
+        self.live_get: LiveGet | None = None  # a live read by name: what the sweep would hide, confirmed
         self._indexes: dict[str, Any] = {}  # kind -> kopf.Index (attached once kopf has made them)
         self._synced: asyncio.Event | None = None
         # (kind, ns, name) -> the object the operator wrote, until kopf delivers that object again
@@ -248,6 +250,15 @@ class Observed:
                     continue
                 if self._delivered_at.get(key, 0.0) >= listed_at:
                     continue  # delivered since the list began: made meanwhile
+                if kind != "Pod" and self.live_get is not None:  # (pods are listed, never read by name)
+                    try:  # read by name before it is hidden: a list and a create may cross (a name made anew)
+                        if await self.live_get(kind, ns, name) is not None:
+                            continue
+                    except Exception as e:
+                        log.warning("reading %s %s/%s after a re-list failed: %r", kind, ns, name, e)
+                        return
+                    if key in self._gone or self._delivered_at.get(key, 0.0) >= listed_at:
+                        continue
                 gone = self._indexed(kind, ns, name)
                 log.info("%s %s/%s was deleted while no watch ran: forgotten", kind, ns, name)
                 self._gone.add(key)

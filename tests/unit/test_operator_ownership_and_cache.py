@@ -204,11 +204,14 @@ def test_after_a_relist_every_kind_is_listed_live_and_what_it_lacks_is_forgotten
         listed.append(kind)
         return live.get(kind, [])
 
+    async def live_get(kind: str, ns: str, name: str) -> dict | None:  # a name made anew as the list ran
+        return _service("5", name="crossed") if name == "crossed" else None
+
     async def scenario() -> None:
         observed = Observed(None, lambda event, obj: changes.append((event, obj["metadata"]["name"])))
-        observed.live_list = live_list
+        observed.live_list, observed.live_get = live_list, live_get
         kopf = Kopf(observed)
-        for name in ("m", "gone", "kept"):
+        for name in ("m", "gone", "kept", "crossed"):
             kopf.event("Service", None, _service("1" if name != "kept" else "2", name=name))
         kopf.event("Job", None, job)
         await asyncio.sleep(0.1)
@@ -223,7 +226,7 @@ def test_after_a_relist_every_kind_is_listed_live_and_what_it_lacks_is_forgotten
         assert await observed.get("Job", "d", "m-compile") is None  # its kind re-listed nothing
         assert (await observed.get("Service", "d", "kept"))["metadata"]["name"] == "kept"
         names = [o["metadata"]["name"] for o in await observed.list("Service", "d", "")]
-        assert names == ["kept", "m"]
+        assert names == ["crossed", "kept", "m"]  # (the list lacked "crossed", its read by name found it)
         assert sorted(changes[-2:]) == [("DELETED", "gone"), ("DELETED", "m-compile")]
         # made again later: delivered, read again
         kopf.event("Job", "ADDED", {**job, "metadata": {**job["metadata"], "resourceVersion": "9"}})
