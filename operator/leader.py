@@ -149,11 +149,33 @@ class LeaderElector:
         if self.config.enabled and self.lead and self._lease is not None:
             self.lead = False
             try:
-                await self.client.replace_lease(released(self._lease))
-                log.info("released the lease %s/%s", self.config.namespace, self.config.name)
+                await self._release()
             except (kube.KubeError, aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.warning("the lease could not be released (a follower takes it once it lapses): %r", e)
         metrics.leader(False)
+
+    async def _release(self) -> None:
+        """Give the Lease up. The copy last seen may be stale: a renewal cancelled by the stop may have been
+        applied with its answer never read. On a conflict the Lease is read again and given up only while it
+        is still this replica's (a follower that took it meanwhile keeps it)."""
+        c, lease = self.config, self._lease
+        for _ in range(3):
+            try:
+                await self.client.replace_lease(released(lease))
+                log.info("released the lease %s/%s", c.namespace, c.name)
+                return
+            except kube.KubeError as e:
+                if e.status != 409:
+                    raise
+            lease = await self.client.get("Lease", c.namespace, c.name, live=True)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != c.identity:
+                log.info(
+                    "the lease %s/%s is no longer this replica's: nothing to release", c.namespace, c.name
+                )
+                return
+        raise kube.KubeError(
+            409, f"the lease {c.namespace}/{c.name} kept changing while it was being released"
+        )
 
     def _elect(self) -> None:
         """The election thread: tries every retry period until this replica loses the lead or stops."""

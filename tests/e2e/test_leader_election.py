@@ -11,6 +11,7 @@ deadline mid-pass drops no model, and the operator's own work on its event loop 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import signal
 import time
@@ -254,3 +255,39 @@ def test_the_operators_own_work_holds_no_renewal_back(inproc):
     assert acted > 0 and busy >= 2 * timing.renew_deadline
     lease = inproc.call("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/busy")
     assert lease["spec"]["holderIdentity"] is None  # (released at the stop)
+
+
+@pytest.mark.parametrize("meanwhile", ["renewed", "taken"])
+def test_a_stop_releases_the_lease_it_holds_though_its_copy_is_stale(inproc, meanwhile):
+    """The Lease changes after the leader last read it (`renewed`: its own renewal that the stop cancelled
+    after the API server applied it, the answer never read; `taken`: another replica's write). At the stop it
+    releases a Lease still its own, read again after the conflict, and leaves one another replica holds."""
+    timing = Timing(lease_duration=120, renew_deadline=90, retry_period=60)  # (one try while the test runs)
+    path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/stale-" + meanwhile
+    config = leader.Settings(True, "stale-" + meanwhile, "default", "operator-stale_1", timing)
+    client = kube.Kube(kube.load_credentials(str(inproc.api.kubeconfig_for("operator-stale"))))
+
+    async def lead() -> None:
+        pass
+
+    async def scenario() -> None:
+        elector = leader.LeaderElector(client, config, lead)
+        elector.start()
+        try:
+            while not elector.acting():
+                await asyncio.sleep(0.01)
+            lease = inproc.call("GET", path)
+            holder = "operator-stale_1" if meanwhile == "renewed" else "operator-other_1"
+            renewed = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            spec = {**lease["spec"], "holderIdentity": holder, "renewTime": renewed}
+            assert (
+                inproc.call("PUT", path, {**lease, "spec": spec})["metadata"]["resourceVersion"]
+                != (lease["metadata"]["resourceVersion"])
+            )
+        finally:
+            await elector.stop()
+            await client.close()
+
+    asyncio.run(scenario())
+    expected = None if meanwhile == "renewed" else "operator-other_1"
+    assert inproc.call("GET", path)["spec"]["holderIdentity"] == expected
