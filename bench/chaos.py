@@ -2,7 +2,7 @@
 leading operator replica is killed (SIGKILL) every few seconds, the API server is restarted and every watch is
 expired; then the figures: how long each change waited for a reconcile, how long the models took to converge
 after the chaos and after an API-server restart, failover times, and what the operator does at rest (requests
-and writes per model while idle, its memory).
+and writes per model while idle, its memory and its requests at rest with `--memory-models` models).
 
 It runs real `neuronfleet operator` processes (several replicas, leader election on, each process its own user
 so that the API server's audit log tells them apart; a replica that exits is started again under a new name,
@@ -16,7 +16,7 @@ generation, its Job, Deployment and Service as its spec says), no child duplicat
 and no write from a replica that did not hold the Lease (audit log).
 
     .venv/bin/python bench/chaos.py [--models 300] [--seconds 300] [--kill-every 15] [--idle-seconds 60]
-        [--memory-models 1000] [--chart-timing] [--out chaos.json]   # --seconds 0: the figures at rest only
+        [--memory-models 1000] [--chart-timing] [--out chaos.json] [--keep DIR]   # --seconds 0: at rest only
 
 Prints the figures and writes bench/results/chaos.json with the CPU it ran on. Not a test: numbers depend on
 the machine and its load.
@@ -33,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (bench/: not on sys.path under -P)
 from machine import cpu_name  # bench/machine.py
 
 from neuronfleet.localcluster.guard import set_token, write_private
@@ -360,6 +363,7 @@ class Watcher:
         default_factory=dict
     )  # name: (uid, gen, written)
     lags: list[tuple[float, float]] = field(default_factory=list)  # (written at, seconds until reconciled)
+    seen: list[tuple[str, int, float, float]] = field(default_factory=list)  # (name, generation, as lags)
     holders: list[tuple[float, str]] = field(default_factory=list)  # (first seen, user)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -393,6 +397,7 @@ class Watcher:
                 for uid, generation, written in waiting:
                     if uid == meta["uid"] and observed >= generation:
                         self.lags.append((written, seen - written))
+                        self.seen.append((meta["name"], generation, written, seen - written))
                     elif uid == meta["uid"]:
                         left.append((uid, generation, written))
                 self.pending[meta["name"]] = left
@@ -585,6 +590,8 @@ class Outcome:
     kills: list[tuple[float, str, float | None]]  # (at, user, seconds until another held the Lease)
     restarts: list[tuple[float, float, float | None]]  # (down at, up at, seconds until converged again)
     lags: list[tuple[float, float]]
+    seen: list[tuple[str, int, float, float]]  # (model, generation, written at, seconds until reconciled)
+    start: float  # when the churn began (monotonic)
     converged_after: float  # seconds from the end of the churn to every model converged
     problems: list[str]
     leaderless: list[dict]
@@ -601,6 +608,7 @@ class Outcome:
         def pct(values: list[float], q: float) -> float | None:
             return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
+        slowest = sorted(self.seen, key=lambda x: -x[3])[:10]
         return {
             "writes": dict(self.writes),
             "reconcile_lag_s": {
@@ -608,7 +616,13 @@ class Outcome:
                 "p50": pct(lags, 0.5),
                 "p99": pct(lags, 0.99),
                 "max": lags[-1] if lags else None,
+                "slowest": [  # (seconds from the churn's start: compare with the faults' times below)
+                    {"model": n, "generation": g, "written_s": round(w - self.start, 1), "lag_s": round(s, 1)}
+                    for n, g, w, s in slowest
+                ],
             },
+            "kills_s": [round(at - self.start, 1) for at, _, _ in self.kills],
+            "api_restarts_s": [round(down - self.start, 1) for down, _, _ in self.restarts],
             "failover_s": {
                 "n": len(failovers),
                 "p50": statistics.median(failovers) if failovers else None,
@@ -699,6 +713,8 @@ def run_chaos(plane: ControlPlane, chaos: Chaos, say=print, converge_limit: floa
         kills=kills,
         restarts=restarts,
         lags=watcher.lags,
+        seen=watcher.seen,
+        start=start,
         converged_after=converged_after,
         problems=wanted_state(plane, workload.live),
         leaderless=leaderless_writes(audit),
@@ -756,6 +772,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--memory-models", type=int, default=1000, help="0: no memory step")
     parser.add_argument("--chart-timing", action="store_true", help="lease 15 s, renew 10 s, retry 2 s")
+    parser.add_argument(
+        "--keep", type=Path, help="keep the runs' folders (operators' and API server's logs, audit logs) here"
+    )
     args = parser.parse_args()
     timing = Timing(15, 10, 2) if args.chart_timing else Timing()
     third = args.seconds / 3
@@ -774,9 +793,7 @@ def main() -> None:
         "timing": timing.__dict__,
         "chaos": {k: v for k, v in chaos.__dict__.items() if k != "timing"},
     }
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="nf-chaos-") as tmp:
+    with run_folder(args.keep, "chaos") as tmp:
         plane = ControlPlane(Path(tmp), timing, replicas=chaos.replicas)
         try:
             live: dict[str, dict] = {}
@@ -796,12 +813,26 @@ def main() -> None:
         finally:
             plane.stop()
     if args.memory_models > 0:
-        with tempfile.TemporaryDirectory(prefix="nf-memory-") as tmp:
-            report["memory"] = memory_at(Path(tmp), args.memory_models, timing)
+        with run_folder(args.keep, "memory") as tmp:
+            report["memory"] = memory_at(Path(tmp), args.memory_models, timing, args.idle_seconds)
             print("memory:", report["memory"], flush=True)
     out = ROOT / "bench" / "results" / args.out
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
+
+
+@contextlib.contextmanager
+def run_folder(keep: Path | None, name: str):
+    """A folder for one step's files: `keep`/`name` (made empty, and kept), else a temporary one."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=f"nf-{name}-") as tmp:
+            yield tmp
+        return
+    folder = keep / name
+    if folder.exists() and any(folder.iterdir()):
+        raise SystemExit(f"--keep: {folder} is not empty; name a new folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    yield str(folder)
 
 
 def top_up(plane: ControlPlane, live: dict[str, dict], models: int) -> dict[str, dict]:
@@ -818,27 +849,44 @@ def top_up(plane: ControlPlane, live: dict[str, dict], models: int) -> dict[str,
     return live
 
 
-def reconverged(plane: ControlPlane, live: dict[str, dict]) -> dict[str, float]:
+def reconverged(plane: ControlPlane, live: dict[str, dict]) -> dict[str, Any]:
     """An API-server restart with every model converged, then every model changed at once as soon as it
-    answers: seconds from the restart's end until the first change and until every change is reconciled."""
+    answers: seconds from the restart's end until the first change and until every change is reconciled, and
+    until the last change was sent (`sent_s`: on a loaded machine the API server takes seconds to take them
+    all). The models are read while the changes are sent, so a change reconciled before the last is sent is
+    seen then (before, they were read only once all were sent, and `first_s` was never less than `sent_s`)."""
     down, up = plane.restart_api()
     watcher = Watcher(plane)
-    for name, values in live.items():
-        values["replicas"] = 3 - values["replicas"]
-        patch = {"spec": {"serving": {"unified": {"replicas": values["replicas"]}}}}
-        code, body = plane.call("PATCH", f"{MODELS}/{name}", patch, "application/merge-patch+json")
-        assert code == 200, (code, body)
-        watcher.wrote(name, body["metadata"]["uid"], body["metadata"]["generation"], time.monotonic())
-    while watcher.unreconciled():
-        watcher.step()
-        time.sleep(0.1)
+    stop, errors = threading.Event(), []
+    reading = background(watcher.step, stop, 0.25, errors)
+    try:
+        for name, values in live.items():
+            values["replicas"] = 3 - values["replicas"]
+            patch = {"spec": {"serving": {"unified": {"replicas": values["replicas"]}}}}
+            code, body = plane.call("PATCH", f"{MODELS}/{name}", patch, "application/merge-patch+json")
+            assert code == 200, (code, body)
+            watcher.wrote(name, body["metadata"]["uid"], body["metadata"]["generation"], time.monotonic())
+        sent = time.monotonic()
+        while watcher.unreconciled():
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reading.join()
     converge(plane, live, JobController(plane), limit=600)
     done = [written + lag - up for written, lag in watcher.lags]
-    return {"models": len(live), "down_s": up - down, "first_s": min(done), "all_s": max(done)}
+    return {
+        "models": len(live),
+        "down_s": up - down,
+        "sent_s": sent - up,
+        "first_s": min(done),
+        "all_s": max(done),
+        "errors": errors[:10],
+    }
 
 
-def memory_at(state: Path, models: int, timing: Timing) -> dict[str, Any]:
-    """The leading replica's resident memory with `models` NeuronModels reconciled (Jobs succeeded)."""
+def memory_at(state: Path, models: int, timing: Timing, idle_seconds: float = 60) -> dict[str, Any]:
+    """The leading replica's resident memory with `models` NeuronModels reconciled (Jobs succeeded), then
+    `idle_seconds` at rest with them (its requests and writes per model, as `idle_calls`; 0: none)."""
     plane = ControlPlane(state, timing, replicas=1)
     try:
         plane.supervise()
@@ -851,11 +899,15 @@ def memory_at(state: Path, models: int, timing: Timing) -> dict[str, Any]:
         (user,) = plane.operators
         before = plane.rss_bytes(user)
         time.sleep(10)
-        return {
+        report: dict[str, Any] = {
             "models": models,
             "rss_mib": round(plane.rss_bytes(user) / 2**20, 1),
             "rss_mib_before_rest": round(before / 2**20, 1),
         }
+        if idle_seconds > 0:
+            report["idle"] = idle_calls(plane, idle_seconds)
+            report["rss_mib_after_idle"] = round(plane.rss_bytes(user) / 2**20, 1)
+        return report
     finally:
         plane.stop()
 

@@ -29,6 +29,8 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (bench/: not on sys.path under -P)
 from machine import cpu_name  # bench/machine.py
 
 from neuronfleet.localcluster.guard import set_token, write_private
