@@ -143,6 +143,24 @@ def configure(settings: kopf.OperatorSettings, clusterwide: bool) -> None:
     # cluster mode: kopf watches CustomResourceDefinitions (a NeuronModel CRD installed later is served);
     # namespaced: no cluster-wide permission at all (the CRD must exist when the operator starts)
     settings.scanning.disabled = not clusterwide
+    settings.persistence.diffbase_storage = NoDiffBase()
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's "last handled state", kept nowhere: only change handlers (on.create, on.update) read it, and the
+    operator has none (its event handlers and indexes see every object as it is). kopf's default builds it
+    for every event all the same, deep-copying the whole object (its annotations storage would even write it
+    to the object on a change handler's success): a sixth of the CPU a re-list of everything costs
+    (docs/benchmarks.md)."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}  # (an empty essence: nothing to compare, nothing copied)
+
+    def fetch(self, *, body: Any) -> None:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        pass
 
 
 def watching_parts(
