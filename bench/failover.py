@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--lease-duration", default="15")
     parser.add_argument("--renew-deadline", default="10")
     parser.add_argument("--retry-period", default="2")
+    parser.add_argument("--out", default="failover.json", help="the report's name under bench/results/")
     args = parser.parse_args()
     timing = ["--lease-duration", args.lease_duration, "--renew-deadline", args.renew_deadline,
               "--retry-period", args.retry_period]  # fmt: skip
@@ -133,7 +134,7 @@ def main() -> None:
     summary = {k: {"n": len(v), "p50": statistics.median(v), "max": max(v)} for k, v in results.items() if v}
     for kind, s in summary.items():
         print(f"{kind}: p50 {s['p50']:.2f} s, max {s['max']:.2f} s over {s['n']}")
-    out = ROOT / "bench" / "results" / "failover.json"
+    out = ROOT / "bench" / "results" / args.out
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"cpu": cpu_name(), "timing": timing, "seconds": results, "summary": summary},
                               indent=2))  # fmt: skip
