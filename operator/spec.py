@@ -68,6 +68,7 @@ InstanceType = Literal[
     "trn3p.48xlarge",
 ]
 DType = Literal["auto", "bfloat16", "float16", "float32"]
+AUTO_ON_NEURON = "bfloat16"  # what dtype auto is on a Neuron instance type (every engine's dtype there)
 SOURCE = r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$"
 TOKENIZER = r"^(hf://[^/\s]+/[^/\s]+|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$"
 # What each pattern of the spec means, in the words a refusal uses (validation.parse)
@@ -369,7 +370,7 @@ class NeuronSettings(Spec):
         """dtype auto means bfloat16 on a Neuron instance type (every engine's dtype there); only the embedded
         engine on cpu keeps `auto`, which each serving pod resolves for its own CPU."""
         if self.dtype == "auto" and self.instanceType != "cpu":
-            self.dtype = "bfloat16"
+            self.dtype = AUTO_ON_NEURON
         return self
 
 
@@ -602,7 +603,8 @@ def default_transport(engine: str) -> str:
 
 
 # The spec's values the rules of the whole spec read, in CEL (the API server has no engine-dependent
-# defaults: an unset field is derived as `default_max_input_length` and `default_transport` derive it)
+# defaults: an unset field is derived as `default_max_input_length` and `default_transport` derive it, and
+# dtype auto on Neuron as NeuronSettings resolves it)
 MAX_INPUT_CEL = (
     "(has(self.neuron.maxInputLength) ? self.neuron.maxInputLength : (self.engine in "
     f"{PROMPT_TO_CONTEXT_ENGINES!r} ? self.neuron.sequenceLength - 1 : {FIXED_MAX_INPUT}))"
@@ -616,6 +618,10 @@ OVER_EFA_CEL = (
     "self.serving.kvTransfer.backend == 'libfabric'))"
 )
 DISAGGREGATED_CEL = "(self.serving.mode == 'disaggregated')"
+DTYPE_CEL = (
+    f"(self.neuron.dtype == 'auto' && self.neuron.instanceType != 'cpu' ? '{AUTO_ON_NEURON}' : "
+    "self.neuron.dtype)"
+)
 
 
 DEFAULT_EFA_INTERFACES = 1

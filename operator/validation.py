@@ -1,16 +1,18 @@
 """Validation of a NeuronModel, pure: the checks the operator runs at reconcile (its Validated condition), and
 that `neuronfleet validate` and `render` run on manifests.
 
-The rules that need only the object are the spec's (`spec_base.Rule`, declared beside their sections): the
-API server refuses an object that breaks one at apply (the CRD's CEL), and their Python twins run here too,
-for what does not pass through the API server (a manifest on disk, an object stored before the CRD had the
-rule): the instance topology (tensor parallelism allowed there, whole devices the Neuron scheduler extension
-accepts, cores on one node, EFA), the engine an instance type runs, the buckets' order, fields that apply to
-another mode. What stays here needs more than the object: the engines' own limits (each engine module's
-facts: versions, platforms, model families, metrics), the compile Job's settings for an engine that runs none,
-an image named for an engine whose pods run privileged (the operator's setting), the model's own length limit
-(read from the Hugging Face Hub), the largest bucket for engines that bound it, and a fit estimate: weights in
-the dtype plus the KV cache for batch x sequence length x layers, per core, against a core's memory (from the
+The rules that need only the object are the spec's (`spec_base.Rule`, declared beside their sections) and
+the engines' (`engines.limits`): the API server refuses an object that breaks one at apply (the CRD's CEL),
+and their Python twins run here too, for what does not pass through the API server (a manifest on disk, an
+object stored before the CRD had the rule): the instance topology (tensor parallelism allowed there, whole
+devices the Neuron scheduler extension accepts, cores on one node, EFA), the engine an instance type runs, the
+buckets' order, fields that apply to another mode, and each engine's limits (its platforms, the model
+families it exports, the settings it has no flag for, its prompt limit and KV transport). What stays here
+needs more than the object, or more than CEL can read: neuron.overrides against the engine (a free-form
+tree, `engines.limits.override_refusals`), the compile Job's settings for an engine that runs none, an image
+named for an engine whose pods run privileged (the operator's setting), the model's own length limit (read
+from the Hugging Face Hub), the largest bucket for engines that bound it, and a fit estimate: weights in the
+dtype plus the KV cache for batch x sequence length x layers, per core, against a core's memory (from the
 table of well-known models). A refusal says what is wrong and what would fit; an unknown model's fit is
 reported as not checked, never guessed. `parse` words the schema's refusals, each naming its field."""
 
@@ -227,7 +229,7 @@ def validate(
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
     r.errors += broken_rules(spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron})  # (the CRD's, at apply)
-    r.errors += engines.unsupported(spec)  # fields the engine has no setting for: refused, never dropped
+    r.errors += engines.unsupported(spec)  # the engine's limits (the CRD's too, but overrides): never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
     r.errors += _unused_fields(spec)
     r.errors += scaling.autoscaling_errors(spec)

@@ -83,6 +83,18 @@ def tolerations(*items: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
     return section("scheduling", tolerations=list(items))
 
 
+def model(**changes: Any) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: obj["spec"]["model"].update(changes)
+
+
+def role(name: str, **changes: Any) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: obj["spec"]["serving"][name].update(changes)
+
+
+def sampling(**changes: Any) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: obj["spec"].setdefault("serving", {}).setdefault("sampling", {}).update(changes)
+
+
 CASES = [
     # the rules of one section: neuron
     Case("cpu-tensor-parallel", CPU, neuron(tensorParallel=2), "needs Neuron cores"),
@@ -142,6 +154,72 @@ CASES = [
     Case("hpa-ttft-disaggregated", CPU_PD, both(spec(replicas=1), section(
         "autoscaling", enabled=True, provider="hpa", metric="ttft", ttftSLOMilliseconds=900)),
          "autoscaling.metric ttft with provider hpa needs serving.mode unified"),
+    # each engine's limits (operator/engines/limits.py): settings only some take, vllm's contract chosen by
+    # the instance family (Inf2/Trn1: NxD Inference; Trn2/Trn3: the plugin)
+    Case("expert-parallel-embedded", CPU, neuron(expertParallel=1),
+         "neuron.expertParallel: engine embedded (neuronfleet's runtime) has no setting for expert "
+         "parallelism"),
+    Case("kv-cache-dtype-tgi", TGI, neuron(kvCacheDtype="fp8"),
+         "neuron.kvCacheDtype: TGI's Neuron export (optimum-neuron) has no setting for a KV cache type"),
+    Case("kv-cache-dtype-vllm-inf2", INF2, neuron(kvCacheDtype="fp8"),
+         "neuron.kvCacheDtype: engine vllm on Inf2/Trn1 (NxD Inference) has no setting for a KV cache type"),
+    Case("kv-cache-dtype-vllm-trn2", TRN2, neuron(kvCacheDtype="fp8", expertParallel=8), None),
+    Case("memory-fraction-vllm-trn2", TRN2, neuron(memoryFraction=0.8),
+         "neuron.memoryFraction: the vLLM Neuron plugin (engine vllm on Trn2/Trn3) has no setting for a "
+         "device memory fraction; remove it, or use engine sglang on Trn3"),
+    Case("role-tp-sglang", SGLANG_PD, role("prefill", tensorParallel=16),
+         "serving.prefill.tensorParallel: SGLang-Neuron runs neuron.tensorParallel in every role"),
+    Case("role-tp-embedded", CPU_PD, role("decode", tensorParallel=2),
+         "serving.decode.tensorParallel: engine embedded (neuronfleet's runtime) runs neuron.tensorParallel"),
+    Case("role-tp-same", SGLANG_PD, role("decode", tensorParallel=8), None),
+    Case("sampling-vllm", INF2, sampling(temperature=0.5),
+         "serving.sampling: the operator does not yet pass sampling defaults to engine vllm on Inf2/Trn1"),
+    Case("connector-sglang", SGLANG_PD, kv(connector="NixlConnector"),
+         "serving.kvTransfer.connector names vLLM's KV connector, which SGLang-Neuron has not"),
+    Case("connector-vllm-trn2", TRN2_PD, kv(connector="NeuronNixlConnector"), None),
+    Case("quantization-tgi", TGI, neuron(quantization="int8"),
+         "neuron.quantization int8: TGI's Neuron export (optimum-neuron) has no setting for it; use none"),
+    Case("buckets-sglang", SGLANG_PD, neuron(buckets={"context": [1024]}),
+         "neuron.buckets: SGLang-Neuron compiles its own length buckets"),
+    Case("lnc-sglang", SGLANG_PD, neuron(logicalCores=2),
+         "neuron.logicalCores: SGLang-Neuron has no setting"),
+    Case("prompt-limit-vllm", INF2, neuron(maxInputLength=4096),
+         "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1 (8191) for engine vllm"),
+    Case("prompt-limit-sglang", SGLANG_PD, neuron(maxInputLength=4096),
+         "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1 (8191) for engine sglang"),
+    Case("tgi-on-trn2", TGI, neuron(instanceType="trn2.48xlarge"),
+         "engine tgi (TGI 3.3.5's Neuron backend) runs on Inferentia2 and Trainium1 instances"),
+    Case("sglang-on-trn2", SGLANG_PD, neuron(instanceType="trn2.48xlarge"),
+         "serves LLMs on Trn3 instances (trn3.48xlarge, trn3p.48xlarge), not trn2.48xlarge"),
+    Case("vllm-trn1-disaggregated", INF2, both(neuron(instanceType="trn1.32xlarge"), spec(serving=dict(PD))),
+         "serving.mode disaggregated: engine vllm on Inf2 and Trn1"),
+    Case("quantization-vllm-trn2", TRN2, neuron(quantization="int8"),
+         "neuron.quantization int8 is NxD Inference's (engine vllm on Inf2/Trn1)"),
+    Case("quantization-vllm-inf2", INF2, neuron(quantization="fp8"), None),
+    Case("generation-buckets-vllm-trn2", TRN2, neuron(buckets={"generation": [1000, 16384]}),
+         "each a multiple of 128 below neuron.sequenceLength (16384); [1000, 16384] are not"),
+    Case("expert-parallel-vllm", TRN2, neuron(expertParallel=3),
+         "neuron.expertParallel 3 must divide neuron.tensorParallel 64 (ep_degree divides the world size)"),
+    Case("expert-parallel-sglang", SGLANG_PD, neuron(expertParallel=3),
+         "neuron.expertParallel 3 must divide neuron.tensorParallel 8 (SGLang's --ep-size)"),
+    Case("expert-parallel-prefill", TRN2_PD, neuron(expertParallel=32),
+         "neuron.expertParallel 32 must divide serving.prefill.tensorParallel 16"),
+    Case("expert-parallel-decode", TRN2_PD, both(neuron(expertParallel=16), role("decode", tensorParallel=8)),
+         "neuron.expertParallel 16 must divide serving.decode.tensorParallel 8"),
+    Case("transport-vllm-trn2", TRN2_PD, kv(transport="tcp", efaInterfaces=None),
+         "kvTransfer.transport tcp: the vLLM Neuron plugin (engine vllm on Trn2/Trn3) moves the KV cache "
+         "with NIXL over LIBFABRIC (EFA)"),
+    Case("transport-sglang", SGLANG_PD, kv(transport="tcp", efaInterfaces=None),
+         "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache"),
+    Case("efa-none-vllm-trn2", TRN2_PD, kv(efaInterfaces=0), "kvTransfer.efaInterfaces 0: NIXL's LIBFABRIC"),
+    Case("dtype-tgi", TGI, neuron(dtype="float32"), "neuron.dtype float32: engine tgi casts to bfloat16"),
+    Case("dtype-auto-tgi", TGI, neuron(dtype="auto"), None),
+    Case("revision-tgi", TGI, model(uri="pvc://models/llama", revision="v1"),
+         "model.revision applies to hf:// models only, not pvc://models/llama"),
+    Case("model-type-tgi", TGI, model(uri="hf://MistralAI/mistral-7b-v0.1"),
+         "model hf://MistralAI/mistral-7b-v0.1 is a mistral model, which optimum-neuron 0.3.0"),
+    Case("model-type-tgi-gpt-oss", TGI, model(uri="hf://openai/gpt-oss-120b"), "is a gpt_oss model"),
+    Case("model-type-tgi-pvc", TGI, model(uri="pvc://models/mistral-7b-v0.1"), None),
     # tolerations, item by item
     Case("toleration-key", CPU, tolerations({"key": "bad key", "operator": "Exists"}),
          "must be a qualified name"),

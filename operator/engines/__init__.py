@@ -7,7 +7,8 @@ speaks our own KV handoff; in front of vLLM's or SGLang's it speaks that engine'
 
 Every spec field meant for the runtime reaches each role's command, environment or compile config
 (tests/unit/test_spec_reaches_process.py checks it for every sample); a field an engine has no setting for is
-refused by `unsupported` (called by validation), never dropped.
+refused (`limits`: at `kubectl apply` where the CRD's CEL can say it, and by `unsupported`, which validation
+calls), never dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT,
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
-from . import embedded, sglang, tgi, vllm, vllm_plugin
+from . import embedded, limits, sglang, tgi, vllm, vllm_plugin
 from .common import (
     OWN_IMAGES,
     Container,
@@ -136,8 +137,11 @@ def bucket_limits(spec: NeuronModelSpec) -> bool:
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:
-    """Spec fields the engine has no setting for (empty: every field reaches the engine)."""
-    return ENGINES[spec.engine].unsupported(spec)
+    """What the spec's engine cannot take, each refusal saying what works (empty: every field reaches the
+    engine): its limits' rules (`limits.RULES`, the CRD's too, so refused at apply) and the refusals of
+    neuron.overrides, which CEL cannot read (`limits.override_refusals`)."""
+    refused = [rule.refusal(spec) for rule in limits.RULES]
+    return [r for r in refused if r is not None] + limits.override_refusals(spec)
 
 
 def peer_protocol(spec: NeuronModelSpec) -> str:

@@ -237,59 +237,6 @@ def compile_script(spec: NeuronModelSpec, compile_hash: str, step: str) -> str:
     )
 
 
-def refusals_of_nxdi_fields(spec: NeuronModelSpec, where: str, use: str) -> list[str]:
-    """Refusals for the NxDI-only fields (quantization, buckets, overrides, LNC) on an engine that reads
-    none of them (`where`), suggesting `use`."""
-    n, out = spec.neuron, []
-    if n.quantization != "none":
-        out.append(f"neuron.quantization {n.quantization}: {where} has no setting for it; use none or {use}")
-    if n.buckets.context or n.buckets.generation:
-        out.append(f"neuron.buckets: {where} compiles its own length buckets; remove them or use {use}")
-    if n.overrides:
-        out.append(f"neuron.overrides are NxDI NeuronConfig fields, which {where} does not read; remove them "
-                   f"or use {use}")  # fmt: skip
-    if n.logicalCores is not None:
-        out.append(f"neuron.logicalCores: {where} has no setting for it; remove it or use {use}")
-    return out
-
-
-# The fields only some engines take, and what each means there (for refusals)
-ENGINE_FIELDS = {
-    "expertParallel": "expert parallelism",
-    "kvCacheDtype": "a KV cache type",
-    "memoryFraction": "a device memory fraction",
-}
-
-
-def refusals_of_engine_fields(
-    spec: NeuronModelSpec, where: str, use: str, takes: tuple[str, ...] = ()
-) -> list[str]:  # fmt: skip
-    """Refusals of the neuron fields of ENGINE_FIELDS (but those the engine `takes`) and of a per-role tensor
-    parallelism, on an engine (`where`) that has no setting for them, suggesting `use`."""
-    n, out = spec.neuron, []
-    for name, what in ENGINE_FIELDS.items():
-        if name not in takes and getattr(n, name) not in (None, "auto"):
-            out.append(f"neuron.{name}: {where} has no setting for {what}; remove it, or use {use}")
-    if "tensorParallel" not in takes:
-        for role in ("prefill", "decode"):
-            role_spec = getattr(spec.serving, role)
-            if role_spec is not None and role_spec.tensorParallel not in (None, n.tensorParallel):
-                out.append(
-                    f"serving.{role}.tensorParallel: {where} runs neuron.tensorParallel in every role; "
-                    f"remove it, or use {use}"
-                )
-    if spec.serving.sampling.generation_config() and "sampling" not in takes:
-        out.append(
-            f"serving.sampling: the operator does not yet pass sampling defaults to {where}; remove it, or "
-            "use engine embedded"
-        )
-    if spec.serving.kvTransfer.connector and "connector" not in takes:
-        out.append(
-            f"serving.kvTransfer.connector names vLLM's KV connector, which {where} has not; remove it"
-        )
-    return out
-
-
 def missing_files(folder: str, files: list[str]) -> str:
     """sh: collects the files of `files` absent under `folder` in $missing."""
     names = " ".join(shlex.quote(f) for f in files)

@@ -7,7 +7,7 @@ from neuronfleet.contract import COMPILE_CONFIG_FILE, CONFIG_MOUNT, MODEL_MOUNT,
 
 from ..pod_metrics import NEURONFLEET
 from ..spec import NeuronModelSpec
-from .common import Container, artifacts_dir, own_image, refusals_of_engine_fields
+from .common import Container, artifacts_dir, own_image
 
 METRICS = NEURONFLEET  # our runtime exports the signals under these names
 
@@ -37,11 +37,3 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     if spec.model.uri.startswith("pvc://"):
         command += ["--model-mount", MODEL_MOUNT]
     return Container(image(spec), command)
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    """NxDI's NeuronConfig holds the shapes, buckets, quantization and overrides; what only the external
-    engines take is refused."""
-    return refusals_of_engine_fields(
-        spec, "engine embedded (neuronfleet's runtime)", "engine vllm or sglang", takes=("sampling",)
-    )

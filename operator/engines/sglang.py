@@ -20,9 +20,8 @@ import hashlib
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT
 
-from .. import topology
 from ..pod_metrics import Names
-from ..spec import NeuronModelSpec, valued
+from ..spec import NeuronModelSpec
 from .common import (
     OWN_IMAGES,
     Container,
@@ -30,8 +29,6 @@ from .common import (
     Pinned,
     compile_script,
     model_reference,
-    refusals_of_engine_fields,
-    refusals_of_nxdi_fields,
 )
 
 IMAGE = "public.ecr.aws/neuron/pytorch-inference-sglang-neuron:v0.1.0-neuron-py314-sdk-2.33.0-ubuntu26.04"
@@ -184,34 +181,3 @@ def serve(
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
     """Given a Hub id, the server downloads the model at start (into HF_HOME, on the claim: once)."""
     return spec.model.uri.startswith("hf://")
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    """What SGLang-Neuron 0.1.0 cannot do as asked, each refusal saying what works."""
-    n, use = spec.neuron, "engine vllm"
-    out = refusals_of_nxdi_fields(spec, "SGLang-Neuron", use)
-    if n.expertParallel and n.tensorParallel % n.expertParallel:
-        out.append(f"neuron.expertParallel {n.expertParallel} must divide neuron.tensorParallel "
-                   f"{n.tensorParallel} (SGLang's --ep-size)")  # fmt: skip
-    out += refusals_of_engine_fields(
-        spec, "SGLang-Neuron", f"{use} on Trn2", takes=("expertParallel", "kvCacheDtype", "memoryFraction")
-    )
-    if n.maxInputLength != n.sequenceLength - 1:  # (its default: unset, it is that)
-        out.append(
-            f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "
-            "engine sglang: SGLang bounds a prompt by the context length only (--context-length), so a lower "
-            f"limit would not be enforced; remove neuron.maxInputLength (its default is that) or use {use}"
-        )
-    inst = topology.INSTANCES.get(n.instanceType)
-    if inst is not None and inst.platform not in PLATFORMS:
-        trn3 = ", ".join(name for name, i in topology.INSTANCES.items() if i.platform in PLATFORMS)
-        out.append(
-            f"engine sglang (SGLang-Neuron {PINNED.versions['sglang-neuron']}) serves LLMs on Trn3 instances "
-            f"({trn3}), not {inst.name}; use one of those, or {use} on {inst.name}"
-        )
-    if spec.serving.mode == "disaggregated" and spec.serving.kvTransfer.transport != "efa":
-        out.append(
-            f"kvTransfer.transport {spec.serving.kvTransfer.transport}: SGLang-Neuron moves the KV cache "
-            "over NIXL on EFA; use kvTransfer.transport efa"
-        )
-    return out

@@ -15,7 +15,6 @@ import shlex
 
 from neuronfleet.contract import CONFIG_MOUNT
 
-from .. import topology
 from ..pod_metrics import Names
 from ..spec import NeuronModelSpec
 from .common import (
@@ -27,8 +26,6 @@ from .common import (
     compile_script,
     hub_download_script,
     model_reference,
-    refusals_of_engine_fields,
-    refusals_of_nxdi_fields,
     start_guard,
 )
 
@@ -191,34 +188,3 @@ LEGACY = (
 
 def notice(spec: NeuronModelSpec) -> str:
     return LEGACY
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    """What TGI's Neuron export cannot take, each refusal saying what works."""
-    use = "engine vllm"  # the embedded engine has no Neuron backend yet (issue 15, item 6)
-    out = refusals_of_nxdi_fields(spec, "TGI's Neuron export (optimum-neuron)", use)
-    out += refusals_of_engine_fields(spec, "TGI's Neuron backend", use)
-    inst = topology.INSTANCES.get(spec.neuron.instanceType)
-    if inst is not None and inst.platform not in PLATFORMS:
-        names = ", ".join(name for name, i in topology.INSTANCES.items() if i.platform in PLATFORMS)
-        out.append(
-            f"engine tgi (TGI {PINNED.versions['text-generation-inference']}'s Neuron backend) runs on "
-            f"Inferentia2 and Trainium1 instances ({names}), not {inst.name}; use one of those, or engine "
-            f"vllm on {inst.name}"
-        )
-    if spec.neuron.dtype not in AUTO_CAST_TYPES:
-        out.append(
-            f"neuron.dtype {spec.neuron.dtype}: engine tgi casts to bfloat16 or float16 (HF_AUTO_CAST_TYPE, "
-            "the export's --auto_cast_type); choose one of those"
-        )
-    uri = spec.model.uri
-    if spec.model.revision and not uri.startswith("hf://"):
-        out.append(f"model.revision applies to hf:// models only, not {uri}; remove it")
-    shape = topology.known_model(uri)
-    if shape is not None and shape.model_type not in MODEL_TYPES:
-        out.append(
-            f"model {uri} is a {shape.model_type} model, which optimum-neuron "
-            f"{PINNED.versions['optimum-neuron']} (TGI's Neuron export) cannot export; it exports "
-            f"{', '.join(MODEL_TYPES)} models, or use {use}"
-        )
-    return out

@@ -10,14 +10,27 @@ Each function below hands the spec to the contract of its instance family; `cont
 from __future__ import annotations
 
 from types import ModuleType
+from typing import get_args
 
 from .. import topology
 from ..pod_metrics import Names
-from ..spec import NeuronModelSpec
+from ..spec import InstanceType, NeuronModelSpec
 from . import vllm_nxdi, vllm_plugin
 from .common import Container, Pinned
 
-CONTRACTS: tuple[ModuleType, ...] = (vllm_plugin, vllm_nxdi)
+CONTRACTS: dict[str, ModuleType] = {"vllm_plugin": vllm_plugin, "vllm_nxdi": vllm_nxdi}
+
+
+def _contract_of(instance: str) -> str:
+    inst = topology.INSTANCES.get(instance)
+    platform = inst.platform if inst else ""
+    return next((name for name, c in CONTRACTS.items() if platform in c.PLATFORMS), "vllm_plugin")
+
+
+# The contract of each instance type, from its family's platform (cpu, which a rule refuses for vllm, the
+# plugin's): the one table `contract` reads and the CRD's rules read as a CEL map literal (`CONTRACT_CEL`)
+CONTRACT_OF: dict[str, str] = {name: _contract_of(name) for name in get_args(InstanceType)}
+CONTRACT_CEL = "{" + ", ".join(f"'{k}': '{v}'" for k, v in CONTRACT_OF.items()) + "}"
 # vLLM's names for the autoscaler's signals, both contracts': vllm/v1/metrics/loggers.py, read in the vllm
 # 0.16.0 wheel (PyPI); the same four are the plugin image's vLLM 0.24.0's (its loggers were not read there)
 METRICS = Names(
@@ -29,11 +42,8 @@ METRICS = Names(
 
 
 def contract(spec: NeuronModelSpec) -> ModuleType:
-    """The contract of the spec's instance family (instanceType cpu, which validation refuses for vllm, and
-    every other family map to the one whose platform it is; cpu to the plugin's)."""
-    inst = topology.INSTANCES.get(spec.neuron.instanceType)
-    platform = inst.platform if inst else ""
-    return next((c for c in CONTRACTS if platform in c.PLATFORMS), vllm_plugin)
+    """The contract of the spec's instance family (`CONTRACT_OF`)."""
+    return CONTRACTS[CONTRACT_OF[spec.neuron.instanceType]]
 
 
 def pinned(spec: NeuronModelSpec) -> Pinned:
@@ -64,7 +74,3 @@ def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
 
 def bucket_limits(spec: NeuronModelSpec) -> bool:
     return getattr(contract(spec), "bucket_limits", lambda _: True)(spec)
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    return contract(spec).unsupported(spec)

@@ -14,7 +14,7 @@ import json
 
 from neuronfleet.contract import CONFIG_MOUNT
 
-from ..spec import NeuronModelSpec, valued
+from ..spec import NeuronModelSpec
 from .common import (
     HF_HUB,
     Container,
@@ -25,7 +25,6 @@ from .common import (
     hub_download_failure,
     missing_files,
     model_reference,
-    refusals_of_engine_fields,
 )
 from .common import start_guard as common_start_guard
 
@@ -232,7 +231,7 @@ def model_dir(compile_hash: str) -> str:
 def override_neuron_config(spec: NeuronModelSpec, compile_hash: str) -> dict:
     """NxDI NeuronConfig fields over the plugin's defaults (which already carry TP, batch, sequence length,
     context length and dtype from vLLM's flags): self-contained artifacts, buckets, quantization, then
-    the spec's own overrides (none of them a derived field: `unsupported`)."""
+    the spec's own overrides (none of them a derived field: `limits.override_refusals`)."""
     n = spec.neuron
     config: dict = {"save_sharded_checkpoint": True}
     if n.buckets.context:
@@ -290,8 +289,8 @@ def start_guard(spec: NeuronModelSpec, compile_hash: str) -> str:
 def serve(
     spec: NeuronModelSpec, role: str, compile_hash: str, port: int, served_name: str | None
 ) -> Container:
-    if role not in ("unified",):  # `unsupported` refuses disaggregated vLLM before anything is built
-        raise ValueError(f"engine vllm serves role unified only, not {role} (see unsupported)")
+    if role not in ("unified",):  # a rule (limits.RULES) refuses disaggregated vLLM here at apply
+        raise ValueError(f"engine vllm serves role unified only, not {role} (see engines.limits)")
     command = ["vllm", "serve", model_reference(spec), "--host", "0.0.0.0", "--port", str(port)]
     if served_name:
         command += ["--served-model-name", served_name]
@@ -374,30 +373,3 @@ def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
     """Given a Hub id, vLLM reads the model's config and tokenizer from the Hub at start (the weights come
     from the artifacts), with the model's token."""
     return spec.model.uri.startswith("hf://")
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    n, out = spec.neuron, []
-    if spec.serving.mode == "disaggregated":
-        out.append(
-            f"serving.mode disaggregated: engine vllm on Inf2 and Trn1 (vLLM {PINNED.versions['vllm']}, "
-            f"vllm-neuron {PINNED.versions['vllm-neuron']} over NxD Inference, the last image for them) has "
-            "no KV-cache connector (its Known Issues: disaggregated inference only on the legacy vLLM fork); "
-            "use serving.mode unified, or engine vllm on Trn2 or Trn3, whose plugin moves the KV cache with "
-            "NIXL over EFA"
-        )
-    if n.maxInputLength != n.sequenceLength - 1:
-        out.append(
-            f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "
-            "engine vllm: vLLM bounds a prompt only by --max-model-len (neuron.sequenceLength), leaving one "
-            "token to generate, so a lower limit would not be enforced; set neuron.maxInputLength "
-            f"{n.sequenceLength - 1}"
-        )
-    out += refusals_of_engine_fields(
-        spec, "engine vllm on Inf2/Trn1 (NxD Inference)", "engine vllm on Trn2/Trn3"
-    )
-    for key in sorted(set(n.overrides) & set(DERIVED)):
-        out.append(
-            f"neuron.overrides.{key} is set by neuronfleet for engine vllm from {DERIVED[key]}; remove it"
-        )
-    return out

@@ -29,7 +29,7 @@ import shlex
 from neuronfleet.contract import CONFIG_MOUNT, KV_EVENTS_CONFIG
 
 from .. import parallelism, topology
-from ..spec import NeuronModelSpec, valued
+from ..spec import NeuronModelSpec
 from .common import (
     HF_HUB,
     HUB_DOWNLOAD_SCRIPT,
@@ -41,7 +41,6 @@ from .common import (
     hub_download_script,
     kv_events_wanted,
     model_reference,
-    refusals_of_engine_fields,
 )
 from .common import start_guard as common_start_guard
 
@@ -554,74 +553,3 @@ def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
 def bucket_limits(spec: NeuronModelSpec) -> bool:
     """The plugin's buckets are its own (chunked prefill, decode context lengths): not the spec's limits."""
     return False
-
-
-def unsupported(spec: NeuronModelSpec) -> list[str]:
-    """What the vLLM Neuron plugin cannot take as asked, each refusal saying what works."""
-    n, s, out = spec.neuron, spec.serving, []
-    where = "the vLLM Neuron plugin (engine vllm on Trn2/Trn3)"
-    out += refusals_of_engine_fields(
-        spec, where, "engine sglang on Trn3", takes=("expertParallel", "kvCacheDtype", "tensorParallel",
-                                                     "connector")
-    )  # fmt: skip
-    if n.maxInputLength != n.sequenceLength - 1:
-        out.append(
-            f"{valued(n, 'maxInputLength')} must be neuron.sequenceLength - 1 ({n.sequenceLength - 1}) for "
-            "engine vllm: vLLM bounds a prompt only by --max-model-len (neuron.sequenceLength), leaving one "
-            f"token to generate, so a lower limit would not be enforced; set neuron.maxInputLength "
-            f"{n.sequenceLength - 1}"
-        )
-    if n.quantization != "none":
-        out.append(
-            f"neuron.quantization {n.quantization} is NxD Inference's (engine vllm on Inf2/Trn1); {where} "
-            "reads pre-quantized checkpoints and quantizes to mxfp4 or mxfp8 itself: remove "
-            'neuron.quantization, or set neuron.overrides {"quantization": "mxfp8"}'
-        )
-    context, generation = n.buckets.context, n.buckets.generation
-    if context and max(context) > n.sequenceLength:
-        out.append(
-            f"neuron.buckets.context {context}: {where} takes them as prefill token counts "
-            "(num_batched_tokens_buckets, the largest --max-num-batched-tokens), at most "
-            f"neuron.sequenceLength ({n.sequenceLength})"
-        )
-    bad = [b for b in generation if b % 128 or b >= n.sequenceLength]
-    if bad:
-        out.append(
-            f"neuron.buckets.generation {generation}: {where} takes them as decode context lengths "
-            f"(decode_context_length_buckets), each a multiple of 128 below neuron.sequenceLength "
-            f"({n.sequenceLength}); {bad} are not"
-        )
-    if n.expertParallel and parallelism.role_tensor_parallel(spec) % n.expertParallel:
-        out.append(
-            f"neuron.expertParallel {n.expertParallel} must divide neuron.tensorParallel {n.tensorParallel} "
-            "(ep_degree divides the world size)"
-        )
-    for role in ("prefill", "decode"):
-        tp = parallelism.role_tensor_parallel(spec, role)
-        if s.mode == "disaggregated" and n.expertParallel and tp % n.expertParallel:
-            out.append(
-                f"neuron.expertParallel {n.expertParallel} must divide serving.{role}.tensorParallel {tp}"
-            )
-    if s.mode == "disaggregated":
-        kv = s.kvTransfer
-        if kv.transport != "efa":
-            out.append(
-                f"kvTransfer.transport {kv.transport}: {where} moves the KV cache with NIXL over LIBFABRIC "
-                "(EFA); use kvTransfer.transport efa"
-            )
-        elif not kv.efaInterfaces:
-            out.append(
-                "kvTransfer.efaInterfaces 0: NIXL's LIBFABRIC backend reads the KV cache over the pods' EFA "
-                "devices; request at least 1"
-            )
-    for key in sorted(set(n.overrides) & set(DERIVED)):
-        out.append(
-            f"neuron.overrides.{key} is set by neuronfleet for engine vllm from {DERIVED[key]}; remove it"
-        )
-    seqs = n.overrides.get("num_seqs_buckets")
-    if isinstance(seqs, list) and seqs and seqs[-1] != n.batchSize:
-        out.append(
-            f"neuron.overrides.num_seqs_buckets {seqs}: the largest must equal neuron.batchSize "
-            f"({n.batchSize}, --max-num-seqs)"
-        )
-    return out

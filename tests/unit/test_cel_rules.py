@@ -7,6 +7,7 @@ and one the emulated API server evaluates, or its CRD is refused."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -18,6 +19,7 @@ from rule_cases import CASES, SAMPLES, Case
 from neuronfleet.localcluster import semantics
 from neuronfleet.localcluster.semantics import ApiError
 from neuronfleet.operator import crd, names, spec, validation
+from neuronfleet.operator.engines import limits
 
 SCHEMA = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
@@ -85,13 +87,13 @@ def test_each_rules_cel_and_python_twin_agree_on_every_case(case: Case):
     stored = as_stored(obj)
     checked = 0
     for section, node, schema in sections_with_nodes(parsed, stored["spec"], SCHEMA["properties"]["spec"]):
-        declared = [*type(section).__rules__, *type(section).__validated_rules__]
+        declared = crd.rules_of(type(section))  # (the spec's: the engines' limits too)
         assert [r.validation() for r in declared] == schema.get("x-kubernetes-validations", [])
         for rule in declared:
             cel = semantics.evaluate_rule(rule.cel, node, schema)
             assert cel is rule.check(section), (type(section).__name__, rule.cel, cel)
             checked += 1
-    assert checked >= 30
+    assert checked >= 60
     name = obj["metadata"]["name"]
     assert semantics.evaluate_rule(spec.NAME_RULE.cel, {"metadata": {"name": name}}) is (
         not names.name_errors(name)
@@ -119,9 +121,10 @@ def failing_rules(value: Any, node: dict[str, Any]) -> set[str]:
 
 
 def test_the_table_breaks_every_rule_it_is_for():
-    """Each rule the table is for (those checked with validation, the neuron section's, the tolerations' and
-    the name's) is broken by some case, so each has a kubectl test too (tests/e2e/test_cel_rules_apply.py)."""
-    declared = [spec.NAME_RULE, *spec.Toleration.__rules__, *spec.NeuronSettings.__rules__]
+    """Each rule the table is for (those checked with validation, the engines' limits, the neuron section's,
+    the tolerations' and the name's) is broken by some case, so each has a kubectl test too
+    (tests/e2e/test_cel_rules_apply.py)."""
+    declared = [spec.NAME_RULE, *spec.Toleration.__rules__, *spec.NeuronSettings.__rules__, *limits.RULES]
     for model in crd._models_by_name(spec.NeuronModelSpec).values():
         declared += getattr(model, "__validated_rules__", [])
     broken = set()
@@ -227,6 +230,15 @@ def test_every_list_or_string_a_rule_iterates_has_a_bound():
         return count
 
     assert walk(root, "", False) >= 8
+
+
+def test_the_crd_with_every_rule_fits_what_kubectl_apply_writes():
+    """Client-side `kubectl apply` keeps the whole object in its annotation kubectl.kubernetes.io/
+    last-applied-configuration, and the API server refuses an object whose annotations exceed 256 KiB
+    (k8s.io/apimachinery pkg/api/validation/objectmeta.go, TotalAnnotationSizeLimitB): the CRD, every rule's
+    CEL and messages included, stays well below it."""
+    size = len(json.dumps(crd.build_crd(), separators=(",", ":")).encode())
+    assert size < 0.6 * 256 * 1024, size
 
 
 def test_the_evaluators_kubernetes_functions_as_kubernetes_documents_them():

@@ -1,14 +1,19 @@
 """The engine matrix (operator/engines/matrix.py) against what it summarises: each cell says "refused" exactly
 where `neuronfleet validate` refuses that engine and mode on the family's largest instance type (Llama 3.1 8B,
-tensor parallelism 8, 1 on cpu, the prompt limit the engine takes), each pinned contract is the one the engine
-renders for that family, and the README's "What runs where" and "Pinned images" tables are the matrix's."""
+tensor parallelism 8, 1 on cpu, the prompt limit the engine takes), and where the API server refuses it at
+`kubectl apply` (the CRD's rules, as the emulated API server evaluates them); each pinned contract is the one
+the engine renders for that family, and the README's "What runs where" and "Pinned images" tables are the
+matrix's."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from support import ROOT
 
-from neuronfleet.operator import builders, spec, validation
+from neuronfleet.localcluster import semantics
+from neuronfleet.operator import builders, crd, spec, validation
 from neuronfleet.operator.engines import matrix
 
 README = (ROOT / "README.md").read_text()
@@ -36,11 +41,15 @@ CELLS = [(e, m, f) for e in matrix.ENGINES for m in matrix.MODES for f in matrix
 
 
 @pytest.mark.parametrize(("engine", "mode", "family"), CELLS)
-def test_every_cell_is_what_validation_says(engine, mode, family):
+def test_every_cell_is_what_validation_and_the_api_server_say(engine, mode, family):
     cell = matrix.cell(engine, mode, family)
     assert cell.split(" ")[0] in ("works", "refused"), cell
-    report = validation.check(model(engine, mode, family))
+    obj = model(engine, mode, family)
+    report = validation.check(obj)
     assert report.ok == cell.startswith("works"), (cell, report.errors)
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    at_apply = semantics.schema_errors(semantics.apply_defaults(copy.deepcopy(obj), schema), schema)
+    assert (not at_apply) == cell.startswith("works"), (cell, at_apply)
 
 
 @pytest.mark.parametrize(("engine", "family"), [k for k, s in matrix.MATRIX.items() if s.pinned is not None])

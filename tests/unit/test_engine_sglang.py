@@ -252,7 +252,7 @@ def edited(change) -> dict:
         (edited(lambda s: s["neuron"].update(instanceType="inf2.48xlarge")),
          "serves LLMs on Trn3 instances (trn3.48xlarge, trn3p.48xlarge), not inf2.48xlarge"),
         (edited(lambda s: s["serving"]["kvTransfer"].update(transport="tcp")),
-         "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache over NIXL on EFA; use "
+         "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache with NIXL over LIBFABRIC (EFA); use "
          "kvTransfer.transport efa"),
         (edited(lambda s: s["neuron"].update(maxInputLength=4096)),
          "neuron.maxInputLength 4096 must be neuron.sequenceLength - 1"),

@@ -567,8 +567,8 @@ def spec_with(base: str, **neuron) -> dict:
         ("gpt-oss-120b-sglang-trn3-disaggregated.yaml", {"expertParallel": 3},
          r"neuron.expertParallel 3 must divide neuron.tensorParallel 8 \(SGLang's --ep-size\)"),
         ("llama-3.2-3b-tgi-inf2.yaml", {"kvCacheDtype": "fp8"},
-         r"neuron.kvCacheDtype: TGI's Neuron backend has no setting for a KV cache type; remove it, or use "
-         r"engine vllm"),
+         r"neuron.kvCacheDtype: TGI's Neuron export \(optimum-neuron\) has no setting for a KV cache type; "
+         r"remove it, or use engine vllm on Trn2/Trn3 or engine sglang on Trn3"),
         ("smollm2-135m-local-cpu.yaml", {"memoryFraction": 0.5},
          r"neuron.memoryFraction: engine embedded \(neuronfleet's runtime\) has no setting for a device "
          r"memory fraction"),
