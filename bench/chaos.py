@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -600,6 +602,7 @@ class Outcome:
     writes: Counter
     operator_writes: Counter
     live: dict[str, dict]  # the models left, with the spec values the workload gave them last
+    passes: list[float] = field(default_factory=list)  # seconds of each takeover pass (`takeover_passes`)
 
     def summary(self) -> dict[str, Any]:
         lags = sorted(s for _, s in self.lags)
@@ -629,6 +632,7 @@ class Outcome:
                 "max": max(failovers, default=None),
             },
             "api_restarts": [{"down_s": up - down, "converged_s": c} for down, up, c in self.restarts],
+            "takeover_pass_s": {"n": len(self.passes), "max": max(self.passes, default=None)},
             "converged_after_churn_s": self.converged_after,
             "problems": self.problems[:20],
             "leaderless_writes": len(self.leaderless),
@@ -723,7 +727,31 @@ def run_chaos(plane: ControlPlane, chaos: Chaos, say=print, converge_limit: floa
         writes=workload.writes,
         operator_writes=writes_by_user(audit),
         live=workload.live,
+        passes=takeover_passes(plane.state),
     )
+
+
+LOGGED_AT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] ")
+
+
+def takeover_passes(state: Path) -> list[float]:
+    """Seconds from each replica's taking the Lease to its log's "every model reconciled once" (its pass over
+    every model as it took over; a replica killed before the end of its pass has none), from the replicas'
+    logs (the same clock: one machine)."""
+    passes = []
+    for log in sorted(state.glob("operator-*.log")):
+        took = None
+        for line in log.read_text(errors="replace").splitlines():
+            at = LOGGED_AT.match(line)
+            if at is None:
+                continue
+            when = datetime.datetime.strptime(at.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if " leads (lease " in line:
+                took = when
+            elif "leading: every model reconciled once" in line and took is not None:
+                passes.append(when - took)
+                took = None
+    return passes
 
 
 def _every(period: float, until: float) -> list[float]:

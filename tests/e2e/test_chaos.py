@@ -26,7 +26,7 @@ from neuronfleet.localcluster import local
 chaos = bench_module("chaos")
 
 OUTAGE = 5.0  # seconds without the API server: longer than the renew deadline, so the leader steps down
-ONE_PASS = 15.0  # seconds a busy 2-core machine may take to reconcile every one of 300 models once
+ONE_PASS = 15.0  # seconds a busy 2-core machine may take to reconcile every one of 300 models once (at least)
 
 
 @pytest.fixture()
@@ -50,9 +50,12 @@ def test_300_models_converge_through_kills_restarts_and_expired_watches(plane):
     assert len(outcome.kills) >= 4 and all(took is not None for _, _, took in outcome.kills), outcome.kills
     assert {code for _, code in outcome.exits} <= {-9, 0}, outcome.exits
     # no change waited longer than the worst failover (a lease's lapse and a retry), an API-server restart,
-    # a step-down after it (a leader that could not renew: another lapse), and one pass over every model
+    # a step-down after it (a leader that could not renew: another lapse), and one pass over every model (the
+    # longest takeover pass of this run, read from the replicas' logs: a loaded machine takes longer; a change
+    # a leader dropped would wait for the 600 s resync)
     outage = max(up - down for down, up, _ in outcome.restarts)
-    bound = 2 * (timing.lease + timing.retry) + outage + ONE_PASS
+    one_pass = max([ONE_PASS, *outcome.passes])
+    bound = 2 * (timing.lease + timing.retry) + outage + one_pass
     worst = max(lag for _, lag in outcome.lags)
     assert worst <= bound, (worst, bound, summary)
     # each replica that led wrote; the work was shared out as the leadership moved
