@@ -327,14 +327,15 @@ class NeuronSettings(Spec):
     buckets: Buckets = section(Buckets, "Length buckets compiled for prefill and decode.")
     quantization: Literal["none", "int8", "int4", "fp8"] = Field(
         "none",
-        description="Weight quantization: int8 (engine vllm on Neuron; engine embedded on cpu), int4 (engine "
-        "embedded on cpu), fp8 (engine vllm on Neuron).",
+        description="Weight quantization: int8 (engine vllm on Inf2/Trn1; engine embedded on cpu), int4 "
+        "(engine embedded on cpu), fp8 (engine vllm on Inf2/Trn1); refused at apply elsewhere (vLLM's plugin "
+        "on Trn2/Trn3 reads pre-quantized checkpoints).",
     )
     expertParallel: int | None = Field(
         None,
         description="Expert parallelism of a mixture-of-experts model: experts spread over this many of "
         "the replica's cores (engine vllm on Trn2/Trn3: --enable-expert-parallel with neuron_config "
-        "ep_degree; engine sglang: --ep-size). Must divide tensorParallel.",
+        "ep_degree; engine sglang: --ep-size; refused at apply for the others). Must divide tensorParallel.",
         ge=1,
         le=128,
     )
@@ -342,12 +343,12 @@ class NeuronSettings(Spec):
         "auto",
         description="KV cache type: auto (the model's dtype) or fp8 (engine vllm on Trn2/Trn3: "
         "--kv-cache-dtype fp8, which needs calibrated scales in the checkpoint; engine sglang: "
-        "--kv-cache-dtype fp8_e4m3).",
+        "--kv-cache-dtype fp8_e4m3; refused at apply for the others).",
     )
     memoryFraction: float | None = Field(
         None,
         description="Engine sglang: the share of device memory for weights and the KV cache pool "
-        "(--mem-fraction-static, e.g. 0.8).",
+        "(--mem-fraction-static, e.g. 0.8); refused at apply for the other engines.",
         gt=0,
         le=1,
     )
@@ -532,7 +533,8 @@ class RoleSpec(Spec):
     tensorParallel: int | None = Field(
         None,
         description="Mode disaggregated, engine vllm on Trn2/Trn3: this role's tensor parallelism when it "
-        "differs from neuron.tensorParallel (e.g. a smaller prefill and a larger decode).",
+        "differs from neuron.tensorParallel (e.g. a smaller prefill and a larger decode); refused at apply "
+        "for the other engines.",
         ge=1,
         le=128,
     )
@@ -648,9 +650,9 @@ class KVTransfer(Spec):
     )
     connector: Literal["NixlConnector", "NeuronNixlConnector"] | None = Field(
         None,
-        description="Engine vllm on Trn2/Trn3: vLLM's KV connector. Default: NeuronNixlConnector for the "
-        "sliding-window models the table knows (GPT-OSS), NixlConnector otherwise; name NeuronNixlConnector "
-        "for any other model whose attention slides.",
+        description="Engine vllm on Trn2/Trn3 (refused at apply for the others): vLLM's KV connector. "
+        "Default: NeuronNixlConnector for the sliding-window models the table knows (GPT-OSS), NixlConnector "
+        "otherwise; name NeuronNixlConnector for any other model whose attention slides.",
     )
 
     @property
@@ -685,8 +687,8 @@ class Serving(Spec):
     routing: Routing = section(Routing, "How the routers choose each request's pod (docs/routing.md).")
     sampling: Sampling = section(
         Sampling,
-        "Sampling defaults for requests that leave a field out (engine embedded), over the model's "
-        "generation_config.json; `/info` shows what they are.",
+        "Sampling defaults for requests that leave a field out (engine embedded; refused at apply for the "
+        "others), over the model's generation_config.json; `/info` shows what they are.",
     )
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
     port: int = Field(
@@ -1126,7 +1128,9 @@ class NeuronModelSpec(Spec):
     engine: Engine = Field(
         "embedded",
         description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
-        "or the vLLM, TGI or SGLang Neuron servers.",
+        "or the vLLM, TGI or SGLang Neuron servers. Each engine's limits (the instance families it serves, "
+        "the settings it has no flag for, its prompt limit and KV transport) are refused at apply, saying "
+        "what would be right.",
     )
     image: str | None = Field(
         None,
