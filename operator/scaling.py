@@ -1,7 +1,8 @@
 """The NeuronModel's scale (pure): `spec.replicas`, what the scale subresource writes, mapped to replicas per
-serving role; the scale status (`status.scaleReplicas`, `status.selector`); the autoscaling checks that span
-sections; and the objects that let the cluster scale a model: an autoscaling/v2 HorizontalPodAutoscaler
-(`provider: hpa`) or a KEDA ScaledObject (`provider: keda`), both on the NeuronModel's scale subresource.
+serving role; the scale status (`status.scaleReplicas`, `status.selector`); and the objects that let the
+cluster scale a model: an autoscaling/v2 HorizontalPodAutoscaler (`provider: hpa`) or a KEDA ScaledObject
+(`provider: keda`), both on the NeuronModel's scale subresource. (What autoscaling settings a model may
+have is the CRD's rules: the spec's, and `engines.limits` for a signal an engine's pods do not export.)
 
 The metric names are the runtime's (`runtime/serving/server.py`, `runtime/engine/engine.py`, vLLM's names). An
 HPA reads them as custom Pods metrics, which an adapter such as prometheus-adapter serves under the same names
@@ -16,6 +17,7 @@ from typing import Any
 
 from . import engines, front_door
 from .autoscaler import Policy, RolePolicy
+from .engines.limits import SIGNAL_FIELD
 from .spec import API_VERSION, DEFAULT_TARGETS, KIND, Autoscaling, NeuronModelSpec
 
 # The runtime's metric per signal (what the pods export on /metrics).
@@ -108,52 +110,12 @@ def scale_status(
     }
 
 
-def autoscaling_errors(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of autoscaling settings that need the engines' facts: a signal the engine's pods do not export
-    (the rest are the spec's rules, which the CRD also carries)."""
-    return _missing_signals(spec) if spec.autoscaling.enabled else []
-
-
 def signal_metric(spec: NeuronModelSpec, role: str, signal: str) -> str | None:
-    """The name a role's pods export a signal under (`engines.metric_names`): waiting requests (queue), KV
-    cache use (occupancy, as an HPA or a ScaledObject reads it) or the TTFT histogram; None: not exported."""
-    names = engines.metric_names(spec, role)
-    return {"queue": names.waiting, "occupancy": names.kv_usage, "ttft": names.ttft}[signal]
-
-
-def entry_role(spec: NeuronModelSpec) -> str:
-    """The role whose pods see a request's first token first: a unified model's pods (its front door, if it
-    has one, passes each answer on as it comes, and exports no TTFT), or a disaggregated model's routers."""
-    return "unified" if spec.serving.mode == "unified" else "router"
-
-
-def _read_as(spec: NeuronModelSpec, role: str, metric: str, provider: str) -> str | None:
-    """The name a provider reads a signal under from a role's pods; None: they export nothing for it. The
-    builtin autoscaler reads occupancy as requests over slots (running and waiting), an HPA or a ScaledObject
-    as the KV cache in use."""
-    if metric == "occupancy" and provider == "builtin":
-        names = engines.metric_names(spec, role)
-        return names.running or names.waiting
-    return signal_metric(spec, role, metric)
-
-
-def _missing_signals(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of a signal the engine's pods do not export (TTFT comes from the entry pods: a router's is
-    ours)."""
-    a = spec.autoscaling
-    role = entry_role(spec) if a.metric == "ttft" else scaled_role(spec)
-    if _read_as(spec, role, a.metric, a.provider) is not None:
-        return []
-    usable = [
-        m for m in ("queue", "occupancy") if _read_as(spec, scaled_role(spec), m, a.provider) is not None
-    ]
-    what = {"queue": "waiting-requests metric", "occupancy": "KV-cache-use metric",
-            "ttft": "time-to-first-token histogram"}  # fmt: skip
-    instead = " or ".join(usable) or "queue with provider builtin"
-    return [
-        f"autoscaling.metric {a.metric}: engine {spec.engine}'s {role} pods export no {what[a.metric]} for "
-        f"provider {a.provider} to read; use metric {instead}"
-    ]
+    """The name a role's pods export a signal under (`engines.metric_names`, the field of it
+    `limits.SIGNAL_FIELD` names): waiting requests (queue), KV cache use (occupancy, as an HPA or a
+    ScaledObject reads it) or the TTFT histogram; None: not exported (the CRD's rule refuses such a model:
+    `limits.UNEXPORTED`)."""
+    return getattr(engines.metric_names(spec, role), SIGNAL_FIELD[signal])
 
 
 def target(a: Autoscaling) -> float:

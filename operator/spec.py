@@ -135,14 +135,16 @@ class ModelSource(Spec):
 class Buckets(Spec):
     context: list[int] = Field(
         default_factory=list,
-        description="Prompt length buckets (context encoding), increasing, between 1 and maxInputLength; "
-        "empty: derived from maxInputLength.",
+        description="Prompt length buckets (context encoding), increasing, between 1 and maxInputLength, "
+        "the largest maxInputLength (vLLM on Trn2/Trn3: its own prefill buckets); empty: derived from "
+        "maxInputLength.",
         max_length=32,
     )
     generation: list[int] = Field(
         default_factory=list,
-        description="KV length buckets for token generation, increasing, between 1 and sequenceLength; "
-        "empty: derived from sequenceLength.",
+        description="KV length buckets for token generation, increasing, between 1 and sequenceLength, the "
+        "largest sequenceLength (vLLM on Trn2/Trn3: decode context lengths below it); empty: derived from "
+        "sequenceLength.",
         max_length=32,
     )
 
@@ -838,7 +840,8 @@ class Autoscaling(Spec):
         "occupancy",
         description="Signal: queue (requests waiting for a slot, vllm:num_requests_waiting), occupancy (KV "
         "cache and slot use, vllm:kv_cache_usage_perc) or ttft (time to first token p90, "
-        "vllm:time_to_first_token_seconds, against ttftSLOMilliseconds).",
+        "vllm:time_to_first_token_seconds, against ttftSLOMilliseconds). A signal the engine's pods do not "
+        "export for the provider is refused at apply (engine tgi: no KV cache use for hpa or keda, no ttft).",
     )
     target: float | None = Field(
         None,
@@ -1150,7 +1153,11 @@ class NeuronModelSpec(Spec):
         le=1000,
     )
     neuron: NeuronSettings = Field(description="Target hardware and the shapes compiled for it.")
-    compile: Compile = section(Compile, "The compile Job and its artifact cache.")
+    compile: Compile = section(
+        Compile,
+        "The compile Job and its artifact cache. Engine sglang runs a Job only to fetch an s3:// model: for "
+        "other models its Job's settings (all but cache) are refused at apply.",
+    )
     serving: Serving = section(Serving, "Serving pods: unified or disaggregated, replicas per role.")
     autoscaling: Autoscaling = section(Autoscaling, "Replica autoscaling.")
     scheduling: Scheduling = section(Scheduling, "Placement of the serving pods.")

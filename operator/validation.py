@@ -7,14 +7,15 @@ and their Python twins run here too, for what does not pass through the API serv
 object stored before the CRD had the rule): the instance topology (tensor parallelism allowed there, whole
 devices the Neuron scheduler extension accepts, cores on one node, EFA), the engine an instance type runs, the
 buckets' order, fields that apply to another mode, and each engine's limits (its platforms, the model
-families it exports, the settings it has no flag for, its prompt limit and KV transport). What stays here
-needs more than the object, or more than CEL can read: neuron.overrides against the engine (a free-form
-tree, `engines.limits.override_refusals`), the compile Job's settings for an engine that runs none, an image
-named for an engine whose pods run privileged (the operator's setting), the model's own length limit (read
-from the Hugging Face Hub), the largest bucket for engines that bound it, and a fit estimate: weights in the
-dtype plus the KV cache for batch x sequence length x layers, per core, against a core's memory (from the
-table of well-known models). A refusal says what is wrong and what would fit; an unknown model's fit is
-reported as not checked, never guessed. `parse` words the schema's refusals, each naming its field."""
+families it exports, the settings it has no flag for, its prompt limit and KV transport, the autoscaling
+signals its pods export, the compile Job's settings where it runs none, the largest bucket where it bounds
+them). What stays here needs more than the object, or more than CEL can read: neuron.overrides against the
+engine (a free-form tree, `engines.limits.override_refusals`), an image named for an engine whose pods run
+privileged (the operator's setting), the model's own length limit (read from the Hugging Face Hub), and a fit
+estimate: weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a
+core's memory (from the table of well-known models). A refusal says what is wrong and what would fit; an
+unknown model's fit is reported as not checked, never guessed. `parse` words the schema's refusals, each
+naming its field."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from neuronfleet.contract import length_refusal
 
-from . import engines, names, scaling, topology
+from . import engines, names, topology
 from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
 from .parallelism import role_tensor_parallel as role_tensor_parallel
 from .parallelism import tensor_parallel_degrees
@@ -231,20 +232,8 @@ def validate(
     r.errors += broken_rules(spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron})  # (the CRD's, at apply)
     r.errors += engines.unsupported(spec)  # the engine's limits (the CRD's too, but overrides): never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
-    r.errors += _unused_fields(spec)
-    r.errors += scaling.autoscaling_errors(spec)
     if limit is not None and n.sequenceLength > limit.length:
         r.errors.append(length_refusal(n.sequenceLength, limit.length, limit.where))
-    for kind, buckets, largest, name in (
-        ("context", n.buckets.context, n.maxInputLength, "maxInputLength"),
-        ("generation", n.buckets.generation, n.sequenceLength, "sequenceLength"),
-    ):
-        increasing = buckets == sorted(set(buckets))  # (else a rule of the spec refuses them)
-        if buckets and increasing and buckets[-1] != largest and engines.bucket_limits(spec):
-            r.errors.append(
-                f"the largest neuron.buckets.{kind} bucket ({buckets[-1]}) must equal {valued(n, name)}, or "
-                "requests that the spec accepts would fit no bucket"
-            )
     for tp in tensor_parallel_degrees(spec):  # a role's own tensor parallelism must fit too
         fit = estimate_fit(spec, tp)
         if (
@@ -264,34 +253,6 @@ def validate(
             f"{_suggest(spec, inst)}"
         )
     return r
-
-
-COMPILE_JOB_FIELDS = (
-    "resources", "nodeSelector", "tolerations", "image", "backoffLimit", "activeDeadlineSeconds",
-    "serviceAccountName",
-)  # fmt: skip
-
-
-def _unused_fields(spec: NeuronModelSpec) -> list[str]:
-    """Refusals of the compile Job's settings where the engine runs no Job (a field is used or refused, never
-    dropped; the spec's rules refuse the others: EFA devices without an EFA transport, a NIXL backend without
-    transport nixl)."""
-    out = []
-    if not engines.compiles(spec):  # (compared with the defaults: the API server fills them in)
-        for name in COMPILE_JOB_FIELDS:
-            if _differs(spec.compile, name):
-                out.append(
-                    f"compile.{name}: engine {spec.engine} runs no compile Job for this model (it compiles "
-                    "as each server starts); remove it"
-                )
-    return out
-
-
-def _differs(section, name: str) -> bool:
-    """Whether a section's field holds other than its default."""
-    default = type(section).model_fields[name].get_default(call_default_factory=True)
-    value = getattr(section, name)
-    return (value.model_dump() != default.model_dump()) if hasattr(value, "model_dump") else value != default
 
 
 def parse(obj: dict) -> tuple[NeuronModelSpec | None, list[str]]:

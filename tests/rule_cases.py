@@ -220,6 +220,52 @@ CASES = [
          "model hf://MistralAI/mistral-7b-v0.1 is a mistral model, which optimum-neuron 0.3.0"),
     Case("model-type-tgi-gpt-oss", TGI, model(uri="hf://openai/gpt-oss-120b"), "is a gpt_oss model"),
     Case("model-type-tgi-pvc", TGI, model(uri="pvc://models/mistral-7b-v0.1"), None),
+    # what the engines' tables say: the signals their pods export (TGI: no KV cache use, no TTFT), the
+    # models an engine runs a compile Job for (SGLang: an s3:// model's fetch only), whether its buckets are
+    # the limits (not the vLLM plugin's)
+    Case("signal-ttft-tgi", TGI, section("autoscaling", enabled=True, metric="ttft", ttftSLOMilliseconds=500),
+         "autoscaling.metric ttft: engine tgi's unified pods export no time-to-first-token histogram for "
+         "provider builtin to read; use metric queue or occupancy"),
+    Case("signal-occupancy-tgi-keda", TGI, both(spec(replicas=1), section(
+        "autoscaling", enabled=True, provider="keda", prometheusAddress="http://prometheus:9090")),
+         "autoscaling.metric occupancy: engine tgi's unified pods export no KV-cache-use metric for provider "
+         "keda to read; use metric queue"),
+    Case("signal-occupancy-tgi-builtin", TGI, section("autoscaling", enabled=True, metric="occupancy"), None),
+    Case("signal-queue-tgi-hpa", TGI,
+         both(spec(replicas=1), section("autoscaling", enabled=True, provider="hpa", metric="queue")), None),
+    Case("signal-ttft-sglang-disaggregated", SGLANG_PD,
+         section("autoscaling", enabled=True, metric="ttft", ttftSLOMilliseconds=500), None),
+    Case("compile-resources-sglang", SGLANG_PD, section("compile", resources={"requests": {"cpu": "4"}}),
+         "compile.resources: engine sglang runs no compile Job for this model (it compiles as each server "
+         "starts; a Job only fetches a model from s3://); remove compile.resources"),
+    Case("compile-node-selector-sglang", SGLANG_PD, section("compile", nodeSelector={"pool": "cpu"}),
+         "compile.nodeSelector: engine sglang runs no compile Job for this model"),
+    Case("compile-tolerations-sglang", SGLANG_PD,
+         section("compile", tolerations=[{"key": "pool", "operator": "Exists"}]),
+         "compile.tolerations: engine sglang runs no compile Job for this model"),
+    Case("compile-image-sglang", SGLANG_PD, section("compile", image="registry.example/sglang:1"),
+         "compile.image: engine sglang runs no compile Job for this model"),
+    Case("compile-backoff-sglang", SGLANG_PD, section("compile", backoffLimit=5),
+         "compile.backoffLimit: engine sglang runs no compile Job for this model"),
+    Case("compile-deadline-sglang", SGLANG_PD, section("compile", activeDeadlineSeconds=600),
+         "compile.activeDeadlineSeconds: engine sglang runs no compile Job for this model"),
+    Case("compile-service-account-sglang", SGLANG_PD, section("compile", serviceAccountName="model-reader"),
+         "compile.serviceAccountName: engine sglang runs no compile Job for this model"),
+    Case("compile-default-sglang", SGLANG_PD, section("compile", backoffLimit=2, nodeSelector={}), None),
+    Case("compile-service-account-sglang-s3", SGLANG_PD,
+         both(model(uri="s3://models/gpt-oss-120b"), section("compile", serviceAccountName="model-reader")),
+         None),
+    Case("largest-context-bucket", CPU, neuron(buckets={"context": [128, 256]}),
+         "the largest neuron.buckets.context bucket (256) must equal neuron.maxInputLength 384, or requests "
+         "that the spec accepts would fit no bucket: end neuron.buckets.context with 384"),
+    Case("largest-context-bucket-default", CPU,
+         neuron(maxInputLength=None, sequenceLength=8192, buckets={"context": [1024, 2048]}),
+         "must equal neuron.maxInputLength 3072 (the default of engine embedded, not set)"),
+    Case("largest-generation-bucket-vllm-inf2", INF2, neuron(buckets={"generation": [1024, 4096]}),
+         "the largest neuron.buckets.generation bucket (4096) must equal neuron.sequenceLength 8192"),
+    Case("largest-buckets-equal-the-limits", CPU,
+         neuron(buckets={"context": [128, 384], "generation": [512]}), None),
+    Case("largest-bucket-vllm-trn2", TRN2, neuron(buckets={"context": [2048], "generation": [4096]}), None),
     # tolerations, item by item
     Case("toleration-key", CPU, tolerations({"key": "bad key", "operator": "Exists"}),
          "must be a qualified name"),

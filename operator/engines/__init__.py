@@ -33,6 +33,7 @@ from .common import (
 )
 
 ENGINES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
+assert ENGINES == limits.ENGINE_MODULES  # (the CRD's rules read the same modules' tables)
 # the engines whose prefill and decode servers our router reaches through their own P/D protocol
 PEER_PROTOCOLS = {"vllm": "vllm", "sglang": "sglang"}
 
@@ -40,7 +41,6 @@ __all__ = [
     "ENGINES",
     "Container",
     "artifacts_dir",
-    "bucket_limits",
     "compile_container",
     "compile_files",
     "compiles",
@@ -128,12 +128,6 @@ def documented_capabilities(spec: NeuronModelSpec) -> tuple[str, ...]:
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
     """Whether the engine's serving pods read the Hugging Face Hub at start (so get the model's token)."""
     return getattr(ENGINES[spec.engine], "reads_hub_when_serving", lambda _: False)(spec)
-
-
-def bucket_limits(spec: NeuronModelSpec) -> bool:
-    """Whether the spec's buckets are bounded by its limits (the largest context bucket is maxInputLength, the
-    largest generation bucket sequenceLength), or are the engine's own kind of bucket."""
-    return getattr(ENGINES[spec.engine], "bucket_limits", lambda _: True)(spec)
 
 
 def unsupported(spec: NeuronModelSpec) -> list[str]:

@@ -7,7 +7,11 @@ Who serves a spec (`served_by`): its engine, or for engine vllm the contract of 
 table `vllm.CONTRACT_OF`, which the CEL reads as a map literal, `SERVED_BY_CEL`). The settings only some of
 them take are one table (`SETTINGS_TAKEN_BY` and the lines after it); each refusal names the server and, where
 it helps, the value and what would be right, in words made from one template for the API server's
-messageExpression and the Python twin alike (`_rule`).
+messageExpression and the Python twin alike (`_rule`). Other rules read an engine's own tables, from its
+module (`ENGINE_MODULES`, `SERVER_MODULES`), written into the CEL as literals: the metric names its pods
+export (`METRICS`: a signal a provider would find none of, `UNEXPORTED`), the models it runs a compile Job
+for (`COMPILE_JOB_SOURCES`: the Job's settings are refused where it runs none) and whether its buckets are
+the spec's limits (`BUCKETS_ARE_LIMITS`: the largest bucket must be the limit).
 
 What stays in Python, and why: every check of `neuron.overrides` (NxDI fields for an engine that reads none, a
 field neuronfleet derives, vLLM's `num_seqs_buckets` against the batch). The field is kept as written
@@ -22,20 +26,27 @@ import json
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, get_args
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from .. import parallelism, topology
+from ..pod_metrics import NEURONFLEET, Names
 from ..spec import (
     DISAGGREGATED_CEL,
     DTYPE_CEL,
     MAX_INPUT_CEL,
     TRANSPORT_CEL,
+    Autoscaling,
+    Compile,
     NeuronModelSpec,
     NeuronSettings,
     Sampling,
 )
 from ..spec_base import Rule
-from . import sglang, tgi, vllm, vllm_nxdi
+from . import embedded, sglang, tgi, vllm, vllm_nxdi
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,11 @@ SERVERS = {
 }
 # (every engine but vllm serves itself; vllm's contracts serve it)
 assert set(SERVERS) == {"embedded", "tgi", "sglang", *vllm.CONTRACTS}
+# Each engine's module, and each server's (engines.ENGINES is the first: it asserts so), whose tables the
+# rules below read: an engine's metric names, the models it runs a compile Job for, whether its buckets are
+# the spec's limits
+ENGINE_MODULES: dict[str, ModuleType] = {"embedded": embedded, "vllm": vllm, "tgi": tgi, "sglang": sglang}
+SERVER_MODULES: dict[str, ModuleType] = {"embedded": embedded, "tgi": tgi, "sglang": sglang, **vllm.CONTRACTS}
 
 SERVED_BY_CEL = f"(self.engine == 'vllm' ? {vllm.CONTRACT_CEL}[self.neuron.instanceType] : self.engine)"
 
@@ -298,6 +314,218 @@ def _model_type_rule(model_type: str) -> Rule:
     )
 
 
+# ---- what an engine's tables say: the signals its pods export, the models it runs a Job for, its buckets ---
+
+# The field of an engine's metric names (`pod_metrics.Names`, its module's METRICS) a signal is read from
+# (scaling.signal_metric reads it); the builtin autoscaler reads occupancy as requests over slots instead,
+# from either of BUILTIN_OCCUPANCY_FIELDS, an HPA or a ScaledObject as the KV cache in use
+SIGNAL_FIELD = {"queue": "waiting", "occupancy": "kv_usage", "ttft": "ttft"}
+BUILTIN_OCCUPANCY_FIELDS = ("running", "waiting")
+SIGNAL_WHAT = {
+    "queue": "waiting-requests metric",
+    "occupancy": "KV-cache-use metric",
+    "ttft": "time-to-first-token histogram",
+}
+_METRICS = get_args(Autoscaling.model_fields["metric"].annotation)
+_PROVIDERS = get_args(Autoscaling.model_fields["provider"].annotation)
+assert set(SIGNAL_FIELD) == set(SIGNAL_WHAT) == set(_METRICS)
+
+
+def exports(names: Names, metric: str, provider: str) -> bool:
+    """Whether pods exporting `names` export `metric` as `provider` reads it."""
+    fields = (
+        BUILTIN_OCCUPANCY_FIELDS
+        if (metric, provider) == ("occupancy", "builtin")
+        else (SIGNAL_FIELD[metric],)
+    )
+    return any(getattr(names, f) is not None for f in fields)
+
+
+# engine -> "METRIC PROVIDER" of each signal its own pods export nothing for, as that provider reads it (a
+# router's pods are ours: they export every signal); engines that export all are left out. In CEL: a map.
+UNEXPORTED: dict[str, list[str]] = {
+    engine: missing
+    for engine, module in ENGINE_MODULES.items()
+    if (missing := [f"{m} {p}" for m in _METRICS for p in _PROVIDERS if not exports(module.METRICS, m, p)])
+}
+assert all(exports(NEURONFLEET, m, p) for m in _METRICS for p in _PROVIDERS)
+# "ENGINE PROVIDER" -> the metrics those pods export for that provider, which a refusal suggests
+_USABLE = {
+    f"{engine} {p}": " or ".join(m for m in ("queue", "occupancy") if f"{m} {p}" not in missing)
+    or "queue with provider builtin"
+    for engine, missing in UNEXPORTED.items()
+    for p in _PROVIDERS
+}
+_SIGNAL_CEL = "self.autoscaling.metric + ' ' + self.autoscaling.provider"
+_UNIFIED_CEL = "self.serving.mode == 'unified'"
+
+
+def _signal(s: NeuronModelSpec) -> str:
+    return f"{s.autoscaling.metric} {s.autoscaling.provider}"
+
+
+def _signals_named(pairs: list[str]) -> str:
+    """The "METRIC PROVIDER" pairs in words: metric occupancy with provider hpa or keda, metric ttft."""
+    named = []
+    for metric in _METRICS:
+        providers = [p for p in _PROVIDERS if f"{metric} {p}" in pairs]
+        if providers:
+            every = len(providers) == len(_PROVIDERS)
+            named.append(f"metric {metric}" + ("" if every else f" with provider {' or '.join(providers)}"))
+    return ", ".join(named)
+
+
+def _unexported_signal_rule() -> Rule:
+    """Autoscaling on a signal the engine's pods do not export for the provider (TTFT comes from the entry
+    pods: a disaggregated model's routers are ours, and export it)."""
+    words = (
+        "autoscaling.metric {metric}: engine {engine}'s {role} pods export no {what} for provider {provider} "
+        "to read; use metric {instead}"
+    )
+    missing = "; ".join(f"engine {e} for {_signals_named(pairs)}" for e, pairs in UNEXPORTED.items())
+    table = json.dumps(UNEXPORTED)  # (a JSON object of lists of strings is a CEL map literal)
+    return _rule(
+        f"!self.autoscaling.enabled || (self.autoscaling.metric == 'ttft' && !({_UNIFIED_CEL})) || "
+        f"!(self.engine in {table}) || !(({_SIGNAL_CEL}) in {table}[self.engine])",
+        lambda s: (
+            not s.autoscaling.enabled
+            or (s.autoscaling.metric == "ttft" and s.serving.mode != "unified")
+            or _signal(s) not in UNEXPORTED.get(s.engine, ())
+        ),
+        words,
+        f"autoscaling.metric: the engine's pods export no such signal for the provider to read (none from "
+        f"{missing}); use a metric they export",
+        metric=("self.autoscaling.metric", lambda s: s.autoscaling.metric),
+        engine=("self.engine", lambda s: s.engine),
+        role=(
+            f"({_UNIFIED_CEL} ? 'unified' : 'decode')",
+            lambda s: "unified" if s.serving.mode == "unified" else "decode",
+        ),
+        what=(
+            f"{_cel_map(SIGNAL_WHAT)}[self.autoscaling.metric]",
+            lambda s: SIGNAL_WHAT[s.autoscaling.metric],
+        ),
+        provider=("self.autoscaling.provider", lambda s: s.autoscaling.provider),
+        instead=(
+            f"{_cel_map(_USABLE)}[self.engine + ' ' + self.autoscaling.provider]",
+            lambda s: _USABLE[f"{s.engine} {s.autoscaling.provider}"],
+        ),
+    )
+
+
+# engine -> the model sources it runs a compile Job for (its module's COMPILE_JOB_SOURCES); every other
+# engine runs one for every model (engines.compiles)
+COMPILE_JOB_ONLY_FOR: dict[str, tuple[str, ...]] = {
+    e: m.COMPILE_JOB_SOURCES for e, m in ENGINE_MODULES.items() if hasattr(m, "COMPILE_JOB_SOURCES")
+}
+assert all(
+    getattr(m, "COMPILES", True) and (e in COMPILE_JOB_ONLY_FOR or not hasattr(m, "compiles"))
+    for e, m in ENGINE_MODULES.items()
+), "an engine that runs no compile Job for some models declares which it runs one for: COMPILE_JOB_SOURCES"
+# The compile Job's settings (compile.cache is the model's claim, which every engine's pods mount)
+COMPILE_JOB_FIELDS = tuple(name for name in Compile.model_fields if name != "cache")
+_RUNS_COMPILE_JOB_CEL = " && ".join(
+    f"(self.engine != '{e}' || "
+    + " || ".join(f"self.model.uri.startsWith({_cel_string(source)})" for source in sources)
+    + ")"
+    for e, sources in COMPILE_JOB_ONLY_FOR.items()
+)
+
+
+def runs_compile_job(s: NeuronModelSpec) -> bool:
+    """Whether the engine runs a compile Job for the spec's model (in CEL: _RUNS_COMPILE_JOB_CEL)."""
+    return s.engine not in COMPILE_JOB_ONLY_FOR or s.model.uri.startswith(COMPILE_JOB_ONLY_FOR[s.engine])
+
+
+def _default_cel(path: str, field: FieldInfo) -> str:
+    """CEL: the field at `path` holds its default (the API server fills the defaults in before the rules)."""
+    if field.default_factory is not None:
+        value = field.default_factory()  # type: ignore[call-arg]
+        if isinstance(value, BaseModel):
+            return " && ".join(_default_cel(f"{path}.{n}", f) for n, f in type(value).model_fields.items())
+        assert value in ({}, []), (path, value)
+        return f"size({path}) == 0"
+    return f"!has({path})" if field.default is None else f"{path} == {json.dumps(field.default)}"
+
+
+def _at_default(section: BaseModel, name: str) -> bool:
+    """Whether a section's field holds its default (in CEL: _default_cel)."""
+    default = type(section).model_fields[name].get_default(call_default_factory=True)
+    value = getattr(section, name)
+    return value.model_dump() == default.model_dump() if isinstance(value, BaseModel) else value == default
+
+
+def _compile_job_field_rule(name: str) -> Rule:
+    """A compile Job's setting where the engine runs no compile Job (a field is used or refused, never
+    dropped)."""
+    words = (
+        f"compile.{name}: engine {{engine}} runs no compile Job for this model (it compiles as each server "
+        f"starts; a Job only fetches a model from {{sources}}); remove compile.{name}"
+    )
+    sources = {e: " or ".join(s) for e, s in COMPILE_JOB_ONLY_FOR.items()}
+    return _rule(
+        f"{_RUNS_COMPILE_JOB_CEL} || ({_default_cel(f'self.compile.{name}', Compile.model_fields[name])})",
+        lambda s: runs_compile_job(s) or _at_default(s.compile, name),
+        words,
+        words.format(engine=" or ".join(sources), sources=" or ".join(sorted(set(sources.values())))),
+        engine=("self.engine", lambda s: s.engine),
+        sources=(f"{_cel_map(sources)}[self.engine]", lambda s: sources[s.engine]),
+    )
+
+
+# The servers whose buckets the spec's limits bound: the largest context bucket is the prompt limit, the
+# largest generation bucket the sequence length (not those whose buckets are their own kind, a module's
+# BUCKETS_ARE_LIMITS = False, nor those that take no buckets at all: NXDI_SETTINGS_REFUSED_BY)
+BUCKETS_BOUNDED_BY = tuple(
+    k
+    for k, m in SERVER_MODULES.items()
+    if getattr(m, "BUCKETS_ARE_LIMITS", True) and k not in NXDI_SETTINGS_REFUSED_BY
+)
+
+
+def _largest_bucket_rule(kind: str, limit_name: str, limit: Value, limit_words: Value) -> Rule:
+    """The largest bucket of `kind` (when the buckets are increasing: else the spec's rule refuses them)
+    must be the spec's limit, or requests the spec accepts would fit no bucket; `limit`: that limit's CEL
+    (an integer) and Python, `limit_words` it in a refusal."""
+    items = f"self.neuron.buckets.{kind}"
+    last = f"{items}[size({items}) - 1]"
+    words = (
+        f"the largest neuron.buckets.{kind} bucket ({{last}}) must equal neuron.{limit_name} {{limit}}, or "
+        f"requests that the spec accepts would fit no bucket: end neuron.buckets.{kind} with {{end}}, or "
+        f"leave it empty (derived from neuron.{limit_name})"
+    )
+    limit_cel, limit_of = limit
+    return _rule(
+        f"!({_only(BUCKETS_BOUNDED_BY)}) || size({items}) == 0 || !{items}.isSorted() || "
+        f"{last} == {limit_cel}",
+        lambda s: (
+            served_by(s) not in BUCKETS_BOUNDED_BY
+            or not (b := getattr(s.neuron.buckets, kind))
+            or b != sorted(b)
+            or b[-1] == limit_of(s)
+        ),
+        words,
+        f"the largest neuron.buckets.{kind} bucket must equal neuron.{limit_name}, or requests that the spec "
+        f"accepts would fit no bucket",
+        last=(f"string({last})", lambda s: getattr(s.neuron.buckets, kind)[-1]),
+        limit=limit_words,
+        end=(f"string({limit_cel})", limit_of),
+    )
+
+
+PROMPT_LIMIT_VALUED: Value = (
+    f"string({MAX_INPUT_CEL}) + (has(self.neuron.maxInputLength) ? '' : ' (the default of engine ' + "
+    "self.engine + ', not set)')",
+    lambda s: (
+        f"{s.neuron.maxInputLength}"
+        + (
+            ""
+            if "maxInputLength" in s.neuron.model_fields_set
+            else f" (the default of engine {s.engine}, not set)"
+        )
+    ),
+)
+
 _UNEXPORTABLE = sorted(
     {m.model_type for m in topology.KNOWN_MODELS.values() if m.model_type not in tgi.MODEL_TYPES}
 )
@@ -477,6 +705,16 @@ RULES: tuple[Rule, ...] = (
         uri=("self.model.uri", lambda s: s.model.uri),
     ),
     *(_model_type_rule(t) for t in _UNEXPORTABLE),
+    # what the engine's tables say: the signals its pods export, the models it runs a compile Job for, and
+    # whether its buckets are the spec's limits
+    _unexported_signal_rule(),
+    *(_compile_job_field_rule(name) for name in COMPILE_JOB_FIELDS),
+    _largest_bucket_rule(
+        "context", "maxInputLength", (MAX_INPUT_CEL, lambda s: s.neuron.maxInputLength), PROMPT_LIMIT_VALUED
+    ),
+    _largest_bucket_rule(
+        "generation", "sequenceLength", (SEQUENCE, lambda s: s.neuron.sequenceLength), SEQUENCE_LENGTH
+    ),
 )
 
 

@@ -40,6 +40,9 @@ BOOTSTRAP_PORT = 8998
 # NIXL's transport: SGLang reads SGLANG_DISAGGREGATION_NIXL_BACKEND (default UCX); EFA is libfabric's provider
 NIXL_BACKEND = "LIBFABRIC"
 SERVING_WRITES_CACHE = True
+# The model sources a Job fetches into the claim (the serving pods hold no S3 credentials): the only models
+# with a compile Job (`compiles`; the CRD's rules read it too: engines.limits)
+COMPILE_JOB_SOURCES = ("s3://",)
 # The servers' own folder in the model's folder of the cache claim, one per image (its tag's hash)
 SERVER_CACHE = f"{CACHE_MOUNT}/sglang/{hashlib.sha256(IMAGE.encode()).hexdigest()[:16]}"
 # --cap-add SYS_NICE in the container options of the configuration reference (_CONFIG), which gives no
@@ -122,7 +125,7 @@ def image(spec: NeuronModelSpec) -> str:
 
 def compiles(spec: NeuronModelSpec) -> bool:
     """The graphs compile at each server's start (see above): a compile Job only fetches an s3:// model."""
-    return spec.model.uri.startswith("s3://")
+    return spec.model.uri.startswith(COMPILE_JOB_SOURCES)
 
 
 def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:

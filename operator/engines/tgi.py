@@ -100,7 +100,7 @@ DOWNLOAD_SCRIPT = HUB_DOWNLOAD_SCRIPT
 # The router's gauges (backends/v2/src/queue.rs tgi_queue_size; backends/v2/src/backend.rs
 # tgi_batch_current_size, the v2 router the Neuron image installs: Dockerfile.neuron@v3.3.5); no KV usage
 # and no time-to-first-token histogram (tgi_request_* histograms time whole requests), so no occupancy from
-# the KV cache and no ttft signal (`scaling.autoscaling_errors`)
+# the KV cache and no ttft signal (refused at apply: `limits.UNEXPORTED`)
 METRICS = Names(waiting="tgi_queue_size", running="tgi_batch_current_size", kv_usage=None, ttft=None)
 
 

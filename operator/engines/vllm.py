@@ -70,7 +70,3 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
     return contract(spec).reads_hub_when_serving(spec)
-
-
-def bucket_limits(spec: NeuronModelSpec) -> bool:
-    return getattr(contract(spec), "bucket_limits", lambda _: True)(spec)

@@ -82,6 +82,9 @@ IMAGE = (
 PLATFORMS = ("trn2", "trn3")
 CPU_TARGETS = ("trn2",)  # the Neuron platforms the compiler targets without a device (NEURONX_CC)
 NEURON_CONFIG = "neuron_config"  # the key of --additional-config the plugin reads (REF, Overview)
+# The plugin's buckets are its own (chunked prefill, decode context lengths), not bounded by the spec's limits
+# (the CRD's rule of the largest bucket skips them: engines.limits)
+BUCKETS_ARE_LIMITS = False
 # Where the pods keep vLLM's local compile cache: an emptyDir (VLLM_CACHE_ROOT; the cache takes file locks)
 LOCAL_CACHE_ROOT = "/var/cache/vllm"
 COMPILE_PORT = 8000  # the compile Job's server, on 127.0.0.1 only
@@ -548,8 +551,3 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
 
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
     return False  # the compile downloaded the model into the artifacts
-
-
-def bucket_limits(spec: NeuronModelSpec) -> bool:
-    """The plugin's buckets are its own (chunked prefill, decode context lengths): not the spec's limits."""
-    return False
