@@ -124,6 +124,30 @@ def test_a_pass_that_awaits_nothing_lets_other_tasks_run_between_its_models():
     assert asyncio.run(scenario()) >= models // (2 * triggers.WORKERS)  # (a turn every WORKERS models)
 
 
+def test_a_new_leader_takes_the_models_changed_while_no_one_led_first():
+    """A takeover pass queues the models whose spec is ahead of their status (a change made while no replica
+    led, or a model never reconciled) before the converged ones, each part in name order."""
+
+    def model(name: str, generation: int, observed: int | None, ns: str = "default") -> dict:
+        status = {} if observed is None else {"status": {"observedGeneration": observed}}
+        return {"metadata": {"namespace": ns, "name": name, "generation": generation}, **status}
+
+    models = [
+        model("a-converged", 3, 3),
+        model("b-changed", 4, 3),
+        model("c-new", 1, None),
+        model("d-converged", 1, 1),
+        model("a-changed", 2, 1, ns="other"),
+    ]
+    assert triggers.takeover_order(models) == [
+        ("default", "b-changed"),
+        ("default", "c-new"),
+        ("other", "a-changed"),
+        ("default", "a-converged"),
+        ("default", "d-converged"),
+    ]
+
+
 # ---- failing passes: back-off, one timer per reason, each refusal said once ---------------------------
 
 KEY = ("ns", "m")
