@@ -126,12 +126,22 @@ def resource_version(obj: dict[str, Any]) -> str:
 
 
 def _snapshot(kind: str, body: Any) -> dict[str, Any]:
-    """What kopf delivered as a plain dict, with its kind (list items carry it too: kopf adds it). Not a deep
-    copy: kopf parses each event's object afresh and changes none afterwards (no daemons, no patches here),
-    and every read hands out a deep copy (`get`, `list`, `models`)."""
-    obj = dict(body)
+    """What kopf delivered as a plain dict, with its kind (list items carry it too: kopf adds it), as kept.
+    Not a deep copy: kopf parses each event's object afresh and changes none afterwards (no daemons, no
+    patches here), and every read hands out a deep copy (`get`, `list`, `models`)."""
+    obj = kept(dict(body))
     obj.setdefault("kind", kind)
     return obj
+
+
+def kept(obj: dict[str, Any]) -> dict[str, Any]:
+    """An object as the operator keeps it: without `metadata.managedFields`, which no reconcile reads and
+    which on a real cluster is often a third of an object (controller-runtime's caches strip it alike,
+    cache.TransformStripManagedFields). A shallow copy where it changes; the object itself otherwise."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 class Observed:
@@ -288,7 +298,7 @@ class Observed:
         key = (kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         if resource_version(obj) in self._delivered.get(key, ()):
             return
-        self._written[key] = obj
+        self._written[key] = kept(obj)
         self._gone.discard(key)
 
     def forget(self, obj: dict[str, Any]) -> None:

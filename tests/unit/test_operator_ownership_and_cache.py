@@ -234,3 +234,23 @@ def test_after_a_relist_every_kind_is_listed_live_and_what_it_lacks_is_forgotten
         await observed.stop()
 
     asyncio.run(scenario())
+
+
+def test_objects_are_kept_without_their_managed_fields():
+    """kopf's index handler and the operator's own writes keep an object without metadata.managedFields (no
+    reconcile reads them; on a real cluster they are a large part of every object), the rest as delivered;
+    the delivered object itself is left as it was."""
+    managed = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    delivered = _service("1")
+    delivered["metadata"]["managedFields"] = managed
+    indexed = asyncio.run(Observed._index(body=delivered, param="Service"))
+    assert indexed and all("managedFields" not in obj["metadata"] for obj in indexed.values())
+    assert all(obj["metadata"]["labels"] == {"neuronfleet.dev/model": "m"} for obj in indexed.values())
+    assert delivered["metadata"]["managedFields"] == managed
+    observed = Observed(None)
+    Kopf(observed)
+    written = _service("2")
+    written["metadata"]["managedFields"] = managed
+    observed.stored(written)
+    read = _read(observed)
+    assert read["metadata"]["resourceVersion"] == "2" and "managedFields" not in read["metadata"]
