@@ -1,8 +1,9 @@
-"""What the benchmarks say of the machine they ran on (imported as a neighbour: the script's folder is on
-sys.path when it runs)."""
+"""What the benchmarks say of the machine they ran on, and read of its processes (imported as a neighbour:
+the script's folder is on sys.path when it runs; tests/support.py loads it too)."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -13,3 +14,13 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process used so far (user + system: /proc/PID/stat's utime and stime); 0 where there is no
+    /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -25,16 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # (bench/: not on sys.path under -P)
 import chaos  # bench/chaos.py
-from machine import cpu_name  # bench/machine.py
+from machine import cpu_name, cpu_seconds  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process (/proc/PID/stat: utime, stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def quiet_after(pid: int, limit: float = 120) -> float:

@@ -131,13 +131,7 @@ async def wait_until_async(predicate: Callable[[], Any], what: str, *, ceiling: 
     return value
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time a process used so far (user + system), from /proc; 0 where there is no /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+cpu_seconds = bench_module("machine").cpu_seconds  # CPU time a process used so far (bench/machine.py)
 
 
 def tail(path: Path, chars: int = 4000) -> str:
