@@ -254,3 +254,30 @@ def test_objects_are_kept_without_their_managed_fields():
     observed.stored(written)
     read = _read(observed)
     assert read["metadata"]["resourceVersion"] == "2" and "managedFields" not in read["metadata"]
+
+
+def test_objects_are_kept_without_kubectls_copy_and_share_their_strings():
+    """kubectl's last-applied annotation (a second copy of the spec) is not kept, the other annotations are;
+    two objects parsed apart share the keys and values they have in common once kept (a model's uid in each
+    child's ownerReferences), and a kept object equals the delivered one less what is dropped."""
+    import json
+
+    owner = {"apiVersion": "neuronfleet.dev/v1alpha1", "kind": "NeuronModel", "name": "m", "uid": "u-1234"}
+
+    def child(name: str) -> dict:
+        obj = _service("1", name=name)
+        obj["metadata"]["ownerReferences"] = [owner]
+        obj["metadata"]["annotations"] = {
+            "kubectl.kubernetes.io/last-applied-configuration": json.dumps(obj),
+            "neuronfleet.dev/spec-hash": "abc",
+        }
+        return json.loads(json.dumps(obj))  # parsed apart, as two watch events are
+
+    first, second = (watching.kept(child(name)) for name in ("a", "b"))
+    assert first["metadata"]["annotations"] == {"neuronfleet.dev/spec-hash": "abc"}
+    expected = child("a")
+    del expected["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+    assert first == expected
+    ((key_a, uid_a),) = ((k, v) for k, v in first["metadata"]["ownerReferences"][0].items() if k == "uid")
+    ((key_b, uid_b),) = ((k, v) for k, v in second["metadata"]["ownerReferences"][0].items() if k == "uid")
+    assert uid_a is uid_b and key_a is key_b
