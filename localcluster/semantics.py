@@ -64,6 +64,7 @@ BUILTIN = [
     Resource("batch", "v1", "jobs", "Job", True, ("status",), categories=ALL),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("status",), ("pdb",)),
     Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, (), ("netpol",)),
+    Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),  # DRA
     Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource("events.k8s.io", "v1", "events", "Event", True, (), ("ev",)),

@@ -9,7 +9,8 @@ Deployment `NAME-unified`, rolled in place, or a version-isolated disaggregated 
 router Deployments and the prefill and decode headless Services, all named `NAME-<role>-<revision>`, the
 router naming only its own set's Services), PodDisruptionBudgets, and the public Service, whose selector
 (`neuronfleet.dev/set`) names the set it serves; with autoscaling by provider hpa or keda, the
-HorizontalPodAutoscaler or KEDA ScaledObject on the model's scale subresource (`scaling`). Every object
+HorizontalPodAutoscaler or KEDA ScaledObject on the model's scale subresource (`scaling`); with DRA
+(`devices`), each Neuron pod kind's ResourceClaimTemplate before its pods. Every object
 carries `app.kubernetes.io/*` labels,
 neuronfleet's own (`neuronfleet.dev/model`, `role`, `compile-hash`, `set`) and, when the owner's uid is
 known, an ownerReference to the NeuronModel (`neuronfleet render` knows none and writes none).
@@ -38,7 +39,18 @@ from neuronfleet.contract import (
     CompileModel,
 )
 
-from . import engines, front_door, gateway, names, network_policy, parallelism, pod_parts, scaling, topology
+from . import (
+    devices,
+    engines,
+    front_door,
+    gateway,
+    names,
+    network_policy,
+    parallelism,
+    pod_parts,
+    scaling,
+    topology,
+)
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
@@ -228,6 +240,18 @@ def compile_job_name(owner: Owner, chash: str) -> str:
     return names.compile_job(owner.name, chash)
 
 
+def build_claim_template(owner: Owner, spec: NeuronModelSpec, role: str) -> dict[str, Any] | None:
+    """The DRA ResourceClaimTemplate the pods of `role` (or `compile`) name (`devices.claim_template`: named
+    by its content, shared by every set that asks the same), or None (the device plugin, or no devices)."""
+    return devices.claim_template(spec, role, metadata(owner, owner.name, role))
+
+
+def build_compile_claim_template(owner: Owner, spec: NeuronModelSpec, chash: str) -> dict[str, Any] | None:
+    """The compile pod's ResourceClaimTemplate, where its engine compiles on Neuron devices with DRA."""
+    needs_neuron = engines.compile_container(spec, chash).needs_neuron
+    return build_claim_template(owner, spec, "compile") if needs_neuron else None
+
+
 def build_compile_job(
     owner: Owner, spec: NeuronModelSpec, chash: str, attempt: str = "", source_retries: int = 0
 ) -> dict[str, Any]:
@@ -265,8 +289,8 @@ def build_compile_job(
         pod_spec["serviceAccountName"] = spec.compile.serviceAccountName
     tolerations = list(spec.compile.tolerations)
     if container.needs_neuron:  # on a node of the serving instance type, as a serving pod is placed
-        cores = parallelism.compile_cores(spec)
-        pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), tolerations, cores)
+        cores, claim = parallelism.compile_cores(spec), build_claim_template(owner, spec, "compile")
+        pod_parts.place_on_neuron(spec, pod_spec, dict(spec.compile.nodeSelector), tolerations, cores, claim)
     else:
         # an engine's image compiling on CPU: any linux/amd64 node (the images are built for it) the spec's
         # compile.nodeSelector admits; our own compile: where compile.nodeSelector says
@@ -451,10 +475,13 @@ def build_deployment(
     if container.init_process:  # the pause container is PID 1 and reaps orphaned workers (docker's --init)
         pod_spec["shareProcessNamespace"] = True
     sched = spec.scheduling
+    claim = build_claim_template(owner, spec, role)  # DRA (devices): Neuron devices, EFA interfaces
     if neuron:
-        cores = parallelism.role_cores(spec, role)
-        pod_parts.place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), list(sched.tolerations), cores)
+        cores, tolerations = parallelism.role_cores(spec, role), list(sched.tolerations)
+        pod_parts.place_on_neuron(spec, pod_spec, dict(sched.nodeSelector), tolerations, cores, claim)
     else:
+        if claims := devices.pod_claims(claim):  # EFA interfaces only (the embedded engine on cpu)
+            pod_spec["resourceClaims"] = claims
         if sched.nodeSelector:
             pod_spec["nodeSelector"] = dict(sched.nodeSelector)
         if sched.tolerations:
@@ -608,6 +635,7 @@ def build_serving(
     public Service, selecting `public` (default: this set)."""
     objects: list[dict[str, Any] | None] = [*build_peer_services(owner, spec, chash)]
     for role, replicas in serving_roles(spec).items():
+        objects.append(build_claim_template(owner, spec, role))  # DRA: before the pods that name it
         objects.append(build_deployment(owner, spec, role, replicas, chash, wake_base))
         objects.append(build_pdb(owner, spec, role, replicas, chash))
     target = public or public_selector(owner, spec, chash)
@@ -653,6 +681,7 @@ def build_all(
     if serving.serving.networkPolicy:  # before the pods it fences
         objects.extend(build_network_policies(owner, serving, peers or network_policy.Peers(), public))
     if compile_job:
+        objects.append(build_compile_claim_template(owner, spec, chash))  # DRA: before the pod that names it
         objects.append(build_compile_job(owner, spec, chash, attempt, source_retries))
     if serving_hash is not None:
         objects.extend(build_serving(owner, serving, serving_hash, public, wake_base))

@@ -54,6 +54,9 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "jobs"): ("get", "list", "watch", "create", "delete"),
     ("policy", "poddisruptionbudgets"): ("get", "list", "watch", "create", "patch", "delete"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create", "patch", "delete"),
+    # neuron.deviceAllocation dra (devices.py): each Neuron pod kind's claim template, named by its content
+    # (a template's spec cannot change), deleted once no pod kind names it (rollout.stale)
+    ("resource.k8s.io", "resourceclaimtemplates"): ("get", "list", "watch", "create", "patch", "delete"),
     ("", "events"): ("create",),
     # the compile pod's termination message (the artifacts' manifest); why serving pods are not ready
     ("", "pods"): ("list", "watch"),
@@ -101,6 +104,7 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "Secret": ("", "v1", "secrets"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
     "Event": ("", "v1", "events"),
     "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),

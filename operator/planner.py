@@ -83,6 +83,7 @@ class Observed:
     pdbs: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     network_policies: list[dict[str, Any]] = field(default_factory=list)  # the model's (by its label)
+    claim_templates: list[dict[str, Any]] = field(default_factory=list)  # DRA's (by the model's label)
     others: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # gateway or autoscaler, by kind
 
 
@@ -380,6 +381,7 @@ def stale_deletions(
     found += [{**o, "kind": "Service"} for o in observed.services]
     found += [{**o, "kind": "PodDisruptionBudget"} for o in observed.pdbs]
     found += [{**o, "kind": "NetworkPolicy"} for o in observed.network_policies]
+    found += [{**o, "kind": "ResourceClaimTemplate"} for o in observed.claim_templates]
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     stale = rollout.stale(found, keep, owner.uid or "")
     delete, drain_until = rollout.retire(stale, found, drain_until, at)

@@ -3,7 +3,8 @@ source probe): its security (`pod_security`, `security`: the one place it is dec
 environment (the Hub token only from the model's Secret, only where it is used; our images' writable places),
 its volumes (the model's own folder of the compile cache, the compile config, a pvc:// model, the engine's
 writable places), its resources (`host_resources` fills what the spec leaves out) and, on Neuron, its
-placement (instance type, the Neuron taint, a scheduler only where one is named); a compile pod's
+placement (instance type, the Neuron taint, a scheduler only where one is named) and devices (`devices`: the
+device plugins' extended resources or a DRA claim); a compile pod's
 initContainer that downloads an s3:// model. Pure, but for the operator's settings read once from its
 environment (the chart's values)."""
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from neuronfleet.contract import CACHE_MOUNT, CONFIG_MOUNT, HF_TOKEN_ENVS, MODEL_MOUNT, model_cache_folder
 
-from . import engines, host_resources, parallelism
+from . import devices, engines, host_resources
 from .engines.common import Container
 from .spec import NeuronModelSpec
 
@@ -159,28 +160,36 @@ def volumes(
 
 def compile_resources(spec: NeuronModelSpec, container: Container) -> dict[str, Any]:
     """The compile container's resources: the spec's, the derived CPU and memory requests for what it leaves
-    out (`host_resources`), plus the Neuron cores of its largest tensor parallelism when the engine's
-    compile runs the model on devices."""
+    out (`host_resources`), plus the Neuron cores (or the DRA claim) of its largest tensor parallelism when
+    the engine's compile runs the model on devices."""
     derived = host_resources.compile_job(spec, container.needs_neuron, container.loads_model)
     out = host_resources.with_defaults(spec.compile.resources.model_dump(), derived)
-    if container.needs_neuron:
-        cores = str(parallelism.compile_cores(spec))
-        for kind in ("requests", "limits"):  # extended resources: requests equal limits
-            out.setdefault(kind, {})["aws.amazon.com/neuroncore"] = cores
+    if container.needs_neuron:  # the device plugin's cores, or (DRA) the claim of the pod's template
+        if extended := devices.extended_resources(spec, "compile"):
+            for kind in ("requests", "limits"):  # extended resources: requests equal limits
+                out.setdefault(kind, {}).update(extended)
+        out.update(devices.container_claims(spec, "compile"))
     return out
 
 
 def place_on_neuron(
     spec: NeuronModelSpec, pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list,
-    cores: int,
+    cores: int, claim_template: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
-    """Puts a pod that uses `cores` Neuron cores on a node of the spec's instance type: its label and the
-    Neuron taint tolerated; its scheduler is the spec's, else, for more than one core (contiguous cores, which
-    the Neuron scheduler extension places), the operator's NEURON_SCHEDULER when the cluster runs one."""
+    """Puts a pod that uses `cores` Neuron cores on a node of the spec's instance type: its label (and, with
+    the device plugin, the chart's LNC label for a non-default LNC: `devices.node_selector`) and the Neuron
+    taint tolerated; with DRA, its `claim_template` in spec.resourceClaims (`devices.pod_claims`). Its
+    scheduler is the spec's, else, with the device plugin for more than one core (contiguous cores, which the
+    Neuron scheduler extension places), the operator's NEURON_SCHEDULER when the cluster runs one; DRA places
+    connected devices without it."""
     node_selector["node.kubernetes.io/instance-type"] = spec.neuron.instanceType
+    node_selector.update(devices.node_selector(spec))
     pod_spec["nodeSelector"] = node_selector
     pod_spec["tolerations"] = [dict(NEURON_TAINT), *tolerations]
-    scheduler = spec.scheduling.schedulerName or (NEURON_SCHEDULER if cores > 1 else "")
+    if claims := devices.pod_claims(claim_template):
+        pod_spec["resourceClaims"] = claims
+    extension = NEURON_SCHEDULER if cores > 1 and devices.uses_scheduler_extension(spec) else ""
+    scheduler = spec.scheduling.schedulerName or extension
     if scheduler:
         pod_spec["schedulerName"] = scheduler
 
@@ -195,14 +204,10 @@ def serving_resources(spec: NeuronModelSpec, role: str) -> dict[str, Any]:
     )
     out = host_resources.with_defaults(given, host_resources.serving(spec, role))
     requests, limits = out.setdefault("requests", {}), out.setdefault("limits", {})
-    cores = parallelism.role_cores(spec, role)
-    extended: dict[str, str] = {}
-    if cores:
-        extended["aws.amazon.com/neuroncore"] = str(cores)
-    if role in ("prefill", "decode") and s.kvTransfer.over_efa and s.kvTransfer.efaInterfaces:
-        extended["vpc.amazonaws.com/efa"] = str(s.kvTransfer.efaInterfaces)
+    extended = devices.extended_resources(spec, role)  # the device plugins' Neuron cores and EFA interfaces
     requests.update(extended)  # extended resources: requests equal limits
     limits.update(extended)
+    out.update(devices.container_claims(spec, role))  # or DRA's claim
     return {k: v for k, v in out.items() if v}
 
 

@@ -200,6 +200,7 @@ async def observe(kube: Kube, body: dict[str, Any], parsed: planner.Parsed) -> O
         pdbs=await kube.list("PodDisruptionBudget", ns, label),
         jobs=await kube.list("Job", ns, label),
         network_policies=await kube.list("NetworkPolicy", ns, label),
+        claim_templates=await kube.list("ResourceClaimTemplate", ns, label),
     )
     if parsed.valid and parsed.chash is not None:
         job_name = builders.compile_job_name(owner, parsed.chash)

@@ -53,20 +53,7 @@ SHORT_NAMES = ["nm"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
 Engine = Literal["embedded", "vllm", "tgi", "sglang"]
-InstanceType = Literal[
-    "cpu",
-    "inf2.xlarge",
-    "inf2.8xlarge",
-    "inf2.24xlarge",
-    "inf2.48xlarge",
-    "trn1.2xlarge",
-    "trn1.32xlarge",
-    "trn1n.32xlarge",
-    "trn2.48xlarge",
-    "trn2u.48xlarge",
-    "trn3.48xlarge",
-    "trn3p.48xlarge",
-]
+InstanceType = Literal[("cpu", *topology.INSTANCES)]  # the instance table's types (topology.py), and cpu
 DType = Literal["auto", "bfloat16", "float16", "float32"]
 AUTO_ON_NEURON = "bfloat16"  # what dtype auto is on a Neuron instance type (every engine's dtype there)
 SOURCE = r"^(hf://[^/\s]+/[^/\s]+|s3://[^/\s]+/\S*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S*|file:///\S*)$"
@@ -324,7 +311,16 @@ class NeuronSettings(Spec):
     logicalCores: Literal[1, 2] | None = Field(
         None,
         description="Logical NeuronCore configuration (LNC) on Trn2 and Trn3: 2 (default there) or 1; "
-        "refused on other instance types.",
+        "refused on other instance types. LNC is a node setting with the Neuron device plugin: a value other "
+        "than the default needs nodes that run it, found by the chart's neuron.lncNodeLabel (refused "
+        "otherwise); with deviceAllocation dra the pods' claims set it.",
+    )
+    deviceAllocation: Literal["devicePlugin", "dra"] | None = Field(
+        None,
+        description="How the pods get their Neuron devices and EFA interfaces: devicePlugin (the extended "
+        "resources aws.amazon.com/neuroncore and vpc.amazonaws.com/efa) or dra (ResourceClaimTemplates for "
+        "the Neuron DRA driver's DeviceClass neuron.aws.com and the EFA DRA driver's efa.networking.k8s.aws; "
+        "Kubernetes 1.34+). Default: the chart's neuron.deviceAllocation (devicePlugin unless it says dra).",
     )
     buckets: Buckets = section(Buckets, "Length buckets compiled for prefill and decode.")
     quantization: Literal["none", "int8", "int4", "fp8"] = Field(
@@ -482,6 +478,21 @@ class CompileCache(Spec):
     )
 
 
+# compile.activeDeadlineSeconds' default before it was derived: objects stored then carry it (engines.limits
+# takes it as the default where an engine runs no compile Job)
+FORMER_COMPILE_DEADLINE = 14400
+
+
+@validated_rules(
+    Rule(
+        "!has(self.timeoutSeconds) || !has(self.activeDeadlineSeconds) || "
+        "self.activeDeadlineSeconds >= self.timeoutSeconds",
+        "compile.activeDeadlineSeconds must be at least compile.timeoutSeconds (the Job's deadline holds every "
+        "graph's compile): raise compile.activeDeadlineSeconds, or leave it out (derived)",
+        lambda s: s.timeoutSeconds is None or s.activeDeadlineSeconds is None
+        or s.activeDeadlineSeconds >= s.timeoutSeconds,
+    )
+)
 class Compile(Spec):
     cache: CompileCache = section(CompileCache, "The shared volume that holds compiled artifacts.")
     resources: Resources = section(
@@ -513,8 +524,22 @@ class Compile(Spec):
         max_length=1024,
     )
     backoffLimit: int = Field(2, description="Retries of a failed compile.", ge=0, le=10)
-    activeDeadlineSeconds: int = Field(
-        14400, description="A compile running longer than this fails.", ge=60, le=604800
+    activeDeadlineSeconds: int | None = Field(
+        None,
+        description="A compile Job running longer than this fails (its activeDeadlineSeconds). Default: "
+        "derived from the model's size, the compile passes and compile.timeoutSeconds, at least "
+        f"{FORMER_COMPILE_DEADLINE} (docs/operator.md, Timeouts).",
+        ge=60,
+        le=604800,
+    )
+    timeoutSeconds: int | None = Field(
+        None,
+        description="The longest one compiled graph may take: the engine's own compile timeouts where it has "
+        "them (engine vllm on Trn2/Trn3: VLLM_NEURON_COMPILATION_TIMEOUT and the others docs/engine-vllm.md "
+        "names), and what the compile Job's deadline is derived from. Default: derived from the model's size "
+        "(docs/operator.md, Timeouts).",
+        ge=60,
+        le=86400,
     )
     serviceAccountName: str | None = Field(
         None,
@@ -695,6 +720,15 @@ class Serving(Spec):
     kvTransfer: KVTransfer = section(KVTransfer, "How KV caches travel from prefill to decode pods.")
     port: int = Field(
         SERVE_PORT, description="HTTP port of the serving pods and the Service.", ge=1, le=65535
+    )
+    startTimeoutSeconds: int | None = Field(
+        None,
+        description="The longest a serving pod (unified, prefill, decode) may take to start: the engine's own "
+        "start timeout where it has one (engine vllm on Trn2/Trn3: VLLM_ENGINE_READY_TIMEOUT_S) and the "
+        "startup probe's budget. Default: derived from the model's size and the engine (docs/operator.md, "
+        "Timeouts).",
+        ge=60,
+        le=86400,
     )
     networkPolicy: bool = Field(
         True,

@@ -11,11 +11,12 @@ families it exports, the settings it has no flag for, its prompt limit and KV tr
 signals its pods export, the compile Job's settings where it runs none, the largest bucket where it bounds
 them). What stays here needs more than the object, or more than CEL can read: neuron.overrides against the
 engine (a free-form tree, `engines.limits.override_refusals`), an image named for an engine whose pods run
-privileged (the operator's setting), the model's own length limit (read from the Hugging Face Hub), and a fit
-estimate: weights in the dtype plus the KV cache for batch x sequence length x layers, per core, against a
-core's memory (from the table of well-known models). A refusal says what is wrong and what would fit; an
-unknown model's fit is reported as not checked, never guessed. `parse` words the schema's refusals, each
-naming its field."""
+privileged (the operator's setting), the model's own length limit (read from the Hugging Face Hub), a pod's
+CPU or memory request (the spec's or derived) beyond what a node of its instance type can give it
+(`host_resources.allocatable_refusals`, against `topology.pod_allocatable`), and a fit estimate: weights in
+the dtype plus the KV cache for batch x sequence length x layers, per core, against a core's memory (from the
+table of well-known models). A refusal says what is wrong and what would fit; an unknown model's fit is
+reported as not checked, never guessed. `parse` words the schema's refusals, each naming its field."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from neuronfleet.contract import length_refusal
 
-from . import engines, names, topology
+from . import devices, engines, host_resources, names, topology
 from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
 from .parallelism import role_tensor_parallel as role_tensor_parallel
 from .parallelism import tensor_parallel_degrees
@@ -67,10 +68,7 @@ def gib(n: float) -> str:
 
 
 def model_shape(spec: NeuronModelSpec) -> topology.ModelShape | None:
-    s = spec.model.shape
-    if s is not None:
-        return topology.ModelShape(s.parameters, s.layers, s.kvHeads, s.headDim)
-    return topology.known_model(spec.model.uri)
+    return topology.model_shape(spec.model.uri, spec.model.shape)
 
 
 def estimate_fit(spec: NeuronModelSpec, tensor_parallel: int | None = None, batch: int | None = None) -> Fit:
@@ -232,6 +230,9 @@ def validate(
     r.errors += broken_rules(spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron})  # (the CRD's, at apply)
     r.errors += engines.unsupported(spec)  # the engine's limits (the CRD's too, but overrides): never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
+    r.errors += devices.refusals(spec)  # a logical-core setting no node is found for (the chart's settings)
+    if not r.errors:  # a pod's CPU or memory request more than its node can give (once the shape is valid)
+        r.errors += host_resources.allocatable_refusals(spec)
     if limit is not None and n.sequenceLength > limit.length:
         r.errors.append(length_refusal(n.sequenceLength, limit.length, limit.where))
     for tp in tensor_parallel_degrees(spec):  # a role's own tensor parallelism must fit too

@@ -55,6 +55,7 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),  # DRA (devices.py)
 }
 CHILD_KINDS = tuple(kind for kind in WATCHED if kind != spec.KIND)
 # kopf's own calls beyond RBAC_RULES, in cluster mode only (a ClusterRole): it watches the

@@ -48,9 +48,9 @@ VARIANTS = {
         {"neuron": {"buckets": {"context": [1024, 8192], "generation": [4096, 8192]}, "expertParallel": 8,
                     "kvCacheDtype": "fp8", "overrides": {"num_seqs_buckets": [1, 4, 16]}}},
     ),
-    "trn2 LNC 1, pvc model": (
+    "trn2 LNC 1 (in the DRA claim), pvc model": (
         TRN2,
-        {"neuron": {"logicalCores": 1, "tensorParallel": 64},
+        {"neuron": {"logicalCores": 1, "tensorParallel": 64, "deviceAllocation": "dra"},
          "model": {"uri": "pvc://models/llama-3.3-70b", "secretRef": None}},
     ),
     "trn3": (TRN2, {"neuron": {"instanceType": "trn3.48xlarge"}}),
@@ -484,4 +484,5 @@ def test_every_variant_renders_objects_that_validate_strictly(label, obj):
     _, objects = rendered(obj)
     for o in objects:
         for version in ("1.31.0", "1.37.0"):  # the oldest and newest this project supports
-            kubernetes_validate.validate(o, version, strict=True)
+            dra = o["apiVersion"] == "resource.k8s.io/v1"  # DRA's claim templates: Kubernetes 1.34+ only
+            kubernetes_validate.validate(o, max(version, "1.34.0") if dra else version, strict=True)
