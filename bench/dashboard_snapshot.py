@@ -10,7 +10,8 @@ metrics port (honor_labels, as the chart's ServiceMonitor). It then `kubectl app
 sample (crds/samples/smollm2-135m-local-cpu-disaggregated.yaml: prefill, decode and router pods), waits until
 it is Ready, and drives streamed chat requests at its endpoint: idle, --clients clients back to back (every
 other request repeats a question already asked, for the prefix cache), idle again. Then it evaluates every
-panel's queries of charts/neuronfleet/dashboards/neuronfleet.json over the whole run through Prometheus'
+panel's queries (but the Neuron hardware row's: local mode runs no Neuron exporter) of
+charts/neuronfleet/dashboards/neuronfleet.json over the whole run through Prometheus'
 HTTP API (/api/v1/query_range; $namespace and $model set to the sample's, $__rate_interval to 4 scrape
 intervals as Grafana sets it, $__range to the run's length) and draws them as a grid of panels, in the
 dashboard's order, titles and legends, into bench/results/dashboard.png (and the raw series into
@@ -47,6 +48,7 @@ from prompts import QUESTIONS
 SAMPLE = ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml"
 MODEL, NAMESPACE = "smollm2-pd", "default"
 DASHBOARD = ROOT / "charts" / "neuronfleet" / "dashboards" / "neuronfleet.json"
+NEURON_ROW = "Neuron hardware"  # its panels read the Neuron exporter, which local mode does not run
 
 
 # ---- Prometheus -----------------------------------------------------------------------------------------
@@ -314,6 +316,8 @@ def run(args, local: LocalMode, work: Path) -> dict:
         for panel in dashboard["panels"]:
             if panel["type"] == "row":
                 row = panel["title"]
+                continue
+            if row == NEURON_ROW:  # the Neuron exporter's metrics: local mode runs no Neuron hardware
                 continue
             series = []
             for target in panel["targets"]:

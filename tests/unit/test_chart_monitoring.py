@@ -5,7 +5,10 @@ charts/neuronfleet/dashboards/neuronfleet.json as it is) and the model pods' Pod
 present only when enabled; the ConfigMap is valid Kubernetes (kubernetes-validate, strict), the PodMonitor and
 the operator's ServiceMonitor are valid against the Prometheus Operator's CRDs of a pinned release
 (tests/data/prometheus-operator/; unknown fields refused as a strict API server refuses them); the dashboard
-has a datasource variable, namespace and model variables, and every query is PromQL naming a metric."""
+has a datasource variable, namespace and model variables, and every query is PromQL naming a metric. The
+Neuron exporter's PodMonitor (off by default) selects the exporter where the Neuron SDK's DaemonSet runs it,
+and every metric and label the dashboard's Neuron hardware panels query is in the exporter's record
+(tests/data/neuron-monitor-sdk2.32.0-metrics.json), the labels they join on made by the two PodMonitors."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ CHART = ROOT / "charts" / "neuronfleet"
 # Prometheus Operator v0.93.0's CRDs, as published (the source URL is in tests/data/README.md)
 CRDS = ROOT / "tests" / "data" / "prometheus-operator"
 KUBERNETES_VERSIONS = ["1.31.0", "1.37.0"]  # Chart.yaml's kubeVersion range, oldest and newest
+NEURON_MONITOR = json.loads((ROOT / "tests" / "data" / "neuron-monitor-sdk2.32.0-metrics.json").read_text())
 
 
 def render(values: dict, namespace: str = "monitoring") -> list[dict]:
@@ -94,6 +98,9 @@ def test_the_pod_monitor_is_off_by_default_and_valid_against_the_prometheus_oper
     assert {"sourceLabels": ["__meta_kubernetes_pod_label_neuronfleet_dev_role"], "targetLabel": "role"} in (
         endpoint["relabelings"]
     )
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint[
+        "relabelings"
+    ]
     namespaced = {"podMonitor": {"enabled": True}, "watch": {"mode": "namespaces", "namespaces": ["a", "b"]}}
     (monitor,) = kinds(render(namespaced), "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]} and crd_problems(monitor) == []
@@ -125,6 +132,11 @@ def test_the_operator_service_monitor_keeps_its_series_namespace_label():
         ({"dashboards": {"enable": True}}, "enable"),
         ({"podMonitor": {"interval": "soon"}}, "interval"),
         ({"podMonitor": {"enabled": "yes"}}, "enabled"),
+        ({"neuronMonitor": {"port": "8000"}}, "port"),
+        ({"neuronMonitor": {"port": 0}}, "port"),
+        ({"neuronMonitor": {"matchLabels": {"app": "not a value"}}}, "matchLabels"),
+        ({"neuronMonitor": {"namespace": "Neuron"}}, "namespace"),
+        ({"neuronMonitor": {"selector": {"app": "x"}}}, "selector"),
     ],
 )
 def test_monitoring_values_that_break_the_schema_are_refused(values, complaint):
@@ -150,14 +162,158 @@ def test_the_dashboard_has_its_variables_and_every_query_is_promql_naming_a_metr
     for where, expr in dashboard_queries.queries(dashboard):
         named[where] = dashboard_queries.metric_names(expr)  # raises on a query that is not PromQL
         assert named[where], f"{where} names no metric: {expr}"
-    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Models", "Operator"]
-    first_operator = next(i for i, p in enumerate(dashboard["panels"]) if p["title"] == "Operator")
-    model_panels = dashboard["panels"][1:first_operator]
-    assert len(model_panels) >= 10
+    rows = dashboard_queries.rows(dashboard)
+    assert list(rows) == ["Models", dashboard_queries.NEURON_ROW, "Operator"]
+    model_panels = rows["Models"] + rows[dashboard_queries.NEURON_ROW]
+    assert len(rows["Models"]) >= 10
     for panel in model_panels:  # each model panel honours the namespace and model variables
         for target in panel["targets"]:
             assert 'namespace=~"$namespace"' in target["expr"], target["expr"]
             assert re.search(r'model(_name)?=~"\$model"', target["expr"]), target["expr"]
     with pytest.raises(ValueError, match="unclosed"):
         dashboard_queries.metric_names("sum(rate(x[5m])")
+
+
+def test_the_neuron_monitor_pod_monitor_is_off_by_default_and_selects_the_sdk_daemonset_when_on():
+    assert not kinds(render({}), "PodMonitor")
+    objects = render({"neuronMonitor": {"enabled": True, "labels": {"release": "prom"}}})
+    (monitor,) = kinds(objects, "PodMonitor")
+    assert crd_problems(monitor) == []
+    assert monitor["metadata"]["name"].endswith("-neuron-monitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    daemonset = NEURON_MONITOR["deployment"]["sdk_daemonset"]  # what the defaults select
+    assert monitor["spec"]["selector"] == {"matchLabels": daemonset["matchLabels"]}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [daemonset["namespace"]]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["portNumber"], endpoint["path"]) == (daemonset["port"], daemonset["path"])
+    assert endpoint["interval"] == "30s"
+    assert "port" not in endpoint  # the SDK's DaemonSet names no port
+    # an exporter run elsewhere: its namespace, its labels, a named port
+    elsewhere = {
+        "enabled": True,
+        "namespace": "kube-system",
+        "matchLabels": {"app.kubernetes.io/name": "neuron-helm-chart-exporter"},
+        "port": "neuron-monitor",
+    }
+    (monitor,) = kinds(render({"neuronMonitor": elsewhere}), "PodMonitor")
+    assert crd_problems(monitor) == []
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kube-system"]}
+    assert monitor["spec"]["selector"] == {"matchLabels": elsewhere["matchLabels"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "neuron-monitor" and "portNumber" not in endpoint
+    both = render({"neuronMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    assert len(kinds(both, "PodMonitor")) == 2
+
+
+def relabel(labels: dict[str, str], rules: list[dict]) -> dict[str, str]:
+    """Prometheus' `replace` relabeling (its default action), as the Prometheus Operator passes a monitor's
+    relabelings on: the source labels' values joined by `;`, the regex anchored at both ends, the target label
+    set to the replacement with its $N groups (default $1) where the regex matches, removed where that is
+    empty; nothing where it does not match."""
+    out = dict(labels)
+    for rule in rules:
+        assert rule.get("action", "replace") == "replace", rule
+        value = ";".join(out.get(name, "") for name in rule["sourceLabels"])
+        if match := re.fullmatch(rule.get("regex", "(.*)"), value):
+            result = re.sub(r"\$(\d+)", lambda g: match.group(int(g.group(1))), rule.get("replacement", "$1"))
+            if result:
+                out[rule["targetLabel"]] = result
+            else:
+                out.pop(rule["targetLabel"], None)
+    return out
+
+
+def scraped(sample: dict[str, str], target: dict[str, str]) -> dict[str, str]:
+    """A scraped sample's labels with its target's attached, honorLabels off: a sample label the target also
+    has is kept as exported_<name> (Prometheus' scrape_config honor_labels)."""
+    out = {(f"exported_{k}" if k in target else k): v for k, v in sample.items()}
+    return {**out, **target}
+
+
+def test_the_labels_the_neuron_panels_join_on_are_made_by_the_two_pod_monitors():
+    objects = render({"neuronMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    monitors = {m["metadata"]["name"].rsplit("-", 1)[-1]: m for m in kinds(objects, "PodMonitor")}
+    (model_endpoint,) = monitors["models"]["spec"]["podMetricsEndpoints"]
+    (neuron_endpoint,) = monitors["monitor"]["spec"]["podMetricsEndpoints"]
+    node_meta = {"__meta_kubernetes_pod_node_name": "ip-10-0-0-7"}
+    # a model pod's target (its `up` series): namespace and pod from the Prometheus Operator, node and model
+    # from our relabelings
+    model_pod = relabel(
+        {
+            **node_meta,
+            "__meta_kubernetes_pod_label_neuronfleet_dev_model": "llama",
+            "__meta_kubernetes_pod_label_neuronfleet_dev_role": "unified",
+        },
+        model_endpoint["relabelings"],
+    )
+    model_pod |= {"namespace": "models", "pod": "llama-unified-0"}
+    assert set(NEURON_MONITOR["model_pod_labels"]) - {"about"} <= set(model_pod)
+    # the exporter pod's target: the exporter's own namespace and pod, and the node it runs on
+    exporter_target = relabel(node_meta, neuron_endpoint["relabelings"])
+    exporter_target |= {"namespace": "neuron-monitor", "pod": "neuron-monitor-x7k2p"}
+    assert exporter_target["node"] == model_pod["node"]  # the join by node
+    # a core the exporter's k8s info names a pod for: pod and namespace become that pod's (the join by pod)
+    core = {
+        "neuroncore": "3",
+        "pod_name": "llama-unified-0",
+        "namespace": "models",
+        "container_name": "engine",
+    }
+    series = relabel(scraped(core, exporter_target), neuron_endpoint["metricRelabelings"])
+    assert (series["namespace"], series["pod"], series["node"]) == (
+        "models",
+        "llama-unified-0",
+        "ip-10-0-0-7",
+    )
+    # without k8s info: the exporter's pod and namespace stay, the node joins
+    series = relabel(scraped({"neuroncore": "3"}, exporter_target), neuron_endpoint["metricRelabelings"])
+    assert (series["namespace"], series["pod"], series["node"]) == (
+        "neuron-monitor",
+        "neuron-monitor-x7k2p",
+        "ip-10-0-0-7",
+    )
+    made = {r["targetLabel"] for r in neuron_endpoint["relabelings"] + neuron_endpoint["metricRelabelings"]}
+    assert set(NEURON_MONITOR["scrape_labels"]) - {"about"} == made
+
+
+def test_every_metric_and_label_the_neuron_panels_query_is_in_the_exporter_record():
+    dashboard = dashboard_queries.load()
+    metrics = NEURON_MONITOR["metrics"]
+    scrape_labels = set(NEURON_MONITOR["scrape_labels"]) - {"about"}
+    model_pod_labels = set(NEURON_MONITOR["model_pod_labels"]) - {"about"}
+    for name, metric in metrics.items():  # each name and label recorded with where it was read
+        assert metric["type"] in {"gauge", "counter"} and metric["sources"], name
+        assert all(metric["labels"].values()), name
+    panels = dashboard_queries.rows(dashboard)[dashboard_queries.NEURON_ROW]
+    assert [p["title"] for p in panels] == [
+        "NeuronCore utilization",
+        "Device memory (HBM) in use",
+        "Neuron errors",
+    ]
+    used: set[str] = set()
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = dashboard_queries.promql(target["expr"])
+            allowed = set()
+            for name, labels in dashboard_queries.selectors(expr):
+                if name == "up":  # the model's pods, as the chart's PodMonitor labels their targets
+                    assert labels == {"namespace", "neuronmodel"}, expr
+                    assert 'namespace=~"$namespace"' in expr and 'neuronmodel=~"$model"' in expr
+                    allowed |= model_pod_labels
+                    continue
+                assert name in metrics, f"{panel['title']}: {name} is not in the exporter's record"
+                known = set(metrics[name]["labels"]) | scrape_labels
+                assert labels <= known, f"{panel['title']}: {name} selects by {sorted(labels - known)}"
+                allowed |= known
+                used.add(name)
+            grouping = dashboard_queries.grouping_labels(expr)
+            assert grouping <= allowed, f"{panel['title']}: groups by {sorted(grouping - allowed)}: {expr}"
+            legend = set(re.findall(r"{{(\w+)}}", target["legendFormat"]))
+            assert legend <= grouping, f"{panel['title']}: legend names {sorted(legend - grouping)}"
+    assert used == set(metrics)  # the record holds what the panels read, no more
+    # each panel joins by pod where the exporter names pods, or by node only
+    for panel in panels:
+        joins = [
+            dashboard_queries.grouping_labels(dashboard_queries.promql(t["expr"])) for t in panel["targets"]
+        ]
+        assert all({"node"} <= j or {"namespace", "pod"} <= j for j in joins), panel["title"]
