@@ -190,7 +190,7 @@ CASES = [
     Case("tgi-on-trn2", TGI, neuron(instanceType="trn2.48xlarge"),
          "engine tgi (TGI 3.3.5's Neuron backend) runs on Inferentia2 and Trainium1 instances"),
     Case("sglang-on-trn2", SGLANG_PD, neuron(instanceType="trn2.48xlarge"),
-         "serves LLMs on Trn3 instances (trn3.48xlarge, trn3p.48xlarge), not trn2.48xlarge"),
+         "serves LLMs on Trn3 instances (trn3.48xlarge), not trn2.48xlarge"),
     Case("vllm-trn1-disaggregated", INF2, both(neuron(instanceType="trn1.32xlarge"), spec(serving=dict(PD))),
          "serving.mode disaggregated: engine vllm on Inf2 and Trn1"),
     Case("quantization-vllm-trn2", TRN2, neuron(quantization="int8"),

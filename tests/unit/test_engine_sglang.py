@@ -226,11 +226,10 @@ def test_prefill_and_decode_get_the_trn3_cores_and_efa_they_ask_for():
 
 def test_trn3_in_the_topology_table():
     """16 Trainium3 chips of 8 NeuronCore-v4 and 144 GiB; LNC 2 by default (4 logical cores a chip) or 1."""
-    for name in ("trn3.48xlarge", "trn3p.48xlarge"):
-        inst = topology.INSTANCES[name]
-        assert (inst.devices, inst.physical_cores_per_device, inst.memory_per_device_gib) == (16, 8, 144)
-        assert inst.lnc_configurable and inst.total_cores(None) == 64 and inst.total_cores(1) == 128
-        assert inst.memory_per_core(None) == 36 * topology.GIB
+    inst = topology.INSTANCES["trn3.48xlarge"]
+    assert (inst.devices, inst.physical_cores_per_device, inst.memory_per_device_gib) == (16, 8, 144)
+    assert inst.lnc_configurable and inst.total_cores(None) == 64 and inst.total_cores(1) == 128
+    assert inst.memory_per_core(None) == 36 * topology.GIB
     obj = load(SAMPLES[0])
     assert validation.neuron_devices(spec_of(obj)) == (2, 8)
     obj["spec"]["neuron"]["logicalCores"] = 1
@@ -247,10 +246,10 @@ def edited(change) -> dict:
     ("obj", "message"),
     [
         (edited(lambda s: s["neuron"].update(instanceType="trn2.48xlarge")),
-         "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge, trn3p.48xlarge), "
-         "not trn2.48xlarge; use one of those, or engine vllm on trn2.48xlarge"),
+         "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge), not "
+         "trn2.48xlarge; use one of those, or engine vllm on trn2.48xlarge"),
         (edited(lambda s: s["neuron"].update(instanceType="inf2.48xlarge")),
-         "serves LLMs on Trn3 instances (trn3.48xlarge, trn3p.48xlarge), not inf2.48xlarge"),
+         "serves LLMs on Trn3 instances (trn3.48xlarge), not inf2.48xlarge"),
         (edited(lambda s: s["serving"]["kvTransfer"].update(transport="tcp")),
          "kvTransfer.transport tcp: SGLang-Neuron moves the KV cache with NIXL over LIBFABRIC (EFA); use "
          "kvTransfer.transport efa"),

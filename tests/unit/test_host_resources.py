@@ -9,7 +9,7 @@ import pytest
 import yaml
 from support import ROOT
 
-from neuronfleet.operator import builders, host_resources, pod_parts, validation
+from neuronfleet.operator import builders, host_resources, pod_parts, topology, validation
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
@@ -57,23 +57,28 @@ def test_every_pod_of_every_sample_requests_cpu_and_memory_within_its_limits(pat
 
 
 def test_a_serving_pod_requests_its_cores_share_of_the_node():
-    """trn2.48xlarge: 192 vCPUs, 2048 GiB; 64 logical cores at LNC 2. A 64-core pod takes the node (less
-    what the node keeps), an 8-core one an eighth."""
+    """trn2.48xlarge: 192 vCPUs, 2048 GiB; 64 logical cores at LNC 2. What a model's pod may request of the
+    node (topology.pod_allocatable): 190930m and 1937178Mi (2048 GiB less 7.5%, 1355 MiB kube-reserved, the
+    100 MiB eviction threshold, 1232 MiB for the DaemonSets). A 64-core pod takes all of it (in MiB: whole
+    GiB would pass it), an 8-core one an eighth (23.9 CPUs, 236.5 GiB)."""
     whole = parsed(sample("llama-3.3-70b-vllm-trn2.yaml"))
-    assert host_resources.serving(whole, "unified") == {"cpu": "172", "memory": "1844Gi"}
+    allocatable = topology.pod_allocatable(topology.INSTANCES["trn2.48xlarge"])
+    assert (allocatable.cpu_millicores, allocatable.memory_bytes >> 20) == (190930, 1937178)
+    assert host_resources.serving(whole, "unified") == {"cpu": "190", "memory": "1937178Mi"}
     eighth = parsed(sample("llama-3.3-70b-vllm-trn2.yaml", tensorParallel=8, batchSize=1, sequenceLength=2048,
                            maxInputLength=2047))  # fmt: skip
-    assert host_resources.serving(eighth, "unified") == {"cpu": "21", "memory": "231Gi"}
+    assert host_resources.serving(eighth, "unified") == {"cpu": "23", "memory": "237Gi"}
 
 
 def test_a_serving_pod_requests_at_least_what_loading_its_model_takes():
-    """Llama 3.1 70B on 8 of trn1.32xlarge's 32 cores: a quarter of 512 GiB is 115 GiB, but the bfloat16
-    weights alone are 131 GiB (the engines read the checkpoint into host memory on its way to the devices)."""
+    """Llama 3.1 70B on 8 of trn1.32xlarge's 32 cores: a quarter of what a pod may request there is 117 GiB,
+    but the bfloat16 weights alone are 131 GiB (the engines read the checkpoint into host memory on its way to
+    the devices)."""
     spec = parsed(sample("llama-3.1-70b-vllm-trn1.yaml", tensorParallel=8, batchSize=1, sequenceLength=1024,
                          maxInputLength=1023, buckets={}))  # fmt: skip
     weights = host_resources.weight_bytes(spec)
     assert weights == 2 * 70_553_706_496
-    share = 512 * GIB * 8 / 32 * (1 - host_resources.NODE_RESERVE)
+    share = topology.pod_allocatable(topology.INSTANCES["trn1.32xlarge"]).memory_bytes * 8 / 32
     memory = quantity(host_resources.serving(spec, "unified")["memory"])
     assert memory >= weights + host_resources.LOAD_OVERHEAD_GIB * GIB > share
 

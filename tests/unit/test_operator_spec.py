@@ -166,8 +166,8 @@ def edited(change) -> dict:
         ),
         (
             lambda s: s.update(engine="sglang"),
-            "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge, "
-            "trn3p.48xlarge), not inf2.48xlarge; use one of those, or engine vllm on inf2.48xlarge",
+            "engine sglang (SGLang-Neuron 0.1.0) serves LLMs on Trn3 instances (trn3.48xlarge), not "
+            "inf2.48xlarge; use one of those, or engine vllm on inf2.48xlarge",
         ),
         (
             lambda s: (s.update(engine="tgi"), s["neuron"].update(instanceType="trn2.48xlarge")),
