@@ -431,6 +431,35 @@ def test_a_disaggregated_model_gets_its_token_secret_once_and_its_network_polici
     assert proc.poll() is None
 
 
+def test_dra_claim_templates_are_made_owned_and_named_by_the_pods_that_use_them(cluster):
+    """neuron.deviceAllocation dra: the emulated API server serves resource.k8s.io/v1 ResourceClaimTemplates,
+    the operator makes one per pod kind that asks for devices (here the embedded engine's prefill and decode
+    pods over EFA, on cpu: EFA interfaces only), owned by the model, and the pods name it in their claims."""
+    api = cluster
+    api.start_operator()
+    obj = sample(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml")
+    obj["spec"]["neuron"]["deviceAllocation"] = "dra"
+    obj["spec"]["image"] = "registry.example/neuronfleet-runtime-efa:1"  # our runtime over EFA
+    obj["spec"]["serving"]["kvTransfer"] = {"transport": "efa", "efaInterfaces": 2}
+    api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    job = api.wait_for("the compile Job", lambda: items(api, "jobs"))[0]["metadata"]["name"]
+    compile_pod(api, job, {"bytes": 1})
+    mark_job(api, job)
+    for role in ("prefill", "decode"):
+        pod = api.wait_for(role, lambda r=role: role_deployment(api, r))["spec"]["template"]["spec"]
+        (claim,) = pod["resourceClaims"]
+        assert pod["containers"][0]["resources"]["claims"] == [{"name": claim["name"]}]
+        assert "vpc.amazonaws.com/efa" not in pod["containers"][0]["resources"].get("limits", {})
+        made = api.wait_for("its claim template", lambda c=claim: get(
+            api, "resourceclaimtemplate", c["resourceClaimTemplateName"]))  # fmt: skip
+        assert made["metadata"]["ownerReferences"][0]["kind"] == "NeuronModel"
+        (efas,) = made["spec"]["spec"]["devices"]["requests"]
+        assert (
+            efas["exactly"]["deviceClassName"] == "efa.networking.k8s.aws" and efas["exactly"]["count"] == 2
+        )
+    assert role_deployment(api, "router")["spec"]["template"]["spec"].get("resourceClaims") is None
+
+
 def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_one(cluster):
     """unified -> disaggregated -> unified at one compile hash: the new set appears beside the old one (its
     Secret before its pods), the public Service keeps selecting the old set until every Deployment of the new
