@@ -229,17 +229,19 @@ def test_an_instance_without_efa_gets_no_connected_set_and_no_lnc():
 
 
 def test_the_compile_job_on_devices_gets_its_own_claim():
-    """Trn3's vLLM compile runs on the devices it compiles for; with DRA it names a claim, not cores."""
-    _, objects = rendered(
-        manifest(TRN2, {"neuron": {**DRA, "instanceType": "trn3.48xlarge", "tensorParallel": 32}})
-    )
+    """vLLM's NxD Inference compile on Inf2 runs on the devices it compiles for; with DRA it names a claim of
+    its own (the largest tensor parallelism it compiles), not cores, made before the Job."""
+    _, objects = rendered(manifest(INF2, {"neuron": DRA}))
     compile_pod = neuron_pods(objects)["compile"]
     claim = claim_of(objects, "compile")
-    assert requests(claim)["neurons"]["count"] == 8
-    assert compile_pod["containers"][0]["resources"]["claims"] == [{"name": devices.POD_CLAIM}]
+    assert requests(claim)["neurons"]["count"] == 4  # tensorParallel 8, two cores a device
+    resources = compile_pod["containers"][0]["resources"]
+    assert resources["claims"] == [{"name": devices.POD_CLAIM}]
+    assert devices.NEURONCORE not in resources.get("limits", {})
     names = [o["metadata"]["name"] for o in objects]
     (job,) = of_kind(objects, "Job")
     template = compile_pod["resourceClaims"][0]["resourceClaimTemplateName"]
+    assert template.startswith("m-compile-devices-")
     assert names.index(template) < names.index(job["metadata"]["name"])  # the template before its pod
 
 
