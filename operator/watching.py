@@ -276,6 +276,8 @@ class Observed:
                     for o in await self.live_list(kind, ns)
                 }
             except Exception as e:  # the API server away again: its next re-list sweeps again
+                if getattr(e, "status", None) == 404:  # a kind the cluster does not serve (DRA before 1.34)
+                    continue
                 log.warning("listing %s after a re-list failed: %r", kind, e)
                 return
             index = self._indexes.get(kind) or {}
