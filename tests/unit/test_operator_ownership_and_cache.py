@@ -236,6 +236,44 @@ def test_after_a_relist_every_kind_is_listed_live_and_what_it_lacks_is_forgotten
     asyncio.run(scenario())
 
 
+def test_a_kind_the_cluster_does_not_serve_is_passed_over_by_the_sweep(monkeypatch):
+    """A kind the API server answers 404 for (ResourceClaimTemplates before Kubernetes 1.34: kopf leaves it
+    unwatched) does not stop the sweep after a re-list: the kinds after it are still listed and swept."""
+    monkeypatch.setattr(watching, "RELIST_QUIET", 0.05)
+    listed: list[str] = []
+
+    class NotServed(Exception):
+        status = 404
+
+    async def live_list(kind: str, ns: str | None) -> list[dict]:
+        listed.append(kind)
+        if kind == "Pod":  # (the second kind swept: every kind after it must still be)
+            raise NotServed(kind)
+        return [_service("1", name="m")] if kind == "Service" else []
+
+    async def scenario() -> None:
+        observed = Observed(None, lambda event, obj: None)
+        observed.live_list, observed.live_get = (
+            live_list,
+            lambda kind, ns, name: asyncio.sleep(0, result=None),
+        )
+        kopf = Kopf(observed)
+        for name in ("m", "gone"):
+            kopf.event("Service", None, _service("1", name=name))
+        await asyncio.sleep(0.1)
+        kopf.event("Service", None, _service("1", name="m"))  # a re-list
+        for _ in range(500):
+            if set(watching.WATCHED) <= set(listed):
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        assert sorted(listed) == sorted(watching.WATCHED)
+        assert await observed.get("Service", "d", "gone") is None  # swept after the kind not served
+        await observed.stop()
+
+    asyncio.run(scenario())
+
+
 def test_objects_are_kept_without_their_managed_fields():
     """kopf's index handler and the operator's own writes keep an object without metadata.managedFields (no
     reconcile reads them; on a real cluster they are a large part of every object), the rest as delivered;
