@@ -546,7 +546,10 @@ class CompileConfig(_Wire):
     )
     buckets: CompileBuckets = Field(default_factory=CompileBuckets)
     neuronConfig: dict[str, Any] = Field(
-        default_factory=dict, description="NxDI NeuronConfig fields for the spec's shapes."
+        default_factory=dict,
+        description="The Neuron settings the engine compiles the spec's shapes with, in its own names: the "
+        "vLLM Neuron plugin's neuron_config (Trn2/Trn3), none for SGLang-Neuron, else NxDI NeuronConfig "
+        "fields.",
     )
 
     def to_json(self) -> str:

@@ -54,9 +54,6 @@ from . import (
 from .spec import API_VERSION, KIND, NeuronModelSpec
 
 LABEL_PREFIX = "neuronfleet.dev"
-# the startup probe (period, failures) of a serving pod that loads onto Neuron devices, and of one that does
-# not (a cpu model, a router): each allows an hour
-STARTUP_PROBE = {True: (10, 360), False: (2, 1800)}
 UNIFIED_SET = "unified"  # the `set` label of unified pods (one Deployment, rolled in place)
 ATTEMPT_ANNOTATION = f"{LABEL_PREFIX}/attempt"  # on a compile Job: the generation and retry it was made for
 SOURCE_RETRIES_ANNOTATION = f"{LABEL_PREFIX}/source-retries"  # on a compile Job: tries after a source failed
@@ -216,7 +213,7 @@ def compile_config(spec: NeuronModelSpec, chash: str) -> CompileConfig:
         # the embedded engine's CPU quantization, stored by the compile; on Neuron it is NeuronConfig's
         quantization=n.quantization if n.instanceType == "cpu" else "none",
         buckets=CompileBuckets(context=n.buckets.context, generation=n.buckets.generation),
-        neuronConfig=engines.nxdi_neuron_config(spec),
+        neuronConfig=engines.compile_neuron_config(spec),
     )
 
 
@@ -307,7 +304,8 @@ def build_compile_job(
         meta.setdefault("annotations", {})[SOURCE_RETRIES_ANNOTATION] = str(source_retries)
     job_spec: dict[str, Any] = {
         "backoffLimit": spec.compile.backoffLimit,
-        "activeDeadlineSeconds": spec.compile.activeDeadlineSeconds,
+        # compile.activeDeadlineSeconds, else derived from the model's size and the passes (engines.timeouts)
+        "activeDeadlineSeconds": engines.compile_deadline(spec),
         # finished Jobs go after an hour (https://kubernetes.io/docs/concepts/workloads/controllers/
         # ttlafterfinished/); a compiled hash is remembered in status, so it is not compiled again
         "ttlSecondsAfterFinished": COMPILE_JOB_TTL,
@@ -460,9 +458,10 @@ def build_deployment(
                 "ports": ports,
                 "resources": pod_parts.serving_resources(spec, role),
                 "volumeMounts": mounts,
-                # model loads take minutes on Neuron: up to an hour to start, then strict liveness; a cpu
-                # model or a router loads in seconds, so its startup is checked often (Ready soon after)
-                "startupProbe": probe(health, *STARTUP_PROBE[neuron]),
+                # its budget holds the engine's start (engines.timeouts: from the model's size, or
+                # serving.startTimeoutSeconds), then strict liveness; a cpu model or a router loads in
+                # seconds, so its startup is checked often (Ready soon after)
+                "startupProbe": probe(health, *engines.startup_probe(spec, role)),
                 "readinessProbe": probe(ready, 5, 3),
                 "livenessProbe": probe(health, 10, 6),
                 "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_DRAIN_SECONDS}}},
@@ -472,6 +471,8 @@ def build_deployment(
         ],
         "volumes": volumes,
     }
+    if container.working_dir:  # where the engine's documentation says its process must start
+        pod_spec["containers"][0]["workingDir"] = container.working_dir
     if container.init_process:  # the pause container is PID 1 and reaps orphaned workers (docker's --init)
         pod_spec["shareProcessNamespace"] = True
     sched = spec.scheduling

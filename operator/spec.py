@@ -487,10 +487,13 @@ FORMER_COMPILE_DEADLINE = 14400
     Rule(
         "!has(self.timeoutSeconds) || !has(self.activeDeadlineSeconds) || "
         "self.activeDeadlineSeconds >= self.timeoutSeconds",
-        "compile.activeDeadlineSeconds must be at least compile.timeoutSeconds (the Job's deadline holds every "
-        "graph's compile): raise compile.activeDeadlineSeconds, or leave it out (derived)",
-        lambda s: s.timeoutSeconds is None or s.activeDeadlineSeconds is None
-        or s.activeDeadlineSeconds >= s.timeoutSeconds,
+        "compile.activeDeadlineSeconds must be at least compile.timeoutSeconds (the Job's deadline holds "
+        "every graph's compile): raise compile.activeDeadlineSeconds, or leave it out (derived)",
+        lambda s: (
+            s.timeoutSeconds is None
+            or s.activeDeadlineSeconds is None
+            or s.activeDeadlineSeconds >= s.timeoutSeconds
+        ),
     )
 )
 class Compile(Spec):
@@ -723,8 +726,8 @@ class Serving(Spec):
     )
     startTimeoutSeconds: int | None = Field(
         None,
-        description="The longest a serving pod (unified, prefill, decode) may take to start: the engine's own "
-        "start timeout where it has one (engine vllm on Trn2/Trn3: VLLM_ENGINE_READY_TIMEOUT_S) and the "
+        description="The longest a serving pod (unified, prefill, decode) may take to start: the engine's "
+        "own start timeout where it has one (engine vllm on Trn2/Trn3: VLLM_ENGINE_READY_TIMEOUT_S) and the "
         "startup probe's budget. Default: derived from the model's size and the engine (docs/operator.md, "
         "Timeouts).",
         ge=60,

@@ -21,7 +21,7 @@ from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT,
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
-from . import embedded, limits, sglang, tgi, vllm, vllm_plugin
+from . import embedded, limits, sglang, tgi, timeouts, vllm, vllm_plugin
 from .common import (
     OWN_IMAGES,
     Container,
@@ -42,7 +42,9 @@ __all__ = [
     "Container",
     "artifacts_dir",
     "compile_container",
+    "compile_deadline",
     "compile_files",
+    "compile_neuron_config",
     "compiles",
     "documented_capabilities",
     "engine_router_config",
@@ -59,6 +61,8 @@ __all__ = [
     "serve_container",
     "serving_writes_cache",
     "shared_cache",
+    "start_timeout",
+    "startup_probe",
     "unsupported",
 ]
 
@@ -121,8 +125,7 @@ def image_for(spec: NeuronModelSpec) -> str:
 def documented_capabilities(spec: NeuronModelSpec) -> tuple[str, ...]:
     """The capabilities an engine's serving pods add because its documentation runs it with them (each with
     its source in the engine's module; pod_parts adds IPC_LOCK with EFA); none for our runtime."""
-    module = vllm.contract(spec) if spec.engine == "vllm" else ENGINES[spec.engine]
-    return tuple(getattr(module, "CAPABILITIES", ()))
+    return tuple(getattr(_server_module(spec), "CAPABILITIES", ()))
 
 
 def reads_hub_when_serving(spec: NeuronModelSpec) -> bool:
@@ -237,3 +240,39 @@ def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     if container.image == engine.image(spec):  # spec.image replaces the engine's image, not ours (SGLang's
         container.image = spec.compile.image or image_for(spec)  # fetch-only Job runs our CPU image)
     return container
+
+
+def _server_module(spec: NeuronModelSpec) -> ModuleType:
+    """The module of the server the spec's engine runs (vLLM: its contract for the instance family)."""
+    return vllm.contract(spec) if spec.engine == "vllm" else ENGINES[spec.engine]
+
+
+def compile_neuron_config(spec: NeuronModelSpec) -> dict:
+    """compile.json's neuronConfig: the Neuron settings the engine compiles with, in its own names (the vLLM
+    Neuron plugin's neuron_config on Trn2/Trn3, none for SGLang-Neuron), else NxD Inference's NeuronConfig
+    (our runtime's planned Neuron backend; vLLM over NxD Inference; TGI's optimum-neuron, NxD-based)."""
+    own = getattr(_server_module(spec), "compile_neuron_config", None)
+    return own(spec) if own is not None else nxdi_neuron_config(spec)
+
+
+def compile_deadline(spec: NeuronModelSpec) -> int:
+    """The compile Job's activeDeadlineSeconds: compile.activeDeadlineSeconds, else derived from the model's
+    size and the compile passes the engine runs (`timeouts`; the vLLM plugin: one per tensor parallelism)."""
+    passes = getattr(_server_module(spec), "compile_passes", lambda _: 1)(spec)
+    return timeouts.compile_deadline(spec, passes)
+
+
+def start_timeout(spec: NeuronModelSpec, role: str) -> int | None:
+    """The seconds a role's engine may take to start (`timeouts.start_seconds`; an engine that compiles as
+    each server starts, SGLang-Neuron, compiles within it); None for a router, ours (it loads nothing)."""
+    if role == "router":
+        return None
+    compiles_at_start = getattr(_server_module(spec), "COMPILES_AT_START", False)
+    return timeouts.start_seconds(spec, compiles_at_start)
+
+
+def startup_probe(spec: NeuronModelSpec, role: str) -> tuple[int, int]:
+    """(periodSeconds, failureThreshold) of a role's startup probe: a budget that holds the engine's start
+    (`start_timeout`), so the engine's own timeout, where it has one, fires first and says why."""
+    neuron = role != "router" and spec.neuron.instanceType != "cpu"
+    return timeouts.startup_probe(spec, neuron, start_timeout(spec, role))

@@ -88,6 +88,7 @@ class Container:
     field_env: dict[str, str] = field(default_factory=dict)  # name -> the pod field it holds (status.podIP)
     shm_size: str = "8Gi"  # its memory-backed /dev/shm
     init_process: bool = False  # the pod's first process reaps the server's orphaned workers (docker --init)
+    working_dir: str | None = None  # the container's workingDir; None: the image's own
 
 
 def kv_events_wanted(spec: NeuronModelSpec, role: str) -> bool:

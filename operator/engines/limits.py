@@ -37,6 +37,7 @@ from ..pod_metrics import NEURONFLEET, Names
 from ..spec import (
     DISAGGREGATED_CEL,
     DTYPE_CEL,
+    FORMER_COMPILE_DEADLINE,
     MAX_INPUT_CEL,
     TRANSPORT_CEL,
     Autoscaling,
@@ -455,17 +456,29 @@ def _at_default(section: BaseModel, name: str) -> bool:
     return value.model_dump() == default.model_dump() if isinstance(value, BaseModel) else value == default
 
 
+# A compile field's default before it was derived, which objects stored then carry: as good as unset
+FORMER_COMPILE_DEFAULTS = {"activeDeadlineSeconds": FORMER_COMPILE_DEADLINE}
+
+
 def _compile_job_field_rule(name: str) -> Rule:
     """A compile Job's setting where the engine runs no compile Job (a field is used or refused, never
     dropped)."""
+    path = f"self.compile.{name}"
+    default_cel = _default_cel(path, Compile.model_fields[name])
+    if name in FORMER_COMPILE_DEFAULTS:
+        default_cel = f"{default_cel} || {path} == {FORMER_COMPILE_DEFAULTS[name]}"
     words = (
         f"compile.{name}: engine {{engine}} runs no compile Job for this model (it compiles as each server "
         f"starts; a Job only fetches a model from {{sources}}); remove compile.{name}"
     )
     sources = {e: " or ".join(s) for e, s in COMPILE_JOB_ONLY_FOR.items()}
     return _rule(
-        f"{_RUNS_COMPILE_JOB_CEL} || ({_default_cel(f'self.compile.{name}', Compile.model_fields[name])})",
-        lambda s: runs_compile_job(s) or _at_default(s.compile, name),
+        f"{_RUNS_COMPILE_JOB_CEL} || ({default_cel})",
+        lambda s: (
+            runs_compile_job(s)
+            or _at_default(s.compile, name)
+            or getattr(s.compile, name) == FORMER_COMPILE_DEFAULTS.get(name, object())
+        ),
         words,
         words.format(engine=" or ".join(sources), sources=" or ".join(sorted(set(sources.values())))),
         engine=("self.engine", lambda s: s.engine),

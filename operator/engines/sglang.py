@@ -75,6 +75,18 @@ _TORCHNEURON = (
     "(TorchNeuron stores each NEFF in the persistent NEFF cache, TORCH_NEURONX_NEFF_CACHE_DIR)"
 )
 _METRICS = "github.com/sgl-project/sglang python/sglang/srt/metrics/collector.py (sglang:* names)"
+_TROUBLESHOOTING = (
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/sglang-neuron/reference/troubleshooting.html "
+    '(SGLang-Neuron 0.1.0: "Failed to load the backend extension: torch_neuronx" when "Python started in '
+    '/workspace": "keep the working directory out of /workspace")'
+)
+# Where the server's Python starts: out of /workspace (_TROUBLESHOOTING), in the pod's own /tmp, an emptyDir
+# every pod has (pod_parts.volumes), which no image's files can shadow
+WORKING_DIR = "/tmp"
+# The graphs compile as each server starts (above): its start holds a compile (engines.timeouts). No variable
+# that bounds that start was found in SGLang-Neuron 0.1.0's configuration and troubleshooting pages (_CONFIG,
+# read in part), so the startup probe's budget is the only bound
+COMPILES_AT_START = True
 _PLUGIN = (
     "github.com/sgl-project/sglang-neuron@4e24326:README.md, @v0.1.0:docs/getting-started/setup-guide.md; "
     "the AWS announcement of SGLang-Neuron (SGLANG_PLATFORM=neuron python -m sglang.launch_server on Trn3)"
@@ -140,6 +152,12 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
     return {"compile.sh": compile_script(spec, compile_hash, step)}
 
 
+def compile_neuron_config(spec: NeuronModelSpec) -> dict:
+    """compile.json's record of Neuron settings: none (SGLang-Neuron runs on TorchNeuron, not NxD Inference;
+    its shapes are its flags)."""
+    return {}
+
+
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """Our CPU image runs compile.sh (a shell check, no Neuron device: placed on any node)."""
     return Container(OWN_IMAGES["cpu"], ["/bin/sh", f"{CONFIG_MOUNT}/compile.sh"])
@@ -173,7 +191,7 @@ def serve(
         env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = NIXL_BACKEND
     container = Container(
         IMAGE, command, env, third_party=True, capabilities=CAPABILITIES,
-        init_process=True,
+        init_process=True, working_dir=WORKING_DIR,
     )  # fmt: skip
     if role == "prefill":
         command += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]

@@ -10,10 +10,10 @@ compile Job downloads the model into artifacts/<hash>/model, starts the server o
 pods run, waits until it has warmed up (or exited), and copies the compile cache into artifacts/<hash>/neff;
 serving pods copy that folder into their own local cache (an emptyDir: the cache takes file locks, which a
 shared file system may not honour) and start with warm-up compilation off, so a graph the compile did not make
-fails the pod (its message is the termination message) instead of compiling on a Neuron node. On Trn2 the Job
-compiles on a CPU node (VLLM_NEURON_CPU_COMPILE=1, NEURON_PLATFORM_TARGET_OVERRIDE=trn2: CPU_COMPILE); Trn3 is
-not among the compiler's documented targets at this SDK (NEURONX_CC lists inf2, trn1, trn1n, trn2), so a Trn3
-model's Job compiles on a trn3 node with the serving pods' cores (docs/engine-vllm.md).
+fails the pod (its message is the termination message) instead of compiling on a Neuron node. On Trn2 and
+Trn3 the Job compiles on a CPU node (VLLM_NEURON_CPU_COMPILE=1, NEURON_PLATFORM_TARGET_OVERRIDE=trn2|trn3:
+CPU_COMPILE, CPU_TARGETS says what was read). The compile and start timeouts (the plugin's and vLLM's
+variables, TIMEOUTS) come from the model's size or the spec (`timeouts`).
 
 Pinned at Neuron SDK 2.32.0, the newest release whose image recipe and plugin documentation could be read in
 full at that version: 2.33.0's image tag is published (0.29.0.1.2.0, SDK 2.33.0 DLC page) but its plugin pages
@@ -30,6 +30,7 @@ from neuronfleet.contract import CONFIG_MOUNT, KV_EVENTS_CONFIG
 
 from .. import parallelism, topology
 from ..spec import NeuronModelSpec
+from . import timeouts
 from .common import (
     HF_HUB,
     HUB_DOWNLOAD_SCRIPT,
@@ -63,6 +64,26 @@ CPU_COMPILE = (
     "cpu-development.md (6. Use CPU compilation mode: the remote cache workflow for production)"
 )
 NEURONX_CC = f"{SDK}:compiler/neuronx-cc/api-reference-guide/index.rst (--target: inf2, trn1, trn1n, trn2)"
+# trn3 as the compiler's target at this SDK: its release notes speak of "trn2 and trn3 targets" (2.31.0's new
+# code generation backend) and of compiling for trn3 (2.32.0, compiler 2.27.5334.0, the image's), and an NKI
+# example of v2.32.0 passes `--target trn3` to neuronx-cc in NEURON_CC_FLAGS
+NEURONX_CC_TRN3 = (
+    f"{SDK}:release-notes/components/compiler.rst:37,87 and nki/deep-dives/src/mxfp-matmul/mx_toplevel.py:12 "
+    "(NEURON_CC_FLAGS --target trn3); nki/api/nki/__init__.py:17-21 (NEURON_PLATFORM_TARGET_OVERRIDE: "
+    "trn1|inf2|gen2, trn2|gen3, trn3|gen4)"
+)
+# The timeouts the plugin's recipes raise (each recipe's exports, `timeouts` has the values): the plugin's
+# compile timeout under both names the pin's pages use (the reference page documents the libtorch one), vLLM's
+# execute_model RPC timeout and its wait for the engine core to be ready
+TIMEOUTS = (
+    f"{SDK}:vllm-neuron/docs/tutorials/tutorial-llama3-70b.md:70-71, tutorial-gpt-oss.md:193-195, "
+    "tutorial-di-1p1d-xpyd.md:111-113 and :343; getting-started/quickstart-online-serving.md:30-31"
+)
+LIBTORCH_TIMEOUT = (
+    f"{SDK}:vllm-neuron/docs/guides/reference-configuration.md:198 (Timeout in seconds for individual NEFF "
+    "compilation), design/compilation/compilation_cache.md:152 (default 600), tutorials/"
+    "tutorial-qwen3-vl-32b.md:50"
+)
 DI_TUTORIAL = f"{SDK}:vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.md"
 DI_DESIGN = f"{SDK}:vllm-neuron/docs/design/vllm/disaggregated-inference.md"
 QUICKSTART = f"{SDK}:deploy/environments/quickstart-deploy-dlc.rst (Step 2, Step 3)"
@@ -80,7 +101,16 @@ IMAGE = (
     "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
 )
 PLATFORMS = ("trn2", "trn3")
-CPU_TARGETS = ("trn2",)  # the Neuron platforms the compiler targets without a device (NEURONX_CC)
+# The Neuron platforms the Job compiles for on a CPU node. The plugin takes as NEURON_PLATFORM_TARGET_OVERRIDE
+# any of the installed compiler's --target values (CPU_COMPILE: cpu_compilation.md:31-33, "Valid list of
+# target values can be found as part of the --target flag ... of neuron compiler"); the compiler's API
+# reference at this SDK lists inf2, trn1, trn1n, trn2 (NEURONX_CC), but the compiler of this SDK compiles for
+# trn3 (NEURONX_CC_TRN3), and the plugin picks its Trn3 kernels from the same platform target
+# (design/framework/model_factory_design.md:75-92, get_platform_target() == "trn3"). What the plugin's own
+# code at release-0.24.0.1.1.0 does with trn3 in CPU mode (its static HBM size per platform for the KV budget:
+# design/vllm/determine_available_memory_design.md:183-186) could not be read: a real CPU compile for trn3 is
+# what proves it (docs/engine-vllm.md).
+CPU_TARGETS = ("trn2", "trn3")
 NEURON_CONFIG = "neuron_config"  # the key of --additional-config the plugin reads (REF, Overview)
 # The plugin's buckets are its own (chunked prefill, decode context lengths), not bounded by the spec's limits
 # (the CRD's rule of the largest bucket skips them: engines.limits)
@@ -267,8 +297,8 @@ PINNED = Pinned(
         _env(
             "NEURON_PLATFORM_TARGET_OVERRIDE",
             "the platform a CPU compile targets (required with VLLM_NEURON_CPU_COMPILE)",
-            "trn2",
-            f"{CPU_COMPILE}; {NEURONX_CC}",
+            "trn2|trn3",
+            f"{CPU_COMPILE}; {NEURONX_CC}; {NEURONX_CC_TRN3}",
         ),
         _env(
             "VLLM_NEURON_DISABLE_WARMUP_COMPILE",
@@ -300,6 +330,31 @@ PINNED = Pinned(
             "0: required when prefill and decode share a node (output can be wrong without it)",
             "0",
             DI_TUTORIAL,
+        ),
+        _env(
+            "VLLM_NEURON_COMPILATION_TIMEOUT",
+            "seconds one graph's compile may take (the compile Job; default 600)",
+            "int",
+            TIMEOUTS,
+        ),
+        _env(
+            "NEURON_LIBTORCH_COMPILATION_TIMEOUT",
+            "the same, as the reference page names it (the compile Job)",
+            "int",
+            LIBTORCH_TIMEOUT,
+        ),
+        _env(
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS",
+            "seconds vLLM waits for a model step of its workers (a first step compiles or loads its graph)",
+            "int",
+            TIMEOUTS,
+        ),
+        _env(
+            "VLLM_ENGINE_READY_TIMEOUT_S",
+            "seconds vLLM waits for its engine to be ready: the compile Job's server compiles every graph "
+            "first; a serving pod's loads them",
+            "int",
+            TIMEOUTS,
         ),
         _env(
             "HF_TOKEN",
@@ -343,6 +398,17 @@ def neff_dir(compile_hash: str) -> str:
 def lnc(spec: NeuronModelSpec) -> int:
     inst = topology.INSTANCES[spec.neuron.instanceType]
     return spec.neuron.logicalCores or inst.default_logical_cores
+
+
+def compile_passes(spec: NeuronModelSpec) -> int:
+    """The compile Job starts a server once per tensor parallelism the pods run (`compile_files`)."""
+    return len(parallelism.tensor_parallel_degrees(spec))
+
+
+def compile_neuron_config(spec: NeuronModelSpec) -> dict:
+    """compile.json's record of the Neuron settings compiled: the plugin's neuron_config (no NxD Inference
+    key: the plugin has its own model code)."""
+    return neuron_config(spec)
 
 
 def cpu_compiles(spec: NeuronModelSpec) -> bool:
@@ -425,6 +491,9 @@ def engine_env(spec: NeuronModelSpec, role: str) -> dict[str, str]:
         "VLLM_CACHE_ROOT": LOCAL_CACHE_ROOT,
         "VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1",
         "NEURON_LIBTORCH_DISABLE_GRAPH_CAPTURE_BACKEND": "1",
+        # the start (loads every compiled graph and the weights) and each step, as the recipes raise them
+        "VLLM_ENGINE_READY_TIMEOUT_S": str(timeouts.start_seconds(spec, compiles_at_start=False)),
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(timeouts.graph_seconds(spec)),
     }
     kv = spec.serving.kvTransfer
     if role in ("prefill", "decode"):
@@ -536,8 +605,13 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
     """On a CPU node for a platform the compiler targets without a device (CPU_COMPILE), else on a node of the
     serving instance type with the cores of the largest tensor parallelism (builders)."""
+    graph = str(timeouts.graph_seconds(spec))
     env = {"NEURON_LOGICAL_NC_CONFIG": str(lnc(spec)), "VLLM_CACHE_ROOT": LOCAL_CACHE_ROOT,
-           "NEURON_SKIP_EFA_AFFINITY": "1"}  # fmt: skip
+           "NEURON_SKIP_EFA_AFFINITY": "1",
+           # one graph's compile, each step (a first one waits for its graph), the whole warm-up (TIMEOUTS)
+           "VLLM_NEURON_COMPILATION_TIMEOUT": graph, "NEURON_LIBTORCH_COMPILATION_TIMEOUT": graph,
+           "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": graph,
+           "VLLM_ENGINE_READY_TIMEOUT_S": str(timeouts.compile_pass_seconds(spec))}  # fmt: skip
     on_cpu = cpu_compiles(spec)
     if on_cpu:
         env["VLLM_NEURON_CPU_COMPILE"] = "1"

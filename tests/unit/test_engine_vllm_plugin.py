@@ -289,18 +289,20 @@ def test_a_trn2_compile_runs_on_a_cpu_node_holding_no_neuron_core():
     assert "--kv-transfer-config" not in script
 
 
-def test_a_trn3_compile_runs_on_a_trn3_node_with_the_cores_it_compiles_for():
-    """Trn3 is not among the compiler's documented targets at this SDK: the Job compiles on a trn3 node."""
-    spec, objects = rendered(manifest(*VARIANTS["trn3"]))
+def test_a_trn3_compile_runs_on_a_cpu_node_too_targeting_trn3():
+    """The plugin's CPU compile takes the installed compiler's targets, and the pinned compiler targets trn3
+    (the record's sources): the Job holds no Neuron core, as Trn2's."""
+    _spec, objects = rendered(manifest(*VARIANTS["trn3"]))
     (job,) = of_kind(objects, "Job")
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
     env = check_compile(objects, set())
-    assert "VLLM_NEURON_CPU_COMPILE" not in env and "NEURON_PLATFORM_TARGET_OVERRIDE" not in env
-    assert "trn3" not in COMPILER_TARGETS
-    assert c["resources"]["limits"]["aws.amazon.com/neuroncore"] == str(spec.neuron.tensorParallel)
-    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "trn3.48xlarge"
-    assert pod_parts.NEURON_TAINT in pod["tolerations"]
+    assert env["VLLM_NEURON_CPU_COMPILE"] == "1" and env["NEURON_PLATFORM_TARGET_OVERRIDE"] == "trn3"
+    assert "trn3" in COMPILER_TARGETS and "trn3" in RECORDED["neuronx-cc --target"]["source"]
+    assert not any(k.startswith("aws.amazon.com/") for k in c["resources"].get("limits", {}))
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    assert "tolerations" not in pod and "schedulerName" not in pod
+    assert "capabilities" not in c["securityContext"] or "add" not in c["securityContext"]["capabilities"]
 
 
 def run_script(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -25,6 +25,7 @@ from neuronfleet.contract import (
     TERMINATION_LOG_ENV,
 )
 from neuronfleet.operator import builders, engines, pod_parts, validation
+from neuronfleet.operator.engines.timeouts import START_SLACK_S
 from neuronfleet.operator.spec import SecretKeyRef
 
 SAMPLES_DIR = ROOT / "crds" / "samples"
@@ -84,10 +85,10 @@ def test_before_the_first_compile_only_the_cache_config_secret_policies_and_comp
     assert kinds == ["PersistentVolumeClaim", "ConfigMap", "Secret", "NetworkPolicy", "NetworkPolicy", "Job"]
 
 
-def test_a_pod_that_loads_in_seconds_is_probed_often_and_every_pod_may_take_an_hour_to_start():
+def test_a_pod_that_loads_in_seconds_is_probed_often_and_a_neuron_pod_as_long_as_its_engine_starts():
     """A cpu model's pods and every router load in seconds: their startup probe runs every 2 s, so they are
-    Ready soon after loading; a pod that loads onto Neuron devices is probed every 10 s. Each allows an
-    hour."""
+    Ready soon after loading, within an hour; a pod that loads onto Neuron devices is probed every 10 s for as
+    long as its engine may take to start (engines.timeouts), and the start guard's slack."""
     cpu = sample("smollm2-135m-local-cpu-disaggregated.yaml")
     neuron = sample("llama-3.3-70b-vllm-trn2-disaggregated.yaml")
     for spec, loads_on_neuron in ((cpu, {"prefill": False, "decode": False, "router": False}),
@@ -97,7 +98,8 @@ def test_a_pod_that_loads_in_seconds_is_probed_often_and_every_pod_may_take_an_h
             role = dep["metadata"]["labels"]["neuronfleet.dev/role"]
             probe = container(dep)["startupProbe"]
             assert probe["periodSeconds"] == (10 if loads_on_neuron[role] else 2), role
-            assert probe["periodSeconds"] * probe["failureThreshold"] >= 3600, role
+            start = engines.start_timeout(spec, role) if loads_on_neuron[role] else 3600 - START_SLACK_S
+            assert probe["periodSeconds"] * probe["failureThreshold"] >= start + START_SLACK_S, role
 
 
 def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
@@ -115,7 +117,8 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "inf2.48xlarge"
     assert pod_parts.NEURON_TAINT in pod["tolerations"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
-    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 3600
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= (
+        engines.start_timeout(spec, "unified") + START_SLACK_S)  # fmt: skip
     # still serving through the preStop sleep while the endpoints drop the pod, then draining: the grace
     # period holds both
     assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": builders.ENDPOINT_DRAIN_SECONDS}}}

@@ -36,7 +36,7 @@ from neuronfleet.contract import (
     ServeConfig,
 )
 from neuronfleet.operator import validation
-from neuronfleet.operator.engines import sglang, tgi
+from neuronfleet.operator.engines import sglang, tgi, vllm, vllm_plugin
 from neuronfleet.runtime.engine.config import RuntimeConfig
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -251,7 +251,7 @@ def check_front_door(config: ServeConfig, spec, name: str, unified: dict) -> Non
 
 def check_compile_config(objects: list[dict], spec) -> None:
     """The compile-time fields (tensor parallelism, quantization, overrides...) in compile.json, which the
-    compile Job reads for the embedded engine."""
+    compile Job reads for the embedded engine, with the engine's own Neuron settings in its own names."""
     n = spec.neuron
     data = next(
         o["data"] for o in objects if o["kind"] == "ConfigMap" and COMPILE_CONFIG_FILE in o.get("data", {})
@@ -262,7 +262,12 @@ def check_compile_config(objects: list[dict], spec) -> None:
         n.batchSize, n.sequenceLength, n.maxInputLength, n.dtype,
     )  # fmt: skip
     assert (c.buckets.context, c.buckets.generation) == (n.buckets.context, n.buckets.generation)
-    check_neuron_config(c.neuronConfig, spec)
+    if spec.engine == "vllm" and vllm.contract(spec) is vllm_plugin:  # the plugin's own keys, no NxDI one
+        assert c.neuronConfig == vllm_plugin.neuron_config(spec)
+    elif spec.engine == "sglang":  # TorchNeuron: its shapes are its flags
+        assert c.neuronConfig == {}
+    else:
+        check_neuron_config(c.neuronConfig, spec)
 
 
 def check_neuron_config(nc: dict, spec) -> None:
