@@ -254,6 +254,20 @@ def test_value_sets_reach_the_objects():
     assert "--verbose" in container["args"]
 
 
+def test_the_device_allocation_and_the_lnc_label_reach_the_operator_as_the_settings_it_reads():
+    """neuron.deviceAllocation (devicePlugin by default) and neuron.lncNodeLabel (none by default) reach the
+    operator as the variables operator/devices.py reads (a value it could not use: the schema refuses it,
+    below)."""
+    from neuronfleet.operator import devices
+
+    env = operator_env(render({}))
+    assert env[devices.DEVICE_ALLOCATION_ENV] == "devicePlugin" and devices.LNC_NODE_LABEL_ENV not in env
+    env = operator_env(render({"neuron": {"deviceAllocation": "dra", "lncNodeLabel": "example.com/lnc"}}))
+    assert (
+        env[devices.DEVICE_ALLOCATION_ENV] == "dra" and env[devices.LNC_NODE_LABEL_ENV] == "example.com/lnc"
+    )
+
+
 def test_the_neuron_scheduler_is_named_only_where_the_chart_says_the_cluster_runs_it():
     """Default: no scheduler setting reaches the operator (its pods use the cluster's default scheduler);
     neuron.schedulerName: the operator's NEURONFLEET_NEURON_SCHEDULER, which pod_parts reads."""
@@ -315,6 +329,8 @@ def test_the_privileged_image_leave_reaches_the_operator_as_the_setting_it_reads
         ({"networkPolicy": {"clientsFrom": {"ipBlock": {"cidr": "10.0.0.0/8"}}}}, "clientsFrom"),
         ({"rbac": {"podDeletionCost": "yes"}}, "podDeletionCost"),
         ({"security": {"allowPrivilegedImageOverride": "yes"}}, "allowPrivilegedImageOverride"),
+        ({"neuron": {"deviceAllocation": "claims"}}, "deviceAllocation"),
+        ({"neuron": {"lncNodeLabel": "not a label"}}, "lncNodeLabel"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):
