@@ -25,11 +25,13 @@ from neuronfleet.contract import (
 from .. import front_door
 from ..spec import NeuronModelSpec
 
-# Our own runtime's images, built from the repository's Dockerfile; the chart's runtimeImages may name others.
+# Our own runtime's image, built from the repository's Dockerfile (target runtime-cpu); the chart's
+# runtimeImages.cpu may name another. It runs every router and every instanceType cpu model: nothing of ours
+# runs on a Neuron device (engine embedded has no Neuron backend yet), so there is no Neuron image of ours.
 OWN_IMAGES = {
     target: os.environ.get(f"NEURONFLEET_RUNTIME_IMAGE_{target.upper()}")
     or f"ghcr.io/neuronfleet/runtime-{target}:{__version__}"
-    for target in ("cpu", "neuron")
+    for target in ("cpu",)
 }
 
 
@@ -106,7 +108,8 @@ def artifacts_dir(compile_hash: str) -> str:
 
 
 def own_image(spec: NeuronModelSpec) -> str:
-    return OWN_IMAGES["cpu" if spec.neuron.instanceType == "cpu" else "neuron"]
+    """Our runtime's image (engine embedded on a Neuron instance type is refused by validation)."""
+    return OWN_IMAGES["cpu"]
 
 
 def s3_source_dir(uri: str) -> str:

@@ -58,8 +58,8 @@ MATRIX: dict[tuple[str, str], Support] = {
     ),
     ("vllm", "trn3"): Support(
         vllm_plugin.PINNED,
-        f"works ({_PLUGIN}, compiled ahead on a trn3 node; {_PLUGIN_TEST})",
-        f"works (NIXL over EFA, compiled ahead on a trn3 node; {_PLUGIN_TEST})",
+        f"works ({_PLUGIN}, compiled ahead on a CPU node; {_PLUGIN_TEST})",
+        f"works (NIXL over EFA, compiled ahead on a CPU node; {_PLUGIN_TEST})",
     ),
     **{
         ("tgi", f): Support(

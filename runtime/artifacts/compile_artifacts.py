@@ -7,8 +7,8 @@ pvc:// path, hf:// through the Hub when a token allows it, s3:// into the cache'
 and verified: runtime/artifacts/s3_source.py, removed once compiled), convert its weights to the target dtype
 as safetensors (weight-only int8/int4 when compile.json asks: runtime/model/quantize.py), load them into the
 model runner to validate every shape against config.json and the buckets, and record the tokenizer, the
-buckets and the shapes. On Neuron instance types the same folder is the input
-of the NxDI compile, which needs the Neuron SDK (only in the runtime-neuron image).
+buckets and the shapes. On Neuron instance types there is no compile of ours yet (engine embedded serves on
+cpu only; validation refuses it on Neuron, and no image of ours carries the Neuron SDK).
 
 The folder appears whole or not at all: everything is written to a temporary folder beside it, renamed into
 place, and `manifest.json` (the completion marker the operator and serving pods trust) is written last.
@@ -226,15 +226,9 @@ def compile_artifacts(
         return report({**json.loads(manifest_path.read_text()), "cacheHit": True})
     config = load_config(config_path)
     if config.instanceType != "cpu":
-        try:
-            import neuronx_distributed_inference  # noqa: F401
-        except ImportError:
-            raise CompileError(
-                f"instanceType {config.instanceType} compiles with NxDI, which this image lacks; run the "
-                "runtime-neuron image (AWS Neuron SDK) for Neuron targets"
-            ) from None
         raise CompileError(
-            "the NxDI compile of the embedded engine is not built yet; use engine vllm on Neuron"
+            f"instanceType {config.instanceType}: the embedded engine compiles for cpu only (it has no "
+            "Neuron backend yet); use engine vllm on Neuron"
         )
     started = time.monotonic()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"

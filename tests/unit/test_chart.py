@@ -43,7 +43,7 @@ VALUE_SETS = {
     },
     "custom-images": {
         "image": {"repository": "registry.example.com/ml/neuronfleet-operator", "tag": "0.1.0-rc1"},
-        "runtimeImages": {"cpu": "registry.example.com/ml/runtime-cpu:0.1.0", "neuron": "r.example.com/n:1"},
+        "runtimeImages": {"cpu": "registry.example.com/ml/runtime-cpu:0.1.0"},
         "imagePullSecrets": [{"name": "regcred"}],
         "serviceAccount": {"create": False, "name": "existing-sa"},
         "logLevel": "debug",
@@ -148,23 +148,38 @@ def leader_election_role(objects: list[dict]) -> dict:
     return role
 
 
+def nodes_roles(objects: list[dict]) -> list[dict]:
+    """rbac.readNodes' ClusterRole (what the nodes offer), in either watch mode."""
+    return [r for r in kinds(objects, "ClusterRole") if r["metadata"]["name"].endswith("-nodes")]
+
+
+def operator_roles(objects: list[dict]) -> list[dict]:
+    """The operator's own (Cluster)Roles: neither the Lease's nor rbac.readNodes'."""
+    lease, nodes = leader_election_role(objects), nodes_roles(objects)
+    return [
+        r for r in kinds(objects, "ClusterRole") + kinds(objects, "Role") if r is not lease and r not in nodes
+    ]
+
+
 def test_rbac_is_exactly_what_the_operator_calls_cluster_wide_or_per_namespace():
     objects = render({})
     lease = {(g, r, v) for (g, r), verbs in kube.LEASE_RULES.items() for v in verbs}
     role = leader_election_role(objects)  # the Lease, in the release's namespace only
     assert rule_set(role["rules"]) == lease and role["metadata"]["namespace"] == RELEASE_NAMESPACE
-    (role,) = kinds(objects, "ClusterRole")
+    (role,) = [r for r in kinds(objects, "ClusterRole") if r not in nodes_roles(objects)]
     kopf = {(g, r, v) for (g, r), verbs in watching.KOPF_RULES.items() for v in verbs}
     assert rule_set(role["rules"]) == declared() | kopf
     assert not any(
         "*" in x for rule in role["rules"] for x in rule["apiGroups"] + rule["resources"] + rule["verbs"]
     )
-    (binding,) = kinds(objects, "ClusterRoleBinding")
+    (binding,) = [
+        b for b in kinds(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
     (account,) = kinds(objects, "ServiceAccount")
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
 
     objects = render(VALUE_SETS["namespaced"])
-    assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
+    assert kinds(objects, "ClusterRole") == nodes_roles(objects)  # (what the nodes offer: cluster-scoped)
     roles = [r for r in kinds(objects, "Role") if r is not leader_election_role(objects)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(rule_set(r["rules"]) == declared() for r in roles)
@@ -188,8 +203,7 @@ def test_no_rule_reads_every_secret_or_patches_pods_unless_a_value_opts_in(name)
     values = VALUE_SETS[name]
     opted = bool(values.get("rbac", {}).get("podDeletionCost"))
     objects = render(values)
-    lease = leader_election_role(objects)
-    roles = kinds(objects, "ClusterRole") + [r for r in kinds(objects, "Role") if r is not lease]
+    roles = operator_roles(objects)
     assert roles
     for role in roles:
         rules = rule_set(role["rules"])
@@ -203,6 +217,33 @@ def test_no_rule_reads_every_secret_or_patches_pods_unless_a_value_opts_in(name)
     assert autoscale_loop.pod_deletion_cost(operator_env(objects)) == opted
     with pytest.raises(ValueError, match=r"rbac\.podDeletionCost"):
         autoscale_loop.pod_deletion_cost({autoscale_loop.POD_DELETION_COST_ENV: "yes"})
+
+
+@pytest.mark.parametrize("mode", ["defaults", "namespaced"])
+def test_reading_nodes_is_a_read_only_cluster_role_that_a_value_turns_off(mode):
+    """rbac.readNodes (on by default): a ClusterRole of exactly OPT_IN_RULES["readNodes"] (list and watch,
+    nothing else), bound to the operator's ServiceAccount, in cluster and namespaced mode alike (nodes are
+    cluster-scoped), and NEURONFLEET_READ_NODES true; off: neither, and the operator told so."""
+    from neuronfleet.operator import node_watch
+
+    objects = render(VALUE_SETS[mode])
+    (role,) = nodes_roles(objects)
+    assert rule_set(role["rules"]) == declared("readNodes") - declared()
+    assert {verb for _, _, verb in rule_set(role["rules"])} == {"list", "watch"}
+    (binding,) = [
+        b for b in kinds(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    (account,) = kinds(objects, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": RELEASE_NAMESPACE}
+    ]
+    assert node_watch.reads_nodes(operator_env(objects))
+    values = {**VALUE_SETS[mode], "rbac": {"readNodes": False}}
+    objects = render(values)
+    assert not nodes_roles(objects) and not node_watch.reads_nodes(operator_env(objects))
+    assert not any(b["roleRef"]["name"].endswith("-nodes") for b in kinds(objects, "ClusterRoleBinding"))
+    with pytest.raises(ValueError, match=r"rbac\.readNodes"):
+        node_watch.reads_nodes({node_watch.READ_NODES_ENV: "yes"})
 
 
 def test_the_security_page_lists_exactly_the_rules_and_opt_ins():
@@ -251,6 +292,7 @@ def test_value_sets_reach_the_objects():
     assert pod["serviceAccountName"] == "existing-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NEURONFLEET_RUNTIME_IMAGE_CPU"] == "registry.example.com/ml/runtime-cpu:0.1.0"
+    assert "NEURONFLEET_RUNTIME_IMAGE_NEURON" not in env  # (no image of ours for Neuron devices)
     assert "--verbose" in container["args"]
 
 
@@ -331,6 +373,8 @@ def test_the_privileged_image_leave_reaches_the_operator_as_the_setting_it_reads
         ({"security": {"allowPrivilegedImageOverride": "yes"}}, "allowPrivilegedImageOverride"),
         ({"neuron": {"deviceAllocation": "claims"}}, "deviceAllocation"),
         ({"neuron": {"lncNodeLabel": "not a label"}}, "lncNodeLabel"),
+        # no image of ours runs on Neuron devices (the Dockerfile has no such target): refused, not ignored
+        ({"runtimeImages": {"neuron": "registry.example.com/n:1"}}, "neuron"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):
@@ -352,7 +396,9 @@ def test_chart_version_crd_and_notes_follow_the_code():
     assert "kubectl -n ops rollout status deployment/nf-neuronfleet" in notes
 
 
-def test_the_dockerfile_builds_three_pinned_non_root_targets():
+def test_the_dockerfile_builds_two_pinned_non_root_targets_and_nothing_for_neuron_devices():
+    """The operator and our runtime (routers, instanceType cpu); models on Neuron run their engine's image,
+    so no target carries the Neuron SDK."""
     text = (ROOT / "Dockerfile").read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
     stages = re.split(r"^FROM ", text, flags=re.M)[1:]
@@ -361,7 +407,7 @@ def test_the_dockerfile_builds_three_pinned_non_root_targets():
         head, _, body = stage.partition("\n")
         base, _, name = head.partition(" AS ")
         targets[name.strip()] = (base.strip(), body)
-    assert {"operator", "runtime-cpu", "runtime-neuron"} <= set(targets)
+    assert set(targets) == {"sources", "operator", "runtime-cpu"}
     for name, (base, body) in targets.items():
         if name == "sources":  # a build stage, never an image
             continue
@@ -372,7 +418,7 @@ def test_the_dockerfile_builds_three_pinned_non_root_targets():
         users = re.findall(r"^USER (\S+)", body, re.M)
         assert users and users[-1].split(":")[0] not in ("root", "0"), (name, users)
         assert "HEALTHCHECK" not in body
-    assert "NEURON_SDK_VERSION" in args and "sdk${NEURON_SDK_VERSION}" in args["NEURON_BASE_IMAGE"]
+    assert not [a for a in args if a.startswith("NEURON")] and "neuronx" not in text
     assert not re.search(r"(?i)(token|password|secret)\s*=", text)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "models", "tests"} <= set(ignored)
