@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp.web
 
@@ -61,6 +61,9 @@ from .semantics import ApiError, Resource, scale_view
 from .store import HISTORY, Expired, Store
 from .tables import table
 from .tls import kubeconfig
+
+if TYPE_CHECKING:
+    from .kubelet import NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -542,10 +545,12 @@ async def run(
     fault_switches: bool = False,
     tokens: Tokens | None = None,
     identity: tuple[ssl.SSLContext, bytes] | None = None,
+    node: NodeSettings | None = None,
 ) -> None:
     """Serve over HTTPS (`identity`: the TLS context and its CA's certificate, `tls.server_context`; made now
     where not given) until SIGTERM or SIGINT, to the users `tokens` names (`load_tokens`); with
-    `kubelet_state`, also run the process kubelet (it stops every pod process it started on the way out);
+    `kubelet_state`, also run the process kubelet (it stops every pod process it started on the way out), its
+    node advertising what `node` says;
     with `data_file`, the objects are read from it at the start and kept in it (`persist`) until the end. The
     kubeconfig, the data file and the kubelet's folders are readable by this user only (`guard`)."""
     from .kubelet import ProcessKubelet
@@ -557,7 +562,7 @@ async def run(
         if Path(data_file).exists():
             store.restore(json.loads(Path(data_file).read_text()))
         saving = asyncio.get_running_loop().create_task(persist(store, Path(data_file)))
-    kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state)) if kubelet_state else None
+    kubelet = ProcessKubelet(ClusterClient(store), Path(kubelet_state), node) if kubelet_state else None
     server = EmulatedAPIServer(
         store,
         pod_logs=kubelet.pod_log if kubelet else None,
@@ -645,6 +650,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
+    parser.add_argument(
+        "--node-label", action="append", default=[], metavar="KEY=VALUE",
+        help="a label of the process kubelet's node (repeat for more)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-resource", action="append", default=[], metavar="NAME=COUNT",
+        help="an extended resource the process kubelet's node offers, as a device plugin advertises it "
+        "(repeat for more; recorded, not enforced)",
+    )  # fmt: skip
     parser.add_argument("--data-file", help="keep the objects in this file, over restarts (as etcd would)")
     parser.add_argument(
         "--fault-switches", action="store_true",
@@ -673,6 +687,12 @@ def main(argv: list[str] | None = None) -> None:
         identity = tls.server_context(*files, args.host)
     except (OSError, ValueError, ssl.SSLError) as e:
         parser.error(f"the server's certificate: {e}")
+    from .kubelet import node_settings
+
+    try:
+        node = node_settings(args.node_label, args.node_resource)
+    except ValueError as e:
+        parser.error(str(e))
     if args.kubelet_state:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(
@@ -688,6 +708,7 @@ def main(argv: list[str] | None = None) -> None:
             args.fault_switches,
             tokens,
             identity,
+            node,
         )
     )
 

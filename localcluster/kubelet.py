@@ -14,6 +14,10 @@ it does what a node's kubelet and the built-in controllers would, with local pro
   reads (`pod_log`, `podlogs`), the termination message from `NEURONFLEET_TERMINATION_LOG`. A deleted pod
   leaves its Services at once, then runs its preStop `sleep` hook, then gets SIGTERM (`processes.stop`).
 - What happens is recorded as Events, in the kubelet's and the Job controller's words (`events`).
+- The node registers itself as Node `neuronfleet-local` (`node_object`), with the labels and the extended
+  resources its settings name (`NodeSettings`: `neuronfleet up --node-label`, `--node-resource`), as a real
+  kubelet and its device plugins advertise them: what the operator's Schedulable condition reads. Its
+  extended resources are recorded, not enforced: pods asking for more still run.
 - Services get EndpointSlices of their ready pods. A ClusterIP Service gets a TCP proxy on 127.0.0.1 whose
   address is published as the Service's `status.loadBalancer.ingress` (the operator reports it as the
   model's endpoint). There is no cluster DNS: every Service name (`name`, `name.ns`, `name.ns.svc`, with its
@@ -30,14 +34,17 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
 from . import jobs, podlogs
+from .admission import label_problems
 from .events import Recorder, reference
 from .guard import private_folder, write_private
 from .ports import loopback_port
@@ -75,11 +82,83 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+# ---- the node ---------------------------------------------------------------------------------------------
+
+NODE_NAME = "neuronfleet-local"
+NODE_OWN = ("cpu", "memory", "pods", "ephemeral-storage")  # the machine's, never set by a setting
+MAX_PODS = "110"  # the kubelet's default --max-pods
+ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}  # GOARCH's names
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What the local node advertises beside the machine's own: labels (e.g. the instance type a Neuron
+    model's pods select on) and extended resources (as a device plugin would: `aws.amazon.com/neuroncore`,
+    `vpc.amazonaws.com/efa`), name -> count."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, str] = field(default_factory=dict)
+
+
+def _pairs(items: list[str], what: str, example: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what} {item!r}: it is {example}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def node_settings(labels: list[str], resources: list[str]) -> NodeSettings:
+    """The node's settings from `KEY=VALUE` labels and `NAME=COUNT` resources; a ValueError saying what is
+    wrong with one (a label Kubernetes refuses, a resource that is not an extended one, a count that is not a
+    whole number)."""
+    node_labels = _pairs(
+        labels, "node label", "KEY=VALUE, e.g. node.kubernetes.io/instance-type=trn2.48xlarge"
+    )
+    problems = label_problems(node_labels, "node label")
+    if problems:
+        raise ValueError("; ".join(f"{where}: {message}" for where, message in problems))
+    counts = _pairs(resources, "node resource", "NAME=COUNT, e.g. aws.amazon.com/neuroncore=64")
+    for name, count in counts.items():
+        if name in NODE_OWN or "/" not in name:
+            raise ValueError(
+                f"node resource {name!r}: the node's own ({', '.join(NODE_OWN)}) are the machine's; a "
+                "setting names an extended resource, DOMAIN/NAME, e.g. aws.amazon.com/neuroncore"
+            )
+        if not count.isdigit():
+            raise ValueError(
+                f"node resource {name}={count!r}: an extended resource's count is a whole number"
+            )
+    return NodeSettings(node_labels, counts)
+
+
+def node_object(settings: NodeSettings, name: str = NODE_NAME) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Node this kubelet registers and its status: the well-known labels of this machine (hostname, os,
+    arch) under the settings' own, capacity and allocatable of its CPUs, memory and pods plus the settings'
+    extended resources, and a Ready condition."""
+    machine = platform.machine().lower()
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+              "kubernetes.io/arch": ARCH.get(machine, machine)}  # fmt: skip
+    labels.update(settings.labels)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
+    resources = {"cpu": str(os.cpu_count() or 1), "memory": f"{memory}Ki", "pods": MAX_PODS}
+    resources.update(settings.resources)
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {}}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "kubelet is posting ready status", "lastHeartbeatTime": now(),
+             "lastTransitionTime": now()}  # fmt: skip
+    status = {"capacity": dict(resources), "allocatable": dict(resources), "conditions": [ready]}
+    return node, status
+
+
 class ProcessKubelet:
     """Realises the cluster's objects as local processes and proxies; `run()` until cancelled."""
 
-    def __init__(self, cluster: ClusterClient, state: Path) -> None:
+    def __init__(self, cluster: ClusterClient, state: Path, node: NodeSettings | None = None) -> None:
         self.cluster, self.state = cluster, Path(state)
+        self.node = node or NodeSettings()
         self.pods: dict[str, LocalPod] = {}  # pod uid -> its process
         self.retiring: set[LocalPod] = set()  # deleted pods in their preStop hook or grace period
         self.proxies: dict[
@@ -96,7 +175,18 @@ class ProcessKubelet:
 
     # ---- the loop ----
 
+    async def register(self) -> None:
+        """The node's Node, made, or (a restart: the API server keeps objects) given this run's labels and
+        resources; what others set on it besides (a test's device plugin) stays."""
+        node, status = node_object(self.node)
+        if self.cluster.get("", "v1", "nodes", None, NODE_NAME) is None:
+            await self.cluster.create("", "v1", "nodes", None, node)
+        else:
+            await self.cluster.patch("", "v1", "nodes", None, NODE_NAME, {"metadata": node["metadata"]})
+        await self.cluster.patch_status("", "v1", "nodes", None, NODE_NAME, status)
+
     async def run(self) -> None:
+        await self.register()
         try:
             while True:
                 try:

@@ -11,7 +11,9 @@ every file in it that holds a secret (kubeconfig, tokens, objects.json, logs) 06
 the processes `up` starts create their files owner-only (umask 077). The operator serves its wake endpoint
 (for the front doors of models that scale to zero) on a free loopback port, which the routers, local
 processes too, reach at `http://127.0.0.1:PORT`, and its Prometheus metrics on another (its URL in
-`STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop it all. `down` stops what
+`STATE/operator-metrics-url`); in the foreground, Ctrl-C, SIGTERM and SIGHUP stop it all. The kubelet's node
+carries the labels and extended resources `up --node-label/--node-resource` name (`node_settings`), and the
+operator reads what it offers (`--read-nodes`: a Neuron model's Schedulable condition). `down` stops what
 `up` started (the kubelet stops every pod process) and deletes nothing else.
 `status` lists models, pods and their log files. `show_compiles` is what `up` in the foreground shows while
 models compile.
@@ -36,6 +38,8 @@ from typing import Any, TextIO
 from neuronfleet.operator import crd, spec
 
 from .guard import admin_table, format_tokens, open_private, private_folder, write_private
+from .kubelet import NodeSettings
+from .kubelet import node_settings as _node_settings
 from .ports import loopback_port
 from .tls import Access
 
@@ -83,14 +87,23 @@ def _api(state: Path) -> Access:
         raise LocalError(f"the local fleet's kubeconfig cannot be read: {e}") from None
 
 
+def node_settings(labels: list[str], resources: list[str]) -> NodeSettings:
+    """The local node's labels (`KEY=VALUE`) and extended resources (`NAME=COUNT`), or a LocalError saying
+    what is wrong with one."""
+    try:
+        return _node_settings(labels, resources)
+    except ValueError as e:
+        raise LocalError(str(e)) from None
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def up(state: Path, detach: bool, say=print) -> int:
-    """Start the fleet. In the foreground it runs until Ctrl-C, SIGTERM or SIGHUP (0), or until the API server
-    or the operator exits (1), then stops everything it started, as `down` does; a failed start stops what
-    it started too."""
+def up(state: Path, detach: bool, say=print, node: NodeSettings | None = None) -> int:
+    """Start the fleet, its node advertising what `node` says. In the foreground it runs until Ctrl-C,
+    SIGTERM or SIGHUP (0), or until the API server or the operator exits (1), then stops everything it
+    started, as `down` does; a failed start stops what it started too."""
     state = state.resolve()
     running = {name: pid for name, pid in _pids(state).items() if _alive(pid)}
     if running:
@@ -101,7 +114,7 @@ def up(state: Path, detach: bool, say=print) -> int:
     previous = {} if detach else {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     try:
         try:
-            _start(state, say)
+            _start(state, say, node or NodeSettings())
             if detach:
                 return 0
             say("[up] running in the foreground; Ctrl-C (or SIGTERM, SIGHUP) stops everything")
@@ -133,7 +146,7 @@ def _hold(installed: dict) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _start(state: Path, say) -> None:
+def _start(state: Path, say, node: NodeSettings) -> None:
     """Start the API server with the process kubelet, install the CRD and the models' claim, start the
     operator; every pid goes to the state folder as soon as it exists."""
     started = time.monotonic()
@@ -162,6 +175,8 @@ def _start(state: Path, say) -> None:
             str(state / "node"),
             "--data-file",
             str(state / "objects.json"),  # `down` deletes nothing: the next `up` has every object again
+            *(f"--node-label={k}={v}" for k, v in node.labels.items()),
+            *(f"--node-resource={k}={v}" for k, v in node.resources.items()),
         ],
         stdout=open_private(state / "logs" / "apiserver.log"),  # (the child's, for its life)
         stderr=subprocess.STDOUT,
@@ -199,6 +214,7 @@ def _start(state: Path, say) -> None:
             "127.0.0.1",
             "--standalone",
             "--all-namespaces",
+            "--read-nodes",  # (what the node offers: a Neuron model's Schedulable condition)
         ],
         stdout=open_private(state / "logs" / "operator.log"),  # (the child's, for its life)
         stderr=subprocess.STDOUT,

@@ -49,6 +49,7 @@ ALL = ("all",)
 
 BUILTIN = [
     Resource("", "v1", "namespaces", "Namespace", False, ("status",), ("ns",)),
+    Resource("", "v1", "nodes", "Node", False, ("status",), ("no",)),  # the process kubelet's one node
     Resource("", "v1", "pods", "Pod", True, ("status", "log"), ("po",), categories=ALL),
     Resource("", "v1", "services", "Service", True, ("status",), ("svc",), categories=ALL),
     Resource("", "v1", "endpoints", "Endpoints", True, (), ("ep",)),

@@ -558,7 +558,7 @@ class ClusterClient:
         except ApiError:
             return None
 
-    async def create(self, group: str, version: str, plural: str, namespace: str, body: dict) -> dict:
+    async def create(self, group: str, version: str, plural: str, namespace: str | None, body: dict) -> dict:
         return await self._store.create(self._store.kind(group, version, plural), namespace, body, {})
 
     async def delete(self, group: str, version: str, plural: str, namespace: str, name: str) -> None:

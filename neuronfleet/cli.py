@@ -220,7 +220,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     here once), checked before kopf starts; then kopf embedded with them (operator/handlers.py)."""
     import kopf
 
-    from neuronfleet.operator import handlers, leader, login, scaling, validation, wake
+    from neuronfleet.operator import handlers, leader, login, node_watch, scaling, validation, wake
 
     def refuse(why: object) -> int:
         print(f"neuronfleet operator: error: {why}", file=sys.stderr)
@@ -234,8 +234,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
                       *((k, v) for k, v in leader.TIMING_ENVS.items())):  # fmt: skip
         if (value := getattr(args, flag)) is not None:
             environ[env] = str(value).lower()
+    if args.read_nodes is not None:
+        environ[node_watch.READ_NODES_ENV] = str(args.read_nodes).lower()
     try:  # a bad setting stops here, saying what would be right
         every = scaling.tick_seconds(environ)
+        read_nodes = node_watch.reads_nodes(environ)
         validation.allows_privileged_image(environ)
         election = leader.settings(environ)
     except ValueError as e:
@@ -259,6 +262,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         wake_at=(args.wake_host, args.wake_port) if args.wake_port else None,
         wake_url=args.wake_url or environ.get(wake.URL_ENV) or None,
         autoscale_every=every,
+        read_nodes=read_nodes,
     )
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)  # kopf's logging
     if not args.debug:  # kopf's line for each object's event and index ("Handler ... succeeded"): too many
@@ -273,9 +277,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     state = Path(args.state)
     try:
         if args.command == "up":
+            node = local.node_settings(args.node_label, args.node_resource)
             if not args.detach:  # while a model compiles, its progress (from its status) on stderr
                 threading.Thread(target=local.show_compiles, args=(state, sys.stderr), daemon=True).start()
-            return local.up(state, args.detach)
+            return local.up(state, args.detach, node=node)
         if args.command == "down":
             return local.down(state)
         return local.status(state)
@@ -435,6 +440,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opr.add_argument("--lease-name", help="the Lease's name (default neuronfleet-operator)")
     opr.add_argument(
+        "--read-nodes",
+        action=argparse.BooleanOptionalAction,
+        help="watch what the nodes offer (their instance type, Neuron and EFA devices, DRA drivers; needs "
+        "the chart's rbac.readNodes) and say in each model's Schedulable condition what its pods would lack "
+        "(default off, or NEURONFLEET_READ_NODES)",
+    )
+    opr.add_argument(
         "--lease-namespace", help="the Lease's namespace (default: POD_NAMESPACE, else the service account's)"
     )
     for flag, default, text in (
@@ -471,6 +483,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--state", default=".neuronfleet", help="state folder (default: .neuronfleet)")
         if name == "up":
             cmd.add_argument("--detach", action="store_true", help="return once everything runs")
+            cmd.add_argument(
+                "--node-label", action="append", default=[], metavar="KEY=VALUE",
+                help="a label of the local node (repeat for more), e.g. "
+                "node.kubernetes.io/instance-type=trn2.48xlarge: what a model's pods select on",
+            )  # fmt: skip
+            cmd.add_argument(
+                "--node-resource", action="append", default=[], metavar="NAME=COUNT",
+                help="an extended resource the local node offers (repeat for more), as a device plugin "
+                "advertises it, e.g. aws.amazon.com/neuroncore=64 (recorded, not enforced)",
+            )  # fmt: skip
         cmd.set_defaults(func=_cmd_local)
     return parser
 

@@ -39,8 +39,9 @@ from typing import Any
 
 import kopf
 
-from . import kube, leader, login, names, scaling, spec, wake, watching
+from . import devices, kube, leader, login, names, scaling, spec, wake, watching
 from .autoscale_loop import AutoscaleLoop
+from .node_watch import NodeWatch, probe
 from .triggers import Triggers
 from .watching import Observed
 
@@ -61,6 +62,7 @@ class Config:
     wake_at: tuple[str, int] | None = None  # (host, port) of the wake endpoint, when it is served
     wake_url: str | None = None  # the wake endpoint as routers reach it
     autoscale_every: float = scaling.TICK_SECONDS  # seconds between the builtin autoscaler's decisions
+    read_nodes: bool = False  # what the nodes offer is read (node_watch: the Schedulable condition)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Operator:
     observed: Observed = field(init=False)
     client: kube.Kube | None = None
     triggers: Triggers | None = None
+    nodes: NodeWatch | None = None  # what the nodes offer, where they are read (made before kopf starts)
 
     def __post_init__(self) -> None:
         self.observed = Observed(self.config.namespaces)
@@ -91,6 +94,10 @@ class Operator:
         self.observed.live_get = lambda kind, ns, name: client.get(kind, ns, name, live=True)
         self.triggers = triggers = Triggers(client, self.observed)
         self.observed.on_change = triggers.changed
+        if self.nodes is not None:
+            self.nodes.attach(indices)
+            self.nodes.on_change = triggers.offers_changed
+            self.observed.nodes = self.nodes
         triggers.start()
         triggers.wake_url = config.wake_url
         triggers.autoscaler = AutoscaleLoop(
@@ -125,6 +132,8 @@ class Operator:
             if triggers.elector is not None:
                 await triggers.elector.stop()  # then the Lease is released: a follower leads at once
         await self.observed.stop()
+        if self.nodes is not None:
+            self.nodes.stop()
         if self.client is not None:
             await self.client.close()
 
@@ -178,6 +187,8 @@ def watching_parts(
 def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
     """The registry of the operator's kopf handlers and kopf's settings."""
     registry, settings = watching_parts(operator.observed, operator.config.namespaces is None, operator.login)
+    if operator.nodes is not None:
+        operator.nodes.register(registry)
 
     @kopf.on.startup(registry=registry)
     async def start(**kwargs: Any) -> None:
@@ -194,6 +205,10 @@ def run(config: Config, stop_flag: asyncio.Event | None = None) -> None:
     """Run the operator until SIGTERM or SIGINT (or `stop_flag`): kopf embedded, in this thread's event loop,
     with its settings as arguments."""
     operator = Operator(config, login.operator_login(config.kubeconfig))
+    if config.read_nodes:  # the kinds the API server serves and lets it list, decided before kopf watches
+        kinds = asyncio.run(probe(operator.login))
+        if "Node" in kinds:
+            operator.nodes = NodeWatch(kinds, [devices.settings().lnc_node_label])
     registry, settings = build(operator)
     kopf.run(
         registry=registry,

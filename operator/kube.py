@@ -77,9 +77,17 @@ RBAC_RULES: dict[tuple[str, str], tuple[str, ...]] = {
 # Granted only where a chart value opts in (the value's name -> rules), used only where the operator is told
 # so: rbac.podDeletionCost, a scale-down's pod-deletion-cost annotations (autoscale_loop.
 # POD_DELETION_COST_ENV) so that the idlest pods go first; without it the ReplicaSet controller chooses. A pod
-# patch can change its image: cluster-wide, close to running anything anywhere
+# patch can change its image: cluster-wide, close to running anything anywhere. rbac.readNodes (on by default;
+# node_watch.READ_NODES_ENV): what the nodes offer (node_watch.py: kopf's watches, and one LIST of at most one
+# object each at start), for the Schedulable condition; cluster-scoped kinds, so a ClusterRole of its own in
+# either watch mode, and read only
 OPT_IN_RULES: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
     "podDeletionCost": {("", "pods"): ("patch",)},
+    "readNodes": {
+        ("", "nodes"): ("list", "watch"),
+        ("resource.k8s.io", "resourceslices"): ("list", "watch"),
+        ("resource.k8s.io", "deviceclasses"): ("list", "watch"),
+    },
 }
 # Leader election (leader.py), in the operator's own namespace only (the chart's Role there): the Lease, and
 # the Events that say who leads
@@ -112,6 +120,9 @@ API_VERSIONS = {  # kind -> (group, version, resource)
     "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
     "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
     "Lease": ("coordination.k8s.io", "v1", "leases"),
+    "Node": ("", "v1", "nodes"),
+    "ResourceSlice": ("resource.k8s.io", "v1", "resourceslices"),
+    "DeviceClass": ("resource.k8s.io", "v1", "deviceclasses"),
     spec.KIND: (spec.GROUP, spec.VERSION, spec.PLURAL),
 }
 
@@ -276,6 +287,19 @@ class Kube:
             elif method == "DELETE" and not payload["metadata"].get("finalizers"):
                 self.cache.forget(payload)  # gone (an object with finalizers stays until they are done)
         return payload
+
+    async def readable(self, kind: str) -> bool | None:
+        """Whether the operator may list `kind` (a cluster-scoped one) here: one LIST of at most one object.
+        True; False where the API server refuses it (403); None where it serves no such kind (404)."""
+        group, version, resource = API_VERSIONS[kind]
+        self._allowed(group, resource, "list")
+        try:
+            await self._call("GET", object_path(group, version, resource, None), query=[("limit", "1")])
+        except KubeError as e:
+            if e.status in (403, 404):
+                return None if e.status == 404 else False
+            raise
+        return True
 
     async def answers(self) -> bool:
         """The API server answers now (GET /version, with any status), within 5 s."""

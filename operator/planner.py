@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import copy
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
-from . import builders, engines, gateway, manual_scale, names, network_policy, rollout, scaling, validation
+from . import (
+    builders,
+    engines,
+    gateway,
+    manual_scale,
+    names,
+    network_policy,
+    node_offers,
+    rollout,
+    scaling,
+    validation,
+)
 from .spec import NeuronModelSpec
 from .status import (
     PROGRESS_WRITE_SECONDS,
@@ -28,6 +39,7 @@ from .status import (
     compile_progress,
     compile_report,
     compute_status,
+    condition,
     job_state,
     pod_problems,
     progress_due,
@@ -85,6 +97,7 @@ class Observed:
     network_policies: list[dict[str, Any]] = field(default_factory=list)  # the model's (by its label)
     claim_templates: list[dict[str, Any]] = field(default_factory=list)  # DRA's (by the model's label)
     others: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # gateway or autoscaler, by kind
+    nodes: node_offers.Offers | None = None  # what the nodes offer, where the operator reads them
 
 
 @dataclass(frozen=True)
@@ -503,9 +516,30 @@ def plan(body: dict[str, Any], parsed: Parsed, observed: Observed, at: str, sett
             conds = old.get("conditions") or []
             builtin = ("DryRun" if spec.autoscaling.dryRun else "Builtin") if scaling.builtin(spec) else None
             status["conditions"].append(autoscaling_condition(conds, generation, at, autoscaler, builtin))
+        verdict = nodes_verdict(parsed, spec, served.objects, step.serving, observed.nodes)
+        if verdict is not None:  # what the nodes lack, before a pod waits for it
+            conds = old.get("conditions") or []
+            status["conditions"].append(
+                condition(conds, node_offers.CONDITION, *astuple(verdict), generation, at)
+            )
         status.update(seen)
     out.status = status
     return out
+
+
+def nodes_verdict(
+    parsed: Parsed, spec: NeuronModelSpec, objects: list[dict[str, Any]], serving: str | None,
+    offers: node_offers.Offers | None,
+) -> node_offers.Verdict | None:  # fmt: skip
+    """The Schedulable condition (`node_offers.schedulable`) of the pods the plan's objects hold, and, while
+    the spec's own hash has not compiled, of the serving pods it will roll to (said before the compile ends,
+    not once they wait); None where the nodes are not read or no pod asks for a device."""
+    if offers is None or spec.neuron.instanceType == "cpu":
+        return None
+    assert parsed.chash is not None
+    if serving != parsed.chash:
+        objects = [*objects, *builders.build_serving(parsed.owner, spec, parsed.chash)]
+    return node_offers.schedulable(node_offers.pod_needs(objects), offers)
 
 
 # ---- comparing what the operator wants with what the cluster holds ---------------------------------------

@@ -214,6 +214,8 @@ async def observe(kube: Kube, body: dict[str, Any], parsed: planner.Parsed) -> O
         seen.progress = await _compile_log(kube, owner, seen.job_pods)
     for kind, name in planner.reads(parsed, body).items():
         seen.others[kind] = await kube.get(kind, ns, name)
+    nodes = getattr(getattr(kube, "cache", None), "nodes", None)  # (a client without kopf's caches: none)
+    seen.nodes = nodes.offers() if nodes is not None else None  # (kopf's indexes: no request)
     return seen
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from neuronfleet.contract import parse_progress, progress_text
 
+from . import node_offers
+
 CONDITION_TYPES = ("Validated", "Compiled", "Ready", "Progressing", "Degraded")
 VALID = "the spec fits its instance type"
 
@@ -164,9 +166,11 @@ def pod_problems(pods: list[dict[str, Any]]) -> list[str]:
 
 
 def condition(
-    old: list[dict], type_: str, ok: bool, reason: str, message: str, generation: int, at: str
+    old: list[dict], type_: str, ok: bool | None, reason: str, message: str, generation: int, at: str
 ) -> dict:
-    value = "True" if ok else "False"
+    """A condition of `type_`: True, False or (`ok` None) Unknown; its lastTransitionTime kept while its
+    status is the old one's."""
+    value = "Unknown" if ok is None else "True" if ok else "False"
     previous = next((c for c in old if c.get("type") == type_), None)
     since = previous["lastTransitionTime"] if previous and previous.get("status") == value else at
     return {
@@ -403,6 +407,14 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
             out.append(("Normal", "Recovered", message))
         elif kind == "Conflict" and prev.get("message") != message:
             out.append(("Warning", "Conflict", message))
+        elif (
+            kind == node_offers.CONDITION
+            and changed
+            and (status == "False" or reason == node_offers.SCHEDULER_EXTENSION_ADVISED)
+        ):  # what the nodes lack, said before a pod waits
+            out.append(("Warning", reason, message))
+        elif kind == node_offers.CONDITION and changed and prev:
+            out.append(("Normal", reason, message))
     if "Conflict" in before and not any(c["type"] == "Conflict" for c in new.get("conditions") or []):
         out.append(("Normal", "ConflictResolved", "no object of this model is controlled by another owner"))
     return out

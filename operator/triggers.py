@@ -167,6 +167,14 @@ class Triggers:
                 self._check.add((meta.get("namespace", ""), model))
             self.enqueue((meta.get("namespace", ""), model))
 
+    def offers_changed(self, instance_types: set[str] | None) -> None:
+        """What the nodes of `instance_types` (None: any) offer changed (`node_watch`): their models are
+        reconciled (their Schedulable condition)."""
+        for model in self.cache.models():
+            neuron = (model.get("spec") or {}).get("neuron") or {}
+            if instance_types is None or neuron.get("instanceType") in instance_types:
+                self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+
     def enqueue(self, key: tuple[str, str]) -> None:
         """Reconcile the model: at once, unless its passes are failing and its retry is still ahead (that
         retry then reconciles it, with whatever changed meanwhile)."""

@@ -34,11 +34,14 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
 from . import spec
+
+if TYPE_CHECKING:
+    from .node_watch import NodeWatch
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,7 @@ class Observed:
         # a live LIST of a kind's watched objects in a namespace (None: all): the sweep after a re-list
         self.live_list: LiveList | None = None
         self.live_get: LiveGet | None = None  # a live read by name: what the sweep would hide, confirmed
+        self.nodes: NodeWatch | None = None  # what the nodes offer, where they are read (node_watch)
         self._indexes: dict[str, Any] = {}  # kind -> kopf.Index (attached once kopf has made them)
         self._synced: asyncio.Event | None = None
         # (kind, ns, name) -> the object the operator wrote, until kopf delivers that object again

@@ -33,7 +33,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 The operator's permissions: exactly the (API group, resource, verbs) of neuronfleet.operator.kube.RBAC_RULES,
 the one table the operator's API module is checked against (tests/unit/test_chart.py compares the two), and
-those of kube.OPT_IN_RULES whose value is set (rbac.podDeletionCost).
+those of kube.OPT_IN_RULES whose value is set (rbac.podDeletionCost; rbac.readNodes, cluster-scoped kinds,
+has a ClusterRole of its own in rbac.yaml).
 */}}
 {{- define "neuronfleet.rules" -}}
 - apiGroups: ["neuronfleet.dev"]
