@@ -22,6 +22,10 @@ No finalizer: deletion never needs the operator. Every child carries an ownerRef
 nothing outside the owner references (no external resource, no shared file) needs cleaning, so a model is
 deleted at once even with the operator stopped or uninstalled.
 
+Where the chart grants it (`Config.read_nodes`), kopf also watches what the nodes offer (`node_watch.py`:
+the kinds it may read decided by one LIST each before kopf starts); a change of an offer queues the models
+of that instance type.
+
 Several replicas (leader election, `leader.py`): kopf runs on every replica, so every replica keeps its
 indexes warm; only the leader reconciles, runs the autoscaler's loop and answers wake calls, and
 `kube.Kube` refuses any other replica's write, so a follower writes nothing at all.
