@@ -15,8 +15,10 @@ cores it offers). The model's `Schedulable` condition says which, and what to in
 `schedulable` decides: False where a pod can never be placed as the nodes are (DevicePluginMissing,
 EFADevicePluginMissing, DRADriverMissing, NodesTooSmall), Unknown where no node of the instance type (or
 with the labels the pods select on) is in the cluster now (a node autoscaler may add one when the pods wait:
-NoNodesOfInstanceType, NoNodesWithLabels), True otherwise: DevicesOffered, or SchedulerExtensionAdvised where
-pods ask for more than one Neuron core of a node that has more, without the Neuron scheduler extension. It
+NoNodesOfInstanceType, NoNodesWithLabels) or where the node that lacks a device joined minutes ago (its
+device plugin may still be registering: NodesStarting, SETTLE_SECONDS), True otherwise: DevicesOffered, or
+SchedulerExtensionAdvised where pods ask for more than one Neuron core of a node that has more, without the
+Neuron scheduler extension. It
 says nothing (None) for a model whose pods ask for no device, or where the nodes are not read (the chart's
 rbac.readNodes off): never a guess. It reads what nodes offer, not what is free now.
 
@@ -44,7 +46,10 @@ Facts, each from the source named (tests/data/node-offers-names.json records whe
 
 from __future__ import annotations
 
+import calendar
+import os
 import re
+import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +68,11 @@ POD_KINDS = ("Deployment", "Job", "StatefulSet", "DaemonSet")  # objects whose s
 ROLE_LABEL = "neuronfleet.dev/role"  # builders.LABEL_PREFIX + "/role"
 MANY = 1 << 30  # a count that did not parse: taken as plenty (never a false alarm)
 MESSAGE_LIMIT = 1500  # characters of a condition's message
+# A node that joined this recently and lacks a device may not have it registered yet (a device plugin or DRA
+# driver advertises its devices once its own pod runs on the node: image pull, start): not a lack, yet (the
+# operator's environment may say otherwise: local mode's tests wait seconds)
+SETTLE_ENV = "NEURONFLEET_NODE_SETTLE_SECONDS"
+SETTLE_SECONDS = float(os.environ.get(SETTLE_ENV, 300))
 
 # reasons: False (the pods cannot be placed as the nodes are), Unknown (no node to tell by), True
 DEVICE_PLUGIN_MISSING = "DevicePluginMissing"
@@ -71,6 +81,7 @@ DRA_DRIVER_MISSING = "DRADriverMissing"
 NODES_TOO_SMALL = "NodesTooSmall"
 NO_NODES = "NoNodesOfInstanceType"
 NO_LABELLED_NODES = "NoNodesWithLabels"
+NODES_STARTING = "NodesStarting"
 SCHEDULER_EXTENSION_ADVISED = "SchedulerExtensionAdvised"
 DEVICES_OFFERED = "DevicesOffered"
 
@@ -126,6 +137,7 @@ class NodeOffer:
     name: str
     labels: tuple[tuple[str, str], ...] = ()
     allocatable: tuple[tuple[str, int], ...] = ()
+    created: str = ""  # metadata.creationTimestamp (RFC 3339)
 
     def offers(self, resource: str) -> int:
         return next((n for r, n in self.allocatable if r == resource), 0)
@@ -168,7 +180,24 @@ def node_offer(node: dict[str, Any], kept_labels: Iterable[str] = ()) -> tuple[s
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     offered = tuple((r, n) for r in KEPT_RESOURCES if (n := _count(allocatable.get(r, 0))) > 0)
     kept = tuple((k, str(labels[k])) for k in dict.fromkeys(kept_labels) if k and k in labels)
-    return str(labels.get(INSTANCE_TYPE, "")), NodeOffer(str(meta.get("name", "")), kept, offered)
+    created = str(meta.get("creationTimestamp") or "")
+    return str(labels.get(INSTANCE_TYPE, "")), NodeOffer(str(meta.get("name", "")), kept, offered, created)
+
+
+def seconds_between(since: str, at: str) -> float | None:
+    """Seconds from one RFC 3339 time (as the API server writes them) to another; None where one is missing
+    or does not parse."""
+    try:
+        then, now = (calendar.timegm(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) for t in (since, at))
+    except (TypeError, ValueError):
+        return None
+    return float(now - then)
+
+
+def settling(node: NodeOffer, at: str | None) -> bool:
+    """Whether the node joined less than SETTLE_SECONDS before `at` (its devices may still register)."""
+    age = seconds_between(node.created, at) if at else None
+    return age is not None and age < SETTLE_SECONDS
 
 
 def slice_offer(obj: dict[str, Any]) -> tuple[str, SliceOffer]:
@@ -345,9 +374,10 @@ def _where(instance_type: str | None) -> str:
     return f"of instance type {instance_type}" if instance_type else "in the cluster"
 
 
-def schedulable(needs: list[PodNeeds], offers: Offers | None) -> Verdict | None:
-    """The Schedulable condition of a model whose pods ask `needs`, given what the nodes offer; None where no
-    pod asks for a device or the nodes are not read."""
+def schedulable(needs: list[PodNeeds], offers: Offers | None, at: str | None = None) -> Verdict | None:
+    """The Schedulable condition of a model whose pods ask `needs`, given what the nodes offer at `at` (a
+    node lacking a device within SETTLE_SECONDS of joining is not said to lack it); None where no pod asks
+    for a device or the nodes are not read."""
     if offers is None or not needs:
         return None
     problems = _Problems()
@@ -367,12 +397,16 @@ def schedulable(needs: list[PodNeeds], offers: Offers | None) -> Verdict | None:
             text = f"no node {where} has the label {labels} the pods select on; {NO_NODES_HOW} and label"
             problems.add(UNKNOWN, NO_LABELLED_NODES, f"{text} them", pod.who)
             continue
+        starting = [n for n in nodes if settling(n, at)]
         for resource, asked in pod.resources:
             most = max(_offered(offers, node, resource) for node in nodes)
             offered.setdefault(instance_type or "", {})[resource] = most
+            if most < asked and any(_offered(offers, n, resource) < asked for n in starting):
+                problems.add(UNKNOWN, NODES_STARTING, _starting(where, resource), pod.who)
+                continue
             _check_resource(problems, pod, offers, nodes, where, resource, asked, most)
         for claim in pod.claims:
-            _check_claim(problems, pod, offers, nodes, where, claim)
+            _check_claim(problems, pod, offers, nodes, where, claim, starting)
     return _verdict(problems, offered)
 
 
@@ -420,9 +454,17 @@ def _check_resource(
         problems.add(ADVICE, SCHEDULER_EXTENSION_ADVISED, text, f"{pod.who} ({asked} {resource} each)")
 
 
+def _starting(where: str, what: str) -> str:
+    took = f"{SETTLE_SECONDS / 60:g} minutes" if SETTLE_SECONDS >= 60 else f"{SETTLE_SECONDS:g} seconds"
+    return (f"a node {where} joined less than {took} ago and offers no {what} yet: a "
+            "device plugin or DRA driver advertises its devices once its own pod runs there; looked at again "
+            "then")  # fmt: skip
+
+
 def _check_claim(
-    problems: _Problems, pod: PodNeeds, offers: Offers, nodes: list[NodeOffer], where: str, claim: ClaimNeed
-) -> None:
+    problems: _Problems, pod: PodNeeds, offers: Offers, nodes: list[NodeOffer], where: str, claim: ClaimNeed,
+    starting: list[NodeOffer],
+) -> None:  # fmt: skip
     if offers.classes is None or offers.slices is None:
         return  # DRA is not read: nothing to say
     how = DRA_HOW.get(claim.device_class, DRA_HOW_OTHER)
@@ -433,9 +475,17 @@ def _check_claim(
         return
     if not cls.drivers:
         return  # its selectors name no driver: which nodes serve it is not known here
-    most = max(sum(offers.drivers_on(n.name).get(d, 0) for d in cls.drivers) for n in nodes)
+
+    def published(n: NodeOffer) -> int:
+        return sum(offers.drivers_on(n.name).get(d, 0) for d in cls.drivers)
+
+    most = max(published(n) for n in nodes)
     named = _joined(list(cls.drivers))
-    if most == 0:
+    if (most == 0 or (claim.count or 0) > most) and any(
+        published(n) < max(claim.count or 1, 1) for n in starting
+    ):
+        problems.add(UNKNOWN, NODES_STARTING, _starting(where, f"{claim.device_class} device"), pod.who)
+    elif most == 0:
         plugin = any(n.offers(r) for n in nodes for r in KEPT_RESOURCES)
         also = (" (they run a device plugin, which never shares a node with the DRA driver: allocate this "
                 "model's devices with the device plugin, neuron.deviceAllocation: devicePlugin, or move "

@@ -22,6 +22,7 @@ ever, holding every handler back. Without Nodes there is no Schedulable conditio
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -105,6 +106,8 @@ class NodeWatch:
         self._pending: set[str] | None = set()  # instance types changed (None: every one), not yet queued
         self._timer: asyncio.TimerHandle | None = None
         self._since: float | None = None  # when the first change not yet queued came
+        # a node that joined less than node_offers.SETTLE_SECONDS ago: its type looked at again once older
+        self._settled: dict[str, asyncio.TimerHandle] = {}
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         """An index and an event handler for each watched kind (cluster-scoped: one watch each)."""
@@ -129,8 +132,10 @@ class NodeWatch:
         )
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in [self._timer, *self._settled.values()]:
+            if timer is not None:
+                timer.cancel()
+        self._settled.clear()
 
     # ---- kopf's side ----
 
@@ -160,6 +165,8 @@ class NodeWatch:
         else:
             now = fresh or self._summary(param, body)
             self._seen[(param, name)] = now
+        if param == "Node":
+            self._settle(name, now)
         if (type is None and before is None) or now == before:
             return  # kopf's first list (the passes that follow read it whole), or nothing a model reads
         self._changed(param, [s for s in (before, now) if s is not None])
@@ -187,6 +194,27 @@ class NodeWatch:
         if self._timer is not None:
             self._timer.cancel()
         self._timer = loop.call_at(min(loop.time() + QUIET, self._since + QUIET_LONGEST), self._flush)
+
+    def _settle(self, name: str, summary: Summary | None) -> None:
+        """A node that joined less than SETTLE_SECONDS ago lacks no device yet (node_offers.settling): its
+        type is looked at again once it is older, whatever it registers meanwhile."""
+        pending = self._settled.pop(name, None)
+        if pending is not None:
+            pending.cancel()
+        if summary is None:
+            return
+        at = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        age = node_offers.seconds_between(summary[1].created, at)
+        if age is None or age >= node_offers.SETTLE_SECONDS:
+            return
+        instance_type = summary[0]
+        later = node_offers.SETTLE_SECONDS - age + 1
+
+        def settled() -> None:
+            self._settled.pop(name, None)
+            self._changed("Node", [(instance_type, None)])
+
+        self._settled[name] = asyncio.get_running_loop().call_later(later, settled)
 
     def _flush(self) -> None:
         pending, self._pending, self._timer, self._since = self._pending, set(), None, None

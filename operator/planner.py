@@ -516,7 +516,7 @@ def plan(body: dict[str, Any], parsed: Parsed, observed: Observed, at: str, sett
             conds = old.get("conditions") or []
             builtin = ("DryRun" if spec.autoscaling.dryRun else "Builtin") if scaling.builtin(spec) else None
             status["conditions"].append(autoscaling_condition(conds, generation, at, autoscaler, builtin))
-        verdict = nodes_verdict(parsed, spec, served.objects, step.serving, observed.nodes)
+        verdict = nodes_verdict(parsed, spec, served.objects, step.serving, observed.nodes, at)
         if verdict is not None:  # what the nodes lack, before a pod waits for it
             conds = old.get("conditions") or []
             status["conditions"].append(
@@ -529,7 +529,7 @@ def plan(body: dict[str, Any], parsed: Parsed, observed: Observed, at: str, sett
 
 def nodes_verdict(
     parsed: Parsed, spec: NeuronModelSpec, objects: list[dict[str, Any]], serving: str | None,
-    offers: node_offers.Offers | None,
+    offers: node_offers.Offers | None, at: str,
 ) -> node_offers.Verdict | None:  # fmt: skip
     """The Schedulable condition (`node_offers.schedulable`) of the pods the plan's objects hold, and, while
     the spec's own hash has not compiled, of the serving pods it will roll to (said before the compile ends,
@@ -539,7 +539,7 @@ def nodes_verdict(
     assert parsed.chash is not None
     if serving != parsed.chash:
         objects = [*objects, *builders.build_serving(parsed.owner, spec, parsed.chash)]
-    return node_offers.schedulable(node_offers.pod_needs(objects), offers)
+    return node_offers.schedulable(node_offers.pod_needs(objects), offers, at)
 
 
 # ---- comparing what the operator wants with what the cluster holds ---------------------------------------

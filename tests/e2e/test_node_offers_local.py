@@ -1,10 +1,11 @@
 """Say why a pod will wait, before it waits, in local mode: the real operator (`--read-nodes`) against the
 emulated API server, whose one Node is the process kubelet's (`kubelet.node_object`, labelled trn2.48xlarge
-as `neuronfleet up --node-label` makes it), and a Trn2 prefill/decode model over EFA. The node offers no
-Neuron device plugin's cores, then no EFA interfaces: the model's Schedulable condition names each, with a
-Warning Event, while its compile has not even started a pod; once the node offers both (its status patched as
-the device plugins do), the condition clears. Node heartbeats cost no request; every call the operator made
-is one the chart grants (RBAC_RULES, and OPT_IN_RULES["readNodes"])."""
+as `neuronfleet up --node-label` makes it), and a Trn2 prefill/decode model over EFA. While the node is new
+its devices may still be registering (Unknown, NodesStarting: SETTLE seconds here, minutes on a cluster);
+then it offers no Neuron device plugin's cores, then no EFA interfaces: the model's Schedulable condition
+names each, with a Warning Event, while its compile has not even started a pod; once the node offers both
+(its status patched as the device plugins do), the condition clears. Node heartbeats cost no request; every
+call the operator made is one the chart grants (RBAC_RULES, and OPT_IN_RULES["readNodes"])."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from neuronfleet.operator import kube, node_offers, watching
 TRN2 = "trn2.48xlarge"
 SAMPLE = ROOT / "crds" / "samples" / "llama-3.3-70b-vllm-trn2-disaggregated.yaml"
 MERGE = "application/merge-patch+json"
+SETTLE = (
+    10  # seconds a new node's devices may take to register (the operator's NEURONFLEET_NODE_SETTLE_SECONDS)
+)
 
 
 @pytest.fixture()
@@ -39,7 +43,7 @@ def test_a_model_whose_nodes_lack_a_device_plugin_says_so_and_clears_once_they_o
     node, status = node_object(NodeSettings(labels={node_offers.INSTANCE_TYPE: TRN2}))
     cluster.call("POST", "/api/v1/nodes", node)
     cluster.call("PATCH", f"/api/v1/nodes/{NODE_NAME}/status", {"status": status}, MERGE)
-    operator = cluster.start_operator("--read-nodes")
+    operator = cluster.start_operator("--read-nodes", env={node_offers.SETTLE_ENV: str(SETTLE)})
     model = yaml.safe_load(SAMPLE.read_text())
     model["metadata"]["namespace"] = "default"
     model["spec"]["model"].pop("secretRef")  # (no Hub here)
@@ -52,6 +56,10 @@ def test_a_model_whose_nodes_lack_a_device_plugin_says_so_and_clears_once_they_o
     def reason_is(reason: str):
         return lambda: (c := schedulable(cluster, name)) is not None and c["reason"] == reason and c
 
+    first = operator.wait_until(lambda: schedulable(cluster, name), "the Schedulable condition")
+    if first["reason"] == node_offers.NODES_STARTING:  # (unless the machine was too slow to see it young)
+        assert first["status"] == "Unknown" and "aws.amazon.com/neuroncore yet" in first["message"]
+    # nothing changes on the node: once it is SETTLE seconds old, its lack is said
     missing = operator.wait_until(reason_is(node_offers.DEVICE_PLUGIN_MISSING), "DevicePluginMissing")
     assert missing["status"] == "False" and "aws.amazon.com/neuroncore" in missing["message"]
     assert "helm upgrade --install neuron-helm-chart" in missing["message"]

@@ -9,12 +9,13 @@ record of their sources (tests/data/node-offers-names.json)."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
 
 import pytest
 import yaml
-from support import ROOT
+from support import ROOT, wait_until_async
 
 from neuronfleet.operator import builders, node_offers, node_watch, planner
 from neuronfleet.operator.node_offers import (
@@ -258,6 +259,30 @@ def test_more_cores_than_a_node_has_names_lnc_and_a_label_no_node_carries_is_unk
     assert verdict(asked, offers(node(neuroncore=64))).status is True
 
 
+def test_a_node_that_just_joined_may_still_be_registering_its_devices():
+    asked = needs(DI)
+    young = NodeOffer("n1", ((INSTANCE_TYPE, TRN2),), ((EFA, 16),), created="2026-12-06T11:59:00Z")
+    got = verdict_at(asked, offers(young), AT)
+    assert (got.status, got.reason) == (None, node_offers.NODES_STARTING)
+    assert "joined less than 5 minutes ago and offers no aws.amazon.com/neuroncore yet" in got.message
+    old = NodeOffer("n1", ((INSTANCE_TYPE, TRN2),), ((EFA, 16),), created="2026-12-06T11:50:00Z")
+    assert verdict_at(asked, offers(old), AT).reason == DEVICE_PLUGIN_MISSING
+    assert (
+        verdict_at(asked, offers(old, young), AT).reason == node_offers.NODES_STARTING
+    )  # (it may offer them)
+    ready = NodeOffer(
+        "n2", ((INSTANCE_TYPE, TRN2),), ((NEURONCORE, 64), (EFA, 16)), created="2026-12-06T11:50:00Z"
+    )
+    assert verdict_at(asked, offers(young, ready), AT).status is True  # (another node offers them)
+    (dra,) = needs(DRA)
+    got = verdict_at([dra], offers(young, slices={}, classes=NEURON_CLASS), AT)
+    assert got.reason == node_offers.NODES_STARTING and "neuron.aws.com device yet" in got.message
+
+
+def verdict_at(asked: list[PodNeeds], offer: Offers, at: str) -> node_offers.Verdict | None:
+    return node_offers.schedulable(asked, offer, at)
+
+
 def test_a_device_class_that_serves_an_extended_resource_offers_it_through_dra():
     asked = [PodNeeds("p", ((INSTANCE_TYPE, TRN2),), ((NEURONCORE, 64),), scheduler="s")]
     classes = {"c": [DeviceClassOffer(("neuron.aws.com",), NEURONCORE)]}
@@ -351,6 +376,29 @@ def test_the_watch_queues_the_models_of_a_type_only_when_what_a_node_offers_chan
         await deliver("Node", "DELETED", a_node("n2", "inf2.48xlarge", "24", "t3"))
         await asyncio.sleep(0.05)
         assert queued[-1] == {"inf2.48xlarge"}
+        watch.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_watch_looks_again_at_a_new_nodes_type_once_it_has_settled(monkeypatch):
+    monkeypatch.setattr(node_offers, "SETTLE_SECONDS", 2.5)  # (ages count whole seconds)
+    monkeypatch.setattr(node_watch, "QUIET", 0.01)
+    watch = node_watch.NodeWatch(["Node"])
+    queued: list = []
+    watch.on_change = queued.append
+    now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    new = {
+        "metadata": {"name": "n1", "creationTimestamp": now, "labels": {INSTANCE_TYPE: TRN2}},
+        "status": {},
+    }
+
+    async def scenario() -> None:
+        await watch._index(body=new, param="Node")
+        await watch._event(type=None, body=new, param="Node", nf_offer_node={})  # (kopf's first list)
+        assert queued == []
+        await wait_until_async(lambda: queued, "the settled node's type to be queued", ceiling=10)
+        assert queued == [{TRN2}]  # though nothing changed on it
         watch.stop()
 
     asyncio.run(scenario())
