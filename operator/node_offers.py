@@ -432,7 +432,9 @@ def _check_resource(
         dra = any(EFA_DRIVER in offers.drivers_on(n.name) for n in nodes)
         also = (" (they run the EFA DRA driver, which serves no vpc.amazonaws.com/efa: allocate with DRA, "
                 "neuron.deviceAllocation: dra)") if dra else ""  # fmt: skip
-        text = f"no node {where} offers {EFA}{also}; {EFA_DEVICE_PLUGIN_HOW}"
+        text = (f"no node {where} offers {EFA}{also}: the EFA device plugin does not run there, or the nodes "
+                "were launched without EFA interfaces (network interfaces of type efa or efa-only: EKS user "
+                f"guide \"EFA devices\"); {EFA_DEVICE_PLUGIN_HOW}")  # fmt: skip
         problems.add(FALSE, EFA_DEVICE_PLUGIN_MISSING, text, f"{pod.who} ({asked} {resource} each)")
     elif most == 0:
         dra = any(NEURON_DRIVER in offers.drivers_on(n.name) for n in nodes)
