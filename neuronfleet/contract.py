@@ -300,6 +300,12 @@ class ServeConfig(BaseModel):
         "(one more gets 429); 0: hold none. With holding the router's /ready is 200 even with no pod",
     )
     hold_seconds: float = _flag(300.0, "router: the longest a request is held; then 503 with Retry-After")
+    max_resumes: int = _flag(
+        2,
+        "router with --unified or --peer-protocol vllm|sglang, with --model: the most times one streamed "
+        "OpenAI answer whose pod dies is resumed on another pod from the prompt and the tokens already sent "
+        "(0: never; it then ends cut)",
+    )
     wake_url: str | None = _flag(
         None, "router: POSTed (no body) when a request is held, again every 5 s while any stays held"
     )
@@ -374,6 +380,8 @@ class ServeConfig(BaseModel):
                 f"--hold-requests {self.hold_requests} --hold-seconds {self.hold_seconds:g}: the most "
                 "requests held at once (0: none) and the longest one is held, in seconds (over 0)"
             )
+        if self.max_resumes < 0:
+            raise ValueError(f"--max-resumes {self.max_resumes}: the most resumes of one stream (0: none)")
         routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens")
                    if getattr(self, n) != _default(n)}  # fmt: skip
         if self.role != "router" and routing:

@@ -187,7 +187,7 @@ def _serve_front_door(args: ServeConfig) -> int:
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
         routing=_routing(args), tokenizer=tokenizer,
-        peer_kv_events=args.peer_kv_events if tokenizer else None,
+        peer_kv_events=args.peer_kv_events if tokenizer else None, max_resumes=args.max_resumes,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

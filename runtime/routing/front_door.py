@@ -13,8 +13,14 @@ Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URL
 Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
 `GET /ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
 (`holding.Hold`, `--hold-requests`) until one is. A pod that fails before its answer starts (no connection, a
-reset, a 503 while draining) is counted as failing and the request goes to another ready pod, or is held
-again; after the answer started a break ends the stream (the client sees it cut, never a clean end).
+reset, a 5xx: a 503 while draining) is counted as failing and the request goes to another ready pod, or is
+held again; a whole (not streamed) answer is read before it is passed on, so a pod that dies while sending
+it is such a failure too (the request is sent again). With the model's tokenizer (`--model`), an OpenAI
+completion or chat streamed to the client is resumed on another pod when its pod dies after the stream
+started (a reset, its end before the answer's, an error event), from the prompt and the tokens already sent,
+at most `--max-resumes` times (`resume.StreamResume`: the client sees one stream, no token repeated or
+missing; exact for greedy requests where the pods return their tokens' ids). Any other stream that breaks
+after it started (TGI's `/generate_stream`) ends cut (the client sees it cut, never a clean end).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
+from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, resumable, with_token_ids
 from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.errors import InvalidRequest, openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
@@ -55,7 +62,15 @@ NOT_FORWARDED = frozenset(
 
 
 class PodRefused(Exception):
-    """A pod answered 503 (draining, or full): the request may go to another."""
+    """A pod answered 5xx (503: draining, or full): the request may go to another."""
+
+
+class StreamCut(Exception):
+    """A resumable stream broke after the client's answer started (`out`): it may go on on another pod."""
+
+    def __init__(self, why: str, out: web.StreamResponse) -> None:
+        super().__init__(why)
+        self.out = out
 
 
 class FrontDoor(HttpApp):
@@ -66,9 +81,11 @@ class FrontDoor(HttpApp):
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
         hold_seconds: float = 300.0, wake_url: str | None = None, wake_token: str | None = None,
         routing: Routing | None = None, tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
+        max_resumes: int = 2,
     ) -> None:  # fmt: skip
         """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`) and the key to its
-        pods' KV-cache events (`kv_event_index.Subscriptions`)."""
+        pods' KV-cache events (`kv_event_index.Subscriptions`). `max_resumes`: the most times one stream is
+        resumed on another pod (0: never; resuming needs the tokenizer)."""
         if not unified:
             raise ValueError(
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
@@ -88,6 +105,7 @@ class FrontDoor(HttpApp):
         self.subscriptions = Subscriptions(secret=wake_token) if tokenizer is not None else None
         self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
+        self.max_resumes = max_resumes if tokenizer is not None else 0
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, wake_token=wake_token,
@@ -101,8 +119,12 @@ class FrontDoor(HttpApp):
         Gauge("vllm:num_requests_running", "Requests forwarded to a pod and not finished.", ["model_name"],
               registry=self.registry).labels(**labels).set_function(lambda: self.forwarded)  # fmt: skip
         self.watch.register_metrics(self.registry, model_name)
-        self.retries = Counter("neuronfleet:router_retries", "Requests moved to another pod before their "
-                               "answer started.", ["model_name", "kind"], registry=self.registry)  # fmt: skip
+        self.retries = Counter(
+            "neuronfleet:router_retries",
+            "Requests moved to another pod: before their answer started or while a whole answer was read "
+            "(retry), or a stream resumed from the token ids sent (resume: exact for greedy requests) or "
+            "from the text sent (resume_text).", ["model_name", "kind"], registry=self.registry,
+        )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
         self.registry.register(RoutingMetrics(model_name, {"unified": self.routing}))
         Gauge("vllm:num_requests_waiting", "Requests held until a pod is ready.", ["model_name"],
@@ -193,17 +215,21 @@ class FrontDoor(HttpApp):
         if self.refusing():
             return self._error(path, 503, "the front door is shutting down and takes no new requests")
         body = await request.read()  # (read by the middleware, within its limits)
+        value = None
         if body and not request.content_type.startswith("multipart/"):
             try:  # a body no pod could take is refused here, whatever engine is behind (api_requests)
-                decode_json(body)
+                value = decode_json(body)
             except InvalidRequest as e:
                 return self._error(path, e.http_status(tgi=not path.startswith("/v1/")), str(e))
         await self.watch.refresh_if_stale()
-        blocks = (
-            self.routing.blocks(request_prompt(path, body, self.tokenizer))
-            if request.method == "POST"
-            else []
-        )
+        prompt = request_prompt(path, body, self.tokenizer) if request.method == "POST" else None
+        blocks = self.routing.blocks(prompt) if request.method == "POST" else []
+        resume = None  # a stream that may go on on another pod when its pod dies
+        if self.max_resumes and request.method == "POST" and resumable(path, value):
+            ids = prompt if isinstance(prompt, list) else None
+            resume = StreamResume(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
+            body = json.dumps(with_token_ids(value)).encode()  # type: ignore[arg-type]
+        target, out = request.raw_path, None  # the path sent; the client's answer once it started
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
         tried: set[str] = set()
@@ -219,21 +245,24 @@ class FrontDoor(HttpApp):
                 if self.hold.enabled and self.unified.ready == 0:  # every pod failed it: held again
                     tried.clear()
                     continue
+                if out is not None:  # a stream resumed on no pod: it ends cut
+                    log.warning("%s %s: no pod to resume the stream on (%s)", request.method, path, failures)
+                    return _cut(request, out)
                 if refused is not None:
                     return web.Response(status=refused[0], body=refused[1], headers=refused[2])
                 why = "; ".join(failures) or f"{', '.join(self.unified.specs)} resolve to no address"
                 return self._error(path, 503, f"no unified pod could serve the request: {why}")
-            if failures:
+            if failures and out is None:
                 self.retries.labels(**self.labels, kind="retry").inc()
             peer.in_flight += 1
             self.forwarded += 1
             try:
                 try:
-                    response = await self._send(peer, request, headers, body)
-                    if response.status == 503:  # draining (or full): another pod may take it
-                        refused = (503, await response.read(), _answer_headers(response))
+                    response = await self._send(peer, request, target, headers, body)
+                    if response.status >= 500:  # draining, full or failing: another pod may take it
+                        refused = (response.status, await response.read(), _answer_headers(response))
                         response.release()
-                        raise PodRefused("answered 503")
+                        raise PodRefused(f"answered {response.status}")
                 except (*PEER_FAILURES, PodRefused) as e:  # before the answer started
                     self.unified.failed(peer.url, str(e))
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
@@ -241,47 +270,100 @@ class FrontDoor(HttpApp):
                         "%s %s: pod %s failed (%s); trying another", request.method, path, peer.url, e
                     )
                     continue
-                return await self._answer(request, peer, response, blocks)
+                try:
+                    return await self._answer(request, peer, response, blocks, resume, out)
+                except StreamCut as e:
+                    out = e.out
+                    failures.append(f"{peer.url}: {e}")
+                    if resume is None or resume.attempts >= self.max_resumes:
+                        log.warning("%s %s: pod %s failed mid-stream (%s); the client's answer ends cut",
+                                    request.method, path, peer.url, e)  # fmt: skip
+                        return _cut(request, out)
+                    if resume.remaining() == 0:  # every token was sent: only the finish was lost
+                        await out.write(resume.closing())
+                        await out.write_eof()
+                        return out
+                    kind = resume.kind
+                    target, next_body = resume.resume()
+                    body = json.dumps(next_body).encode()
+                    self.retries.labels(**self.labels, kind=kind).inc()
+                    log.warning("%s %s: pod %s failed mid-stream (%s); %s on another pod after %d tokens",
+                                request.method, path, peer.url, e, kind, resume.before)  # fmt: skip
+                    tried = {peer.url}
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
 
     async def _send(
-        self, peer: Peer, request: web.Request, headers: dict, body: bytes
+        self, peer: Peer, request: web.Request, target: str, headers: dict, body: bytes
     ) -> aiohttp.ClientResponse:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout)
-        url = yarl.URL(f"{peer.url}{request.raw_path}", encoded=True)  # path and query as sent
+        url = yarl.URL(f"{peer.url}{target}", encoded=True)  # path and query as sent
         return await self.watch.client().request(request.method, url, headers=headers, data=body or None,
                                             timeout=timeout, allow_redirects=False)  # fmt: skip
 
     async def _answer(
-        self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse, blocks: list[int]
-    ) -> web.StreamResponse:
-        """The pod's answer as it comes; a break after it started cuts the client's connection. Once the
-        answer is whole the pod's cache holds the prompt, and not before: a burst of requests with one new
-        long prefix is spread by load, not piled on the pod still computing it (a stream's first bytes say
-        nothing of that: servers send the role chunk before the prompt is computed)."""
+        self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse, blocks: list[int],
+        resume: StreamResume | None = None, out: web.StreamResponse | None = None,
+    ) -> web.StreamResponse:  # fmt: skip
+        """The pod's answer: a whole one read first (a pod that dies while sending it is PodRefused: the
+        request goes to another), a stream passed on as it comes. A resumable stream (`resume`) goes through
+        it event by event, into the client's answer `out` where an earlier pod started it; its break is
+        StreamCut. Any other stream that breaks cuts the client's connection. Once the answer is whole the
+        pod's cache holds the prompt, and not before: a burst of requests with one new long prefix is spread
+        by load, not piled on the pod still computing it (a stream's first bytes say nothing of that: servers
+        send the role chunk before the prompt is computed)."""
         self.unified.succeeded(peer.url)
         try:
-            out = web.StreamResponse(status=response.status, reason=response.reason,
-                                     headers=_answer_headers(response))  # fmt: skip
-            await out.prepare(request)
+            streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
+            if out is not None and (response.status >= 300 or not streamed):  # a resume the pod refused
+                said = (await response.read())[:300].decode(errors="replace")
+                self.unified.failed(peer.url, said)
+                raise StreamCut(f"the resumed request was answered {response.status}: {said}", out)
+            if not streamed:
+                try:
+                    data = await response.read()
+                except PEER_FAILURES as e:
+                    raise PodRefused(f"the answer broke off: {e or type(e).__name__}") from None
+                if response.status < 300:
+                    self.routing.sent(peer.url, blocks, time.monotonic())
+                return web.Response(status=response.status, reason=response.reason, body=data,
+                                    headers=_answer_headers(response))  # fmt: skip
+            if out is None:
+                out = web.StreamResponse(status=response.status, reason=response.reason,
+                                         headers=_answer_headers(response))  # fmt: skip
+                await out.prepare(request)
             try:
                 async for chunk in response.content.iter_any():
-                    await out.write(chunk)
-            except PEER_FAILURES as e:
-                self.unified.failed(peer.url, str(e))
+                    data = chunk if resume is None else resume.feed(chunk)
+                    if request.transport is None or request.transport.is_closing():
+                        return out  # the client left: its request ends here (the pod's answer released)
+                    await out.write(data)
+                if resume is not None:
+                    resume.ended()
+            except (*PEER_FAILURES, StreamBroken) as e:
+                why = f"{e or type(e).__name__}"
+                if request.transport is None or request.transport.is_closing():
+                    return out  # the client left (a write to it failed)
+                self.unified.failed(peer.url, why)
+                if resume is not None:
+                    raise StreamCut(why, out) from None
                 log.warning("%s %s: pod %s failed mid-answer (%s); the client's answer ends cut",
-                            request.method, request.path, peer.url, e or type(e).__name__)  # fmt: skip
-                if request.transport is not None:
-                    request.transport.close()
-                return out
+                            request.method, request.path, peer.url, why)  # fmt: skip
+                return _cut(request, out)
             if response.status < 300:
                 self.routing.sent(peer.url, blocks, time.monotonic())
             await out.write_eof()
             return out
         finally:
             response.release()
+
+
+def _cut(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
+    """The client's answer ends cut (its connection closed), never with a clean end."""
+    if request.transport is not None:
+        request.transport.close()
+    return out
 
 
 def _json(body: bytes) -> object:

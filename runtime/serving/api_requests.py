@@ -8,6 +8,7 @@ allowed range; the server turns that into the API's own error format.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -121,6 +122,10 @@ class ParsedRequest:
     stream: bool
     include_usage: bool = False
     details: bool = False
+    add_generation_prompt: bool = True  # chat: the template's opening of the assistant's answer
+    continue_final_message: bool = False  # chat: the answer continues the last message, left open
+    return_token_ids: bool = False  # vLLM's extension: each choice carries its tokens' ids (what a router
+    # resuming the stream on another pod continues from: runtime/routing/resume.py)
 
 
 def _get(
@@ -229,6 +234,7 @@ def _openai_request(
     stream = _get(body, "stream", (bool,), False)
     options = _get(body, "stream_options", (dict,), {})
     include_usage = _get(options, "include_usage", (bool,), False, "stream_options.include_usage")
+    return_token_ids = _get(body, "return_token_ids", (bool,), False)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -239,7 +245,7 @@ def _openai_request(
         stop=_stop(body.get("stop"), "stop"),
         ignore_eos=ignore_eos,
     )
-    return ParsedRequest(prompt, messages, params, stream, include_usage)
+    return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids)
 
 
 def parse_openai_completion(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> ParsedRequest:
@@ -304,7 +310,24 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
             )
         clean.append({"role": role, "content": content})
     _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
-    return _openai_request(body, prompt=None, messages=clean, max_tokens_default=None, defaults=defaults)
+    # vLLM's extensions: the answer continues the last (assistant) message instead of starting a new one
+    # (what a router resuming a stream sends: runtime/routing/resume.py)
+    add_generation_prompt = _get(body, "add_generation_prompt", (bool,), True)
+    continue_final = _get(body, "continue_final_message", (bool,), False)
+    if continue_final and add_generation_prompt:
+        raise InvalidRequest(
+            "continue_final_message continues the last message: send it with add_generation_prompt false",
+            "continue_final_message",
+        )
+    if continue_final and (clean[-1]["role"] != "assistant" or not clean[-1]["content"]):
+        raise InvalidRequest(
+            "continue_final_message needs a last message of role assistant with some content to continue",
+            "continue_final_message",
+        )
+    parsed = _openai_request(body, prompt=None, messages=clean, max_tokens_default=None, defaults=defaults)
+    return dataclasses.replace(
+        parsed, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final
+    )
 
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:

@@ -201,7 +201,9 @@ class RuntimeServer(HttpApp):
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         if parsed.messages is not None:
-            return self.backend.tokenizer.encode_chat(parsed.messages)
+            return self.backend.tokenizer.encode_chat(
+                parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message
+            )
         return parsed.prompt  # type: ignore[return-value]
 
     async def _stream(self, parsed: ParsedRequest) -> AsyncIterator[RequestOutput]:
@@ -288,7 +290,7 @@ class RuntimeServer(HttpApp):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if parsed.stream:
-            return await self._openai_sse(request, outputs, rid, created, chat, parsed.include_usage)
+            return await self._openai_sse(request, outputs, rid, created, chat, parsed)
         try:
             result = await self._collect(outputs)
         except ServingError as e:
@@ -312,6 +314,8 @@ class RuntimeServer(HttpApp):
                 "logprobs": None,
                 "finish_reason": result.finish_reason,
             }
+        if parsed.return_token_ids:
+            choice["token_ids"] = list(result.token_ids)
         return web.json_response(
             {
                 "id": rid,
@@ -323,7 +327,8 @@ class RuntimeServer(HttpApp):
             }
         )
 
-    async def _openai_sse(self, request, outputs, rid: str, created: int, chat: bool, include_usage: bool):
+    async def _openai_sse(self, request, outputs, rid: str, created: int, chat: bool, parsed: ParsedRequest):
+        include_usage = parsed.include_usage
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -364,7 +369,9 @@ class RuntimeServer(HttpApp):
                         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
                     else:
                         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
-                    if out.text or reason:
+                    if parsed.return_token_ids:
+                        choice["token_ids"] = list(out.token_ids)
+                    if out.text or reason or (parsed.return_token_ids and out.token_ids):
                         await resp.write(chunk([choice]))
         except ServingError as e:  # the stream has started: the error is its last event
             err = {"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}}

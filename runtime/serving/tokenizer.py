@@ -100,9 +100,25 @@ class Tokenizer:
         except TemplateError as e:
             raise InvalidRequest(f"the model's chat template refused the messages: {e}", "messages") from None
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of a chat prompt (the template places any BOS itself)."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+    def encode_chat(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:  # fmt: skip
+        """Token ids of a chat prompt (the template places any BOS itself). `continue_final_message`: the
+        last message left open (rendered without a generation prompt and cut right after its content, as
+        Hugging Face's `apply_chat_template(continue_final_message=True)` does), for an answer that
+        continues it."""
+        text = self.apply_chat_template(messages, add_generation_prompt and not continue_final_message)
+        if continue_final_message:
+            final = messages[-1]["content"]
+            end = text.rfind(final) if final else -1
+            if end < 0:
+                raise InvalidRequest(
+                    "continue_final_message: the chat template does not render the last message's content "
+                    "as it is, so it cannot be continued", "continue_final_message",
+                )  # fmt: skip
+            text = text[: end + len(final)]
+        return self.encode(text, add_special_tokens=False)
 
 
 class IncrementalDetokenizer:

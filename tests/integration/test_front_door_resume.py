@@ -1,0 +1,153 @@
+"""The front door resumes a stream whose pod dies (`runtime/routing/resume.py`): two real unified servers of
+the SmolLM2 cpu model behind a front door with the model's tokenizer, driven by the official `openai` client
+(max_retries=0); the pod carrying a request is killed (SIGKILL) mid-answer, and the client still gets one
+answer equal, token for token, to an undisturbed pod's (greedy), its usage counted right, the resume counted
+in `neuronfleet:router_retries_total`. The killed pod is started again on its port between tests."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from support import EXACT_DTYPE_OPTIONS, Process, Server, free_port, metric, neuronfleet_command, wait_until
+
+STORY = "Write a short story about a lighthouse keeper."
+PROMPT = "Once upon a time, in a small village by the sea,"
+OPTIONS = ("--slots", "2", "--max-seq-len", "256", *EXACT_DTYPE_OPTIONS)
+TOKENS = 40  # long enough for the kill to land mid-answer
+pytestmark = pytest.mark.real_model
+
+
+class Pods:
+    """Two unified servers, each restartable on its port, and the front door before them."""
+
+    def __init__(self, model_dir: Path, logs: Path) -> None:
+        self.model_dir, self.logs = model_dir, logs
+        self.servers = {name: Server(model_dir, OPTIONS, free_port(), logs / f"{name}.log") for name in "ab"}
+        for server in self.servers.values():
+            server.wait_ready()
+        peers = logs / "peers.json"
+        peers.write_text(json.dumps({"unified:8000": [f"127.0.0.1:{s.port}" for s in self.servers.values()]}))
+        port = free_port()
+        self.door = f"http://127.0.0.1:{port}"
+        args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port),
+                "--served-model-name", "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1",
+                "--unified", "dns://unified:8000", "--peer-hosts-file", str(peers), "--model", str(model_dir),
+                "--routing", "least-loaded"]  # fmt: skip
+        self.process = Process(args, logs / "door.log")
+        self.process.wait_until(lambda: self.healthy() == 2, "the front door to see both pods")
+
+    def healthy(self) -> float:
+        try:
+            return metric(self.door, "neuronfleet:router_peers_healthy", role="unified")
+        except OSError:
+            return 0
+
+    def carrying(self) -> str | None:
+        """The pod running a request now."""
+        for name, server in self.servers.items():
+            try:
+                if metric(server.base, "vllm:num_requests_running") > 0:
+                    return name
+            except OSError:
+                continue
+        return None
+
+    def kill_carrier(self) -> str:
+        name = wait_until(self.carrying, "a pod to carry the request")
+        self.servers[name].kill()
+        return name
+
+    def revive(self, name: str) -> None:
+        old = self.servers[name]
+        self.servers[name] = Server(self.model_dir, OPTIONS, old.port, self.logs / f"{name}-again.log")
+        self.servers[name].wait_ready()
+        self.process.wait_until(lambda: self.healthy() == 2, "the front door to take the pod back")
+
+    def resumes(self, kind: str = "resume") -> float:
+        return metric(self.door, "neuronfleet:router_retries_total", kind=kind)
+
+    def close(self) -> None:
+        self.process.stop()
+        for server in self.servers.values():
+            server.stop_cleanly()
+
+
+@pytest.fixture(scope="module")
+def pods(smollm2_dir, tmp_path_factory):
+    fleet = Pods(smollm2_dir, tmp_path_factory.mktemp("resume"))
+    yield fleet
+    fleet.close()
+
+
+def client(base: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+CHAT = dict(model="smollm2", messages=[{"role": "user", "content": STORY}], max_tokens=TOKENS, temperature=0)
+COMPLETION = dict(model="smollm2", prompt=PROMPT, max_tokens=TOKENS, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def want(pods) -> dict:
+    """The undisturbed answers, from one pod directly."""
+    direct = client(pods.servers["a"].base)
+    chat = direct.chat.completions.create(**CHAT)
+    completion = direct.completions.create(**COMPLETION)
+    return {"chat": chat, "completion": completion}
+
+
+def test_a_chat_stream_whose_pod_dies_goes_on_on_the_other_pod_token_for_token(pods, want):
+    resumes = pods.resumes()
+    stream = client(pods.door).chat.completions.create(
+        **CHAT, stream=True, stream_options={"include_usage": True}
+    )
+    pieces, ids, roles, usage, victim = [], set(), 0, None, None
+    for chunk in stream:
+        ids.add(chunk.id)
+        usage = chunk.usage or usage
+        if chunk.choices and chunk.choices[0].delta.role:
+            roles += 1
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if len(pieces) == 3 and victim is None:  # the pod streaming it dies now
+            victim = pods.kill_carrier()
+    assert victim is not None
+    assert "".join(pieces) == want["chat"].choices[0].message.content
+    assert len(ids) == 1 and roles == 1  # one stream, as the client sees it
+    assert usage.completion_tokens == want["chat"].usage.completion_tokens
+    assert usage.prompt_tokens == want["chat"].usage.prompt_tokens
+    assert pods.resumes() == resumes + 1
+    pods.revive(victim)
+
+
+def test_a_completion_stream_whose_pod_dies_goes_on_token_for_token(pods, want):
+    resumes = pods.resumes()
+    stream = client(pods.door).completions.create(**COMPLETION, stream=True)
+    pieces, finish, victim = [], None, None
+    for chunk in stream:
+        pieces.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+        if len([p for p in pieces if p]) == 3 and victim is None:
+            victim = pods.kill_carrier()
+    assert victim is not None
+    assert "".join(pieces) == want["completion"].choices[0].text
+    assert finish == want["completion"].choices[0].finish_reason
+    assert pods.resumes() == resumes + 1
+    pods.revive(victim)
+
+
+def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
+    retries = pods.resumes("retry")
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client(pods.door).chat.completions.create, **CHAT)
+        victim = pods.kill_carrier()
+        got = answer.result()
+    assert got.choices[0].message.content == want["chat"].choices[0].message.content
+    assert got.usage.completion_tokens == want["chat"].usage.completion_tokens
+    assert pods.resumes("retry") == retries + 1
+    pods.revive(victim)
