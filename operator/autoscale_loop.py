@@ -258,7 +258,9 @@ class AutoscaleLoop:
         auto = status.get("autoscaling") or {}
         policy = scaling.policy(spec, cold_start=float(auto.get("coldStartSeconds") or 0.0))
         current = scaling.decided_replicas(spec, status) or scaling.start_replicas(spec)
-        pods, held = await self._pods(body, policy, front_door.has_front_door(spec))
+        pods, held = await self._pods(
+            body, policy, front_door.holds(spec) or front_door.unified_front_door(spec)
+        )
         now = time.time()
         await self._measure_cold_start(key, pods)
         if woken:

@@ -550,7 +550,8 @@ def build_peer_services(owner: Owner, spec: NeuronModelSpec, chash: str) -> list
     else:
         return []
     ports = {r: [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}] for r in roles}
-    if boot := engines.engine_router_config(spec, port).bootstrap_port if spec.engine == "sglang" else None:
+    sglang_pd = spec.engine == "sglang" and "prefill" in ports
+    if boot := engines.engine_router_config(spec, port).bootstrap_port if sglang_pd else None:
         ports["prefill"].append({"name": "bootstrap", "port": boot, "targetPort": boot, "protocol": "TCP"})
     return [
         {

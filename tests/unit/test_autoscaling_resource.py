@@ -203,10 +203,10 @@ def disaggregated(replicas: int | None, pods: tuple[int, int], **autoscaling) ->
 
 
 def test_spec_replicas_sets_the_unified_pods_and_unset_leaves_serving_replicas():
-    assert builders.serving_roles(parsed(manifest(UNIFIED))) == {"unified": 1}
-    # (more than one pod: a front door that routes kv-aware, docs/routing.md)
+    # (every unified model's front door: one router pod, whatever the count, docs/front-door.md)
+    assert builders.serving_roles(parsed(manifest(UNIFIED))) == {"unified": 1, "router": 1}
     assert builders.serving_roles(parsed(manifest(UNIFIED, replicas=3))) == {"unified": 3, "router": 1}
-    assert builders.serving_roles(parsed(manifest(UNIFIED, replicas=0))) == {"unified": 0}
+    assert builders.serving_roles(parsed(manifest(UNIFIED, replicas=0))) == {"unified": 0, "router": 1}
     spec = parsed(manifest(UNIFIED, replicas=3))
     deployment = builders.build_deployment(
         OWNER, spec, "unified", builders.serving_roles(spec)["unified"], "h"

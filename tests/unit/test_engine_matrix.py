@@ -59,8 +59,10 @@ def test_each_pinned_contract_is_the_one_the_engine_renders_there(engine, family
     assert not errors
     pinned = matrix.MATRIX[(engine, family)].pinned
     assert builders.engines.image_for(parsed) == pinned.image
-    for deployment in (o for o in builders.build_all(builders.Owner("m", "ns"), parsed, serving_hash="h")
-                       if o["kind"] == "Deployment"):  # fmt: skip
+    built = builders.build_all(builders.Owner("m", "ns"), parsed, serving_hash="h")
+    deployments = [o for o in built if o["kind"] == "Deployment"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == ["m-router", "m-unified"]  # the front door
+    for deployment in (d for d in deployments if d["metadata"]["name"] == "m-unified"):
         assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == pinned.image
 
 

@@ -110,6 +110,13 @@ def test_the_parser_read_is_the_pinned_images_optimum_neuron():
     assert options["--auto_cast_type"].choices == ["bf16", "fp16", "tf32"]
 
 
+def unified_deployment(objects: dict[str, list[dict]]) -> dict:
+    """The TGI servers' Deployment (the other is their front door, our router)."""
+    by_role = {d["metadata"]["labels"]["neuronfleet.dev/role"]: d for d in objects["Deployment"]}
+    assert sorted(by_role) == ["router", "unified"]
+    return by_role["unified"]
+
+
 @pytest.mark.parametrize(
     "obj", variants(), ids=lambda o: f"{o['spec']['model']['uri']}-{o['spec']['neuron'].get('dtype')}"
 )
@@ -123,7 +130,7 @@ def test_the_export_compiles_exactly_the_shapes_the_server_is_told(obj):
         words for words in script_lines(objects) if words[:3] == ["optimum-cli", "export", "neuron"]
     )
     args = export_parser().parse_args(export[3:])
-    (deployment,) = objects["Deployment"]
+    deployment = unified_deployment(objects)
     env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
     assert args.task == "text-generation" and args.output == Path("$OUT/model")
     assert args.batch_size == int(env["MAX_BATCH_SIZE"]) == spec.neuron.batchSize
@@ -156,7 +163,7 @@ def test_the_export_compiles_exactly_the_shapes_the_server_is_told(obj):
 @pytest.mark.parametrize("obj", variants(), ids=lambda o: o["spec"]["model"]["uri"])
 def test_every_name_the_operator_emits_is_recorded_with_a_source(obj):
     objects = rendered(obj)
-    (deployment,) = objects["Deployment"]
+    deployment = unified_deployment(objects)
     serving = deployment["spec"]["template"]["spec"]["containers"][0]
     launcher = serving["command"][4:]  # after the start guard (/bin/sh -c GUARD tgi-start-guard)
     assert launcher[0] in pinned("arg")
@@ -197,7 +204,7 @@ def test_the_compile_job_runs_on_a_neuron_node_with_a_read_only_root_and_the_wri
     assert container["resources"]["limits"]["aws.amazon.com/neuroncore"] == cores
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == spec.neuron.instanceType
     assert any(t["key"] == "aws.amazon.com/neuron" for t in pod["tolerations"])
-    (deployment,) = objects["Deployment"]
+    deployment = unified_deployment(objects)
     for pod_spec, c in (
         (pod, container),
         (deployment["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]["containers"][0]),

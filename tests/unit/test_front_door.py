@@ -1,7 +1,8 @@
-"""The front door of a unified model (operator/front_door.py, builders): a router that never scales to zero,
-holding requests at zero and (provider builtin) waking the operator when the model may scale to zero, and
-routing kv-aware when it may run more than one pod; strictly valid Kubernetes, its command the one
-`neuronfleet serve` parses."""
+"""The front door of a unified model (operator/front_door.py, builders): a router every unified model has
+(but one whose gateway pool is its pods) that never scales to zero, holds requests while no pod is ready and
+(provider builtin) wakes the operator when the model may scale to zero, routing kv-aware at every replica
+count; scaling changes no pod template; strictly valid Kubernetes, its command the one `neuronfleet serve`
+parses."""
 
 from __future__ import annotations
 
@@ -119,33 +120,101 @@ def test_keda_gets_the_front_door_without_a_wake_url_and_no_base_url_means_no_wa
     assert (args.hold_requests, args.wake_url) == (32, None)
 
 
-def test_without_scale_to_zero_a_unified_model_has_a_front_door_only_to_route_kv_aware_over_pods():
-    # kv-aware (the default) over up to 2 pods: a front door that routes and holds nothing
-    spec = parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2})
+def test_every_unified_model_has_a_front_door_that_holds_but_one_whose_gateway_pool_is_its_pods():
+    # one fixed pod (the default sample): a front door that routes kv-aware and holds while no pod is ready
+    # (the lone pod lost or replaced), one pod's slots x 4, no wake (nothing scales to zero)
+    for autoscaling, most in (({"enabled": False}, 1), ({"enabled": True, "min": 1, "max": 2}, 2)):
+        spec = parsed(UNIFIED, autoscaling)
+        built = objects(spec)
+        for obj in built.values():
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+        assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
+        assert ("Service", "m-unified") in built and builders.serving_roles(spec) == {
+            "unified": 1,
+            "router": 1,
+        }
+        door = serve_args(built[("Deployment", "m-router")])
+        assert door.unified == ["dns://m-unified:8000"] and door.wake_url is None
+        assert (door.hold_requests, door.hold_seconds) == (4 * spec.neuron.batchSize * most, 600.0)
+        # the margin a quarter of the slots, at least 2; a pod's cache its slots at the sequence length
+        assert (door.routing, door.routing_load_margin, door.routing_cache_tokens) == ("kv-aware", 2, 4 * 512)
+        # kv-aware at one pod too: it follows the pods' KV-cache events, which they publish at every count
+        unified = serve_args(built[("Deployment", "m-unified")])
+        assert unified.kv_events_config is not None and door.peer_kv_events == unified.kv_events_config
+    # by load alone: still a front door (it holds), no KV-cache events
+    spec = parsed(UNIFIED, {"enabled": False}, routing={"policy": "least-loaded"})
     built = objects(spec)
-    assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "router"
-    assert ("Service", "m-unified") in built and builders.serving_roles(spec) == {"unified": 1, "router": 1}
     door = serve_args(built[("Deployment", "m-router")])
-    assert door.unified == ["dns://m-unified:8000"] and (door.hold_requests, door.wake_url) == (0, None)
-    # the margin a quarter of the slots, at least 2; a pod's cache its slots at the sequence length
-    assert (door.routing, door.routing_load_margin, door.routing_cache_tokens) == ("kv-aware", 2, 4 * 512)
-    # by load alone, one pod at most, or behind a gateway's endpoint picker: the Service selects the pods
-    for plain in (
-        parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2}, routing={"policy": "least-loaded"}),
-        parsed(UNIFIED, {"enabled": False}),
-        parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2}, gateway={"endpointPicker": {"name": "e"}}),
-    ):
-        built = objects(plain)
-        assert ("Deployment", "m-router") not in built and ("Service", "m-unified") not in built
-        assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
-        assert builders.serving_roles(plain) == {"unified": 1}
+    assert (door.routing, door.model, door.peer_kv_events, door.hold_requests) == (
+        "least-loaded",
+        None,
+        None,
+        16,
+    )
+    assert serve_args(built[("Deployment", "m-unified")]).kv_events_config is None
+    # behind a gateway's endpoint picker (no scale to zero) the pool and the Service select the pods
+    plain = parsed(UNIFIED, {"enabled": True, "min": 1, "max": 2}, gateway={"endpointPicker": {"name": "e"}})
+    built = objects(plain)
+    assert ("Deployment", "m-router") not in built and ("Service", "m-unified") not in built
+    assert built[("Service", "m")]["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+    assert builders.serving_roles(plain) == {"unified": 1}
     # spec.replicas (the scale subresource) counts too, and the margin follows the spec when it says
     spec = parsed(UNIFIED, {"enabled": False}, routing={"loadMargin": 0})
     spec = spec.model_copy(update={"replicas": 3})
     assert serve_args(objects(spec)[("Deployment", "m-router")]).routing_load_margin == 0
 
 
-def test_a_disaggregated_models_routers_hold_and_wake_only_when_it_scales_to_zero():
+def pod_templates(spec, replicas: dict | None = None) -> dict[str, dict]:
+    """Role -> its Deployment's pod template, and the Deployments' replicas, as rendered for `spec`."""
+    built = objects(spec, replicas=replicas)
+    deployments = {o["metadata"]["name"]: o for (kind, _), o in built.items() if kind == "Deployment"}
+    return {n: d["spec"]["template"] for n, d in deployments.items()}, {
+        n: d["spec"]["replicas"] for n, d in deployments.items()
+    }
+
+
+@pytest.mark.parametrize("engine", ["embedded", "vllm"])
+def test_scaling_changes_replicas_only_never_a_pod_template(engine):
+    """1 -> 3 -> 1 by spec.replicas (kubectl scale), by serving.unified.replicas, by the autoscaler's
+    decision, and a change of the autoscaling bounds: the serving pods' template stays the same (no pod
+    restarts: a model load of minutes on Neuron), kv-aware at every count; the front door's too but for the
+    bound it holds."""
+    # vLLM's Neuron plugin (Trn2) publishes KV-cache events too
+    base = load("llama-3.3-70b-vllm-trn2.yaml") if engine == "vllm" else UNIFIED
+    fixed = parsed(base, {"enabled": False})
+    declared = base["spec"]["serving"].get("unified") or {}
+    renders = [pod_templates(fixed.model_copy(update={"replicas": n})) for n in (None, 1, 3, 1)] + [
+        pod_templates(parsed(base, {"enabled": False}, unified={**declared, "replicas": n}))
+        for n in (1, 3, 1)
+    ]
+    templates = [t for t, _ in renders]
+    assert [r["m-unified"] for _, r in renders] == [1, 1, 3, 1, 1, 3, 1]
+    assert all(t == templates[0] for t in templates), "a replica count reached a pod template"
+    unified = templates[0]["m-unified"]
+    config = ServeConfig.from_namespace(
+        cli.build_parser().parse_args(unified["spec"]["containers"][0]["command"][1:])
+    ) if engine == "embedded" else None  # fmt: skip
+    if config is not None:
+        assert config.kv_events_config is not None  # published at one pod already
+    else:
+        assert "--kv-events-config" in unified["spec"]["containers"][0]["command"]
+    # autoscaled: the autoscaler's replicas and its bounds reach no serving pod's template
+    scaled = [
+        pod_templates(parsed(base, {"enabled": True, "min": low, "max": high}), {"unified": n})
+        for low, high, n in ((1, 2, 1), (1, 4, 3), (1, 4, 1), (2, 8, 3), (0, 3, 1))
+    ]
+    assert all(t["m-unified"] == unified for t, _ in scaled)
+    assert [r["m-unified"] for _, r in scaled] == [1, 3, 1, 3, 1]
+    # the front door: the same at every count; its hold bound (slots x max) is all the bounds change in it
+    doors = [t["m-router"] for t, _ in scaled]
+    assert doors[1] == doors[2] and all(
+        d == templates[0]["m-router"] for d in (t["m-router"] for t in templates)
+    )
+    holds = [serve_args({"spec": {"template": d}}).hold_requests for d in doors]
+    assert holds == [4 * fixed.neuron.batchSize * m for m in (2, 4, 4, 8, 3)]
+
+
+def test_a_disaggregated_models_routers_hold_always_and_wake_only_when_it_scales_to_zero():
     def router(autoscaling: dict) -> ServeConfig:
         spec = parsed(DISAGGREGATED, autoscaling)
         built = objects(spec)
@@ -157,8 +226,10 @@ def test_a_disaggregated_models_routers_hold_and_wake_only_when_it_scales_to_zer
     held = router({**ZERO, "max": 3})
     assert held.prefill and held.decode and held.unified is None
     assert held.hold_requests == 4 * 4 * 3 and held.wake_url == f"{WAKE}/wake/ns/m"
+    # not at zero: it holds while no decode pod is ready (its last one lost or replaced), wakes no one
     plain = router({"enabled": True, "min": 1, "max": 3})
-    assert (plain.hold_requests, plain.wake_url) == (0, None)  # today's router exactly
+    assert (plain.hold_requests, plain.wake_url) == (4 * 4 * 3, None)
+    assert router({"enabled": False}).hold_requests == 4 * 4
 
 
 def test_the_wake_url_is_under_the_operators_base_url():

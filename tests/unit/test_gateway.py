@@ -121,8 +121,10 @@ def test_without_a_route_only_the_pool_and_without_a_gateway_nothing_and_no_role
     assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
     plain = built(manifest(UNIFIED))
     assert "InferencePool" not in plain and "HTTPRoute" not in plain
-    (deployment,) = plain["Deployment"]
-    assert "llm-d.ai/role" not in deployment["spec"]["template"]["metadata"]["labels"]  # no roll on upgrade
+    for deployment in plain["Deployment"]:  # the pods and their front door
+        assert (
+            "llm-d.ai/role" not in deployment["spec"]["template"]["metadata"]["labels"]
+        )  # no roll on upgrade
 
 
 def test_a_disaggregated_model_pools_its_routers_and_labels_prefill_and_decode_pods():

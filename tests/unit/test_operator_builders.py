@@ -145,7 +145,9 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
     # no Neuron devices or Neuron nodes
     cpu = sample("smollm2-135m-local-cpu.yaml")
     chash = builders.compile_hash(cpu)
-    (dep,) = by_kind(builders.build_all(OWNER, cpu, serving_hash=chash))["Deployment"]
+    dep, door = by_kind(builders.build_all(OWNER, cpu, serving_hash=chash))["Deployment"]
+    assert [d["metadata"]["labels"]["neuronfleet.dev/role"] for d in (dep, door)] == ["unified", "router"]
+    # (the pods, then every unified model's front door)
     c = container(dep)
     assert c["command"][:4] == ["neuronfleet", "serve", "--model", f"{engines.artifacts_dir(chash)}/model"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"

@@ -41,7 +41,8 @@ def test_a_change_that_needs_a_compile_leaves_the_deployments_exactly_as_they_ar
     assert rollout.stored_sections(after, stored, h2, h1) == stored
     # h2 compiled: built from the new spec, once (its template differs: new artifacts and new slots)
     rolled = deployments(rollout.serving_spec(after, stored, h2, h2), h2)
-    (dep,) = rolled.values()
+    assert sorted(rolled) == [f"{OWNER.name}-router", f"{OWNER.name}-unified"]  # (the front door)
+    dep = rolled[f"{OWNER.name}-unified"]
     cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--slots") + 1] == "2" and cmd[cmd.index("--model") + 1].endswith(
         f"artifacts/{h2}/model"

@@ -130,11 +130,13 @@ def test_the_public_service_selects_the_new_set_only_once_it_is_ready(ready):
     body, parsed = compiled()
     first = planner.plan(body, parsed, Observed(), AT, Settings())
     applied = [w.obj for w in first.writes if isinstance(w, Apply)]
-    (deployment,) = [o for o in applied if o["kind"] == "Deployment"]
+    deployments = [o for o in applied if o["kind"] == "Deployment"]  # the pods' and their front door's
+    assert [d["metadata"]["labels"]["neuronfleet.dev/role"] for d in deployments] == ["unified", "router"]
     assert first.status["phase"] != "Ready"  # just created: nothing ready
-    held = {**as_cluster_holds(deployment, ready), "kind": "Deployment"}
-    held["metadata"]["ownerReferences"] = deployment["metadata"]["ownerReferences"]
-    observed = Observed(deployments=[held])
+    held = [{**as_cluster_holds(d, ready), "kind": "Deployment"} for d in deployments]
+    for h, d in zip(held, deployments, strict=True):
+        h["metadata"]["ownerReferences"] = d["metadata"]["ownerReferences"]
+    observed = Observed(deployments=held)
     second = planner.plan(body, parsed, observed, AT, Settings())
     (public,) = [w.obj for w in second.writes if isinstance(w, Apply) and w.obj["kind"] == "Service"
                  and w.obj["metadata"]["name"] == parsed.owner.name]  # fmt: skip
@@ -145,7 +147,7 @@ def test_the_public_service_selects_the_new_set_only_once_it_is_ready(ready):
 def test_a_deployment_that_will_be_patched_is_not_rolled_out_yet():
     _, parsed = compiled()
     objects = builders.build_all(parsed.owner, parsed.spec, parsed.chash)
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    deployment, _door = [o for o in objects if o["kind"] == "Deployment"]
     held = as_cluster_holds(deployment, ready=True)
     held["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"  # drifted
     will_be = planner.projected(deployment, held)
@@ -299,7 +301,7 @@ def test_every_model_gets_its_token_secret_once_and_its_network_policies():
             volumes = [v.get("secret") for v in d["spec"]["template"]["spec"]["volumes"]]
             assert {"secretName": "smollm2-internal", "defaultMode": 0o440} in volumes
         assert cluster.named("NetworkPolicy") == {"smollm2-pods", "smollm2-public"}
-        assert public_roles(cluster) == (["router"] if serving else ["unified"])
+        assert public_roles(cluster) == ["router"]  # the front door, or the disaggregated set's routers
         cluster.body["spec"]["neuron"]["batchSize"] = 2  # a change; the Secret is not (its token would be)
         cluster.body["metadata"]["generation"] = 2
         cluster.reconcile()
@@ -310,6 +312,7 @@ def test_network_policies_turned_off_are_deleted_and_the_secret_stays():
     cluster = compiled_cluster()
     cluster.reconcile()
     cluster.ready("smollm2-unified")
+    cluster.ready("smollm2-router")
     assert cluster.reconcile().status["phase"] == "Ready"
     cluster.body["spec"]["serving"]["networkPolicy"] = False
     cluster.body["metadata"]["generation"] = 2
@@ -320,91 +323,83 @@ def test_network_policies_turned_off_are_deleted_and_the_secret_stays():
 def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_old_one():
     cluster = compiled_cluster()
     cluster.reconcile()
-    cluster.ready("smollm2-unified")
+    door = {"smollm2-unified", "smollm2-router"}  # the unified pods and their front door
+    for name in door:
+        cluster.ready(name)
     assert cluster.reconcile().status["phase"] == "Ready"
     unified = cluster.selector()
-    assert unified["neuronfleet.dev/role"] == "unified"
+    assert (unified["neuronfleet.dev/role"], unified["neuronfleet.dev/set"]) == ("router", "unified")
     # unified -> disaggregated, at the same compile hash (the serving mode is not part of it)
     cluster.body["spec"]["serving"] = DISAGGREGATED
     cluster.body["metadata"]["generation"] = 2
     plan = cluster.reconcile()
-    new = {n for n in cluster.named("Deployment") if n != "smollm2-unified"}
+    new = cluster.named("Deployment") - door
     roles = {cluster.objects[("Deployment", n)]["metadata"]["labels"]["neuronfleet.dev/role"]: n for n in new}
     assert set(roles) == {"prefill", "decode", "router"}
     written = [(w.obj["kind"]) for w in plan.writes if isinstance(w, Apply)]
     assert written.index("Secret") < written.index("Deployment")  # the token before the pods that read it
     assert written.index("NetworkPolicy") < written.index("Deployment")  # the fence before the pods
     assert plan.status["phase"] == "Rolling" and cluster.selector() == unified
-    assert public_roles(cluster) == ["router", "unified"]  # clients reach the old set until the Service moves
+    assert public_roles(cluster) == ["router"]  # both sets' entries are routers
     for role in ("prefill", "decode"):
         cluster.ready(roles[role])
     cluster.reconcile()
-    assert cluster.selector() == unified  # the router is not ready: the Service stays
-    assert "smollm2-unified" in cluster.named("Deployment")
+    assert cluster.selector() == unified  # the new router is not ready: the Service stays
+    assert door <= cluster.named("Deployment")
     cluster.ready(roles["router"])
     cluster.reconcile()
-    assert cluster.selector()["neuronfleet.dev/role"] == "router"
-    assert "smollm2-unified" not in cluster.named("Deployment")  # the entry pods retired first
-    cluster.reconcile()
-    assert public_roles(cluster) == ["router"]  # the Service has moved: only the routers take clients
     set_label = cluster.objects[("Deployment", roles["router"])]["metadata"]["labels"]["neuronfleet.dev/set"]
     assert cluster.selector()["neuronfleet.dev/set"] == set_label
-    assert "smollm2-unified" not in cluster.named("PodDisruptionBudget")
+    assert not door & cluster.named("Deployment")  # the old set's entry pods (front door and pods) retired
+    assert "smollm2-unified" in cluster.named("Service")  # its headless Service after their drain
+    cluster.later(60)
+    cluster.reconcile()
+    assert "smollm2-unified" not in cluster.named("Service") | cluster.named("PodDisruptionBudget")
+    assert public_roles(cluster) == ["router"]
     assert cluster.reconcile().status["phase"] == "Ready"
     # disaggregated -> unified: the old set goes; the model's Secret and NetworkPolicies stay
     cluster.body["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
     cluster.body["metadata"]["generation"] = 3
     cluster.reconcile()
-    (back,) = [n for n in cluster.named("Deployment") if n not in new]
-    assert cluster.selector()["neuronfleet.dev/role"] == "router"  # not ready yet: the old set serves
-    cluster.ready(back)
-    cluster.reconcile()
-    assert cluster.selector()["neuronfleet.dev/role"] == "unified"
-    assert cluster.named("Deployment") == {back} | {
-        roles["prefill"],
-        roles["decode"],
-    }  # the router went first
-    cluster.reconcile()
-    assert len(cluster.named("Deployment")) == 3  # its pods drain (their grace period) before the rest goes
-    cluster.later(60)
-    cluster.reconcile()
-    assert cluster.named("Deployment") == {back}
-    assert cluster.named("Secret") == {"smollm2-internal"}
-    assert cluster.named("NetworkPolicy") == {"smollm2-pods", "smollm2-public"}
-    assert public_roles(cluster) == ["unified"]
-
-
-def test_more_than_one_pod_gets_a_kv_aware_front_door_the_service_moves_to_once_it_is_ready():
-    cluster = compiled_cluster()
-    cluster.reconcile()
-    cluster.ready("smollm2-unified")
-    assert cluster.reconcile().status["phase"] == "Ready"
-    pods = cluster.selector()
-    assert pods["neuronfleet.dev/role"] == "unified" and "smollm2-router" not in cluster.named("Deployment")
-    # 1 -> 3 pods: the front door and the pods' headless Service are made; the Service moves once it answers
-    cluster.body["spec"]["serving"]["unified"]["replicas"] = 3
-    cluster.body["metadata"]["generation"] = 2
-    cluster.reconcile()
-    assert {"smollm2-router", "smollm2-unified"} <= cluster.named("Deployment")
-    assert "smollm2-unified" in cluster.named("Service") and cluster.selector() == pods
+    assert cluster.named("Deployment") == new | door
     cluster.ready("smollm2-unified")
     cluster.reconcile()
-    assert cluster.selector() == pods  # the front door is not ready yet
+    assert (
+        cluster.selector()["neuronfleet.dev/set"] == set_label
+    )  # its front door not ready: the old set serves
     cluster.ready("smollm2-router")
     cluster.reconcile()
-    assert cluster.selector()["neuronfleet.dev/role"] == "router"
-    assert cluster.objects[("Deployment", "smollm2-unified")]["spec"]["replicas"] == 3  # never retired
-    assert cluster.reconcile().status["phase"] == "Ready"
-    # 3 -> 1: the pods' Deployment is patched first (the front door serves meanwhile); once it is rolled out
-    # the Service selects the pods again, the front door retires first, its headless Service after its drain
-    cluster.body["spec"]["serving"]["unified"]["replicas"] = 1
-    cluster.body["metadata"]["generation"] = 3
+    assert cluster.selector() == unified
+    assert cluster.named("Deployment") == door | {roles["prefill"], roles["decode"]}  # the router went first
     cluster.reconcile()
-    assert cluster.selector()["neuronfleet.dev/role"] == "router"
-    cluster.reconcile()
-    assert cluster.selector() == pods and "smollm2-router" not in cluster.named("Deployment")
+    assert len(cluster.named("Deployment")) == 4  # its pods drain (their grace period) before the rest goes
     cluster.later(60)
     cluster.reconcile()
-    assert cluster.named("Deployment") == {"smollm2-unified"}
-    assert cluster.named("Service") == {"smollm2"}
+    assert cluster.named("Deployment") == door
+    assert cluster.named("Secret") == {"smollm2-internal"}
+    assert cluster.named("NetworkPolicy") == {"smollm2-pods", "smollm2-public"}
+    assert public_roles(cluster) == ["router"]
+
+
+def test_scaling_1_3_1_changes_the_replicas_only_the_front_door_serves_throughout():
+    cluster = compiled_cluster()
+    cluster.reconcile()
+    assert cluster.named("Deployment") == {"smollm2-unified", "smollm2-router"}
+    assert cluster.selector()["neuronfleet.dev/role"] == "router"  # every unified model's front door
+    cluster.ready("smollm2-unified")
+    cluster.ready("smollm2-router")
     assert cluster.reconcile().status["phase"] == "Ready"
+    templates = {
+        n: cluster.objects[("Deployment", n)]["spec"]["template"] for n in cluster.named("Deployment")
+    }
+    for generation, replicas in ((2, 3), (3, 1)):
+        cluster.body["spec"]["serving"]["unified"]["replicas"] = replicas
+        cluster.body["metadata"]["generation"] = generation
+        cluster.reconcile()
+        assert cluster.objects[("Deployment", "smollm2-unified")]["spec"]["replicas"] == replicas
+        assert {n: cluster.objects[("Deployment", n)]["spec"]["template"] for n in templates} == templates
+        assert cluster.selector()["neuronfleet.dev/role"] == "router"  # never moved: no pod rolled
+        cluster.ready("smollm2-unified")
+        assert cluster.reconcile().status["phase"] == "Ready"
+    assert cluster.named("Deployment") == {"smollm2-unified", "smollm2-router"}
+    assert cluster.named("Service") == {"smollm2", "smollm2-unified"}

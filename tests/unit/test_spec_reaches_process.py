@@ -217,12 +217,11 @@ def check_engine_router(config: ServeConfig, spec, name: str) -> None:
 
 
 def front_door_expected(spec) -> bool:
-    """docs/routing.md: a unified model gets a front door when it may scale to zero, or when it routes
-    kv-aware over more than one pod with no inference gateway."""
+    """docs/front-door.md: every unified model gets a front door, but one behind an inference gateway that
+    does not scale to zero (the gateway's pool is its pods)."""
     a = spec.autoscaling
-    most = max(spec.serving.unified.replicas, spec.replicas or 0, a.max if a.enabled else 0)
     zero = a.enabled and a.scaleToZero
-    return zero or (spec.serving.routing.policy == "kv-aware" and spec.serving.gateway is None and most > 1)
+    return zero or spec.serving.gateway is None
 
 
 def check_routing(config: ServeConfig, spec) -> None:
@@ -539,7 +538,9 @@ def test_the_local_samples_serve_what_they_ask_for():
     tokens; the unified pod and every role of the disaggregated one, the router too, are told so (an older
     operator told them float32 and 512, the router 2048)."""
     for path in ("smollm2-135m-local-cpu.yaml", "smollm2-135m-local-cpu-disaggregated.yaml"):
-        for deployment in deployments(render(ROOT / "crds" / "samples" / path)).values():
+        for role, deployment in deployments(render(ROOT / "crds" / "samples" / path)).items():
+            if role == "router" and "disaggregated" not in path:
+                continue  # the unified model's front door parses no request: it forwards them
             config = serve_args(container(deployment)["command"])
             assert (config.dtype, config.max_input_len, config.max_seq_len) == ("auto", 384, 512)
 
@@ -640,6 +641,7 @@ def test_the_compile_image_and_a_cpu_models_scheduler_are_used():
     cpu = yaml.safe_load((ROOT / "crds" / "samples" / "smollm2-135m-local-cpu.yaml").read_text())
     cpu["spec"]["scheduling"] = {"schedulerName": "batch-scheduler"}
     spec = validation.parse(cpu)[0]
-    (dep,) = [o for o in builders.build_all(builders.Owner("m", "ns"), spec, serving_hash="h")
-              if o["kind"] == "Deployment"]  # fmt: skip
+    dep, door = [o for o in builders.build_all(builders.Owner("m", "ns"), spec, serving_hash="h")
+                 if o["kind"] == "Deployment"]  # fmt: skip
     assert dep["spec"]["template"]["spec"]["schedulerName"] == "batch-scheduler"
+    assert "schedulerName" not in door["spec"]["template"]["spec"]  # the front door: no devices to place
