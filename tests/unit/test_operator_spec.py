@@ -89,6 +89,18 @@ def test_samples_cover_engines_instances_and_modes():
     assert {s.get("serving", {}).get("mode", "unified") for s in specs} == {"unified", "disaggregated"}
 
 
+def test_every_sample_names_its_own_model_and_the_local_ones_sample_greedily():
+    """Applying one sample never reconfigures another's model (the autoscaled one was `smollm2` too), and
+    every local sample answers a request that leaves sampling out greedily, as the docs' examples expect."""
+    models = [(load(p)["metadata"].get("namespace", "default"), load(p)["metadata"]["name"]) for p in SAMPLES]
+    assert len(set(models)) == len(models), sorted(models)
+    local = [load(p) for p in SAMPLES if load(p)["spec"]["neuron"]["instanceType"] == "cpu"]
+    assert len(local) >= 3
+    assert all(m["spec"]["serving"].get("sampling") == {"temperature": 0} for m in local), [
+        m["metadata"]["name"] for m in local
+    ]
+
+
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_samples_are_accepted_by_the_schema_and_the_checks(path):
     obj = load(path)
