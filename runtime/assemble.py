@@ -154,6 +154,7 @@ def _serve_router(args: ServeConfig) -> int:
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
         local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
+        max_queue_wait=args.max_queue_wait,
     )  # fmt: skip
     name = args.served_model_name or Path(args.model).name
     server = RuntimeServer(backend, name, max_body_bytes=args.max_body_bytes, on_startup=[backend.start],
@@ -172,7 +173,7 @@ def _serve_engine_router(args: ServeConfig) -> int:
         peer_timeout=args.peer_timeout, max_body_bytes=args.max_body_bytes, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
         routing=_routing(args), tokenizer=tokenizer,
-        peer_kv_events=args.peer_kv_events if tokenizer else None,
+        peer_kv_events=args.peer_kv_events if tokenizer else None, max_resumes=args.max_resumes,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 

@@ -13,8 +13,11 @@ protocol cannot continue from) is retried on another one; a decode server that f
 starts is retried on another one, the exchange started over (a new prefill: the KV cache the first one kept
 was meant for the failed decode); a peer that refuses the request itself (a 4xx) is answered to the client as
 is; no server of a role left is a 503 in the OpenAI format that names each failure. Never a silently degraded
-request: a request is never sent to a decode server without its prefill. A streamed answer that breaks after
-it started cannot move (the router does not see tokens): its last event is an error.
+request: a request is never sent to a decode server without its prefill. A streamed OpenAI answer whose
+decode server dies after it started (a reset, its end before the answer's, an error event) is resumed with
+another exchange, from the prompt and the tokens already sent (`resume.StreamResume`; the servers are asked
+for their tokens' ids, `return_token_ids`), at most `--max-resumes` times: the client sees one stream; past
+that bound its last event is an error.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from neuronfleet.runtime.routing.holding import Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
+from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, resumable, with_token_ids
 from neuronfleet.runtime.serving.errors import openai_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
@@ -66,6 +70,19 @@ class Refused(Exception):
         self.status, self.body, self.content_type = status, body, content_type
 
 
+class StreamCut(Exception):
+    """A resumable stream broke after the client's answer started: it may go on with another exchange."""
+
+
+@dataclasses.dataclass
+class Carry:
+    """One client's streamed answer across the exchanges that serve it."""
+
+    resume: StreamResume | None = None
+    out: web.StreamResponse | None = None  # the client's answer, once it started
+    cut: str = ""  # why its last decode server's stream broke
+
+
 class EngineRouter(HttpApp):
     """The HTTP app and its peers; `serve()` (serving.server) runs it and drains it on SIGTERM."""
 
@@ -74,9 +91,10 @@ class EngineRouter(HttpApp):
         bootstrap_port: int | None = None, probe_interval: float = 2.0, peer_timeout: float = 60.0,
         max_body_bytes: int = 1 << 20, hold_requests: int = 0, hold_seconds: float = 300.0,
         wake_url: str | None = None, wake_token: str | None = None, routing: Routing | None = None,
-        tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
+        tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None, max_resumes: int = 2,
     ) -> None:  # fmt: skip
-        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`)."""
+        """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`). `max_resumes`: the
+        most times one stream is resumed with another exchange (0: never)."""
         if protocol not in pd.PROTOCOLS:
             raise ValueError(f"--peer-protocol {protocol!r}: this router speaks {', '.join(pd.PROTOCOLS)}")
         if not prefill or not decode:
@@ -99,6 +117,7 @@ class EngineRouter(HttpApp):
         self.subscriptions = Subscriptions() if peer_kv_events is not None else None
         self.routings["prefill"].events = self.subscriptions
         self.peer_timeout = peer_timeout
+        self.max_resumes = max_resumes
         self.watch = PeerWatch((self.prefill, self.decode), self._probe, probe_interval)
         self.backend = self  # what serve() drains
         self._background: set[asyncio.Task] = set()
@@ -108,8 +127,11 @@ class EngineRouter(HttpApp):
         self.watch.register_metrics(self.registry, model_name)
         self.registry.register(RoutingMetrics(model_name, self.routings))
         self.retries = Counter(
-            "neuronfleet:router_retries", "Requests moved to another prefill or decode server.",
-            ["model_name", "kind"], registry=self.registry,
+            "neuronfleet:router_retries",
+            "Requests moved to another prefill or decode server (prefill, decode: before the answer "
+            "started), or a stream resumed with another exchange from the token ids sent (resume: exact for "
+            "greedy requests) or from the text sent (resume_text).", ["model_name", "kind"],
+            registry=self.registry,
         )  # fmt: skip
         self.labels = labels
         self.hold = Hold(
@@ -271,23 +293,51 @@ class EngineRouter(HttpApp):
         except ValueError as e:
             return self._error(400, str(e), "body")
         await self.watch.refresh_if_stale()
-        blocks = self.routings["prefill"].blocks(request_prompt(path, raw, self.tokenizer))
+        prompt = request_prompt(path, raw, self.tokenizer)
+        blocks = self.routings["prefill"].blocks(prompt)
         exchange = self._vllm if self.protocol == "vllm" else self._sglang
+        carry = Carry()
+        if self.max_resumes and resumable(path, body):  # ids: the router's tokenizer's, else the server's
+            ids = prompt if isinstance(prompt, list) else None
+            carry.resume = StreamResume(path, body, ids, self.tokenizer)
+            body = with_token_ids(body)
         held = self.hold.request()
         while True:
             try:
                 await held.wait()  # at once unless holding is on and no server of a role is ready
-                return await exchange(request, path, body, blocks)
+                return await exchange(request, path, body, blocks, carry)
             except HoldRejected as e:
+                if carry.out is not None:
+                    return await _end_with_error(carry.out, 503, str(e))
                 return self._error(e.status, str(e), retry_after=e.retry_after)
             except Refused as e:
+                if carry.out is not None:
+                    said = e.body[:300].decode(errors="replace")
+                    return await _end_with_error(
+                        carry.out, e.status, f"the resumed request was refused: {said}"
+                    )
                 return web.Response(status=e.status, body=e.body, headers={"Content-Type": e.content_type})
             except NoPod as e:
                 if not self.hold.enabled or (self.prefill.ready and self.decode.ready):
+                    if carry.out is not None:
+                        return await _end_with_error(carry.out, 503, f"{carry.cut}; {e}")
                     return self._error(503, str(e))
+            except StreamCut as e:
+                resume, out, carry.cut = carry.resume, carry.out, str(e)
+                assert resume is not None and out is not None
+                if resume.attempts >= self.max_resumes:
+                    return await _end_with_error(out, 502, f"{e}; resumed {resume.attempts} times already")
+                if resume.remaining() == 0:  # every token was sent: only the finish was lost
+                    await out.write(resume.closing())
+                    await out.write_eof()
+                    return out
+                kind = resume.kind
+                path, body = resume.resume()
+                self._retried(kind)
+                log.warning("%s; %s with another exchange after %d tokens", e, kind, resume.before)
 
     async def _vllm(
-        self, request: web.Request, path: str, body: dict, blocks: list[int]
+        self, request: web.Request, path: str, body: dict, blocks: list[int], carry: Carry
     ) -> web.StreamResponse:
         """Prefill (retried over the prefill servers), then decode; a decode server that fails before its
         answer starts: the exchange again, with another one."""
@@ -307,7 +357,7 @@ class EngineRouter(HttpApp):
                 response = await self._post(self.decode, decode, path, decode_body, headers,
                                             self.peer_timeout if pd.streams(body) else None)  # fmt: skip
                 self._sent(self.decode, decode, blocks)
-                return await self._answer(request, decode, response)
+                return await self._answer(request, decode, response, carry)
             except PeerFailed as e:
                 failures.append(str(e))
                 log.warning("request %s: decode server failed (%s); starting over on another one", rid, e)
@@ -343,7 +393,7 @@ class EngineRouter(HttpApp):
         raise NoPod(pd.no_pod_message("prefill", failures, self.prefill.specs))
 
     async def _sglang(
-        self, request: web.Request, path: str, body: dict, blocks: list[int]
+        self, request: web.Request, path: str, body: dict, blocks: list[int], carry: Carry
     ) -> web.StreamResponse:
         """The same request to a prefill and a decode server at once, paired by the bootstrap fields. The
         prefill server's outcome is awaited first: when it fails the decode server would wait for a KV cache
@@ -388,7 +438,7 @@ class EngineRouter(HttpApp):
                 continue
             self._sent(self.decode, decode, blocks)
             try:
-                return await self._answer(request, decode, response)
+                return await self._answer(request, decode, response, carry)
             except PeerFailed as e:
                 failures.append(str(e))
                 self._retried("decode")
@@ -405,12 +455,14 @@ class EngineRouter(HttpApp):
         task.add_done_callback(self._background.discard)
 
     async def _answer(
-        self, request: web.Request, decode: Peer, response: aiohttp.ClientResponse
+        self, request: web.Request, decode: Peer, response: aiohttp.ClientResponse, carry: Carry
     ) -> web.StreamResponse:
         """The decode server's answer, as the client's: a whole one read first (a broken read is the pod's
-        failure, retried), a stream passed on as it comes."""
+        failure, retried), a stream passed on as it comes, event by event through `carry.resume` where it
+        may be resumed (its break is then StreamCut; else its last event says it broke)."""
         ctype = response.headers.get("Content-Type", "application/json")
-        if not ctype.startswith("text/event-stream"):
+        streamed = ctype.startswith("text/event-stream")
+        if not streamed:
             try:
                 data = await response.read()
             except PEER_FAILURES as e:
@@ -418,23 +470,43 @@ class EngineRouter(HttpApp):
                 raise PeerFailed(f"{decode.url}: the answer broke off: {e or type(e).__name__}") from None
             finally:
                 response.release()
+            if carry.out is not None:  # a resumed stream answered whole: not a continuation
+                raise StreamCut(f"the decode server {decode.url} answered the resumed stream unstreamed")
             return web.Response(status=response.status, body=data, headers={"Content-Type": ctype})
-        out = web.StreamResponse(
-            status=response.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"}
-        )
-        await out.prepare(request)
+        if carry.out is None:
+            carry.out = web.StreamResponse(
+                status=response.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache"}
+            )
+            await carry.out.prepare(request)
+        out, resume = carry.out, carry.resume
         try:
             async for chunk in response.content.iter_any():
-                await out.write(chunk)
-        except PEER_FAILURES as e:  # the stream has started: its last event says it broke
+                data = chunk if resume is None else resume.feed(chunk)
+                if request.transport is None or request.transport.is_closing():
+                    return out  # the client left: its request ends here
+                await out.write(data)
+            if resume is not None:
+                resume.ended()
+        except (*PEER_FAILURES, StreamBroken) as e:  # the stream has started
+            if request.transport is None or request.transport.is_closing():
+                return out  # the client left (a write to it failed)
             self.decode.failed(decode.url, str(e))
             message = f"the decode server {decode.url} failed mid-stream: {e or type(e).__name__}"
             log.warning(message)
+            if resume is not None:
+                raise StreamCut(message) from None
             await out.write(f"data: {json.dumps(openai_error_body(502, message))}\n\n".encode())
         finally:
             response.release()
         await out.write_eof()
         return out
+
+
+async def _end_with_error(out: web.StreamResponse, status: int, message: str) -> web.StreamResponse:
+    """A started stream that cannot go on: its last event is the error."""
+    await out.write(f"data: {json.dumps(openai_error_body(status, message))}\n\n".encode())
+    await out.write_eof()
+    return out
 
 
 async def _cancel(task: asyncio.Task) -> None:

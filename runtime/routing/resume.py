@@ -71,6 +71,7 @@ class StreamResume:
         self.client_ids = body.get("return_token_ids") is True
         self.sent_ids: list[int] = []  # generated tokens sent to the client
         self.sent_text = ""
+        self.sent_pieces = 0  # events that carried text: one token each, as engines stream
         self.exact = True  # every event so far carried its tokens' ids
         self.attempts = 0  # resumes so far
         self.as_completion = False  # this attempt answers a chat through /v1/completions
@@ -140,6 +141,7 @@ class StreamResume:
             elif text:
                 self.exact = False
             self.sent_text += text or ""
+            self.sent_pieces += bool(text)
             if choice.get("finish_reason"):
                 self.finished = True
             if self.as_completion:
@@ -184,7 +186,7 @@ class StreamResume:
             return len(self.sent_ids)
         if self.tokenizer is not None and self.sent_text:
             return len(self.tokenizer.encode(self.sent_text, add_special_tokens=False))
-        return 0
+        return self.sent_pieces  # no tokenizer: an engine streams a token an event
 
     def remaining(self) -> int | None:
         """The tokens the client may still get (None: no bound was asked)."""

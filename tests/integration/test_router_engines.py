@@ -176,6 +176,8 @@ def test_vllm_prefill_then_decode_with_the_prefills_kv_transfer_params(fleet_of,
         pname, prefill = one_of(fleet, ("prefill-a", "prefill-b"), before)
         dname, decode = one_of(fleet, ("decode-a", "decode-b"), before)
         seen |= {pname, dname}
+        if stream:  # a stream may be resumed: the servers are asked for their tokens' ids
+            sent = {**sent, "return_token_ids": True}
         expected_prefill = {k: v for k, v in sent.items() if k != "stream_options"}
         expected_prefill.update(max_tokens=1, stream=False, kv_transfer_params={
             "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -202,6 +204,8 @@ def test_sglang_the_same_request_to_prefill_and_decode_with_one_bootstrap_room(f
         dname, decode = one_of(fleet, ("decode-a", "decode-b"), before)
         host = host_of(fleet.urls[pname])
         room = prefill["body"]["bootstrap_room"]
+        if stream:  # a stream may be resumed: the servers are asked for their tokens' ids
+            sent = {**sent, "return_token_ids": True}
         expected = {
             **sent,
             "bootstrap_host": host,
@@ -322,6 +326,7 @@ def test_vllm_decode_reads_the_kv_cache_at_the_prefill_servers_address_not_the_o
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_decode_server_that_dies_mid_stream_ends_the_stream_with_an_error(fleet_of, engine):
+    """Both decode servers die mid-stream: resumed once on the other, which dies too; then an error event."""
     from openai import APIError
 
     die = ["--die-mid-stream"]
@@ -329,6 +334,41 @@ def test_a_decode_server_that_dies_mid_stream_ends_the_stream_with_an_error(flee
     with pytest.raises(APIError) as e:
         ask(fleet, chat=True, stream=True)
     assert "failed mid-stream" in e.value.message
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_stream_whose_decode_server_dies_is_resumed_with_another_exchange_as_one_stream(
+    fleet_of, engine, chat
+):
+    """The stand-ins give no token ids: the stream is resumed from the text sent (a chat's continued
+    assistant message, a completion's prompt and text), for the tokens left, counted as resume_text."""
+    fleet = fleet_of(engine, decode_a=["--die-mid-stream"])
+    for i in range(8):  # new prompts (the least loaded decode server, in turn) until decode-a took one
+        before = counts(fleet)
+        question = f"Question {i}: what is the capital of France?"
+        over = {"messages": [{"role": "user", "content": question}]} if chat else {"prompt": question}
+        sent, text = ask(fleet, chat, stream=True, **over)
+        if fleet.processes["decode-a"].poll() is not None:
+            break
+        assert text == " ".join(f"decode-b-{n}" for n in range(sent["max_tokens"]))
+    else:
+        pytest.fail("no request reached decode-a")
+    assert text == "decode-a-0 decode-a-1" + " ".join(f"decode-b-{n}" for n in range(sent["max_tokens"] - 2))
+    _, resumed = one_of(fleet, ("decode-b",), before)
+    if chat:
+        assert resumed["path"] == "/v1/chat/completions"
+        assert resumed["body"]["messages"] == [
+            *sent["messages"],
+            {"role": "assistant", "content": "decode-a-0 decode-a-1"},
+        ]
+        assert resumed["body"]["continue_final_message"] is True
+        assert resumed["body"]["add_generation_prompt"] is False
+    else:
+        assert resumed["path"] == "/v1/completions"
+        assert resumed["body"]["prompt"] == sent["prompt"] + "decode-a-0 decode-a-1"
+    assert resumed["body"]["max_tokens"] == sent["max_tokens"] - 2
+    assert metric(fleet.router, "neuronfleet:router_retries_total", kind="resume_text") == 1
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
