@@ -154,6 +154,7 @@ def _serve_router(args: ServeConfig) -> int:
         probe_interval=args.peer_probe_interval, kv_timeout=args.kv_wait, peer_timeout=args.peer_timeout,
         local_prefill_below=args.local_prefill_below, hold_requests=args.hold_requests,
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, routing=_routing(args),
+        max_resumes=args.max_resumes,
         max_queue_wait=args.max_queue_wait,
     )  # fmt: skip
     name = args.served_model_name or Path(args.model).name

@@ -125,6 +125,7 @@ class RemoteBackend:
         hold_seconds: float = 300.0,
         wake_url: str | None = None,
         routing: Routing | None = None,
+        max_resumes: int = 2,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
@@ -148,6 +149,7 @@ class RemoteBackend:
         self.kv_timeout = kv_timeout
         self.peer_timeout, self.busy_timeout = peer_timeout, busy_timeout
         self.local_prefill_below = local_prefill_below
+        self.max_resumes = max_resumes  # the most times one request's stream moves to another decode pod
         self.decode_progress = 0  # decode streams seen starting or ending: each may free a region or a slot
         self.error: BaseException | None = None
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
@@ -258,7 +260,7 @@ class RemoteBackend:
         failures: list[str] = []
         tried: set[str] = set()
         room: RoomWait | None = None  # from when every decode pod was first found full
-        attempt = 0
+        attempt = resumes = 0
         held = self.hold.request()
         try:
             while True:
@@ -310,6 +312,12 @@ class RemoteBackend:
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
                     self.decode.failed(peer.url, str(e))
                     kind = "resume" if generated else "retry"
+                    resumes += bool(generated)
+                    if resumes > self.max_resumes:
+                        raise Unavailable(
+                            f"the decode pod {peer.url} failed mid-stream ({e or type(e).__name__}) and the "
+                            f"stream was resumed {self.max_resumes} times already (--max-resumes)"
+                        ) from None
                     log.warning("request %s: decode pod %s failed (%s); %s on another pod after %d tokens",
                                 rid, peer.url, e or type(e).__name__, kind, len(generated))  # fmt: skip
                     self._retried(kind)
