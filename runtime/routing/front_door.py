@@ -14,17 +14,19 @@ Service, or the static peer map; re-resolved and probed every `--peer-probe-inte
 `GET /ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
 (`holding.Hold`, `--hold-requests`) until one is. A pod that fails before its answer starts (no connection, a
 reset, a 5xx: a 503 while draining) is counted as failing and the request goes to another ready pod, or is
-held again; a whole (not streamed) answer is read before it is passed on, so a pod that dies while sending
-it is such a failure too (the request is sent again). With the model's tokenizer (`--model`), an OpenAI
-completion or chat streamed to the client is resumed on another pod when its pod dies after the stream
-started (a reset, its end before the answer's, an error event), from the prompt and the tokens already sent,
-at most `--max-resumes` times (`resume.StreamResume`: the client sees one stream, no token repeated or
+held again (also when every pod failed it while one still counts ready: the next probe round decides,
+within the hold's bound); a whole (not streamed) answer is read before it is passed on, so a pod that dies
+while sending it is such a failure too (the request is sent again). With the model's tokenizer (`--model`),
+an OpenAI completion or chat streamed to the client is resumed on another pod when its pod dies after the
+stream started (a reset, its end before the answer's, an error event), from the prompt and the tokens already
+sent, at most `--max-resumes` times (`resume.StreamResume`: the client sees one stream, no token repeated or
 missing; exact for greedy requests where the pods return their tokens' ids). Any other stream that breaks
 after it started (TGI's `/generate_stream`) ends cut (the client sees it cut, never a clean end).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -37,7 +39,7 @@ import yarl
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from neuronfleet.runtime.routing.holding import Hold, HoldRejected
+from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
@@ -232,6 +234,7 @@ class FrontDoor(HttpApp):
         target, out = request.raw_path, None  # the path sent; the client's answer once it started
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
+        held_until = time.monotonic() + self.hold.seconds  # (a request every pod fails: held this long)
         tried: set[str] = set()
         failures: list[str] = []
         refused: tuple[int, bytes, dict] | None = None  # the last pod's 503 (draining), passed on at the end
@@ -242,8 +245,11 @@ class FrontDoor(HttpApp):
                 return self._error(path, e.status, str(e), e.retry_after)
             peer = self._pick(tried, blocks)
             if peer is None:
-                if self.hold.enabled and self.unified.ready == 0:  # every pod failed it: held again
+                if self.hold.enabled and time.monotonic() < held_until:  # every pod failed it: held again
                     tried.clear()
+                    if self.unified.ready:  # one still counted ready (its probe answered before it went):
+                        await asyncio.sleep(PROBE_EVERY)  # the next probe round says, within the bound
+                        await self.watch.refresh()
                     continue
                 if out is not None:  # a stream resumed on no pod: it ends cut
                     log.warning("%s %s: no pod to resume the stream on (%s)", request.method, path, failures)
