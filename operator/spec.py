@@ -691,26 +691,39 @@ class KVTransfer(Spec):
         return self.transport == "efa" or (self.transport == "nixl" and self.backend == "libfabric")
 
 
+# Switching a model's mode is one field either way: mode disaggregated needs prefill and decode sections, and
+# mode unified leaves any it still has unused (as mode disaggregated leaves serving.unified), so that
+# `kubectl patch --type merge -p '{"spec":{"serving":{"mode":"unified"}}}'` switches back (docs/operator.md)
 @rules(
     Rule(
-        "self.mode == 'unified' ? !has(self.prefill) && !has(self.decode)"
-        " : has(self.prefill) && has(self.decode)",
-        "serving: mode unified takes serving.unified only; mode disaggregated needs serving.prefill and "
-        "serving.decode",
-        lambda s: (
-            (s.prefill is None and s.decode is None)
-            if s.mode == "unified"
-            else (s.prefill is not None and s.decode is not None)
-        ),
+        "self.mode == 'unified' || (has(self.prefill) && has(self.decode))",
+        "serving: mode disaggregated needs serving.prefill and serving.decode (each may be {})",
+        lambda s: s.mode == "unified" or (s.prefill is not None and s.decode is not None),
     )
 )
 class Serving(Spec):
     mode: Literal["unified", "disaggregated"] = Field(
         "unified", description="One pod type, or prefill and decode pods joined by a router."
     )
-    unified: RoleSpec = section(RoleSpec, "Pods that prefill and decode (mode unified).")
-    prefill: RoleSpec | None = Field(None, description="Prefill pods (mode disaggregated).")
-    decode: RoleSpec | None = Field(None, description="Decode pods (mode disaggregated).")
+    unified: RoleSpec = section(
+        RoleSpec, "Pods that prefill and decode (mode unified; kept, unused, under mode disaggregated)."
+    )
+    prefill: RoleSpec | None = Field(
+        None, description="Prefill pods (mode disaggregated; kept, unused, under mode unified)."
+    )
+    decode: RoleSpec | None = Field(
+        None, description="Decode pods (mode disaggregated; kept, unused, under mode unified)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unused_roles_dropped(cls, data: Any) -> Any:
+        """Under mode unified, the prefill and decode sections an earlier mode left mean nothing: parsed as
+        absent, so no rule, hash or object reads them (they stay in the stored object until removed)."""
+        if isinstance(data, dict) and data.get("mode", "unified") == "unified":
+            return {k: v for k, v in data.items() if k not in ("prefill", "decode")}
+        return data
+
     router: Router = section(
         Router, "The public endpoint of a disaggregated model, or a unified model's front door."
     )
@@ -1095,20 +1108,24 @@ def _transport_named(s: NeuronModelSpec) -> str:
         lambda s: not (s.serving.mode == "disaggregated" and s.engine == "tgi"),
     ),
     Rule(
-        f"self.serving.kvTransfer.efaInterfaces == {DEFAULT_EFA_INTERFACES} || ({DISAGGREGATED_CEL} && "
-        f"{OVER_EFA_CEL})",
+        f"!{DISAGGREGATED_CEL} || self.serving.kvTransfer.efaInterfaces == {DEFAULT_EFA_INTERFACES} || "
+        f"{OVER_EFA_CEL}",
         "serving.kvTransfer.efaInterfaces: EFA devices are requested for prefill and decode pods with "
-        "kvTransfer.transport efa (or nixl with backend libfabric) only; remove it, or use serving.mode "
-        "disaggregated with transport efa",
-        lambda s: s.serving.kvTransfer.efaInterfaces == DEFAULT_EFA_INTERFACES or _over_efa(s),
+        "kvTransfer.transport efa (or nixl with backend libfabric) only; remove it, or use transport efa",
+        lambda s: (  # (mode unified moves no KV cache: its kvTransfer is kept, unused)
+            s.serving.mode != "disaggregated"
+            or s.serving.kvTransfer.efaInterfaces == DEFAULT_EFA_INTERFACES
+            or _over_efa(s)
+        ),
     ),
     Rule(
-        f"!has(self.serving.kvTransfer.backend) || ({DISAGGREGATED_CEL} && {TRANSPORT_CEL} == 'nixl')",
+        f"!{DISAGGREGATED_CEL} || !has(self.serving.kvTransfer.backend) || {TRANSPORT_CEL} == 'nixl'",
         "serving.kvTransfer.backend: a NIXL backend is chosen for kvTransfer.transport nixl only (efa is "
         "NIXL over LIBFABRIC already); remove it, or use transport nixl",
         lambda s: (
-            s.serving.kvTransfer.backend is None
-            or (s.serving.mode == "disaggregated" and s.serving.kvTransfer.transport == "nixl")
+            s.serving.mode != "disaggregated"
+            or s.serving.kvTransfer.backend is None
+            or s.serving.kvTransfer.transport == "nixl"
         ),
         lambda s: (
             f"serving.kvTransfer.backend {s.serving.kvTransfer.backend}: a NIXL backend is chosen for "

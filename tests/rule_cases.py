@@ -138,7 +138,9 @@ CASES = [
     Case("nixl-libfabric-image", CPU_PD, kv(backend="libfabric"), "needs a runtime image with AWS's EFA"),
     Case("nixl-for-sglang", SGLANG_PD, kv(transport="nixl"), "names the embedded engine's NIXL transport"),
     Case("tgi-disaggregated", TGI, spec(serving=dict(PD)), "engine tgi has no prefill/decode disaggregation"),
-    Case("efa-devices-unified", CPU, kv(efaInterfaces=2), "EFA devices are requested for prefill and decode"),
+    Case("efa-devices-disaggregated-tcp", CPU_PD, kv(transport="tcp", backend=None, efaInterfaces=2),
+         "EFA devices are requested for prefill and decode"),
+    Case("efa-devices-unified", CPU, kv(efaInterfaces=2), None),  # (kept, unused: no KV moves)
     Case("backend-without-nixl", CPU_PD, kv(transport="tcp"),
          "a NIXL backend is chosen for kvTransfer.transport"),
     Case("tokenizer-for-vllm", INF2, lambda o: o["spec"]["model"].update(tokenizer="file:///tok"),
@@ -302,6 +304,13 @@ CASES = [
     # rules that were the CRD's before (parsed sections)
     Case("serving-mode", CPU, spec(serving={"mode": "disaggregated"}),
          "mode disaggregated needs serving.prefill and serving.decode"),
+    # switching back to unified is one field: the prefill and decode sections left are unused, not refused
+    Case("unified-with-unused-roles", CPU_PD, lambda o: o["spec"]["serving"].update(mode="unified"), None),
+    Case("unified-with-unused-kv-backend", CPU_PD, both(lambda o: o["spec"]["serving"].update(mode="unified"),
+                                                        kv(transport="tcp")), None),
+    Case("unified-with-unused-role-tp", CPU_PD,
+         lambda o: (o["spec"]["serving"].update(mode="unified"),
+                    o["spec"]["serving"]["prefill"].update(tensorParallel=2)), None),
     Case("cache-both", CPU, section("compile", cache={"claimName": "c", "storageClassName": "gp3"}),
          "name an existing claimName or a storageClassName"),
     Case("autoscaling-bounds", CPU, section("autoscaling", min=5, max=2), "must not exceed autoscaling.max"),

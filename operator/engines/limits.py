@@ -188,7 +188,8 @@ def _role_tensor_parallel_rule(role: str) -> Rule:
     own = f"self.serving.{role}"
     return _taken_only_by(
         ROLE_TENSOR_PARALLEL_TAKEN_BY,
-        f"!has({own}) || !has({own}.tensorParallel) || {own}.tensorParallel == self.neuron.tensorParallel",
+        f"!{DISAGGREGATED_CEL} || !has({own}) || !has({own}.tensorParallel) || "
+        f"{own}.tensorParallel == self.neuron.tensorParallel",
         lambda s: (
             getattr(s.serving, role) is None
             or getattr(s.serving, role).tensorParallel in (None, s.neuron.tensorParallel)

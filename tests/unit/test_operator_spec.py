@@ -587,3 +587,29 @@ def test_an_image_for_an_engine_whose_pods_run_privileged_needs_the_operators_le
     run = subprocess.run([sys.executable, "-P", "-m", "neuronfleet.cli", "operator"], capture_output=True,
                          text=True, env={**os.environ, env: "yes"})  # fmt: skip
     assert run.returncode != 0 and f"{env}='yes': must be true or false" in run.stderr
+
+
+def test_switching_back_to_unified_is_the_mode_alone():
+    """A disaggregated model patched to mode unified, its prefill, decode and kvTransfer sections left (what
+    `kubectl patch --type merge` of the mode alone leaves), is accepted at apply and by the operator, and
+    serves exactly as the same model written unified from the start: one unified Deployment, the same
+    compile."""
+    switched = load(ROOT / "crds" / "samples" / "smollm2-135m-local-cpu-disaggregated.yaml")
+    switched["spec"]["serving"]["mode"] = "unified"
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema_errors(apply_defaults(copy.deepcopy(switched), schema), schema) == []
+    assert validation.check(switched).errors == []
+    fresh = copy.deepcopy(switched)
+    for unused in ("prefill", "decode", "kvTransfer"):
+        del fresh["spec"]["serving"][unused]
+    parsed, written = (validation.parse(o)[0] for o in (switched, fresh))
+    assert parsed.serving.prefill is None and parsed.serving.decode is None
+    owner = builders.Owner("smollm2", "default", "uid-1")
+    chash = builders.compile_hash(parsed)
+    assert chash == builders.compile_hash(written)
+    objects = builders.build_all(owner, parsed, chash, internal_token="t")
+    roles = sorted(
+        o["metadata"]["labels"]["neuronfleet.dev/role"] for o in objects if o["kind"] == "Deployment"
+    )
+    assert "unified" in roles and not {"prefill", "decode"} & set(roles)
+    assert objects == builders.build_all(owner, written, chash, internal_token="t")
