@@ -62,6 +62,9 @@ HF_TOKEN_ENVS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # a model's download tok
 SERVE_PORT = 8000  # HTTP port of the serving pods
 KV_PORT = 7000  # decode pods' KV receiver when the operator runs them
 GRACE_PERIOD = 30.0  # seconds a serving pod finishes requests in flight after SIGTERM
+# seconds a request may be expected to wait for a slot before it is refused with Retry-After: well under the
+# OpenAI Python client's default timeout (600 s, openai._constants.DEFAULT_TIMEOUT), leaving time to answer
+MAX_QUEUE_WAIT = 60.0
 HEADER_TIMEOUT = 30.0  # seconds an HTTP client has to send a request's headers, from its first byte
 BODY_TIMEOUT = 60.0  # seconds an HTTP client has to send a request's whole body, once its headers are in
 
@@ -343,6 +346,13 @@ class ServeConfig(BaseModel):
         "events' blocks and routes by what each peer holds",
     )
     max_waiting: int = _flag(256, "bound of the waiting queue")
+    max_queue_wait: float = _flag(
+        MAX_QUEUE_WAIT,
+        "unified, decode and our prefill/decode router: the longest a request may be expected to wait for a "
+        "slot, in seconds (from the requests ahead and the service rate measured); past it the request is "
+        "refused at once (OpenAI 429, TGI 503) with Retry-After, and one that has waited that long is "
+        "refused then. 0: no bound",
+    )
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     header_timeout: float = _flag(
         HEADER_TIMEOUT,
@@ -370,6 +380,11 @@ class ServeConfig(BaseModel):
             )
         if self.role != "router" and (self.hold_requests or self.wake_url):
             raise ValueError(f"--hold-requests and --wake-url are for --role router, not {self.role}")
+        if not self.max_queue_wait >= 0:
+            raise ValueError(
+                f"--max-queue-wait {self.max_queue_wait:g}: the longest expected wait for a slot admitted, "
+                "in seconds (0: no bound)"
+            )
         if not (self.header_timeout > 0 and self.body_timeout > 0):
             raise ValueError(
                 f"--header-timeout {self.header_timeout:g} --body-timeout {self.body_timeout:g}: seconds a "

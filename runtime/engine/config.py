@@ -1,6 +1,7 @@
 """The runtime's serving configuration, decided once (pure; no torch): slots, lengths, buckets, dtype, prefix
-reuse and queue bounds. `RuntimeConfig` validates the settings in its constructor and derives what is left
-unset (the length buckets, the prefill token budget); `check_model` checks it against the model it serves.
+reuse and queue bounds (the waiting queue's length, and the longest expected wait admitted: `admission`).
+`RuntimeConfig` validates the settings in its constructor and derives what is left unset (the length buckets,
+the prefill token budget); `check_model` checks it against the model it serves.
 The scheduler and the model runner both take it as it is, and read nothing back from each other.
 """
 
@@ -68,6 +69,7 @@ class RuntimeConfig:
     decode_graph: bool = True  # on CPU, decode-only steps replay a recorded graph of the layers
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
+    max_queue_wait: float = 60.0  # seconds a request may be expected to wait for a slot (0: no bound)
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -88,6 +90,11 @@ class RuntimeConfig:
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
+        if not self.max_queue_wait >= 0:
+            raise ValueError(
+                f"max_queue_wait must be 0 (no bound) or more seconds, got {self.max_queue_wait} "
+                "(--max-queue-wait)"
+            )
         smallest_prefill = 1 if self.device == "cpu" else 16
         prefill = self._buckets(
             self.prefill_buckets, "prefill", smallest_prefill, 4, self.max_input_len or self.max_seq_len
@@ -129,6 +136,7 @@ class RuntimeConfig:
             slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
             prefill_buckets=args.prefill_buckets or (), decode_buckets=args.decode_buckets or (),
             dtype=args.dtype, prefix_reuse=args.prefix_reuse, max_waiting=args.max_waiting,
+            max_queue_wait=args.max_queue_wait,
             quantization=args.quantization, decode_graph=args.decode_graph,
         )  # fmt: skip
 

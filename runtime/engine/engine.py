@@ -5,7 +5,10 @@ by the model runner (`ModelRunner.run`: the next token of every row), then incre
 stop conditions (EOS ids, stop strings that are never emitted, `max_tokens`, the slot's length), and the
 scheduler's bookkeeping (`Scheduler.postprocess`: tokens appended, prefixes booked, finished slots freed).
 `AsyncEngine` runs that loop on a background thread and gives the server an async interface: submit a
-request, iterate over its outputs, cancel it.
+request, iterate over its outputs, cancel it. It admits a request only when its expected wait for a slot is
+within the bound (`admission`; else `Overloaded`, with Retry-After), and between steps turns away the waiting
+requests that have waited past the bound, or, while draining, that it could not finish in time (`HandedBack`:
+a 503 our routers send elsewhere); at the end of a drain what is left is handed back too, never failed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.config import RuntimeConfig
 from neuronfleet.runtime.engine.kv_events import BlockLedger
 from neuronfleet.runtime.engine.kv_events import Event as KvEvent
@@ -34,9 +39,12 @@ from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOut
 from neuronfleet.runtime.serving.engine_metrics import StepMetrics, StepReport
 from neuronfleet.runtime.serving.errors import (
     EngineFailed,
+    HandedBack,
     InvalidRequest,
+    Overloaded,
     QueueFull,
     RequestFailed,
+    ServingError,
     queue_full_message,
 )
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
@@ -169,6 +177,35 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    def turn_away(self, now: float) -> list[tuple[str, ServingError]]:
+        """The waiting requests turned away now, each with the error its client gets: those that waited past
+        the bound (`Overloaded`), and while draining those that would not finish in time (`HandedBack`).
+        Their streams end here; the service time estimate is brought up to date."""
+        sched = self.scheduler
+        sched.estimate(now)
+        bound = sched.max_queue_wait
+        out: list[tuple[str, ServingError]] = []
+        for seq in sched.overdue(now):
+            waited = now - seq.arrival_time
+            error = Overloaded(
+                f"the request waited {waited:.0f} s for a slot, past the bound of {bound:g} s "
+                "(--max-queue-wait); retry later",
+                retry_after=self._retry_after(),
+            )
+            out.append((seq.request_id, error))
+        for seq in sched.hand_backs(now):
+            error = HandedBack("the server is shutting down and would not finish this request in its grace "
+                               "period; send it again (another pod will take it)", retry_after=1)  # fmt: skip
+            out.append((seq.request_id, error))
+        for rid, _ in out:
+            self._streams.pop(rid, None)
+        return out
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is expected to free: a slot's service time over the slots (at least 1)."""
+        seconds = self.scheduler.slot_seconds or 0.0
+        return max(1, math.ceil(seconds / self.config.slots))
 
     # ---- the step ------------------------------------------------------------------------------------------
 
@@ -369,6 +406,9 @@ class AsyncEngine:
             self._wake.clear()
             while not self._stopping:
                 self._drain_commands()
+                turned_away = self.engine.turn_away(time.monotonic())
+                if turned_away:
+                    self._deliver_all(turned_away)
                 if not self.engine.has_work():
                     break
                 try:
@@ -491,8 +531,19 @@ class AsyncEngine:
             raise EngineFailed(f"the engine failed earlier: {self.error!r}")
         seq = self.engine.make_request(prompt, params, request_id)
         sched = self.engine.scheduler
-        if len(self._queues) >= sched.capacity:
-            raise QueueFull(queue_full_message(sched.num_slots, sched.max_waiting))
+        ahead, seconds, bound = len(self._queues), sched.slot_seconds, sched.max_queue_wait
+        refused = admission.refusal(ahead, sched.num_slots, seconds, bound, sched.slot_spread)
+        if refused is not None:
+            wait, retry = refused
+            raise Overloaded(
+                f"the expected wait for a slot is {wait:.0f} s, past the bound of {bound:g} s "
+                f"(--max-queue-wait): {ahead} requests are ahead on {sched.num_slots} slots, each serving "
+                f"one in {seconds:.1f} s; retry after {retry} s",
+                retry_after=retry,
+            )
+        if ahead >= sched.capacity:
+            message = queue_full_message(sched.num_slots, sched.max_waiting)
+            raise QueueFull(message, self.engine._retry_after())
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[seq.request_id] = (asyncio.get_running_loop(), queue)
         if self.error is not None or self._stopping:  # failed or stopped meanwhile: nobody would answer
@@ -521,13 +572,21 @@ class AsyncEngine:
         self._commands.append(("abort", request_id))
         self._wake.set()
 
+    def drain(self, grace_period: float) -> None:
+        """The server drains: from now on, waiting requests that would not finish within `grace_period`
+        seconds are handed back (`Engine.turn_away`), those that would are served."""
+        self.engine.scheduler.drain_deadline = time.monotonic() + grace_period
+        self._wake.set()
+
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; requests still in flight end with an error instead of hanging."""
+        """Stop the engine thread; requests still in flight are handed back (`HandedBack`: a 503 with
+        Retry-After where their answer has not started) instead of hanging."""
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
         for rid in list(self._queues):
-            self._deliver(rid, EngineFailed("the engine shut down before the request finished"))
+            self._deliver(rid, HandedBack("the server stopped at the end of its grace period before the "
+                                          "request finished; send it again", retry_after=1))  # fmt: skip
 
     def __enter__(self) -> AsyncEngine:
         return self

@@ -14,6 +14,11 @@ group: a step later it copies what that one computed.
 What a free slot holds is kept as long as it can be (a conversation's history between its turns): a prompt
 that reuses nothing takes the free slot whose cache is worth least (empty, else the one freed longest ago),
 and a running request moved down swaps caches with its destination instead of overwriting it.
+
+The scheduler also measures how long requests hold their slots (`admission.ServiceTimes`), from which a new
+request's expected wait is estimated, and says which waiting requests are turned away: those that have waited
+longer than the bound (`overdue`), and while draining those it could not finish before the deadline
+(`hand_backs`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
 from neuronfleet.runtime.engine.prefix_cache import MIN_PREFIX_REUSE, PrefixCache, common_prefix
 from neuronfleet.runtime.serving.backend import FinishReason
@@ -44,6 +50,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    slot_time: float | None = None  # when it took its slot
 
     @property
     def num_tokens(self) -> int:
@@ -146,6 +153,12 @@ class Scheduler:
         self._freed_at: list[int] = [0] * config.slots  # per slot, when it was last freed (finish count)
         self._finished = 0
         self._released: list[int] = []  # slots freed since the last plan: their sampling state goes
+        self.max_queue_wait = config.max_queue_wait
+        self.service = admission.ServiceTimes()  # slot seconds of the requests served lately
+        # the service time to estimate waits with (`estimate`), read by the event loop's admission
+        self.slot_seconds: float | None = None
+        self.slot_spread = 0.0  # their standard deviation
+        self.drain_deadline: float | None = None  # (monotonic) set when the server drains
 
     # ---- admission -----------------------------------------------------------------------------------------
 
@@ -225,6 +238,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.slot = self._take_slot(seq.prompt_ids)
+            seq.slot_time = time.monotonic()
             self.running[seq.slot] = seq
             prefill.append(seq)
             longest = max(longest, len(seq.prompt_ids))
@@ -306,6 +320,8 @@ class Scheduler:
         if seq.finish_reason is None:
             seq.finish_reason = reason
         if seq.slot is not None and self.running.get(seq.slot) is seq:
+            if reason is not FinishReason.ABORT and seq.slot_time is not None:  # served: measured
+                self.service.served(time.monotonic() - seq.slot_time)
             del self.running[seq.slot]
             heapq.heappush(self._free, seq.slot)
             self._released.append(seq.slot)
@@ -324,6 +340,43 @@ class Scheduler:
                 self.finish(seq, FinishReason.ABORT)
                 return seq
         return None
+
+    # ---- admission and the drain (engine.admission) ------------------------------------------------------
+
+    def estimate(self, now: float) -> float | None:
+        """The service time to estimate waits with, now (`admission.slot_seconds`), kept in `slot_seconds`."""
+        held = [now - s.slot_time for s in self.running.values() if s.slot_time is not None]
+        self.slot_seconds = admission.slot_seconds(self.service.mean(), held)
+        self.slot_spread = self.service.spread()
+        return self.slot_seconds
+
+    def overdue(self, now: float) -> list[Sequence]:
+        """Waiting requests that have waited longer than `max_queue_wait` (those the free slots take at the
+        next step excepted): taken out of the queue, finished (ABORT), returned. None without a bound."""
+        if self.max_queue_wait <= 0:
+            return []
+        behind = list(self.waiting)[len(self._free) :]
+        late = [s for s in behind if now - s.arrival_time > self.max_queue_wait]
+        return self._turn_away(late)
+
+    def hand_backs(self, now: float) -> list[Sequence]:
+        """While draining: the waiting requests that would not finish before `drain_deadline`
+        (`admission.drain_keeps`), taken out of the queue and returned (the last ones in it)."""
+        if self.drain_deadline is None or not self.waiting:
+            return []
+        seconds = self.estimate(now)
+        held = [now - s.slot_time for s in self.running.values() if s.slot_time is not None]
+        remaining = [max(0.0, (seconds or 0.0) - h) for h in held]
+        keep = admission.drain_keeps(
+            remaining, len(self.waiting), self.num_slots, seconds, self.drain_deadline - now
+        )
+        return self._turn_away(list(self.waiting)[keep:])
+
+    def _turn_away(self, seqs: list[Sequence]) -> list[Sequence]:
+        for seq in seqs:
+            self.waiting.remove(seq)
+            seq.finish_reason = FinishReason.ABORT
+        return seqs
 
     # ---- observation ---------------------------------------------------------------------------------------
 

@@ -18,12 +18,14 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.text_output import TextOutput
 from neuronfleet.runtime.routing.holding import Hold
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised
@@ -31,7 +33,7 @@ from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
 from neuronfleet.runtime.serving.engine_metrics import protocol_info
-from neuronfleet.runtime.serving.errors import ServingError, Unavailable
+from neuronfleet.runtime.serving.errors import Overloaded, ServingError, Unavailable
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
@@ -126,6 +128,7 @@ class RemoteBackend:
         wake_url: str | None = None,
         routing: Routing | None = None,
         max_resumes: int = 2,
+        max_queue_wait: float = 0.0,
     ) -> None:
         """`kv_timeout`: how long a prefill and its push may take; `peer_timeout`: the longest silence within
         a decode pod's stream, or before a peer answers a status probe, before it counts as failed (a busy
@@ -135,7 +138,10 @@ class RemoteBackend:
         them); `hold_requests`, `hold_seconds`, `wake_url`: requests held while no decode pod is ready
         (`holding.Hold`; 0: none); `routing`: how a prefill pod is chosen (by the prompt's token blocks: a
         pod that holds a prefix prefills only the rest; decode pods by load, as they receive the whole KV
-        cache)."""
+        cache); `max_queue_wait`: the longest a request may be expected to wait for a decode slot (0: no
+        bound): past it it is refused at once, and one that has waited that long for room is refused then
+        (`Overloaded`, with Retry-After; `admission`, from the decode pods' slots and the decode streams'
+        durations measured here)."""
         if not prefill or not decode:
             raise ValueError("--role router needs at least one --prefill and one --decode peer URL")
         self.tokenizer, self.eos_ids, self.limits = tokenizer, eos_ids, limits
@@ -151,6 +157,9 @@ class RemoteBackend:
         self.local_prefill_below = local_prefill_below
         self.max_resumes = max_resumes  # the most times one request's stream moves to another decode pod
         self.decode_progress = 0  # decode streams seen starting or ending: each may free a region or a slot
+        self.max_queue_wait = max_queue_wait
+        self.service = admission.ServiceTimes()  # seconds a decode stream held its slot, lately
+        self._decoding: dict[str, float] = {}  # decode streams now: attempt id -> when it started
         self.error: BaseException | None = None
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
@@ -254,6 +263,8 @@ class RemoteBackend:
         check_fits(self.limits, len(ids), params.max_tokens)
         rid = request_id or f"route-{next(self._ids)}"
         await self.watch.refresh_if_stale()  # no probe loop (tests), an old round, or a role not found yet
+        self._admit()
+        arrived = time.monotonic()
         self.in_flight += 1
         generated: list[int] = []  # sent to the client: a resumed request continues after them
         text = TextOutput(self.tokenizer, ids, params.stop)
@@ -303,6 +314,13 @@ class RemoteBackend:
                     failures.append(f"{peer.url}: {e}")
                     if len(tried) == len(self.decode.peers):  # every pod is full: wait while they make room
                         now = time.monotonic()
+                        waited = now - arrived
+                        if self.max_queue_wait and not generated and waited > self.max_queue_wait:
+                            raise Overloaded(  # (a stream already started waits on: it is resumed)
+                                f"the request waited {waited:.0f} s for a decode slot, past the bound of "
+                                f"{self.max_queue_wait:g} s (--max-queue-wait); retry later",
+                                retry_after=self._retry_after(),
+                            ) from None
                         room = room or RoomWait(self.busy_timeout, now, self.decode_progress)
                         if room.goes_on(now, self.decode_progress):
                             await asyncio.sleep(0.25)
@@ -324,6 +342,35 @@ class RemoteBackend:
                 attempt += 1
         finally:
             self.in_flight -= 1
+
+    def _decode_slots(self) -> int:
+        """The decode slots in rotation, as the pods' last probes said."""
+        return sum(p.slots for p in self.decode.peers.values() if p.healthy)
+
+    def _slot_seconds(self) -> float | None:
+        now = time.monotonic()
+        return admission.slot_seconds(self.service.mean(), [now - t for t in self._decoding.values()])
+
+    def _retry_after(self) -> int:
+        """Seconds until a decode slot is expected to free (at least 1)."""
+        return max(1, math.ceil((self._slot_seconds() or 0.0) / max(1, self._decode_slots())))
+
+    def _admit(self) -> None:
+        """Overloaded when a new request's expected wait for a decode slot passes the bound: the requests this
+        router carries (held ones aside) ahead of it, on the decode pods' slots (`admission.refusal`)."""
+        slots = self._decode_slots()
+        if not self.max_queue_wait or not slots:
+            return
+        ahead, seconds = self.in_flight - self.hold.held, self._slot_seconds()
+        refused = admission.refusal(ahead, slots, seconds, self.max_queue_wait, self.service.spread())
+        if refused is not None:
+            wait, retry = refused
+            raise Overloaded(
+                f"the expected wait for a decode slot is {wait:.0f} s, past the bound of "
+                f"{self.max_queue_wait:g} s (--max-queue-wait): {ahead} requests are ahead on {slots} decode "
+                f"slots, each serving one in {seconds:.1f} s; retry after {retry} s",
+                retry_after=retry,
+            )
 
     def _accept(
         self, rid: str, ids: list[int], generated: list[int], text: TextOutput, params: SamplingParams,
@@ -360,12 +407,13 @@ class RemoteBackend:
             silence = aiohttp.ClientTimeout(total=None, sock_connect=self.peer_timeout,
                                             sock_read=self.peer_timeout + self.kv_timeout)  # fmt: skip
             self.stages["decode"] += 1
-            streaming = False
+            streaming, served = False, False
             try:
                 async with s.post(f"{decode.url}/internal/decode", json=body, timeout=silence) as r:
                     await _refusal(r, "decode")
                     self.decode.succeeded(decode.url)
                     streaming = True
+                    self._decoding[rid] = time.monotonic()
                     self.decode_progress += 1  # the lease's region is the slot's now
                     async for line in r.content:
                         if not line.strip():
@@ -374,6 +422,7 @@ class RemoteBackend:
                         if item.get("error"):
                             raise PeerFailed(f"the request failed on the decode pod: {item['error']}")
                         tokens, reason = item["token_ids"], item.get("finish_reason")
+                        served = served or bool(reason)
                         for i, token in enumerate(tokens):
                             yield token, reason if i == len(tokens) - 1 else None
                         if not tokens and reason:
@@ -381,6 +430,9 @@ class RemoteBackend:
             finally:
                 self.stages["decode"] -= 1
                 self.decode_progress += streaming  # its slot is free again
+                started = self._decoding.pop(rid, None)
+                if served and started is not None:  # a stream the pod finished: its slot's time
+                    self.service.served(time.monotonic() - started)
         finally:
             decode.in_flight -= 1
 

@@ -1,7 +1,8 @@
 """The errors a request can meet while it is served (pure): one base class that carries the HTTP status.
 
 The server answers any `ServingError` with its `status`, or `tgi_status` on the TGI routes, where the two APIs
-differ (an invalid request: OpenAI 400, TGI 422; a full queue: OpenAI 429, TGI 503), and counts it as
+differ (an invalid request: OpenAI 400, TGI 422; a full queue or an expected wait past the bound: OpenAI 429,
+TGI 503; a drain's refusal or hand-back: 503 on both), with Retry-After on every 429 and 503, and counts it as
 `reason` in `neuronfleet:requests_rejected`. Anything else that escapes is a bug: logged and answered 500.
 """
 
@@ -50,15 +51,34 @@ class RequestTimeout(ServingError):
 
 
 class QueueFull(ServingError):
-    """The waiting queue is at its bound; retry later."""
+    """The waiting queue is at its bound; retry after `retry_after` seconds (None: 1)."""
 
     status, tgi_status, reason = 429, 503, "queue_full"
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(QueueFull):
+    """The request would wait for a slot longer than the bound (`--max-queue-wait`): refused at once when
+    its expected wait passes it (`engine.admission`), or once it has waited that long; Retry-After says when
+    the queue ahead will have drained enough."""
+
+    reason = "overloaded"
 
 
 class Draining(QueueFull):
     """The server is shutting down and takes no new requests."""
 
     status, tgi_status, reason = 503, 503, "draining"
+
+
+class HandedBack(Draining):
+    """A draining server gives back a request it accepted and will not finish in its grace period, before
+    its answer starts: 503 with Retry-After, which our routers send to another pod at once."""
+
+    reason = "handed_back"
 
 
 class RequestFailed(ServingError):

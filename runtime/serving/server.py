@@ -3,8 +3,9 @@
 OpenAI: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`; TGI: `POST /generate`,
 `POST /generate_stream`, `POST /` (TGI's compat route), `GET /info`; `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus, vLLM's metric names). Streams are server-sent events. Bad input gets a 4xx in the
-API's own error format (a `ServingError` carries its status per API); a full queue gets 429 (OpenAI) or 503
-(TGI) with Retry-After.
+API's own error format (a `ServingError` carries its status per API); a full queue, or an expected wait for
+a slot past `--max-queue-wait`, gets 429 (OpenAI) or 503 (TGI) with Retry-After (`engine.admission`); a
+draining server's refusals and hand-backs 503 with Retry-After, never a 500.
 """
 
 from __future__ import annotations
@@ -329,35 +330,35 @@ class RuntimeServer(HttpApp):
 
     async def _openai_sse(self, request, outputs, rid: str, created: int, chat: bool, parsed: ParsedRequest):
         include_usage = parsed.include_usage
+        # with return_token_ids (vLLM's extension) the first event also carries the prompt's token ids (a
+        # chat's on the event, a completion's on its choice), as the engine computes them
+        prompt_ids = None
+        if parsed.return_token_ids:
+            prompt = self._prompt(parsed)
+            prompt_ids = self.backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(choices: list, usage=None) -> bytes:
+        def chunk(choices: list, usage=None, **extra) -> bytes:
             data = {
                 "id": rid,
                 "object": kind,
                 "created": created,
                 "model": self.model_name,
                 "choices": choices,
+                **extra,
             }
             if include_usage:
                 data["usage"] = usage
             return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
         if chat:
-            await resp.write(
-                chunk(
-                    [
-                        {
-                            "index": 0,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ]
-                )
-            )
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None}  # fmt: skip
+            ids = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
+            await resp.write(chunk([role], **ids))
+            prompt_ids = None
         last = None
         try:
             async with contextlib.aclosing(outputs):
@@ -371,10 +372,12 @@ class RuntimeServer(HttpApp):
                         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
                     if parsed.return_token_ids:
                         choice["token_ids"] = list(out.token_ids)
+                        if prompt_ids is not None:
+                            choice["prompt_token_ids"], prompt_ids = prompt_ids, None
                     if out.text or reason or (parsed.return_token_ids and out.token_ids):
                         await resp.write(chunk([choice]))
-        except ServingError as e:  # the stream has started: the error is its last event
-            err = {"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}}
+        except ServingError as e:  # the stream has started: the error is its last event, with its own status
+            err = openai_error_body(e.status, str(e))
             await resp.write(f"data: {json.dumps(err)}\n\n".encode())
         if include_usage and last is not None:
             usage = {
@@ -493,9 +496,10 @@ async def serve(
 ) -> None:  # fmt: skip
     """Serve until SIGTERM or SIGINT, then drain (http_app: requests arriving on open connections are served
     with `Connection: close`, idle connections closed, new requests refused only in the grace period's last
-    tenth) until no request runs and no connection is open, or `grace_period` seconds; then any request still
-    running ends with an error, and the backend stops. A client has `header_timeout` seconds for a request's
-    headers and `body_timeout` for its body (http_app)."""
+    tenth; the engine hands back at once, with 503 and Retry-After, the waiting requests it would not finish
+    in time) until no request runs and no connection is open, or `grace_period` seconds; then any request
+    still running is handed back (503 where its answer has not started), and the backend stops. A client has
+    `header_timeout` seconds for a request's headers and `body_timeout` for its body (http_app)."""
     server.header_timeout, server.body_timeout = header_timeout, body_timeout
     # handler_cancellation: a client that leaves cancels its handler, which aborts its request.
     # auto_decompress off: a body with a Content-Encoding is refused (415) as it came, never inflated
@@ -510,6 +514,9 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.start_drain(grace_period)
+    drain = getattr(server.backend, "drain", None)
+    if drain is not None:  # the engine hands back what it would not finish in time (engine.admission)
+        drain(grace_period)
     log.info("draining: serving the open connections' requests for up to %.0f s", grace_period)
     deadline = loop.time() + grace_period
     # a request counts from its handler's start (parsing, the chat template, a router's prefill) to its end,

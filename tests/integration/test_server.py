@@ -333,10 +333,11 @@ def test_a_full_queue_refuses_with_retry_after_and_the_server_recovers(small_ser
             "two requests running and two waiting",
         )
         code, payload, headers = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
-        assert code == 429 and headers["Retry-After"] == "1"
+        # Retry-After: when a slot is expected to free (a slot's service time over the slots), at least 1 s
+        assert code == 429 and int(headers["Retry-After"]) >= 1
         assert "waiting queue holds 2 requests" in payload["error"]["message"]
         code, payload, headers = post(base, "/generate", {"inputs": "hi"})
-        assert code == 503 and headers["Retry-After"] == "1" and payload["error_type"] == "overloaded"
+        assert code == 503 and int(headers["Retry-After"]) >= 1 and payload["error_type"] == "overloaded"
         assert [f.result()[0] for f in running] == [200] * 4
     assert all(f.result()[1]["usage"]["completion_tokens"] == 50 for f in running)
     assert metric(base, "neuronfleet:requests_rejected_total", reason="queue_full") >= 2

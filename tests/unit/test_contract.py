@@ -53,8 +53,8 @@ def test_every_option_renders_and_parses_back():
         decode_graph=False,
         kv_wait=1.5,
         kv_lease_ttl=9.0, kv_advertise="10.0.0.1:7001", peer_probe_interval=0.5, local_prefill_below=16,
-        peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_body_bytes=1000, header_timeout=4.0,
-        body_timeout=8.0, grace_period=2.0,
+        peer_timeout=5.0, peer_hosts_file="/h", max_waiting=3, max_queue_wait=7.0, max_body_bytes=1000,
+        header_timeout=4.0, body_timeout=8.0, grace_period=2.0,
         kv_events_config='{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}',
         override_generation_config='{"temperature": 0.2}',
     )  # fmt: skip

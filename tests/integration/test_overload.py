@@ -1,0 +1,81 @@
+"""Overload is refused early, drains finish what they took (issue 49), against a real server and the official
+`openai` client (one client, max_retries=0), with the load generator of bench/overload.py.
+
+Offered more than it serves, open loop, a server answers each request or refuses it with 429 and
+Retry-After, most refusals at once (the expected wait past --max-queue-wait), and none of the requests it
+admitted waited for a slot much past the bound (its own histogram of the wait); SIGTERM under that load
+loses no request it accepted: every one is answered, or handed back with 503 and Retry-After, never a 500 or
+a cut. The timing itself (the estimate, the bound, what a drain keeps) is proven in simulated time in
+tests/unit/test_admission.py; here nothing depends on the machine's speed: a slower machine serves less and
+refuses more."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+
+from support import bench_module, metric, post, running_server, wait_until
+
+BOUND = 3.0  # --max-queue-wait: small, so that a short load builds a queue that passes it
+
+
+def test_offered_more_than_it_serves_every_request_is_answered_or_refused_with_retry_after(smollm2_dir):
+    bench = bench_module("overload")
+    options = ("--slots", "2", "--max-seq-len", "256", "--max-queue-wait", str(BOUND))
+    options += ("--grace-period", "300")
+    with running_server(smollm2_dir, *options) as (base, server):
+        served = asyncio.run(bench.capacity(base, "smollm2", 2, 24, 8))
+        queued_before = bench.queue_seconds(base, "smollm2")
+
+        async def load_then_sigterm():
+            stop = asyncio.Event()
+            load = asyncio.create_task(bench.offer(base, "smollm2", 3 * served, 60.0, 24, stop=stop))
+            # under load until requests have been refused, and some answered since
+            rejected = lambda: metric(base, "neuronfleet:requests_rejected_total", reason="overloaded")  # noqa: E731
+            while not load.done() and await asyncio.to_thread(rejected) < 3:
+                await asyncio.sleep(0.2)
+            queued = await asyncio.to_thread(bench.queue_seconds, base, "smollm2")
+            stop.set()  # nothing is sent after the SIGTERM (a Service sends a deleted pod nothing new)
+            server.signal(signal.SIGTERM)
+            return await load, queued
+
+        outcomes, queued = asyncio.run(load_then_sigterm())
+        assert server.wait() == 0, server.output()  # drained, and exited on its own
+    figures = bench.summary(outcomes)
+    refused = [o for o in outcomes if o.kind == "refused"]
+    answered = [o for o in outcomes if o.kind == "answered"]
+    assert not [o for o in outcomes if o.kind == "failed"], figures  # no 500, no cut, no connection lost
+    assert answered and refused, figures
+    assert all(o.status == 429 and int(o.retry_after) >= 1 for o in refused), figures
+    # refused at once (the expected wait passed the bound), not after waiting: most of them
+    assert sorted(o.seconds for o in refused)[len(refused) // 2] < BOUND, figures
+    # no admitted request waited for a slot past the bound (but for the step that found it there)
+    admitted = queued["count"] - queued_before["count"]
+    within = queued["buckets"]["5.0"] - queued_before["buckets"]["5.0"]
+    assert admitted > 0 and within == admitted, queued
+
+
+def test_a_drain_finishes_what_it_can_and_hands_the_rest_back_with_503_never_500(smollm2_dir):
+    """One slot, nine requests waiting behind the running one, far more than a grace period of 2 s holds:
+    SIGTERM hands back at once what it would not finish (503, Retry-After), and at the grace period's end
+    what is left; whatever the machine's speed, every request is answered or handed back."""
+    options = ("--slots", "1", "--max-seq-len", "256", "--max-queue-wait", "0", "--grace-period", "2")
+    request = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True}
+    with running_server(smollm2_dir, *options) as (base, server):
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            sent = [pool.submit(post, base, "/v1/completions", request) for _ in range(10)]
+            wait_until(
+                lambda: metric(base, "vllm:num_requests_waiting", model_name="smollm2") == 9,
+                "one request running and nine waiting",
+            )
+            server.signal(signal.SIGTERM)
+            answers = [f.result() for f in sent]
+        assert server.wait() == 0, server.output()
+    statuses = sorted(code for code, _, _ in answers)
+    assert set(statuses) <= {200, 503}, answers
+    assert 503 in statuses, statuses  # 10 x 200 tokens never fit in 2 s
+    for code, payload, headers in answers:
+        if code == 503:
+            assert int(headers["Retry-After"]) >= 1
+            assert "send it again" in payload["error"]["message"], payload
