@@ -1151,6 +1151,26 @@ def _transport_named(s: NeuronModelSpec) -> str:
         )
         for name in ("prefill", "prefillDecodeRatio")
     ),
+    # Above autoscaling.max, spec.replicas would not run as written (every provider stays within it):
+    # refused, through the scale subresource too (`kubectl scale`): the API server validates the object the
+    # new replicas make against the CRD's schema and rules (apiextensions-apiserver
+    # pkg/registry/customresource/etcd.go, ScaleREST.Update: the store's Update with the resource's strategy)
+    Rule(
+        "!self.autoscaling.enabled || !has(self.replicas) || self.replicas <= self.autoscaling.max",
+        "spec.replicas must not exceed autoscaling.max: the autoscaler runs at most autoscaling.max pods of "
+        "the scaled role; raise autoscaling.max, or set spec.replicas within autoscaling.min and max",
+        lambda s: not s.autoscaling.enabled or s.replicas is None or s.replicas <= s.autoscaling.max,
+        lambda s: (
+            f"spec.replicas {s.replicas} is above autoscaling.max {s.autoscaling.max}"
+            f"{'' if 'max' in s.autoscaling.model_fields_set else ' (the default, not set)'}: the "
+            f"autoscaler runs at most {s.autoscaling.max} pods of the scaled role; raise autoscaling.max, or "
+            f"set spec.replicas within autoscaling.min {s.autoscaling.min} and max {s.autoscaling.max}"
+        ),
+        "'spec.replicas ' + string(self.replicas) + ' is above autoscaling.max ' + "
+        "string(self.autoscaling.max) + ': the autoscaler runs at most ' + string(self.autoscaling.max) + "
+        "' pods of the scaled role; raise autoscaling.max, or set spec.replicas within autoscaling.min ' + "
+        "string(self.autoscaling.min) + ' and max ' + string(self.autoscaling.max)",
+    ),
     Rule(
         "!self.autoscaling.enabled || self.autoscaling.provider != 'hpa' || has(self.replicas)",
         "autoscaling.provider hpa scales spec.replicas through the NeuronModel's scale subresource, and a "

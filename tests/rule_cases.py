@@ -314,6 +314,12 @@ CASES = [
     Case("cache-both", CPU, section("compile", cache={"claimName": "c", "storageClassName": "gp3"}),
          "name an existing claimName or a storageClassName"),
     Case("autoscaling-bounds", CPU, section("autoscaling", min=5, max=2), "must not exceed autoscaling.max"),
+    # spec.replicas above autoscaling.max would not run as written: refused, never clamped
+    Case("replicas-above-max", CPU, both(spec(replicas=5), section("autoscaling", enabled=True, max=3)),
+         "spec.replicas 5 is above autoscaling.max 3"),
+    Case("replicas-at-max", CPU, both(spec(replicas=3), section("autoscaling", enabled=True, max=3)), None),
+    Case("replicas-above-max-off", CPU, both(spec(replicas=5), section("autoscaling", enabled=False, max=3)),
+         None),
     Case("var-ref", CPU, lambda o: o["spec"]["model"].update(uri="file:///m/$(HF_TOKEN)"),
          "must not contain $("),
 ]  # fmt: skip

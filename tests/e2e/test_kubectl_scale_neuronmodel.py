@@ -99,6 +99,14 @@ def test_kubectl_scale_reads_and_writes_spec_replicas_through_the_scale_subresou
     # the status is the operator's alone: a scale write leaves it as it was
     assert scale_of(kubectl, "m")["status"] == {"replicas": 2, "selector": selector}
 
+    # an autoscaled model: a scale above autoscaling.max is refused by the CRD's rule, never clamped
+    kubectl("apply", "-f", "-", stdin=sample(UNIFIED, "auto", replicas=2,
+                                             autoscaling={"enabled": True, "min": 1, "max": 3}))  # fmt: skip
+    run = kubectl("scale", "nm", "auto", "--replicas=5", check=False)
+    assert run.returncode != 0 and "spec.replicas 5 is above autoscaling.max 3" in run.stderr, run.stderr
+    assert kubectl("get", "nm", "auto", "-o", "jsonpath={.spec.replicas}").stdout == "2"
+    assert kubectl("scale", "nm", "auto", "--replicas=3").returncode == 0
+
 
 def test_the_operator_maps_a_scale_to_decode_and_prefill_and_reports_the_scale_status(cluster):
     kubectl = cluster.kubectl
