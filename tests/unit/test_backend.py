@@ -15,7 +15,9 @@ from neuronfleet.runtime.serving.errors import (
     BodyTooLarge,
     Draining,
     EngineFailed,
+    HandedBack,
     InvalidRequest,
+    Overloaded,
     QueueFull,
     RequestFailed,
     Unavailable,
@@ -39,7 +41,9 @@ def test_each_error_carries_its_status_per_api():
         (InvalidRequest("x"), 400, 422, "invalid"),
         (BodyTooLarge("x"), 413, 413, "body_too_large"),
         (QueueFull("x"), 429, 503, "queue_full"),
+        (Overloaded("x", retry_after=7), 429, 503, "overloaded"),
         (Draining("x"), 503, 503, "draining"),
+        (HandedBack("x", retry_after=1), 503, 503, "handed_back"),
         (RequestFailed("x"), 500, 500, "failed"),
         (EngineFailed("x"), 500, 500, "failed"),
         (Unavailable("x"), 503, 503, "unavailable"),
@@ -74,3 +78,33 @@ def test_the_router_refuses_a_prompt_that_leaves_no_room_before_any_peer_is_aske
     assert info.value.field_name == "prompt" and not backend.decode.peers  # refused before looking for peers
     with pytest.raises(InvalidRequest, match="longest this deployment accepts is 64"):
         asyncio.run(first_output(65))
+
+
+def test_the_router_refuses_at_once_a_request_whose_expected_wait_for_a_decode_slot_passes_the_bound():
+    """Our prefill/decode router admits as the engine does (engine.admission), over its decode pods' slots
+    and the decode streams' durations it measured: two slots serving one request each 20 s, three requests
+    ahead: 20 s of wait, past a bound of 10 s (Retry-After 10 s); with two ahead, 10 s: admitted."""
+    from neuronfleet.runtime.routing.router import NoPeerAvailable
+
+    unreachable = ["http://127.0.0.1:9"]
+    backend = RemoteBackend(None, frozenset(), LIMITS, unreachable, unreachable, "token",  # type: ignore[arg-type]
+                            probe_interval=3600, max_queue_wait=10.0)  # fmt: skip
+
+    async def main():
+        await backend.watch.refresh()
+        try:
+            for peer in backend.decode.peers.values():
+                peer.slots = 2
+            for _ in range(4):
+                backend.service.served(20.0)
+            backend.in_flight = 3
+            with pytest.raises(Overloaded, match="expected wait for a decode slot is 20 s") as refused:
+                await anext(backend.generate([1, 2, 3]))
+            assert refused.value.retry_after == 10 and backend.in_flight == 3
+            backend.in_flight = 2
+            with pytest.raises(NoPeerAvailable):  # admitted: then no decode pod answers
+                await anext(backend.generate([1, 2, 3]))
+        finally:
+            await backend.watch.close()
+
+    asyncio.run(main())
