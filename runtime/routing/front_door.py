@@ -16,12 +16,13 @@ Service, or the static peer map; re-resolved and probed every `--peer-probe-inte
 reset, a 5xx: a 503 while draining) is counted as failing and the request goes to another ready pod, or is
 held again (also when every pod failed it while one still counts ready: the next probe round decides,
 within the hold's bound); a whole (not streamed) answer is read before it is passed on, so a pod that dies
-while sending it is such a failure too (the request is sent again). With the model's tokenizer (`--model`),
-an OpenAI completion or chat streamed to the client is resumed on another pod when its pod dies after the
-stream started (a reset, its end before the answer's, an error event), from the prompt and the tokens already
-sent, at most `--max-resumes` times (`resume.StreamResume`: the client sees one stream, no token repeated or
-missing; exact for greedy requests where the pods return their tokens' ids). Any other stream that breaks
-after it started (TGI's `/generate_stream`) ends cut (the client sees it cut, never a clean end).
+while sending it is such a failure too (the request is sent again). An OpenAI completion or chat streamed to
+the client is resumed on another pod when its pod dies after the stream started (a reset, its end before the
+answer's, an error event), from the prompt and the tokens already sent, at most `--max-resumes` times
+(`resume.StreamResume`; the pods are asked for their tokens' ids, `return_token_ids`: the client sees one
+stream, no token repeated or missing, exact for greedy requests where the pods return the ids). Any other
+stream that breaks after it started (TGI's `/generate_stream`) ends cut (the client sees it cut, never a
+clean end).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class FrontDoor(HttpApp):
     ) -> None:  # fmt: skip
         """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`) and the key to its
         pods' KV-cache events (`kv_event_index.Subscriptions`). `max_resumes`: the most times one stream is
-        resumed on another pod (0: never; resuming needs the tokenizer)."""
+        resumed on another pod (0: never)."""
         if not unified:
             raise ValueError(
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
@@ -107,7 +108,7 @@ class FrontDoor(HttpApp):
         self.subscriptions = Subscriptions(secret=wake_token) if tokenizer is not None else None
         self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
-        self.max_resumes = max_resumes if tokenizer is not None else 0
+        self.max_resumes = max_resumes
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, wake_token=wake_token,
@@ -281,7 +282,7 @@ class FrontDoor(HttpApp):
                 except StreamCut as e:
                     out = e.out
                     failures.append(f"{peer.url}: {e}")
-                    if resume is None or resume.attempts >= self.max_resumes:
+                    if resume is None or resume.attempts >= self.max_resumes or not resume.possible:
                         log.warning("%s %s: pod %s failed mid-stream (%s); the client's answer ends cut",
                                     request.method, path, peer.url, e)  # fmt: skip
                         return _cut(request, out)

@@ -325,7 +325,7 @@ class EngineRouter(HttpApp):
             except StreamCut as e:
                 resume, out, carry.cut = carry.resume, carry.out, str(e)
                 assert resume is not None and out is not None
-                if resume.attempts >= self.max_resumes:
+                if resume.attempts >= self.max_resumes or not resume.possible:
                     return await _end_with_error(out, 502, f"{e}; resumed {resume.attempts} times already")
                 if resume.remaining() == 0:  # every token was sent: only the finish was lost
                     await out.write(resume.closing())

@@ -10,8 +10,9 @@ and without a second role event, the usage counting every token of every attempt
 `resume()` is the next attempt's path and body:
 
 - exact (`kind` "resume"): every event carried its tokens' ids (`return_token_ids`, vLLM's extension, which
-  our runtime accepts too): `/v1/completions` with the prompt as token ids, the client's prompt (as the pods
-  tokenize it, or the ids a pod said) followed by the ids sent, and `max_tokens` less what was sent. A greedy
+  our runtime accepts too): `/v1/completions` with the prompt as token ids, the client's prompt (the ids the
+  pod said in its first event, `prompt_token_ids`, else the router's tokenizer's) followed by the ids sent,
+  and `max_tokens` less what was sent. A greedy
   request continues exactly as an undisturbed one would have; a chat goes through `/v1/completions` and
   comes back in chat form (a chat's `tools`, `response_format` and `logprobs` are not carried over:
   `RESUME_FIELDS` are).
@@ -174,6 +175,15 @@ class StreamResume:
                 "total_tokens": prompt + completion}  # fmt: skip
 
     # ---- the next attempt ----
+
+    @property
+    def possible(self) -> bool:
+        """A next attempt can be made: from the token ids, or from the text (a completion whose prompt was
+        token ids needs the router's tokenizer for the text's)."""
+        if self.kind == "resume" or self.chat:
+            return True
+        prompt = self.body.get("prompt")
+        return isinstance(prompt, str) or self.tokenizer is not None or not self.sent_text
 
     @property
     def kind(self) -> str:
