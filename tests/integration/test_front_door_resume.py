@@ -1,5 +1,6 @@
 """The front door resumes a stream whose pod dies (`runtime/routing/resume.py`): two real unified servers of
-the SmolLM2 cpu model behind a front door with the model's tokenizer, driven by the official `openai` client
+the SmolLM2 cpu model behind a front door without the model's tokenizer (the pods say the token ids: the
+prompt's and each event's, `return_token_ids`), driven by the official `openai` client
 (max_retries=0); the pod carrying a request is killed (SIGKILL) mid-answer, and the client still gets one
 answer equal, token for token, to an undisturbed pod's (greedy), its usage counted right, the resume counted
 in `neuronfleet:router_retries_total`. The killed pod is started again on its port between tests."""
@@ -34,7 +35,7 @@ class Pods:
         self.door = f"http://127.0.0.1:{port}"
         args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port),
                 "--served-model-name", "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1",
-                "--unified", "dns://unified:8000", "--peer-hosts-file", str(peers), "--model", str(model_dir),
+                "--unified", "dns://unified:8000", "--peer-hosts-file", str(peers),
                 "--routing", "least-loaded"]  # fmt: skip
         self.process = Process(args, logs / "door.log")
         self.process.wait_until(lambda: self.healthy() == 2, "the front door to see both pods")
