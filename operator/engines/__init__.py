@@ -193,6 +193,8 @@ def serve_config(
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
+    if role in ("unified", "decode"):  # the pods that hold generating requests: time to finish them all
+        pod["grace_period"] = float(timeouts.drain_seconds(spec))
     # the compiled model and shapes, for every role: the router checks requests against the same limits
     if n.buckets.context:
         pod["prefill_buckets"] = list(n.buckets.context)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+from neuronfleet.contract import GRACE_PERIOD
+
 from .. import topology
 from ..spec import FORMER_COMPILE_DEADLINE, NeuronModelSpec
 
@@ -48,6 +50,12 @@ UNKNOWN_MODEL_BYTES = 32 << 30
 START_SLACK_S = 300
 NEURON_PROBE_PERIOD_S = 10  # a Neuron pod's startup probe: every 10 s (loads take minutes)
 CPU_PROBE = (2, 1800)  # a cpu model or a router loads in seconds: checked often (Ready soon after), 3600 s
+# A draining serving pod of our runtime finishes the requests it holds (and hands back, with 503, those it has
+# not started and could not finish: runtime/engine/admission.py): each slot's request may still generate up to
+# neuron.sequenceLength tokens, the slots in parallel, one token a step. The slowest a slot generates that the
+# grace period allows for, in tokens a second: docs/benchmarks.md ("Serving") measures a slot of our CPU
+# engine at 32 busy slots on two cores at 10.6 (int8) to 17.7 tokens/s (inter-token latency p50 57 to 95 ms)
+DRAIN_TOKENS_PER_S = 10
 
 
 def _minutes(seconds: float) -> int:
@@ -115,6 +123,13 @@ def compile_deadline(spec: NeuronModelSpec, passes: int) -> int:
         return spec.compile.activeDeadlineSeconds
     need = download_seconds(spec) + passes * compile_pass_seconds(spec)
     return max(FORMER_COMPILE_DEADLINE, need)
+
+
+def drain_seconds(spec: NeuronModelSpec) -> int:
+    """The grace period a unified or decode pod of our runtime needs to finish what it may hold: every slot
+    generating a whole sequence (neuron.sequenceLength tokens at DRAIN_TOKENS_PER_S), never less than the
+    runtime's default (GRACE_PERIOD)."""
+    return max(int(GRACE_PERIOD), math.ceil(spec.neuron.sequenceLength / DRAIN_TOKENS_PER_S))
 
 
 def startup_probe(spec: NeuronModelSpec, neuron: bool, start: int | None) -> tuple[int, int]:

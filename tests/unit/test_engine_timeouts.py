@@ -195,3 +195,31 @@ def test_compile_json_records_the_engines_own_neuron_settings(name, keys):
 def compile_json(objects: list[dict]) -> CompileConfig:
     data = next(o["data"] for o in of_kind(objects, "ConfigMap") if COMPILE_CONFIG_FILE in o.get("data", {}))
     return CompileConfig.model_validate_json(data[COMPILE_CONFIG_FILE])
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "roles"),
+    [
+        ("smollm2-135m-local-cpu.yaml", {"neuron": {"sequenceLength": 2048}}, {"unified": 205}),
+        (
+            "smollm2-135m-local-cpu.yaml",
+            {"neuron": {"sequenceLength": 128, "maxInputLength": 64}},
+            {"unified": 30},
+        ),
+        ("smollm2-135m-local-cpu-disaggregated.yaml", {}, {"decode": 52, "prefill": 30}),
+    ],
+)
+def test_a_serving_pod_of_our_runtime_is_given_the_time_to_finish_what_it_may_hold(name, change, roles):
+    """Every slot generating a whole sequence at DRAIN_TOKENS_PER_S: the server's --grace-period (its drain)
+    and, beyond it, the pod's terminationGracePeriodSeconds (the preStop sleep, the drain and a margin); the
+    runtime's default where that is longer, and for the roles that hold no generating request."""
+    from neuronfleet.operator import builders
+
+    _, objects = rendered(manifest(name, change))
+    for deployment in of_kind(objects, "Deployment"):
+        role = deployment["metadata"]["labels"][ROLE]
+        pod = deployment["spec"]["template"]["spec"]
+        command = pod["containers"][0]["command"]
+        grace = float(command[command.index("--grace-period") + 1]) if "--grace-period" in command else 30.0
+        assert grace == roles.get(role, 30.0), role  # (a front door: the default)
+        assert pod["terminationGracePeriodSeconds"] >= builders.ENDPOINT_DRAIN_SECONDS + grace, role

@@ -346,13 +346,15 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     cluster.reconcile()
     assert cluster.selector() == unified  # the new router is not ready: the Service stays
     assert door <= cluster.named("Deployment")
+    pods = [cluster.objects[("Deployment", n)]["spec"]["template"]["spec"] for n in door]
+    grace = max(pod["terminationGracePeriodSeconds"] for pod in pods)  # what the old set's pods drain in
     cluster.ready(roles["router"])
     cluster.reconcile()
     set_label = cluster.objects[("Deployment", roles["router"])]["metadata"]["labels"]["neuronfleet.dev/set"]
     assert cluster.selector()["neuronfleet.dev/set"] == set_label
     assert not door & cluster.named("Deployment")  # the old set's entry pods (front door and pods) retired
     assert "smollm2-unified" in cluster.named("Service")  # its headless Service after their drain
-    cluster.later(60)
+    cluster.later(grace + 1)
     cluster.reconcile()
     assert "smollm2-unified" not in cluster.named("Service") | cluster.named("PodDisruptionBudget")
     assert public_roles(cluster) == ["router"]
