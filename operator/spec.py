@@ -989,6 +989,42 @@ def _transport_named(s: NeuronModelSpec) -> str:
     return f"{kv.transport} with backend libfabric" if kv.transport == "nixl" else str(kv.transport)
 
 
+# The engines that serve each serving mode on each Neuron instance family (the engine matrix's "works" cells,
+# engines/matrix.py, which tests/unit/test_operator_spec.py holds this to): what the refusal of engine
+# embedded on a Neuron instance type names at apply
+NEURON_ENGINES: dict[str, dict[str, tuple[str, ...]]] = {
+    "unified": {
+        "inf2": ("vllm", "tgi"),
+        "trn1": ("vllm", "tgi"),
+        "trn2": ("vllm",),
+        "trn3": ("vllm", "sglang"),
+    },
+    "disaggregated": {"inf2": (), "trn1": (), "trn2": ("vllm",), "trn3": ("vllm", "sglang")},
+}
+# serving.sampling set (only engine embedded takes it: engines/limits.py refuses it for the others)
+SAMPLING_SET_CEL = (
+    "(" + " || ".join(f"has(self.serving.sampling.{name})" for name in Sampling.model_fields) + ")"
+)
+
+
+def instance_family(instance_type: str) -> str:
+    """The engine matrix's family of an instance type (trn1n is trn1, trn2u trn2)."""
+    return instance_type.split(".")[0].rstrip("nu") if instance_type != "cpu" else "cpu"
+
+
+def _engines_there_cel(mode: str) -> str:
+    """CEL: a map of each Neuron instance type to the engines that serve `mode` there, in words."""
+    words = {
+        name: (
+            f"use engine {' or '.join(engines)}"
+            if (engines := NEURON_ENGINES[mode][instance_family(name)])
+            else f"no engine serves serving.mode {mode} there yet"
+        )
+        for name in topology.INSTANCES
+    }
+    return "{" + ", ".join(f"'{k}': '{v}'" for k, v in words.items()) + "}"
+
+
 # The rules that read more than one section (checked by validation.validate, with the rest of its checks;
 # the rules of one section are declared beside it)
 @validated_rules(
@@ -1026,12 +1062,19 @@ def _transport_named(s: NeuronModelSpec) -> str:
     ),
     EMBEDDED_ON_NEURON := Rule(
         "self.neuron.instanceType == 'cpu' || self.engine != 'embedded'",
-        "engine embedded (the default) has no Neuron backend yet: neuronfleet's runtime serves on "
-        "instanceType "
-        "cpu only; on a Neuron instance type use engine vllm (or tgi on Inf2 and Trn1, sglang on Trn3), or "
-        "use instanceType cpu",
+        "engine embedded (set, or the default) has no Neuron backend yet: neuronfleet's runtime serves on "
+        "instanceType cpu only; on a Neuron instance type use engine vllm (or tgi on Inf2 and Trn1, sglang "
+        "on Trn3), or use instanceType cpu",
         lambda s: s.neuron.instanceType == "cpu" or s.engine != "embedded",
-        # (validation words the Python refusal: it names the engines that serve such a spec there)
+        # (validation words the Python refusal: it names the engines that serve such a spec there, and what
+        # they need changed)
+        message_expression="'engine embedded (set, or the default) has no Neuron backend yet: "
+        "neuronfleet\\'s runtime serves on instanceType cpu only; on ' + self.neuron.instanceType + ' ' + "
+        f"({DISAGGREGATED_CEL} ? {_engines_there_cel('disaggregated')} : {_engines_there_cel('unified')})"
+        f"[self.neuron.instanceType] + ({SAMPLING_SET_CEL} ? ', without serving.sampling (only engine "
+        "embedded takes it)' : '') + (has(self.model.tokenizer) ? ', without model.tokenizer (only engine "
+        "embedded applies it)' : '') + "
+        "', or use instanceType cpu'",
     ),
     _role_tp_rule("prefill"),
     _role_tp_rule("decode"),

@@ -20,10 +20,13 @@ reported as not checked, never guessed. `parse` words the schema's refusals, eac
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from neuronfleet.contract import length_refusal
 
@@ -125,36 +128,72 @@ def _either(names: list[str]) -> str:
     return " or ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
 
 
-def _engines_that_run(spec: NeuronModelSpec) -> list[str]:
-    """The engines other than embedded that serve a spec like this one (its model, instance type, shapes and
-    serving mode) where the embedded engine cannot: those whose refusals of it are only the ones every
-    engine shares (a tensor parallelism or a fit the instance does not allow, no EFA there...). Each engine
-    is given its best chance: the spec as it is, or without what only our runtime reads (model.tokenizer) and
-    with the prompt limit left to it (maxInputLength unset, or sequenceLength - 1, which vLLM needs). A KV
-    transport the spec does not name is that engine's default; its compile Job's settings are dropped for an
-    engine that runs none."""
+def _all(items: list[str]) -> str:
+    return " and ".join(filter(None, (", ".join(items[:-1]), items[-1]))) if items else ""
+
+
+def _compile_cache_only(spec: dict) -> None:
+    spec["compile"] = {k: v for k, v in spec["compile"].items() if k == "cache"}
+
+
+def _variants(spec: NeuronModelSpec) -> list[tuple[tuple[str, ...], dict]]:
+    """The spec as another engine would take it: as it is, and with what only engine embedded reads taken
+    out (serving.sampling, model.tokenizer, a compile Job's settings but its cache) and the prompt limit
+    left to that engine or at sequenceLength - 1 (which vLLM needs); each with the changes it makes, in
+    words, fewest first."""
     base = spec.model_dump(exclude_unset=True)
-    bare = {**base, "model": {k: v for k, v in base["model"].items() if k != "tokenizer"}}
-    if "compile" in base:  # a compile Job's settings mean nothing to an engine that runs none
-        bare["compile"] = {k: v for k, v in base["compile"].items() if k == "cache"}
-    neuron = {k: v for k, v in base["neuron"].items() if k != "maxInputLength"}
-    variants = [base, {**bare, "neuron": neuron}]
-    variants.append({**bare, "neuron": {**neuron, "maxInputLength": spec.neuron.sequenceLength - 1}})
-    refusals: dict[str, set[str]] = {}
+    removable = []  # (words, the spec without it)
+    if spec.serving.sampling.generation_config():
+        removable.append(("remove serving.sampling (only engine embedded takes it)",
+                          lambda d: d["serving"].pop("sampling", None)))  # fmt: skip
+    if spec.model.tokenizer is not None:
+        removable.append(("remove model.tokenizer (only engine embedded's compile applies it)",
+                          lambda d: d["model"].pop("tokenizer", None)))  # fmt: skip
+    if set(base.get("compile") or {}) - {"cache"}:
+        removable.append(("keep only compile.cache of the compile settings (not every engine runs a "
+                          "compile Job)",
+                          _compile_cache_only))  # fmt: skip
+    limits: list[tuple[tuple[str, ...], Callable[[dict], Any]]] = [((), lambda d: None)]
+    if "maxInputLength" in base["neuron"]:
+        limits.append((("remove neuron.maxInputLength (each engine has its own default)",),
+                       lambda d: d["neuron"].pop("maxInputLength")))  # fmt: skip
+    length = spec.neuron.sequenceLength - 1
+    if spec.neuron.maxInputLength != length:
+        limits.append(((f"set neuron.maxInputLength {length} (neuron.sequenceLength - 1)",),
+                       lambda d: d["neuron"].update(maxInputLength=length)))  # fmt: skip
+    out = []
+    for n in range(len(removable) + 1):
+        for chosen in itertools.combinations(removable, n):
+            for limit_words, limit in limits:
+                variant = copy.deepcopy(base)
+                for _, remove in chosen:
+                    remove(variant)
+                limit(variant)
+                out.append(((*(w for w, _ in chosen), *limit_words), variant))
+    return sorted(out, key=lambda v: len(v[0]))
+
+
+def _engines_that_run(spec: NeuronModelSpec) -> dict[str, tuple[str, ...]]:
+    """The engines other than embedded that serve a spec like this one (its model, instance type, shapes and
+    serving mode) where the embedded engine cannot, each with the changes of what only our runtime reads
+    that it needs (`_variants`; none: the spec as it is): those whose refusals of their best variant are
+    only the ones every engine shares (a tensor parallelism or a fit the instance does not allow, no EFA
+    there...). A KV transport the spec does not name is that engine's default."""
+    variants = _variants(spec)
+    best: dict[str, tuple[set[str], tuple[str, ...]]] = {}
     for engine in engines.ENGINES:
         if engine == "embedded":
             continue
-        found = []
-        for variant in variants:
+        for changes, variant in variants:
             try:
                 other = NeuronModelSpec.model_validate({**variant, "engine": engine})
             except ValueError:  # pydantic's ValidationError: this variant breaks a rule of the spec
                 continue
-            found.append(set(validate(other).errors))
-        if found:
-            refusals[engine] = min(found, key=len)
-    shared = set.intersection(*refusals.values()) if refusals else set()
-    return [engine for engine, errors in refusals.items() if errors == shared]
+            errors = set(validate(other).errors)
+            if engine not in best or len(errors) < len(best[engine][0]):
+                best[engine] = (errors, changes)
+    shared = set.intersection(*(e for e, _ in best.values())) if best else set()
+    return {engine: changes for engine, (errors, changes) in best.items() if errors == shared}
 
 
 def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
@@ -164,7 +203,10 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
             f"no engine serves serving.mode {spec.serving.mode} on {instance} yet: change serving.mode, or "
             "use instanceType cpu for engine embedded"
         )
-    return f"on {instance} use engine {_either(others)}, or instanceType cpu for engine embedded"
+    needs = "".join(
+        f"; with engine {engine}, {_all(list(changes))}" for engine, changes in others.items() if changes
+    )
+    return f"on {instance} use engine {_either(list(others))}, or instanceType cpu for engine embedded{needs}"
 
 
 def _embedded_on_neuron(spec: NeuronModelSpec) -> str:

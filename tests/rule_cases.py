@@ -315,6 +315,13 @@ CASES = [
          "name an existing claimName or a storageClassName"),
     Case("autoscaling-bounds", CPU, section("autoscaling", min=5, max=2), "must not exceed autoscaling.max"),
     # spec.replicas above autoscaling.max would not run as written: refused, never clamped
+    # engine embedded on a Neuron instance type: the engines that serve there, and the field only it takes
+    Case("embedded-on-inf2-with-sampling", CPU, neuron(instanceType="inf2.48xlarge"),
+         "use engine vllm or tgi"),
+    Case("embedded-on-inf2-names-sampling", CPU, neuron(instanceType="inf2.48xlarge"),
+         "serving.sampling (only engine embedded takes it)"),
+    Case("embedded-on-inf2-disaggregated", CPU_PD, neuron(instanceType="inf2.48xlarge"),
+         "no engine serves serving.mode disaggregated"),
     Case("replicas-above-max", CPU, both(spec(replicas=5), section("autoscaling", enabled=True, max=3)),
          "spec.replicas 5 is above autoscaling.max 3"),
     Case("replicas-at-max", CPU, both(spec(replicas=3), section("autoscaling", enabled=True, max=3)), None),

@@ -359,6 +359,51 @@ def test_the_embedded_engine_on_neuron_is_refused_naming_what_runs_there(change,
     assert any(message in e for e in report.errors), report.errors
 
 
+def test_a_local_sample_moved_to_neuron_is_told_the_engines_there_and_the_field_only_embedded_takes():
+    """The cpu sample changed to inf2.48xlarge: vLLM and TGI serve a unified model there; what stands in
+    their way is serving.sampling (only engine embedded takes it), and for vLLM the prompt limit, each named,
+    by the operator and, for the field, by the API server at apply."""
+    obj = load(CPU)
+    obj["spec"]["neuron"]["instanceType"] = "inf2.48xlarge"
+    (error,) = validation.check(obj).errors
+    assert "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded" in error
+    assert (
+        "; with engine vllm, remove serving.sampling (only engine embedded takes it) and remove "
+        "neuron.maxInputLength (each engine has its own default); with engine tgi, remove serving.sampling "
+        "(only engine embedded takes it)"
+    ) in error
+    assert "no engine serves" not in error
+    schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    (at_apply,) = schema_errors(apply_defaults(copy.deepcopy(obj), schema), schema)
+    assert (
+        "on inf2.48xlarge use engine vllm or tgi, without serving.sampling (only engine embedded takes it), "
+        "or use instanceType cpu"
+    ) in at_apply
+    for engine in ("vllm", "tgi"):  # what it says works: the change named, and nothing else
+        fixed = copy.deepcopy(obj)
+        fixed["spec"]["engine"] = engine
+        del fixed["spec"]["serving"]["sampling"]
+        if engine == "vllm":
+            del fixed["spec"]["neuron"]["maxInputLength"]
+        assert validation.check(fixed).errors == [], engine
+        assert schema_errors(apply_defaults(copy.deepcopy(fixed), schema), schema) == [], engine
+
+
+def test_the_neuron_engines_the_refusal_names_are_the_engine_matrix():
+    from neuronfleet.operator.engines import matrix
+
+    for mode, families in spec.NEURON_ENGINES.items():
+        for family, named in families.items():
+            works = tuple(
+                e
+                for e in matrix.ENGINES
+                if getattr(matrix.MATRIX[(e, family)], mode).startswith("works") and e != "embedded"
+            )
+            assert named == works, (mode, family)
+    assert set(spec.NEURON_ENGINES["unified"]) == set(matrix.FAMILIES) - {"cpu"}
+    assert {spec.instance_family(t) for t in spec.topology.INSTANCES} <= set(matrix.FAMILIES)
+
+
 @pytest.mark.parametrize(
     ("kv", "image", "message"),
     [
