@@ -33,7 +33,7 @@ from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
 from neuronfleet.runtime.serving.engine_metrics import protocol_info
-from neuronfleet.runtime.serving.errors import Overloaded, ServingError, Unavailable
+from neuronfleet.runtime.serving.errors import HandedBack, Overloaded, ServingError, Unavailable
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
@@ -160,6 +160,7 @@ class RemoteBackend:
         self.max_queue_wait = max_queue_wait
         self.service = admission.ServiceTimes()  # seconds a decode stream held its slot, lately
         self._decoding: dict[str, float] = {}  # decode streams now: attempt id -> when it started
+        self.hand_back_from: float | None = None  # (monotonic) while draining: when waiting ones go back
         self.error: BaseException | None = None
         self.stages = {"reserve": 0, "prefill": 0, "decode": 0}  # requests in each step of the exchange now
         self.in_flight = 0
@@ -230,6 +231,11 @@ class RemoteBackend:
     async def start(self, app=None) -> None:
         """Resolve and probe the peers now and every `probe_interval` seconds."""
         await self.watch.start()
+
+    def drain(self, grace_period: float) -> None:
+        """The router drains: a request still waiting for a decode slot near the end of `grace_period` (its
+        last tenth, at least a second) is handed back (503 with Retry-After) before the router stops."""
+        self.hand_back_from = time.monotonic() + grace_period - max(1.0, grace_period / 10)
 
     def shutdown(self) -> None:
         self.watch.stop()
@@ -320,6 +326,12 @@ class RemoteBackend:
                                 f"the request waited {waited:.0f} s for a decode slot, past the bound of "
                                 f"{self.max_queue_wait:g} s (--max-queue-wait); retry later",
                                 retry_after=self._retry_after(),
+                            ) from None
+                        if self.hand_back_from is not None and not generated and now >= self.hand_back_from:
+                            raise HandedBack(
+                                "the router is shutting down and no decode pod made room for the request in "
+                                "its grace period; send it again",
+                                retry_after=1,
                             ) from None
                         room = room or RoomWait(self.busy_timeout, now, self.decode_progress)
                         if room.goes_on(now, self.decode_progress):

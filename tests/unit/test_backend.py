@@ -108,3 +108,48 @@ def test_the_router_refuses_at_once_a_request_whose_expected_wait_for_a_decode_s
             await backend.watch.close()
 
     asyncio.run(main())
+
+
+async def full_decode_pod():
+    """A decode pod whose every slot stays busy: its status says so, its reserve answers 503."""
+    from aiohttp import web
+    from support import free_port
+
+    async def status(request):
+        return web.json_response({"ready": True, "identity": "full", "slots": 1, "running": 1, "waiting": 0})
+
+    async def reserve(request):
+        return web.json_response({"error": "no slot is free"}, status=503)
+
+    app = web.Application()
+    app.add_routes([web.get("/internal/status", status), web.post("/internal/reserve", reserve)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("case", ["waited past the bound", "draining"])
+def test_the_router_refuses_a_request_still_waiting_for_a_decode_slot_past_the_bound_or_at_a_drains_end(case):
+    """Every decode pod full: a request waits for room (RoomWait) until it has waited --max-queue-wait
+    (Overloaded, 429), or until the end of the router's drain (HandedBack, 503), with Retry-After."""
+
+    async def main():
+        runner, url = await full_decode_pod()
+        bound = 0.5 if case == "waited past the bound" else 0.0
+        backend = RemoteBackend(None, frozenset(), LIMITS, [url], [url], "token",  # type: ignore[arg-type]
+                                probe_interval=3600, busy_timeout=3600, max_queue_wait=bound)  # fmt: skip
+        try:
+            await backend.watch.refresh()
+            if case == "draining":
+                backend.drain(grace_period=1.0)  # its last second: now
+            with pytest.raises(Overloaded if bound else HandedBack) as refused:
+                await anext(backend.generate([1, 2, 3]))
+            assert refused.value.http_status(tgi=False) == (429 if bound else 503)
+            assert refused.value.retry_after >= 1 and backend.in_flight == 0
+        finally:
+            await backend.watch.close()
+            await runner.cleanup()
+
+    asyncio.run(main())
