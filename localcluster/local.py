@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from neuronfleet.operator import crd, spec
+from neuronfleet.operator import status as operator_status
 
 from .guard import admin_table, format_tokens, open_private, private_folder, write_private
 from .kubelet import NodeSettings
@@ -193,6 +194,7 @@ def _start(state: Path, say, node: NodeSettings) -> None:
     api = _api(state)
     say(f"[up] emulated API server and process kubelet on {api.url} ({time.monotonic() - started:.1f} s)")
     _install_crd(api)
+    _pods_stopped(api)
     _local_models(api, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
     wake, metrics = loopback_port(), loopback_port()
@@ -248,6 +250,23 @@ def _install_crd(api: Access) -> None:
         held = _request(api, f"{crds}/{name}")
         wanted["metadata"]["resourceVersion"] = held["metadata"]["resourceVersion"]
         _request(api, f"{crds}/{name}", "PUT", wanted)
+
+
+def _pods_stopped(api: Access) -> None:
+    """The models an earlier `up` left: their pods stopped with it (a restart keeps no pod), and start again
+    now, so no status may count them ready, nor a pod reached: written before the operator starts, its first
+    pass sees a deploy, not a loss (`status.pods_stopped`)."""
+    models = f"/apis/{spec.GROUP}/{spec.VERSION}/neuronmodels"
+    for model in _request(api, models).get("items") or []:
+        status = model.get("status") or {}
+        stopped = operator_status.pods_stopped(status)
+        if stopped == status:
+            continue
+        meta = model["metadata"]
+        path = f"/apis/{spec.GROUP}/{spec.VERSION}/namespaces/{meta['namespace']}/neuronmodels/{meta['name']}"
+        body = {**model, "status": stopped}
+        with contextlib.suppress(urllib.error.HTTPError):  # (changed meanwhile: the operator recomputes it)
+            _request(api, f"{path}/status", "PUT", body)
 
 
 def _local_models(api: Access, state: Path) -> None:

@@ -1404,7 +1404,10 @@ class NeuronModelStatus(BaseModel):
     artifacts: Artifacts | None = None
     conditions: list[Condition] = Field(default_factory=list)
     replicas: dict[str, RoleReplicas] = Field(default_factory=dict, description="Per role: desired, ready.")
-    readyReplicas: str | None = Field(None, description="Ready/desired serving pods, e.g. 2/2 (for kubectl).")
+    readyReplicas: str | None = Field(
+        None,
+        description="Ready/desired pods that serve the model (routers not counted), e.g. 2/2 (for kubectl).",
+    )
     endpoint: str | None = Field(None, description="In-cluster URL of the model's OpenAI/TGI endpoint.")
     drainUntil: str | None = Field(
         None,

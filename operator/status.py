@@ -183,6 +183,28 @@ def condition(
     }
 
 
+ROUTER = "router"  # a role whose pods route to the serving pods and serve no model themselves
+
+
+def serving_pods(roles: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """(desired, ready) pods that serve the model: every role's but the routers' (a front door, a
+    disaggregated model's router), each role's ready at most its desired; the READY column (readyReplicas)
+    and the conditions' pod counts."""
+    serving = [(d, r) for role, (d, r) in roles.items() if role != ROUTER]
+    return sum(d for d, _ in serving), sum(min(r, d) for d, r in serving)
+
+
+def pods_stopped(status: dict[str, Any]) -> dict[str, Any]:
+    """The status of a model all of whose pods were stopped together, and are started again as its
+    Deployments' pods (local mode's `down`, then `up`): no pod ready, and none reached, so the first pass
+    after it reports a deploy (Deploying, then RolledOut), not a loss (ReplicasUnavailable)."""
+    replicas = {
+        role: {**counts, "ready": 0, "reached": 0} for role, counts in (status.get("replicas") or {}).items()
+    }
+    desired, _ = serving_pods({role: (c.get("desired", 0), 0) for role, c in replicas.items()})
+    return {**status, "replicas": replicas, "readyReplicas": f"0/{desired}"} if replicas else status
+
+
 def reached(old: dict[str, Any], roles: dict[str, tuple[int, int]], live: bool) -> dict[str, int]:
     """Per role, the most pods ready at once since the role's set went live, at most desired (kept in
     status.replicas[role].reached): a live set with fewer ready pods than it reached is Degraded, however
@@ -253,11 +275,12 @@ def compute_status(
     else:
         compiled_cond = ("Compiling", f"compiling {compile_hash}: {job_message or 'the Job is starting'}"
                          + (f"; {compiling['text']}" if compiling else ""))  # fmt: skip
-    desired = sum(d for d, _ in roles.values())
-    ready = sum(min(r, d) for d, r in roles.values())
+    desired, ready = serving_pods(roles)  # (the READY column and its messages: routers serve no model)
+    routers_waiting = [f"{role} {min(r, d)}/{d} ready" for role, (d, r) in roles.items()
+                       if role == ROUTER and r < d]  # fmt: skip
     high = reached(old, roles, live and serving_hash is not None)
     lost = {role: (r, high[role]) for role, (_, r) in roles.items() if r < high[role]}
-    all_ready = serving_hash is not None and desired > 0 and rolled_out and live
+    all_ready = serving_hash is not None and sum(d for d, _ in roles.values()) > 0 and rolled_out and live
     failing = (failing or []) if serving_hash is not None and not all_ready else []
     if failed:
         health = ("CompileFailed", compiled_cond[1])
@@ -306,7 +329,13 @@ def compute_status(
             ),
             condition(conds, "Compiled", compiled and compile_step, *compiled_cond, generation, at),
             condition(
-                conds, "Ready", all_ready, ready_reason, f"{ready}/{desired} pods ready", generation, at
+                conds,
+                "Ready",
+                all_ready,
+                ready_reason,
+                "; ".join([f"{ready}/{desired} pods ready", *routers_waiting]),
+                generation,
+                at,
             ),
             condition(
                 conds, "Progressing", progress[0] != "Stable" and not failed, *progress, generation, at

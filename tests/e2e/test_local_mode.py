@@ -248,6 +248,15 @@ def test_down_then_up_keeps_every_object_and_serves_again_without_compiling(loca
     up = run_neuronfleet("up", "--state", str(local.state), "--detach")
     assert up.returncode == 0, up.stderr + up.stdout
     after = local.get("nm", "smollm2")
+    # its pod starts again: the status counts it ready only once it is (read the model first: the operator
+    # writes 1/1 only after the pod is ready, and a pod that was ready stays so here)
+    running = [
+        p
+        for p in local.pods("neuronfleet.dev/role=unified")
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
+    assert after["status"]["readyReplicas"] == "0/1" or running, after["status"]
+    assert all(r["reached"] <= r["ready"] or running for r in after["status"]["replicas"].values())
     assert after["metadata"]["uid"] == before["metadata"]["uid"] and after["spec"] == before["spec"]
     assert {j["metadata"]["uid"] for j in local.get("jobs")["items"]} == jobs  # kept, not compiled again
     unified = "neuronfleet.dev/role=unified"
@@ -258,5 +267,8 @@ def test_down_then_up_keeps_every_object_and_serves_again_without_compiling(loca
     local.wait("an answer", lambda: _answer(endpoint, "smollm2") is not None)
     assert chat(endpoint, "smollm2") == want
     assert {j["metadata"]["uid"] for j in local.get("jobs")["items"]} == jobs
+    # a start is not a loss: no Warning that pods were lost (the status said a deploy, then RolledOut)
+    events = local.get("events", "--field-selector", "involvedObject.name=smollm2")["items"]
+    assert not [e for e in events if e["type"] == "Warning"], [(e["reason"], e["message"]) for e in events]
     local.kubectl("delete", "nm", "smollm2", "--timeout=10m")
     local.wait("the pods gone", lambda: local.get("pods")["items"] == [])

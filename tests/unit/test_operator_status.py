@@ -151,8 +151,15 @@ COUNTS = [
      {"prefill": {"desired": 1, "ready": 0, "reached": 0},
       "decode": {"desired": 2, "ready": 1, "reached": 1}}),
     ("a set that is not live yet has reached nothing",
-     dict(serving=NEW, job=SUCCEEDED, roles={"router": (1, 1)}, live=False), "1/1",
-     {"router": {"desired": 1, "ready": 1, "reached": 0}}),
+     dict(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1), "router": (1, 1)}, live=False), "1/1",
+     {"unified": {"desired": 1, "ready": 1, "reached": 0}, "router": {"desired": 1, "ready": 1, "reached": 0}}),
+    ("routers serve no model: not counted (their pods beside a unified pod that is not ready)",
+     dict(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 1)}), "0/1",
+     {"unified": {"desired": 1, "ready": 0, "reached": 0}, "router": {"desired": 1, "ready": 1, "reached": 1}}),
+    ("a disaggregated model's router is not counted either",
+     dict(serving=NEW, job=SUCCEEDED, roles={"prefill": (1, 1), "decode": (1, 1), "router": (1, 1)}), "2/2",
+     {"prefill": {"desired": 1, "ready": 1, "reached": 1}, "decode": {"desired": 1, "ready": 1, "reached": 1},
+      "router": {"desired": 1, "ready": 1, "reached": 1}}),
 ]  # fmt: skip
 
 
@@ -160,6 +167,13 @@ COUNTS = [
 def test_replica_counts(inputs, ready, replicas):
     s = status(**inputs)
     assert s["readyReplicas"] == ready and s["replicas"] == replicas
+
+
+def test_a_router_not_ready_keeps_the_model_from_ready_and_says_so():
+    s = status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1), "router": (1, 0)}, rolled_out=False)
+    ready = next(c for c in s["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], s["readyReplicas"]) == ("False", "1/1")
+    assert ready["message"] == "1/1 pods ready; router 0/1 ready"
 
 
 def test_artifacts_endpoint_and_hash_appear_once_something_serves():
@@ -208,7 +222,7 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes():
 
 
 COMPILING = status(job=RUNNING)
-ROLLING = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"router": (1, 0)}, rolled_out=False,
+ROLLING = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 0)}, rolled_out=False,
                  live=False, serving_now=True)  # fmt: skip
 NEXT = compute_status(
     old=READY_BEFORE, generation=4, errors=[], compile_hash=OLD, serving_hash=NEW, job=RUNNING,
@@ -444,3 +458,24 @@ def test_once_said_which_replica_count_decides_it_is_not_said_again():
     assert conditions(scaled)["Validated"] == ("True", "ReplicasFromScale")
     again = status(old=scaled, serving=NEW, job=SUCCEEDED, roles={"unified": (2, 2)}, replicas_notice=SCALED)
     assert transitions(scaled, again) == []
+
+
+def test_pods_stopped_together_start_as_a_deploy_not_a_loss():
+    """Local mode's `down` stops every pod, `up` starts them again: the status it leaves for the operator
+    counts none ready nor reached, so the first pass reports a deploy and no ReplicasUnavailable Warning."""
+    from neuronfleet.operator.status import pods_stopped
+
+    before = status(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1), "router": (1, 1)})
+    assert before["phase"] == "Ready" and before["readyReplicas"] == "1/1"
+    stopped = pods_stopped(before)
+    assert stopped["readyReplicas"] == "0/1"
+    assert stopped["replicas"] == {"unified": {"desired": 1, "ready": 0, "reached": 0},
+                                   "router": {"desired": 1, "ready": 0, "reached": 0}}  # fmt: skip
+    starting = status(old=stopped, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 0)},
+                      rolled_out=False)  # fmt: skip
+    assert starting["phase"] == "Deploying" and starting["readyReplicas"] == "0/1"
+    assert not [e for e in transitions(stopped, starting) if e[0] == "Warning"]
+    lost = status(old=before, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 0)},
+                  rolled_out=False)  # fmt: skip
+    assert ("Warning", "ReplicasUnavailable") in [e[:2] for e in transitions(before, lost)]  # (a real loss)
+    assert pods_stopped({"phase": "Compiling"}) == {"phase": "Compiling"}
