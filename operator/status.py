@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any, Literal
 
-from neuronfleet.contract import parse_progress, progress_text
+from neuronfleet.contract import SOURCE_UNAVAILABLE, parse_progress, progress_text
 
 from . import node_offers
 
@@ -33,8 +33,10 @@ def job_state(job: dict[str, Any] | None) -> tuple[str, str]:
 
 
 def compile_failure(pods: list[dict[str, Any]]) -> str:
-    """Why a failed compile Job's pods ended: the last line of the newest failed pod's termination message
-    (the compile's own error, or its fetch-model initContainer's), or "" when none left one."""
+    """Why a failed compile Job's pods ended: the newest failed pod's termination message (the compile's own
+    error, or its fetch-model initContainer's), its last line, or from the line that says the model source
+    was unreadable on (a Hub client's error spans lines: the words retried on must not be cut off,
+    `rollout.source_retry_at`); "" when none left one."""
     failed = []
     for pod in pods:
         pod_status = pod.get("status") or {}
@@ -44,7 +46,7 @@ def compile_failure(pods: list[dict[str, Any]]) -> str:
         ]:
             terminated = (status.get("state") or {}).get("terminated") or {}
             if terminated.get("exitCode") not in (None, 0) and terminated.get("message"):
-                failed.append((terminated.get("finishedAt") or "", _last_line(terminated["message"], 400)))
+                failed.append((terminated.get("finishedAt") or "", _failure_words(terminated["message"])))
     return max(failed)[1] if failed else ""
 
 
@@ -112,6 +114,19 @@ STUCK_REASONS = (
     "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
     "CreateContainerError", "RunContainerError",
 )  # fmt: skip
+
+
+def _failure_words(message: str, limit: int = 400) -> str:
+    """A termination message's last line, or its lines from the one naming an unreadable model source
+    (contract.SOURCE_UNAVAILABLE) on, joined with '; ', shortened."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if SOURCE_UNAVAILABLE in line), None)
+    if start is None:
+        return _last_line(message, limit)
+    words = "; ".join(lines[start:])
+    return words if len(words) <= limit else words[: limit - 3] + "..."
+
+
 MAX_PROBLEMS = 3  # pods named in a message; the rest are counted
 
 

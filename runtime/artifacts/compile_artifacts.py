@@ -56,8 +56,10 @@ class CompileError(ValueError):
 class SourceUnavailable(CompileError):
     """The model source could not be read (a missing path, a Hub error): it may be there on a later try."""
 
-    def __init__(self, uri: str, why: str) -> None:
-        super().__init__(f"{SOURCE_UNAVAILABLE} {uri}: {why}")
+    def __init__(self, uri: str, why: str) -> None:  # (on one line: a Hub client's error spans several)
+        super().__init__(
+            f"{SOURCE_UNAVAILABLE} {uri}: " + "; ".join(filter(None, map(str.strip, why.splitlines())))
+        )
 
 
 def load_config(path: Path) -> CompileConfig:

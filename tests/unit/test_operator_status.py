@@ -152,12 +152,15 @@ COUNTS = [
       "decode": {"desired": 2, "ready": 1, "reached": 1}}),
     ("a set that is not live yet has reached nothing",
      dict(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 1), "router": (1, 1)}, live=False), "1/1",
-     {"unified": {"desired": 1, "ready": 1, "reached": 0}, "router": {"desired": 1, "ready": 1, "reached": 0}}),
+     {"unified": {"desired": 1, "ready": 1, "reached": 0},
+      "router": {"desired": 1, "ready": 1, "reached": 0}}),
     ("routers serve no model: not counted (their pods beside a unified pod that is not ready)",
      dict(serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 1)}), "0/1",
-     {"unified": {"desired": 1, "ready": 0, "reached": 0}, "router": {"desired": 1, "ready": 1, "reached": 1}}),
+     {"unified": {"desired": 1, "ready": 0, "reached": 0},
+      "router": {"desired": 1, "ready": 1, "reached": 1}}),
     ("a disaggregated model's router is not counted either",
-     dict(serving=NEW, job=SUCCEEDED, roles={"prefill": (1, 1), "decode": (1, 1), "router": (1, 1)}), "2/2",
+     dict(serving=NEW, job=SUCCEEDED, roles={"prefill": (1, 1), "decode": (1, 1), "router": (1, 1)}),
+     "2/2",
      {"prefill": {"desired": 1, "ready": 1, "reached": 1}, "decode": {"desired": 1, "ready": 1, "reached": 1},
       "router": {"desired": 1, "ready": 1, "reached": 1}}),
 ]  # fmt: skip
@@ -222,8 +225,8 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes():
 
 
 COMPILING = status(job=RUNNING)
-ROLLING = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 0)}, rolled_out=False,
-                 live=False, serving_now=True)  # fmt: skip
+ROLLING = status(old=READY_BEFORE, serving=NEW, job=SUCCEEDED, roles={"unified": (1, 0), "router": (1, 0)},
+                 rolled_out=False, live=False, serving_now=True)  # fmt: skip
 NEXT = compute_status(
     old=READY_BEFORE, generation=4, errors=[], compile_hash=OLD, serving_hash=NEW, job=RUNNING,
     roles={"unified": (2, 2)}, serving_now=True, endpoint=ENDPOINT, at=AT,
@@ -428,6 +431,7 @@ def test_lost_pods_whose_replacements_will_not_start_say_both():
 
 
 def test_a_failed_compile_says_the_compiles_own_error_and_when_an_unreadable_source_is_tried_again():
+    from neuronfleet.operator.rollout import source_retry_at
     from neuronfleet.operator.status import compile_failure
 
     def compile_pod(exit_code, message, finished):
@@ -443,6 +447,20 @@ def test_a_failed_compile_says_the_compiles_own_error_and_when_an_unreadable_sou
         compile_failure(pods) == "neuronfleet compile: model source unavailable: pvc://m/x: not found at /m/x"
     )
     assert compile_failure([compile_pod(0, "{}", AT)]) == ""
+    # a Hub that cannot be reached: huggingface_hub's error spans lines, and the words retried on stay
+    hub = (
+        "neuronfleet compile: model source unavailable: hf://org/m: LocalEntryNotFoundError: Got: "
+        "ConnectError: [Errno -2] Name or service not known\nAn error happened while trying to locate the "
+        "files on the Hub. Please check your internet connection and try again.\n"
+    )
+    words = compile_failure([compile_pod(2, hub, AT)])
+    assert words.startswith("neuronfleet compile: model source unavailable: hf://org/m: ") and words.endswith(
+        "; An error happened while trying to locate the files on the Hub. Please check your internet "
+        "connection and try again."
+    )
+    failed = {"metadata": {"name": "m-compile-x"}, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}  # fmt: skip
+    assert source_retry_at(failed, words) == "2026-01-01T00:00:30Z"  # retried after 30 s, doubling
     retrying = status(job=FAILED, retry_at=LATER)
     assert retrying["compileRetryAt"] == LATER
     assert "compiling again at " + LATER in next(
