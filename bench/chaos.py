@@ -72,6 +72,7 @@ CHILDREN = {  # the kinds the operator makes, by their list paths (every child c
     "Pod": "/api/v1/namespaces/default/pods",
 }
 MODEL_LABEL, HASH_LABEL = "neuronfleet.dev/model", "neuronfleet.dev/compile-hash"
+ROLE_LABEL = "neuronfleet.dev/role"
 WRITES = ("create", "update", "patch", "delete")
 UNREACHABLE_SECONDS = 120  # the longest the script waits for the API server to answer again
 
@@ -291,8 +292,7 @@ class ControlPlane:
 
 
 def manifest(name: str, batch: int = 4, replicas: int = 1) -> dict:
-    """The local sample as `name`, routed by load: its Service selects its pods at any replicas (no front
-    door, whose router pods no kubelet here would make ready; tests/e2e/test_rollout.py serves one)."""
+    """The local sample as `name`, routed by load, behind the front door every unified model has."""
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"]["name"] = name
     body["spec"]["neuron"]["batchSize"] = batch
@@ -501,8 +501,8 @@ def background(step, stop: threading.Event, interval: float, errors: list) -> th
 
 def wanted_state(plane: ControlPlane, live: dict[str, dict]) -> list[str]:
     """What differs from converged: each model at its generation, with one Job for its compile hash, one
-    Deployment of its hash with its replicas and batch size, one Service; every child's owner alive; no
-    child of a deleted model. [] once converged."""
+    Deployment of its hash with its replicas and batch size and one of its front door, one public Service;
+    every child's owner alive; no child of a deleted model. [] once converged."""
     problems: list[str] = []
     models = {m["metadata"]["name"]: m for m in plane.items(MODELS)}
     if sorted(models) != sorted(live):
@@ -532,10 +532,12 @@ def wanted_state(plane: ControlPlane, live: dict[str, dict]) -> list[str]:
         jobs = Counter(j["metadata"]["labels"].get(HASH_LABEL) for j in by_model.get(("Job", name), []))
         if jobs[chash] != 1 or any(n > 1 for n in jobs.values()):
             problems.append(f"{name}: compile Jobs by hash {dict(jobs)}, its hash {chash}")
-        deps = by_model.get(("Deployment", name), [])
+        made = by_model.get(("Deployment", name), [])
+        by_role = Counter(d["metadata"]["labels"].get(ROLE_LABEL) for d in made)
+        deps = [d for d in made if d["metadata"]["labels"].get(ROLE_LABEL) == "unified"]
         services = [s for s in by_model.get(("Service", name), []) if s["metadata"]["name"] == name]
-        if len(deps) != 1 or len(services) != 1:
-            problems.append(f"{name}: {len(deps)} Deployments, {len(services)} public Services")
+        if by_role != {"unified": 1, "router": 1} or len(services) != 1:  # its pods and their front door
+            problems.append(f"{name}: Deployments by role {dict(by_role)}, {len(services)} public Services")
             continue
         (dep,) = deps
         template = dep["spec"]["template"]

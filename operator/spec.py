@@ -572,7 +572,7 @@ class RoleSpec(Spec):
 
 class Router(Spec):
     """The routers: a disaggregated model's public endpoint (docs/disaggregation.md), or a unified model's
-    front door (when it may scale to zero, or routes kv-aware over more than one pod: docs/routing.md)."""
+    front door (every unified model's but one whose serving.gateway pool is its pods: docs/front-door.md)."""
 
     replicas: int = Field(1, description="Router pods.", ge=1, le=100)
 
@@ -602,9 +602,8 @@ class Routing(Spec):
         "kv-aware",
         description="kv-aware: each request goes to the pod expected to hold the longest prefix of its "
         "prompt in its prefix cache (learnt from what the router sent where), unless that pod carries more "
-        "than loadMargin requests above the least loaded one; least-loaded: by load alone. A unified model "
-        "that may run more than one pod gets a front door (router pods) for kv-aware, unless "
-        "serving.gateway's endpoint picker routes instead.",
+        "than loadMargin requests above the least loaded one; least-loaded: by load alone. A unified model's "
+        "front door (router pods) routes, unless serving.gateway's endpoint picker does.",
     )
     loadMargin: int | None = Field(
         None,

@@ -115,17 +115,18 @@ def mark_ready(api, deployment: str, replicas: int) -> None:
     patch_status(api, "deployment", deployment, {**status, "observedGeneration": generation})
 
 
-def role_deployment(api, role: str) -> dict | None:
-    """The one Deployment of a role (a disaggregated set's names carry its revision)."""
-    found = get(api, "deployments", "-l", f"neuronfleet.dev/role={role}")["items"]
+def role_deployment(api, role: str, serving_set: str = "") -> dict | None:
+    """The one Deployment of a role (a disaggregated set's names carry its revision); `serving_set`: a
+    selector of its set (`!=unified`: not the unified model's front door)."""
+    found = get(api, "deployments", "-l", f"neuronfleet.dev/role={role}"
+                + (f",neuronfleet.dev/set{serving_set}" if serving_set else ""))["items"]  # fmt: skip
     assert len(found) <= 1, [d["metadata"]["name"] for d in found]
     return found[0] if found else None
 
 
 def sample(path=SAMPLE) -> dict:
-    """The sample in namespace default; a unified one with two replicas, routed by load (its Service selects
-    its pods: the front door that kv-aware routing puts before them is tested in test_planner and, serving,
-    in test_rollout)."""
+    """The sample in namespace default; a unified one with two replicas, routed by load, behind the front door
+    every unified model has (serving, it is tested in test_rollout and test_lone_pod)."""
     obj = yaml.safe_load(path.read_text())
     obj["metadata"]["namespace"] = "default"
     if obj["spec"]["serving"]["mode"] == "unified":
@@ -168,22 +169,27 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     owner_uid = get(api, "nm", "smollm2")["metadata"]["uid"]
     assert dep["metadata"]["ownerReferences"][0]["uid"] == owner_uid
     # 3. pods become ready: Ready, with the printer columns filled
+    assert get(api, "deployment", "smollm2-router")["spec"]["replicas"] == 1  # its front door
     mark_ready(api, "smollm2-unified", 2)
+    mark_ready(api, "smollm2-router", 1)
     api.wait_for("Ready", lambda: get(api, "nm", "smollm2")["status"].get("phase") == "Ready")
     model = get(api, "nm", "smollm2")
     assert model["status"]["artifacts"] == {
         "path": f"artifacts/{chash}/", "bytes": 1234, "compiledAt": "2026-11-29T00:00:00Z", "cacheHit": False
     }  # fmt: skip
     assert condition(model, "Compiled")["reason"] == "Compiled"
-    assert model["status"]["replicas"] == {"unified": {"desired": 2, "ready": 2, "reached": 2}}
+    assert model["status"]["replicas"] == {
+        "unified": {"desired": 2, "ready": 2, "reached": 2},
+        "router": {"desired": 1, "ready": 1, "reached": 1},
+    }
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     row = api.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
-    assert row[:6] == ["smollm2", "Ready", "embedded", "cpu", "1", "2/2"]
+    assert row[:6] == ["smollm2", "Ready", "embedded", "cpu", "1", "3/3"]  # (2 pods and their front door)
     assert row[6] == "http://smollm2.default.svc:8000"
     events = {(e["type"], e["reason"]): e["message"] for e in items(api, "events")}
     assert events[("Normal", "CompileStarted")].startswith(f"compiling {chash}")
     assert events[("Normal", "Compiled")] == f"artifacts/{chash}/ is complete"
-    assert events[("Normal", "RolledOut")] == f"2/2 pods ready; serving artifacts/{chash}/"
+    assert events[("Normal", "RolledOut")] == f"3/3 pods ready; serving artifacts/{chash}/"
     assert not [e for e in events if e[0] == "Warning"], events
     # 4. drift: a hand edit of the Deployment is put back
     api.kubectl("patch", "deployment", "smollm2-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}')
@@ -241,6 +247,7 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     rolled = get(api, "deployment", "smollm2-unified")
     assert rolled["metadata"]["generation"] == before_change["metadata"]["generation"] + 1  # one roll
     mark_ready(api, "smollm2-unified", 2)
+    mark_ready(api, "smollm2-router", 1)  # (its hold bound follows the slots: it rolled too)
     api.wait_for("Ready again", lambda: get(api, "nm", "smollm2")["status"].get("phase") == "Ready")
     # the superseded hash's compile Job goes once the new hash serves
     api.wait_for(
@@ -474,9 +481,10 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     mark_job(api, job)
     api.wait_for("the unified Deployment", lambda: get(api, "deployment", "smollm2-unified"))
     mark_ready(api, "smollm2-unified", 2)
+    mark_ready(api, "smollm2-router", 1)
     api.wait_for("Ready", lambda: get(api, "nm", "smollm2")["status"].get("phase") == "Ready")
     unified = get(api, "service", "smollm2")["spec"]["selector"]
-    assert unified["neuronfleet.dev/role"] == "unified"
+    assert (unified["neuronfleet.dev/role"], unified["neuronfleet.dev/set"]) == ("router", "unified")
 
     def selector() -> dict:
         return get(api, "service", "smollm2")["spec"]["selector"]
@@ -486,8 +494,8 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
                               "kvTransfer": {"transport": "tcp"}}  # fmt: skip
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     roles = ("prefill", "decode", "router")
-    deps = api.wait_for("the new set", lambda: (d := {r: role_deployment(api, r) for r in roles}) and all(
-        d.values()) and d)  # fmt: skip
+    deps = api.wait_for("the new set", lambda: (d := {r: role_deployment(api, r, "!=unified") for r in roles})
+                        and all(d.values()) and d)  # fmt: skip
     secret = get(api, "secret", "smollm2-internal")
     assert all(
         secret["metadata"]["creationTimestamp"] <= d["metadata"]["creationTimestamp"] for d in deps.values()
@@ -507,6 +515,7 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     api.wait_for("the Service moved", lambda: selector()["neuronfleet.dev/set"] == rev)
     assert selector()["neuronfleet.dev/role"] == "router"
     api.wait_for("the unified set gone", lambda: get(api, "deployment", "smollm2-unified") is None
+                 and get(api, "deployment", "smollm2-router") is None
                  and get(api, "pdb", "smollm2-unified") is None)  # fmt: skip
     api.wait_for("Ready", lambda: get(api, "nm", "smollm2")["status"].get("phase") == "Ready")
     # disaggregated -> unified: the same, the other way
@@ -514,17 +523,20 @@ def test_mode_switches_move_the_service_only_to_a_ready_set_then_delete_the_old_
     api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
     api.wait_for("the unified Deployment", lambda: get(api, "deployment", "smollm2-unified"))
     assert selector()["neuronfleet.dev/set"] == rev
+    api.wait_for("its front door", lambda: get(api, "deployment", "smollm2-router"))
     mark_ready(api, "smollm2-unified", 1)
+    mark_ready(api, "smollm2-router", 1)
     api.wait_for("the Service moved back", lambda: selector()["neuronfleet.dev/set"] == "unified")
     api.wait_for(
         "the disaggregated set gone",
-        lambda: not any(role_deployment(api, r) for r in roles),
+        lambda: not any(role_deployment(api, r, "!=unified") for r in roles),
     )
-    api.wait_for("its Services gone", lambda: (
-        [s["metadata"]["name"] for s in items(api, "services")] == ["smollm2"]
-    ))  # fmt: skip
+    api.wait_for(
+        "its Services gone",
+        lambda: [s["metadata"]["name"] for s in items(api, "services")] == ["smollm2", "smollm2-unified"],
+    )  # fmt: skip  (the model's, and its front door's peers)
     assert get(api, "secret", "smollm2-internal")["metadata"]["uid"] == secret["metadata"]["uid"]
     public = get(api, "networkpolicy", "smollm2-public")["spec"]["podSelector"]["matchExpressions"]
-    assert public == [{"key": "neuronfleet.dev/role", "operator": "In", "values": ["unified"]}]
+    assert public == [{"key": "neuronfleet.dev/role", "operator": "In", "values": ["router"]}]
     events = [(e["type"], e["reason"]) for e in items(api, "events")]
     assert ("Normal", "Rolling") in events and not [e for e in events if e[0] == "Warning"], events

@@ -76,7 +76,8 @@ def cluster(tmp_path):
 def model(name: str, **serving) -> dict:
     obj = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"] = {"name": name, "namespace": "default"}
-    # two pods routed by load: the Service selects them (kv-aware routing's front door: test_planner)
+    # two pods routed by load, behind the front door every unified model has (its router Deployment and the
+    # pods' headless Service)
     obj["spec"]["serving"] = serving or {"unified": {"replicas": 2}, "routing": {"policy": "least-loaded"}}
     return obj
 
@@ -139,7 +140,7 @@ def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survi
     cpu += operator.cpu()
     api.stop_operator(operator)
     operator = api.start_operator()
-    api.wait_for("every Deployment", lambda: len(api.items("Deployment")) >= MODELS, 1.0)
+    api.wait_for("every Deployment", lambda: len(api.items("Deployment")) >= 2 * MODELS, 1.0)
     api.wait_for(
         "every model's status to name its serving hash",
         lambda: all((m.get("status") or {}).get("compileHash") for m in api.call("GET", NM)["items"]),
@@ -160,7 +161,9 @@ def test_hundreds_of_models_settle_cost_nothing_idle_repair_drift_fast_and_survi
     for kind in PATHS:
         for obj in api.items(kind):
             per_model[(kind, obj["metadata"]["labels"]["neuronfleet.dev/model"])] += 1
-    expected = {"Job": 1, "Deployment": 1, "Service": 1, "ConfigMap": 1, "PodDisruptionBudget": 1}
+    # the pods' and their front door's Deployments, the public Service and the pods' headless one; a PDB for
+    # the two pods (one router pod has none)
+    expected = {"Job": 1, "Deployment": 2, "Service": 2, "ConfigMap": 1, "PodDisruptionBudget": 1}
     expected["PersistentVolumeClaim"] = 1
     assert {(k, n): per_model[(k, n)] for k in expected for n in names} == {
         (k, n): count for k, count in expected.items() for n in names

@@ -3,10 +3,11 @@ process kubelet, the real operator and runtime, the real SmolLM2 model, the real
 chat requests through the model's public endpoint: a change that needs a compile (batchSize) leaves the
 Deployment exactly as it is until the new artifacts exist, then rolls once (never the old artifacts with the
 new arguments); unified -> disaggregated and back switch the Service only when the new set answers, then
-delete the old one (the model's token Secret stays); a replicas change rolls at once, and back down. Not one
-request fails, from clients that open a connection per request, the official `openai` client (one, reused, no
-retries: its pool keeps connections alive) and a plain kept-alive HTTP/1.1 connection (a draining pod serves
-what arrives on open connections and tells them to close)."""
+delete the old one (the model's token Secret stays); a replicas change starts or stops pods at once (no
+template changes: none restarts), and back down. Not one request fails, from clients that open a connection
+per request, the official `openai` client (one, reused, no retries: its pool keeps connections alive) and a
+plain kept-alive HTTP/1.1 connection (a draining pod serves what arrives on open connections and tells them to
+close)."""
 
 from __future__ import annotations
 
@@ -137,9 +138,11 @@ def test_every_change_rolls_once_with_no_failed_request(local):
         manifest["spec"]["serving"] = {"mode": "unified", "unified": {"replicas": 1}}
         local.apply(manifest)
         local.wait("unified and Ready", lambda: local.ready_at(5)
-                   and local.roles() == ["unified"])  # fmt: skip
+                   and sorted(local.roles()) == ["router", "unified"])  # fmt: skip
         timings["disaggregated -> unified"] = time.monotonic() - t0
-        assert local.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/role"] == "unified"
+        # the pods and their front door (every unified model's, docs/front-door.md), which the Service selects
+        assert local.get("service", NAME)["spec"]["selector"]["neuronfleet.dev/role"] == "router"
+        unified_template = local.get("deployment", f"{NAME}-unified")["spec"]["template"]
         # the model's token Secret stays, the one every pod of the model mounted from the first
         (secret,) = local.get("secret", "-l", f"neuronfleet.dev/model={NAME}")["items"]
         assert secret["metadata"]["name"] == f"{NAME}-internal"
@@ -165,6 +168,8 @@ def test_every_change_rolls_once_with_no_failed_request(local):
         timings["replicas 2 -> 1"] = time.monotonic() - t0
         answered = traffic.answered
         local.wait("answers after the scale-down", lambda: traffic.answered >= answered + 3)
+        # 1 -> 2 -> 1 changed the replicas only: the pods' template is the one step 4 made
+        assert local.get("deployment", f"{NAME}-unified")["spec"]["template"] == unified_template
     finally:
         traffic.__exit__()
         templates.stop.set()
@@ -174,7 +179,7 @@ def test_every_change_rolls_once_with_no_failed_request(local):
     # for its prefill, decode and router
     sets: dict[str, set] = {}
     for name, generation, chash, _ in templates.seen:
-        if name not in (f"{NAME}-unified", f"{NAME}-router"):  # (2 pods had a front door, of no set)
+        if name not in (f"{NAME}-unified", f"{NAME}-router"):  # (the unified pods and their front door)
             assert generation == 1, (name, templates.of(name))
             sets.setdefault(name.rsplit("-", 1)[1], set()).add(chash)
     assert len(sets) == 2 and all(len(hashes) == 1 for hashes in sets.values()), sets
