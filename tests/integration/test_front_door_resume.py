@@ -152,3 +152,35 @@ def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
     assert got.usage.completion_tokens == want["chat"].usage.completion_tokens
     assert pods.resumes("retry") == retries + 1
     pods.revive(victim)
+
+
+def test_past_max_resumes_the_stream_ends_cut(pods, tmp_path):
+    from openai import APIConnectionError
+
+    port = free_port()
+    args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port), "--served-model-name",
+            "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1", "--max-resumes", "0",
+            *[x for s in pods.servers.values() for x in ("--unified", s.base)]]  # fmt: skip
+    door = Process(args, tmp_path / "door.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        door.wait_until(lambda: metric_or_zero(base) == 2, "the second front door to see both pods")
+        stream = client(base).completions.create(**COMPLETION, stream=True)
+        pieces, victim = [], None
+        with pytest.raises(APIConnectionError):  # cut, never a clean end
+            for chunk in stream:
+                pieces.append(chunk.choices[0].text)
+                if len([p for p in pieces if p]) == 3 and victim is None:
+                    victim = pods.kill_carrier()
+        assert victim is not None
+        assert metric(base, "neuronfleet:router_retries_total", kind="resume") == 0
+    finally:
+        door.stop()
+    pods.revive(victim)
+
+
+def metric_or_zero(base: str) -> float:
+    try:
+        return metric(base, "neuronfleet:router_peers_healthy", role="unified")
+    except OSError:
+        return 0
