@@ -94,6 +94,7 @@ class Engine:
         self._publish_events: Callable[[list[KvEvent]], None] = lambda events: None
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
+        self.last_step_seconds = 0.0  # how long the last step took: a request that waits one more passes it
 
     @classmethod
     def from_model_dir(cls, model_dir: str, config: RuntimeConfig | None = None) -> Engine:
@@ -179,14 +180,15 @@ class Engine:
         return self.scheduler.has_work
 
     def turn_away(self, now: float) -> list[tuple[str, ServingError]]:
-        """The waiting requests turned away now, each with the error its client gets: those that waited past
-        the bound (`Overloaded`), and while draining those that would not finish in time (`HandedBack`).
-        Their streams end here; the service time estimate is brought up to date."""
+        """The waiting requests turned away now, each with the error its client gets: those that would wait
+        past the bound by the end of the next step, which will not give them a slot (`Overloaded`), and while
+        draining those that would not finish in time (`HandedBack`). Their streams end here; the service time
+        estimate is brought up to date."""
         sched = self.scheduler
         sched.estimate(now)
         bound = sched.max_queue_wait
         out: list[tuple[str, ServingError]] = []
-        for seq in sched.overdue(now):
+        for seq in sched.overdue(now, within=self.last_step_seconds):
             waited = now - seq.arrival_time
             error = Overloaded(
                 f"the request waited {waited:.0f} s for a slot, past the bound of {bound:g} s "
@@ -228,7 +230,8 @@ class Engine:
             if out is not None and out.finish_reason is not None:
                 finished[seq] = out.finish_reason
         self.scheduler.postprocess(plan, result.tokens, finished)
-        self._report(plan, result, time.perf_counter() - start)
+        self.last_step_seconds = time.perf_counter() - start
+        self._report(plan, result, self.last_step_seconds)
         self._kv_events()
         return [o for o in outputs if o is not None]
 
@@ -265,7 +268,7 @@ class Engine:
             prefill_requests=len(ran),
             decode_requests=len(result.tokens) - len(ran),
             seconds=seconds,
-            queue_seconds=[now - s.arrival_time for s in ran],
+            queue_seconds=[(s.slot_time or now) - s.arrival_time for s in ran],  # arrival to its slot
             prompt_tokens=sum(len(s.prompt_ids) for s in ran),
             reused_prompt_tokens=plan.reused_tokens(result.tokens),
         )

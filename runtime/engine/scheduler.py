@@ -350,13 +350,14 @@ class Scheduler:
         self.slot_spread = self.service.spread()
         return self.slot_seconds
 
-    def overdue(self, now: float) -> list[Sequence]:
-        """Waiting requests that have waited longer than `max_queue_wait` (those the free slots take at the
-        next step excepted): taken out of the queue, finished (ABORT), returned. None without a bound."""
+    def overdue(self, now: float, within: float = 0.0) -> list[Sequence]:
+        """Waiting requests that will have waited longer than `max_queue_wait` `within` seconds from now (the
+        next step's time: those the free slots take at the next step excepted, the others wait for it at
+        least): taken out of the queue, finished (ABORT), returned. None without a bound."""
         if self.max_queue_wait <= 0:
             return []
         behind = list(self.waiting)[len(self._free) :]
-        late = [s for s in behind if now - s.arrival_time > self.max_queue_wait]
+        late = [s for s in behind if now + within - s.arrival_time > self.max_queue_wait]
         return self._turn_away(late)
 
     def hand_backs(self, now: float) -> list[Sequence]:
