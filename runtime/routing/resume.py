@@ -71,6 +71,9 @@ class StreamResume:
         self.prompt_ids = list(prompt_ids) if prompt_ids is not None else None
         self.client_ids = body.get("return_token_ids") is True
         self.sent_ids: list[int] = []  # generated tokens sent to the client
+        # of those, the ones whose text the client has: a pod holds back a token's text while it ends in part
+        # of a character (an event of ids, no text); a resume regenerates the ones after the last text
+        self.shown = 0
         self.sent_text = ""
         self.sent_pieces = 0  # events that carried text: one token each, as engines stream
         self.exact = True  # every event so far carried its tokens' ids
@@ -145,6 +148,8 @@ class StreamResume:
             self.sent_pieces += bool(text)
             if choice.get("finish_reason"):
                 self.finished = True
+            if text or choice.get("finish_reason"):
+                self.shown = len(self.sent_ids)
             if self.as_completion:
                 choice = {k: v for k, v in choice.items() if k != "text"} | {"delta": {"content": text}
                                                                             if text else {}}  # fmt: skip
@@ -153,8 +158,9 @@ class StreamResume:
                 choice = {**choice, "delta": delta}
             if not self.client_ids:
                 choice = {k: v for k, v in choice.items() if k not in TOKEN_ID_FIELDS}
-            if self.attempts and not text and not choice.get("finish_reason") and not choice.get("token_ids"):
-                continue  # an attempt's opening (a role event, an empty one): the client had it already
+            shows = text or choice.get("finish_reason") or choice.get("token_ids")
+            if not shows and (self.attempts or isinstance(ids, list)):
+                continue  # an attempt's opening (the client had one), or ids only, which it did not ask for
             choices.append(choice)
         if not self.client_ids:
             chunk.pop("prompt_token_ids", None)
@@ -193,7 +199,7 @@ class StreamResume:
 
     def sent_tokens(self) -> int:
         if self.exact:
-            return len(self.sent_ids)
+            return self.shown
         if self.tokenizer is not None and self.sent_text:
             return len(self.tokenizer.encode(self.sent_text, add_special_tokens=False))
         return self.sent_pieces  # no tokenizer: an engine streams a token an event
@@ -209,6 +215,7 @@ class StreamResume:
     def resume(self) -> tuple[str, dict]:
         """The next attempt's path and body; call before sending it (its events are read as a resume's)."""
         kind, rest = self.kind, self.remaining()
+        del self.sent_ids[self.shown :]  # tokens whose text the client does not have yet: generated again
         self.before = self.sent_tokens()
         self.attempts += 1
         self._buffer = b""

@@ -154,3 +154,13 @@ def test_a_continued_assistant_message_is_left_open(smollm2_dir):
     assert tokenizer.decode(ids, skip_special_tokens=False).endswith("Hello th")
     closed = tokenizer.encode_chat(messages, add_generation_prompt=False)
     assert len(closed) > len(ids) and closed[: len(ids)] == ids  # the template's end of turn, cut
+
+
+def test_a_token_whose_text_the_pod_held_back_is_generated_again():
+    """A pod holds a token's text while it ends in part of a character: the event carries its id, no text.
+    The client did not get that text, so the next pod generates the token again."""
+    resume = StreamResume("/v1/completions", COMPLETION, prompt_ids=[5])
+    out = resume.feed(event(text_chunk("a", [1])) + event(text_chunk("", [2])))
+    assert [e["choices"][0]["text"] for e in events(out)] == ["a"]  # the ids-only event is not passed on
+    assert resume.resume() == ("/v1/completions", {**COMPLETION, "prompt": [5, 1], "max_tokens": 5,
+                                                    "return_token_ids": True})  # fmt: skip
