@@ -1024,6 +1024,13 @@ def _engines_there_cel(mode: str) -> str:
     return "{" + ", ".join(f"'{k}': '{v}'" for k, v in words.items()) + "}"
 
 
+def _scaled_role_replicas(s: NeuronModelSpec) -> tuple[str, int]:
+    """The scaled role (unified, or decode when disaggregated) and its serving.*.replicas."""
+    if s.serving.mode == "disaggregated" and s.serving.decode is not None:
+        return "decode", s.serving.decode.replicas
+    return "unified", s.serving.unified.replicas
+
+
 # The rules that read more than one section (checked by validation.validate, with the rest of its checks;
 # the rules of one section are declared beside it)
 @validated_rules(
@@ -1212,6 +1219,29 @@ def _engines_there_cel(mode: str) -> str:
         "string(self.autoscaling.max) + ': the autoscaler runs at most ' + string(self.autoscaling.max) + "
         "' pods of the scaled role; raise autoscaling.max, or set spec.replicas within autoscaling.min ' + "
         "string(self.autoscaling.min) + ' and max ' + string(self.autoscaling.max)",
+    ),
+    Rule(  # (likewise the scaled role's own count, where spec.replicas is unset: the autoscaler starts there)
+        f"!self.autoscaling.enabled || has(self.replicas) || ({DISAGGREGATED_CEL} ? "
+        "(!has(self.serving.decode) || self.serving.decode.replicas <= self.autoscaling.max) : "
+        "self.serving.unified.replicas <= self.autoscaling.max)",
+        "serving.unified.replicas (serving.decode.replicas when disaggregated) must not exceed "
+        "autoscaling.max: the autoscaler runs at most autoscaling.max pods of the scaled role; raise "
+        "autoscaling.max, or lower the replicas",
+        lambda s: (
+            not s.autoscaling.enabled
+            or s.replicas is not None
+            or _scaled_role_replicas(s)[1] <= s.autoscaling.max
+        ),
+        lambda s: (
+            f"serving.{_scaled_role_replicas(s)[0]}.replicas {_scaled_role_replicas(s)[1]} is above "
+            f"autoscaling.max {s.autoscaling.max}: the autoscaler runs at most {s.autoscaling.max} pods of "
+            "the scaled role; raise autoscaling.max, or lower the replicas"
+        ),
+        f"'serving.' + ({DISAGGREGATED_CEL} ? 'decode' : 'unified') + '.replicas ' + string("
+        f"{DISAGGREGATED_CEL} ? self.serving.decode.replicas : self.serving.unified.replicas) + ' is above "
+        "autoscaling.max ' + string(self.autoscaling.max) + ': the autoscaler runs at most ' + "
+        "string(self.autoscaling.max) + ' pods of the scaled role; raise autoscaling.max, or lower the "
+        "replicas'",
     ),
     Rule(
         "!self.autoscaling.enabled || self.autoscaling.provider != 'hpa' || has(self.replicas)",
