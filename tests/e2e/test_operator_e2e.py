@@ -184,12 +184,12 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     }
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     row = api.kubectl("get", "neuronmodels").stdout.splitlines()[1].split()
-    assert row[:6] == ["smollm2", "Ready", "embedded", "cpu", "1", "3/3"]  # (2 pods and their front door)
+    assert row[:6] == ["smollm2", "Ready", "embedded", "cpu", "1", "2/2"]  # (serving pods: no router)
     assert row[6] == "http://smollm2.default.svc:8000"
     events = {(e["type"], e["reason"]): e["message"] for e in items(api, "events")}
     assert events[("Normal", "CompileStarted")].startswith(f"compiling {chash}")
     assert events[("Normal", "Compiled")] == f"artifacts/{chash}/ is complete"
-    assert events[("Normal", "RolledOut")] == f"3/3 pods ready; serving artifacts/{chash}/"
+    assert events[("Normal", "RolledOut")] == f"2/2 pods ready; serving artifacts/{chash}/"
     assert not [e for e in events if e[0] == "Warning"], events
     # 4. drift: a hand edit of the Deployment is put back
     api.kubectl("patch", "deployment", "smollm2-unified", "--type", "merge", "-p", '{"spec":{"replicas":5}}')
