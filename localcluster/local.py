@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +42,7 @@ from neuronfleet.operator import status as operator_status
 from .guard import admin_table, format_tokens, open_private, private_folder, write_private
 from .kubelet import NodeSettings
 from .kubelet import node_settings as _node_settings
-from .ports import loopback_port
+from .ports import loopback_port, pool
 from .tls import Access
 
 MODELS = f"/apis/{spec.GROUP}/{spec.VERSION}/{spec.PLURAL}"  # the NeuronModels of every namespace
@@ -197,7 +198,7 @@ def _start(state: Path, say, node: NodeSettings) -> None:
     _pods_stopped(api)
     _local_models(api, state)
     say(f"[up] NeuronModel CRD installed; claim default/local-models holds {MODEL_FILE}")
-    wake, metrics = loopback_port(), loopback_port()
+    wake, metrics = _kept_port(state / "wake-port"), loopback_port()
     operator = subprocess.Popen(
         [
             shutil.which("neuronfleet") or str(Path(sys.executable).parent / "neuronfleet"),
@@ -250,6 +251,20 @@ def _install_crd(api: Access) -> None:
         held = _request(api, f"{crds}/{name}")
         wanted["metadata"]["resourceVersion"] = held["metadata"]["resourceVersion"]
         _request(api, f"{crds}/{name}", "PUT", wanted)
+
+
+def _kept_port(kept: Path) -> int:
+    """The port an earlier `up` used for this (`kept`), where it is free still, else a new one, kept: the
+    wake endpoint's URL is in the routers' pod templates, so a new port at every `up` would roll them."""
+    with contextlib.suppress(OSError, ValueError):
+        port = int(kept.read_text())
+        if port in pool():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+            return port
+    port = loopback_port()
+    kept.write_text(str(port))
+    return port
 
 
 def _pods_stopped(api: Access) -> None:

@@ -37,3 +37,17 @@ def test_ports_come_from_the_setting_each_once_and_free(monkeypatch):
         taken.listen()
         picked = [ports.loopback_port(environ) for _ in range(4)]
     assert len(set(picked)) == 4 and all(21000 <= p <= 21009 and p != 21003 for p in picked)
+
+
+def test_up_keeps_the_wake_port_an_earlier_up_used_while_it_is_free(tmp_path):
+    """The wake endpoint's URL is in the routers' pod templates: the same port over `down` and `up` leaves
+    them as they were (a new one would roll every router)."""
+    from neuronfleet.localcluster.local import _kept_port
+
+    kept = tmp_path / "wake-port"
+    first = _kept_port(kept)
+    assert kept.read_text() == str(first) and _kept_port(kept) == first
+    with socket.socket() as taken:  # another process holds it now: a new one, kept from then on
+        taken.bind(("127.0.0.1", first))
+        second = _kept_port(kept)
+    assert second != first and kept.read_text() == str(second) and _kept_port(kept) == second
