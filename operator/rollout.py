@@ -150,13 +150,16 @@ def retire(
 ) -> tuple[list[tuple[str, str]], str | None]:
     """(what to delete now, until when the entry pods drain) of the stale objects: the stale entry
     Deployments (and their PDBs) first, then, once their pods' termination grace period has passed, the
-    rest; a pass during the drain deletes nothing."""
+    rest; a pass during the drain deletes nothing. Where routers are among them (a disaggregated set's, a
+    unified set's front door), the routers alone are the entry: the pods behind them serve until the routers
+    have drained (a front door draining with no ready pod behind it would refuse what it holds)."""
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in observed}
-    entries = [
-        k for k in stale_keys
-        if k[0] == "Deployment"
-        and by_key[k]["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/role") in ENTRY_ROLES
-    ]  # fmt: skip
+    role = {
+        k: by_key[k]["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/role")
+        for k in stale_keys if k[0] == "Deployment"
+    }  # fmt: skip
+    entry_roles = ("router",) if "router" in role.values() else ENTRY_ROLES
+    entries = [k for k in role if role[k] in entry_roles]
     if entries:
         grace = max(
             by_key[k]

@@ -352,8 +352,12 @@ def test_a_mode_switch_moves_the_service_only_to_a_ready_set_then_deletes_the_ol
     cluster.reconcile()
     set_label = cluster.objects[("Deployment", roles["router"])]["metadata"]["labels"]["neuronfleet.dev/set"]
     assert cluster.selector()["neuronfleet.dev/set"] == set_label
-    assert not door & cluster.named("Deployment")  # the old set's entry pods (front door and pods) retired
-    assert "smollm2-unified" in cluster.named("Service")  # its headless Service after their drain
+    # the old set's front door retired first; its pods serve what it still holds while it drains
+    assert door & cluster.named("Deployment") == {"smollm2-unified"}
+    cluster.later(grace + 1)
+    cluster.reconcile()
+    assert not door & cluster.named("Deployment")  # then the pods
+    assert "smollm2-unified" in cluster.named("Service")  # their headless Service after their drain
     cluster.later(grace + 1)
     cluster.reconcile()
     assert "smollm2-unified" not in cluster.named("Service") | cluster.named("PodDisruptionBudget")
