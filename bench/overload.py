@@ -15,7 +15,7 @@ is sent after it. It prints, and writes to bench/results/overload.json with the 
   whole, handed back (503 with Retry-After) or lost.
 
     .venv/bin/python -P bench/overload.py [--slots 4] [--max-tokens 48] [--max-queue-wait 5]
-        [--seconds 40] [--drain-after 30] [--grace-period 60] [--factor 2]
+        [--seconds 40] [--drain-after 30] [--grace-period 60] [--factor 2] [--results overload]
 
 Not a test (tests/integration/test_overload.py runs its load generator on a smaller scale): numbers depend on
 the machine and its load.
@@ -88,10 +88,14 @@ async def one(client, model: str, max_tokens: int, start: float) -> Outcome:
 
 
 async def capacity(base: str, model: str, slots: int, max_tokens: int, requests: int) -> float:
-    """Requests a second the server serves with every slot busy: `slots` clients back to back."""
+    """Requests a second the server serves with every slot busy: `slots` clients back to back, timed after a
+    first round (a fresh server's first steps record its decode graphs: slow)."""
     import openai
 
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0) as client:
+        warm = await asyncio.gather(*(one(client, model, max_tokens, time.monotonic()) for _ in range(slots)))
+        if any(o.kind != "answered" for o in warm):
+            raise RuntimeError(f"a request failed while warming up: {warm}")
         left = list(range(requests))
         start = time.monotonic()
 
@@ -234,6 +238,7 @@ def main() -> None:
     parser.add_argument("--drain-after", type=float, default=30.0, help="SIGTERM after this many seconds")
     parser.add_argument("--grace-period", type=float, default=60.0)
     parser.add_argument("--factor", type=float, default=2.0, help="offered load over what the server serves")
+    parser.add_argument("--results", default="overload", help="bench/results/RESULTS.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="neuronfleet-overload-") as tmp:
         model = args.model or smollm2(Path(tmp) / "smollm2")
@@ -282,7 +287,7 @@ def main() -> None:
             "drain_seconds": round(drain_seconds, 2),
         }
     print(json.dumps(figures, indent=2))
-    out = ROOT / "bench" / "results" / "overload.json"
+    out = ROOT / "bench" / "results" / f"{args.results}.json"
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"written to {out}")
 

@@ -2,15 +2,14 @@
 
 A request that would wait longer than a bound (`--max-queue-wait`) for a slot is refused at once with
 Retry-After, instead of waiting for its client to time out. Its wait is estimated from the requests ahead of
-it and the service rate measured: `ServiceTimes` keeps the slot seconds of the last requests served (from
-taking a slot to finishing: prefill and decode together); with `slots` slots each serving one request in
-`t` seconds on average, slots free at `slots / t` per second, and a request that finds `ahead` requests
-(running or waiting) gets a slot after `expected_wait(ahead, slots, t)` seconds, give or take
+it and the service rate measured: `ServiceTimes` follows the slot seconds of the requests served (from taking
+a slot to finishing: prefill and decode together), the last few weighing most; with `slots` slots each serving
+one request in `t` seconds on average, slots free at `slots / t` per second, and a request that finds `ahead`
+requests (running or waiting) gets a slot after `expected_wait(ahead, slots, t)` seconds, give or take
 `wait_spread` (from the spread of the service times measured): a request is admitted when its wait, with a
 margin of two standard deviations, is within the bound, so few of those admitted wait past it; the engine
-refuses those few when they reach it. Before any request has finished, the longest a running request has
-held its slot so far stands in for `t` (`slot_seconds`): a lower bound that grows until a measure replaces
-it.
+refuses those few when they reach it. Before any request has finished, the longest a running request has held
+its slot so far stands in for `t` (`slot_seconds`): a lower bound that grows until a measure replaces it.
 
 The engine (one pod's slots) and our prefill/decode router (the decode pods' slots, as it sees them) decide
 with the same functions; the HTTP server answers the refusal (`errors.Overloaded`: OpenAI 429, TGI 503).
@@ -25,39 +24,44 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Sequence
 
-SERVICE_WINDOW = 64  # requests served whose slot seconds make the measure: recent enough to follow the load
+SERVICE_SPAN = 16  # served requests that weigh most in the measure: a pod that speeds up (its first steps
+# record the decode graphs: slow) or slows down is followed within about as many requests
 
 
 class ServiceTimes:
-    """The slot seconds of the last `window` requests served; their mean is the measured service time."""
+    """The slot seconds of the requests served: an exponentially weighted mean and standard deviation, the
+    last `span` requests weighing most (alpha = 2 / (span + 1), the incremental form of Finch, "Incremental
+    calculation of weighted mean and variance", 2009)."""
 
-    def __init__(self, window: int = SERVICE_WINDOW) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
-        self._times: deque[float] = deque(maxlen=window)
+    def __init__(self, span: int = SERVICE_SPAN) -> None:
+        if span < 1:
+            raise ValueError(f"span must be at least 1, got {span}")
+        self.alpha = 2 / (span + 1)
+        self.count = 0
+        self._mean = 0.0
+        self._variance = 0.0
 
     def served(self, seconds: float) -> None:
         """One request held its slot `seconds` (from taking it to finishing)."""
-        self._times.append(max(0.0, seconds))
-
-    @property
-    def count(self) -> int:
-        return len(self._times)
+        seconds = max(0.0, seconds)
+        self.count += 1
+        if self.count == 1:
+            self._mean = seconds
+            return
+        diff = seconds - self._mean
+        step = self.alpha * diff
+        self._mean += step
+        self._variance = (1 - self.alpha) * (self._variance + diff * step)
 
     def mean(self) -> float | None:
-        """Seconds a request holds its slot, on average over the window; None before any was served."""
-        return sum(self._times) / len(self._times) if self._times else None
+        """Seconds a request holds its slot, lately; None before any was served."""
+        return self._mean if self.count else None
 
     def spread(self) -> float:
-        """The standard deviation of the slot seconds over the window (0 before two were served)."""
-        n = len(self._times)
-        if n < 2:
-            return 0.0
-        mean = sum(self._times) / n
-        return math.sqrt(sum((t - mean) ** 2 for t in self._times) / (n - 1))
+        """The standard deviation of the slot seconds, lately (0 before two were served)."""
+        return math.sqrt(self._variance) if self.count > 1 else 0.0
 
 
 def slot_seconds(measured: float | None, running_for: Sequence[float]) -> float | None:

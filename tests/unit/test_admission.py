@@ -17,15 +17,18 @@ from neuronfleet.runtime.serving.backend import FinishReason
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
-def test_service_times_are_the_mean_of_the_last_window():
-    times = admission.ServiceTimes(window=3)
-    assert times.mean() is None and times.count == 0
-    for t in (1.0, 2.0, 3.0):
-        times.served(t)
-    assert times.mean() == pytest.approx(2.0)
-    times.served(7.0)  # the first one leaves the window
-    assert times.mean() == pytest.approx(4.0) and times.count == 3
-    with pytest.raises(ValueError, match="window must be at least 1"):
+def test_service_times_follow_the_requests_served_lately():
+    times = admission.ServiceTimes(span=3)  # alpha 1/2
+    assert times.mean() is None and times.spread() == 0.0
+    times.served(8.0)
+    assert (times.mean(), times.spread()) == (8.0, 0.0)
+    times.served(4.0)  # halfway: 6; variance (1/2) (0 + (-4)(-2)) = 4
+    assert times.mean() == pytest.approx(6.0) and times.spread() == pytest.approx(2.0)
+    # a pod that got faster (its first requests recorded the decode graphs): followed within a few requests
+    for _ in range(8):
+        times.served(1.0)
+    assert times.mean() == pytest.approx(1.0, abs=0.03) and times.spread() < 0.5
+    with pytest.raises(ValueError, match="span must be at least 1"):
         admission.ServiceTimes(0)
 
 
