@@ -397,7 +397,7 @@ def stale_deletions(
     found += [{**o, "kind": "ResourceClaimTemplate"} for o in observed.claim_templates]
     keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
     stale = rollout.stale(found, keep, owner.uid or "")
-    delete, drain_until = rollout.retire(stale, found, drain_until, at)
+    delete, drain_until = rollout.retire(stale, found, drain_until, at, observed.pods)
     writes: list[Write] = [Delete(kind, name) for kind, name in delete]
     if rolled is not None:
         writes += [

@@ -28,6 +28,7 @@ go: the rollout's decisions, as pure functions of the spec, the status and what 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -139,6 +140,7 @@ def stale(observed: list[dict[str, Any]], keep: set[tuple[str, str]], uid: str) 
 
 
 ENTRY_ROLES = ("router", "unified")  # the pods a public Service selects
+ROUTER_DRAIN_POLL = 5  # seconds until a pass looks again at retired router pods still draining
 
 
 def _time(value: str) -> datetime.datetime:
@@ -146,14 +148,20 @@ def _time(value: str) -> datetime.datetime:
 
 
 def retire(
-    stale_keys: list[tuple[str, str]], observed: list[dict[str, Any]], drain_until: str | None, now: str
-) -> tuple[list[tuple[str, str]], str | None]:
+    stale_keys: list[tuple[str, str]], observed: list[dict[str, Any]], drain_until: str | None, now: str,
+    pods: Sequence[dict[str, Any]] = (),
+) -> tuple[list[tuple[str, str]], str | None]:  # fmt: skip
     """(what to delete now, until when the entry pods drain) of the stale objects: the stale entry
     Deployments (and their PDBs) first, then, once their pods' termination grace period has passed, the
     rest; a pass during the drain deletes nothing. Where routers are among them (a disaggregated set's, a
     unified set's front door), the routers alone are the entry: the pods behind them serve until the routers
-    have drained (a front door draining with no ready pod behind it would refuse what it holds)."""
+    have drained (a front door draining with no ready pod behind it would refuse what it holds). `pods`: the
+    model's pods; while a router pod whose Deployment is gone still runs (draining), nothing else goes, even
+    where `drain_until` is not seen yet (a pass right after the one that wrote it)."""
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in observed}
+    if draining_routers(observed, pods):  # (come back soon where drain_until is not seen)
+        soon = (_time(now) + datetime.timedelta(seconds=ROUTER_DRAIN_POLL)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return [], drain_until or soon
     role = {
         k: by_key[k]["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/role")
         for k in stale_keys if k[0] == "Deployment"
@@ -178,6 +186,19 @@ def retire(
     if drain_until and _time(now) < _time(drain_until):
         return [], drain_until
     return list(stale_keys), None
+
+
+def draining_routers(observed: list[dict[str, Any]], pods: Sequence[dict[str, Any]]) -> bool:
+    """Whether a router pod runs whose Deployment is gone (deleted: it drains until its grace period ends)."""
+    label = lambda o, key: (o["metadata"].get("labels") or {}).get(f"{LABEL_PREFIX}/{key}")  # noqa: E731
+    routers = {
+        label(o, "set") for o in observed if o["kind"] == "Deployment" and label(o, "role") == "router"
+    }
+    return any(
+        label(p, "role") == "router" and label(p, "set") not in routers
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for p in pods
+    )  # fmt: skip
 
 
 def seconds_until(when: str, now: str) -> float:

@@ -271,6 +271,28 @@ RETIRE = [
 ]  # fmt: skip
 
 
+def test_a_retired_front_door_goes_before_its_pods_which_stay_while_its_pods_drain():
+    """A unified set with its front door: the router alone first; its pods stay while a router pod whose
+    Deployment is gone still runs, even in a pass that does not see drain_until yet (read right after the pass
+    that wrote it); then, the router pods gone, the unified pods are the entry."""
+    door = entry("Deployment", "m-router", "router", 30)
+    door["metadata"]["labels"]["neuronfleet.dev/set"] = "unified"
+    pods = entry("Deployment", "m-unified", "unified", 50)
+    pods["metadata"]["labels"]["neuronfleet.dev/set"] = "unified"
+    keys = sorted([("Deployment", "m-router"), ("Deployment", "m-unified"), ("Service", "m-unified")])
+    objs = [door, pods, obj("Service", "m-unified")]
+    assert rollout.retire(keys, objs, None, T0) == ([("Deployment", "m-router")], "2026-11-30T01:00:30Z")
+    draining = {"metadata": {"labels": {"neuronfleet.dev/role": "router", "neuronfleet.dev/set": "unified"}},
+                "status": {"phase": "Running"}}  # fmt: skip
+    rest = [k for k in keys if k != ("Deployment", "m-router")]
+    # (drain_until not seen yet: it looks again in 5 s)
+    assert rollout.retire(rest, objs[1:], None, T0, [draining]) == ([], "2026-11-30T01:00:05Z")
+    assert rollout.retire(rest, objs[1:], None, T0, []) == (
+        [("Deployment", "m-unified")],
+        "2026-11-30T01:00:50Z",
+    )  # the router pods gone: the pods drain, then their Service goes
+
+
 @pytest.mark.parametrize(("objs", "before", "now", "deleted", "after"), [c[1:] for c in RETIRE],
                          ids=[c[0] for c in RETIRE])  # fmt: skip
 def test_a_retired_set_goes_entry_first_then_the_rest_after_the_drain(objs, before, now, deleted, after):
