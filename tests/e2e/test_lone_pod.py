@@ -150,7 +150,12 @@ def test_the_only_pods_loss_fails_no_request_the_replacement_answers_the_held_on
 
         local.wait("the replacement ready", lambda: replaced() and ready(replaced()[0]))
         local.wait("answers from the replacement", lambda: load.answered_after(deleted) >= 3)
-        # (its replacement started beside it as it drained: held only if it was not ready first)
+        # (its replacement started beside it as it drained: held only if it was not ready first); the deleted
+        # pod gone (it serves through its preStop sleep and drains), the replacement is the only pod
+        local.wait("the deleted pod gone", lambda: all(
+            p["metadata"]["uid"] != lone["metadata"]["uid"]
+            for p in local.get("pods", "-l", f"{LABEL},neuronfleet.dev/role=unified")["items"]
+        ))  # fmt: skip
         held_deleted = metric(endpoint, "neuronfleet:router_hold_seconds_count") - held_before
         # 2. its process killed (an OOM kill, a device error): the kubelet starts it again in the same pod
         (pod,) = replaced()
