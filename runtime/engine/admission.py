@@ -105,14 +105,14 @@ MARGIN = 2.0  # standard deviations of the wait kept within the bound: about 98 
 def refusal(
     ahead: int, slots: int, seconds: float | None, bound: float, spread: float = 0.0
 ) -> tuple[float, int] | None:
-    """Whether a request arriving behind `ahead` is refused: (its expected wait, Retry-After) when that wait,
-    with MARGIN standard deviations of it (`wait_spread`, from the service times' `spread`), passes `bound`
-    (0: no bound), else None (admitted)."""
+    """Whether a request arriving behind `ahead` is refused: (the wait it would likely see, Retry-After) when
+    its expected wait with MARGIN standard deviations of it (`wait_spread`, from the service times' `spread`)
+    passes `bound` (0: no bound), else None (admitted)."""
     wait = expected_wait(ahead, slots, seconds)
     likely_most = wait + MARGIN * wait_spread(ahead, slots, spread)
     if bound <= 0 or likely_most <= bound:
         return None
-    return wait, retry_after(likely_most, bound)
+    return likely_most, retry_after(likely_most, bound)
 
 
 def drain_keeps(remaining: Sequence[float], waiting: int, slots: int, seconds: float | None,

@@ -539,7 +539,7 @@ class AsyncEngine:
         if refused is not None:
             wait, retry = refused
             raise Overloaded(
-                f"the expected wait for a slot is {wait:.0f} s, past the bound of {bound:g} s "
+                f"the request would likely wait {wait:.0f} s for a slot, past the bound of {bound:g} s "
                 f"(--max-queue-wait): {ahead} requests are ahead on {sched.num_slots} slots, each serving "
                 f"one in {seconds:.1f} s; retry after {retry} s",
                 retry_after=retry,

@@ -378,7 +378,7 @@ class RemoteBackend:
         if refused is not None:
             wait, retry = refused
             raise Overloaded(
-                f"the expected wait for a decode slot is {wait:.0f} s, past the bound of "
+                f"the request would likely wait {wait:.0f} s for a decode slot, past the bound of "
                 f"{self.max_queue_wait:g} s (--max-queue-wait): {ahead} requests are ahead on {slots} decode "
                 f"slots, each serving one in {seconds:.1f} s; retry after {retry} s",
                 retry_after=retry,

@@ -56,6 +56,8 @@ def test_a_refusal_says_the_wait_and_when_to_retry():
     assert admission.refusal(11, 4, 10.0, 30.0) is None  # 20 s: within the bound
     wait, retry = admission.refusal(19, 4, 10.0, 30.0)  # 40 s
     assert (wait, retry) == (pytest.approx(40.0), 10)  # in 10 s the queue ahead is 30 s long
+    # 20 s expected, but service times as spread as their mean: 20 + 2 x sqrt(8) x 10 / 4 = 34 s likely
+    assert admission.refusal(11, 4, 10.0, 20.0, spread=10.0) == (pytest.approx(34.14, abs=0.01), 15)
     assert admission.refusal(10_000, 4, 10.0, 0) is None  # 0: no bound
     assert admission.retry_after(30.2, 30.0) == 1  # at least a second
 
