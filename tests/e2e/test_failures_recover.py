@@ -73,9 +73,9 @@ def test_pods_that_cannot_start_are_a_warning_that_says_why_and_recover(local):
         "Ready again",
         lambda: (
             (model().get("status") or {}).get("phase") == "Ready"
-            and model()["status"]["readyReplicas"] == "3/3"
+            and model()["status"]["readyReplicas"] == "2/2"
         ),
-    )  # (2 pods and their front door)
+    )  # (the 2 serving pods; their front door is not counted)
     assert degraded(model())["status"] == "False"
     events = local.kubectl("get", "events", "--field-selector", f"involvedObject.name={NAME}").stdout
     assert any("Recovered" in line and "Normal" in line for line in events.splitlines()), events
