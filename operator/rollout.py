@@ -40,9 +40,9 @@ from .spec import NeuronModelSpec
 
 COMPILE_SECTIONS = ("model", "engine", "image", "neuron")  # every input of builders.compile_hash
 RETRY_ANNOTATION = f"{LABEL_PREFIX}/retry"
-# what a pass may delete: the serving sets' kinds, and NetworkPolicies and DRA claim templates a spec no longer
-# asks for (the internal token's Secret stays as long as its model: the garbage collector deletes it with the
-# model)
+# what a pass may delete: the serving sets' kinds, and NetworkPolicies and DRA claim templates a spec no
+# longer asks for (the internal token's Secret stays as long as its model: the garbage collector deletes it
+# with the model)
 STALE_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ResourceClaimTemplate")
 
 

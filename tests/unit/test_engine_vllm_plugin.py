@@ -28,7 +28,7 @@ from engine_renders import check_env, check_value, manifest, of_kind, rendered
 from support import ROOT, free_port
 
 from neuronfleet.contract import CACHE_MOUNT, TERMINATION_LOG_ENV
-from neuronfleet.operator import builders, pod_parts, validation
+from neuronfleet.operator import builders, validation
 from neuronfleet.operator.engines import vllm, vllm_plugin
 from neuronfleet.operator.engines.common import Fact
 
