@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 PORT_FLAGS = ("--port", "--kv-port")
 DEVICE_RESOURCES = ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa")
-# a pod's terminationGracePeriodSeconds is honoured up to this: the serving pods' 50 s (the 5 s preStop
-# sleep, the runtime's 30 s drain and a margin), so a request in flight on a deleted pod finishes, as a real
-# kubelet lets it, on a busy machine too (a process that exits sooner costs nothing more)
+# a pod's terminationGracePeriodSeconds is honoured up to this (a serving pod's is derived from what it may
+# hold: 72 s for the local samples' 512-token sequences, the 5 s preStop sleep and the runtime's drain), so a
+# request in flight on a deleted pod finishes, as a real kubelet lets it, on a busy machine too, while a
+# deletion never holds a test for minutes (a process that exits sooner costs nothing more)
 MAX_GRACE_SECONDS = 60.0
 # a preStop hook that used up the grace period leaves the process this long after SIGTERM: the kubelet's
 # "one-off grace period extension of 2 seconds" (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle,
