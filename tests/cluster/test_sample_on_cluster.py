@@ -50,7 +50,18 @@ def test_a_sample_becomes_ready_answers_and_leaves_nothing_behind(cluster, appli
     conditions = {c["type"]: c["status"] for c in model["status"]["conditions"]}
     assert conditions["Validated"] == conditions["Ready"] == "True", conditions
     disaggregated = spec.get("serving", {}).get("mode") == "disaggregated"
-    roles = ("prefill", "decode", "router") if disaggregated else ("unified",)
+    # a unified model's front door (a router) is there but where its gateway pool is its pods and it does not
+    # scale to zero (docs/front-door.md)
+    gateway_pool = spec.get("serving", {}).get("gateway") and not spec.get("autoscaling", {}).get(
+        "scaleToZero"
+    )
+    roles = (
+        ("prefill", "decode", "router")
+        if disaggregated
+        else ("unified",)
+        if gateway_pool
+        else ("unified", "router")
+    )
     assert set(model["status"]["replicas"]) == set(roles)
     assert all(r["ready"] == r["desired"] for r in model["status"]["replicas"].values()), model["status"]
 
