@@ -128,6 +128,7 @@ def up(state: Path, detach: bool, say=print, node: NodeSettings | None = None) -
             say("[up] a process of the fleet exited (see its log); stopping the rest")
             code = 1
         except KeyboardInterrupt as e:
+            _hold(previous)  # before it says so: a second signal sent on reading "stopping" is ignored
             say(f"[up] {e.args[0] if e.args else 'SIGINT'}: stopping")
             code = 0
         except BaseException:
