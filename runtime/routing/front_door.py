@@ -10,19 +10,22 @@ A body that is not bounded JSON (`api_requests.decode_json`: too deep, NaN, a lo
 bodies excepted) is refused here with 400 (422 on TGI's routes), whatever engine the pods run.
 
 Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URLs or DNS names of a headless
-Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with
-`GET /ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
+Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with `GET
+/ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
 (`holding.Hold`, `--hold-requests`) until one is. A pod that fails before its answer starts (no connection, a
 reset, a 5xx: a 503 while draining) is counted as failing and the request goes to another ready pod, or is
-held again (also when every pod failed it while one still counts ready: the next probe round decides,
-within the hold's bound); a whole (not streamed) answer is read before it is passed on, so a pod that dies
+held again (also when every pod failed it while one still counts ready: the next probe round decides, within
+the hold's bound). A pod that answers 429 (its admission found it full: `engine/admission.py`) is not failing:
+the request goes to another, and when every pod is full the client gets the last 429 at once, with its
+Retry-After, never held. A whole (not streamed) answer is read before it is passed on, so a pod that dies
 while sending it is such a failure too (the request is sent again). An OpenAI completion or chat streamed to
 the client is resumed on another pod when its pod dies after the stream started (a reset, its end before the
 answer's, an error event), from the prompt and the tokens already sent, at most `--max-resumes` times
 (`resume.StreamResume`; the pods are asked for their tokens' ids, `return_token_ids`: the client sees one
-stream, no token repeated or missing, exact for greedy requests where the pods return the ids). Any other
-stream that breaks after it started (TGI's `/generate_stream`) ends cut (the client sees it cut, never a
-clean end).
+stream, no token repeated or missing, exact for greedy requests where the pods return the ids; a resume that
+finds every pod full or failing waits for one within the hold's bound, since its client holds half an answer).
+Any other stream that breaks after it started (TGI's `/generate_stream`) ends cut (the client sees it cut,
+never a clean end).
 """
 
 from __future__ import annotations
@@ -65,7 +68,12 @@ NOT_FORWARDED = frozenset(
 
 
 class PodRefused(Exception):
-    """A pod answered 5xx (503: draining, or full): the request may go to another."""
+    """A pod answered 5xx (503: draining) or 429 (full: `busy`, not failing) before its answer started: the
+    request may go to another."""
+
+    def __init__(self, why: str, busy: bool = False) -> None:
+        super().__init__(why)
+        self.busy = busy
 
 
 class StreamCut(Exception):
@@ -238,25 +246,33 @@ class FrontDoor(HttpApp):
         held_until = time.monotonic() + self.hold.seconds  # (a request every pod fails: held this long)
         tried: set[str] = set()
         failures: list[str] = []
-        refused: tuple[int, bytes, dict] | None = None  # the last pod's 503 (draining), passed on at the end
+        refused: tuple[int, bytes, dict] | None = None  # the last pod's 429 or 5xx, passed on at the end
         while True:
             try:
                 await held.wait()
             except HoldRejected as e:
+                if out is not None:  # a resume held past the bound: the client's stream ends cut
+                    log.warning("%s %s: no pod to resume the stream on (%s)", request.method, path, e)
+                    return _cut(request, out)
                 return self._error(path, e.status, str(e), e.retry_after)
             peer = self._pick(tried, blocks)
             if peer is None:
-                if self.hold.enabled and time.monotonic() < held_until:  # every pod failed it: held again
+                busy = refused is not None and refused[0] == 429
+                if out is None and busy:  # every pod is full (its admission's 429): refused at once
+                    return _passed_on(refused)  # type: ignore[arg-type]
+                # held again within the request's bound: every pod failed it (holding), or a resumed stream
+                # found every pod failing or full (its client holds half an answer: it waits for room)
+                if (self.hold.enabled or out is not None) and time.monotonic() < held_until:
                     tried.clear()
-                    if self.unified.ready:  # one still counted ready (its probe answered before it went):
-                        await asyncio.sleep(PROBE_EVERY)  # the next probe round says, within the bound
+                    if self.unified.ready or busy:  # one still counted ready (its probe answered before it
+                        await asyncio.sleep(PROBE_EVERY)  # went), or full: the next probe round says
                         await self.watch.refresh()
                     continue
                 if out is not None:  # a stream resumed on no pod: it ends cut
                     log.warning("%s %s: no pod to resume the stream on (%s)", request.method, path, failures)
                     return _cut(request, out)
                 if refused is not None:
-                    return web.Response(status=refused[0], body=refused[1], headers=refused[2])
+                    return _passed_on(refused)
                 why = "; ".join(failures) or f"{', '.join(self.unified.specs)} resolve to no address"
                 return self._error(path, 503, f"no unified pod could serve the request: {why}")
             if failures and out is None:
@@ -266,12 +282,14 @@ class FrontDoor(HttpApp):
             try:
                 try:
                     response = await self._send(peer, request, target, headers, body)
-                    if response.status >= 500:  # draining, full or failing: another pod may take it
+                    # draining, full or failing: another pod may take it (a full one is not failing)
+                    if response.status >= 500 or response.status == 429:
                         refused = (response.status, await response.read(), _answer_headers(response))
                         response.release()
-                        raise PodRefused(f"answered {response.status}")
+                        raise PodRefused(f"answered {response.status}", busy=response.status == 429)
                 except (*PEER_FAILURES, PodRefused) as e:  # before the answer started
-                    self.unified.failed(peer.url, str(e))
+                    if not (isinstance(e, PodRefused) and e.busy):
+                        self.unified.failed(peer.url, str(e))
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
                     log.warning(
                         "%s %s: pod %s failed (%s); trying another", request.method, path, peer.url, e
@@ -282,21 +300,23 @@ class FrontDoor(HttpApp):
                 except StreamCut as e:
                     out = e.out
                     failures.append(f"{peer.url}: {e}")
-                    if resume is None or resume.attempts >= self.max_resumes or not resume.possible:
+                    following = resume.after_break(self.max_resumes) if resume is not None else None
+                    if following is None:
                         log.warning("%s %s: pod %s failed mid-stream (%s); the client's answer ends cut",
                                     request.method, path, peer.url, e)  # fmt: skip
                         return _cut(request, out)
-                    if resume.remaining() == 0:  # every token was sent: only the finish was lost
-                        await out.write(resume.closing())
+                    if isinstance(following, bytes):  # every token was sent: only the finish was lost
+                        await out.write(following)
                         await out.write_eof()
                         return out
-                    kind = resume.kind
-                    target, next_body = resume.resume()
+                    assert resume is not None
+                    kind, target, next_body = following
                     body = json.dumps(next_body).encode()
                     self.retries.labels(**self.labels, kind=kind).inc()
                     log.warning("%s %s: pod %s failed mid-stream (%s); %s on another pod after %d tokens",
                                 request.method, path, peer.url, e, kind, resume.before)  # fmt: skip
-                    tried = {peer.url}
+                    tried, refused = {peer.url}, None
+                    held_until = time.monotonic() + self.hold.seconds  # the resume's own bound
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
@@ -371,6 +391,14 @@ def _cut(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
     if request.transport is not None:
         request.transport.close()
     return out
+
+
+def _passed_on(refused: tuple[int, bytes, dict]) -> web.Response:
+    """A pod's refusal (429, 5xx) as the client's answer, with a Retry-After where the pod gave none."""
+    status, body, headers = refused
+    if status in (429, 503) and not any(k.lower() == "retry-after" for k in headers):
+        headers = {**headers, "Retry-After": "1"}
+    return web.Response(status=status, body=body, headers=headers)
 
 
 def _json(body: bytes) -> object:

@@ -325,14 +325,14 @@ class EngineRouter(HttpApp):
             except StreamCut as e:
                 resume, out, carry.cut = carry.resume, carry.out, str(e)
                 assert resume is not None and out is not None
-                if resume.attempts >= self.max_resumes or not resume.possible:
+                following = resume.after_break(self.max_resumes)
+                if following is None:
                     return await _end_with_error(out, 502, f"{e}; resumed {resume.attempts} times already")
-                if resume.remaining() == 0:  # every token was sent: only the finish was lost
-                    await out.write(resume.closing())
+                if isinstance(following, bytes):  # every token was sent: only the finish was lost
+                    await out.write(following)
                     await out.write_eof()
                     return out
-                kind = resume.kind
-                path, body = resume.resume()
+                kind, path, body = following
                 self._retried(kind)
                 log.warning("%s; %s with another exchange after %d tokens", e, kind, resume.before)
 

@@ -212,6 +212,18 @@ class StreamResume:
             return None
         return max(0, limit - self.sent_tokens())
 
+    def after_break(self, max_resumes: int) -> tuple[str, str, dict] | bytes | None:
+        """What follows an attempt whose stream broke: None when it cannot go on (`max_resumes` resumes
+        made already, or none `possible`); the closing events when every token was sent and only the finish
+        was lost (the router writes them and ends the stream); else the next attempt's kind, path and body
+        (`resume`)."""
+        if self.attempts >= max_resumes or not self.possible:
+            return None
+        if self.remaining() == 0:
+            return self.closing()
+        kind = self.kind
+        return (kind, *self.resume())
+
     def resume(self) -> tuple[str, dict]:
         """The next attempt's path and body; call before sending it (its events are read as a resume's)."""
         kind, rest = self.kind, self.remaining()

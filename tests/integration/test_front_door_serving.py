@@ -37,8 +37,9 @@ class ThreadApp:
     recorded (time, method, path, body; its headers in `headers`) and answered with `status` and `body`; its
     probes (`GET /ready`) with 200."""
 
-    def __init__(self, status: int = 202, body: dict | None = None) -> None:
-        self.port, self.seen, self.status, self.body = free_port(), [], status, body
+    def __init__(self, status: int = 202, body: dict | None = None, handler=None) -> None:
+        """`handler`: an async function of the request that answers it instead (a stand-in pod)."""
+        self.port, self.seen, self.status, self.body, self.handler = free_port(), [], status, body, handler
         self.headers: list[dict[str, str]] = []
         self.base = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -53,6 +54,8 @@ class ThreadApp:
                 return web.json_response({"ready": True})
             self.seen.append((time.monotonic(), request.method, request.path, await request.read()))
             self.headers.append(dict(request.headers))
+            if self.handler is not None:
+                return await self.handler(request)
             return web.json_response(self.body, status=self.status)
 
         app = web.Application()
@@ -319,6 +322,90 @@ def test_a_pod_that_answers_503_before_its_answer_started_is_left_for_another(tm
         process.stop()
         draining.close()
         good.close()
+
+
+FULL = {"error": {"message": "the server is full: retry later", "type": "server_overloaded"}}
+
+
+def test_a_full_pods_429_sends_the_request_to_another_and_every_pod_full_is_refused_at_once(tmp_path):
+    """A pod whose admission refuses a request (429: full) is not failing: the request goes to the other pod,
+    and the full pod stays in rotation. When every pod is full the client gets the pod's 429 with its
+    Retry-After at once: never held, although the front door holds requests while no pod is ready."""
+    full = ThreadApp(429, FULL)
+    good = ThreadApp(200, {"choices": [{"text": "ok"}]})
+    door, process = front_door(tmp_path, "--unified", full.base, "--unified", good.base,
+                               "--hold-requests", "8", "--routing", "least-loaded")  # fmt: skip
+    try:
+        from support import post
+
+        process.wait_until(lambda: metric(door, "neuronfleet:router_peers_healthy", role="unified") == 2,
+                           "the front door to see both pods")  # fmt: skip
+        for _ in range(6):
+            assert post(door, "/v1/completions", {"prompt": "p"})[:2] == (200, {"choices": [{"text": "ok"}]})
+        assert any(path == "/v1/completions" for _, _, path, _ in full.seen)  # it was asked, and refused
+        assert metric(door, "neuronfleet:router_peers_healthy", role="unified") == 2  # full is not failing
+        good.status, good.body = 429, FULL
+        code, body, headers = post(door, "/v1/completions", {"prompt": "p"})
+        assert (code, body) == (429, FULL)
+        assert headers["Retry-After"] == "1"
+        assert metric(door, "neuronfleet:router_hold_seconds_count") == 0  # never held
+    finally:
+        process.stop()
+        full.close()
+        good.close()
+
+
+def _event(choice: dict, **chunk) -> bytes:
+    choice = {"index": 0, "logprobs": None, "finish_reason": None, **choice}
+    body = {"id": "cmpl-stand-in", "object": "text_completion", "created": 1, "model": "smollm2",
+            "choices": [choice], **chunk}  # fmt: skip
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def test_a_resumed_stream_that_finds_every_pod_full_waits_for_room_and_goes_on(tmp_path):
+    """A stream whose pod dies is resumed; the other pod's admission refuses the resume (429) twice and the
+    dying pod answers 503: the resume waits for room (its client holds half an answer) instead of ending the
+    stream, and the client gets one stream, no token repeated or missing; one resume counted."""
+    import random
+
+    async def dies_mid_stream(request: web.Request) -> web.StreamResponse:
+        if dying.seen[1:]:  # (it is gone: what reaches it after its death is refused)
+            return web.json_response({"error": {"message": "shutting down"}}, status=503)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(_event({"text": "Hello", "token_ids": [11]}, prompt_token_ids=[5, 6, 7]))
+        await out.write(_event({"text": " world", "token_ids": [12]}))
+        request.transport.close()  # killed
+        return out
+
+    async def full_then_serves(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        if not dying.seen or len([b for b in other.seen if b"[5, 6, 7" in b[3]]) <= 2:
+            return web.json_response(FULL, status=429, headers={"Retry-After": "1"})
+        other.resumed = body
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(_event({"text": " again", "token_ids": [13], "finish_reason": "stop"}))
+        await out.write(b"data: [DONE]\n\n")
+        return out
+
+    dying, other = ThreadApp(handler=dies_mid_stream), ThreadApp(handler=full_then_serves)
+    pods = [dying.base, other.base]
+    random.shuffle(pods)
+    door, process = front_door(tmp_path, "--unified", pods[0], "--unified", pods[1])
+    try:
+        process.wait_until(lambda: metric(door, "neuronfleet:router_peers_healthy", role="unified") == 2,
+                           "the front door to see both pods")  # fmt: skip
+        stream = openai(door).completions.create(model="smollm2", prompt="Say it", max_tokens=10, stream=True)
+        texts = [(c.choices[0].text, c.choices[0].finish_reason) for c in stream]
+        assert "".join(t for t, _ in texts) == "Hello world again"
+        assert texts[-1][1] == "stop"
+        assert other.resumed["prompt"] == [5, 6, 7, 11, 12] and other.resumed["max_tokens"] == 8
+        assert metric(door, "neuronfleet:router_retries_total", kind="resume") == 1
+    finally:
+        process.stop()
+        dying.close()
+        other.close()
 
 
 @pytest.mark.real_model

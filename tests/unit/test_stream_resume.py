@@ -129,6 +129,23 @@ def test_a_pod_lost_after_its_last_token_ends_the_stream_with_its_finish():
     assert got[0]["choices"][0]["finish_reason"] == "length" and got[0]["id"] == "b" and got[1] == "[DONE]"
 
 
+def test_after_a_break_a_router_resumes_ends_the_stream_or_gives_up_at_the_bound():
+    """`after_break`, what every router does with a broken attempt: the next attempt (and its kind) while
+    resumes are left; the closing events once every token was sent; None past `max_resumes`."""
+    resume = StreamResume("/v1/completions", COMPLETION, prompt_ids=[5])
+    resume.feed(event(text_chunk("a", [1])))
+    kind, path, body = resume.after_break(max_resumes=2)
+    assert (kind, path, body["prompt"], body["max_tokens"]) == ("resume", "/v1/completions", [5, 1], 5)
+    resume.feed(event(text_chunk("b", [2])))
+    assert resume.after_break(max_resumes=1) is None  # one resume made: the bound
+    kind, _, body = resume.after_break(max_resumes=2)
+    assert (kind, body["prompt"], body["max_tokens"]) == ("resume", [5, 1, 2], 4)
+    for token in (3, 4, 5, 6):
+        resume.feed(event(text_chunk("c", [token])))
+    closing = resume.after_break(max_resumes=5)
+    assert isinstance(closing, bytes) and events(closing)[-1] == "[DONE]"
+
+
 def test_the_server_accepts_what_a_router_resumes_with():
     assert parse_openai_completion({"prompt": [1, 2], "return_token_ids": True}).return_token_ids
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
