@@ -63,7 +63,7 @@ from .tables import table
 from .tls import kubeconfig
 
 if TYPE_CHECKING:
-    from .kubelet import NodeSettings
+    from .node_settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
@@ -650,15 +650,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ready-file", help="write the server's URL here once it listens")
     parser.add_argument("--audit-log", help="append one JSON line per resource request here")
     parser.add_argument("--kubelet-state", help="also run the process kubelet, its state in this folder")
-    parser.add_argument(
-        "--node-label", action="append", default=[], metavar="KEY=VALUE",
-        help="a label of the process kubelet's node (repeat for more)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--node-resource", action="append", default=[], metavar="NAME=COUNT",
-        help="an extended resource the process kubelet's node offers, as a device plugin advertises it "
-        "(repeat for more; recorded, not enforced)",
-    )  # fmt: skip
+    from .node_settings import add_node_arguments
+
+    add_node_arguments(parser)
     parser.add_argument("--data-file", help="keep the objects in this file, over restarts (as etcd would)")
     parser.add_argument(
         "--fault-switches", action="store_true",
@@ -687,7 +681,7 @@ def main(argv: list[str] | None = None) -> None:
         identity = tls.server_context(*files, args.host)
     except (OSError, ValueError, ssl.SSLError) as e:
         parser.error(f"the server's certificate: {e}")
-    from .kubelet import node_settings
+    from .node_settings import node_settings
 
     try:
         node = node_settings(args.node_label, args.node_resource)

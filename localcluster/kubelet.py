@@ -37,16 +37,15 @@ import os
 import platform
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neuronfleet.contract import PEER_HOSTS_FILE_ENV, TERMINATION_LOG_ENV
 
 from . import jobs, podlogs
-from .admission import label_problems
 from .events import Recorder, reference
 from .guard import private_folder, write_private
+from .node_settings import NodeSettings
 from .ports import loopback_port
 from .probes import Prober, Target
 from .processes import (
@@ -85,53 +84,8 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 # ---- the node ---------------------------------------------------------------------------------------------
 
 NODE_NAME = "neuronfleet-local"
-NODE_OWN = ("cpu", "memory", "pods", "ephemeral-storage")  # the machine's, never set by a setting
 MAX_PODS = "110"  # the kubelet's default --max-pods
 ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}  # GOARCH's names
-
-
-@dataclass(frozen=True)
-class NodeSettings:
-    """What the local node advertises beside the machine's own: labels (e.g. the instance type a Neuron
-    model's pods select on) and extended resources (as a device plugin would: `aws.amazon.com/neuroncore`,
-    `vpc.amazonaws.com/efa`), name -> count."""
-
-    labels: dict[str, str] = field(default_factory=dict)
-    resources: dict[str, str] = field(default_factory=dict)
-
-
-def _pairs(items: list[str], what: str, example: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{what} {item!r}: it is {example}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def node_settings(labels: list[str], resources: list[str]) -> NodeSettings:
-    """The node's settings from `KEY=VALUE` labels and `NAME=COUNT` resources; a ValueError saying what is
-    wrong with one (a label Kubernetes refuses, a resource that is not an extended one, a count that is not a
-    whole number)."""
-    node_labels = _pairs(
-        labels, "node label", "KEY=VALUE, e.g. node.kubernetes.io/instance-type=trn2.48xlarge"
-    )
-    problems = label_problems(node_labels, "node label")
-    if problems:
-        raise ValueError("; ".join(f"{where}: {message}" for where, message in problems))
-    counts = _pairs(resources, "node resource", "NAME=COUNT, e.g. aws.amazon.com/neuroncore=64")
-    for name, count in counts.items():
-        if name in NODE_OWN or "/" not in name:
-            raise ValueError(
-                f"node resource {name!r}: the node's own ({', '.join(NODE_OWN)}) are the machine's; a "
-                "setting names an extended resource, DOMAIN/NAME, e.g. aws.amazon.com/neuroncore"
-            )
-        if not count.isdigit():
-            raise ValueError(
-                f"node resource {name}={count!r}: an extended resource's count is a whole number"
-            )
-    return NodeSettings(node_labels, counts)
 
 
 def node_object(settings: NodeSettings, name: str = NODE_NAME) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -40,8 +40,8 @@ from neuronfleet.operator import crd, spec
 from neuronfleet.operator import status as operator_status
 
 from .guard import admin_table, format_tokens, open_private, private_folder, write_private
-from .kubelet import NodeSettings
-from .kubelet import node_settings as _node_settings
+from .node_settings import NodeSettings
+from .node_settings import node_settings as _node_settings
 from .ports import loopback_port, pool
 from .tls import Access
 

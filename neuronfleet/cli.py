@@ -483,16 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--state", default=".neuronfleet", help="state folder (default: .neuronfleet)")
         if name == "up":
             cmd.add_argument("--detach", action="store_true", help="return once everything runs")
-            cmd.add_argument(
-                "--node-label", action="append", default=[], metavar="KEY=VALUE",
-                help="a label of the local node (repeat for more), e.g. "
-                "node.kubernetes.io/instance-type=trn2.48xlarge: what a model's pods select on",
-            )  # fmt: skip
-            cmd.add_argument(
-                "--node-resource", action="append", default=[], metavar="NAME=COUNT",
-                help="an extended resource the local node offers (repeat for more), as a device plugin "
-                "advertises it, e.g. aws.amazon.com/neuroncore=64 (recorded, not enforced)",
-            )  # fmt: skip
+            from neuronfleet.localcluster.node_settings import add_node_arguments
+
+            add_node_arguments(cmd)
         cmd.set_defaults(func=_cmd_local)
     return parser
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from support import OPERATOR_USER, ROOT, OperatorCluster
 
-from neuronfleet.localcluster.kubelet import NODE_NAME, NodeSettings, node_object
+from neuronfleet.localcluster.kubelet import NODE_NAME, node_object
+from neuronfleet.localcluster.node_settings import NodeSettings
 from neuronfleet.operator import kube, node_offers, watching
 
 TRN2 = "trn2.48xlarge"

@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from neuronfleet.localcluster.kubelet import NODE_NAME, ProcessKubelet, node_settings
+from neuronfleet.localcluster.kubelet import NODE_NAME, ProcessKubelet
+from neuronfleet.localcluster.node_settings import node_settings
 from neuronfleet.localcluster.store import ClusterClient, Store
 
 TRN2 = {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
