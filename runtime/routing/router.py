@@ -7,8 +7,11 @@ It knows its peers (`PeerSet`) from URLs or DNS names of headless Services, prob
 identity and load), drops a peer after three failed probes or requests and re-adds it when it answers again,
 notices a restart by its new identity, and picks the least loaded pods. The text the client sees is made
 here from the decode pods' token ids (`TextOutput`), so when a decode pod fails the request goes on — on
-another decode pod, from the prompt plus the tokens already sent — and the client sees one stream; only when
-no pod can serve it does it fail, with a clear error.
+another decode pod, from the prompt plus the tokens already sent — and the client sees one stream; a request
+every decode pod failed (a lone decode pod killed mid-stream) is tried again at the next probe rounds, held
+while none is ready, until its replacement or restart serves it, within the hold's bound; only when no pod can
+serve it does it fail, with a clear error. A resume is a stream that broke after its attempt sent tokens;
+`--max-resumes` bounds those, not the attempts that failed before their first token.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.text_output import TextOutput
-from neuronfleet.runtime.routing.holding import Hold
+from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
@@ -279,6 +282,7 @@ class RemoteBackend:
         room: RoomWait | None = None  # from when every decode pod was first found full
         attempt = resumes = 0
         held = self.hold.request()
+        tried_until = arrived + self.hold.seconds  # (a request every decode pod fails: tried again this long)
         try:
             while True:
                 await held.wait()  # at once, unless holding is on and no decode pod is ready
@@ -288,12 +292,20 @@ class RemoteBackend:
                 if not candidates and self.hold.enabled and self.decode.ready == 0:
                     tried.clear()  # every decode pod failed it: held again until one is ready
                     continue
+                if not candidates and (self.hold.enabled or generated) and time.monotonic() < tried_until:
+                    # every decode pod failed it while one still counts ready (its probe answered before it
+                    # went), or a stream under way found no pod: the next probe round says, within the bound
+                    tried.clear()
+                    await asyncio.sleep(PROBE_EVERY)
+                    await self.watch.refresh()
+                    continue
                 if not candidates:
                     why = "; ".join(failures) or f"{', '.join(self.decode.specs)} resolve to no address"
                     raise NoPeerAvailable(f"no decode pod could serve the request: {why}")
                 peer = candidates[0]
                 tried.add(peer.url)
                 rest = None if params.max_tokens is None else params.max_tokens - len(generated)
+                sent_before = len(generated)
                 try:
                     part = dataclasses.replace(params, max_tokens=rest)
                     async for token, reason in self._run(peer, f"{rid}.{attempt}", ids + generated, part):
@@ -341,8 +353,10 @@ class RemoteBackend:
                 except (aiohttp.ClientError, OSError, TimeoutError, PeerFailed) as e:
                     failures.append(f"{peer.url}: {e or type(e).__name__}")
                     self.decode.failed(peer.url, str(e))
-                    kind = "resume" if generated else "retry"
-                    resumes += bool(generated)
+                    # a resume: a stream that broke after this attempt sent tokens (an attempt that failed
+                    # before its first token, a resume's too, is a retry and spends no resume)
+                    kind = "resume" if len(generated) > sent_before else "retry"
+                    resumes += kind == "resume"
                     if resumes > self.max_resumes:
                         raise Unavailable(
                             f"the decode pod {peer.url} failed mid-stream ({e or type(e).__name__}) and the "
