@@ -116,6 +116,9 @@ class FrontDoor(HttpApp):
         self.subscriptions = Subscriptions(secret=wake_token) if tokenizer is not None else None
         self.routing.events = self.subscriptions
         self.peer_timeout = peer_timeout
+        # the paths whose pods answered 400 to the `return_token_ids` the router added (SGLang's streamed
+        # chats, `resume.IDS_REFUSED`): asked without it since, their streams resume from the text
+        self.ids_refused: set[str] = set()
         self.max_resumes = max_resumes
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
@@ -236,10 +239,13 @@ class FrontDoor(HttpApp):
         prompt = request_prompt(path, body, self.tokenizer) if request.method == "POST" else None
         blocks = self.routing.blocks(prompt) if request.method == "POST" else []
         resume = None  # a stream that may go on on another pod when its pod dies
+        client_body, asked_ids = body, False  # the client's body; whether the router asked for token ids
         if self.max_resumes and request.method == "POST" and resumable(path, value):
             ids = prompt if isinstance(prompt, list) else None
             resume = StreamResume(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
-            body = json.dumps(with_token_ids(value)).encode()  # type: ignore[arg-type]
+            asked_ids = path not in self.ids_refused and not resume.client_ids
+            if asked_ids:
+                body = json.dumps(with_token_ids(value, path)).encode()  # type: ignore[arg-type]
         target, out = request.raw_path, None  # the path sent; the client's answer once it started
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         held = self.hold.request()
@@ -282,6 +288,19 @@ class FrontDoor(HttpApp):
             try:
                 try:
                     response = await self._send(peer, request, target, headers, body)
+                    if response.status == 400 and asked_ids and out is None:
+                        said = await response.read()
+                        response.release()
+                        if b"return_token_ids" not in said:  # the client's own error
+                            return web.Response(status=400, body=said, headers=_answer_headers(response))
+                        # the pods refuse the ids asked (SGLang's streamed chats): asked again without them,
+                        # the stream resumes from its text
+                        self.ids_refused.add(path)
+                        log.warning("%s %s: the pods refuse return_token_ids here (%s): asked without it "
+                                    "from now on", request.method, path, said[:300])  # fmt: skip
+                        body, asked_ids = client_body, False
+                        tried.discard(peer.url)
+                        continue
                     # draining, full or failing: another pod may take it (a full one is not failing)
                     if response.status >= 500 or response.status == 429:
                         refused = (response.status, await response.read(), _answer_headers(response))

@@ -300,7 +300,7 @@ class EngineRouter(HttpApp):
         if self.max_resumes and resumable(path, body):  # ids: the router's tokenizer's, else the server's
             ids = prompt if isinstance(prompt, list) else None
             carry.resume = StreamResume(path, body, ids, self.tokenizer)
-            body = with_token_ids(body)
+            body = with_token_ids(body, path, self.protocol)
         held = self.hold.request()
         while True:
             try:

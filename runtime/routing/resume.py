@@ -55,8 +55,17 @@ def resumable(path: str, body: Any) -> bool:
     )
 
 
-def with_token_ids(body: dict) -> dict:
-    """The client's body asking the pod for its tokens' ids (vLLM's `return_token_ids`)."""
+# where an engine refuses `return_token_ids` on a stream: SGLang 0.5.17 to 0.5.23 answers a streamed chat
+# carrying it with HTTP 400, and streams a chat no ids anyway (serving_chat.py, _convert_to_internal_request;
+# tests/data/resume-fields-vllm0.16.0-0.24.0-sglang0.5.16-0.5.23.json): its chats resume from the text
+IDS_REFUSED = frozenset({("sglang", CHAT)})
+
+
+def with_token_ids(body: dict, path: str, engine: str | None = None) -> dict:
+    """The client's body asking the pod for its tokens' ids (vLLM's `return_token_ids`), unless the pods'
+    `engine` refuses that on `path` (IDS_REFUSED)."""
+    if (engine, path) in IDS_REFUSED:
+        return body
     return {**body, "return_token_ids": True}
 
 

@@ -408,6 +408,79 @@ def test_a_resumed_stream_that_finds_every_pod_full_waits_for_room_and_goes_on(t
         other.close()
 
 
+def test_pods_that_refuse_the_token_ids_asked_on_a_chat_get_it_without_and_its_stream_resumes_from_the_text(
+    tmp_path,
+):
+    """Pods that answer 400 to the `return_token_ids` the front door adds to a streamed chat (SGLang from
+    0.5.17; the front door does not know the engine): asked again without it, and never again on that path;
+    when its pod dies, the stream resumes from its text (a continued assistant message) as one stream."""
+    message = "return_token_ids is not supported with streaming on /v1/chat/completions"
+    refusal = {"object": "error", "code": 400, "message": message}
+
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "smollm2",
+                "choices": [choice]}  # fmt: skip
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    def refuses_ids(request_body: dict) -> web.Response | None:
+        if request_body.get("return_token_ids"):
+            return web.json_response(refusal, status=400)
+        return None
+
+    async def dies_mid_stream(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        if (refused := refuses_ids(body)) is not None:
+            return refused
+        if served[0]:
+            return web.json_response({"error": {"message": "shutting down"}}, status=503)
+        served[0] = True
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for delta in ({"role": "assistant", "content": ""}, {"content": "Hello"}, {"content": " world"}):
+            await out.write(chunk(delta))
+        request.transport.close()  # killed
+        return out
+
+    async def resumes(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        if (refused := refuses_ids(body)) is not None:
+            return refused
+        if not served[0]:
+            return web.json_response(FULL, status=429)  # (the first stream goes to the other pod)
+        other.resumed = body
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(chunk({"role": "assistant", "content": ""}) + chunk({"content": " again"}, "stop"))
+        await out.write(b"data: [DONE]\n\n")
+        return out
+
+    served = [False]
+    dying, other = ThreadApp(handler=dies_mid_stream), ThreadApp(handler=resumes)
+    door, process = front_door(tmp_path, "--unified", dying.base, "--unified", other.base)
+    try:
+        process.wait_until(lambda: metric(door, "neuronfleet:router_peers_healthy", role="unified") == 2,
+                           "the front door to see both pods")  # fmt: skip
+        stream = openai(door).chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=10, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Hello world again"
+        assert other.resumed["messages"][-1] == {"role": "assistant", "content": "Hello world"}
+        assert other.resumed["continue_final_message"] is True and "return_token_ids" not in other.resumed
+        assert metric(door, "neuronfleet:router_retries_total", kind="resume_text") == 1
+        asked = [b for app in (dying, other) for *_, b in app.seen if b"return_token_ids" in b]
+        assert len(asked) == 1  # asked once, refused: never again
+        served[0] = False  # (another stream: asked without the ids at once)
+        openai(door).chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=10, stream=True
+        ).close()
+        assert len([b for app in (dying, other) for *_, b in app.seen if b"return_token_ids" in b]) == 1
+    finally:
+        process.stop()
+        dying.close()
+        other.close()
+
+
 @pytest.mark.real_model
 def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2_dir, tmp_path):
     """Unified pods publishing their KV-cache events (--kv-events-config; their ready answer says where) and

@@ -23,7 +23,8 @@ What each stand-in checks, as the engine would:
   data_parallel_rank], each event a map tagged `type`), encoded with msgspec as vLLM encodes it: a prompt it
   prefills is tokenized with Hugging Face's tokenizer and chat template (what vLLM renders a chat with) and
   each whole block of `--block-size` tokens not stored yet is a `BlockStored` (its hash: the stand-in's own);
-- SGLang: a prefill server takes the request's bootstrap room; a decode server asks the bootstrap server at
+- SGLang: a streamed chat asking `return_token_ids` is a 400, as from SGLang 0.5.17 (the router must not ask
+  it there); a prefill server takes the request's bootstrap room; a decode server asks the bootstrap server at
   bootstrap_host:bootstrap_port (the prefill stand-in's --bootstrap-port) for that room, waiting for it a few
   seconds, and fails (500) when the room never comes.
 """
@@ -204,6 +205,11 @@ class StandIn:
             return 404, {
                 "error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
             }
+        if self.args.engine == "sglang" and chat and body.get("stream") and body.get("return_token_ids"):
+            # SGLang 0.5.17 to 0.5.23 (serving_chat.py, _convert_to_internal_request; see
+            # tests/data/resume-fields-vllm0.16.0-0.24.0-sglang0.5.16-0.5.23.json)
+            message = "return_token_ids is not supported with streaming on /v1/chat/completions"
+            return 400, {"object": "error", "message": message, "type": "BadRequest", "code": 400}
         if chat:
             prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
         else:

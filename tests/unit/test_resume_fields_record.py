@@ -1,11 +1,11 @@
-"""Stream resume (runtime/routing/resume.py) against the engines it resumes on: every field the router adds to
-a streamed request (the first attempt's, an exact resume's, a text resume's) and every id it reads back is
-checked against the record of what vLLM 0.16.0 and 0.24.0 (the pinned versions) and SGLang 0.5.16 to 0.5.23
-accept, refuse and stream (tests/data/resume-fields-vllm0.16.0-0.24.0-sglang0.5.16-0.5.23.json: file, line and
-class in each wheel from PyPI). A field resume.py starts sending that the record does not name for every
-engine fails here, and so does any change to the recorded conflicts: SGLang from 0.5.17 refuses a streamed
-chat with `return_token_ids` (HTTP 400). SGLang at the image's commit 43881a7 could not be read (see the
-record's `pins`)."""
+"""Stream resume (runtime/routing/resume.py) against the engines it resumes on: every field the router adds
+to a streamed request (the first attempt's, an exact resume's, a text resume's) and every id it reads back
+is checked against the record of what vLLM 0.16.0 and 0.24.0 (the pinned versions) and SGLang 0.5.16 to
+0.5.23 accept, refuse and stream (tests/data/resume-fields-vllm0.16.0-0.24.0-sglang0.5.16-0.5.23.json:
+file, line and class in each wheel from PyPI). A field resume.py starts sending that the record does not
+name for every engine fails here, and so does any change to the recorded conflicts: SGLang from 0.5.17
+refuses a streamed chat with `return_token_ids` (HTTP 400), which a router that knows it speaks to SGLang
+never sends. SGLang at the image's commit 43881a7 could not be read (see the record's `pins`)."""
 
 from __future__ import annotations
 
@@ -76,11 +76,13 @@ def stream(path: str, ids: dict[str, str] | None) -> bytes:
     return out + event(token)
 
 
-def attempts() -> list[tuple[str, str, dict]]:
-    """Every request the router sends a pod for a client's streamed request: (what, path, body)."""
+def attempts(engine: str | None = None) -> list[tuple[str, str, dict]]:
+    """Every request the router sends a pod for a client's streamed request: (what, path, body); `engine`:
+    the record's name of the engine the router knows it speaks to (the P/D router's `--peer-protocol`)."""
+    family = engine.split()[0] if engine else None
     out = []
     for path, client in CLIENT.items():
-        out.append(("first attempt", path, with_token_ids(client)))
+        out.append(("first attempt", path, with_token_ids(client, path, family)))
         exact = StreamResume(path, client, PROMPT_IDS)
         exact.feed(stream(path, {"token_ids": "choice"}))
         assert exact.kind == "resume"
@@ -164,26 +166,29 @@ def test_no_request_sets_together_what_an_engine_refuses_together(engine):
                     assert not all(body.get(name) is True for name in names), (engine, what, combination)
 
 
-def test_the_conflicts_with_sglang_are_the_recorded_ones():
-    """SGLang from 0.5.17 refuses a streamed chat carrying `return_token_ids`, which the router adds to every
-    streamed chat: recorded, and this fails once either side changes (then update the record and the docs)."""
-    found = set()
+def test_the_router_never_sends_an_engine_what_it_refuses_on_a_stream():
+    """SGLang from 0.5.17 refuses a streamed chat carrying `return_token_ids` (recorded): a router that knows
+    it speaks to SGLang (`--peer-protocol sglang`) does not ask it there, while one that does not know (the
+    front door) would, and learns it from the 400 (tests/integration/test_front_door_serving.py)."""
+    found, unknowing = set(), set()
     for engine, record in ENGINES.items():
-        for _, path, body in attempts():
-            assert body.get("stream") is True
-            for field in added(path, body) & set(record["refused_when_streamed"][path]):
-                found.add((engine, path, field))
+        for sent_to, into in ((engine, found), (None, unknowing)):
+            for _, path, body in attempts(sent_to):
+                assert body.get("stream") is True
+                for field in added(path, body) & set(record["refused_when_streamed"][path]):
+                    into.add((engine, path, field))
+    assert found == set()
     recorded = {
         (engine, conflict["path"], conflict["field"])
         for conflict in RECORD["known_conflicts"]
         for engine in conflict["engines"]
     }
     assert (
-        found
+        unknowing
         == recorded
         == {("sglang 0.5.17", CHAT, "return_token_ids"), ("sglang 0.5.23", CHAT, "return_token_ids")}
     )
-    assert not any(engine in PINNED for engine, _, _ in found)
+    assert not any(engine in PINNED for engine, _, _ in unknowing)
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
