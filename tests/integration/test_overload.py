@@ -15,7 +15,17 @@ import asyncio
 import concurrent.futures
 import signal
 
-from support import bench_module, metric, metrics_text, post, running_server, wait_until
+from support import (
+    Process,
+    bench_module,
+    free_port,
+    metric,
+    metrics_text,
+    neuronfleet_command,
+    post,
+    running_server,
+    wait_until,
+)
 
 BOUND = 3.0  # --max-queue-wait: small, so that a short load builds a queue that passes it
 
@@ -94,3 +104,65 @@ def test_a_drain_finishes_what_it_can_and_hands_the_rest_back_with_503_never_500
         if code == 503:
             assert int(headers["Retry-After"]) >= 1
             assert "send it again" in payload["error"]["message"], payload
+
+
+def healthy(door: str) -> float:
+    try:
+        return metric(door, "neuronfleet:router_peers_healthy", role="unified")
+    except OSError:  # not listening yet
+        return 0
+
+
+def test_a_pod_drained_under_twice_its_load_behind_the_front_door_loses_no_request(smollm2_dir, tmp_path):
+    """A roll's step under overload: two pods behind the front door, offered twice what they serve (open loop,
+    through the front door), one drained with SIGTERM mid-way while the load goes on (the front door learns of
+    the drain from its probes and from the pod's 503s): every request is answered whole or refused with 429 or
+    503 and Retry-After, never a 500 or a cut stream, most refusals at once; a full pod's 429 and a draining
+    pod's 503 send the request to the other pod before the client hears of them."""
+    bench = bench_module("overload")
+    options = (
+        "--slots",
+        "2",
+        "--max-seq-len",
+        "256",
+        "--max-queue-wait",
+        str(BOUND),
+        "--grace-period",
+        "300",
+    )
+    with (
+        running_server(smollm2_dir, *options) as (a, drained),
+        running_server(smollm2_dir, *options) as (b, _),
+    ):
+        port = free_port()
+        door = f"http://127.0.0.1:{port}"
+        args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port),
+                "--served-model-name", "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1",
+                "--unified", a, "--unified", b, "--routing", "least-loaded"]  # fmt: skip
+        front = Process(args, tmp_path / "door.log")
+        try:
+            front.wait_until(lambda: healthy(door) == 2, "the front door to see both pods")
+            served = asyncio.run(bench.capacity(door, "smollm2", 4, 24, 8))
+            rejected = lambda: sum(  # noqa: E731
+                metric(pod, "neuronfleet:requests_rejected_total", reason="overloaded") for pod in (a, b)
+            )
+
+            async def load_then_sigterm():
+                load = asyncio.create_task(bench.offer(door, "smollm2", 2 * served, 40.0, 24))
+                while not load.done() and await asyncio.to_thread(rejected) < 3:  # overloaded by now
+                    await asyncio.sleep(0.2)
+                drained.signal(signal.SIGTERM)  # the load goes on: the front door still names the pod
+                return await load
+
+            outcomes = asyncio.run(load_then_sigterm())
+            assert drained.wait() == 0, drained.output()  # drained, and exited on its own
+            moved = metric(door, "neuronfleet:router_retries_total", kind="retry")
+        finally:
+            front.stop()
+    figures = bench.summary(outcomes)
+    refused = [o for o in outcomes if o.kind == "refused"]
+    assert not [o for o in outcomes if o.kind == "failed"], figures  # no 500, no cut, no connection lost
+    assert [o for o in outcomes if o.kind == "answered"] and refused, figures
+    assert all(o.status in (429, 503) and int(o.retry_after) >= 1 for o in refused), figures
+    assert sorted(o.seconds for o in refused)[len(refused) // 2] < BOUND, figures  # at once, most of them
+    assert moved >= 1, figures  # a full or draining pod's refusal went to the other pod first
