@@ -19,13 +19,14 @@ the hold's bound). A pod that answers 429 (its admission found it full: `engine/
 the request goes to another, and when every pod is full the client gets the last 429 at once, with its
 Retry-After, never held. A whole (not streamed) answer is read before it is passed on, so a pod that dies
 while sending it is such a failure too (the request is sent again). An OpenAI completion or chat streamed to
-the client is resumed on another pod when its pod dies after the stream started (a reset, its end before the
-answer's, an error event), from the prompt and the tokens already sent, at most `--max-resumes` times
-(`resume.StreamResume`; the pods are asked for their tokens' ids, `return_token_ids`: the client sees one
-stream, no token repeated or missing, exact for greedy requests where the pods return the ids; a resume that
-finds every pod full or failing waits for one within the hold's bound, since its client holds half an answer).
-Any other stream that breaks after it started (TGI's `/generate_stream`) ends cut (the client sees it cut,
-never a clean end).
+the client, or a TGI `/generate_stream` (or `POST /` streamed), is resumed on another pod when its pod dies
+after the stream started (a reset, its end before the answer's, an error event), from the prompt and the
+tokens already sent, at most `--max-resumes` times (`resume.resumable` says which carrier:
+`resume.StreamResume`, the pods asked for their tokens' ids, `return_token_ids`: the client sees one stream,
+no token repeated or missing, exact for greedy requests where the pods return the ids;
+`resume.TgiStreamResume`, from the text sent: near at the seam; a resume that finds every pod full or failing
+waits for one within the hold's bound, since its client holds half an answer). Any other stream that breaks
+after it started ends cut (the client sees it cut, never a clean end).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
-from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, resumable, with_token_ids
+from neuronfleet.runtime.routing.resume import CarriedStream, StreamBroken, resumable, with_token_ids
 from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.errors import InvalidRequest, openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
@@ -240,9 +241,9 @@ class FrontDoor(HttpApp):
         blocks = self.routing.blocks(prompt) if request.method == "POST" else []
         resume = None  # a stream that may go on on another pod when its pod dies
         client_body, asked_ids = body, False  # the client's body; whether the router asked for token ids
-        if self.max_resumes and request.method == "POST" and resumable(path, value):
+        if self.max_resumes and request.method == "POST" and (carrier := resumable(path, value)):
             ids = prompt if isinstance(prompt, list) else None
-            resume = StreamResume(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
+            resume = carrier(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
             asked_ids = path not in self.ids_refused and not resume.client_ids
             if asked_ids:
                 body = json.dumps(with_token_ids(value, path)).encode()  # type: ignore[arg-type]
@@ -350,7 +351,7 @@ class FrontDoor(HttpApp):
 
     async def _answer(
         self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse, blocks: list[int],
-        resume: StreamResume | None = None, out: web.StreamResponse | None = None,
+        resume: CarriedStream | None = None, out: web.StreamResponse | None = None,
     ) -> web.StreamResponse:  # fmt: skip
         """The pod's answer: a whole one read first (a pod that dies while sending it is PodRefused: the
         request goes to another), a stream passed on as it comes. A resumable stream (`resume`) goes through

@@ -23,6 +23,13 @@ and without a second role event, the usage counting every token of every attempt
 
 A sampled request gets a continuation conditioned on what was sent: the same distribution, not the same
 draws (a `seed` is sent again, but the random state of the first pod is gone).
+
+`TgiStreamResume` does the same for TGI's `/generate_stream` (and its `POST /` with `"stream": true`), whose
+API takes text only: always from the text (`kind` "resume_text"): the next attempt is the client's request
+with `inputs` followed by the text sent and `max_new_tokens` less the tokens sent; its events continue the
+client's `index`, its final `generated_text` is the whole answer's, its `details.generated_tokens` counts
+every token of every attempt. `resumable()` says which of the two carries a request's stream; a router uses
+either alike (`feed`, `ended`, `after_break`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+GENERATE_STREAM, TGI_COMPAT = "/generate_stream", "/"  # TGI's stream, and its route that streams on "stream"
 # what a chat's resumed /v1/completions request carries over of the client's body
 RESUME_FIELDS = (
     "model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
@@ -45,14 +53,24 @@ class StreamBroken(Exception):
     """The pod's stream ended before the answer did (an error event, or its end without a finish)."""
 
 
-def resumable(path: str, body: Any) -> bool:
-    """An OpenAI completion or chat request streamed to the client with one choice."""
-    return (
-        path in (COMPLETIONS, CHAT)
-        and isinstance(body, dict)
-        and body.get("stream") is True
-        and body.get("n", 1) in (1, None)
-    )
+def resumable(path: str, body: Any) -> type[StreamResume] | type[TgiStreamResume] | None:
+    """What carries this request's stream across pods: `StreamResume` for an OpenAI completion or chat
+    streamed with one choice, `TgiStreamResume` for a TGI stream of text `inputs` and one sequence (TGI
+    refuses `best_of` > 1 and `decoder_input_details` on a stream anyway); None for any other request."""
+    if not isinstance(body, dict):
+        return None
+    if path in (COMPLETIONS, CHAT):
+        return StreamResume if body.get("stream") is True and body.get("n", 1) in (1, None) else None
+    if path == GENERATE_STREAM or (path == TGI_COMPAT and body.get("stream") is True):
+        parameters = body.get("parameters", {})
+        if (
+            isinstance(body.get("inputs"), str)
+            and isinstance(parameters, dict)
+            and parameters.get("best_of") in (None, 1)
+            and not parameters.get("decoder_input_details")
+        ):
+            return TgiStreamResume
+    return None
 
 
 # where an engine refuses `return_token_ids` on a stream: SGLang 0.5.17 to 0.5.23 answers a streamed chat
@@ -69,8 +87,70 @@ def with_token_ids(body: dict, path: str, engine: str | None = None) -> dict:
     return {**body, "return_token_ids": True}
 
 
-class StreamResume:
-    """One client's stream across the attempts that serve it (see the module's docstring)."""
+class CarriedStream:
+    """What every carrier of a client's stream shares: whole events cut out of the pod's bytes (`feed`), and
+    the one decision a router takes when an attempt's stream broke (`after_break`)."""
+
+    attempts: int  # resumes so far
+    before: int  # tokens sent before this attempt began
+    client_ids: bool  # the client gets the tokens' ids already (asked them, or TGI's events carry them)
+    _buffer: bytes
+
+    def feed(self, data: bytes) -> bytes:
+        """The client's bytes for the pod's bytes (whole events only: a partial one waits for its end);
+        StreamBroken for an error event in place of tokens."""
+        self._buffer += data.replace(b"\r\n", b"\n")
+        out = []
+        while (end := self._buffer.find(b"\n\n")) >= 0:
+            event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+            if (passed := self._event(event)) is not None:
+                out.append(passed + b"\n\n")
+        return b"".join(out)
+
+    def ended(self) -> None:
+        """The pod's stream ended: StreamBroken unless the answer did."""
+        raise NotImplementedError
+
+    def _event(self, event: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    @property
+    def possible(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def kind(self) -> str:
+        raise NotImplementedError
+
+    def remaining(self) -> int | None:
+        raise NotImplementedError
+
+    def resume(self) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def closing(self) -> bytes:
+        raise NotImplementedError
+
+    def after_break(self, max_resumes: int) -> tuple[str, str, dict] | bytes | None:
+        """What follows an attempt whose stream broke: None when it cannot go on (`max_resumes` resumes
+        made already, or none `possible`); the closing events when every token was sent and only the finish
+        was lost (the router writes them and ends the stream); else the next attempt's kind, path and body
+        (`resume`)."""
+        if self.attempts >= max_resumes or not self.possible:
+            return None
+        if self.remaining() == 0:
+            return self.closing()
+        kind = self.kind
+        return (kind, *self.resume())
+
+
+def _data(event: bytes) -> bytes:
+    """An event's data: its `data:` lines joined."""
+    return b"".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+
+
+class StreamResume(CarriedStream):
+    """One client's OpenAI stream across the attempts that serve it (see the module's docstring)."""
 
     def __init__(
         self, path: str, body: dict, prompt_ids: Sequence[int] | None, tokenizer: Any = None
@@ -96,25 +176,13 @@ class StreamResume:
 
     # ---- the stream ----
 
-    def feed(self, data: bytes) -> bytes:
-        """The client's bytes for the pod's bytes (whole events only: a partial one waits for its end);
-        StreamBroken for an error event in place of tokens."""
-        self._buffer += data.replace(b"\r\n", b"\n")
-        out = []
-        while (end := self._buffer.find(b"\n\n")) >= 0:
-            event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
-            if (passed := self._event(event)) is not None:
-                out.append(passed + b"\n\n")
-        return b"".join(out)
-
     def ended(self) -> None:
         """The pod's stream ended: StreamBroken unless the answer did."""
         if not self.done:
             raise StreamBroken("the stream ended before its answer finished")
 
     def _event(self, event: bytes) -> bytes | None:
-        lines = event.split(b"\n")
-        data = b"".join(line[5:].lstrip() for line in lines if line.startswith(b"data:"))
+        data = _data(event)
         if not data:
             return event if event.strip() else None  # comments and other fields as they are
         if data.strip() == b"[DONE]":
@@ -221,18 +289,6 @@ class StreamResume:
             return None
         return max(0, limit - self.sent_tokens())
 
-    def after_break(self, max_resumes: int) -> tuple[str, str, dict] | bytes | None:
-        """What follows an attempt whose stream broke: None when it cannot go on (`max_resumes` resumes
-        made already, or none `possible`); the closing events when every token was sent and only the finish
-        was lost (the router writes them and ends the stream); else the next attempt's kind, path and body
-        (`resume`)."""
-        if self.attempts >= max_resumes or not self.possible:
-            return None
-        if self.remaining() == 0:
-            return self.closing()
-        kind = self.kind
-        return (kind, *self.resume())
-
     def resume(self) -> tuple[str, dict]:
         """The next attempt's path and body; call before sending it (its events are read as a resume's)."""
         kind, rest = self.kind, self.remaining()
@@ -282,3 +338,151 @@ class StreamResume:
             kind = "text_completion"
         chunk = {**identity, "object": kind, "choices": [choice]}
         return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+class TgiStreamResume(CarriedStream):
+    """One client's TGI stream (`/generate_stream`, or `POST /` with `"stream": true`) across the attempts
+    that serve it, resumed from the text sent (TGI's API takes text `inputs` only).
+
+    TGI 3.3.5's events (router/src/lib.rs `StreamResponse`, `Token`, `StreamDetails`; router/src/server.rs
+    `generate_stream_internal`), which our runtime's `/generate_stream` streams alike: one token an event,
+    `data:{"index": N, "token": {"id", "text", "logprob", "special"}, "generated_text": null,
+    "details": null}` (`index` from 1; `top_tokens` with `top_n_tokens`); the last event carries the last
+    token too, with `generated_text` (the whole text, after the prompt where `return_full_text` is true) and
+    `details` (`finish_reason`, `generated_tokens`, `seed`, and from TGI `input_length`) where
+    `parameters.details` is true; an error is an event `data:{"error": ..., "error_type": ...}` (TGI answers
+    200 and streams even a validation error). A break: an error event but a validation one, or the stream's
+    end before its last event. A validation error event is the client's answer (its request is wrong, or too
+    long once resumed: no pod would take it), passed on as the stream's end."""
+
+    client_ids = True  # TGI's events carry each token's id already: a router asks the pods for nothing
+
+    def __init__(
+        self, path: str, body: dict, prompt_ids: Sequence[int] | None = None, tokenizer: Any = None
+    ) -> None:
+        """`prompt_ids` and `tokenizer` are not used (the same arguments as `StreamResume`'s): TGI's inputs
+        are text, and a TGI event is one token."""
+        self.path, self.body = path, body
+        self.parameters: dict = body.get("parameters") or {}
+        self.sent = 0  # tokens sent to the client, every attempt's: the last `index` it got
+        self.sent_text = ""  # their text (a special token's left out, as TGI's generated_text leaves it)
+        self.attempts = 0  # resumes so far
+        self.before = 0  # tokens sent before this attempt began
+        self.text_before = ""  # their text
+        self.done = False  # the last event (its generated_text) was sent
+        self._buffer = b""
+
+    @property
+    def possible(self) -> bool:
+        return True  # the client's inputs are text: the text sent follows them
+
+    @property
+    def kind(self) -> str:
+        return (
+            "resume_text"  # tokenized again by the next pod: the seam may differ from an undisturbed answer
+        )
+
+    # ---- the stream ----
+
+    def ended(self) -> None:
+        """The pod's stream ended: StreamBroken unless its last event was sent."""
+        if not self.done:
+            raise StreamBroken("the stream ended before its last event (generated_text)")
+
+    def _event(self, event: bytes) -> bytes | None:
+        data = _data(event)
+        if not data:
+            return event if event.strip() else None  # comments (TGI's keep-alives) as they are
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return event
+        if not isinstance(chunk, dict):
+            return event
+        if "error" in chunk and "token" not in chunk:
+            if chunk.get("error_type") == "validation":  # the request's own fault: no pod would take it
+                self.done = True
+                return event
+            raise StreamBroken(f"the pod's stream ended with an error: {chunk.get('error')}")
+        index = chunk.get("index")  # this attempt's tokens so far (the pod counts them)
+        produced = (
+            index if isinstance(index, int) and not isinstance(index, bool) else self.sent - self.before + 1
+        )
+        chunk["index"] = self.sent = self.before + produced
+        token = chunk.get("token")
+        if isinstance(token, dict) and not token.get("special") and isinstance(token.get("text"), str):
+            self.sent_text += token["text"]
+        if chunk.get("generated_text") is not None:
+            self.done = True
+            if self.attempts:
+                chunk["generated_text"] = self._whole_text(chunk["generated_text"])
+                if isinstance(chunk.get("details"), dict):
+                    chunk["details"] = self._details(chunk["details"])
+        return b"data:" + json.dumps(chunk, ensure_ascii=False).encode()
+
+    def _whole_text(self, text: str) -> str:
+        """The client's generated_text for a resumed attempt's: the text sent before followed by the new
+        attempt's, or as it is where it holds the whole prompt already (`return_full_text`: the resumed
+        inputs hold the text sent before). `POST /` without `return_full_text` takes the server's default
+        (TGI: true for a text-generation model), so there the text says which it is."""
+        full = self.parameters.get("return_full_text")
+        if full is None and self.path == TGI_COMPAT:
+            full = text.startswith(self.body["inputs"] + self.text_before)
+        return text if full is True else self.text_before + text
+
+    def _details(self, details: dict) -> dict:
+        """Every token of every attempt counted; TGI's `input_length`, the resumed prompt's, less the tokens
+        sent before it (near: the text sent was tokenized again)."""
+        details = dict(details)
+        if isinstance(details.get("generated_tokens"), int):
+            details["generated_tokens"] += self.before
+        if isinstance(details.get("input_length"), int):
+            details["input_length"] = max(0, details["input_length"] - self.before)
+        return details
+
+    # ---- the next attempt ----
+
+    def remaining(self) -> int | None:
+        """The tokens the client may still get (None: no `max_new_tokens` asked: the pod's default applies
+        again, TGI 3.3.5's as many as fit its max_total_tokens after the longer inputs, ours 20 more)."""
+        limit = self.parameters.get("max_new_tokens")
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            return None
+        return max(0, limit - self.sent)
+
+    def resume(self) -> tuple[str, dict]:
+        """The next attempt's path and body (the client's path: `POST /` keeps the server's own default of
+        `return_full_text`): `inputs` followed by the text sent, `max_new_tokens` less the tokens sent, the
+        other parameters as the client sent them (a `seed` sent again); call before sending it."""
+        rest = self.remaining()
+        self.before, self.text_before = self.sent, self.sent_text
+        self.attempts += 1
+        self._buffer = b""
+        parameters = dict(self.parameters)
+        if rest is not None:
+            parameters["max_new_tokens"] = max(rest, 1)
+        return self.path, {
+            **self.body,
+            "inputs": self.body["inputs"] + self.sent_text,
+            "parameters": parameters,
+        }
+
+    def closing(self) -> bytes:
+        """The last event of a stream whose pod died after its last token but before its last event (our
+        runtime's last event may carry no token, as after a stop string): a token of no text, marked
+        special (TGI's mark for a token to leave out of a text), at the last token's index, with the whole
+        text and, where asked, details of reason length."""
+        self.done = True
+        details = None
+        if self.parameters.get("details"):
+            details = {
+                "finish_reason": "length",
+                "generated_tokens": self.sent,
+                "seed": self.parameters.get("seed"),
+            }
+        text = self.sent_text
+        if self.parameters.get("return_full_text") is True:
+            text = self.body["inputs"] + text
+        chunk = {"index": self.sent, "token": {"id": 0, "text": "", "logprob": None, "special": True},
+                 "generated_text": text, "details": details}  # fmt: skip
+        return b"data:" + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"

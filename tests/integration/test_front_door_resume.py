@@ -3,7 +3,9 @@ the SmolLM2 cpu model behind a front door without the model's tokenizer (the pod
 prompt's and each event's, `return_token_ids`), driven by the official `openai` client
 (max_retries=0); the pod carrying a request is killed (SIGKILL) mid-answer, and the client still gets one
 answer equal, token for token, to an undisturbed pod's (greedy), its usage counted right, the resume counted
-in `neuronfleet:router_retries_total`. The killed pod is started again on its port between tests."""
+in `neuronfleet:router_retries_total`; a TGI stream (the official `text-generation` client, and
+`/generate_stream` read as it comes) resumed from its text reads as one stream. The killed pod is started
+again on its port between tests."""
 
 from __future__ import annotations
 
@@ -151,6 +153,66 @@ def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
     assert got.choices[0].message.content == want["chat"].choices[0].message.content
     assert got.usage.completion_tokens == want["chat"].usage.completion_tokens
     assert pods.resumes("retry") == retries + 1
+    pods.revive(victim)
+
+
+def tgi(base: str):
+    from text_generation import Client
+
+    return Client(base, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def want_tgi(pods) -> str:
+    """The undisturbed TGI answer (greedy: TGI's default), from one pod directly."""
+    return tgi(pods.servers["a"].base).generate(PROMPT, max_new_tokens=TOKENS).generated_text
+
+
+def test_a_tgi_stream_whose_pod_dies_goes_on_from_its_text(pods, want_tgi):
+    """The official `text-generation` client's `generate_stream` (TGI's `POST /`, streamed): one stream, no
+    error, its last event's generated_text the streamed tokens' texts joined, every token counted. From the
+    text, the tokens at the seam may differ from the undisturbed answer's; here the pod dies a few tokens in,
+    between whole words (" there was a"), which tokenize alike again: the greedy text equals the undisturbed
+    one (it did in every run)."""
+    resumes = pods.resumes("resume_text")
+    tokens, last, victim = [], None, None
+    for response in tgi(pods.door).generate_stream(PROMPT, max_new_tokens=TOKENS):
+        tokens.append(response.token)
+        last = response
+        if len([t for t in tokens if t.text]) == 3 and victim is None:  # the pod streaming it dies now
+            victim = pods.kill_carrier()
+    assert victim is not None
+    text = "".join(t.text for t in tokens if not t.special)
+    assert last.generated_text == text
+    assert last.details.generated_tokens == len(tokens)
+    assert pods.resumes("resume_text") == resumes + 1
+    assert text == want_tgi
+    pods.revive(victim)
+
+
+def test_a_generate_stream_resumed_continues_its_indices(pods):
+    """TGI's `/generate_stream` read as it comes: the indices run 1..N without a gap across the pods, the
+    last event's details count every token."""
+    import requests
+
+    resumes = pods.resumes("resume_text")
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": TOKENS, "details": True}}
+    events, victim = [], None
+    with requests.post(pods.door + "/generate_stream", json=body, stream=True, timeout=600) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+                if len([e for e in events if e["token"]["text"]]) == 3 and victim is None:
+                    victim = pods.kill_carrier()
+    assert victim is not None
+    assert all("error" not in e for e in events)
+    assert [e["index"] for e in events] == list(range(1, len(events) + 1))
+    assert [e["generated_text"] is not None for e in events] == [False] * (len(events) - 1) + [True]
+    texts = "".join(e["token"]["text"] for e in events if not e["token"]["special"])
+    assert events[-1]["generated_text"] == texts
+    assert events[-1]["details"]["generated_tokens"] == len(events)
+    assert pods.resumes("resume_text") == resumes + 1
     pods.revive(victim)
 
 

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, resumable
+from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, TgiStreamResume, resumable
 from neuronfleet.runtime.serving.api_requests import parse_openai_chat, parse_openai_completion
 from neuronfleet.runtime.serving.errors import InvalidRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "stream": True}
 COMPLETION = {"model": "m", "prompt": "Once", "max_tokens": 6, "stream": True}
+TGI = {"inputs": "Once", "parameters": {"max_new_tokens": 6, "details": True, "seed": 7}}
 
 
 def event(chunk: dict | str) -> bytes:
@@ -47,11 +48,19 @@ def events(data: bytes) -> list[dict | str]:
     return out
 
 
-def test_only_openai_streams_of_one_choice_are_resumable():
-    assert resumable("/v1/chat/completions", CHAT) and resumable("/v1/completions", COMPLETION)
-    assert not resumable("/v1/completions", {**COMPLETION, "stream": False})
-    assert not resumable("/v1/completions", {**COMPLETION, "n": 2})
-    assert not resumable("/generate_stream", {"inputs": "x", "stream": True})
+def test_openai_streams_of_one_choice_and_tgi_streams_of_one_sequence_are_resumable():
+    assert resumable("/v1/chat/completions", CHAT) is resumable("/v1/completions", COMPLETION) is StreamResume
+    assert resumable("/v1/completions", {**COMPLETION, "stream": False}) is None
+    assert resumable("/v1/completions", {**COMPLETION, "n": 2}) is None
+    assert resumable("/generate_stream", TGI) is TgiStreamResume
+    assert resumable("/", {**TGI, "stream": True}) is TgiStreamResume  # TGI's compat route, streamed
+    assert resumable("/", TGI) is None  # a whole answer: sent again, not resumed
+    assert resumable("/generate", TGI) is None
+    best_of = {**TGI, "parameters": {"best_of": 2}}  # (TGI refuses both on a stream anyway)
+    assert resumable("/generate_stream", best_of) is None
+    details = {**TGI, "parameters": {"decoder_input_details": True}}
+    assert resumable("/generate_stream", details) is None
+    assert resumable("/generate_stream", {"inputs": ["x"]}) is None
 
 
 def test_a_chat_resumed_from_token_ids_goes_on_through_completions_and_reads_as_one_chat_stream():
@@ -181,3 +190,137 @@ def test_a_token_whose_text_the_pod_held_back_is_generated_again():
     assert [e["choices"][0]["text"] for e in events(out)] == ["a"]  # the ids-only event is not passed on
     assert resume.resume() == ("/v1/completions", {**COMPLETION, "prompt": [5, 1], "max_tokens": 5,
                                                     "return_token_ids": True})  # fmt: skip
+
+
+# ---- TGI's /generate_stream (TGI 3.3.5's StreamResponse: router/src/lib.rs) ----
+
+
+def tgi_event(index: int, text: str, last: dict | None = None, token_id: int | None = None) -> bytes:
+    token = {"id": token_id if token_id is not None else 100 + index, "text": text, "logprob": -0.5,
+             "special": False}  # fmt: skip
+    chunk = {"index": index, "token": token, "generated_text": None, "details": None, **(last or {})}
+    return f"data:{json.dumps(chunk)}\n\n".encode()
+
+
+def tgi_events(data: bytes) -> list[dict]:
+    return [json.loads(raw[5:]) for raw in data.split(b"\n\n") if raw.startswith(b"data:")]
+
+
+def test_a_tgi_stream_resumes_from_its_text_and_reads_as_one_stream():
+    resume = TgiStreamResume("/generate_stream", TGI)
+    assert resume.client_ids  # TGI's events carry the ids: nothing asked of the pods
+    first = tgi_event(1, " upon") + tgi_event(2, " a")
+    out = resume.feed(first[:30])  # a partial event waits for its end
+    assert out == b""
+    out = resume.feed(first[30:] + b":\n\n")  # a keep-alive comment passes as it is
+    assert [(e["index"], e["token"]["text"]) for e in tgi_events(out)] == [(1, " upon"), (2, " a")]
+    assert out.endswith(b":\n\n")
+    with pytest.raises(StreamBroken):  # ended before its last event
+        resume.ended()
+    kind, path, body = resume.after_break(max_resumes=2)
+    assert (kind, path) == ("resume_text", "/generate_stream")
+    # the inputs followed by the text sent, max_new_tokens less the tokens sent, the rest as sent (the seed)
+    assert body == {"inputs": "Once upon a", "parameters": {"max_new_tokens": 4, "details": True, "seed": 7}}
+    assert resume.before == 2 and resume.attempts == 1
+    # the next pod's own stream: its indices from 1, its generated_text its own, its details its own
+    last = {"generated_text": " time there", "details": {"finish_reason": "length", "generated_tokens": 2,
+                                                         "seed": 7, "input_length": 4}}  # fmt: skip
+    out = resume.feed(tgi_event(1, " time") + tgi_event(2, " there", last))
+    got = tgi_events(out)
+    assert [(e["index"], e["token"]["text"]) for e in got] == [(3, " time"), (4, " there")]
+    assert got[1]["generated_text"] == " upon a time there"  # the whole answer's text
+    assert got[1]["details"] == {"finish_reason": "length", "generated_tokens": 4, "seed": 7,
+                                 "input_length": 2}  # fmt: skip
+    assert got[1]["token"] == {"id": 102, "text": " there", "logprob": -0.5, "special": False}
+    resume.ended()
+
+
+def test_a_tgi_error_event_is_a_break_but_a_validation_error_is_the_answer():
+    resume = TgiStreamResume("/generate_stream", TGI)
+    resume.feed(tgi_event(1, " upon"))
+    with pytest.raises(StreamBroken, match="Request failed during generation"):
+        resume.feed(b'data:{"error":"Request failed during generation","error_type":"generation"}\n\n')
+    resume = TgiStreamResume("/generate_stream", TGI)
+    refused = b'data:{"error":"Input validation error: too long","error_type":"validation"}\n\n'
+    assert resume.feed(refused) == refused  # no pod would take it: the client's answer, as it is
+    resume.ended()
+
+
+def test_a_tgi_stream_resumed_twice_counts_every_token_and_special_tokens_stay_out_of_the_text():
+    body = {"inputs": "Q:", "parameters": {"max_new_tokens": 10, "details": True}}
+    resume = TgiStreamResume("/generate_stream", body)
+    resume.feed(tgi_event(1, " A"))
+    _, _, body2 = resume.after_break(max_resumes=2)
+    assert body2["inputs"] == "Q: A" and body2["parameters"]["max_new_tokens"] == 9
+    resume.feed(tgi_event(1, " B") + tgi_event(2, " C"))
+    _, _, body3 = resume.after_break(max_resumes=2)
+    assert body3["inputs"] == "Q: A B C" and body3["parameters"]["max_new_tokens"] == 7
+    assert resume.after_break(max_resumes=2) is None  # the bound: the stream ends cut
+    eos = {"id": 2, "text": "</s>", "logprob": -0.1, "special": True}
+    last = {
+        "generated_text": " D",
+        "details": {"finish_reason": "eos_token", "generated_tokens": 2, "seed": None},
+    }
+    out = resume.feed(tgi_event(1, " D") + tgi_event(2, "", last | {"token": eos}))
+    got = tgi_events(out)
+    assert [e["index"] for e in got] == [4, 5]
+    assert got[1]["generated_text"] == " A B C D" and got[1]["details"]["generated_tokens"] == 5
+
+
+def test_a_tgi_stream_with_the_full_text_keeps_the_resumed_attempts_text():
+    """`return_full_text`: the resumed attempt's generated_text is its inputs (the client's and the text sent)
+    followed by its own: the whole of it already. On `POST /` without the field the server's default says
+    which (TGI: true for a text-generation model): the text tells."""
+    body = {"inputs": "Q:", "parameters": {"max_new_tokens": 4, "return_full_text": True}}
+    resume = TgiStreamResume("/generate_stream", body)
+    resume.feed(tgi_event(1, " A"))
+    resume.resume()
+    out = resume.feed(tgi_event(1, " B", {"generated_text": "Q: A B"}))
+    assert tgi_events(out)[0]["generated_text"] == "Q: A B"
+    assert tgi_events(out)[0]["details"] is None  # details not asked
+    for said, want in (("Q: A B", "Q: A B"), (" B", " A B")):  # the server's default: full text, or not
+        resume = TgiStreamResume("/", {"inputs": "Q:", "stream": True, "parameters": {"max_new_tokens": 4}})
+        resume.feed(tgi_event(1, " A"))
+        path, body = resume.resume()
+        assert (path, body["stream"], body["inputs"]) == ("/", True, "Q: A")
+        out = resume.feed(tgi_event(1, " B", {"generated_text": said}))
+        assert tgi_events(out)[0]["generated_text"] == want
+
+
+def test_a_tgi_stream_whose_pod_died_after_its_last_token_gets_its_last_event():
+    """Our runtime's last event may carry no token (after a stop string): lost, the router writes it."""
+    resume = TgiStreamResume(
+        "/generate_stream", {**TGI, "parameters": {**TGI["parameters"], "max_new_tokens": 2}}
+    )
+    resume.feed(tgi_event(1, " upon") + tgi_event(2, " a"))
+    closing = resume.after_break(max_resumes=2)
+    assert isinstance(closing, bytes)
+    (last,) = tgi_events(closing)
+    assert last["index"] == 2 and last["token"]["text"] == "" and last["token"]["special"]
+    assert last["generated_text"] == " upon a"
+    assert last["details"] == {"finish_reason": "length", "generated_tokens": 2, "seed": 7}
+    resume.ended()
+
+
+def test_a_tgi_stream_without_max_new_tokens_leaves_the_bound_to_the_pod():
+    resume = TgiStreamResume("/generate_stream", {"inputs": "Once"})
+    resume.feed(tgi_event(1, " upon"))
+    assert resume.remaining() is None
+    assert resume.after_break(max_resumes=1)[2] == {"inputs": "Once upon", "parameters": {}}
+
+
+def test_the_server_accepts_what_a_router_resumes_a_tgi_stream_with():
+    from neuronfleet.runtime.serving.api_requests import parse_tgi_generate
+
+    resume = TgiStreamResume(
+        "/", {**TGI, "stream": True, "parameters": {**TGI["parameters"], "best_of": None}}
+    )
+    resume.feed(tgi_event(1, " upon"))
+    _, body = resume.resume()
+    parsed = parse_tgi_generate(body)
+    assert (parsed.prompt, parsed.params.max_tokens, parsed.params.seed, parsed.stream) == (
+        "Once upon",
+        5,
+        7,
+        True,
+    )
