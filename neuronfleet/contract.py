@@ -314,17 +314,24 @@ class ServeConfig(BaseModel):
     )
     routing: RoutingPolicy = _flag(
         "kv-aware",
-        "router: how a request's pod is chosen: kv-aware (the pod expected to hold the longest prefix of its "
-        "prompt, learnt from what this router sent where, unless it carries more than --routing-load-margin "
-        "requests above the least loaded pod) or least-loaded",
+        "router: how a request's pod is chosen: kv-aware (the pod with the lowest expected time to first "
+        "token: its wait for a slot plus the prefill of the prompt's prefix it does not hold, from the pods' "
+        "load and the router's own timings of them; before those are measured, the pod expected to hold the "
+        "longest prefix unless it carries more than --routing-load-margin requests above the least loaded "
+        "pod) or least-loaded",
     )
     routing_load_margin: int = _flag(
         ROUTING_LOAD_MARGIN,
-        "router, kv-aware: requests a pod may carry above the least loaded pod and still be chosen for the "
-        "prefix it holds",
+        "router, kv-aware, until the pods' timings are measured (or where a pod's slots are unknown): "
+        "requests a pod may carry above the least loaded pod and still be chosen for the prefix it holds",
     )
     routing_cache_tokens: int = _flag(
         ROUTING_CACHE_TOKENS, "router, kv-aware: tokens of prompt each pod's prefix cache is taken to hold"
+    )
+    routing_pod_slots: int = _flag(
+        0,
+        "router, kv-aware: slots (requests at once) of each pod whose status does not say them (a front "
+        "door's pods: the model's batch size), to price a pod's wait for a slot; 0: unknown",
     )
     override_generation_config: str | None = _flag(
         None,
@@ -397,16 +404,17 @@ class ServeConfig(BaseModel):
             )
         if self.max_resumes < 0:
             raise ValueError(f"--max-resumes {self.max_resumes}: the most resumes of one stream (0: none)")
-        routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens")
+        routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens", "routing_pod_slots")
                    if getattr(self, n) != _default(n)}  # fmt: skip
         if self.role != "router" and routing:
             flags = ", ".join(sorted(_spelling(n) for n in routing))
             raise ValueError(f"{flags}: for --role router, not {self.role}")
-        if self.routing_load_margin < 0 or self.routing_cache_tokens < 1:
+        if self.routing_load_margin < 0 or self.routing_cache_tokens < 1 or self.routing_pod_slots < 0:
             raise ValueError(
                 f"--routing-load-margin {self.routing_load_margin} --routing-cache-tokens "
-                f"{self.routing_cache_tokens}: requests above the least loaded pod (0 or more) and tokens a "
-                "pod's prefix cache holds (1 or more)"
+                f"{self.routing_cache_tokens} --routing-pod-slots {self.routing_pod_slots}: requests above "
+                "the least loaded pod (0 or more), tokens a pod's prefix cache holds (1 or more) and a pod's "
+                "slots (0: unknown, or more)"
             )
         if self.override_generation_config is not None:
             if front_door or engine_router:

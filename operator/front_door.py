@@ -107,18 +107,21 @@ def hold_requests(spec: NeuronModelSpec) -> int:
 
 
 def load_margin(spec: NeuronModelSpec) -> int:
-    """serving.routing.loadMargin, else a quarter of a pod's slots, at least ROUTING_LOAD_MARGIN."""
+    """serving.routing.loadMargin, else a quarter of a pod's slots, at least ROUTING_LOAD_MARGIN (what the
+    routers use until they have timed the pods: `prefix_routing.choose`)."""
     given = spec.serving.routing.loadMargin
     return given if given is not None else max(ROUTING_LOAD_MARGIN, spec.neuron.batchSize // 4)
 
 
 def routing_options(spec: NeuronModelSpec) -> dict[str, Any]:
-    """Every router's routing options: the policy, its load margin, and what a pod's prefix cache holds at
-    most (its slots full at the sequence length)."""
+    """Every router's routing options: the policy, its load margin, what a pod's prefix cache holds at most
+    (its slots full at the sequence length) and a pod's slots (its batch size: the front door's pods do not
+    say them; a pod template's, so nothing here reads the replica count)."""
     return {
         "routing": spec.serving.routing.policy,
         "routing_load_margin": load_margin(spec),
         "routing_cache_tokens": spec.neuron.batchSize * spec.neuron.sequenceLength,
+        "routing_pod_slots": spec.neuron.batchSize,
     }
 
 

@@ -600,15 +600,20 @@ class Routing(Spec):
 
     policy: RoutingPolicy = Field(
         "kv-aware",
-        description="kv-aware: each request goes to the pod expected to hold the longest prefix of its "
-        "prompt in its prefix cache (learnt from what the router sent where), unless that pod carries more "
-        "than loadMargin requests above the least loaded one; least-loaded: by load alone. A unified model's "
-        "front door (router pods) routes, unless serving.gateway's endpoint picker does.",
+        description="kv-aware: each request goes to the pod with the lowest expected time to first token: "
+        "its wait for a slot plus the prefill of the prompt's prefix it does not hold in its prefix cache "
+        "(learnt from what the router sent where, or from the pods' KV-cache events), from the pods' load "
+        "and the router's timings of them; until those are measured, the pod expected to hold the longest "
+        "prefix unless it carries more than loadMargin requests above the least loaded one; least-loaded: "
+        "by load alone. A unified model's front door (router pods) routes, unless serving.gateway's endpoint "
+        "picker does.",
     )
     loadMargin: int | None = Field(
         None,
-        description="Policy kv-aware: requests a pod may carry above the least loaded pod and still be "
-        "chosen for the prefix it holds. Default: a quarter of neuron.batchSize, at least 2.",
+        description="Policy kv-aware, until the routers have timed the pods: requests a pod may carry above "
+        "the least loaded pod and still be chosen for the prefix it holds (once timed, the expected wait for "
+        "a slot is weighed against the prefill saved instead). Default: a quarter of neuron.batchSize, at "
+        "least 2.",
         ge=0,
         le=10000,
     )

@@ -216,7 +216,9 @@ def _routing(args: ServeConfig):
     """A router's routing policy and knobs, from its options."""
     from neuronfleet.runtime.routing.prefix_routing import Routing
 
-    return Routing(args.routing, args.routing_load_margin, args.routing_cache_tokens)
+    return Routing(
+        args.routing, args.routing_load_margin, args.routing_cache_tokens, pod_slots=args.routing_pod_slots
+    )
 
 
 def _role_setup(args: ServeConfig, config):

@@ -4,8 +4,9 @@ loads no model code (with `--model`, the model's tokenizer only, to cut prompts 
 cache, chat template applied as they apply it): every request but its own `/health`, `/ready` and `/metrics`
 (OpenAI `/v1/...`, TGI `/generate`, `/generate_stream`, `/info`, ...) goes as is (method, path, query,
 headers but hop-by-hop ones, body) to the ready pod the routing policy chooses (`prefix_routing`: by
-default the one expected to hold the longest prefix of the request's prompt, unless it is much busier than
-the least loaded one), and its answer comes back as it comes, chunk by chunk (server-sent events stream).
+default the one with the lowest expected time to first token, its wait for a slot plus the prefill of the
+prompt's prefix it does not hold, from the pods' load, their slots (`--routing-pod-slots`) and this router's
+timings of them), and its answer comes back as it comes, chunk by chunk (server-sent events stream).
 A body that is not bounded JSON (`api_requests.decode_json`: too deep, NaN, a lone surrogate...; multipart
 bodies excepted) is refused here with 400 (422 on TGI's routes), whatever engine the pods run.
 
@@ -47,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
-from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics, request_prompt
+from neuronfleet.runtime.routing.prefix_routing import Dispatch, Routing, RoutingMetrics, request_prompt
 from neuronfleet.runtime.routing.resume import CarriedStream, StreamBroken, resumable, with_token_ids
 from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.errors import InvalidRequest, openai_error_body, tgi_error_body
@@ -284,6 +285,8 @@ class FrontDoor(HttpApp):
                 return self._error(path, 503, f"no unified pod could serve the request: {why}")
             if failures and out is None:
                 self.retries.labels(**self.labels, kind="retry").inc()
+            # timed for the routing (not a resumed attempt: its prompt is another)
+            dispatch = self.routing.dispatched(peer, blocks, time.monotonic()) if out is None else None
             peer.in_flight += 1
             self.forwarded += 1
             try:
@@ -316,7 +319,7 @@ class FrontDoor(HttpApp):
                     )
                     continue
                 try:
-                    return await self._answer(request, peer, response, blocks, resume, out)
+                    return await self._answer(request, peer, response, blocks, resume, out, dispatch)
                 except StreamCut as e:
                     out = e.out
                     failures.append(f"{peer.url}: {e}")
@@ -352,6 +355,7 @@ class FrontDoor(HttpApp):
     async def _answer(
         self, request: web.Request, peer: Peer, response: aiohttp.ClientResponse, blocks: list[int],
         resume: CarriedStream | None = None, out: web.StreamResponse | None = None,
+        dispatch: Dispatch | None = None,
     ) -> web.StreamResponse:  # fmt: skip
         """The pod's answer: a whole one read first (a pod that dies while sending it is PodRefused: the
         request goes to another), a stream passed on as it comes. A resumable stream (`resume`) goes through
@@ -359,7 +363,8 @@ class FrontDoor(HttpApp):
         StreamCut. Any other stream that breaks cuts the client's connection. Once the answer is whole the
         pod's cache holds the prompt, and not before: a burst of requests with one new long prefix is spread
         by load, not piled on the pod still computing it (a stream's first bytes say nothing of that: servers
-        send the role chunk before the prompt is computed)."""
+        send the role chunk before the prompt is computed). A `dispatch` is timed for the routing: its
+        answer's end, and a stream's first token (`_first_token_events`)."""
         self.unified.succeeded(peer.url)
         try:
             streamed = response.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -374,14 +379,21 @@ class FrontDoor(HttpApp):
                     raise PodRefused(f"the answer broke off: {e or type(e).__name__}") from None
                 if response.status < 300:
                     self.routing.sent(peer.url, blocks, time.monotonic())
+                    if dispatch is not None:
+                        self.routing.answered(dispatch, time.monotonic())
                 return web.Response(status=response.status, reason=response.reason, body=data,
                                     headers=_answer_headers(response))  # fmt: skip
             if out is None:
                 out = web.StreamResponse(status=response.status, reason=response.reason,
                                          headers=_answer_headers(response))  # fmt: skip
                 await out.prepare(request)
+            events, first_token = 0, _first_token_events(request.path)
             try:
                 async for chunk in response.content.iter_any():
+                    if dispatch is not None and events < first_token:  # (events end in a blank line)
+                        events += chunk.count(b"\n\n") + chunk.count(b"\r\n\r\n")
+                        if events >= first_token and response.status < 300:
+                            self.routing.first_token(dispatch, time.monotonic())
                     data = chunk if resume is None else resume.feed(chunk)
                     if request.transport is None or request.transport.is_closing():
                         return out  # the client left: its request ends here (the pod's answer released)
@@ -400,10 +412,18 @@ class FrontDoor(HttpApp):
                 return _cut(request, out)
             if response.status < 300:
                 self.routing.sent(peer.url, blocks, time.monotonic())
+                if dispatch is not None:
+                    self.routing.answered(dispatch, time.monotonic())
             await out.write_eof()
             return out
         finally:
             response.release()
+
+
+def _first_token_events(path: str) -> int:
+    """The server-sent events of a stream up to its first token: a chat's second (the first says the role,
+    sent before the prompt is computed by our pods), any other's first (a completion's, TGI's)."""
+    return 2 if path.endswith("/chat/completions") else 1
 
 
 def _cut(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:

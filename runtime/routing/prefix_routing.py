@@ -1,5 +1,5 @@
 """KV-cache-aware routing, pure: which pod a request goes to, from how much of its prompt each pod is expected
-to hold in its prefix cache and from each pod's load.
+to hold in its prefix cache, each pod's load and slots, and how fast the router has measured it to be.
 
 What a pod holds (approximate: learnt from what this router sent where, so it works for every engine): a
 prompt is cut into blocks (BLOCK_TOKENS token ids where the router tokenizes, else BLOCK_CHARS characters of
@@ -8,12 +8,15 @@ it, so one lookup per block says how long a prefix a pod holds). `PrefixIndex` k
 names, bounded by the pod's cache (`capacity_blocks`) and aged out after `ttl` seconds; a pod that left the
 rotation or restarted (a new identity) starts empty.
 
-The policy (`choose`, policy `kv-aware`): among the pods a router may send the request to, the least loaded
-sets the floor; a pod more than `load_margin` requests above it is passed over (overloaded); of the rest, the
-one holding the longest prefix wins (ties: the lower load, then the load ranking's order). With no pod holding
-a block of it, or only overloaded ones, the least loaded wins. Each decision has a reason: `prefix` (a held
-prefix chose the pod), `load` (no pod held any of it), `overload` (the pods holding it were too busy). Policy
-`least-loaded` always takes the least loaded pod (reason `load`).
+The policy (`choose`, policy `kv-aware`) prices each candidate pod: its expected time to first token is the
+expected wait for a slot plus the prefill of the prompt's blocks it does not hold (`expected_ttft`), from its
+load, its slots and its measured timings (`PodTimings`: seconds a request holds a slot, prefill seconds per
+token); the lowest wins, ties in the load ranking's order. Until a pod has timings the pool's stand in; where
+a cost cannot be priced (no timings yet, or a pod's slots unknown) the old rule decides: a pod more than
+`load_margin` requests above the least loaded is passed over, of the rest the one holding the longest prefix
+wins. Each decision has a reason: `prefix` (a pod holding the longest prefix was chosen), `load` (no pod held
+any of it), `overload` (a pod held more of it but its wait, or slower prefill, priced it out; by the old
+rule: it was over the margin). Policy `least-loaded` always takes the least loaded pod (reason `load`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from neuronfleet.contract import ROUTING_CACHE_TOKENS, ROUTING_LOAD_MARGIN, RoutingPolicy
+from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.serving.api_requests import (
     decode_json,
     parse_openai_chat,
@@ -177,23 +181,121 @@ class PrefixIndex:
         return len(self.pods.get(pod) or ())
 
 
+EWMA_WEIGHT = 0.2  # a new measurement's weight in a pod's timings (about the last 5 to 10 requests)
+
+
+@dataclass
+class PodTimings:
+    """One pod's (or the pool's) measured timings, as exponentially weighted moving averages (pure; the
+    routers feed them). `answered(seconds)`: a request that found a free slot held it this long, from when it
+    was sent to its answer's end (`answer_seconds`). `first_token(seconds, uncached_tokens)`: a request that
+    found a free slot had its first token this long after it was sent, with this many prompt tokens not held
+    by the pod. The prefill seconds per token (`prefill_per_token`) are the slope of a weighted least-squares
+    line through those (time to first token against uncached tokens), so the fixed part of each request (the
+    connection, scheduling, a first decode step) is its intercept, not counted as prefill; while the
+    uncached counts seen are all about the same (spread under a block) the slope is unknown and the ratio of
+    the means stands in (an upper bound: it counts the fixed part as prefill)."""
+
+    weight: float = EWMA_WEIGHT
+    answers: int = 0
+    answer_seconds: float | None = None
+    first_tokens: int = 0
+    # EW means of uncached tokens, seconds to first token, the tokens' square and their product
+    _x: float = field(init=False, default=0.0)
+    _y: float = field(init=False, default=0.0)
+    _xx: float = field(init=False, default=0.0)
+    _xy: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.weight <= 1:
+            raise ValueError(f"an EWMA weight is in (0, 1] (got {self.weight})")
+
+    def answered(self, seconds: float) -> None:
+        if seconds < 0:
+            return
+        self.answers += 1
+        a = self.answer_seconds
+        self.answer_seconds = seconds if a is None else a + self.weight * (seconds - a)
+
+    def first_token(self, seconds: float, uncached_tokens: int) -> None:
+        if seconds < 0 or uncached_tokens < 0:
+            return
+        x, y = float(uncached_tokens), seconds
+        w = 1.0 if not self.first_tokens else self.weight
+        self.first_tokens += 1
+        self._x += w * (x - self._x)
+        self._y += w * (y - self._y)
+        self._xx += w * (x * x - self._xx)
+        self._xy += w * (x * y - self._xy)
+
+    @property
+    def prefill_per_token(self) -> float | None:
+        """Prefill seconds per uncached prompt token; None before any first token was timed."""
+        if not self.first_tokens:
+            return None
+        spread = self._xx - self._x * self._x
+        if spread >= BLOCK_TOKENS * BLOCK_TOKENS:  # uncached counts that differ by a block or more
+            return max(0.0, (self._xy - self._x * self._y) / spread)
+        return self._y / self._x if self._x > 0 else None
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A pod the request may go to: its load (running and waiting requests, with this router's own since its
-    last probe) and how many leading blocks of the request it is expected to hold."""
+    last probe), how many leading blocks of the request it is expected to hold, its slots (0: unknown) and
+    its timings (None: not measured): seconds a request holds a slot, prefill seconds per token."""
 
     pod: str
     load: int
     held: int
+    slots: int = 0
+    answer_seconds: float | None = None
+    prefill_per_token: float | None = None
 
 
-def choose(candidates: Sequence[Candidate], policy: str, load_margin: int) -> tuple[int, str]:
-    """Which candidate takes the request (an index into `candidates`, which come least loaded first as the
-    load ranking orders them) and why (REASONS)."""
+def expected_wait(load: int, slots: int, answer_seconds: float | None) -> float | None:
+    """Seconds a request sent now waits for a slot of a pod with `load` requests and `slots` slots, each
+    request holding its slot `answer_seconds` on average: none while a slot is free; else it is the
+    (load - slots + 1)-th in line, and the pod's slots free one every answer_seconds / slots seconds on
+    average (each slot once per answer_seconds), so it waits (load - slots + 1) x answer_seconds / slots, as
+    a pod's own admission estimates it (`admission.expected_wait`). None where the slots, or the timing of a
+    full pod, are unknown."""
+    if slots <= 0:
+        return None
+    if load < slots:
+        return 0.0
+    if answer_seconds is None:
+        return None
+    return admission.expected_wait(load, slots, answer_seconds)
+
+
+def expected_ttft(candidate: Candidate, blocks: int) -> float | None:
+    """A candidate's expected seconds to first token for a prompt of `blocks` whole blocks: the wait for a
+    slot plus the prefill of the blocks it does not hold (BLOCK_TOKENS tokens each: a block of text is as
+    many tokens, BLOCK_CHARS / CHARS_PER_TOKEN); the tokens past the last whole block are the same on every
+    pod and left out. None where it cannot be priced."""
+    wait = expected_wait(candidate.load, candidate.slots, candidate.answer_seconds)
+    if wait is None or candidate.prefill_per_token is None:
+        return None
+    return wait + max(0, blocks - candidate.held) * BLOCK_TOKENS * candidate.prefill_per_token
+
+
+def choose(
+    candidates: Sequence[Candidate], policy: str, load_margin: int, blocks: int = 0
+) -> tuple[int, str]:
+    """Which candidate takes a request of `blocks` whole prompt blocks (an index into `candidates`, which come
+    least loaded first as the load ranking orders them) and why (REASONS). Priced (`expected_ttft`): the
+    lowest expected time to first token, ties in the ranking's order; where any candidate cannot be priced,
+    the old rule with `load_margin` (the module's docstring)."""
     if not candidates:
         raise ValueError("no candidate pod")
     if policy == "least-loaded" or not any(c.held for c in candidates):
         return 0, "load"
+    most = max(c.held for c in candidates)
+    costs = [expected_ttft(c, max(blocks, most)) for c in candidates]
+    if all(cost is not None for cost in costs):
+        best = min(range(len(candidates)), key=lambda i: (costs[i], i))
+        return best, "prefix" if candidates[best].held == most else "overload"
     floor = min(c.load for c in candidates)
     within = [i for i, c in enumerate(candidates) if c.held and c.load <= floor + load_margin]
     if not within:
@@ -201,10 +303,25 @@ def choose(candidates: Sequence[Candidate], policy: str, load_margin: int) -> tu
     return max(within, key=lambda i: (candidates[i].held, -candidates[i].load, -i)), "prefix"
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """A request a router sent to a pod (`Routing.dispatched`), for its timings: when, with how many prompt
+    tokens the pod was not expected to hold, and whether it found no free slot (its times then include a
+    wait, so they say nothing of the pod's speed and are not counted)."""
+
+    pod: str
+    at: float
+    uncached_tokens: int
+    queued: bool
+
+
 @dataclass
 class Routing:
-    """A router's routing for one role's pods: the policy, its knobs and the prefix index, and what it
-    decided (`decisions` by reason; `blocks_asked` and `blocks_held` over every request with a prompt).
+    """A router's routing for one role's pods: the policy, its knobs and the prefix index, the pods' timings
+    (`timings` per pod, `pool` over them all: what stands in for a pod not measured yet), and what it decided
+    (`decisions` by reason; `blocks_asked` and `blocks_held` over every request with a prompt). `pod_slots`:
+    a pod's slots where its probes do not say them (the front door's pods; 0: unknown). The router times its
+    requests: `dispatched` when one is sent, `first_token` and `answered` as its answer comes.
     `dataclasses.replace` makes another with the same knobs and nothing learnt."""
 
     policy: str = "kv-aware"
@@ -212,11 +329,14 @@ class Routing:
     cache_tokens: int = ROUTING_CACHE_TOKENS
     ttl: float = TTL_SECONDS
     by_tokens: bool = False  # blocks of token ids (the router tokenizes), else of characters
+    pod_slots: int = 0
     decisions: Counter = field(init=False, default_factory=Counter)
     blocks_asked: int = field(init=False, default=0)
     blocks_held: int = field(init=False, default=0)
     identities: dict[str, str | None] = field(init=False, default_factory=dict)
     events: Any = field(init=False, default=None)  # kv_event_index.Subscriptions, for pods that publish
+    timings: dict[str, PodTimings] = field(init=False, default_factory=dict)
+    pool: PodTimings = field(init=False, default_factory=PodTimings)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -225,6 +345,8 @@ class Routing:
             raise ValueError(f"routing load margin {self.load_margin}: expected 0 or more requests")
         if self.cache_tokens < 1:
             raise ValueError(f"routing cache tokens {self.cache_tokens}: expected 1 or more")
+        if self.pod_slots < 0:
+            raise ValueError(f"routing pod slots {self.pod_slots}: expected 0 (unknown) or more")
         per_block = BLOCK_TOKENS if self.by_tokens else BLOCK_CHARS / CHARS_PER_TOKEN
         self.index = PrefixIndex(max(1, int(self.cache_tokens / per_block)), self.ttl)
 
@@ -246,6 +368,8 @@ class Routing:
         for url in [u for u in self.index.pods if u not in seen]:
             self.index.forget(url)
             self.identities.pop(url, None)
+        for url in [u for u in self.timings if u not in seen]:
+            del self.timings[url]
         if self.events is not None:
             for url in [u for u in self.events.pods if u not in seen]:
                 self.events.forget(url)
@@ -267,11 +391,24 @@ class Routing:
         published = self._published(pod)
         return len(published.names) if published is not None else self.index.occupancy(pod)
 
+    def slots(self, peer: Any) -> int:
+        """A pod's slots: as its probes say (`peers.Peer.slots`), else `pod_slots` (0: unknown)."""
+        return getattr(peer, "slots", 0) or self.pod_slots
+
+    def candidate(self, peer: Any, blocks: Sequence[int], now: float) -> Candidate:
+        """What the policy knows of a pod (`peers.Peer`: url, score, slots) for a prompt of these blocks: its
+        own timings where measured, else the pool's."""
+        own = self.timings.get(peer.url)
+        answer = own.answer_seconds if own is not None and own.answers else self.pool.answer_seconds
+        prefill = own.prefill_per_token if own is not None and own.first_tokens else None
+        return Candidate(peer.url, peer.score, self.held(peer.url, blocks, now), self.slots(peer), answer,
+                         prefill if prefill is not None else self.pool.prefill_per_token)  # fmt: skip
+
     def pick(self, ranked: Sequence[Any], blocks: Sequence[int], now: float) -> Any:
-        """Of pods in the load ranking's order (`peers.Peer`: url, score), the one to send a request of these
-        blocks to; counted by reason."""
-        candidates = [Candidate(p.url, p.score, self.held(p.url, blocks, now)) for p in ranked]
-        index, reason = choose(candidates, self.policy, self.load_margin)
+        """Of pods in the load ranking's order (`peers.Peer`: url, score, slots), the one to send a request of
+        these blocks to; counted by reason."""
+        candidates = [self.candidate(p, blocks, now) for p in ranked]
+        index, reason = choose(candidates, self.policy, self.load_margin, len(blocks))
         self.decisions[reason] += 1
         if blocks:
             self.blocks_asked += len(blocks)
@@ -282,6 +419,26 @@ class Routing:
         if blocks:
             self.index.sent(pod, blocks, now)
 
+    def dispatched(self, peer: Any, blocks: Sequence[int], now: float) -> Dispatch:
+        """A request of these blocks is being sent to the pod now (before the router counts it in flight
+        there): what its timings will be read against. It queues where the pod's load fills its known
+        slots."""
+        slots = self.slots(peer)
+        uncached = (len(blocks) - self.held(peer.url, blocks, now)) * BLOCK_TOKENS
+        return Dispatch(peer.url, now, uncached, slots > 0 and peer.score >= slots)
+
+    def first_token(self, dispatch: Dispatch, now: float) -> None:
+        """The request's first token came now (a stream's, or a prefill pod's whole answer)."""
+        if not dispatch.queued:
+            for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
+                timings.first_token(now - dispatch.at, dispatch.uncached_tokens)
+
+    def answered(self, dispatch: Dispatch, now: float) -> None:
+        """The request's answer ended now: it held its slot since it was sent, where it found one free."""
+        if not dispatch.queued:
+            for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
+                timings.answered(now - dispatch.at)
+
     def hit_ratio(self) -> float:
         """The share of requested prompt blocks the chosen pods were expected to hold, since the start."""
         return self.blocks_held / self.blocks_asked if self.blocks_asked else 0.0
@@ -289,7 +446,8 @@ class Routing:
 
 class RoutingMetrics:
     """A Prometheus collector of a router's routing, per role: decisions by reason, prompt blocks asked and
-    held (their ratio too), and each pod's expected cache occupancy in blocks."""
+    held (their ratio too), each pod's expected cache occupancy in blocks, and the timings the policy prices
+    each pod with (where measured)."""
 
     def __init__(self, model_name: str, routings: dict[str, Routing]) -> None:
         self.model_name, self.routings = model_name, routings
@@ -299,8 +457,9 @@ class RoutingMetrics:
 
         labels, name = ["model_name", "role"], "neuronfleet:router_"
         decisions = CounterMetricFamily(
-            name + "routing_decisions", "Requests routed, by reason: prefix (a held prefix chose the pod), "
-            "load (no pod held any of it), overload (the pods holding it were too busy).",
+            name + "routing_decisions", "Requests routed, by reason: prefix (a pod holding the longest "
+            "prefix was chosen), load (no pod held any of it), overload (a pod holding more of it was too "
+            "busy: its expected wait cost more than the prefill it saves, or it was over the load margin).",
             labels=[*labels, "reason"],
         )  # fmt: skip
         asked = CounterMetricFamily(name + "prefix_blocks_asked", "Prompt blocks of the requests routed.",
@@ -311,6 +470,13 @@ class RoutingMetrics:
                                   "router started.", labels=labels)  # fmt: skip
         cached = GaugeMetricFamily(name + "pod_cached_blocks", "Prompt blocks each pod is expected to hold "
                                    "in its prefix cache.", labels=[*labels, "pod"])  # fmt: skip
+        answer = GaugeMetricFamily(name + "pod_answer_seconds", "Seconds a request holds a slot of each "
+                                   "pod, as this router timed them (moving average).",
+                                   labels=[*labels, "pod"])  # fmt: skip
+        prefill = GaugeMetricFamily(name + "pod_prefill_seconds_per_token", "Prefill seconds per prompt "
+                                    "token each pod did not hold, as this router timed them (moving "
+                                    "average).",
+                                    labels=[*labels, "pod"])  # fmt: skip
         for role, routing in self.routings.items():
             for reason in REASONS:
                 decisions.add_metric([self.model_name, role, reason], routing.decisions[reason])
@@ -320,4 +486,9 @@ class RoutingMetrics:
             published = routing.events.pods if routing.events is not None else {}
             for pod in sorted({*routing.index.pods, *published}):
                 cached.add_metric([self.model_name, role, pod], routing.occupancy(pod))
-        yield from (decisions, asked, held, ratio, cached)
+            for pod, timings in sorted(routing.timings.items()):
+                if timings.answer_seconds is not None:
+                    answer.add_metric([self.model_name, role, pod], timings.answer_seconds)
+                if (per_token := timings.prefill_per_token) is not None:
+                    prefill.add_metric([self.model_name, role, pod], per_token)
+        yield from (decisions, asked, held, ratio, cached, answer, prefill)

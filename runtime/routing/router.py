@@ -483,6 +483,7 @@ class RemoteBackend:
         self.routing.observe(self.prefill.peers.values())
         blocks = self.routing.blocks(ids)
         peer = self.routing.pick(candidates, blocks, time.monotonic())
+        dispatch = self.routing.dispatched(peer, blocks, time.monotonic())  # (timed: prefill and push)
         push = {"request": rid, "prompt_ids": ids, "agent": lease["agent"], "region": lease["region"],
                 "key": lease.get("key")}  # fmt: skip
         self.stages["prefill"] += 1
@@ -496,7 +497,10 @@ class RemoteBackend:
                 answer = await r.json()
             if r.status == 200:
                 self.prefill.succeeded(peer.url)
-                self.routing.sent(peer.url, blocks, time.monotonic())
+                now = time.monotonic()
+                self.routing.sent(peer.url, blocks, now)
+                self.routing.first_token(dispatch, now)  # its answer is the prompt's first token, pushed
+                self.routing.answered(dispatch, now)
                 return "ready"
             return {"failed": answer.get("reason", "prefill_failed"), "detail": answer.get("error", "")}
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:

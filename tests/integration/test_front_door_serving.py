@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from support import (
     free_port,
     http_status,
     metric,
+    metrics_text,
     neuronfleet_command,
     running_server,
     wait_until,
@@ -144,6 +146,17 @@ def test_answers_through_the_front_door_equal_a_direct_requests(smollm2_dir, tmp
             )  # fmt: skip
             chunks = [c.choices[0].delta.content or "" for c in stream if c.choices]
             assert len(chunks) > 2 and "".join(chunks) == chat(direct)
+            # the door times the pod, what its policy prices it with: answers to their end, and a stream's
+            # first token against the prompt tokens the pod did not hold (a new prompt's)
+            pod = f"http://127.0.0.1:{server.port}"
+            assert metric(door, "neuronfleet:router_pod_answer_seconds", role="unified", pod=pod) > 0
+            rivers = "Name three rivers of Europe, the countries they cross and the seas they reach. " * 3
+            new = openai(door).chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": rivers}], max_tokens=2, stream=True
+            )
+            assert [c for c in new if c.choices]
+            timed = rf'^neuronfleet:router_pod_prefill_seconds_per_token{{[^}}]*pod="{re.escape(pod)}"'
+            assert re.search(timed, metrics_text(door), re.MULTILINE)
             completion = dict(model="smollm2", prompt=PROMPT, max_tokens=8, temperature=0)
             assert openai(door).completions.create(**completion).choices[0].text == (
                 openai(direct).completions.create(**completion).choices[0].text

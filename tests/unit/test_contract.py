@@ -67,7 +67,8 @@ def test_every_option_renders_and_parses_back():
     # a front door to unified pods, holding at zero
     front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
                              wake_url="http://op:8080/wake/ns/m", routing="least-loaded",
-                             routing_load_margin=0, routing_cache_tokens=4096, max_resumes=1)  # fmt: skip
+                             routing_load_margin=0, routing_cache_tokens=4096, routing_pod_slots=4,
+                             max_resumes=1)  # fmt: skip
     given = (
         config.model_fields_set
         | engine_router.model_fields_set

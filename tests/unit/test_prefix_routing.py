@@ -1,7 +1,9 @@
 """KV-cache-aware routing's pure parts (runtime/routing/prefix_routing.py): the policy as a table (prefix,
-load, overload, ties, least-loaded), block names (chained: equal names mean equal prefixes), the canonical
-prompt text of each API, the prefix index's bounds and expiry, and a router's routing that forgets a pod
-that left the rotation or restarted."""
+load, overload, ties, least-loaded), priced (expected wait for a slot against prefill saved, the saturated
+case of issue 50) and by the load margin where it cannot be priced, the pods' timings (EWMAs), block names
+(chained: equal names mean equal prefixes), the canonical prompt text of each API, the prefix index's bounds
+and expiry, and a router's routing that times its pods and forgets a pod that left the rotation or
+restarted."""
 
 from __future__ import annotations
 
@@ -51,6 +53,94 @@ def test_the_policy(candidates, policy, margin, want):
 def test_no_candidate_is_an_error():
     with pytest.raises(ValueError, match="no candidate"):
         pr.choose([], "kv-aware", 2)
+
+
+def priced(pod: str, load: int, held: int, answer: float | None = 8.0, prefill: float | None = 0.001):
+    """A candidate of 4 slots with timings: 8 s a request on a slot, 1 ms of prefill a token."""
+    return Candidate(pod, load, held, slots=4, answer_seconds=answer, prefill_per_token=prefill)
+
+
+# The saturated case (issue 50: 12 conversations over 3 pods of 4 slots): every slot full, the pod holding
+# the conversation (60 of its 64 blocks, 960 tokens) with 2 more waiting, another pod with none waiting. The
+# margin rule (2) took the holder; priced, the holder's wait is 3 x 8 s / 4 = 6 s against 1 x 8 s / 4 = 2 s:
+# 4 s more, against 960 tokens of prefill saved.
+SATURATED = [priced("a", 4, 0), priced("b", 5, 0), priced("held", 6, 60)]
+
+
+@pytest.mark.parametrize(
+    ("candidates", "blocks", "want"),
+    [
+        # the margin rule chose the holder here (6 is within 2 of 4); at 1 ms a token the prefill saved
+        # (0.96 s) is worth less than the 4 s more of wait: the pod whose slot frees first
+        (SATURATED, 64, ("a", "overload")),
+        # at 10 ms a token the prefill saved (9.6 s) is worth more than the wait: the holder
+        ([priced(x.pod, x.load, x.held, prefill=0.01) for x in SATURATED], 64, ("held", "prefix")),
+        # a free slot elsewhere (no wait) against the holder's 2 s wait for its first slot to free
+        ([priced("a", 3, 0), priced("held", 4, 60)], 64, ("a", "overload")),
+        # ... the holder with a free slot too: it wins, whatever its load over the others
+        ([priced("a", 0, 0), priced("held", 3, 60)], 64, ("held", "prefix")),
+        # a shorter held prefix on a pod with room beats a longer one behind a queue
+        ([priced("a", 2, 30), priced("held", 7, 60)], 64, ("a", "overload")),
+        # equal costs: the ranking's order (the lower load)
+        ([priced("a", 1, 60), priced("b", 2, 60)], 64, ("a", "prefix")),
+        # a pod that prefills faster may beat the holder with its own speed
+        (
+            [priced("fast", 0, 0, prefill=0.0001), priced("held", 0, 10, prefill=0.01)],
+            64,
+            ("fast", "overload"),
+        ),
+        # no pod holds any of it: the least loaded, priced or not
+        ([priced("a", 4, 0), priced("b", 0, 0)], 64, ("a", "load")),
+        # not priced (no timing of answers, a pod full): the margin rule decides, as before
+        ([priced(x.pod, x.load, x.held, answer=None) for x in SATURATED], 64, ("held", "prefix")),
+        # ... as where the slots are unknown
+        ([Candidate(x.pod, x.load, x.held) for x in SATURATED], 64, ("held", "prefix")),
+        # ... or the prefill unmeasured
+        ([priced(x.pod, x.load, x.held, prefill=None) for x in SATURATED], 64, ("held", "prefix")),
+        # every slot free: no wait to time, and the holder saves its prefill
+        ([priced("a", 0, 0, answer=None), priced("held", 2, 60, answer=None)], 64, ("held", "prefix")),
+    ],
+)
+def test_the_priced_policy(candidates, blocks, want):
+    index, reason = pr.choose(candidates, "kv-aware", 2, blocks)
+    assert (candidates[index].pod, reason) == want
+
+
+@pytest.mark.parametrize(
+    ("load", "slots", "answer", "want"),
+    [
+        (3, 4, None, 0.0),  # a free slot: no wait, timed or not
+        (4, 4, 8.0, 2.0),  # first in line: one of 4 slots frees every 2 s
+        (6, 4, 8.0, 6.0),  # third in line
+        (6, 4, None, None),  # full and untimed
+        (1, 0, 8.0, None),  # slots unknown
+    ],
+)
+def test_the_expected_wait_for_a_slot(load, slots, answer, want):
+    assert pr.expected_wait(load, slots, answer) == want
+
+
+def test_timings_are_ewmas_and_the_prefill_is_the_slope_past_the_fixed_part():
+    timings = pr.PodTimings(weight=0.5)
+    assert (timings.answer_seconds, timings.prefill_per_token) == (None, None)
+    timings.answered(4.0)
+    timings.answered(8.0)
+    timings.answered(-1.0)  # a clock that went back: not counted
+    assert (timings.answers, timings.answer_seconds) == (2, 6.0)
+    # one size of uncached prompt: the ratio stands in (the fixed 0.1 s counted as prefill)
+    timings.first_token(0.1 + 0.002 * 100, 100)
+    assert timings.prefill_per_token == pytest.approx(0.003)
+    # sizes that differ: the slope, 2 ms a token, the fixed 0.1 s its intercept
+    for tokens in (1000, 16, 500, 32, 2000, 48):
+        timings.first_token(0.1 + 0.002 * tokens, tokens)
+    assert timings.prefill_per_token == pytest.approx(0.002)
+    # slower now: the average follows
+    for _ in range(30):
+        for tokens in (1000, 16):
+            timings.first_token(0.1 + 0.004 * tokens, tokens)
+    assert timings.prefill_per_token == pytest.approx(0.004, rel=0.01)
+    with pytest.raises(ValueError, match=r"EWMA weight is in \(0, 1\]"):
+        pr.PodTimings(weight=0)
 
 
 def test_block_names_are_chained_and_only_whole_blocks_count():
@@ -143,6 +233,47 @@ def test_routing_follows_the_prefix_and_forgets_a_pod_that_left_or_restarted():
     assert routing.index.occupancy("a") == 0
 
 
+@dataclass
+class Peer:  # what Routing reads of a peers.Peer, with its slots (0: its probes do not say)
+    url: str
+    score: int = 0
+    slots: int = 0
+    healthy: bool = True
+    identity: str | None = "1"
+
+
+def test_routing_times_its_pods_and_prices_them_once_measured():
+    routing = pr.Routing(cache_tokens=100_000, pod_slots=4)
+    pods = [Peer("a", score=4), Peer("b", score=5), Peer("held", score=6)]  # every slot full
+    routing.observe(pods)
+    blocks = routing.blocks("s" * 64 * 64)
+    routing.sent("held", blocks[:60], now=0)
+    # nothing measured: the margin rule, the holder within 2 of the least loaded
+    assert routing.pick(pods, blocks, now=1).url == "held" and routing.decisions == {"prefix": 1}
+    # one pod timed while it had a free slot (its probes say 8 slots): 8 s an answer, 1 ms a token past
+    # a fixed 0.05 s; the pool's timings stand in for the others
+    free = Peer("b", score=1, slots=8)
+    for n, uncached in enumerate((64, 1024, 256, 512)):
+        dispatch = routing.dispatched(free, routing.blocks("t" * 4 * uncached + "u" * n * 64), now=10.0)
+        assert not dispatch.queued
+        routing.first_token(dispatch, now=10.05 + 0.001 * dispatch.uncached_tokens)
+        routing.answered(dispatch, now=18.0)
+    assert routing.timings["b"].answer_seconds == pytest.approx(8.0)
+    assert routing.pool.prefill_per_token == pytest.approx(0.001)
+    assert "a" not in routing.timings and routing.candidate(pods[0], blocks, 2).answer_seconds == 8.0
+    # a request that found no free slot says nothing of the pod's speed
+    queued = routing.dispatched(pods[2], blocks, now=20.0)
+    assert queued.queued and queued.uncached_tokens == 4 * 16
+    routing.answered(queued, now=100.0)
+    routing.first_token(queued, now=100.0)
+    assert "held" not in routing.timings and routing.pool.answer_seconds == pytest.approx(8.0)
+    # priced: the holder's 4 s more of wait against 0.96 s of prefill saved
+    assert routing.pick(pods, blocks, now=21).url == "a" and routing.decisions["overload"] == 1
+    # a pod no longer listed loses its timings (the pool keeps them)
+    routing.observe([Peer("a"), Peer("held")])
+    assert routing.timings == {} and routing.pool.answers == 4
+
+
 def test_least_loaded_routing_keeps_no_index_and_bad_knobs_are_refused():
     routing = pr.Routing(policy="least-loaded")
     assert routing.blocks("s" * 640) == []
@@ -152,6 +283,8 @@ def test_least_loaded_routing_keeps_no_index_and_bad_knobs_are_refused():
         pr.Routing(load_margin=-1)
     with pytest.raises(ValueError, match="cache tokens 0"):
         pr.Routing(cache_tokens=0)
+    with pytest.raises(ValueError, match=r"pod slots -1: expected 0 \(unknown\) or more"):
+        pr.Routing(pod_slots=-1)
 
 
 @pytest.mark.parametrize(
@@ -164,6 +297,7 @@ def test_least_loaded_routing_keeps_no_index_and_bad_knobs_are_refused():
         ),
         (["--role", "router", "--unified", "http://a:1", "--routing-load-margin", "-1"], r"\(0 or more\)"),
         (["--role", "router", "--unified", "http://a:1", "--routing-cache-tokens", "0"], r"\(1 or more\)"),
+        (["--role", "router", "--unified", "http://a:1", "--routing-pod-slots", "-1"], "unknown, or more"),
     ],
 )
 def test_routing_flags_off_a_router_or_out_of_range_are_refused(argv, message):

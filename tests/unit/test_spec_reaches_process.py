@@ -226,11 +226,12 @@ def front_door_expected(spec) -> bool:
 
 def check_routing(config: ServeConfig, spec) -> None:
     """The policy the spec names; the load margin it names, else a quarter of a pod's slots, at least 2; a
-    pod's prefix cache as its slots full at the sequence length."""
+    pod's prefix cache as its slots full at the sequence length; a pod's slots its batch size."""
     r, n = spec.serving.routing, spec.neuron
     margin = r.loadMargin if r.loadMargin is not None else max(2, n.batchSize // 4)
     assert (config.routing, config.routing_load_margin) == (r.policy, margin)
     assert config.routing_cache_tokens == n.batchSize * n.sequenceLength
+    assert config.routing_pod_slots == n.batchSize
 
 
 def check_front_door(config: ServeConfig, spec, name: str, unified: dict) -> None:
