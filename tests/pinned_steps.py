@@ -27,8 +27,10 @@ def step(
         Row(Sequence(f"running-{slot}", [], params, max_tokens=1, slot=slot), [token], position)
         for slot, token, position in zip(decode_slots, tokens, positions, strict=True)
     ]
-    copies, prefill, first = prompt_rows(cache, admitted)
-    plan = StepPlan(admitted=admitted, copies=copies, prefill=prefill, decode=[*running, *first])
+    rows = prompt_rows(cache, admitted)
+    plan = StepPlan(
+        admitted=admitted, copies=rows.copies, prefill=rows.prefill, decode=[*running, *rows.decode]
+    )
     result = runner.run(plan)
     assert not result.failed, result.failed
     for seq in admitted:

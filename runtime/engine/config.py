@@ -70,6 +70,9 @@ class RuntimeConfig:
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
     max_queue_wait: float = 60.0  # seconds a request may be expected to wait for a slot (0: no bound)
+    # bytes of host memory the host KV store may hold (`host_kv_store`): None, as many as the slots' own KV
+    # cache (slots x max_seq_len tokens, `host_kv_bytes`); 0, no store
+    host_kv_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -94,6 +97,11 @@ class RuntimeConfig:
             raise ValueError(
                 f"max_queue_wait must be 0 (no bound) or more seconds, got {self.max_queue_wait} "
                 "(--max-queue-wait)"
+            )
+        if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
+            raise ValueError(
+                "host_kv_cache_bytes must be 0 (no host KV store) or more bytes, got "
+                f"{self.host_kv_cache_bytes} (--host-kv-cache)"
             )
         smallest_prefill = 1 if self.device == "cpu" else 16
         prefill = self._buckets(
@@ -148,6 +156,14 @@ class RuntimeConfig:
                 f"max_position_embeddings ({model.max_position_embeddings}) (--max-seq-len)"
             )
         return self
+
+    def host_kv_bytes(self, kv_bytes_per_token: int) -> int:
+        """The host KV store's bytes, for a model whose KV cache takes `kv_bytes_per_token`: as set, or by
+        default as many as the slots' own cache (it doubles the prefixes a pod keeps: the issue's cache
+        pressure regime is a working set 1.5-2x what the slots hold)."""
+        if self.host_kv_cache_bytes is not None:
+            return self.host_kv_cache_bytes
+        return self.slots * self.max_seq_len * kv_bytes_per_token
 
     @property
     def max_prompt_len(self) -> int:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.host_kv_store import HostKvStore
 from neuronfleet.runtime.engine.kv_events import BlockLedger
 from neuronfleet.runtime.engine.kv_events import Event as KvEvent
 from neuronfleet.runtime.engine.model_runner import ExportMemory, ModelRunner, StepResult
@@ -87,7 +88,8 @@ class Engine:
             weights_dtype=runner.weights_dtype_name,
         )  # fmt: skip
         self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
-        self.scheduler = Scheduler(config)
+        store = HostKvStore(runner.host_blocks) if runner.host_blocks and config.prefix_reuse else None
+        self.scheduler = Scheduler(config, store)
         self.stats = EngineStats()
         self.step_observers: list[Callable[[StepReport], None]] = []
         self._ledger: BlockLedger | None = None
@@ -236,14 +238,14 @@ class Engine:
         return [o for o in outputs if o is not None]
 
     def publish_kv_events(self, publish: Callable[[list[KvEvent]], None]) -> None:
-        """From now on, after every step, the blocks the slots' caches came to hold or stopped holding go to
-        `publish` as KV-cache events (`kv_events`: vLLM's format)."""
+        """From now on, after every step, the blocks the pod came to hold or stopped holding (in its slots'
+        caches or its host KV store) go to `publish` as KV-cache events (`kv_events`: vLLM's format)."""
         self._ledger = BlockLedger(self.config.slots)
         self._publish_events = publish
 
     def _kv_events(self) -> None:
         if self._ledger is not None:
-            events = self._ledger.sync(self.scheduler.prefixes.held)
+            events = self._ledger.sync(self.scheduler.prefixes.held, self.scheduler.store)
             if events:
                 self._publish_events(events)
 

@@ -15,8 +15,10 @@ later versions): a consumer re-derives its own names from `token_ids` and the pa
 (`routing/kv_event_index.py`).
 
 The embedded runtime publishes the same events (`BlockLedger`): its cache is one sequence per slot, so the
-blocks it holds are the whole blocks (BLOCK_SIZE tokens) of what each slot holds, counted across slots; a
-block is stored when the first slot comes to hold it and removed when the last one stops.
+blocks it holds are the whole blocks (BLOCK_SIZE tokens) of what each slot holds, counted across slots, and
+those its host KV store holds (`host_kv_store`, blocks named as here); a block is stored when the pod comes to
+hold it (a slot or the store) and removed when neither any slot nor the store holds it any more: a block
+evicted from its slot but kept in the store is not removed, one the store drops and no slot holds is.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from neuronfleet.runtime.engine.prefix_cache import common_prefix
+
+if TYPE_CHECKING:
+    from neuronfleet.runtime.engine.host_kv_store import HostKvStore
 
 BLOCK_SIZE = 16  # tokens per block: vLLM's default block size
 
@@ -144,50 +149,75 @@ def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
 
 
 class BlockLedger:
-    """Which whole blocks the slots of an embedded engine hold, and the events that say what changed."""
+    """Which whole blocks the slots and the host KV store of an embedded engine hold, and the events that say
+    what changed."""
 
     def __init__(self, slots: int, block_size: int = BLOCK_SIZE) -> None:
         self.block_size = block_size
         self.tokens: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens as last synced
         self.blocks: list[list[int]] = [[] for _ in range(slots)]  # each slot's block names
         self.count: dict[int, int] = {}  # block name -> slots holding it
+        self.in_store: set[int] = set()  # the host KV store's blocks as last synced
+        self.store_version = -1
 
-    def sync(self, held: Sequence[list[int]]) -> list[Event]:
-        """Compare with what each slot holds now (`PrefixCache.held`); the events of the difference: blocks
-        no slot held before (stored, with their parent and tokens), then blocks no slot holds any more."""
+    def sync(self, held: Sequence[list[int]], store: HostKvStore | None = None) -> list[Event]:
+        """Compare with what each slot holds now (`PrefixCache.held`) and the host KV store; the events of
+        the difference: blocks the pod did not hold before (stored, with their parent and tokens), then
+        blocks it holds no more (in no slot, not in the store)."""
+        before_store = self.in_store
+        if store is None:
+            self.in_store = set()
+        elif store.version != self.store_version:
+            self.in_store, self.store_version = set(store.blocks), store.version
         stored: list[BlockStored] = []
-        removed: list[int] = []
+        dropped: dict[int, None] = {}  # blocks no slot holds since this sync (in order)
+        bs = self.block_size
         for slot, now in enumerate(held):
             before, blocks = self.tokens[slot], self.blocks[slot]
             common = len(before) if now[: len(before)] == before else common_prefix(before, now)
-            if common == len(before) and len(now) // self.block_size == len(blocks):
+            if common == len(before) and len(now) // bs == len(blocks):
                 if len(now) != len(before):
                     self.tokens[slot] = list(now)
                 continue  # no whole block came or went
-            keep = min(common // self.block_size, len(blocks))
+            keep = min(common // bs, len(blocks))
             for name in blocks[keep:]:
                 self.count[name] -= 1
                 if not self.count[name]:
                     del self.count[name]
-                    removed.append(name)
+                    dropped[name] = None
             del blocks[keep:]
-            bs = self.block_size
-            new_names, new_tokens = [], []
-            for i in range(keep, len(now) // bs):
+            run: list[int] = []  # a run of blocks the pod did not hold, stored as one event
+            for i in range(keep, len(now) // bs + 1):
                 chunk = now[i * bs : (i + 1) * bs]
-                name = block_hash(blocks[-1] if blocks else None, chunk)
-                blocks.append(name)
-                self.count[name] = self.count.get(name, 0) + 1
-                if self.count[name] == 1:
-                    if name in removed:  # held again in the same sync: neither removed nor stored
-                        removed.remove(name)
-                    else:
-                        new_names.append(name)
-                        new_tokens.extend(chunk)
-            if new_names:
-                first = blocks.index(new_names[0])
-                stored.append(BlockStored(new_names, blocks[first - 1] if first else None, new_tokens, bs))
+                new = False
+                if len(chunk) == bs:
+                    name = block_hash(blocks[-1] if blocks else None, chunk)
+                    blocks.append(name)
+                    self.count[name] = self.count.get(name, 0) + 1
+                    if self.count[name] == 1:
+                        if name in dropped:  # held again in the same sync: neither removed nor stored
+                            del dropped[name]
+                        else:
+                            new = name not in before_store
+                if new:
+                    run.append(i)
+                elif run:
+                    parent = blocks[run[0] - 1] if run[0] else None
+                    tokens = now[run[0] * bs : (run[-1] + 1) * bs]
+                    stored.append(BlockStored([blocks[j] for j in run], parent, list(tokens), bs))
+                    run = []
             self.tokens[slot] = list(now)
+        removed = [n for n in dropped if n not in self.in_store]
+        if self.in_store is not before_store:
+            # the store's part: what it dropped that no slot holds is removed; what it came to hold that the
+            # pod did not hold (only where the ledger started after the store) is stored, parents first
+            gone = before_store - self.in_store
+            removed.extend(n for n in gone if n not in self.count and n not in dropped)
+            if store is not None:
+                new = (n for n in self.in_store - before_store if n not in self.count and n not in dropped)
+                for name in sorted(new, key=lambda n: store.blocks[n].depth):
+                    block = store.blocks[name]
+                    stored.append(BlockStored([name], block.parent, list(block.tokens), bs))
         events: list[Event] = [*stored]
         if removed:
             events.append(BlockRemoved(removed))

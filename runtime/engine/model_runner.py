@@ -5,7 +5,10 @@ scheduler's `StepPlan` as it is: releases and starts the slots' sampling state (
 requests between slots, copies cached prefixes, then one pass that prefills the prefill rows, padded to a
 length bucket, and decodes one token for the decode rows over slots `0..batch-1` (a batch bucket) and a
 length bucket of the cache; then samples each row's next token. It also exports or imports a slot's keys and
-values (a KV handoff). Which slot holds which tokens is the scheduler's bookkeeping, not the runner's.
+values (a KV handoff), and holds the host KV store's pool (`host_kv`: blocks of keys and values in host
+memory), into which a step saves a slot's blocks before overwriting them and from which it fetches a prompt's
+cached prefix. Which slot holds which tokens, and which block sits where in the pool, is the scheduler's
+bookkeeping (`prefix_cache`, `host_kv_store`), not the runner's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 
 from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
+from neuronfleet.runtime.engine.kv_events import BLOCK_SIZE
 from neuronfleet.runtime.engine.sampler import Sampler
 from neuronfleet.runtime.engine.scheduler import Row, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
@@ -63,6 +67,16 @@ class ModelRunner:
             )  # fmt: skip
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()
+        c = self.model_config
+        self.kv_bytes_per_token = c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.dtype.itemsize
+        # the host KV store's pool: [blocks, layers, 2, kv_heads, BLOCK_SIZE, head_dim] in host memory (pages
+        # are taken as blocks are first written)
+        block_bytes = BLOCK_SIZE * self.kv_bytes_per_token
+        self.host_blocks = config.host_kv_bytes(self.kv_bytes_per_token) // block_bytes
+        self.host_kv: torch.Tensor | None = None
+        if self.host_blocks:
+            shape = (self.host_blocks, c.num_layers, 2, c.num_kv_heads, BLOCK_SIZE, c.head_dim)
+            self.host_kv = torch.empty(shape, dtype=self.dtype, device="cpu")
 
     def run(self, plan: StepPlan) -> StepResult:
         """Run one planned step: each row's next token, and the admitted requests whose sampling state could
@@ -79,9 +93,14 @@ class ModelRunner:
             except Exception as e:  # this request's failure (its seed, its penalty's history), not the step's
                 result.failed.append((seq, e))
         failed = {id(seq) for seq, _ in result.failed}
+        for save in plan.saves:
+            self.save_blocks(save.slot, save.blocks, save.places)
         for copy in plan.copies:
             if id(copy.seq) not in failed:
                 self.copy_prefix(copy.src, copy.dst, copy.length)
+        for fetch in plan.fetches:
+            if id(fetch.seq) not in failed:
+                self.fetch_blocks(fetch.dst, fetch.places)
         prefill = [r for r in plan.prefill if id(r.seq) not in failed]
         decode = [r for r in plan.decode if id(r.seq) not in failed]
         tokens = self._pass(prefill, decode)
@@ -134,6 +153,25 @@ class ModelRunner:
         """Copy cache positions [0, length) of slot src into slot dst."""
         cache = self.model.kv_cache  # [layers, 2, slots, kv_heads, positions, head_dim]
         cache[:, :, dst, :, :length] = cache[:, :, src, :, :length]
+
+    @torch.inference_mode()
+    def save_blocks(self, slot: int, blocks: Sequence[int], places: Sequence[int]) -> None:
+        """Copy whole blocks of a slot's cache (block i: positions [i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE))
+        into the host pool's places."""
+        assert self.host_kv is not None, "a save planned without a host KV store"
+        end = (max(blocks) + 1) * BLOCK_SIZE
+        # [layers, 2, kv_heads, blocks, BLOCK_SIZE, head_dim], a view of the slot's cache
+        by_block = self.model.kv_cache[:, :, slot, :, :end].unflatten(3, (end // BLOCK_SIZE, BLOCK_SIZE))
+        chosen = by_block[:, :, :, list(blocks)].permute(3, 0, 1, 2, 4, 5)
+        self.host_kv[list(places)] = chosen.to("cpu")
+
+    @torch.inference_mode()
+    def fetch_blocks(self, slot: int, places: Sequence[int]) -> None:
+        """Copy the host pool's places into blocks 0, 1, ... of a slot's cache."""
+        assert self.host_kv is not None, "a fetch planned without a host KV store"
+        end = len(places) * BLOCK_SIZE
+        by_block = self.model.kv_cache[:, :, slot, :, :end].unflatten(3, (len(places), BLOCK_SIZE))
+        by_block.copy_(self.host_kv[list(places)].permute(1, 2, 3, 0, 4, 5).to(self.device))
 
     @torch.inference_mode()
     def swap_slots(self, a: int, b: int, length: int) -> None:

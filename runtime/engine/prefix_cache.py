@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MIN_PREFIX_REUSE = 8  # tokens: a shorter common prefix is prefilled again
+FROM_STORE = -1  # a plan's source when the prefix comes from the host KV store, not a slot
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -38,9 +39,16 @@ class PrefixCache:
         n = min(common_prefix(self.held[slot], prompt_ids), len(prompt_ids) - 1)
         return n if n >= MIN_PREFIX_REUSE else 0
 
-    def plan(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    def plan(
+        self,
+        slots: Sequence[int],
+        prompts: Sequence[Sequence[int]],
+        stored: Sequence[int] | None = None,
+    ) -> list[tuple[int, int]]:
         """For a prefill group: per prompt, the slot whose cache holds its longest prefix and that prefix's
-        length (0: prefill it all). The prompt's own slot wins ties (no copy).
+        length (0: prefill it all). The prompt's own slot wins ties (no copy). `stored`, per prompt, is the
+        prefix the host KV store holds (`host_kv_store`): where it is longer than every slot's, the source is
+        FROM_STORE.
 
         The runner makes the copies in the group's order, all before the pass writes anything, so a slot holds
         what it held when a prompt's copy reads it unless an earlier prompt of the group copied into it: any
@@ -49,13 +57,15 @@ class PrefixCache:
         it because that slot was being written too)."""
         copied_into: set[int] = set()
         plan = []
-        for slot, ids in zip(slots, prompts, strict=True):
+        for i, (slot, ids) in enumerate(zip(slots, prompts, strict=True)):
             best = (slot, self.reusable(slot, ids))
             for other in range(len(self.held)):
                 if other != slot and other not in copied_into:
                     n = self.reusable(other, ids)
                     if n > best[1]:
                         best = (other, n)
+            if stored is not None and self.enabled and stored[i] > best[1]:
+                best = (FROM_STORE, stored[i])
             if best[0] != slot:
                 copied_into.add(slot)
             plan.append(best)

@@ -13,7 +13,9 @@ group: a step later it copies what that one computed.
 
 What a free slot holds is kept as long as it can be (a conversation's history between its turns): a prompt
 that reuses nothing takes the free slot whose cache is worth least (empty, else the one freed longest ago),
-and a running request moved down swaps caches with its destination instead of overwriting it.
+and a running request moved down swaps caches with its destination instead of overwriting it. With a host KV
+store (`host_kv_store`), a slot about to be overwritten has its whole blocks saved there first (`Save`), and a
+prompt whose longest cached prefix is in the store rather than in a slot has it copied back (`Fetch`).
 
 The scheduler also measures how long requests hold their slots (`admission.ServiceTimes`), from which a new
 request's expected wait is estimated, and says which waiting requests are turned away: those that have waited
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 
 from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
-from neuronfleet.runtime.engine.prefix_cache import MIN_PREFIX_REUSE, PrefixCache, common_prefix
+from neuronfleet.runtime.engine.host_kv_store import HostKvStore, block_names
+from neuronfleet.runtime.engine.prefix_cache import FROM_STORE, MIN_PREFIX_REUSE, PrefixCache, common_prefix
 from neuronfleet.runtime.serving.backend import FinishReason
 from neuronfleet.runtime.serving.errors import QueueFull, queue_full_message
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
@@ -89,6 +92,27 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Save:
+    """Before the copies: whole blocks `blocks` of slot `slot` (block i: cache positions [i * B, (i + 1) * B),
+    B the store's block size) copied into the host pool's `places` (a slot about to be overwritten keeps its
+    blocks in the host KV store)."""
+
+    slot: int
+    blocks: tuple[int, ...]
+    places: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """After the copies, before the pass: the host pool's `places` copied into blocks 0, 1, ... of slot `dst`
+    (an admitted prompt's cached prefix found in the host KV store)."""
+
+    seq: Sequence
+    dst: int
+    places: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Move:
     """Before the pass: a running request moved from slot `src` to the free slot `dst` with its sampling
     state, the two slots' cache positions [0, length) exchanged (what `dst` held for prefix reuse goes to
@@ -101,13 +125,16 @@ class Move:
 
 @dataclass
 class StepPlan:
-    """Exactly what one step runs, in this order: release, move, admit (start sampling), copy, one pass over
-    the prefill and decode rows."""
+    """Exactly what one step runs, in this order: release, move, admit (start sampling), save (slots into the
+    host KV store), copy (slot to slot), fetch (store into slots), one pass over the prefill and decode
+    rows."""
 
     released: list[int] = field(default_factory=list)  # slots whose sampling state goes
     moves: list[Move] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)  # their sampling state starts
     copies: list[Copy] = field(default_factory=list)  # in the group's order, all before the pass writes
+    saves: list[Save] = field(default_factory=list)  # before the copies
+    fetches: list[Fetch] = field(default_factory=list)  # after the copies
     prefill: list[Row] = field(default_factory=list)
     decode: list[Row] = field(default_factory=list)
 
@@ -121,31 +148,83 @@ class StepPlan:
         return sum(r.start for r in self.rows if r.seq in admitted and r.seq in ran)
 
 
-def prompt_rows(prefixes: PrefixCache, admitted: list[Sequence]) -> tuple[list[Copy], list[Row], list[Row]]:
-    """The copies, prefill rows and decode rows of prompts admitted into their slots: each reuses the longest
-    prefix a slot's cache holds (`PrefixCache.plan`: copied first when that is another slot) and computes the
-    rest; a rest of one token is a decode row (the same arithmetic as prefilling one token after a prefix,
-    and a step that admits only such prompts is then a decode-only pass, replayed from the recorded graph)."""
-    plan = prefixes.plan([s.slot for s in admitted], [s.prompt_ids for s in admitted])
-    copies, prefill, decode = [], [], []
-    for seq, (source, n) in zip(admitted, plan, strict=True):
-        if source != seq.slot and n:
-            copies.append(Copy(seq, source, seq.slot, n))
+@dataclass
+class PromptRows:
+    """What admitting a group of prompts into their slots runs (`prompt_rows`)."""
+
+    copies: list[Copy] = field(default_factory=list)
+    saves: list[Save] = field(default_factory=list)
+    fetches: list[Fetch] = field(default_factory=list)
+    prefill: list[Row] = field(default_factory=list)
+    decode: list[Row] = field(default_factory=list)
+
+
+def saves_before_admission(prefixes: PrefixCache, store: HostKvStore, admitted: list[Sequence]) -> list[Save]:
+    """The whole blocks of the admitted prompts' slots that their prompts would overwrite (what a slot holds
+    beyond its common prefix with the prompt spans a whole block), saved into the store first: the slot's
+    whole chain (a block is useless without its parents), each block the store lacks."""
+    saves = []
+    bs = store.block_size
+    for seq in admitted:
+        held = prefixes.held[seq.slot]
+        if len(held) // bs > common_prefix(held, seq.prompt_ids) // bs:
+            fresh, places, _ = store.save(held)
+            if fresh:
+                saves.append(Save(seq.slot, tuple(fresh), tuple(places)))
+    return saves
+
+
+def stored_prefix(store: HostKvStore | None, prompt_ids: list[int]) -> tuple[int, list[int]]:
+    """How many leading tokens of a prompt the host KV store can give (its whole blocks, less the prompt's
+    last token, none below MIN_PREFIX_REUSE), and the names of the blocks that hold them."""
+    if store is None:
+        return 0, []
+    names = block_names(prompt_ids, store.block_size)
+    k = store.cached(names)
+    n = min(k * store.block_size, len(prompt_ids) - 1)
+    if n < MIN_PREFIX_REUSE:
+        return 0, []
+    return n, names[: -(-n // store.block_size)]
+
+
+def prompt_rows(
+    prefixes: PrefixCache, admitted: list[Sequence], store: HostKvStore | None = None
+) -> PromptRows:
+    """The saves, copies, fetches, prefill rows and decode rows of prompts admitted into their slots: what a
+    slot would lose of its cache goes to the host KV store first (`saves_before_admission`); each prompt
+    reuses the longest prefix a slot's cache or the store holds (`PrefixCache.plan`: copied first when that
+    is another slot or the store) and computes the rest; a rest of one token is a decode row (the same
+    arithmetic as prefilling one token after a prefix, and a step that admits only such prompts is then a
+    decode-only pass, replayed from the recorded graph)."""
+    out = PromptRows()
+    if store is not None and prefixes.enabled:
+        out.saves = saves_before_admission(prefixes, store, admitted)
+    else:
+        store = None
+    stored = [stored_prefix(store, s.prompt_ids) for s in admitted]
+    plan = prefixes.plan([s.slot for s in admitted], [s.prompt_ids for s in admitted], [n for n, _ in stored])
+    for seq, (source, n), (_, names) in zip(admitted, plan, stored, strict=True):
+        if source == FROM_STORE:
+            assert store is not None
+            out.fetches.append(Fetch(seq, seq.slot, tuple(store.use(names))))
+        elif source != seq.slot and n:
+            out.copies.append(Copy(seq, source, seq.slot, n))
         row = Row(seq, seq.prompt_ids[n:], n)
-        (decode if len(row.tokens) == 1 else prefill).append(row)
-    return copies, prefill, decode
+        (out.decode if len(row.tokens) == 1 else out.prefill).append(row)
+    return out
 
 
 class Scheduler:
     """Waiting queue, free slots and running sequences."""
 
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, store: HostKvStore | None = None) -> None:
         self.num_slots = config.slots
         self.prefill_buckets = config.prefill_buckets
         self.max_prefill_tokens = config.max_prefill_tokens
         self.max_waiting = config.max_waiting
         self.batch_buckets = config.batch_buckets
         self.prefixes = PrefixCache(config.slots, config.prefix_reuse)
+        self.store = store  # the host KV store, where there is one
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
         self._free: list[int] = list(range(config.slots))
@@ -211,8 +290,11 @@ class Scheduler:
             if s.output_ids and not s.finished
         ]
         admitted = self._admit()
-        copies, prefill, first = prompt_rows(self.prefixes, admitted)
-        return StepPlan(released, moves, admitted, copies, prefill, [*running, *first])
+        rows = prompt_rows(self.prefixes, admitted, self.store)
+        return StepPlan(
+            released, moves, admitted, rows.copies, rows.saves, rows.fetches, rows.prefill,
+            [*running, *rows.decode],
+        )  # fmt: skip
 
     def plan_export(self, seq: Sequence) -> StepPlan:
         """A prefill pod's step for one prompt, run alone: it borrows a free slot as an admission would take
@@ -220,11 +302,14 @@ class Scheduler:
         if not self._free:
             raise QueueFull(queue_full_message(self.num_slots, self.max_waiting))
         seq.slot = self._slot_for(seq.prompt_ids)
-        copies, prefill, decode = prompt_rows(self.prefixes, [seq])
+        rows = prompt_rows(self.prefixes, [seq], self.store)
         self._released.append(seq.slot)
         self._finished += 1
         self._freed_at[seq.slot] = self._finished
-        return StepPlan(admitted=[seq], copies=copies, prefill=prefill, decode=decode)
+        return StepPlan(
+            admitted=[seq], copies=rows.copies, saves=rows.saves, fetches=rows.fetches,
+            prefill=rows.prefill, decode=rows.decode,
+        )  # fmt: skip
 
     def _admit(self) -> list[Sequence]:
         prefill: list[Sequence] = []
@@ -256,6 +341,7 @@ class Scheduler:
         if shared < MIN_PREFIX_REUSE:
             return False
         cached = max(self.prefixes.reusable(slot, prompt_ids) for slot in range(self.num_slots))
+        cached = max(cached, stored_prefix(self.store, prompt_ids)[0])
         return shared - cached >= MIN_PREFIX_REUSE
 
     def _compact(self) -> list[Move]:
@@ -303,8 +389,11 @@ class Scheduler:
             self.finish(seq, reason)
 
     def lost_cache(self) -> None:
-        """A pass failed: what each slot's cache holds is unknown now."""
+        """A pass failed: what each slot's cache holds is unknown now, and what the host pool holds (the
+        step's saves may not have run)."""
         self.prefixes.forget_all()
+        if self.store is not None:
+            self.store.clear()
 
     def slot_for_import(self, token_ids: list[int]) -> int | None:
         """The highest free slot (low ones stay free for new requests), booked as holding `token_ids`, whose
