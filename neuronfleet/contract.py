@@ -262,6 +262,13 @@ class ServeConfig(BaseModel):
         "prefill every prompt whole, even when its slot's cache already holds its first tokens",
         flag="--no-prefix-reuse",
     )
+    host_kv_cache_bytes: int | None = _flag(
+        None,
+        "bytes of host memory that keep KV blocks after their slot is overwritten, for later prompts to copy "
+        "back instead of prefilling (a prefix cache that outlives its slot; its blocks count in the KV "
+        "events); 0: none (default: as many bytes as the slots' own KV cache, --slots x --max-seq-len "
+        "tokens)",
+    )
     decode_graph: bool = _flag(
         True,
         "decode op by op from Python (by default, on CPU, a step that only decodes replays a graph of the "
@@ -404,6 +411,11 @@ class ServeConfig(BaseModel):
             )
         if self.max_resumes < 0:
             raise ValueError(f"--max-resumes {self.max_resumes}: the most resumes of one stream (0: none)")
+        if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
+            raise ValueError(
+                f"--host-kv-cache-bytes {self.host_kv_cache_bytes}: bytes of host memory for KV blocks (0: "
+                "no host KV store)"
+            )
         routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens", "routing_pod_slots")
                    if getattr(self, n) != _default(n)}  # fmt: skip
         if self.role != "router" and routing:

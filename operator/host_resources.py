@@ -11,6 +11,8 @@ table and the model's size in, Kubernetes quantities out.
 - A compile that runs on a CPU node (engine vllm on Trn2/Trn3) asks for a fixed slice of CPUs (the compiler
   runs its graphs in parallel) and twice the weights.
 - On instanceType cpu (our runtime) a pod asks for a core and what its weights take.
+- A serving pod of our runtime also asks for its host KV store (`host_kv_bytes`: neuron.hostKVCache, by
+  default as much as its slots' KV cache).
 - Our router and the fetch step move requests or bytes only: a fixed small slice.
 
 A key the spec sets, in requests or in limits, is the spec's: only keys set in neither are derived (a limit
@@ -25,6 +27,7 @@ from typing import Any
 
 from . import engines, parallelism, topology
 from .spec import NeuronModelSpec
+from .spec_base import quantity_value
 
 GIB = 1 << 30
 LOAD_OVERHEAD_GIB = 8  # beside the weights while an engine loads them: its imports, buffers, the tokenizer
@@ -43,6 +46,22 @@ def weight_bytes(spec: NeuronModelSpec) -> int | None:
     n = spec.neuron
     per = topology.BYTES_PER_QUANTIZED_WEIGHT.get(n.quantization, topology.BYTES_PER_DTYPE.get(n.dtype, 4))
     return math.ceil(shape.parameters * per)
+
+
+def host_kv_bytes(spec: NeuronModelSpec) -> int:
+    """Engine embedded: its host KV store's bytes, neuron.hostKVCache or by default what the runtime takes
+    (`RuntimeConfig.host_kv_bytes`): the slots' own KV cache, batchSize x sequenceLength tokens of the model's
+    keys and values (0 where the model's shape is unknown); 0 for the other engines."""
+    n = spec.neuron
+    if spec.engine != "embedded":
+        return 0
+    if n.hostKVCache is not None:
+        return int(quantity_value(n.hostKVCache))
+    shape = topology.model_shape(spec.model.uri, spec.model.shape)
+    if shape is None:
+        return 0
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * topology.BYTES_PER_DTYPE.get(n.dtype, 4)
+    return n.batchSize * n.sequenceLength * per_token
 
 
 def gib(n_bytes: float) -> str:
@@ -95,10 +114,11 @@ def serving(spec: NeuronModelSpec, role: str) -> dict[str, str]:
     """A serving pod's requests: its node share, at least the load (Neuron); a core and the weights (cpu)."""
     if role == "router":
         return dict(SMALL)
+    host_kv = host_kv_bytes(spec)  # our runtime's host KV store
     if spec.neuron.instanceType not in topology.INSTANCES:  # our runtime on cpu: weights as held, the runtime
         weights = weight_bytes(spec)
-        return {"cpu": "1", "memory": gib(1 * GIB + (weights or 1 * GIB))}
-    return _on_node(spec, parallelism.role_cores(spec, role), _loading(spec, 1.0))
+        return {"cpu": "1", "memory": gib(1 * GIB + (weights or 1 * GIB) + host_kv)}
+    return _on_node(spec, parallelism.role_cores(spec, role), _loading(spec, 1.0) + host_kv)
 
 
 def compile_job(spec: NeuronModelSpec, needs_neuron: bool, loads_model: bool) -> dict[str, str]:
@@ -123,22 +143,6 @@ def with_defaults(resources: dict[str, dict[str, str]], defaults: dict[str, str]
         if key not in requests and key not in limits:
             requests[key] = value
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
-
-
-# Kubernetes quantity suffixes (apimachinery pkg/api/resource/suffix.go): binary, then decimal
-_SUFFIXES = {
-    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18},
-}
-
-
-def quantity_value(text: str) -> float:
-    """A Kubernetes quantity's value (`500m` 0.5, `2Gi` 2147483648, `1e3` 1000); ValueError if malformed."""
-    text = str(text).strip()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if suffix and text.endswith(suffix):
-            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
-    return float(text)
 
 
 def effective_requests(resources: dict[str, Any]) -> dict[str, str]:

@@ -293,6 +293,15 @@ class NeuronSettings(Spec):
     )
     batchSize: int = Field(4, description="Static batch compiled into the model: the slots.", ge=1, le=1024)
     sequenceLength: int = Field(4096, description="Prompt plus generated tokens per slot.", ge=16, le=1048576)
+    hostKVCache: Quantity | None = Field(
+        None,
+        description="Engine embedded: host memory that keeps KV blocks after their slot is overwritten, so "
+        "that a conversation whose slot another prompt took between its turns copies its prefix back "
+        "instead of prefilling it (a least-recently-used store of 16-token blocks; its blocks count in the "
+        "KV events the routers follow). A quantity (e.g. 2Gi); 0 turns it off. Default: as much as the "
+        "slots' own KV cache (batchSize x sequenceLength tokens), counted in the pods' memory request. "
+        "Refused at apply for the other engines.",
+    )
     maxInputLength: int | None = Field(
         None,
         description="Longest prompt in tokens. Default: neuron.sequenceLength - 1 for engines vllm and "

@@ -113,6 +113,22 @@ LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=64)]
 
 
+# Kubernetes quantity suffixes (apimachinery pkg/api/resource/suffix.go): binary, then decimal
+_SUFFIXES = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18},
+}
+
+
+def quantity_value(text: str) -> float:
+    """A Kubernetes quantity's value (`500m` 0.5, `2Gi` 2147483648, `1e3` 1000); ValueError if malformed."""
+    text = str(text).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if suffix and text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)
+
+
 class Rule:
     """A rule over one section of the spec, declared once: a CEL expression that the CRD carries as an
     `x-kubernetes-validations` entry (the API server refuses an object that breaks it, at apply), and the

@@ -169,6 +169,10 @@ CASES = [
     Case("memory-fraction-vllm-trn2", TRN2, neuron(memoryFraction=0.8),
          "neuron.memoryFraction: the vLLM Neuron plugin (engine vllm on Trn2/Trn3) has no setting for a "
          "device memory fraction; remove it, or use engine sglang on Trn3"),
+    Case("host-kv-cache-vllm-trn2", TRN2, neuron(hostKVCache="2Gi"),
+         "neuron.hostKVCache: the vLLM Neuron plugin (engine vllm on Trn2/Trn3) has no setting for our "
+         "runtime's host KV store; remove it, or use engine embedded"),
+    Case("host-kv-cache-embedded", CPU, neuron(hostKVCache="512Mi"), None),
     Case("role-tp-sglang", SGLANG_PD, role("prefill", tensorParallel=16),
          "serving.prefill.tensorParallel: SGLang-Neuron runs neuron.tensorParallel in every role"),
     Case("role-tp-embedded", CPU_PD, role("decode", tensorParallel=2),

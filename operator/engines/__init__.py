@@ -21,6 +21,7 @@ from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT,
 from .. import front_door, names
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
+from ..spec_base import quantity_value
 from . import embedded, limits, sglang, tgi, timeouts, vllm, vllm_plugin
 from .common import (
     OWN_IMAGES,
@@ -193,6 +194,8 @@ def serve_config(
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
+    if role != "router" and n.hostKVCache is not None:  # the host KV store's size (default: the runtime's)
+        pod["host_kv_cache_bytes"] = int(quantity_value(n.hostKVCache))
     if role in ("unified", "decode"):  # the pods that hold generating requests: time to finish them all
         pod["grace_period"] = float(timeouts.drain_seconds(spec))
     # the compiled model and shapes, for every role: the router checks requests against the same limits

@@ -150,6 +150,7 @@ SETTINGS_TAKEN_BY = {
     "expertParallel": ("expert parallelism", ("vllm_plugin", "sglang")),
     "kvCacheDtype": ("a KV cache type", ("vllm_plugin", "sglang")),
     "memoryFraction": ("a device memory fraction", ("sglang",)),
+    "hostKVCache": ("our runtime's host KV store", ("embedded",)),
 }
 ROLE_TENSOR_PARALLEL_TAKEN_BY = ("vllm_plugin",)  # serving.prefill/decode.tensorParallel other than neuron's
 SAMPLING_TAKEN_BY = ("embedded",)  # serving.sampling (the operator passes it to our runtime only)

@@ -101,7 +101,7 @@ class RuntimeConfig:
         if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
             raise ValueError(
                 "host_kv_cache_bytes must be 0 (no host KV store) or more bytes, got "
-                f"{self.host_kv_cache_bytes} (--host-kv-cache)"
+                f"{self.host_kv_cache_bytes} (--host-kv-cache-bytes)"
             )
         smallest_prefill = 1 if self.device == "cpu" else 16
         prefill = self._buckets(
@@ -144,7 +144,7 @@ class RuntimeConfig:
             slots=args.slots, max_seq_len=args.max_seq_len, max_input_len=args.max_input_len or 0,
             prefill_buckets=args.prefill_buckets or (), decode_buckets=args.decode_buckets or (),
             dtype=args.dtype, prefix_reuse=args.prefix_reuse, max_waiting=args.max_waiting,
-            max_queue_wait=args.max_queue_wait,
+            max_queue_wait=args.max_queue_wait, host_kv_cache_bytes=args.host_kv_cache_bytes,
             quantization=args.quantization, decode_graph=args.decode_graph,
         )  # fmt: skip
 

@@ -83,6 +83,34 @@ def test_a_serving_pod_requests_at_least_what_loading_its_model_takes():
     assert memory >= weights + host_resources.LOAD_OVERHEAD_GIB * GIB > share
 
 
+def test_our_runtime_requests_its_host_kv_store_beside_its_weights():
+    """neuron.hostKVCache is counted in the serving pods' memory and reaches their serve options; by default
+    the store is as large as the slots' KV cache (SmolLM2-135M: 30 layers x 3 KV heads x 64 x 2 x 4 bytes a
+    token), 0 turns it off."""
+
+    def smollm2(**neuron):
+        obj = sample("smollm2-135m-local-cpu.yaml", **neuron)  # its shape given (a pvc:// file's is unknown)
+        obj["spec"]["model"]["shape"] = {"parameters": 134_515_008, "layers": 30, "kvHeads": 3, "headDim": 64}
+        return parsed(obj)
+
+    big = {"batchSize": 16, "sequenceLength": 2048}  # a default store past the GiB the request rounds to
+    none, given, default = smollm2(hostKVCache="0", **big), smollm2(hostKVCache="2Gi", **big), smollm2(**big)
+    n = default.neuron
+    assert host_resources.host_kv_bytes(default) == n.batchSize * n.sequenceLength * 30 * 3 * 64 * 2 * 4
+    memory = {s: quantity(host_resources.serving(spec, "unified")["memory"])
+              for s, spec in (("none", none), ("given", given), ("default", default))}  # fmt: skip
+    assert memory["given"] == memory["none"] + 2 * GIB
+    assert memory["none"] < memory["default"] <= memory["none"] + host_resources.host_kv_bytes(default) + GIB
+    assert quantity(host_resources.serving(given, "router")["memory"]) < GIB  # a router holds no KV
+    objects = builders.build_all(OWNER, given, serving_hash=builders.compile_hash(given))
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):  # the pods and their front door
+        command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+        if deployment["metadata"]["labels"]["neuronfleet.dev/role"] == "router":
+            assert "--host-kv-cache-bytes" not in command
+        else:
+            assert command[command.index("--host-kv-cache-bytes") + 1] == str(2 * GIB)
+
+
 def test_what_the_spec_sets_wins_key_by_key():
     obj = sample("llama-3.3-70b-vllm-trn2.yaml")
     obj["spec"]["serving"]["unified"]["resources"] = {"requests": {"cpu": "8"}, "limits": {"memory": "900Gi"}}

@@ -37,6 +37,7 @@ from neuronfleet.contract import (
 )
 from neuronfleet.operator import validation
 from neuronfleet.operator.engines import sglang, tgi, vllm, vllm_plugin
+from neuronfleet.operator.spec_base import quantity_value
 from neuronfleet.runtime.engine.config import RuntimeConfig
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
@@ -169,6 +170,8 @@ def check_ours(config: ServeConfig, spec, name: str, role: str) -> None:
     assert config.max_input_len == n.maxInputLength
     assert config.prefill_buckets == (n.buckets.context or None)
     assert config.decode_buckets == (n.buckets.generation or None)
+    host_kv = None if n.hostKVCache is None or role == "router" else int(quantity_value(n.hostKVCache))
+    assert config.host_kv_cache_bytes == host_kv  # the host KV store's size (None: the runtime's default)
     runtime = RuntimeConfig(
         slots=config.slots,
         max_seq_len=config.max_seq_len,
