@@ -29,12 +29,13 @@ sent to the last answer's end), errors, the pods' own prefix cache hit rate (pro
 over prompt tokens, from their `vllm:prefix_cache_*` counters, all pods together), and the pods' occupancy
 (requests in slots over slots, requests waiting: their `vllm:num_requests_*` gauges sampled every 0.5 s).
 The front doors are run as the operator runs them (`--routing-pod-slots`, `--routing-cache-tokens`; the
-events one given the model's tokenizer). Policies run in turn, alternated from one regime to the next
-(A B C D, D C B A, A B C D); ratios to least-loaded and to round-robin are printed and written with the CPU
+events one given the model's tokenizer). Policies run in turn, alternated from one run of a regime to the next
+(A B C D, D C B A, A B C D, ...: with --repeats 2 each regime runs both ways, each policy's requests pooled);
+ratios to least-loaded and to round-robin are printed and written with the CPU
 to bench/results/routing_trace.json.
 
     .venv/bin/python bench/routing_trace.py [--pods 3] [--slots 4] [--max-seq-len 1024] [--requests 80]
-        [--rates 2 7 1.5] [--regimes ...] [--policies ...] [--out routing_trace.json]
+        [--rates 2 7 1.5] [--repeats 1] [--regimes ...] [--policies ...] [--out routing_trace.json]
 
 --rates: the offered requests/s of under-capacity, saturation and cache-pressure, in that order; the defaults
 suit the 2-core machine of docs/benchmarks.md, whose pods served about 4.8 requests/s with B = 6 and 2.8 with
@@ -54,6 +55,7 @@ import random
 import statistics
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,18 +267,22 @@ class Result:
     occupancy: list[tuple[float, float]] = field(default_factory=list)  # (in slots / slots, waiting) samples
 
 
-async def replay(clients, texts: list[str], outputs: list[int], times: list[float], pods: list[str],
-                 slots: int) -> Result:  # fmt: skip
-    """Each request sent when its time comes (clients: a callable giving the next request's client), its
-    stream read to the end; the pods' gauges sampled meanwhile."""
+async def replay(targets: list[str], texts: list[str], outputs: list[int], times: list[float],
+                 pods: list[str], slots: int, result: Result) -> None:  # fmt: skip
+    """Each request sent when its time comes, to the targets in turn (the pods: round-robin; else one front
+    door), its stream read to the end; the pods' gauges sampled meanwhile; all of it into `result`."""
     import aiohttp
     import openai
 
-    result, done = Result(), asyncio.Event()
+    done = asyncio.Event()
+    clients = [
+        openai.AsyncOpenAI(base_url=t + "/v1", api_key="unused", max_retries=0, timeout=600) for t in targets
+    ]
+    turn = itertools.cycle(clients)
 
     async def one(text: str, max_tokens: int, at: float, started: float) -> None:
         await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
-        client = clients()
+        client = next(turn)
         sent, first = time.perf_counter(), None
         try:
             stream = await client.completions.create(
@@ -312,10 +318,11 @@ async def replay(clients, texts: list[str], outputs: list[int], times: list[floa
         sampler = asyncio.create_task(sample(session))
         started = time.perf_counter()
         await asyncio.gather(*(one(t, n, a, started) for t, n, a in zip(texts, outputs, times, strict=True)))
-        result.seconds = time.perf_counter() - started
+        result.seconds += time.perf_counter() - started
         done.set()
         await sampler
-    return result
+    for client in clients:
+        await client.close()
 
 
 def summary(result: Result, before: list[dict], after: list[dict]) -> dict:
@@ -359,7 +366,6 @@ def checked_vocabulary(model: Path) -> list[str]:
 
 def main() -> None:
     from machine import cpu_name  # bench/machine.py
-    from openai import AsyncOpenAI
     from routing import Processes, counters, decisions, model_dir, publishing  # bench/routing.py
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -375,6 +381,8 @@ def main() -> None:
         "--regimes", nargs="+", choices=[r.name for r in REGIMES], default=[r.name for r in REGIMES]
     )
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--repeats", type=int, default=1, help="the regimes again, in turn (the orders go on "
+                        "alternating); each policy's requests pooled")  # fmt: skip
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument(
         "--out", default="routing_trace.json", help="the results' file name in bench/results/"
@@ -404,13 +412,12 @@ def main() -> None:
                 "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
                 *(["--model", str(model)] if policy.endswith("-events") else []),
             )  # fmt: skip
-        client = lambda url: AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)  # noqa: E731
         warm = Scaling(16, max_input, 4)
-        warm_clients = itertools.cycle([client(p) for p in pods])
         warm_texts = [prompt(r, warm, -1, vocabulary) for r in requests[:6]]
-        asyncio.run(replay(lambda: next(warm_clients), warm_texts, [4] * 6, [0.0] * 6, pods, args.slots))
-        order = list(POLICIES)
-        for n, regime in enumerate(r for r in REGIMES if r.name in args.regimes):
+        asyncio.run(replay(pods, warm_texts, [4] * 6, [0.0] * 6, pods, args.slots, Result()))
+        regimes = [r for r in REGIMES if r.name in args.regimes]
+        pooled: dict[tuple[str, str], tuple[Result, list, list, Counter]] = {}
+        for n, regime in enumerate(regimes * args.repeats):
             block_tokens = block_tokens_for(
                 requests, held, regime.working_set, max_input, args.max_output_tokens
             )
@@ -424,22 +431,27 @@ def main() -> None:
                 "prompt_tokens_mean": statistics.mean(sum(t for _, t in scaling.blocks(r)) for r in requests),
                 "output_tokens_mean": statistics.mean(outputs)}  # fmt: skip
             print(regime.name, report["regimes"][regime.name], flush=True)
-            for i, policy in enumerate(order if n % 2 == 0 else order[::-1]):
+            for i, policy in enumerate(POLICIES if n % 2 == 0 else POLICIES[::-1]):
                 if policy not in args.policies:
                     continue
                 seed = 1000 * n + i
                 texts = [prompt(r, scaling, seed, vocabulary) for r in requests]
-                if policy == "round-robin":
-                    turn = itertools.cycle([client(p) for p in pods])
-                    target = lambda turn=turn: next(turn)  # noqa: E731
-                else:
-                    front_door = client(routers[policy])
-                    target = lambda c=front_door: c  # noqa: E731
-                before, decided = [counters(p) for p in pods], decisions(routers.get(policy))
-                result = asyncio.run(replay(target, texts, outputs, times, pods, args.slots))
-                out = summary(result, before, [counters(p) for p in pods])
+                run, before, after, decided = pooled.setdefault(
+                    (regime.name, policy), (Result(), [], [], Counter())
+                )
+                before.append([counters(p) for p in pods])
+                first = decisions(routers.get(policy))
+                targets = pods if policy == "round-robin" else [routers[policy]]
+                asyncio.run(replay(targets, texts, outputs, times, pods, args.slots, one := Result()))
+                after.append([counters(p) for p in pods])
+                decided.update(decisions(routers.get(policy)) - first)
+                for name in ("ttft", "failed", "occupancy"):
+                    getattr(run, name).extend(getattr(one, name))
+                run.tokens, run.seconds = run.tokens + one.tokens, run.seconds + one.seconds
+                out = summary(run, [c for b in before for c in b], [c for a in after for c in a])
                 if policy in routers:
-                    out["decisions"] = dict(decisions(routers[policy]) - decided)
+                    out["decisions"] = dict(decided)
+                out["runs"] = len(before)
                 report["results"].setdefault(regime.name, {})[policy] = out
                 print(f"{regime.name:14s} {policy:15s} TTFT p50 {out['ttft_p50_s']:.3f} s p90 "
                       f"{out['ttft_p90_s']:.3f} s  {out['tokens_per_s']:.1f} tok/s  hit rate "
