@@ -172,9 +172,18 @@ class Engine:
         """Place a prompt's keys and values, computed by another engine (a prefill pod), into a free slot, so
         that a request for that prompt prefills only its last token. Returns the slot, or None when no slot
         is free (the request then prefills whole: slower, never wrong)."""
-        slot = self.scheduler.slot_for_import(list(token_ids))
-        if slot is not None:
+        taken = self.scheduler.slot_for_import(list(token_ids))
+        if taken is None:
+            return None
+        slot, save = taken
+        try:
+            if save is not None:  # what the slot held, kept in the host KV store first
+                self.runner.save_blocks(save.slot, save.blocks, save.places)
             self.runner.import_kv(slot, kv, len(token_ids))
+        except BaseException:  # (keys and values that do not fit): the slot is booked as holding nothing
+            self.scheduler.prefixes.holds(slot, [])
+            raise
+        finally:
             self._kv_events()
         return slot
 

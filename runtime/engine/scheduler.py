@@ -395,14 +395,17 @@ class Scheduler:
         if self.store is not None:
             self.store.clear()
 
-    def slot_for_import(self, token_ids: list[int]) -> int | None:
+    def slot_for_import(self, token_ids: list[int]) -> tuple[int, Save | None] | None:
         """The highest free slot (low ones stay free for new requests), booked as holding `token_ids`, whose
-        keys and values the caller places there; None when none is free."""
+        keys and values the caller places there, after saving what the slot held into the host KV store
+        (the Save to run first, if any); None when no slot is free."""
         if not self._free:
             return None
         slot = max(self._free)
+        seq = Sequence("import", token_ids, SamplingParams(), max_tokens=1, slot=slot)
+        saves = saves_before_admission(self.prefixes, self.store, [seq]) if self.store is not None else []
         self.prefixes.holds(slot, token_ids)
-        return slot
+        return slot, (saves[0] if saves else None)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark a sequence finished and release its slot (idempotent)."""

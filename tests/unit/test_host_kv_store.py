@@ -217,3 +217,42 @@ def test_an_answer_from_the_stores_prefix_equals_the_answer_that_prefills_it(tin
     (first, second, reused), (first0, second0, reused0) = answers[None], answers[0]
     assert (first, second) == (first0, second0)
     assert reused0 == 0 and reused == 5 * BLOCK_SIZE  # 85 tokens of history: 5 whole blocks from the store
+
+
+def test_an_engines_events_keep_what_its_store_keeps_and_remove_what_it_drops(tiny_llama, smollm2_dir):
+    """A conversation's slot taken by another prompt: with room in the store none of its blocks is removed;
+    with a store of 2 blocks its head stays and its other blocks are removed."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    rng = random.Random(5)
+    conversation = [rng.randrange(3, 500) for _ in range(73)]
+    other = [rng.randrange(3, 500) for _ in range(40)]
+    removed = {}
+    for store_bytes in (None, 2 * BLOCK_SIZE * 512):  # the tiny model: 512 bytes of keys and values a token
+        e = engine(tiny_llama, smollm2_dir, host_kv_cache_bytes=store_bytes)
+        events: list = []
+        e.publish_kv_events(events.extend)
+        answer = e.generate([conversation], params)[0].token_ids
+        held = block_names([*conversation, *answer][: len(conversation) + len(answer) - 1])
+        assert [n for ev in events if isinstance(ev, BlockStored) for n in ev.block_hashes] == held
+        events.clear()
+        e.generate([other], params)
+        removed[store_bytes] = [n for ev in events if isinstance(ev, BlockRemoved) for n in ev.block_hashes]
+    assert removed[None] == [] and len(held) == 5
+    assert sorted(removed[2 * BLOCK_SIZE * 512]) == sorted(held[2:])
+
+
+def test_keys_and_values_imported_into_a_slot_keep_what_it_held_in_the_store(tiny_llama, smollm2_dir):
+    """A decode pod's import (a prefill pod's KV) takes the slot a conversation held: its next turn still
+    finds its history, in the store."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    rng = random.Random(9)
+    conversation = [rng.randrange(3, 500) for _ in range(50)]
+    other = [rng.randrange(3, 500) for _ in range(40)]
+    decode, prefill = engine(tiny_llama, smollm2_dir), engine(tiny_llama, smollm2_dir)
+    answer = decode.generate([conversation], params)[0].token_ids
+    _, kv = prefill.prefill_and_export(other)
+    assert decode.import_prefix(other, kv) == 0  # the only slot
+    reused: list[int] = []
+    decode.step_observers.append(lambda report: reused.append(report.reused_prompt_tokens))
+    decode.generate([[*conversation, *answer, 5]], params)
+    assert sum(reused) == 3 * BLOCK_SIZE  # 53 tokens held: 3 whole blocks, saved before the import
