@@ -515,6 +515,11 @@ class AsyncEngine:
                 "Slots holding a request.",
                 lambda: config.slots - sched.num_free_slots,
             ),
+            (
+                "neuronfleet:host_kv_cache_blocks",
+                "Blocks of 16 tokens the host KV store holds (prefixes kept after their slot was taken).",
+                lambda: len(sched.store) if sched.store is not None else 0,
+            ),
         ]
 
     def register_metrics(self, registry: CollectorRegistry, model_name: str) -> None:

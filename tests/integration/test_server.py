@@ -257,6 +257,7 @@ def test_metrics_and_health(server):
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
         "vllm:request_success_total",
+        "neuronfleet:host_kv_cache_blocks",
     ):
         assert name in text, name
     assert 'vllm:num_requests_running{model_name="smollm2"} 0.0' in text
