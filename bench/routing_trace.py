@@ -255,6 +255,15 @@ class Regime:
     rate_index: int  # into --rates
 
 
+EACH_RUN = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tokens_per_s",
+    "hit_rate",
+    "slots_in_use_mean",
+    "waiting_mean",
+    "failed",
+)
 REGIMES = (Regime("under-capacity", 0.8, 0), Regime("saturation", 0.8, 1), Regime("cache-pressure", 1.75, 2))
 
 
@@ -340,8 +349,8 @@ def summary(result: Result, before: list[dict], after: list[dict]) -> dict:
 
 
 def commit() -> str:
-    """The commit the pods run: HEAD, with "+changes" where they import this tree's runtime and its files
-    differ from HEAD's (an export of HEAD elsewhere on the path says where)."""
+    """The commit the pods run: HEAD, with "+changes" where its runtime files differ from HEAD's; where the
+    runtime is imported from elsewhere (an export of a commit on the path), where."""
     import neuronfleet.runtime
 
     def git(*args: str) -> str:
@@ -349,7 +358,7 @@ def commit() -> str:
 
     head, runtime = git("rev-parse", "--short", "HEAD"), Path(neuronfleet.runtime.__file__).resolve().parent
     if runtime != ROOT / "runtime":
-        return f"{head} (runtime from {runtime})"
+        return f"runtime from {runtime}"
     return head + ("+changes" if git("status", "--porcelain", "runtime") else "")
 
 
@@ -444,6 +453,7 @@ def main() -> None:
                 targets = pods if policy == "round-robin" else [routers[policy]]
                 asyncio.run(replay(targets, texts, outputs, times, pods, args.slots, one := Result()))
                 after.append([counters(p) for p in pods])
+                each = summary(one, before[-1], after[-1])
                 decided.update(decisions(routers.get(policy)) - first)
                 for name in ("ttft", "failed", "occupancy"):
                     getattr(run, name).extend(getattr(one, name))
@@ -451,7 +461,8 @@ def main() -> None:
                 out = summary(run, [c for b in before for c in b], [c for a in after for c in a])
                 if policy in routers:
                     out["decisions"] = dict(decided)
-                out["runs"] = len(before)
+                earlier = report["results"].get(regime.name, {}).get(policy, {}).get("each_run", [])
+                out["each_run"] = [*earlier, {k: each[k] for k in EACH_RUN}]
                 report["results"].setdefault(regime.name, {})[policy] = out
                 print(f"{regime.name:14s} {policy:15s} TTFT p50 {out['ttft_p50_s']:.3f} s p90 "
                       f"{out['ttft_p90_s']:.3f} s  {out['tokens_per_s']:.1f} tok/s  hit rate "
