@@ -39,6 +39,7 @@ from neuronfleet.contract import ROUTING_LOAD_MARGIN
 
 from . import names
 from .autoscaler import Policy
+from .host_resources import host_kv_tokens
 from .spec import NeuronModelSpec
 
 PROVIDERS = ("builtin", "keda")  # hpa cannot scale to zero (spec rule)
@@ -115,12 +116,13 @@ def load_margin(spec: NeuronModelSpec) -> int:
 
 def routing_options(spec: NeuronModelSpec) -> dict[str, Any]:
     """Every router's routing options: the policy, its load margin, what a pod's prefix cache holds at most
-    (its slots full at the sequence length) and a pod's slots (its batch size: the front door's pods do not
-    say them; a pod template's, so nothing here reads the replica count)."""
+    (its slots full at the sequence length, and our runtime's host KV store: `host_resources.host_kv_tokens`)
+    and a pod's slots (its batch size: the front door's pods do not say them; a pod template's, so nothing
+    here reads the replica count)."""
     return {
         "routing": spec.serving.routing.policy,
         "routing_load_margin": load_margin(spec),
-        "routing_cache_tokens": spec.neuron.batchSize * spec.neuron.sequenceLength,
+        "routing_cache_tokens": spec.neuron.batchSize * spec.neuron.sequenceLength + host_kv_tokens(spec),
         "routing_pod_slots": spec.neuron.batchSize,
     }
 

@@ -136,8 +136,10 @@ def test_every_unified_model_has_a_front_door_that_holds_but_one_whose_gateway_p
         door = serve_args(built[("Deployment", "m-router")])
         assert door.unified == ["dns://m-unified:8000"] and door.wake_url is None
         assert (door.hold_requests, door.hold_seconds) == (4 * spec.neuron.batchSize * most, 600.0)
-        # the margin a quarter of the slots, at least 2; a pod's cache its slots at the sequence length
-        assert (door.routing, door.routing_load_margin, door.routing_cache_tokens) == ("kv-aware", 2, 4 * 512)
+        # the margin a quarter of the slots, at least 2; a pod's cache its slots at the sequence length, and
+        # as much again in our runtime's host KV store (its default size)
+        cache = 2 * 4 * 512
+        assert (door.routing, door.routing_load_margin, door.routing_cache_tokens) == ("kv-aware", 2, cache)
         # kv-aware at one pod too: it follows the pods' KV-cache events, which they publish at every count
         unified = serve_args(built[("Deployment", "m-unified")])
         assert unified.kv_events_config is not None and door.peer_kv_events == unified.kv_events_config

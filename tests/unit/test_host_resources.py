@@ -109,6 +109,17 @@ def test_our_runtime_requests_its_host_kv_store_beside_its_weights():
             assert "--host-kv-cache-bytes" not in command
         else:
             assert command[command.index("--host-kv-cache-bytes") + 1] == str(2 * GIB)
+    # what a router's index counts a pod to hold beside its slots: the store's tokens
+    per_token = 30 * 3 * 64 * 2 * 4
+    slots = n.batchSize * n.sequenceLength
+    assert [host_resources.host_kv_tokens(s) for s in (none, given, default)] == [
+        0,
+        2 * GIB // per_token,
+        slots,
+    ]
+    (door,) = [d for d in objects if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-router")]
+    command = door["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert int(command[command.index("--routing-cache-tokens") + 1]) == slots + 2 * GIB // per_token
 
 
 def test_what_the_spec_sets_wins_key_by_key():

@@ -229,11 +229,14 @@ def front_door_expected(spec) -> bool:
 
 def check_routing(config: ServeConfig, spec) -> None:
     """The policy the spec names; the load margin it names, else a quarter of a pod's slots, at least 2; a
-    pod's prefix cache as its slots full at the sequence length; a pod's slots its batch size."""
+    pod's prefix cache as its slots full at the sequence length (and our runtime's host KV store); a pod's
+    slots its batch size."""
     r, n = spec.serving.routing, spec.neuron
     margin = r.loadMargin if r.loadMargin is not None else max(2, n.batchSize // 4)
     assert (config.routing, config.routing_load_margin) == (r.policy, margin)
-    assert config.routing_cache_tokens == n.batchSize * n.sequenceLength
+    slots = n.batchSize * n.sequenceLength  # our runtime's host KV store holds as much again by default
+    assert config.routing_cache_tokens == (2 * slots if spec.engine == "embedded" and n.hostKVCache is None
+                                           else slots) or n.hostKVCache is not None  # fmt: skip
     assert config.routing_pod_slots == n.batchSize
 
 
