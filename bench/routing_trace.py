@@ -38,8 +38,9 @@ to bench/results/routing_trace.json.
         [--rates 2 7 1.5] [--repeats 1] [--regimes ...] [--policies ...] [--out routing_trace.json]
 
 --rates: the offered requests/s of under-capacity, saturation and cache-pressure, in that order; the defaults
-suit the 2-core machine of docs/benchmarks.md, whose pods served about 4.8 requests/s with B = 6 and 2.8 with
-B = 16: check the occupancy printed on another. Not a test: numbers depend on the machine and its load.
+suit the 2-core machine of docs/benchmarks.md while shared (its pods served about 4.8 requests/s with B = 6
+and 2.8 with B = 16; quiet, 7.3 with B = 6: saturation then needs 10): check the occupancy printed. Not a
+test: numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
