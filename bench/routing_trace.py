@@ -35,7 +35,8 @@ ratios to least-loaded and to round-robin are printed and written with the CPU
 to bench/results/routing_trace.json.
 
     .venv/bin/python bench/routing_trace.py [--pods 3] [--slots 4] [--max-seq-len 1024] [--requests 80]
-        [--rates 2 7 1.5] [--repeats 1] [--regimes ...] [--policies ...] [--out routing_trace.json]
+        [--rates 2 7 1.5] [--repeats 1] [--routing-cache-tokens N] [--regimes ...] [--policies ...]
+        [--out routing_trace.json]
 
 --rates: the offered requests/s of under-capacity, saturation and cache-pressure, in that order; the defaults
 suit the 2-core machine of docs/benchmarks.md while shared (its pods served about 4.8 requests/s with B = 6
@@ -383,6 +384,10 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--max-output-tokens", type=int, default=32)
+    parser.add_argument("--routing-cache-tokens", type=int, default=None,
+                        help="what a front door counts a pod as holding (default slots x max-seq-len; the "
+                        "operator passes twice that for our runtime's host KV store at its default "
+                        "size)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=80, help="the excerpt's first N requests, each run")
     parser.add_argument("--rates", type=float, nargs=3, default=[2.0, 7.0, 1.5],
                         metavar=("UNDER", "SATURATION", "PRESSURE"),
@@ -413,13 +418,13 @@ def main() -> None:
         serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
                  "--max-seq-len", str(args.max_seq_len), "--max-input-len", str(max_input)]  # fmt: skip
         pods = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers = {}
+        routers, cache_tokens = {}, args.routing_cache_tokens or args.slots * args.max_seq_len
         for policy in POLICIES[1:]:
             routers[policy] = procs.start(
                 f"trace_router-{policy}", "--role", "router", "--served-model-name", "smollm2",
                 *itertools.chain.from_iterable(("--unified", p) for p in pods),
                 "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(args.slots),
-                "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
+                "--routing-cache-tokens", str(cache_tokens), "--peer-probe-interval", "0.5",
                 *(["--model", str(model)] if policy.endswith("-events") else []),
             )  # fmt: skip
         warm = Scaling(16, max_input, 4)
