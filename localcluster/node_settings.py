@@ -1,13 +1,12 @@
 """The local node's settings (`neuronfleet up --node-label/--node-resource`, the emulated API server's own
 kubelet likewise): what it advertises beside the machine's own, the flags that name them and their checks.
-Light (no aiohttp): the command line builds its parser from it."""
+Light (the standard library only at import: no aiohttp, no jsonschema): the command line builds every
+command's parser with it, the operator image's too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-from .admission import label_problems
 
 NODE_OWN = ("cpu", "memory", "pods", "ephemeral-storage")  # the machine's, never set by a setting
 
@@ -51,6 +50,8 @@ def node_settings(labels: list[str], resources: list[str]) -> NodeSettings:
     """The node's settings from `KEY=VALUE` labels and `NAME=COUNT` resources; a ValueError saying what is
     wrong with one (a label Kubernetes refuses, a resource that is not an extended one, a count that is not a
     whole number)."""
+    from .admission import label_problems  # (jsonschema: local mode's, not every command's)
+
     node_labels = _pairs(
         labels, "node label", "KEY=VALUE, e.g. node.kubernetes.io/instance-type=trn2.48xlarge"
     )

@@ -39,7 +39,7 @@ from neuronfleet.contract import ROUTING_LOAD_MARGIN
 
 from . import names
 from .autoscaler import Policy
-from .host_resources import host_kv_tokens
+from .host_kv import host_kv_tokens
 from .spec import NeuronModelSpec
 
 PROVIDERS = ("builtin", "keda")  # hpa cannot scale to zero (spec rule)
@@ -116,7 +116,7 @@ def load_margin(spec: NeuronModelSpec) -> int:
 
 def routing_options(spec: NeuronModelSpec) -> dict[str, Any]:
     """Every router's routing options: the policy, its load margin, what a pod's prefix cache holds at most
-    (its slots full at the sequence length, and our runtime's host KV store: `host_resources.host_kv_tokens`)
+    (its slots full at the sequence length, and our runtime's host KV store: `host_kv.host_kv_tokens`)
     and a pod's slots (its batch size: the front door's pods do not say them; a pod template's, so nothing
     here reads the replica count)."""
     return {

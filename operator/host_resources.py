@@ -11,8 +11,8 @@ table and the model's size in, Kubernetes quantities out.
 - A compile that runs on a CPU node (engine vllm on Trn2/Trn3) asks for a fixed slice of CPUs (the compiler
   runs its graphs in parallel) and twice the weights.
 - On instanceType cpu (our runtime) a pod asks for a core and what its weights take.
-- A serving pod of our runtime also asks for its host KV store (`host_kv_bytes`: neuron.hostKVCache, by
-  default as much as its slots' KV cache).
+- A serving pod of our runtime also asks for its host KV store (`host_kv.host_kv_bytes`: neuron.hostKVCache,
+  by default as much as its slots' KV cache).
 - Our router and the fetch step move requests or bytes only: a fixed small slice.
 
 A key the spec sets, in requests or in limits, is the spec's: only keys set in neither are derived (a limit
@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from . import engines, parallelism, topology
+from .host_kv import host_kv_bytes
 from .spec import NeuronModelSpec
 from .spec_base import quantity_value
 
@@ -46,46 +47,6 @@ def weight_bytes(spec: NeuronModelSpec) -> int | None:
     n = spec.neuron
     per = topology.BYTES_PER_QUANTIZED_WEIGHT.get(n.quantization, topology.BYTES_PER_DTYPE.get(n.dtype, 4))
     return math.ceil(shape.parameters * per)
-
-
-def _kv_bytes_per_token(spec: NeuronModelSpec) -> int | None:
-    """A token's keys and values across the model's layers, in the spec's dtype; None where the model's shape
-    is unknown."""
-    shape = topology.model_shape(spec.model.uri, spec.model.shape)
-    if shape is None:
-        return None
-    per = topology.BYTES_PER_DTYPE.get(spec.neuron.dtype, 4)
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * per
-
-
-def host_kv_bytes(spec: NeuronModelSpec) -> int:
-    """Engine embedded: its host KV store's bytes, neuron.hostKVCache or by default what the runtime takes
-    (`RuntimeConfig.host_kv_bytes`): the slots' own KV cache, batchSize x sequenceLength tokens of the model's
-    keys and values (0 where the model's shape is unknown); 0 for the other engines."""
-    n = spec.neuron
-    if spec.engine != "embedded":
-        return 0
-    if n.hostKVCache is not None:
-        return int(quantity_value(n.hostKVCache))
-    per_token = _kv_bytes_per_token(spec)
-    return 0 if per_token is None else n.batchSize * n.sequenceLength * per_token
-
-
-def host_kv_tokens(spec: NeuronModelSpec) -> int:
-    """The tokens a serving pod's host KV store holds beside its slots (what a router's index of the pod
-    counts too): by default as many as the slots (batchSize x sequenceLength), else neuron.hostKVCache over a
-    token's keys and values (where the model's shape is unknown, the default's count stands in); 0 for the
-    other engines and a store turned off."""
-    n = spec.neuron
-    slots_tokens = n.batchSize * n.sequenceLength
-    if spec.engine != "embedded":
-        return 0
-    if n.hostKVCache is None:
-        return slots_tokens
-    size, per_token = int(quantity_value(n.hostKVCache)), _kv_bytes_per_token(spec)
-    if size == 0:
-        return 0
-    return slots_tokens if per_token is None else size // per_token
 
 
 def gib(n_bytes: float) -> str:

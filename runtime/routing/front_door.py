@@ -14,11 +14,11 @@ Pods are found and probed as the other routers find theirs (`peers.PeerSet`: URL
 Service, or the static peer map; re-resolved and probed every `--peer-probe-interval` seconds with `GET
 /ready`, or `GET /health` for an engine without /ready). At zero (no pod ready) requests are held
 (`holding.Hold`, `--hold-requests`) until one is. A pod that fails before its answer starts (no connection, a
-reset, a 5xx: a 503 while draining) is counted as failing and the request goes to another ready pod, or is
-held again (also when every pod failed it while one still counts ready: the next probe round decides, within
-the hold's bound). A pod that answers 429 (its admission found it full: `engine/admission.py`) is not failing:
-the request goes to another, and when every pod is full the client gets the last 429 at once, with its
-Retry-After, never held. A whole (not streamed) answer is read before it is passed on, so a pod that dies
+reset, a 5xx: a 503 while draining, or a 408) is counted as failing and the request goes to another ready pod,
+or is held again (also when every pod failed it while one still counts ready: the next probe round decides,
+within the hold's bound). A pod that answers 429 (its admission found it full: `engine/admission.py`) is not
+failing: the request goes to another, and when every pod is full the client gets the last 429 at once, with
+its Retry-After, never held. A whole (not streamed) answer is read before it is passed on, so a pod that dies
 while sending it is such a failure too (the request is sent again). An OpenAI completion or chat streamed to
 the client, or a TGI `/generate_stream` (or `POST /` streamed), is resumed on another pod when its pod dies
 after the stream started (a reset, its end before the answer's, an error event), from the prompt and the
@@ -305,8 +305,10 @@ class FrontDoor(HttpApp):
                         body, asked_ids = client_body, False
                         tried.discard(peer.url)
                         continue
-                    # draining, full or failing: another pod may take it (a full one is not failing)
-                    if response.status >= 500 or response.status == 429:
+                    # draining, full or failing: another pod may take it (a full one is not failing). A 408:
+                    # the front door sends each request whole at once, so a pod that timed its headers out
+                    # failed (one whose drain stopped reading a new connection), not the client
+                    if response.status >= 500 or response.status in (408, 429):
                         refused = (response.status, await response.read(), _answer_headers(response))
                         response.release()
                         raise PodRefused(f"answered {response.status}", busy=response.status == 429)

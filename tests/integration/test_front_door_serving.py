@@ -315,10 +315,12 @@ def test_a_front_door_stopped_answers_its_held_requests_503_and_exits_cleanly(tm
             process.kill()
 
 
-def test_a_pod_that_answers_503_before_its_answer_started_is_left_for_another(tmp_path):
-    """A pod that answers 503 (it began draining since its last probe, or is full): the request goes to the
+@pytest.mark.parametrize("status", [503, 408])
+def test_a_pod_that_answers_503_before_its_answer_started_is_left_for_another(tmp_path, status):
+    """A pod that answers 503 (it began draining since its last probe) or 408 (it timed out the headers the
+    front door sent whole: a draining pod that stopped reading a new connection): the request goes to the
     other pod; the client only ever sees the good answer."""
-    draining = ThreadApp(503, {"error": {"message": "the server is shutting down"}})
+    draining = ThreadApp(status, {"error": {"message": "the server is shutting down"}})
     good = ThreadApp(200, {"choices": [{"text": "ok"}]})
     door, process = front_door(tmp_path, "--unified", draining.base, "--unified", good.base)
     try:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from support import ROOT
 
-from neuronfleet.operator import builders, host_resources, pod_parts, topology, validation
+from neuronfleet.operator import builders, host_kv, host_resources, pod_parts, topology, validation
 
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 OWNER = builders.Owner("m", "ns", "6f1f0d38-5d2c-4d5e-9c2a-3b1d2f4e5a6b")
@@ -96,11 +96,11 @@ def test_our_runtime_requests_its_host_kv_store_beside_its_weights():
     big = {"batchSize": 16, "sequenceLength": 2048}  # a default store past the GiB the request rounds to
     none, given, default = smollm2(hostKVCache="0", **big), smollm2(hostKVCache="2Gi", **big), smollm2(**big)
     n = default.neuron
-    assert host_resources.host_kv_bytes(default) == n.batchSize * n.sequenceLength * 30 * 3 * 64 * 2 * 4
+    assert host_kv.host_kv_bytes(default) == n.batchSize * n.sequenceLength * 30 * 3 * 64 * 2 * 4
     memory = {s: quantity(host_resources.serving(spec, "unified")["memory"])
               for s, spec in (("none", none), ("given", given), ("default", default))}  # fmt: skip
     assert memory["given"] == memory["none"] + 2 * GIB
-    assert memory["none"] < memory["default"] <= memory["none"] + host_resources.host_kv_bytes(default) + GIB
+    assert memory["none"] < memory["default"] <= memory["none"] + host_kv.host_kv_bytes(default) + GIB
     assert quantity(host_resources.serving(given, "router")["memory"]) < GIB  # a router holds no KV
     objects = builders.build_all(OWNER, given, serving_hash=builders.compile_hash(given))
     for deployment in (o for o in objects if o["kind"] == "Deployment"):  # the pods and their front door
@@ -112,7 +112,7 @@ def test_our_runtime_requests_its_host_kv_store_beside_its_weights():
     # what a router's index counts a pod to hold beside its slots: the store's tokens
     per_token = 30 * 3 * 64 * 2 * 4
     slots = n.batchSize * n.sequenceLength
-    assert [host_resources.host_kv_tokens(s) for s in (none, given, default)] == [
+    assert [host_kv.host_kv_tokens(s) for s in (none, given, default)] == [
         0,
         2 * GIB // per_token,
         slots,
