@@ -107,11 +107,34 @@ class CarriedStream:
                 out.append(passed + b"\n\n")
         return b"".join(out)
 
+    UNFINISHED = "the stream ended before its answer finished"  # StreamBroken's message at an early end
+    done: bool  # the answer's last event was sent
+
     def ended(self) -> None:
         """The pod's stream ended: StreamBroken unless the answer did."""
-        raise NotImplementedError
+        if not self.done:
+            raise StreamBroken(self.UNFINISHED)
 
     def _event(self, event: bytes) -> bytes | None:
+        """One event for the client: comments and events whose data is not a JSON object as they are (none
+        for an empty one), `[DONE]` and JSON objects as the carrier says (`_end`, `_chunk`)."""
+        data = _data(event)
+        if not data:
+            return event if event.strip() else None  # comments and other fields as they are
+        if data.strip() == b"[DONE]":
+            return self._end(event)
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return event
+        return self._chunk(chunk, event) if isinstance(chunk, dict) else event
+
+    def _end(self, event: bytes) -> bytes | None:
+        """A `data: [DONE]` event."""
+        return event
+
+    def _chunk(self, chunk: dict, event: bytes) -> bytes | None:
+        """An event whose data is a JSON object (`event`, as it came)."""
         raise NotImplementedError
 
     @property
@@ -176,26 +199,13 @@ class StreamResume(CarriedStream):
 
     # ---- the stream ----
 
-    def ended(self) -> None:
-        """The pod's stream ended: StreamBroken unless the answer did."""
-        if not self.done:
-            raise StreamBroken("the stream ended before its answer finished")
+    def _end(self, event: bytes) -> bytes | None:
+        if not self.finished:
+            raise StreamBroken(self.UNFINISHED)
+        self.done = True
+        return b"data: [DONE]"
 
-    def _event(self, event: bytes) -> bytes | None:
-        data = _data(event)
-        if not data:
-            return event if event.strip() else None  # comments and other fields as they are
-        if data.strip() == b"[DONE]":
-            if not self.finished:
-                raise StreamBroken("the stream ended before its answer finished")
-            self.done = True
-            return b"data: [DONE]"
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return event
-        if not isinstance(chunk, dict):
-            return event
+    def _chunk(self, chunk: dict, event: bytes) -> bytes | None:
         if "error" in chunk and not chunk.get("choices"):
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
@@ -384,21 +394,9 @@ class TgiStreamResume(CarriedStream):
 
     # ---- the stream ----
 
-    def ended(self) -> None:
-        """The pod's stream ended: StreamBroken unless its last event was sent."""
-        if not self.done:
-            raise StreamBroken("the stream ended before its last event (generated_text)")
+    UNFINISHED = "the stream ended before its last event (generated_text)"
 
-    def _event(self, event: bytes) -> bytes | None:
-        data = _data(event)
-        if not data:
-            return event if event.strip() else None  # comments (TGI's keep-alives) as they are
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return event
-        if not isinstance(chunk, dict):
-            return event
+    def _chunk(self, chunk: dict, event: bytes) -> bytes | None:
         if "error" in chunk and "token" not in chunk:
             if chunk.get("error_type") == "validation":  # the request's own fault: no pod would take it
                 self.done = True
