@@ -157,11 +157,16 @@ def retire(
     unified set's front door), the routers alone are the entry: the pods behind them serve until the routers
     have drained (a front door draining with no ready pod behind it would refuse what it holds). `pods`: the
     model's pods; while a router pod whose Deployment is gone still runs (draining), nothing else goes, even
-    where `drain_until` is not seen yet (a pass right after the one that wrote it)."""
+    where `drain_until` is not seen yet (a pass right after the one that wrote it); until `drain_until`,
+    nothing goes even where no router pod is seen (one deleted at once, not left Terminating: the pods behind
+    it would otherwise count as the entry and go while it drains)."""
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in observed}
     if draining_routers(observed, pods):  # (come back soon where drain_until is not seen)
         soon = (_time(now) + datetime.timedelta(seconds=ROUTER_DRAIN_POLL)).strftime("%Y-%m-%dT%H:%M:%SZ")
         return [], drain_until or soon
+    if drain_until and _time(now) < _time(drain_until):  # (before the entries: once the routers are gone,
+        # the unified pods behind them would count as the entry and go while the routers still drain)
+        return [], drain_until
     role = {
         k: by_key[k]["metadata"].get("labels", {}).get(f"{LABEL_PREFIX}/role")
         for k in stale_keys if k[0] == "Deployment"
@@ -183,8 +188,6 @@ def retire(
             k for k in stale_keys if k in entries or (k[0] == "PodDisruptionBudget" and k[1] in names)
         ]
         return now_keys, until.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if drain_until and _time(now) < _time(drain_until):
-        return [], drain_until
     return list(stale_keys), None
 
 

@@ -534,17 +534,17 @@ def test_slow_clients_get_408_and_a_closed_connection_and_idle_ones_are_kept(ser
         body = pool.submit(_slow_body, base)
         idle = pool.submit(_silent_and_kept_alive, base)
         took, sent, response, answer, after = headers.result()
-        assert SLOW <= took < SLOW + 3 and sent < 40 and after == b"", (took, sent, after)
+        # (the server's clock starts at its accept, a moment before the client's: CI saw 1.998 s)
+        assert SLOW - 0.2 <= took < SLOW + 3 and sent < 40 and after == b"", (took, sent, after)
         assert response.getheader("Connection") == "close"
         # (the request line had not come: the API's format where the server speaks only one)
         unknown = "/v1/" if kind == "engine" else "/"
         check(response.status, answer, unknown, 408, "did not arrive within 2 s (--header-timeout)")
         took, response, answer, after = body.result()
-        assert SLOW <= took < SLOW + 3 and after == b"", (took, after)
+        assert SLOW - 0.2 <= took < SLOW + 3 and after == b"", (took, after)
         assert response.getheader("Connection") == "close"
         check(response.status, answer, "/v1/completions", 408, "the request body did not arrive within 2 s")
         lived, statuses = idle.result()
-        # (the server's clock starts at its accept, a moment before the client's `started`: CI saw 1.998 s)
         assert SLOW - 0.2 <= lived < SLOW + 3 and statuses == [200, 200], (lived, statuses)
 
 

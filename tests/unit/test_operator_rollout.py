@@ -287,6 +287,12 @@ def test_a_retired_front_door_goes_before_its_pods_which_stay_while_its_pods_dra
     rest = [k for k in keys if k != ("Deployment", "m-router")]
     # (drain_until not seen yet: it looks again in 5 s)
     assert rollout.retire(rest, objs[1:], None, T0, [draining]) == ([], "2026-11-30T01:00:05Z")
+    # a pass that sees drain_until deletes nothing before it, even where no router pod is seen (a pod deleted
+    # at once, not Terminating: the router's Deployment gone, its pods behind it would count as the entry)
+    assert rollout.retire(rest, objs[1:], "2026-11-30T01:00:30Z", "2026-11-30T01:00:10Z", []) == (
+        [],
+        "2026-11-30T01:00:30Z",
+    )
     assert rollout.retire(rest, objs[1:], None, T0, []) == (
         [("Deployment", "m-unified")],
         "2026-11-30T01:00:50Z",
