@@ -19,7 +19,9 @@ What kopf lacks, and this module adds (small, and named for it):
 - objects deleted while no watch ran: a re-list cannot report them (kopf's indexes keep them). After kopf
   re-lists (an object delivered again), every watched kind is listed live once; an indexed object missing
   from it is hidden from reads and reported as deleted. (A kind re-listed alone whose every object went
-  meanwhile delivers nothing to notice: found out at the next re-list of any kind.)
+  meanwhile delivers nothing to notice: found out at the next re-list of any kind.) One whose name was made
+  again meanwhile is in that list by name: kopf, keying its indexes by uid, keeps both; the old one, found
+  beside the new one when that is delivered, is never read again (`_latest`).
 
 Reads wait until kopf has indexed every kind's first list (kopf holds every handler back until then; the
 first event delivered says so).
@@ -189,6 +191,7 @@ class Observed:
         # (kind, ns, name) -> the object the operator wrote, until kopf delivers that object again
         self._written: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._gone: set[tuple[str, str, str]] = set()  # deleted by the operator or found gone; hidden
+        self._replaced: set[str] = set()  # uids of objects kopf keeps that a new one of their name replaced
         # (kind, ns, name) -> the last resourceVersions delivered, and when the last one was
         self._delivered: dict[tuple[str, str, str], tuple[str, ...]] = {}  # (a tuple: a deque costs 0.6 KiB)
         self._delivered_at: dict[tuple[str, str, str], float] = {}
@@ -234,6 +237,8 @@ class Observed:
         again = seen is not None and rv in seen  # a version delivered before (a re-list's copy)
         written = self._written.pop(key, None)
         self._gone.discard(key)
+        if event != "DELETED":
+            self._note_replaced(kind, key, meta.get("uid"))
         if event is None and seen is not None:
             self._relisted(kind)  # delivered before: this is a re-list
         if event == "DELETED":
@@ -248,6 +253,15 @@ class Observed:
             if written is not None and resource_version(written) == rv:
                 return  # the echo of the operator's own write: nothing new to act on
         self.on_change("MODIFIED" if event is None and seen is not None else event or "ADDED", obj)
+
+    def _note_replaced(self, kind: str, key: tuple[str, str, str], uid: str | None) -> None:
+        """Where kopf's index holds other objects of this one's name (other uids), they were deleted while no
+        watch ran: never read again, even once this one goes (kopf keeps them: no DELETED came for them)."""
+        store = (self._indexes.get(kind) or {}).get(("name", key[1], key[2]))
+        if store is not None and len(store) > 1:
+            for other in store:
+                if (other_uid := (other.get("metadata") or {}).get("uid")) not in (None, uid):
+                    self._replaced.add(other_uid)
 
     # ---- objects deleted while no watch ran ----
 
@@ -357,7 +371,21 @@ class Observed:
 
     def _indexed(self, kind: str, ns: str, name: str) -> dict[str, Any] | None:
         store = (self._indexes.get(kind) or {}).get(("name", ns, name))
-        return next(iter(store), None) if store else None
+        return self._latest(kind, ns, name, store) if store else None
+
+    def _latest(self, kind: str, ns: str, name: str, objs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+        """Of the objects kopf's index holds under one name, the one delivered last. Mostly one; two where the
+        name was deleted and made again while no watch ran: kopf keys its indexes by uid, and the re-list
+        delivers the new object without a DELETED event for the old one, which stays (an old model read
+        instead of the new one: its pass, finding the old status current, wrote nothing, and the new model
+        never got a status)."""
+        objs = list(objs)
+        if len(objs) > 1 or self._replaced:
+            objs = [o for o in objs if (o.get("metadata") or {}).get("uid") not in self._replaced]
+        if len(objs) <= 1:
+            return objs[0] if objs else None
+        last = (self._delivered.get((kind, ns, name)) or ("",))[-1]
+        return next((o for o in objs if resource_version(o) == last), objs[-1])
 
     def _current(
         self, kind: str, ns: str, name: str, indexed: dict[str, Any] | None
@@ -386,9 +414,14 @@ class Observed:
             found = index.get(("job", ns, job)) or ()
         else:
             found = [
-                next(iter(s)) for (how, n, _), s in list(index.items()) if how == "name" and n == ns and s
+                latest
+                for (how, n, name), s in list(index.items())
+                if how == "name" and n == ns and s and (latest := self._latest(kind, n, name, s)) is not None
             ]
-        objects = {o["metadata"]["name"]: o for o in found}
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for o in found:
+            by_name.setdefault(o["metadata"]["name"], []).append(o)
+        objects = {name: self._latest(kind, ns, name, objs) for name, objs in by_name.items()}
         for (k, n, name), obj in self._written.items():
             if k == kind and n == ns:
                 objects[name] = obj
@@ -401,4 +434,8 @@ class Observed:
 
     def models(self) -> list[dict[str, Any]]:
         index = self._indexes.get(spec.KIND) or {}
-        return [copy.deepcopy(next(iter(store))) for store in list(index.values()) if store]
+        return [
+            copy.deepcopy(latest)
+            for (_, ns, name), store in list(index.items())
+            if store and (latest := self._latest(spec.KIND, ns, name, store)) is not None
+        ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from neuronfleet.operator import watching
+from neuronfleet.operator import spec, watching
 from neuronfleet.operator.planner import foreign_owner
 from neuronfleet.operator.status import transitions, with_conflicts
 from neuronfleet.operator.watching import Observed, selector_matcher
@@ -319,3 +319,61 @@ def test_objects_are_kept_without_kubectls_copy_and_share_their_strings():
     ((key_a, uid_a),) = ((k, v) for k, v in first["metadata"]["ownerReferences"][0].items() if k == "uid")
     ((key_b, uid_b),) = ((k, v) for k, v in second["metadata"]["ownerReferences"][0].items() if k == "uid")
     assert uid_a is uid_b and key_a is key_b
+
+
+def test_a_name_deleted_and_made_again_while_no_watch_ran_reads_as_the_new_object():
+    """kopf keys its indexes by uid (namespace, name, uid): a model deleted and made again while no watch ran
+    reaches it as the new object's re-list, with no DELETED for the old one, and its index holds both under
+    the name. Reads (by name, by list, the models a new leader reconciles) give the one delivered last, not
+    the old one (whose status, current, had made the new model's pass write nothing: CI's chaos run, a
+    re-created model left without a status). Driven through kopf's own indexers."""
+    from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
+
+    indexers = OperatorIndexers()
+    for kind in watching.WATCHED:
+        indexers[watching.index_id(kind)] = OperatorIndexer()
+    observed = Observed(None)
+    observed.attach(
+        {watching.index_id(kind): indexers[watching.index_id(kind)].index for kind in watching.WATCHED}
+    )
+    observed.synced_event().set()
+
+    def deliver(kind: str, event: str | None, obj: dict) -> None:
+        indexer = indexers[watching.index_id(kind)]
+        obj = watching._snapshot(kind, obj)
+        if event == "DELETED":
+            indexer.discard(indexers.make_key(obj))
+        else:
+            indexer.replace(indexers.make_key(obj), dict.fromkeys(watching.index_keys(kind, obj), obj))
+        observed.delivered(kind, event, obj)
+
+    def model(uid: str, rv: str, generation: int, status: dict) -> dict:
+        meta = {"name": "m", "namespace": "d", "uid": uid, "resourceVersion": rv, "generation": generation}
+        return {"kind": spec.KIND, "metadata": meta, "status": status}
+
+    def service(uid: str, rv: str) -> dict:
+        return {**_service(rv), "metadata": {**_service(rv)["metadata"], "uid": uid}}
+
+    async def scenario() -> None:
+        deliver(spec.KIND, None, model("old", "3", 2, {"observedGeneration": 2}))
+        deliver("Service", None, service("s-old", "4"))
+        # (the watch expired; the model and its Service deleted and made again; kopf lists anew)
+        deliver(spec.KIND, None, model("new", "9", 1, {}))
+        deliver("Service", None, service("s-new", "10"))
+        kept = indexers[watching.index_id(spec.KIND)].index[("name", "d", "m")]
+        assert len(list(kept)) == 2  # (kopf keeps both)
+        read = await observed.get(spec.KIND, "d", "m")
+        assert (read["metadata"]["uid"], read.get("status")) == ("new", {})
+        assert [m["metadata"]["uid"] for m in observed.models()] == ["new"]
+        services = await observed.list("Service", "d", "neuronfleet.dev/model=m")
+        assert [s["metadata"]["uid"] for s in services] == ["s-new"]
+        assert [s["metadata"]["uid"] for s in await observed.list("Service", "d", "")] == ["s-new"]
+        # the new one changed by the watch: still the one read
+        deliver(spec.KIND, "MODIFIED", model("new", "12", 1, {"observedGeneration": 1}))
+        assert (await observed.get(spec.KIND, "d", "m"))["status"] == {"observedGeneration": 1}
+        # the new one deleted (its DELETED seen): the old one, still in kopf's index, is not read either
+        deliver(spec.KIND, "DELETED", model("new", "13", 1, {}))
+        assert await observed.get(spec.KIND, "d", "m") is None and observed.models() == []
+        await observed.stop()  # (the re-list's sweep: no live list here)
+
+    asyncio.run(scenario())
