@@ -228,6 +228,17 @@ class PodTimings:
         self._xx += w * (x * x - self._xx)
         self._xy += w * (x * y - self._xy)
 
+    def first_token_seconds(self, uncached_tokens: int) -> float | None:
+        """The expected seconds from sending a request that finds a free slot to its first token, with this
+        many uncached prompt tokens (the fitted line: its fixed part and its prefill); None before any was
+        timed."""
+        slope = self.prefill_per_token
+        if slope is None:
+            return None
+        spread = self._xx - self._x * self._x
+        fixed = self._y - slope * self._x if spread >= BLOCK_TOKENS * BLOCK_TOKENS else 0.0
+        return max(0.0, fixed + slope * uncached_tokens)
+
     @property
     def prefill_per_token(self) -> float | None:
         """Prefill seconds per uncached prompt token; None before any first token was timed."""
@@ -303,16 +314,20 @@ def choose(
     return max(within, key=lambda i: (candidates[i].held, -candidates[i].load, -i)), "prefix"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Dispatch:
     """A request a router sent to a pod (`Routing.dispatched`), for its timings: when, with how many prompt
-    tokens the pod was not expected to hold, and whether it found no free slot (its times then include a
-    wait, so they say nothing of the pod's speed and are not counted)."""
+    tokens the pod was not expected to hold, whether it found no free slot, and when its first token came.
+    A queued request's time to first token includes its wait, so it says nothing of the pod's prefill and is
+    not counted; the time it held its slot is counted: from its first token to its end, plus the prefill
+    expected before it (`PodTimings.first_token_seconds`). At saturation, where nearly every request queues,
+    that keeps a pod's answer time current, which the waits are priced with."""
 
     pod: str
     at: float
     uncached_tokens: int
     queued: bool
+    first_at: float | None = None
 
 
 @dataclass
@@ -429,15 +444,25 @@ class Routing:
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         """The request's first token came now (a stream's, or a prefill pod's whole answer)."""
+        dispatch.first_at = now
         if not dispatch.queued:
             for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
                 timings.first_token(now - dispatch.at, dispatch.uncached_tokens)
 
     def answered(self, dispatch: Dispatch, now: float) -> None:
-        """The request's answer ended now: it held its slot since it was sent, where it found one free."""
-        if not dispatch.queued:
-            for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
-                timings.answered(now - dispatch.at)
+        """The request's answer ended now: it held its slot since it was sent where it found one free; a
+        queued one since its first token, and the prefill before it (where its first token was seen and the
+        pod's, or the pool's, prefill is timed)."""
+        held = now - dispatch.at
+        if dispatch.queued:
+            own = self.timings.get(dispatch.pod)
+            measured = own if own is not None and own.first_tokens else self.pool
+            prefill = measured.first_token_seconds(dispatch.uncached_tokens)
+            if dispatch.first_at is None or prefill is None:
+                return
+            held = now - dispatch.first_at + prefill
+        for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
+            timings.answered(held)
 
     def hit_ratio(self) -> float:
         """The share of requested prompt blocks the chosen pods were expected to hold, since the start."""

@@ -122,7 +122,7 @@ def test_the_expected_wait_for_a_slot(load, slots, answer, want):
 
 def test_timings_are_ewmas_and_the_prefill_is_the_slope_past_the_fixed_part():
     timings = pr.PodTimings(weight=0.5)
-    assert (timings.answer_seconds, timings.prefill_per_token) == (None, None)
+    assert (timings.answer_seconds, timings.prefill_per_token, timings.first_token_seconds(10)) == (None,) * 3
     timings.answered(4.0)
     timings.answered(8.0)
     timings.answered(-1.0)  # a clock that went back: not counted
@@ -134,6 +134,7 @@ def test_timings_are_ewmas_and_the_prefill_is_the_slope_past_the_fixed_part():
     for tokens in (1000, 16, 500, 32, 2000, 48):
         timings.first_token(0.1 + 0.002 * tokens, tokens)
     assert timings.prefill_per_token == pytest.approx(0.002)
+    assert timings.first_token_seconds(300) == pytest.approx(0.1 + 0.002 * 300)  # the line, fixed part too
     # slower now: the average follows
     for _ in range(30):
         for tokens in (1000, 16):
@@ -269,9 +270,17 @@ def test_routing_times_its_pods_and_prices_them_once_measured():
     assert "held" not in routing.timings and routing.pool.answer_seconds == pytest.approx(8.0)
     # priced: the holder's 4 s more of wait against 0.96 s of prefill saved
     assert routing.pick(pods, blocks, now=21).url == "a" and routing.decisions["overload"] == 1
+    # a queued request's first token says nothing of the prefill, but from it to its end it held its slot,
+    # after the prefill expected of its uncached tokens (the pool's line: 0.05 s + 1 ms x 64): counted
+    queued = routing.dispatched(pods[2], blocks, now=30.0)
+    routing.first_token(queued, now=90.0)
+    routing.answered(queued, now=93.0)
+    assert routing.timings["held"].answer_seconds == pytest.approx(3.0 + 0.05 + 0.064)
+    assert routing.timings["held"].first_tokens == 0 and routing.pool.answers == 5
+    assert routing.pool.answer_seconds == pytest.approx(8.0 + 0.2 * (3.114 - 8.0))
     # a pod no longer listed loses its timings (the pool keeps them)
-    routing.observe([Peer("a"), Peer("held")])
-    assert routing.timings == {} and routing.pool.answers == 4
+    routing.observe([Peer("a"), Peer("c")])
+    assert routing.timings == {} and routing.pool.answers == 5
 
 
 def test_least_loaded_routing_keeps_no_index_and_bad_knobs_are_refused():
