@@ -302,8 +302,11 @@ def main() -> None:
             routers[policy] = procs.start(
                 f"router-{policy}", "--role", "router", "--served-model-name", "smollm2",
                 *itertools.chain.from_iterable(("--unified", p) for p in pods),
-                "--routing", policy.removesuffix("-events"),
-                "--routing-cache-tokens", str(args.slots * args.max_seq_len), "--peer-probe-interval", "0.5",
+                "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(args.slots),
+                # as the operator counts a pod of our runtime: its slots' tokens and its host KV store's, by
+                # default as many (operator/front_door.py routing_options, operator/host_kv.py)
+                "--routing-cache-tokens", str(2 * args.slots * args.max_seq_len),
+                "--peer-probe-interval", "0.5",
                 *(["--model", str(model)] if policy.endswith("-events") else []),
             )  # fmt: skip
         for seed, (workload, run) in enumerate(WORKLOADS.items()):

@@ -385,9 +385,9 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--routing-cache-tokens", type=int, default=None,
-                        help="what a front door counts a pod as holding (default slots x max-seq-len; the "
-                        "operator passes twice that for our runtime's host KV store at its default "
-                        "size)")  # fmt: skip
+                        help="what a front door counts a pod as holding (default 2 x slots x max-seq-len, "
+                        "as the operator counts a pod of our runtime: its slots and its host KV store at its "
+                        "default size)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=80, help="the excerpt's first N requests, each run")
     parser.add_argument("--rates", type=float, nargs=3, default=[2.0, 7.0, 1.5],
                         metavar=("UNDER", "SATURATION", "PRESSURE"),
@@ -418,7 +418,7 @@ def main() -> None:
         serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
                  "--max-seq-len", str(args.max_seq_len), "--max-input-len", str(max_input)]  # fmt: skip
         pods = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers, cache_tokens = {}, args.routing_cache_tokens or args.slots * args.max_seq_len
+        routers, cache_tokens = {}, args.routing_cache_tokens or 2 * args.slots * args.max_seq_len
         for policy in POLICIES[1:]:
             routers[policy] = procs.start(
                 f"trace_router-{policy}", "--role", "router", "--served-model-name", "smollm2",
