@@ -56,6 +56,7 @@ class _Failing:
     failures: int = 0
     due: float = 0.0
     generation: int = 0
+    uid: str | None = None  # the model's (a model of the name made anew is another model)
     said: dict[Said, None] = field(default_factory=dict)  # (insertion-ordered: the oldest goes first)
 
 
@@ -76,10 +77,17 @@ class Retries:
         self.backoff = backoff or Backoff()
         self._failing: dict[Key, _Failing] = {}
 
-    def failed(self, key: Key, now: float, generation: int, server_delay: float | None = None) -> float:
+    def failed(
+        self, key: Key, now: float, generation: int, server_delay: float | None = None, uid: str | None = None
+    ) -> float:
         """A pass of the model at `generation` failed at `now`: the seconds until its retry (the back-off's,
-        or the API server's Retry-After where that is longer)."""
+        or the API server's Retry-After where that is longer). A model of another `uid` (the name deleted and
+        made again) starts its own back-off."""
+        failing = self._failing.get(key)
+        if failing is not None and uid is not None and failing.uid not in (None, uid):
+            del self._failing[key]
         failing = self._failing.setdefault(key, _Failing())
+        failing.uid = uid or failing.uid
         failing.failures += 1
         failing.generation = max(failing.generation, generation)
         delay = max(self.backoff.delay(failing.failures), server_delay or 0.0)
@@ -100,10 +108,13 @@ class Retries:
         failing = self._failing.get(key)
         return failing is not None and failing.failures > 0 and now < failing.due
 
-    def changed_by_user(self, key: Key, generation: int) -> bool:
-        """Whether `generation` of a failing model is newer than the one that failed (its spec changed)."""
+    def changed_by_user(self, key: Key, generation: int, uid: str | None = None) -> bool:
+        """Whether `generation` of a failing model is newer than the one that failed (its spec changed), or
+        the model is another of its name (`uid`: the failing one deleted and this one made)."""
         failing = self._failing.get(key)
-        return failing is not None and failing.failures > 0 and generation > failing.generation
+        if failing is None or failing.failures == 0:
+            return False
+        return generation > failing.generation or (failing.uid not in (None, uid) and uid is not None)
 
     def first_said(self, key: Key, event: Said) -> bool:
         """Whether the Event is said for the first time since the model's last good pass (it is remembered

@@ -154,8 +154,8 @@ class Triggers:
         if obj.get("kind") == spec.KIND:
             if event != "DELETED":  # (its children go with it: the garbage collector's)
                 key = (meta.get("namespace", ""), meta.get("name", ""))
-                if self.retries.changed_by_user(key, meta.get("generation", 1)):
-                    self._put(key)  # the user changed the spec: no waiting out the back-off
+                if self.retries.changed_by_user(key, meta.get("generation", 1), meta.get("uid")):
+                    self._put(key)  # the user changed the spec (or made it anew): no waiting out the back-off
                 else:
                     self.enqueue(key)
             return
@@ -289,9 +289,11 @@ class Triggers:
     async def _failed(self, key: tuple[str, str], body: dict[str, Any] | None, error: Exception) -> None:
         """The model's pass failed: it is tried again after its back-off; a write the API server refused is
         said in a Warning Event, once per distinct message until a pass succeeds."""
-        generation = ((body or {}).get("metadata") or {}).get("generation", 1)
+        meta = (body or {}).get("metadata") or {}
         loop = asyncio.get_running_loop()
-        delay = self.retries.failed(key, loop.time(), generation, server_delay(error))
+        delay = self.retries.failed(
+            key, loop.time(), meta.get("generation", 1), server_delay(error), meta.get("uid")
+        )
         failures = self.retries.failures(key)
         if isinstance(error, kube.KubeError) or kube.unreachable(error):  # refused after the client's own
             # tries, or a write cut off (an API-server restart; not sent again: it may have been applied)

@@ -112,3 +112,15 @@ def test_what_a_failing_model_said_is_bounded():
 def test_a_back_off_that_cannot_work_is_refused_saying_what_would(first, most, factor):
     with pytest.raises(ValueError, match="0 < first <= most and factor >= 1"):
         Backoff(first=first, most=most, factor=factor)
+
+
+def test_a_model_made_anew_under_a_failing_ones_name_does_not_wait_out_its_back_off():
+    """The failing model deleted and another of its name made (a new uid, its generation back at 1): its
+    change goes at once, and its own failures start their back-off from the first delay."""
+    retries = Retries(Backoff(first=1.0, most=300.0))
+    for at in range(6):
+        retries.failed(KEY, float(at), generation=3, uid="old")
+    assert retries.waiting(KEY, 6.0) and not retries.changed_by_user(KEY, 1, "old")
+    assert retries.changed_by_user(KEY, 1, "new")
+    assert retries.failed(KEY, 7.0, generation=1, uid="new") == 1.0  # its own back-off, from the first
+    assert retries.failures(KEY) == 1 and not retries.changed_by_user(KEY, 1, "new")
