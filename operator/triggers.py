@@ -5,11 +5,12 @@ act keeps what it takes for when it acts again (`resume`).
 
 A pass that fails is tried again after a growing delay (`retries.Backoff`: 1 s doubling up to 300 s, never
 sooner than the API server's Retry-After), and meanwhile only a new generation of the model (the user changed
-it) is tried at once; every other trigger of it waits for that retry. A write the API server refuses (a
-webhook's or a quota's 403, a 422) is named (`WriteRefused`) and said once in a Warning Event `ApplyRefused`
-with the server's words: once per distinct message until a pass succeeds, and a failing pass's other Events
-once too, so nothing is written again and again. Each model has at most one timer per reason (a come-back
-time, a compile's progress read, the retry), all cancelled by `stop`."""
+it), or another model of its name (made anew), is tried at once; every other trigger of it waits for that
+retry. A write the API server refuses (a webhook's or a quota's 403, a 422) is named (`WriteRefused`) and said
+once in a Warning Event `ApplyRefused` with the server's words: once per distinct message until a pass
+succeeds, and a failing pass's other Events once too, so nothing is written again and again. Each model has
+at most one timer per reason (a come-back time, a compile's progress read, the retry), all cancelled by
+`stop`."""
 
 from __future__ import annotations
 
