@@ -184,7 +184,8 @@ def _require_object(body: Any) -> None:
 
 
 def _refuse_unsupported(body: dict, fields: dict[str, Any]) -> None:
-    """Fields we do not implement: absent, null, or equal to their neutral value; anything else is refused."""
+    """Fields we do not implement: absent, null, or equal to their neutral value (None: none is); anything
+    else is refused."""
     for name, neutral in fields.items():
         value = body.get(name)
         if value is not None and value != neutral:
@@ -309,7 +310,14 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
                 f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
             )
         clean.append({"role": role, "content": content})
-    _refuse_unsupported(body, {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}})
+    # what would change the answer and this server does not do (docs/api.md lists every field); the rest of
+    # the official client's fields (store, metadata, user, service_tier, prediction, ...) are hints, ignored
+    _refuse_unsupported(
+        body,
+        {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "functions": [],
+         "function_call": "none", "audio": None, "modalities": ["text"], "web_search_options": None,
+         "moderation": None, "top_logprobs": 0},
+    )  # fmt: skip
     # vLLM's extensions: the answer continues the last (assistant) message instead of starting a new one
     # (what a router resuming a stream sends: runtime/routing/resume.py)
     add_generation_prompt = _get(body, "add_generation_prompt", (bool,), True)
