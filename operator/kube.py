@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -266,6 +267,7 @@ class Kube:
             async with contextlib.nullcontext() if lease else self._in_flight:
                 if not lease:
                     await self._rate.take()
+                sent = time.monotonic()  # (what the cache's watch delivered after this is not older than it)
                 try:
                     async with await self._send(method, path, query, body, content_type) as response:
                         payload = await response.json(content_type=None)
@@ -283,9 +285,9 @@ class Kube:
             break
         if self.cache is not None and isinstance(payload, dict) and "metadata" in payload:
             if method in ("POST", "PATCH"):
-                self.cache.stored(payload)  # the operator's own write, cached at once
+                self.cache.stored(payload, sent)  # the operator's own write, cached at once
             elif method == "DELETE" and not payload["metadata"].get("finalizers"):
-                self.cache.forget(payload)  # gone (an object with finalizers stays until they are done)
+                self.cache.forget(payload, sent)  # gone (an object with finalizers stays until they are done)
         return payload
 
     async def readable(self, kind: str) -> bool | None:

@@ -332,28 +332,70 @@ class Observed:
     def _covers(self, ns: str | None) -> bool:
         return self._namespaces is None or ns in self._namespaces
 
-    def stored(self, obj: dict[str, Any]) -> None:
-        """What the API server answered to the operator's own write: read at once, and its watch event is
-        not reported as a change. Unless kopf has delivered that very version already: the answer and the
-        watch travel apart, and the watch may be past it by now (another writer's change, e.g. a Service's
-        status that a load balancer set). (Resource versions are compared for equality only, as the API
-        asks of clients: https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions.)"""
+    def stored(self, obj: dict[str, Any], sent: float | None = None) -> None:
+        """What the API server answered to the operator's own write, sent at `sent` (monotonic): read at
+        once, and its watch event is not reported as a change. Unless kopf has delivered that very version
+        already: the answer and the watch travel apart, and the watch may be past it by now (another
+        writer's change, e.g. a Service's status that a load balancer set). Where kopf delivered another
+        version of the object while the write was on its way, which of the two is newer cannot be told
+        (kopf batches an object's events that come close together, so the answer's own version may never be
+        delivered: a Job created and completed at once, its ADDED folded into the completion): the answer is
+        read, and the object is read live once (`_confirm`); an answer the cluster is already past is
+        dropped, and what the watch delivered is read (had it stayed, no later event would correct it).
+        (Resource versions are compared for equality only, as the API asks of clients:
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions.)"""
         kind = obj.get("kind", "")
         if kind not in WATCHED or not self._covers(obj["metadata"].get("namespace")):
             return
         key = (kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         if resource_version(obj) in self._delivered.get(key, ()):
             return
-        self._written[key] = kept(obj)
+        self._written[key] = written = kept(obj)
         self._gone.discard(key)
+        if self._delivered_since(key, sent):
+            self._later(self._confirm(key, written))
 
-    def forget(self, obj: dict[str, Any]) -> None:
-        """An object the operator deleted: hidden at once (kopf's event confirms it)."""
+    def forget(self, obj: dict[str, Any], sent: float | None = None) -> None:
+        """An object the operator deleted: hidden at once (kopf's event confirms it). Where kopf delivered
+        the object while the deletion was on its way (made again meanwhile?), it is read live once, and shown
+        again if it is there."""
         kind, meta = obj.get("kind", ""), obj["metadata"]
         if kind in WATCHED:
             key = (kind, meta.get("namespace", ""), meta["name"])
             self._written.pop(key, None)
             self._gone.add(key)
+            if self._delivered_since(key, sent):
+                self._later(self._confirm(key, None))
+
+    def _delivered_since(self, key: tuple[str, str, str], sent: float | None) -> bool:
+        return sent is not None and self._delivered_at.get(key, 0.0) >= sent
+
+    def _later(self, work: Awaitable[None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        except RuntimeError:  # (no loop: nothing to confirm with)
+            work.close()  # type: ignore[attr-defined]
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _confirm(self, key: tuple[str, str, str], written: dict[str, Any] | None) -> None:
+        """The object read live after a write whose answer crossed a delivery: an answer (`written`) the
+        cluster is past is dropped (the watch's is read); a deleted object found again is shown again. Only
+        while nothing was delivered since (a delivery settles it)."""
+        if self.live_get is None:
+            return
+        kind, ns, name = key
+        try:
+            live = await self.live_get(kind, ns, name)
+        except Exception as e:  # (the API server away: the next delivery settles it)
+            log.warning("reading %s %s/%s after a write failed: %r", kind, ns, name, e)
+            return
+        if written is not None and self._written.get(key) is written:
+            if live is None or resource_version(live) != resource_version(written):
+                del self._written[key]  # past it (or gone): what the watch delivered is read
+        elif written is None and key in self._gone and live is not None:
+            self._gone.discard(key)  # made again: read as the watch delivered it
 
     # ---- reading ----
 

@@ -6,6 +6,7 @@ from changes, and objects deleted while no watch ran found out."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from neuronfleet.operator import spec, watching
 from neuronfleet.operator.planner import foreign_owner
@@ -375,5 +376,47 @@ def test_a_name_deleted_and_made_again_while_no_watch_ran_reads_as_the_new_objec
         deliver(spec.KIND, "DELETED", model("new", "13", 1, {}))
         assert await observed.get(spec.KIND, "d", "m") is None and observed.models() == []
         await observed.stop()  # (the re-list's sweep: no live list here)
+
+    asyncio.run(scenario())
+
+
+def test_a_writes_answer_that_crossed_a_later_delivery_is_checked_live_and_dropped_when_past():
+    """A Job the operator creates and the Job controller completes at once: kopf, batching the two events,
+    delivers only the completion, and the create's answer (the Job not yet complete) arrives after it. Which
+    is newer cannot be told from their versions: the answer is read, the Job is read live once, and the
+    answer, which the cluster is past, is dropped: the completion is read (no later event would have
+    corrected it: CI's chaos run, a model left compiling with its Job complete). A deletion whose answer
+    crossed a delivery of the object made again shows it again."""
+    job = lambda rv, done: {"kind": "Job", "status": {"succeeded": 1} if done else {},  # noqa: E731
+                            "metadata": {"name": "m-compile", "namespace": "d", "resourceVersion": rv,
+                                         "labels": {"neuronfleet.dev/model": "m"}}}  # fmt: skip
+    live: dict[str, dict] = {"m-compile": job("2", True)}
+    reads: list[str] = []
+
+    async def live_get(kind: str, ns: str, name: str) -> dict | None:
+        reads.append(name)
+        return live.get(name)
+
+    async def scenario() -> None:
+        observed = Observed(None)
+        observed.live_get = live_get
+        kopf = Kopf(observed)
+        sent = time.monotonic()
+        kopf.event("Job", "MODIFIED", job("2", True))  # (kopf folded the ADDED into this)
+        observed.stored(job("1", False), sent)  # the create's answer, come after
+        await asyncio.sleep(0.05)
+        assert reads == ["m-compile"]
+        assert (await observed.get("Job", "d", "m-compile"))["status"] == {"succeeded": 1}
+        # an answer no delivery crossed is read at once, without a live read
+        observed.stored(job("3", True), time.monotonic())
+        assert (await observed.get("Job", "d", "m-compile"))["metadata"]["resourceVersion"] == "3"
+        # deleted by the operator, and made again (delivered) before the deletion's answer came: shown
+        sent = time.monotonic()
+        kopf.event("Job", "ADDED", job("5", False))
+        live["m-compile"] = job("5", False)
+        observed.forget(job("4", True), sent)
+        await asyncio.sleep(0.05)
+        assert (await observed.get("Job", "d", "m-compile"))["metadata"]["resourceVersion"] == "5"
+        await observed.stop()
 
     asyncio.run(scenario())
