@@ -228,26 +228,29 @@ class PodTimings:
         self._xx += w * (x * x - self._xx)
         self._xy += w * (x * y - self._xy)
 
-    def first_token_seconds(self, uncached_tokens: int) -> float | None:
-        """The expected seconds from sending a request that finds a free slot to its first token, with this
-        many uncached prompt tokens (the fitted line: its fixed part and its prefill); None before any was
-        timed."""
-        slope = self.prefill_per_token
-        if slope is None:
-            return None
-        spread = self._xx - self._x * self._x
-        fixed = self._y - slope * self._x if spread >= BLOCK_TOKENS * BLOCK_TOKENS else 0.0
-        return max(0.0, fixed + slope * uncached_tokens)
-
-    @property
-    def prefill_per_token(self) -> float | None:
-        """Prefill seconds per uncached prompt token; None before any first token was timed."""
+    def _line(self) -> tuple[float, float] | None:
+        """The fitted line of time to first token against uncached tokens: (fixed seconds, seconds per token);
+        None before any first token was timed, or where the ratio of the means has no tokens to stand on."""
         if not self.first_tokens:
             return None
         spread = self._xx - self._x * self._x
         if spread >= BLOCK_TOKENS * BLOCK_TOKENS:  # uncached counts that differ by a block or more
-            return max(0.0, (self._xy - self._x * self._y) / spread)
-        return self._y / self._x if self._x > 0 else None
+            slope = max(0.0, (self._xy - self._x * self._y) / spread)
+            return self._y - slope * self._x, slope
+        return (0.0, self._y / self._x) if self._x > 0 else None
+
+    def first_token_seconds(self, uncached_tokens: int) -> float | None:
+        """The expected seconds from sending a request that finds a free slot to its first token, with this
+        many uncached prompt tokens (the fitted line: its fixed part and its prefill); None before any was
+        timed."""
+        line = self._line()
+        return None if line is None else max(0.0, line[0] + line[1] * uncached_tokens)
+
+    @property
+    def prefill_per_token(self) -> float | None:
+        """Prefill seconds per uncached prompt token; None before any first token was timed."""
+        line = self._line()
+        return None if line is None else line[1]
 
 
 @dataclass(frozen=True)
@@ -415,9 +418,15 @@ class Routing:
         own timings where measured, else the pool's."""
         own = self.timings.get(peer.url)
         answer = own.answer_seconds if own is not None and own.answers else self.pool.answer_seconds
-        prefill = own.prefill_per_token if own is not None and own.first_tokens else None
+        prefill = self._prefill_timings(peer.url).prefill_per_token
         return Candidate(peer.url, peer.score, self.held(peer.url, blocks, now), self.slots(peer), answer,
                          prefill if prefill is not None else self.pool.prefill_per_token)  # fmt: skip
+
+    def _prefill_timings(self, pod: str) -> PodTimings:
+        """The timings a pod's prefill is priced with: its own once one of its first tokens was timed, else
+        the pool's."""
+        own = self.timings.get(pod)
+        return own if own is not None and own.first_tokens else self.pool
 
     def pick(self, ranked: Sequence[Any], blocks: Sequence[int], now: float) -> Any:
         """Of pods in the load ranking's order (`peers.Peer`: url, score, slots), the one to send a request of
@@ -455,9 +464,7 @@ class Routing:
         pod's, or the pool's, prefill is timed)."""
         held = now - dispatch.at
         if dispatch.queued:
-            own = self.timings.get(dispatch.pod)
-            measured = own if own is not None and own.first_tokens else self.pool
-            prefill = measured.first_token_seconds(dispatch.uncached_tokens)
+            prefill = self._prefill_timings(dispatch.pod).first_token_seconds(dispatch.uncached_tokens)
             if dispatch.first_at is None or prefill is None:
                 return
             held = now - dispatch.first_at + prefill
