@@ -35,7 +35,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import kopf
@@ -270,9 +270,7 @@ class Observed:
         self._relisted_last = now
         if self._relisting is None:
             self._relisting = now
-            task = asyncio.get_running_loop().create_task(self._sweep(), name="re-list sweep")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._later(self._sweep(), "re-list sweep")
 
     async def _sweep(self) -> None:
         """Once kopf's re-lists are over (none delivered an object for RELIST_QUIET seconds), every watched
@@ -353,7 +351,7 @@ class Observed:
         self._written[key] = written = kept(obj)
         self._gone.discard(key)
         if self._delivered_since(key, sent):
-            self._later(self._confirm(key, written))
+            self._later(self._confirm(key, written), "confirm a write")
 
     def forget(self, obj: dict[str, Any], sent: float | None = None) -> None:
         """An object the operator deleted: hidden at once (kopf's event confirms it). Where kopf delivered
@@ -365,17 +363,14 @@ class Observed:
             self._written.pop(key, None)
             self._gone.add(key)
             if self._delivered_since(key, sent):
-                self._later(self._confirm(key, None))
+                self._later(self._confirm(key, None), "confirm a deletion")
 
     def _delivered_since(self, key: tuple[str, str, str], sent: float | None) -> bool:
         return sent is not None and self._delivered_at.get(key, 0.0) >= sent
 
-    def _later(self, work: Awaitable[None]) -> None:
-        try:
-            task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
-        except RuntimeError:  # (no loop: nothing to confirm with)
-            work.close()  # type: ignore[attr-defined]
-            return
+    def _later(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` on a task of this loop, kept until it ends (`stop` cancels it)."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -455,11 +450,7 @@ class Observed:
         elif kind == "Pod" and (job := _equals(selector, JOB_LABEL)) is not None:
             found = index.get(("job", ns, job)) or ()
         else:
-            found = [
-                latest
-                for (how, n, name), s in list(index.items())
-                if how == "name" and n == ns and s and (latest := self._latest(kind, n, name, s)) is not None
-            ]
+            found = [o for (how, n, _), s in list(index.items()) if how == "name" and n == ns for o in s]
         by_name: dict[str, list[dict[str, Any]]] = {}
         for o in found:
             by_name.setdefault(o["metadata"]["name"], []).append(o)
