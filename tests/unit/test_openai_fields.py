@@ -5,6 +5,7 @@ its neutral value is taken; a supported or ignored field is taken."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import typing
@@ -63,28 +64,33 @@ def check(parse, base: dict, field: str, here: str, notes: str) -> None:
     parse({**base, field: None})  # (null: as if left out)
 
 
-def test_every_chat_field_the_official_client_sends_is_listed_and_does_what_the_page_says():
-    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
-
-    table = documented("`POST /v1/chat/completions`")
-    assert official(CompletionCreateParamsBase) <= set(table), official(CompletionCreateParamsBase) - set(
-        table
-    )
+@pytest.mark.parametrize(
+    ("section", "params", "parse", "base"),
+    [
+        (
+            "`POST /v1/chat/completions`",
+            "openai.types.chat.completion_create_params",
+            parse_openai_chat,
+            CHAT,
+        ),
+        (
+            "`POST /v1/completions`",
+            "openai.types.completion_create_params",
+            parse_openai_completion,
+            COMPLETION,
+        ),
+    ],
+    ids=["chat", "completions"],
+)
+def test_every_field_the_official_client_sends_is_listed_and_does_what_the_page_says(
+    section, params, parse, base
+):
+    sent = official(importlib.import_module(params).CompletionCreateParamsBase)
+    table = documented(section)
+    assert sent <= set(table), sent - set(table)
     for field, (here, notes) in table.items():
-        if field != "messages":
-            check(parse_openai_chat, CHAT, field, here, notes)
-
-
-def test_every_completions_field_the_official_client_sends_is_listed_and_does_what_the_page_says():
-    from openai.types.completion_create_params import CompletionCreateParamsBase
-
-    table = documented("`POST /v1/completions`")
-    assert official(CompletionCreateParamsBase) <= set(table), official(CompletionCreateParamsBase) - set(
-        table
-    )
-    for field, (here, notes) in table.items():
-        if field != "prompt":
-            check(parse_openai_completion, COMPLETION, field, here, notes)
+        if field not in base:  # (the request itself: messages, prompt)
+            check(parse, base, field, here, notes)
 
 
 def test_vllms_extensions_are_taken_by_both():
