@@ -165,6 +165,24 @@ def publishing() -> list[str]:
     return ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint})]
 
 
+def operator_cache_tokens(slots: int, max_seq_len: int) -> int:
+    """What the operator counts a pod of our runtime to hold: its slots' tokens and its host KV store's, by
+    default as many (operator/front_door.py routing_options, operator/host_kv.py)."""
+    return 2 * slots * max_seq_len
+
+
+def front_door(policy: str, pods: list[str], slots: int, cache_tokens: int, model: Path) -> list[str]:
+    """`neuronfleet serve` arguments of a front door of `policy` before `pods`, as the operator runs it
+    (`--routing-pod-slots`, `--routing-cache-tokens`; kv-aware-events given the model's tokenizer)."""
+    return [
+        "--role", "router", "--served-model-name", "smollm2",
+        *itertools.chain.from_iterable(("--unified", p) for p in pods),
+        "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(slots),
+        "--routing-cache-tokens", str(cache_tokens), "--peer-probe-interval", "0.5",
+        *(["--model", str(model)] if policy.endswith("-events") else []),
+    ]  # fmt: skip
+
+
 def targets(policy: str, pods: list[str], routers: dict[str, str]):
     """Where each request goes: the next pod in turn, or the policy's front door."""
     if policy == "round-robin":
@@ -297,18 +315,13 @@ def main() -> None:
                  "--max-seq-len", str(args.max_seq_len), "--max-input-len",
                  str(args.max_seq_len - args.max_tokens - 1)]  # fmt: skip
         pods = [procs.start(f"pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers = {}
-        for policy in ROUTED:
-            routers[policy] = procs.start(
-                f"router-{policy}", "--role", "router", "--served-model-name", "smollm2",
-                *itertools.chain.from_iterable(("--unified", p) for p in pods),
-                "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(args.slots),
-                # as the operator counts a pod of our runtime: its slots' tokens and its host KV store's, by
-                # default as many (operator/front_door.py routing_options, operator/host_kv.py)
-                "--routing-cache-tokens", str(2 * args.slots * args.max_seq_len),
-                "--peer-probe-interval", "0.5",
-                *(["--model", str(model)] if policy.endswith("-events") else []),
-            )  # fmt: skip
+        cache_tokens = operator_cache_tokens(args.slots, args.max_seq_len)
+        routers = {
+            policy: procs.start(
+                f"router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
+            )
+            for policy in ROUTED
+        }
         for seed, (workload, run) in enumerate(WORKLOADS.items()):
             if workload not in args.workloads:
                 continue

@@ -377,7 +377,15 @@ def checked_vocabulary(model: Path) -> list[str]:
 
 def main() -> None:
     from machine import cpu_name  # bench/machine.py
-    from routing import Processes, counters, decisions, model_dir, publishing  # bench/routing.py
+    from routing import (  # bench/routing.py
+        Processes,
+        counters,
+        decisions,
+        front_door,
+        model_dir,
+        operator_cache_tokens,
+        publishing,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3)
@@ -418,15 +426,13 @@ def main() -> None:
         serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
                  "--max-seq-len", str(args.max_seq_len), "--max-input-len", str(max_input)]  # fmt: skip
         pods = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers, cache_tokens = {}, args.routing_cache_tokens or 2 * args.slots * args.max_seq_len
-        for policy in POLICIES[1:]:
-            routers[policy] = procs.start(
-                f"trace_router-{policy}", "--role", "router", "--served-model-name", "smollm2",
-                *itertools.chain.from_iterable(("--unified", p) for p in pods),
-                "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(args.slots),
-                "--routing-cache-tokens", str(cache_tokens), "--peer-probe-interval", "0.5",
-                *(["--model", str(model)] if policy.endswith("-events") else []),
-            )  # fmt: skip
+        cache_tokens = args.routing_cache_tokens or operator_cache_tokens(args.slots, args.max_seq_len)
+        routers = {
+            policy: procs.start(
+                f"trace_router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
+            )
+            for policy in POLICIES[1:]
+        }
         warm = Scaling(16, max_input, 4)
         warm_texts = [prompt(r, warm, -1, vocabulary) for r in requests[:6]]
         asyncio.run(replay(pods, warm_texts, [4] * 6, [0.0] * 6, pods, args.slots, Result()))
