@@ -65,7 +65,9 @@ def pods(local: LocalCluster, role: str, model: str = NAME) -> list[dict]:
 
 
 def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    """Whether the pod says it is Ready (a pod the kubelet has not reached yet has no status)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def kept(pod: dict) -> tuple[str, int]:
