@@ -11,12 +11,15 @@ rotation or restarted (a new identity) starts empty.
 The policy (`choose`, policy `kv-aware`) prices each candidate pod: its expected time to first token is the
 expected wait for a slot plus the prefill of the prompt's blocks it does not hold (`expected_ttft`), from its
 load, its slots and its measured timings (`PodTimings`: seconds a request holds a slot, prefill seconds per
-token); the lowest wins, ties in the load ranking's order. Until a pod has timings the pool's stand in; where
-a cost cannot be priced (no timings yet, or a pod's slots unknown) the old rule decides: a pod more than
-`load_margin` requests above the least loaded is passed over, of the rest the one holding the longest prefix
-wins. Each decision has a reason: `prefix` (a pod holding the longest prefix was chosen), `load` (no pod held
-any of it), `overload` (a pod held more of it but its wait, or slower prefill, priced it out; by the old
-rule: it was over the margin). Policy `least-loaded` always takes the least loaded pod (reason `load`).
+token); the lowest wins. Ties (pods with a free slot within NEAR_TIE of the lowest cost, or, unpriced, the
+least loaded where no pod holds any of it) go to the prompt's home pod: a rendezvous hash of its first block
+no pod holds, so a conversation that every cache dropped goes back where it was, not to a pod measured a
+little faster. Until a pod has timings the pool's stand in; where a cost cannot be priced (no timings yet, or
+a pod's slots unknown) the old rule decides: a pod more than `load_margin` requests above the least loaded is
+passed over, of the rest the one holding the longest prefix wins. Each decision has a reason: `prefix` (a pod
+holding the longest prefix was chosen), `load` (no pod held any of it), `overload` (a pod held more of it but
+its wait, or slower prefill, priced it out; by the old rule: it was over the margin). Policy `least-loaded`
+always takes the least loaded pod (reason `load`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ BLOCK_CHARS = 64  # characters per block of a prompt's text (about 16 tokens of 
 CHARS_PER_TOKEN = 4  # for a cache given in tokens, held as blocks of characters
 TTL_SECONDS = 600.0  # what a pod was sent this long ago is assumed gone from its cache
 REASONS = ("prefix", "load", "overload")
+# expected times to first token within this share of the lowest are a tie (the spread of a pod's measured
+# timings on a busy machine): a pod measured faster by less than that does not take a prompt from its home
+NEAR_TIE = 0.25
 
 
 def chained(blocks: Iterable[bytes], parent: int | None = None) -> list[int]:
@@ -294,23 +300,51 @@ def expected_ttft(candidate: Candidate, blocks: int) -> float | None:
     return wait + max(0, blocks - candidate.held) * BLOCK_TOKENS * candidate.prefill_per_token
 
 
+def home_rank(key: int, pod: str) -> int:
+    """A pod's rank for a prompt whose first unheld block is named `key` (rendezvous hashing): the highest
+    ranked pod is the prompt's home. Every router ranks alike, pods spread prompts evenly, and a pod that
+    leaves moves only the prompts it was home to."""
+    digest = hashlib.blake2b(key.to_bytes(8, "little") + pod.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
 def choose(
-    candidates: Sequence[Candidate], policy: str, load_margin: int, blocks: int = 0
+    candidates: Sequence[Candidate], policy: str, load_margin: int, blocks: int = 0, home: int | None = None
 ) -> tuple[int, str]:
     """Which candidate takes a request of `blocks` whole prompt blocks (an index into `candidates`, which come
     least loaded first as the load ranking orders them) and why (REASONS). Priced (`expected_ttft`): the
-    lowest expected time to first token, ties in the ranking's order; where any candidate cannot be priced,
-    the old rule with `load_margin` (the module's docstring)."""
+    lowest expected time to first token; where any candidate cannot be priced, the old rule with
+    `load_margin` (the module's docstring).
+
+    Ties go to the prompt's home pod (`home_rank` of `home`, the name of the first block no pod holds; None:
+    the ranking's order): priced, the pods with a free slot whose cost is within NEAR_TIE of the lowest,
+    holding the most of the prompt among them; unpriced, the least loaded where no pod holds any of it. So a
+    conversation whose blocks every cache has dropped goes back to the pod it went to before (which may
+    still hold them, and holds them alone), instead of to whichever pod measured a few milliseconds faster."""
     if not candidates:
         raise ValueError("no candidate pod")
-    if policy == "least-loaded" or not any(c.held for c in candidates):
+    if policy == "least-loaded":
         return 0, "load"
     most = max(c.held for c in candidates)
     costs = [expected_ttft(c, max(blocks, most)) for c in candidates]
     if all(cost is not None for cost in costs):
         best = min(range(len(candidates)), key=lambda i: (costs[i], i))
+        if home is not None:
+            near = [i for i, c in enumerate(candidates)
+                    if c.load < c.slots and costs[i] <= costs[best] * (1 + NEAR_TIE)]  # fmt: skip
+            if near:
+                held = max(candidates[i].held for i in near)
+                near = [i for i in near if candidates[i].held == held]
+                best = max(near, key=lambda i: home_rank(home, candidates[i].pod))
+        if not most:
+            return best, "load"
         return best, "prefix" if candidates[best].held == most else "overload"
     floor = min(c.load for c in candidates)
+    if not most:
+        least = [i for i, c in enumerate(candidates) if c.load == floor]
+        if home is None:
+            return least[0], "load"
+        return max(least, key=lambda i: home_rank(home, candidates[i].pod)), "load"
     within = [i for i, c in enumerate(candidates) if c.held and c.load <= floor + load_margin]
     if not within:
         return 0, "overload"
@@ -432,7 +466,9 @@ class Routing:
         """Of pods in the load ranking's order (`peers.Peer`: url, score, slots), the one to send a request of
         these blocks to; counted by reason."""
         candidates = [self.candidate(p, blocks, now) for p in ranked]
-        index, reason = choose(candidates, self.policy, self.load_margin, len(blocks))
+        most = max((c.held for c in candidates), default=0)
+        home = blocks[min(most, len(blocks) - 1)] if blocks else None
+        index, reason = choose(candidates, self.policy, self.load_margin, len(blocks), home)
         self.decisions[reason] += 1
         if blocks:
             self.blocks_asked += len(blocks)

@@ -487,7 +487,8 @@ def test_a_second_router_replica_routes_a_conversations_next_turn_by_the_pods_kv
             return metric(two, "neuronfleet:router_pod_cached_blocks", role="prefill", pod=pod)
 
         answer = ask(one, history)
-        holder = max((pa, pb), key=lambda p: metric(p, "vllm:prompt_tokens_total"))
+        # the pod that prefilled it (a prefill pod counts its prompt tokens as prefix cache queries)
+        holder = max((pa, pb), key=lambda p: metric(p, "vllm:prefix_cache_queries_total"))
         wait_until(lambda: cached(holder) > 0, "the second router hears what the first turn stored")
         history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And item 4?"}]
         hits = metric(holder, "vllm:prefix_cache_hits_total")

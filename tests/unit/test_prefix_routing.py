@@ -89,8 +89,8 @@ SATURATED = [priced("a", 4, 0), priced("b", 5, 0), priced("held", 6, 60)]
             64,
             ("fast", "overload"),
         ),
-        # no pod holds any of it: the least loaded, priced or not
-        ([priced("a", 4, 0), priced("b", 0, 0)], 64, ("a", "load")),
+        # no pod holds any of it: the one with a free slot (a full pod's wait priced in)
+        ([priced("a", 4, 0), priced("b", 0, 0)], 64, ("b", "load")),
         # not priced (no timing of answers, a pod full): the margin rule decides, as before
         ([priced(x.pod, x.load, x.held, answer=None) for x in SATURATED], 64, ("held", "prefix")),
         # ... as where the slots are unknown
@@ -104,6 +104,74 @@ SATURATED = [priced("a", 4, 0), priced("b", 5, 0), priced("held", 6, 60)]
 def test_the_priced_policy(candidates, blocks, want):
     index, reason = pr.choose(candidates, "kv-aware", 2, blocks)
     assert (candidates[index].pod, reason) == want
+
+
+def home_of(key: int, pods: str) -> str:
+    return max(pods, key=lambda pod: pr.home_rank(key, pod))
+
+
+def test_a_prompt_no_pod_holds_goes_home_whatever_the_rankings_order():
+    key = 0x5EED
+    home = home_of(key, "abc")
+    for order in ("abc", "cba", "bca"):
+        candidates = [priced(p, 0, 0) for p in order]
+        index, reason = pr.choose(candidates, "kv-aware", 2, 64, home=key)
+        assert (candidates[index].pod, reason) == (home, "load")
+        # unpriced too, among the least loaded
+        unpriced = [Candidate(p, 1, 0) for p in order]
+        index, reason = pr.choose(unpriced, "kv-aware", 2, 64, home=key)
+        assert (unpriced[index].pod, reason) == (home, "load")
+
+
+def test_homes_spread_prompts_over_the_pods():
+    homes = [home_of(key, ("pod-a", "pod-b", "pod-c")) for key in range(3000)]
+    shares = sorted(homes.count(p) / len(homes) for p in ("pod-a", "pod-b", "pod-c"))
+    assert shares[0] > 0.28 and shares[-1] < 0.39, shares
+
+
+KEY = 0xC0FFEE
+HOME = home_of(KEY, ("a", "b"))
+AWAY = "b" if HOME == "a" else "a"
+
+
+@pytest.mark.parametrize(
+    ("candidates", "want"),
+    [
+        # neither holds it, the other measured 10% faster: a tie, so home
+        ([priced(AWAY, 0, 0, prefill=0.0009), priced(HOME, 0, 0)], (HOME, "load")),
+        # ... twice as fast is not a tie: the faster pod
+        ([priced(AWAY, 0, 0, prefill=0.0005), priced(HOME, 0, 0)], (AWAY, "load")),
+        # home has no free slot (a wait to price in): the pod with one
+        ([priced(AWAY, 0, 0), priced(HOME, 4, 0)], (AWAY, "load")),
+        # a pod holding more of it within the tie keeps it (the holder is never left for home)
+        ([priced(AWAY, 0, 2, prefill=0.0011), priced(HOME, 0, 0)], (AWAY, "prefix")),
+        # unpriced: home only among the least loaded
+        ([Candidate(AWAY, 0, 0), Candidate(HOME, 1, 0)], (AWAY, "load")),
+    ],
+)
+def test_ties_go_home(candidates, want):
+    index, reason = pr.choose(candidates, "kv-aware", 2, 64, home=KEY)
+    assert (candidates[index].pod, reason) == want
+
+
+def test_a_routing_sends_a_conversation_every_cache_dropped_back_to_its_pod():
+    """Through `Routing.pick`: with the index forgotten (a TTL passed, an eviction), the same prompt goes to
+    the pod it went to first, not to the ranking's first."""
+
+    @dataclass
+    class P:
+        url: str
+        score: int = 0
+        slots: int = 4
+
+    routing = pr.Routing("kv-aware", by_tokens=True)
+    prompt = list(range(320))
+    blocks = routing.blocks(prompt)
+    pods = [P("http://pod-0"), P("http://pod-1"), P("http://pod-2")]
+    first = routing.pick(pods, blocks, 0.0).url
+    for ranked in (pods, pods[::-1], pods[1:] + pods[:1]):
+        routing.index.forget(first)
+        assert routing.pick(ranked, blocks, 1.0).url == first
 
 
 @pytest.mark.parametrize(
