@@ -8,12 +8,18 @@ Blocks are named as the KV events name them (`kv_events.block_hash`: a hash of t
 block's tokens, so a name stands for its whole prefix), which lets the events say exactly what the pod holds.
 
 Each block has a place in the runner's host pool (`place`, 0 .. capacity-1). The store is bounded in blocks
-(the pool's bytes over one block's bytes) and evicts the least recently used block, tails before heads: a
-block is useless without its parent, so a use or a save touches a chain from its tail to its head (the head
-last, most recent), which keeps every parent more recent than its children; the least recently used block is
-then always a leaf, and a chain is dropped from its tail, its shared head (a system prompt) last. Dropping a
-whole chain at once would throw away the head that other conversations share; dropping a head first would
-leave its children unreachable, taking memory for nothing.
+(the pool's bytes over one block's bytes) and is a segmented LRU: a block saved and not reused since is on
+probation; a block reused (found here by a prompt, or saved again from a slot that held it again) is
+protected, up to PROTECTED_SHARE of the store (beyond, the least recently used protected block goes back to
+probation, as its most recent). Eviction takes probation's least recently used block first, then
+protected's (the two lists of the Linux page cache, active and inactive, are the same idea). Under plain
+LRU a burst of prompts seen once, or more conversations than the store holds going round, push out every
+prefix in use; here a prefix that came back once stays protected while what was seen once passes through
+probation. Within each order a use or a save
+touches a chain from its tail to its head (the head last, most recent), which keeps every parent more recent
+than its children; the least recently used block is then a leaf, and a chain is dropped from its tail, its
+shared head (a system prompt) last. Dropping a whole chain at once would throw away the head that other
+conversations share; dropping a head first would leave its children unreachable, taking memory for nothing.
 """
 
 from __future__ import annotations
@@ -44,15 +50,22 @@ def block_names(token_ids: Sequence[int], block_size: int = BLOCK_SIZE) -> list[
     return names
 
 
+PROTECTED_SHARE = 0.8  # of the store's blocks, at most this share protected (the rest is probation's)
+
+
 class HostKvStore:
-    """Blocks by name, least recently used first, at most `capacity` of them."""
+    """Blocks by name (`blocks`), at most `capacity` of them, in two least-recently-used orders: `probation`
+    and `protected` (least recent first)."""
 
     def __init__(self, capacity: int, block_size: int = BLOCK_SIZE) -> None:
         if capacity < 1:
             raise ValueError(f"a host KV store holds at least 1 block, got {capacity}")
         self.capacity = capacity
         self.block_size = block_size
-        self.blocks: OrderedDict[int, StoredBlock] = OrderedDict()  # least recently used first
+        self.blocks: dict[int, StoredBlock] = {}
+        self.probation: OrderedDict[int, None] = OrderedDict()
+        self.protected: OrderedDict[int, None] = OrderedDict()
+        self.protected_capacity = int(capacity * PROTECTED_SHARE)
         self._children: dict[int, int] = {}  # name -> children in the store
         self._free = list(range(capacity - 1, -1, -1))  # places in the pool, the lowest taken first
         self.version = 0  # counts changes of what the store holds (a KV event ledger re-reads it on change)
@@ -71,14 +84,21 @@ class HostKvStore:
         return n
 
     def use(self, names: Sequence[int]) -> list[int]:
-        """A chain's blocks (all held) are used: touched tail first, head last; their places, in order."""
+        """A chain's blocks (all held) are reused: protected, touched tail first, head last; their places, in
+        order."""
         for name in reversed(names):
-            self.blocks.move_to_end(name)
+            self.probation.pop(name, None)
+            self.protected[name] = None
+            self.protected.move_to_end(name)
+        while len(self.protected) > self.protected_capacity:
+            name, _ = self.protected.popitem(last=False)
+            self.probation[name] = None
         return [self.blocks[name].place for name in names]
 
     def save(self, token_ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
         """Keep the whole blocks of a sequence (at most the store's capacity, from its head): the blocks it
-        lacks are given places, evicting the least recently used blocks of other chains.
+        lacks are given places on probation, evicting the least recently used blocks of other chains; those
+        it holds already are reused (protected).
 
         Returns (which blocks of the sequence the caller copies in, their places, the names evicted)."""
         bs = self.block_size
@@ -96,15 +116,24 @@ class HostKvStore:
             if parent is not None:
                 self._children[parent] = self._children.get(parent, 0) + 1
             places.append(place)
-        self.use(names)
+        held = len(names) - len(fresh)  # fresh blocks come after those held: a chain is kept from its head
+        for name in reversed(names[held:]):
+            self.probation[name] = None
+        if held:
+            self.use(names[:held])
         if fresh or evicted:
             self.version += 1
         return fresh, places, evicted
 
     def _evict(self, keep: set[int]) -> int:
-        """Drop the least recently used leaf not in `keep`; its name. (The least recently used block is a
-        leaf: every use touches parents after children.)"""
-        name = next(n for n in self.blocks if n not in keep and not self._children.get(n))
+        """Drop the least recently used leaf not in `keep`, probation's before protected's; its name."""
+        for order in (self.probation, self.protected):
+            name = next((n for n in order if n not in keep and not self._children.get(n)), None)
+            if name is not None:
+                break
+        else:
+            raise AssertionError("a full host KV store with no block to evict outside the chain saved")
+        del order[name]
         block = self.blocks.pop(name)
         if block.parent is not None:
             left = self._children[block.parent] - 1
@@ -119,6 +148,8 @@ class HostKvStore:
         """Drop every block (what the pool holds is unknown: a step failed midway); their names."""
         names = list(self.blocks)
         self.blocks.clear()
+        self.probation.clear()
+        self.protected.clear()
         self._children.clear()
         self._free = list(range(self.capacity - 1, -1, -1))
         if names:

@@ -1,7 +1,9 @@
-"""The host KV store: blocks kept after their slot is overwritten, least recently used dropped first, tails
-before heads; keyed as the KV events name blocks; the scheduler's plan saving a slot before a prompt
-overwrites it and fetching a conversation's prefix back; the KV events counting the store's blocks as the
-pod's; and an engine whose answers with the store are those it gives prefilling everything."""
+"""The host KV store: blocks kept after their slot is overwritten, a segmented LRU (what was reused is
+protected from a burst of prompts seen once), least recently used dropped first, tails before heads, its
+bounds and links held under random use; keyed as the KV events name blocks; the scheduler's plan saving a
+slot before a prompt overwrites it and fetching a conversation's prefix back; the KV events counting the
+store's blocks as the pod's; and an engine whose answers with the store are those it gives prefilling
+everything."""
 
 from __future__ import annotations
 
@@ -62,6 +64,57 @@ def test_the_least_recently_used_chains_tail_goes_first_and_its_shared_head_last
     b_names = block_names(b, 4)
     assert evicted == [b_names[2], b_names[1]]  # b's tail, then its next block; the head stays
     assert store.cached(a_names) == 2 and store.cached(b_names) == 1 and len(store) == 4
+
+
+def test_a_reused_prefix_outlives_a_burst_of_prompts_seen_once():
+    """A conversation whose prefix came back (fetched from the store) is protected: a burst of one-off
+    prompts, together larger than the store, passes through probation and leaves it. Under plain LRU the
+    burst would have pushed it out."""
+    store = HostKvStore(capacity=10, block_size=4)
+    convo = seq_of(4, 0)
+    names = block_names(convo, 4)
+    store.save(convo)
+    store.use(names[: store.cached(names)])  # its next turn found it here
+    assert set(store.protected) == set(names)
+    for k in range(6):  # 6 one-off prompts of 2 blocks: 12 blocks through the 6 left
+        store.save(seq_of(2, 1000 + 100 * k))
+    assert store.cached(names) == 4 and len(store) == 10
+    # a one-off prompt saved again from a slot that held it again is reused too: protected
+    again = seq_of(2, 1000 + 100 * 5)
+    store.save(again)
+    assert set(block_names(again, 4)) <= set(store.protected)
+
+
+def test_protected_blocks_are_bounded_and_the_least_recent_goes_back_to_probation():
+    store = HostKvStore(capacity=10, block_size=4)  # at most 8 protected
+    chains = [seq_of(3, 100 * k) for k in range(3)]
+    for chain in chains:
+        store.save(chain)
+        store.use(block_names(chain, 4))
+    assert len(store.protected) == 8 and len(store.probation) == 1
+    # the first chain's tail went back to probation: the least recently used protected block
+    assert list(store.probation) == [block_names(chains[0], 4)[2]]
+    store.save(seq_of(2, 9000))  # 1 free place, 2 needed: probation's block is evicted first
+    assert store.cached(block_names(chains[0], 4)) == 2
+
+
+def test_the_store_keeps_its_bounds_and_links_under_random_use():
+    rng = random.Random(5)
+    store = HostKvStore(capacity=24, block_size=4)
+    prompts = [[rng.randrange(6) for _ in range(rng.randrange(4, 60))] for _ in range(30)]
+    for _ in range(2000):
+        tokens = rng.choice(prompts)
+        if rng.random() < 0.5:
+            fresh, places, evicted = store.save(tokens)
+            assert len(places) == len(fresh) and not set(evicted) & set(block_names(tokens, 4)[:24])
+        else:
+            names = block_names(tokens, 4)
+            store.use(names[: store.cached(names)])
+        assert len(store) <= 24 and len(store.protected) <= store.protected_capacity
+        assert set(store.probation) | set(store.protected) == set(store.blocks)
+        assert not set(store.probation) & set(store.protected)
+        assert len({b.place for b in store.blocks.values()}) == len(store)  # no place given twice
+        assert all(b.parent is None or b.parent in store for b in store.blocks.values())  # no orphan
 
 
 def test_a_sequence_longer_than_the_store_keeps_its_head_and_saving_again_copies_nothing():
