@@ -11,15 +11,15 @@ rotation or restarted (a new identity) starts empty.
 The policy (`choose`, policy `kv-aware`) prices each candidate pod: its expected time to first token is the
 expected wait for a slot plus the prefill of the prompt's blocks it does not hold (`expected_ttft`), from its
 load, its slots and its measured timings (`PodTimings`: seconds a request holds a slot, prefill seconds per
-token); the lowest wins. Ties (pods with a free slot within NEAR_TIE of the lowest cost, or, unpriced, the
-least loaded where no pod holds any of it) go to the prompt's home pod: a rendezvous hash of its first block
-no pod holds, so a conversation that every cache dropped goes back where it was, not to a pod measured a
-little faster. Until a pod has timings the pool's stand in; where a cost cannot be priced (no timings yet, or
-a pod's slots unknown) the old rule decides: a pod more than `load_margin` requests above the least loaded is
-passed over, of the rest the one holding the longest prefix wins. Each decision has a reason: `prefix` (a pod
-holding the longest prefix was chosen), `load` (no pod held any of it), `overload` (a pod held more of it but
-its wait, or slower prefill, priced it out; by the old rule: it was over the margin). Policy `least-loaded`
-always takes the least loaded pod (reason `load`).
+token); the lowest wins. Ties (the least loaded of the pods with a free slot within NEAR_TIE of the lowest
+cost, or, unpriced, the least loaded where no pod holds any of it) go to the prompt's home pod: a rendezvous
+hash of its first block no pod holds, so a conversation that every cache dropped goes back where it was, not
+to a pod measured a little faster. Until a pod has timings the pool's stand in; where a cost cannot be priced
+(no timings yet, or a pod's slots unknown) the old rule decides: a pod more than `load_margin` requests above
+the least loaded is passed over, of the rest the one holding the longest prefix wins. Each decision has a
+reason: `prefix` (a pod holding the longest prefix was chosen), `load` (no pod held any of it), `overload` (a
+pod held more of it but its wait, or slower prefill, priced it out; by the old rule: it was over the margin).
+Policy `least-loaded` always takes the least loaded pod (reason `load`).
 """
 
 from __future__ import annotations
@@ -318,7 +318,9 @@ def choose(
 
     Ties go to the prompt's home pod (`home_rank` of `home`, the name of the first block no pod holds; None:
     the ranking's order): priced, the pods with a free slot whose cost is within NEAR_TIE of the lowest,
-    holding the most of the prompt among them; unpriced, the least loaded where no pod holds any of it. So a
+    holding the most of the prompt among them, the least loaded of those (a pod's free slot is not free
+    compute: its running requests share the pod's steps, so home never takes load from a less loaded pod);
+    unpriced, the least loaded where no pod holds any of it. So a
     conversation whose blocks every cache has dropped goes back to the pod it went to before (which may
     still hold them, and holds them alone), instead of to whichever pod measured a few milliseconds faster."""
     if not candidates:
@@ -335,6 +337,8 @@ def choose(
             if near:
                 held = max(candidates[i].held for i in near)
                 near = [i for i in near if candidates[i].held == held]
+                load = min(candidates[i].load for i in near)
+                near = [i for i in near if candidates[i].load == load]
                 best = max(near, key=lambda i: home_rank(home, candidates[i].pod))
         if not most:
             return best, "load"

@@ -143,6 +143,8 @@ AWAY = "b" if HOME == "a" else "a"
         ([priced(AWAY, 0, 0, prefill=0.0005), priced(HOME, 0, 0)], (AWAY, "load")),
         # home has no free slot (a wait to price in): the pod with one
         ([priced(AWAY, 0, 0), priced(HOME, 4, 0)], (AWAY, "load")),
+        # ... nor a free slot on a busier pod: its running requests share its steps, the idle pod takes it
+        ([priced(AWAY, 0, 0), priced(HOME, 1, 0)], (AWAY, "load")),
         # a pod holding more of it within the tie keeps it (the holder is never left for home)
         ([priced(AWAY, 0, 2, prefill=0.0011), priced(HOME, 0, 0)], (AWAY, "prefix")),
         # unpriced: home only among the least loaded
