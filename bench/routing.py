@@ -13,7 +13,7 @@ Workloads (each with its own texts per policy, so no policy finds what an earlie
   - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
     --turns turns; each turn sends the whole history (earlier questions and the model's answers), waits
     for its answer, and the next comes after a pause (--think-seconds on average: the user reads and types,
-    while the other conversations go on);
+    while the other conversations go on); conversations start at once, or spread over --arrivals-seconds;
   - shared-prefix: --requests requests from --clients clients, each with the same long system prompt
     (~1000 tokens) and a short question of its own.
 Measured per policy and workload: TTFT p50 and p90 (request sent to first streamed content), output tokens/s
@@ -23,8 +23,8 @@ pods (the busiest pod's prompt tokens over the mean). Ratios to round-robin are 
 bench/results/routing.json with the CPU it ran on (and routing.png with --png, which needs matplotlib).
 
     .venv/bin/python bench/routing.py [--pods 3] [--slots 4] [--conversations 9] [--turns 4]
-        [--think-seconds 1] [--requests 24] [--clients 6] [--max-tokens 16] [--policies ...]
-        [--workloads ...] [--out routing.json] [--png]
+        [--think-seconds 1] [--arrivals-seconds 0] [--requests 24] [--clients 6] [--max-tokens 16]
+        [--policies ...] [--workloads ...] [--out routing.json] [--png]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -196,6 +196,7 @@ async def multi_turn(target, args, seed: int) -> Result:
     docs = [document(rng, 750) for _ in range(args.conversations)]
 
     async def conversation(session: aiohttp.ClientSession, doc: str, n: int) -> None:
+        await asyncio.sleep(rng.uniform(0, args.arrivals_seconds))  # users arrive over a while, not at once
         messages = [{"role": "system", "content": "Answer from this document.\n" + doc}]
         for turn in range(args.turns):
             messages.append({"role": "user", "content": f"Question {turn + 1} of chat {n}: what comes after "
@@ -295,6 +296,12 @@ def main() -> None:
         type=float,
         default=1.0,
         help="a user's mean pause between an answer and the next turn (uniform, 0 to twice it)",
+    )
+    parser.add_argument(
+        "--arrivals-seconds",
+        type=float,
+        default=0.0,
+        help="conversations start at uniform times over this many seconds (0: all at once)",
     )
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--clients", type=int, default=6)
