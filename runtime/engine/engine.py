@@ -36,7 +36,13 @@ from neuronfleet.runtime.engine.model_runner import ExportMemory, ModelRunner, S
 from neuronfleet.runtime.engine.scheduler import Scheduler, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
 from neuronfleet.runtime.engine.text_output import TextOutput
-from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
+from neuronfleet.runtime.serving.backend import (
+    FinishReason,
+    Limits,
+    RequestOutput,
+    TokenLogprobs,
+    check_fits,
+)
 from neuronfleet.runtime.serving.engine_metrics import StepMetrics, StepReport
 from neuronfleet.runtime.serving.errors import (
     EngineFailed,
@@ -236,7 +242,7 @@ class Engine:
             outputs.append(self._failed(seq, error))
             finished[seq] = FinishReason.ABORT
         for seq, token in result.tokens.items():
-            out = self._accept(seq, token)
+            out = self._accept(seq, token, result.logprobs.get(seq))
             outputs.append(out)
             if out is not None and out.finish_reason is not None:
                 finished[seq] = out.finish_reason
@@ -297,9 +303,10 @@ class Engine:
         out.error = f"{type(error).__name__}: {error}"
         return out
 
-    def _accept(self, seq: Seq, token: int) -> RequestOutput | None:
-        """One new token of a sequence as its output: detokenization and the stop checks (the scheduler
-        appends the token and frees a finished one's slot); a failure here ends this request alone."""
+    def _accept(self, seq: Seq, token: int, logprobs: TokenLogprobs | None = None) -> RequestOutput | None:
+        """One new token of a sequence (and its log probabilities, where asked) as its output:
+        detokenization and the stop checks (the scheduler appends the token and frees a finished one's slot);
+        a failure here ends this request alone."""
         stream = self._streams.get(seq.request_id)
         if stream is None:  # aborted while the step ran
             return None
@@ -314,7 +321,10 @@ class Engine:
             return self._failed(seq, e)
         if reason is not None:
             del self._streams[seq.request_id]
-        return self._output(stream, [token], text, reason, completion_tokens=n)
+        out = self._output(stream, [token], text, reason, completion_tokens=n)
+        if logprobs is not None:
+            out.logprobs = [logprobs]
+        return out
 
     @staticmethod
     def _output(

@@ -28,6 +28,7 @@ from neuronfleet.runtime.model import cpu_threads, heap_returns
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
 from neuronfleet.runtime.model.model_config import load_model_config
+from neuronfleet.runtime.serving.backend import TokenLogprobs
 
 ExportMemory = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # (shape, dtype) -> memory to fill
 
@@ -43,6 +44,7 @@ class StepResult:
 
     tokens: dict[Seq, int] = field(default_factory=dict)
     failed: list[tuple[Seq, Exception]] = field(default_factory=list)
+    logprobs: dict[Seq, TokenLogprobs] = field(default_factory=dict)  # of the rows whose request asked
 
 
 class ModelRunner:
@@ -103,13 +105,18 @@ class ModelRunner:
                 self.fetch_blocks(fetch.dst, fetch.places)
         prefill = [r for r in plan.prefill if id(r.seq) not in failed]
         decode = [r for r in plan.decode if id(r.seq) not in failed]
-        tokens = self._pass(prefill, decode)
-        result.tokens = {r.seq: t for r, t in zip([*prefill, *decode], tokens, strict=True)}
+        tokens, logprobs = self._pass(prefill, decode)
+        rows = [*prefill, *decode]
+        result.tokens = {r.seq: t for r, t in zip(rows, tokens, strict=True)}
+        result.logprobs = {r.seq: lp for r, lp in zip(rows, logprobs, strict=True) if lp is not None}
         return result
 
-    def _pass(self, prefill: Sequence[Row], decode: Sequence[Row]) -> list[int]:
+    def _pass(
+        self, prefill: Sequence[Row], decode: Sequence[Row]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """One pass: the prefill rows' tokens written into their slots from their start positions, one token
-        decoded for each decode row; the sampled next token of every row, prefill rows first."""
+        decoded for each decode row; the sampled next token of every row, prefill rows first, and its log
+        probabilities where asked (`Sampler.sample`)."""
         c, model = self.config, self.model
         prefill_batch = decode_batch = None
         if prefill:
@@ -139,7 +146,7 @@ class ModelRunner:
                 torch.tensor([r.slot for r in decode], dtype=torch.long, device=self.device),
             )
         if prefill_batch is None and decode_batch is None:
-            return []
+            return [], []
         prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)
         logits = [t for t in (prefill_logits, decode_logits) if t is not None]
         return self.sampler.sample(

@@ -1,5 +1,6 @@
 """Sampling the next token of each slot's request (torch): greedy, or temperature with top-k and top-p from
-the request's own seeded generator, and the repetition penalty over its prompt and output."""
+the request's own seeded generator, and the repetition penalty over its prompt and output; the sampled
+token's log probabilities where its request asks for them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from neuronfleet.runtime.serving.backend import TokenLogprobs
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
@@ -48,9 +50,15 @@ class Sampler:
             self.slots[dst] = sampler
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, slots: Sequence[int]) -> list[int]:
-        """One next token per row of `logits` [N, vocab], row i belonging to `slots[i]`."""
+    def sample(
+        self, logits: torch.Tensor, slots: Sequence[int]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """One next token per row of `logits` [N, vocab], row i belonging to `slots[i]`; and, for each row
+        whose request asked for them, the token's log probabilities (`TokenLogprobs`, from the raw logits:
+        before the penalty and the sampling settings change them), else None."""
         samplers = [self.slots[s] for s in slots]
+        asked = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
+        raw = logits[asked].float().log_softmax(-1) if asked else None
         for row, s in enumerate(samplers):
             if s.params.repetition_penalty != 1.0 and s.history:
                 ids = torch.tensor(sorted(set(s.history)), dtype=torch.long, device=logits.device)
@@ -65,7 +73,15 @@ class Sampler:
         for row, s in enumerate(samplers):
             if s.params.repetition_penalty != 1.0:
                 s.history.append(tokens[row])
-        return tokens
+        logprobs: list[TokenLogprobs | None] = [None] * len(samplers)
+        for k, row in enumerate(asked):
+            assert raw is not None
+            top: tuple[tuple[int, float], ...] = ()
+            if samplers[row].params.logprobs:
+                values, ids = raw[k].topk(samplers[row].params.logprobs)
+                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+            logprobs[row] = TokenLogprobs(float(raw[k, tokens[row]]), top)
+        return tokens, logprobs
 
     @staticmethod
     def _sample_rows(logits: torch.Tensor, samplers: list[SlotSampler]) -> torch.Tensor:

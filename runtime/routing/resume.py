@@ -14,8 +14,8 @@ and without a second role event, the usage counting every token of every attempt
   pod said in its first event, `prompt_token_ids`, else the router's tokenizer's) followed by the ids sent,
   and `max_tokens` less what was sent. A greedy
   request continues exactly as an undisturbed one would have; a chat goes through `/v1/completions` and
-  comes back in chat form (a chat's `tools`, `response_format` and `logprobs` are not carried over:
-  `RESUME_FIELDS` are).
+  comes back in chat form (a chat's `tools` and `response_format` are not carried over: `RESUME_FIELDS`
+  are; a chat asking for `logprobs` resumes from the text instead, below, to keep them in chat form).
 - from the text (`kind` "resume_text"): a pod that gave no ids: a completion's prompt followed by the text
   sent; a chat's messages followed by an assistant message of the text sent, with vLLM's
   `continue_final_message: true, add_generation_prompt: false`. The text is tokenized again, so the seam
@@ -281,8 +281,11 @@ class StreamResume(CarriedStream):
     @property
     def kind(self) -> str:
         """How the next attempt resumes: "resume" (from the token ids: exact for greedy requests) or
-        "resume_text" (from the text sent, tokenized again)."""
-        return "resume" if self.exact and self.prompt_ids is not None else "resume_text"
+        "resume_text" (from the text sent, tokenized again). A chat that asked for log probabilities resumes
+        from its text, as a chat: the token-id path answers through /v1/completions, whose log probabilities
+        are in another form."""
+        by_ids = self.exact and self.prompt_ids is not None
+        return "resume" if by_ids and not (self.chat and self.body.get("logprobs")) else "resume_text"
 
     def sent_tokens(self) -> int:
         if self.exact:

@@ -36,7 +36,13 @@ from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
 from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
 from neuronfleet.runtime.serving.engine_metrics import protocol_info
-from neuronfleet.runtime.serving.errors import HandedBack, Overloaded, ServingError, Unavailable
+from neuronfleet.runtime.serving.errors import (
+    HandedBack,
+    InvalidRequest,
+    Overloaded,
+    ServingError,
+    Unavailable,
+)
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
@@ -268,6 +274,12 @@ class RemoteBackend:
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         params = params or SamplingParams()
+        if params.logprobs is not None:
+            raise InvalidRequest(
+                "log probabilities are not served by prefilled/decoded models yet (the first token's would "
+                "have to cross the KV hand-off); ask a unified model, or leave logprobs out",
+                "logprobs",
+            )
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_fits(self.limits, len(ids), params.max_tokens)
         rid = request_id or f"route-{next(self._ids)}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuronfleet.runtime.serving.errors import InvalidRequest
-from neuronfleet.runtime.serving.sampling_params import SamplingDefaults, SamplingParams
+from neuronfleet.runtime.serving.sampling_params import MAX_LOGPROBS, SamplingDefaults, SamplingParams
 
 OPENAI_DEFAULTS = SamplingDefaults()
 
@@ -226,9 +226,8 @@ def _openai_request(
     ignore_eos = _get(body, "ignore_eos", (bool,), False)  # vLLM's extension
     for name in ("presence_penalty", "frequency_penalty"):
         _get(body, name, (int, float))
-    _refuse_unsupported(
-        body, {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "best_of": 1}
-    )
+    _refuse_unsupported(body, {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 1})
+    logprobs = _logprobs(body, chat=messages is not None)
     _get(body, "logit_bias", (dict,))
     _refuse_unsupported(body, {"logit_bias": {}})
     _get(body, "user", (str,))
@@ -245,8 +244,27 @@ def _openai_request(
         seed=seed,
         stop=_stop(body.get("stop"), "stop"),
         ignore_eos=ignore_eos,
+        logprobs=logprobs,
     )
     return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many most likely tokens to report beside each generated token's log probability (None: no log
+    probabilities). Chat: `logprobs` true, with `top_logprobs` 0-20; completions: `logprobs` 0-20 (OpenAI's
+    legacy API allows 5; vLLM, 20)."""
+    if not chat:
+        n = _get(body, "logprobs", (int,), None)
+        if n is not None:
+            _in_range("logprobs", n, 0, MAX_LOGPROBS)
+        return n
+    asked = _get(body, "logprobs", (bool,), False)
+    top = _get(body, "top_logprobs", (int,), None)
+    if top is not None:
+        _in_range("top_logprobs", top, 0, MAX_LOGPROBS)
+        if top and not asked:
+            raise InvalidRequest("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if asked else None
 
 
 def parse_openai_completion(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> ParsedRequest:
@@ -316,7 +334,7 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
         body,
         {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "functions": [],
          "function_call": "none", "audio": None, "modalities": ["text"], "web_search_options": None,
-         "moderation": None, "top_logprobs": 0},
+         "moderation": None},
     )  # fmt: skip
     # vLLM's extensions: the answer continues the last (assistant) message instead of starting a new one
     # (what a router resuming a stream sends: runtime/routing/resume.py)

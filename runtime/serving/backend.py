@@ -27,9 +27,20 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # cancelled by the client or the server
 
 
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's log probability under the model (the log-softmax of its raw logits, before the
+    repetition penalty, temperature, top-k and top-p: what vLLM reports by default, `raw_logprobs`), and
+    the most likely tokens' (id, log probability) at that step, most likely first, as many as asked."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestOutput:
-    """What one step produced for one request: new tokens and text, and the finish reason once finished."""
+    """What one step produced for one request: new tokens and text, and the finish reason once finished;
+    with `logprobs` each new token's (`TokenLogprobs`, one per token id) where the request asked for them."""
 
     request_id: str
     token_ids: list[int]
@@ -38,6 +49,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None  # set (with finish_reason ABORT) when this request failed inside the engine
+    logprobs: list[TokenLogprobs] | None = None
 
     @property
     def finished(self) -> bool:
@@ -47,6 +59,8 @@ class RequestOutput:
         """Fold a later output of the same request into this one (for callers that want the whole answer)."""
         self.token_ids += later.token_ids
         self.text += later.text
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
         self.finish_reason = later.finish_reason
         self.error = later.error
         self.prompt_tokens, self.completion_tokens = later.prompt_tokens, later.completion_tokens

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from neuronfleet.runtime.serving.errors import InvalidRequest
 
+MAX_LOGPROBS = 20  # the most likely tokens a request may ask for at each step (OpenAI's top_logprobs bound)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,6 +25,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None  # each token's log probability and this many most likely ones' (None: none)
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, allowed: str) -> InvalidRequest:
@@ -50,6 +53,9 @@ class SamplingParams:
             raise bad("seed", self.seed, "an integer between 0 and 2**63 - 1")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", self.stop, "a list of non-empty strings")
+        n = self.logprobs
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_LOGPROBS):
+            raise bad("logprobs", n, f"an integer between 0 and {MAX_LOGPROBS} (most likely tokens)")
 
     @property
     def greedy(self) -> bool:

@@ -36,7 +36,7 @@ from neuronfleet.runtime.serving.api_requests import (
     parse_openai_completion,
     parse_tgi_generate,
 )
-from neuronfleet.runtime.serving.backend import Backend, RequestOutput
+from neuronfleet.runtime.serving.backend import Backend, RequestOutput, TokenLogprobs
 from neuronfleet.runtime.serving.engine_metrics import LATENCY_BUCKETS
 from neuronfleet.runtime.serving.errors import (
     Draining,
@@ -301,18 +301,19 @@ class RuntimeServer(HttpApp):
             "completion_tokens": result.completion_tokens,
             "total_tokens": result.prompt_tokens + result.completion_tokens,
         }
+        logprobs = self._logprobs(chat, result.token_ids, result.logprobs, 0)[0]
         if chat:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": result.text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": result.finish_reason,
             }
         else:
             choice = {
                 "index": 0,
                 "text": result.text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": result.finish_reason,
             }
         if parsed.return_token_ids:
@@ -360,22 +361,33 @@ class RuntimeServer(HttpApp):
             await resp.write(chunk([role], **ids))
             prompt_ids = None
         last = None
+        # tokens whose log probabilities are not sent yet: they ride on the next event written (a token
+        # whose text is held back, part of a character, writes none), with the completion's text offset
+        pending_ids: list[int] = []
+        pending: list[TokenLogprobs] = []
+        offset = 0
         try:
             async with contextlib.aclosing(outputs):
                 async for out in outputs:
                     last = out
                     reason = str(out.finish_reason) if out.finish_reason else None
+                    if out.logprobs is not None:
+                        pending_ids += out.token_ids
+                        pending += out.logprobs
+                    if not (out.text or reason or (parsed.return_token_ids and out.token_ids)):
+                        continue
+                    logprobs, offset = self._logprobs(chat, pending_ids, pending or None, offset)
+                    pending_ids, pending = [], []
                     if chat:
                         delta = {"content": out.text} if out.text else {}
-                        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+                        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
                     else:
-                        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": reason}
+                        choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": reason}
                     if parsed.return_token_ids:
                         choice["token_ids"] = list(out.token_ids)
                         if prompt_ids is not None:
                             choice["prompt_token_ids"], prompt_ids = prompt_ids, None
-                    if out.text or reason or (parsed.return_token_ids and out.token_ids):
-                        await resp.write(chunk([choice]))
+                    await resp.write(chunk([choice]))
         except ServingError as e:  # the stream has started: the error is its last event, with its own status
             err = openai_error_body(e.status, str(e))
             await resp.write(f"data: {json.dumps(err)}\n\n".encode())
@@ -389,6 +401,44 @@ class RuntimeServer(HttpApp):
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    def _logprobs(
+        self, chat: bool, ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None, offset: int
+    ) -> tuple[dict | None, int]:
+        """The tokens' log probabilities as a choice's `logprobs` (None where the request asked for none),
+        and the text offset after them. Chat: `content`, one entry per token (its text, log probability,
+        bytes and the most likely tokens'); a completion: OpenAI's legacy lists (`tokens`, `token_logprobs`,
+        `top_logprobs` by token text, `text_offset` into the completion's text)."""
+        if logprobs is None:
+            return None, offset
+        tokenizer = self.backend.tokenizer
+
+        def text(token_id: int) -> str:
+            return tokenizer.decode([token_id], skip_special_tokens=False)
+
+        if chat:
+
+            def entry(token_id: int, logprob: float) -> dict:
+                return {"token": text(token_id), "logprob": logprob,
+                        "bytes": list(tokenizer.token_bytes(token_id))}  # fmt: skip
+
+            content = [
+                {**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                for t, lp in zip(ids, logprobs, strict=True)
+            ]
+            return {"content": content}, offset
+        tokens = [text(t) for t in ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        tops = [{text(i): v for i, v in lp.top} for lp in logprobs]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": tops if any(tops) else None,
+            "text_offset": offsets,
+        }, offset
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)

@@ -42,6 +42,20 @@ def chat_template(folder: Path, config: dict) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): the printable bytes stand for themselves, the other 68 bytes
+    for the characters from U+0100 on, in byte order; each character to its byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]  # fmt: skip
+    chars = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + n)
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_OF_CHAR = _byte_alphabet()
+
+
 class Tokenizer:
     """A model folder's tokenizer."""
 
@@ -74,6 +88,22 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs give them as `bytes`: a token may be part of a
+        character). Byte-level BPE (GPT-2's alphabet: each byte drawn as one printable character) is read
+        back through that alphabet; SentencePiece's pieces with '▁' for a space and <0xNN> for a byte."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if type(self._tok.decoder).__name__ == "ByteLevel" and all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """Render messages [{role, content}] with the model's own chat template."""

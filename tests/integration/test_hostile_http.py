@@ -239,7 +239,7 @@ WRONG = [
             ("n", 2, "n must be 1"),
             ("stream", "yes", "stream must be a boolean"),
             ("stream_options", [], "stream_options must be an object"),
-            ("logprobs", 3, "logprobs is not supported"),
+            ("logprobs", 21, "logprobs must be in [0, 20]"),
             ("presence_penalty", "x", "presence_penalty must be"),
             ("frequency_penalty", [], "frequency_penalty must"),
             ("logit_bias", [], "logit_bias must be an object"),

@@ -83,6 +83,54 @@ def test_openai_chat_equals_the_engines_offline_greedy_output(exact_server, offl
     assert [m.id for m in client.models.list().data] == ["smollm2"]
 
 
+def test_openai_logprobs_through_the_official_client_streamed_and_not(exact_server):
+    """Chat `logprobs` with `top_logprobs` and a completion's `logprobs` as the `openai` client parses them:
+    one entry per generated token, whose texts and bytes make the answer, the greedy token the most likely
+    of its top list, streamed the same as whole; none where none was asked; bad values refused naming the
+    field."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=exact_server + "/v1", api_key="unused", max_retries=0)
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": QUESTION}], max_tokens=12,
+               temperature=0)  # fmt: skip
+    whole = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    text = whole.choices[0].message.content
+    assert b"".join(bytes(e.bytes) for e in content).decode().startswith(text)  # the last may be EOS
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0
+        assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)  # greedy
+        tops = [t.logprob for t in e.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(**ask, logprobs=True, top_logprobs=3, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-4)
+    assert client.chat.completions.create(**ask).choices[0].logprobs is None
+
+    completion = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, logprobs=2)  # fmt: skip
+    lp = completion.choices[0].logprobs
+    assert "".join(lp.tokens) == completion.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 6
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    assert all(len(top) <= 2 and max(top.values()) == pytest.approx(v) for top, v in
+               zip(lp.top_logprobs, lp.token_logprobs, strict=True))  # fmt: skip
+
+    for bad, field in (({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21},
+                                                                  "top_logprobs")):  # fmt: skip
+        with pytest.raises(BadRequestError) as info:
+            client.chat.completions.create(**ask, **bad)
+        assert info.value.body["param"] == field
+    with pytest.raises(BadRequestError, match="logprobs must be in"):
+        client.completions.create(model="smollm2", prompt="x", max_tokens=2, logprobs=21)
+
+
 def test_info_states_the_dtype_auto_resolved_to(server):
     from neuronfleet.runtime.model.dtypes import float16_weight_gemm, native_bfloat16
 
@@ -197,7 +245,7 @@ def test_tgi_client_generate_and_stream(exact_server, offline):
         ("/v1/completions", {"prompt": "hi", "seed": 2**63}, 400, "seed must be in"),
         ("/v1/completions", {"prompt": "hi", "seed": 2**70}, 400, "does not fit in 64 bits"),
         ("/v1/completions", {"prompt": "hi", "stop": 5}, 400, "stop must be"),
-        ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs is not supported"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be in [0, 20]"),
         ("/v1/completions", [1, 2], 400, "must be a JSON object"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "content"),
         (

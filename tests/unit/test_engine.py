@@ -304,3 +304,39 @@ def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(engine, prompts):
         assert engine.generate([prompts[7]], top_p)[0].token_ids == greedy
     hot = engine.generate([prompts[7]], SamplingParams(max_tokens=16, temperature=1.5, seed=1))[0].token_ids
     assert hot != greedy  # without the filters, a high temperature wanders off the greedy path
+
+
+def test_logprobs_are_the_models_raw_log_softmax_as_transformers_computes_it(engine, smollm2_dir):
+    """Each generated token's log probability and the 5 most likely tokens', against transformers' raw
+    logits (`output_logits`: before the repetition penalty) at every step, float32; a request that asks for
+    none, batched with it, gets none."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTIONS[2]}])
+    ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    for penalty in (1.0, 1.3):
+        params = SamplingParams(max_tokens=10, repetition_penalty=penalty, logprobs=5)
+        other = engine.add_request(engine.tokenizer.encode("one two three"), SamplingParams(max_tokens=10))
+        ours = engine.add_request(prompt, params)
+        outs: dict[str, list] = {ours: [], other: []}
+        while engine.has_work():
+            for out in engine.step():
+                outs[out.request_id].append(out)
+        assert all(o.logprobs is None for o in outs[other])
+        tokens = [t for o in outs[ours] for t in o.token_ids]
+        logprobs = [lp for o in outs[ours] for lp in o.logprobs]
+        assert len(logprobs) == len(tokens) == 10
+        with torch.no_grad():
+            ref = ref_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
+                                     repetition_penalty=penalty, pad_token_id=2, output_logits=True,
+                                     return_dict_in_generate=True)  # fmt: skip
+        assert ref.sequences[0, len(prompt) :].tolist() == tokens
+        for step, (token, lp) in enumerate(zip(tokens, logprobs, strict=True)):
+            want = ref.logits[step][0].float().log_softmax(-1)
+            assert lp.logprob == pytest.approx(want[token].item(), abs=2e-3), (penalty, step)
+            values, ids = want.topk(5)
+            assert [i for i, _ in lp.top] == ids.tolist(), (penalty, step)
+            assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=2e-3)
+    with pytest.raises(InvalidRequest, match="logprobs must be an integer between 0 and 20"):
+        SamplingParams(logprobs=21)

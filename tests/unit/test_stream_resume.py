@@ -98,6 +98,23 @@ def test_a_chat_resumed_from_token_ids_goes_on_through_completions_and_reads_as_
     resume.ended()
 
 
+def test_a_chat_asking_for_logprobs_resumes_as_a_chat_that_asks_for_them_again():
+    """The token-id path answers through /v1/completions, whose log probabilities are lists, not a chat's
+    entries: such a chat resumes from its text, in chat form, its logprobs fields carried."""
+    asking = {**CHAT, "logprobs": True, "top_logprobs": 2}
+    resume = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2, 3])
+    resume.feed(event(chat_chunk(None, None, role=True)) + event(chat_chunk("Hel", [7])))
+    assert resume.kind == "resume_text"
+    path, body = resume.resume()
+    assert path == "/v1/chat/completions"
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hel"}
+    # a completion's logprobs are carried on the token-id path as they are
+    resume = StreamResume("/v1/completions", {**COMPLETION, "logprobs": 2}, prompt_ids=[5])
+    resume.feed(event(text_chunk("Once", [1])))
+    assert resume.kind == "resume" and resume.resume()[1]["logprobs"] == 2
+
+
 def test_an_error_event_in_place_of_tokens_is_a_break():
     resume = StreamResume("/v1/completions", COMPLETION, prompt_ids=[5])
     resume.feed(event(text_chunk("Once", [1])))
