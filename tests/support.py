@@ -555,6 +555,16 @@ class LocalCluster:
     def wait(self, what: str, check):
         return wait_until(check, what, progress=self.logged_bytes, diagnose=self.logs, interval=0.5)
 
+    def pid_file(self, pod: dict) -> Path:
+        """The file the process kubelet keeps a pod's process id in."""
+        (found,) = self.state.rglob(f"{pod['metadata']['namespace']}_{pod['metadata']['name']}/pid")
+        return found
+
+    def pod_url(self, pod: dict) -> str:
+        """Where a running pod's server listens (the `--port` its process was given)."""
+        command = Path(f"/proc/{int(self.pid_file(pod).read_text())}/cmdline").read_bytes().split(b"\0")
+        return f"http://127.0.0.1:{command[command.index(b'--port') + 1].decode()}"
+
 
 def run_neuronfleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`neuronfleet ARGS` as a user runs it (the installed console script), its output captured."""

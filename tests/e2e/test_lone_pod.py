@@ -25,7 +25,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -179,7 +178,7 @@ def test_the_only_pods_loss_fails_no_request_the_replacement_answers_the_held_on
         held_deleted = metric(endpoint, "neuronfleet:router_hold_seconds_count") - held_before
         # 2. its process killed (an OOM kill, a device error): the kubelet starts it again in the same pod
         (pod,) = replaced()
-        (pid_file,) = local.state.rglob(f"{pod['metadata']['namespace']}_{pod['metadata']['name']}/pid")
+        pid_file = local.pid_file(pod)
         with load.between:  # between two requests: the next ones find no ready pod
             killed = time.monotonic()
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
@@ -291,17 +290,10 @@ def references(endpoint: str, model: str) -> dict[str, str]:
     return out
 
 
-def pid_file(local: LocalCluster, pod: dict):
-    (found,) = local.state.rglob(f"{pod['metadata']['namespace']}_{pod['metadata']['name']}/pid")
-    return found
-
-
 def carrying(local: LocalCluster, pod: dict) -> bool:
-    """Whether the serving pod runs a request now (its /metrics, at the port its process was given)."""
-    command = Path(f"/proc/{int(pid_file(local, pod).read_text())}/cmdline").read_bytes().split(b"\0")
-    port = command[command.index(b"--port") + 1].decode()
+    """Whether the serving pod runs a request now (its /metrics)."""
     try:
-        return metric(f"http://127.0.0.1:{port}", "vllm:num_requests_running") > 0
+        return metric(local.pod_url(pod), "vllm:num_requests_running") > 0
     except OSError:
         return False
 
@@ -309,7 +301,7 @@ def carrying(local: LocalCluster, pod: dict) -> bool:
 def kill(local: LocalCluster, pod: dict) -> tuple[str, int]:
     """SIGKILL the pod's process (an OOM kill, a device error): its (name, restart count once restarted)."""
     restarts = kept(local.get("pod", pod["metadata"]["name"]))[1]
-    os.killpg(int(pid_file(local, pod).read_text()), signal.SIGKILL)
+    os.killpg(int(local.pid_file(pod).read_text()), signal.SIGKILL)
     return pod["metadata"]["name"], restarts + 1
 
 
