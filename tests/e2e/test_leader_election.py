@@ -79,7 +79,9 @@ def test_one_replica_acts_and_another_takes_over_when_it_goes(cluster):
     create_model(api, "m1")
     procs[first].wait_until(lambda: compile_job(api, "m1"), "the leader's compile Job for m1")
     procs[first].wait_until(lambda: leader_metric(ports[first]) == 1, "the leader's metric")
-    assert leader_metric(ports[other]) == 0 and holder(api) == first
+    # (the follower serves its metrics once it has started: waited for, not read at once)
+    procs[other].wait_until(lambda: leader_metric(ports[other]) == 0, "the follower's metric")
+    assert holder(api) == first
 
     # the leader is killed (no release): the other takes over once the Lease lapses, and acts
     procs[first].popen.send_signal(signal.SIGKILL)

@@ -78,6 +78,13 @@ def test_a_model_whose_nodes_lack_a_device_plugin_says_so_and_clears_once_they_o
     cluster.call("PATCH", f"/api/v1/nodes/{NODE_NAME}/status", {"status": {"allocatable": offered}}, MERGE)
     efa = operator.wait_until(reason_is(node_offers.EFA_DEVICE_PLUGIN_MISSING), "EFADevicePluginMissing")
     assert "vpc.amazonaws.com/efa" in efa["message"] and "aws-efa-k8s-device-plugin" in efa["message"]
+    # (its Warning Event comes after the status write: counted before the heartbeats, not among their calls)
+    operator.wait_until(
+        lambda: any(
+            e["reason"] == node_offers.EFA_DEVICE_PLUGIN_MISSING and e["type"] == "Warning" for e in events()
+        ),
+        "the EFA Warning Event",
+    )
 
     # heartbeats (the kubelet's status updates) change nothing the operator reads: no request for them
     calls_before = len(cluster.audit())
