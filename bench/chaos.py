@@ -317,10 +317,11 @@ class JobController:
             meta = job["metadata"]
             if meta["uid"] in self.done or (job.get("status") or {}).get("succeeded"):
                 continue
-            self.finish(job)
-            self.done.add(meta["uid"])
+            if self.finish(job):
+                self.done.add(meta["uid"])
 
-    def finish(self, job: dict) -> None:
+    def finish(self, job: dict) -> bool:
+        """Whether the Job was finished (or is gone); False: a write failed, tried again at the next step."""
         meta, plane = job["metadata"], self.plane
         name = f"{meta['name']}-{meta['uid'][:5]}"
         pod = {
@@ -342,17 +343,21 @@ class JobController:
             "spec": {"restartPolicy": "Never", "containers": [{"name": "compile", "image": "runtime"}]},
         }
         code, _ = plane.call("POST", CHILDREN["Pod"], pod)
+        if code == 404:
+            return True  # (the Job is gone: its owner was deleted)
         if code not in (201, 409):
-            return  # (the Job is gone: its owner was deleted)
+            return False
         terminated = {"exitCode": 0, "reason": "Completed", "message": json.dumps({"bytes": 1})}
         status = {
             "phase": "Succeeded",
             "containerStatuses": [{"name": "compile", "state": {"terminated": terminated}}],
         }
         merge = "application/merge-patch+json"
-        plane.call("PATCH", f"{CHILDREN['Pod']}/{name}/status", {"status": status}, merge)
+        if plane.call("PATCH", f"{CHILDREN['Pod']}/{name}/status", {"status": status}, merge)[0] >= 300:
+            return False
         done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True", "reason": "Emulated"}]}
-        plane.call("PATCH", f"{JOBS}/{meta['name']}/status", {"status": done}, merge)
+        code, _ = plane.call("PATCH", f"{JOBS}/{meta['name']}/status", {"status": done}, merge)
+        return code < 300 or code == 404
 
 
 @dataclass
@@ -525,8 +530,14 @@ def wanted_state(plane: ControlPlane, live: dict[str, dict]) -> list[str]:
         status, generation = model.get("status") or {}, model["metadata"]["generation"]
         chash = status.get("compileHash")
         if status.get("observedGeneration") != generation or not chash:
+            compiled = next((c for c in status.get("conditions") or [] if c.get("type") == "Compiled"), {})
+            jobs = [
+                (j["metadata"]["name"], (j.get("status") or {}).get("succeeded"))
+                for j in by_model.get(("Job", name), [])
+            ]
             problems.append(
                 f"{name}: status at generation {status.get('observedGeneration')} of {generation}"
+                f" ({status.get('phase')}: {compiled.get('message')}; Jobs (name, succeeded) {jobs})"
             )
             continue
         jobs = Counter(j["metadata"]["labels"].get(HASH_LABEL) for j in by_model.get(("Job", name), []))

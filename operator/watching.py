@@ -72,6 +72,7 @@ KOPF_RULES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 DELIVERED_KEPT = 8  # versions remembered per object: a write's answer is rarely more than a few events behind
 RELIST_QUIET = 2.0  # seconds without a re-listed object after which a re-list is taken to be over
+CONFIRM_RETRY = 1.0  # seconds between live reads of a written object while the API server does not answer
 RELIST_LONGEST = 10.0  # a sweep's longest wait (kopf re-listing again and again: every watch expiring)
 
 Key = tuple[str, str]  # namespace, name
@@ -377,15 +378,21 @@ class Observed:
     async def _confirm(self, key: tuple[str, str, str], written: dict[str, Any] | None) -> None:
         """The object read live after a write whose answer crossed a delivery: an answer (`written`) the
         cluster is past is dropped (the watch's is read); a deleted object found again is shown again. Only
-        while nothing was delivered since (a delivery settles it)."""
+        while nothing was delivered since (a delivery settles it); read again until the API server answers."""
         if self.live_get is None:
             return
         kind, ns, name = key
-        try:
-            live = await self.live_get(kind, ns, name)
-        except Exception as e:  # (the API server away: the next delivery settles it)
-            log.warning("reading %s %s/%s after a write failed: %r", kind, ns, name, e)
-            return
+        while True:
+            if not (self._written.get(key) is written if written is not None else key in self._gone):
+                return  # settled by a delivery meanwhile
+            try:
+                live = await self.live_get(kind, ns, name)
+                break
+            except Exception as e:  # the API server away: read again (no later delivery may come to settle
+                # it: a Job completed at once is not delivered again; CI's chaos run, a model left compiling)
+                log.warning("reading %s %s/%s after a write failed (again in %.0f s): %r", kind, ns, name,
+                            CONFIRM_RETRY, e)  # fmt: skip
+                await asyncio.sleep(CONFIRM_RETRY)
         if written is not None and self._written.get(key) is written:
             if live is None or resource_version(live) != resource_version(written):
                 del self._written[key]  # past it (or gone): what the watch delivered is read
