@@ -782,3 +782,51 @@ async def kopf_watching(observed: Any, kubeconfig: Path, namespaces: list[str]):
     finally:
         stop.set()
         await task
+
+
+CITY_QUESTION = "Paris: its name, country and population in millions, as JSON."
+
+
+def structured_outputs_round(base: str, model: str = "smollm2") -> dict[str, Any]:
+    """Structured outputs as a client of `base` (an OpenAI endpoint) uses them, through the official `openai`
+    client, greedy: its parse helper's object from a pydantic model, a streamed `json_object` answer, a
+    completion under a schema (`extra_body`: the SDK's completions take no response_format), and a schema the
+    server cannot follow refused with a 400 naming the field. Returns what came back, for comparisons."""
+    from openai import BadRequestError, OpenAI
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=20)
+        country: str = Field(max_length=20)
+        population_millions: int = Field(ge=0, le=100)
+
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    ask = {"model": model, "temperature": 0, "max_tokens": 80}
+    parsed = client.chat.completions.parse(
+        messages=[{"role": "user", "content": CITY_QUESTION}], response_format=City, **ask
+    )
+    city = parsed.choices[0].message.parsed
+    assert isinstance(city, City) and parsed.choices[0].finish_reason == "stop", parsed
+    stream = client.chat.completions.create(
+        messages=[{"role": "user", "content": "A JSON object about Paris."}],
+        response_format={"type": "json_object"}, stream=True, **ask,
+    )  # fmt: skip
+    chunks = [c for c in stream if c.choices]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop" and isinstance(json.loads(streamed), dict), streamed
+    age = {"type": "integer", "minimum": 0, "maximum": 120}
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": age},
+              "required": ["name", "age"]}  # fmt: skip
+    completion = client.completions.create(
+        prompt="A person, as JSON:", extra_body={"response_format": {"type": "json_schema", "json_schema": {
+            "name": "person", "schema": person}}}, **ask,
+    )  # fmt: skip
+    answer = json.loads(completion.choices[0].text)
+    assert set(answer) == {"name", "age"} and 0 <= answer["age"] <= 120, answer
+    with pytest.raises(BadRequestError, match="Invalid type: bad") as refused:
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "x"}], **ask,
+            response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "bad"}}},
+        )  # fmt: skip
+    assert refused.value.body["param"] == "response_format.json_schema.schema", refused.value.body
+    return {"city": city.model_dump(), "streamed": streamed, "person": answer}

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.grammar_masks import GrammarVocabulary
 from neuronfleet.runtime.engine.host_kv_store import HostKvStore
 from neuronfleet.runtime.engine.kv_events import BlockLedger
 from neuronfleet.runtime.engine.kv_events import Event as KvEvent
@@ -94,6 +95,10 @@ class Engine:
             weights_dtype=runner.weights_dtype_name,
         )  # fmt: skip
         self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
+        # constrained requests' grammars read the tokenizer's vocabulary, as wide as the model's logits
+        runner.sampler.grammar = GrammarVocabulary(
+            tokenizer.to_json(), self.eos_ids, runner.model_config.vocab_size
+        )
         store = HostKvStore(runner.host_blocks) if runner.host_blocks and config.prefix_reuse else None
         self.scheduler = Scheduler(config, store)
         self.stats = EngineStats()

@@ -68,7 +68,7 @@ class ModelRunner:
                 config.quantization, config.decode_graph, getattr(torch, self.weights_dtype_name),
             )  # fmt: skip
         self.quantization = self.model.weights.quantization
-        self.sampler = Sampler()
+        self.sampler = Sampler()  # (the engine gives it the tokenizer's vocabulary for grammars)
         c = self.model_config
         self.kv_bytes_per_token = c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.dtype.itemsize
         # the host KV store's pool: [blocks, layers, 2, kv_heads, BLOCK_SIZE, head_dim] in host memory (pages
@@ -107,8 +107,11 @@ class ModelRunner:
         decode = [r for r in plan.decode if id(r.seq) not in failed]
         tokens, logprobs = self._pass(prefill, decode)
         rows = [*prefill, *decode]
-        result.tokens = {r.seq: t for r, t in zip(rows, tokens, strict=True)}
-        result.logprobs = {r.seq: lp for r, lp in zip(rows, logprobs, strict=True) if lp is not None}
+        void = self.sampler.take_failures()  # constrained rows whose grammar failed: their requests end
+        result.failed += [(r.seq, void[r.slot]) for r in rows if r.slot in void]
+        result.tokens = {r.seq: t for r, t in zip(rows, tokens, strict=True) if r.slot not in void}
+        result.logprobs = {r.seq: lp for r, lp in zip(rows, logprobs, strict=True)
+                           if lp is not None and r.slot not in void}  # fmt: skip
         return result
 
     def _pass(

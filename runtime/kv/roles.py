@@ -36,6 +36,7 @@ from neuronfleet.runtime.kv.leases import LeasePool, NoRegionFree
 from neuronfleet.runtime.serving.api_requests import decode_json
 from neuronfleet.runtime.serving.backend import check_fits
 from neuronfleet.runtime.serving.errors import EngineFailed, InvalidRequest, QueueFull
+from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -270,7 +271,14 @@ class DecodeRole:
             stop = given.get("stop") or ()
             if not isinstance(stop, list | tuple):
                 raise InvalidRequest("params: stop must be a list of strings", "params")
-            params = SamplingParams(**{**given, "stop": tuple(stop)})
+            constraint = given.get("constraint")
+            if constraint is not None and not isinstance(constraint, dict):
+                raise InvalidRequest(
+                    "params: constraint must be an object {kind, grammar, field, prefix}", "params"
+                )
+            if constraint is not None:
+                constraint = OutputConstraint(**constraint)
+            params = SamplingParams(**{**given, "stop": tuple(stop), "constraint": constraint})
         except InvalidRequest as e:
             self.leases.release(lease_id)  # nothing will use it: free it now, not at expiry
             return _invalid(e)
@@ -302,6 +310,8 @@ class DecodeRole:
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,
             }
+            if out.logprobs is not None:  # one [logprob, [[id, logprob], ...]] per token
+                line["logprobs"] = [[lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
             if out.finished:
                 line["finish_reason"] = str(out.finish_reason)
             if out.error:

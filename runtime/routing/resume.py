@@ -14,8 +14,9 @@ and without a second role event, the usage counting every token of every attempt
   pod said in its first event, `prompt_token_ids`, else the router's tokenizer's) followed by the ids sent,
   and `max_tokens` less what was sent. A greedy
   request continues exactly as an undisturbed one would have; a chat goes through `/v1/completions` and
-  comes back in chat form (a chat's `tools` and `response_format` are not carried over: `RESUME_FIELDS`
-  are; a chat asking for `logprobs` resumes from the text instead, below, to keep them in chat form).
+  comes back in chat form (a chat's `tools` are not carried over: `RESUME_FIELDS` are; a constrained
+  request, `response_format` and the like, is not resumed at all: `constrained`; a chat asking for
+  `logprobs` resumes from the text instead, below, to keep them in chat form).
 - from the text (`kind` "resume_text"): a pod that gave no ids: a completion's prompt followed by the text
   sent; a chat's messages followed by an assistant message of the text sent, with vLLM's
   `continue_final_message: true, add_generation_prompt: false`. The text is tokenized again, so the seam
@@ -60,6 +61,8 @@ def resumable(path: str, body: Any) -> type[StreamResume] | type[TgiStreamResume
     if not isinstance(body, dict):
         return None
     if path in (COMPLETIONS, CHAT):
+        if constrained(body):
+            return None
         return StreamResume if body.get("stream") is True and body.get("n", 1) in (1, None) else None
     if path == GENERATE_STREAM or (path == TGI_COMPAT and body.get("stream") is True):
         parameters = body.get("parameters", {})
@@ -68,9 +71,26 @@ def resumable(path: str, body: Any) -> type[StreamResume] | type[TgiStreamResume
             and isinstance(parameters, dict)
             and parameters.get("best_of") in (None, 1)
             and not parameters.get("decoder_input_details")
+            and parameters.get("grammar") is None  # (constrained: not resumed, as `constrained` says)
         ):
             return TgiStreamResume
     return None
+
+
+# vLLM's structured-output fields beside OpenAI's response_format (vllm/entrypoints/openai/protocol.py: the
+# `structured_outputs` object of 0.11 on, and the `guided_*` fields before it)
+STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def constrained(body: dict) -> bool:
+    """The request asks its answer to match a grammar (a JSON schema, any JSON object, vLLM's fields). Such a
+    stream is not resumed: a pod that continues an answer starts its grammar at the continuation (vLLM's and
+    SGLang's `continue_final_message`), so the answer would no longer match; it ends cut, as any stream that
+    cannot be resumed."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return True
+    return any(body.get(name) is not None for name in STRUCTURED_FIELDS)
 
 
 # where an engine refuses `return_token_ids` on a stream: SGLang 0.5.17 to 0.5.23 answers a streamed chat

@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -34,15 +35,15 @@ from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Routing, RoutingMetrics
-from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, check_fits
+from neuronfleet.runtime.serving.backend import FinishReason, Limits, RequestOutput, TokenLogprobs, check_fits
 from neuronfleet.runtime.serving.engine_metrics import protocol_info
 from neuronfleet.runtime.serving.errors import (
     HandedBack,
-    InvalidRequest,
     Overloaded,
     ServingError,
     Unavailable,
 )
+from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
 from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
@@ -274,12 +275,6 @@ class RemoteBackend:
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         params = params or SamplingParams()
-        if params.logprobs is not None:
-            raise InvalidRequest(
-                "log probabilities are not served by prefilled/decoded models yet (the first token's would "
-                "have to cross the KV hand-off); ask a unified model, or leave logprobs out",
-                "logprobs",
-            )
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_fits(self.limits, len(ids), params.max_tokens)
         rid = request_id or f"route-{next(self._ids)}"
@@ -319,12 +314,17 @@ class RemoteBackend:
                 rest = None if params.max_tokens is None else params.max_tokens - len(generated)
                 sent_before = len(generated)
                 try:
-                    part = dataclasses.replace(params, max_tokens=rest)
-                    async for token, reason in self._run(peer, f"{rid}.{attempt}", ids + generated, part):
+                    part = dataclasses.replace(
+                        params, max_tokens=rest, constraint=_continued(params, generated, self.tokenizer)
+                    )
+                    async for token, reason, logprobs in self._run(
+                        peer, f"{rid}.{attempt}", ids + generated, part
+                    ):
                         out = None
                         if token is not None:
                             generated.append(token)
                             out = self._accept(rid, ids, generated, text, params, token)
+                            out.logprobs = None if logprobs is None else [logprobs]
                             if out.finished:
                                 yield out
                                 return
@@ -426,7 +426,8 @@ class RemoteBackend:
                              prompt_tokens=len(ids), completion_tokens=len(generated))  # fmt: skip
 
     async def _run(self, decode: Peer, rid: str, ids: list[int], params: SamplingParams):
-        """One attempt on one decode pod: yields (token or None, the pod's finish reason or None)."""
+        """One attempt on one decode pod: yields (token or None, the pod's finish reason or None, the token's
+        log probabilities where the request asked for them)."""
         s = self.watch.client()
         decode.in_flight += 1
         try:
@@ -461,10 +462,11 @@ class RemoteBackend:
                             raise PeerFailed(f"the request failed on the decode pod: {item['error']}")
                         tokens, reason = item["token_ids"], item.get("finish_reason")
                         served = served or bool(reason)
+                        logprobs = _logprobs(item.get("logprobs"), len(tokens))
                         for i, token in enumerate(tokens):
-                            yield token, reason if i == len(tokens) - 1 else None
+                            yield token, reason if i == len(tokens) - 1 else None, logprobs[i]
                         if not tokens and reason:
-                            yield None, reason
+                            yield None, reason, None
             finally:
                 self.stages["decode"] -= 1
                 self.decode_progress += streaming  # its slot is free again
@@ -522,3 +524,19 @@ class RemoteBackend:
         finally:
             self.stages["prefill"] -= 1
             peer.in_flight -= 1
+
+
+def _continued(params: SamplingParams, generated: list[int], tokenizer) -> OutputConstraint | None:
+    """A constrained request's constraint for an attempt that continues after `generated` (the tokens the
+    client has): its grammar reads their text first."""
+    if params.constraint is None or not generated:
+        return params.constraint
+    done = tokenizer.decode(generated, skip_special_tokens=False)
+    return dataclasses.replace(params.constraint, prefix=params.constraint.prefix + done)
+
+
+def _logprobs(given: Any, tokens: int) -> list[TokenLogprobs | None]:
+    """A decode pod's line's log probabilities ([logprob, [[id, logprob], ...]] per token), one per token."""
+    if not isinstance(given, list) or len(given) != tokens:
+        return [None] * tokens
+    return [TokenLogprobs(float(lp), tuple((int(i), float(v)) for i, v in top)) for lp, top in given]

@@ -16,10 +16,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from neuronfleet.runtime.serving import output_constraints
 from neuronfleet.runtime.serving.errors import InvalidRequest
+from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import MAX_LOGPROBS, SamplingDefaults, SamplingParams
 
 OPENAI_DEFAULTS = SamplingDefaults()
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's before 0.11
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()
@@ -235,6 +238,7 @@ def _openai_request(
     options = _get(body, "stream_options", (dict,), {})
     include_usage = _get(options, "include_usage", (bool,), False, "stream_options.include_usage")
     return_token_ids = _get(body, "return_token_ids", (bool,), False)
+    constraint = _constraint(body)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -245,8 +249,24 @@ def _openai_request(
         stop=_stop(body.get("stop"), "stop"),
         ignore_eos=ignore_eos,
         logprobs=logprobs,
+        constraint=constraint,
     )
     return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids)
+
+
+def _constraint(body: dict) -> OutputConstraint | None:
+    """What the answer must match: OpenAI's `response_format` or vLLM's `structured_outputs`, not both; vLLM's
+    former `guided_*` fields are refused naming the current ones (taken as they are, an answer would come
+    back unconstrained)."""
+    for name in GUIDED_FIELDS:
+        if body.get(name) is not None:
+            raise InvalidRequest(f"{name} is vLLM's former field; send structured_outputs (json, regex, "
+                                 "choice, json_object) or response_format", name)  # fmt: skip
+    openai = output_constraints.response_format(body.get("response_format"))
+    vllm = output_constraints.structured_outputs(body.get("structured_outputs"))
+    if openai is not None and vllm is not None:
+        raise InvalidRequest("send response_format or structured_outputs, not both", "structured_outputs")
+    return openai or vllm
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
@@ -332,7 +352,7 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
     # the official client's fields (store, metadata, user, service_tier, prediction, ...) are hints, ignored
     _refuse_unsupported(
         body,
-        {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "functions": [],
+        {"tools": [], "tool_choice": "none", "functions": [],
          "function_call": "none", "audio": None, "modalities": ["text"], "web_search_options": None,
          "moderation": None},
     )  # fmt: skip
@@ -391,7 +411,6 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
             "best_of": 1,
             "watermark": False,
             "top_n_tokens": 0,
-            "grammar": None,
             "decoder_input_details": False,
             "typical_p": None,
             "frequency_penalty": 0,
@@ -407,6 +426,7 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
         repetition_penalty=float(penalty) if penalty is not None else 1.0,
         seed=seed,
         stop=_stop(p.get("stop"), "stop"),
+        constraint=output_constraints.tgi_grammar(p.get("grammar")),
     )
     stream = _get(body, "stream", (bool,), False)
     return ParsedRequest(

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from neuronfleet.runtime.serving.errors import InvalidRequest
+from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask for at each step (OpenAI's top_logprobs bound)
 
@@ -26,6 +27,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None  # each token's log probability and this many most likely ones' (None: none)
+    constraint: OutputConstraint | None = None  # a grammar the answer must match (structured outputs)
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, allowed: str) -> InvalidRequest:
@@ -56,6 +58,10 @@ class SamplingParams:
         n = self.logprobs
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_LOGPROBS):
             raise bad("logprobs", n, f"an integer between 0 and {MAX_LOGPROBS} (most likely tokens)")
+        if self.constraint is not None and self.ignore_eos:
+            field_name = self.constraint.field
+            raise InvalidRequest(f"ignore_eos would run a constrained answer past its grammar's end; send "
+                                 f"{field_name} or ignore_eos, not both", "ignore_eos")  # fmt: skip
 
     @property
     def greedy(self) -> bool:

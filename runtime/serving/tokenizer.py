@@ -89,6 +89,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (what the grammar engine reads the vocabulary from)."""
+        return self._tok.to_str()
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (OpenAI's logprobs give them as `bytes`: a token may be part of a
         character). Byte-level BPE (GPT-2's alphabet: each byte drawn as one printable character) is read

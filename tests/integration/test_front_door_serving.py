@@ -26,6 +26,7 @@ from support import (
     metrics_text,
     neuronfleet_command,
     running_server,
+    structured_outputs_round,
     wait_until,
 )
 
@@ -500,7 +501,8 @@ def test_pods_that_refuse_the_token_ids_asked_on_a_chat_get_it_without_and_its_s
 def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2_dir, tmp_path):
     """Unified pods publishing their KV-cache events (--kv-events-config; their ready answer says where) and
     two front doors given the model's tokenizer: a conversation's second turn through the door that never
-    saw its first goes to the pod whose events say it holds that first turn (reason prefix)."""
+    saw its first goes to the pod whose events say it holds that first turn (reason prefix). Structured
+    outputs and log probabilities pass through such a door."""
     options = ("--slots", "2", "--max-seq-len", "512")
 
     def publishing(port: int) -> tuple[str, str]:
@@ -537,6 +539,15 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
             openai(door_b).chat.completions.create(model="smollm2", messages=history, max_tokens=3)
             assert [u for u in pods if served(u) > before[u]] == [holder]
             assert metric(door_b, name, role="unified", reason="prefix") == decided + 1
+            # structured outputs and log probabilities through a door of two pods, routed by their prompts
+            structured_outputs_round(door_a)
+            whole = openai(door_a).chat.completions.create(
+                model="smollm2", messages=history, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+            )
+            entries = whole.choices[0].logprobs.content
+            text = "".join(e.token for e in entries)  # (an end-of-sequence token has its entry, as vLLM's)
+            assert text.removesuffix("<|im_end|>") == whole.choices[0].message.content
+            assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in entries)
         finally:
             process_a.stop()
             process_b.stop()

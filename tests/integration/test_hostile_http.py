@@ -268,7 +268,7 @@ WRONG = [
             ("messages", [{"role": "user", "content": [5]}], "messages[0].content[0] must be a text part"),
             ("tools", "x", "tools is not supported"),
             ("tool_choice", 5, "tool_choice is not supported"),
-            ("response_format", "x", "response_format is not supported"),
+            ("response_format", "x", "response_format must be an object"),
             ("temperature", [], "temperature must"),
             ("stream_options", {"include_usage": "x"}, "stream_options.include_usage must be a boolean"),
         ]
@@ -304,7 +304,7 @@ WRONG = [
             ("truncate", 5, "truncate is not supported"),
             ("typical_p", 0.5, "typical_p is not supported"),
             ("top_n_tokens", 2, "top_n_tokens is not supported"),
-            ("grammar", {}, "grammar is not supported"),
+            ("grammar", {}, "grammar must be {\"type\": \"json\" or \"regex\""),
             ("decoder_input_details", True, "decoder_input_details is not"),
             ("frequency_penalty", 1, "frequency_"),
         ]

@@ -20,6 +20,7 @@ from support import (
     neuronfleet_command,
     post,
     running_server,
+    structured_outputs_round,
     unified_reference,
     wait_until,
     wait_until_async,
@@ -219,6 +220,19 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
 
         with ThreadPoolExecutor(3) as pool:
             assert list(pool.map(ask, questions)) == want
+        # the decode pod samples every token: a constraint and log probabilities cross the hand-off with the
+        # request, and equal the unified engine's (float32)
+        structured_outputs_round(router)
+        first = [{"role": "user", "content": questions[0]}]
+        got = client.chat.completions.create(model="smollm2", messages=first, max_tokens=8, temperature=0,
+                                             logprobs=True, top_logprobs=3)  # fmt: skip
+        (ref,) = unified.generate([chats[0]], SamplingParams(max_tokens=8, logprobs=3))
+        entries = got.choices[0].logprobs.content
+        assert [e.logprob for e in entries] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=2e-3)
+        assert [[t.token for t in e.top_logprobs] for e in entries] == [
+            [unified.tokenizer.decode([i], skip_special_tokens=False) for i, _ in lp.top]
+            for lp in ref.logprobs
+        ]
 
 
 def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path):

@@ -18,6 +18,7 @@ from support import (
     metrics_text,
     post,
     running_server,
+    structured_outputs_round,
     unified_reference,
     wait_until,
 )
@@ -131,6 +132,14 @@ def test_openai_logprobs_through_the_official_client_streamed_and_not(exact_serv
         client.completions.create(model="smollm2", prompt="x", max_tokens=2, logprobs=21)
 
 
+def test_structured_outputs_through_the_official_client(exact_server):
+    """The `openai` client's parse helper gets its pydantic object back; a streamed `json_object` answer and a
+    completion under a schema parse; a schema the server cannot follow is a 400 naming the field
+    (support.structured_outputs_round). The same greedy request answers the same."""
+    first = structured_outputs_round(exact_server)
+    assert structured_outputs_round(exact_server) == first
+
+
 def test_info_states_the_dtype_auto_resolved_to(server):
     from neuronfleet.runtime.model.dtypes import float16_weight_gemm, native_bfloat16
 
@@ -208,6 +217,40 @@ def test_tgi_client_generate_and_stream(exact_server, offline):
     streamed = list(client.generate_stream("The capital of France is", max_new_tokens=12))
     assert "".join(s.token.text for s in streamed) == expected.text
     assert streamed[-1].generated_text == expected.text
+
+
+def test_tgis_grammar_and_vllms_structured_outputs(server):
+    """TGI's `grammar` through the `text_generation` client (json and regex, streamed too) and vLLM's
+    `structured_outputs` (regex, choice) as vLLM's clients send them: each answer matches its grammar."""
+    import re
+
+    from text_generation import Client
+    from text_generation.types import Grammar, GrammarType
+
+    client = Client(server, timeout=120)
+    age = {"type": "integer", "minimum": 0, "maximum": 99}
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": age},
+              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    as_json = Grammar(type=GrammarType.Json, value=person)
+    answer = client.generate("A person:", max_new_tokens=40, grammar=as_json)
+    assert set(json.loads(answer.generated_text)) == {"name", "age"}, answer.generated_text
+    assert answer.details.finish_reason.value == "eos_token"
+    date = Grammar(type=GrammarType.Regex, value=r"\d{4}-\d{2}-\d{2}")
+    events = client.generate_stream("Today is", max_new_tokens=20, grammar=date)
+    streamed = "".join(s.token.text for s in events if not s.token.special)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", streamed), streamed
+    chat = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Is Paris in France?"}],
+        "max_tokens": 8,
+    }
+    code, body, _ = post(
+        server, "/v1/chat/completions", {**chat, "structured_outputs": {"choice": ["yes", "no"]}}
+    )
+    assert code == 200 and body["choices"][0]["message"]["content"] in ("yes", "no"), body
+    phone = {"prompt": "Call me at", "max_tokens": 16, "structured_outputs": {"regex": r" \d{3}-\d{4}"}}
+    code, body, _ = post(server, "/v1/completions", phone)
+    assert code == 200 and re.fullmatch(r" \d{3}-\d{4}", body["choices"][0]["text"]), body
 
 
 @pytest.mark.parametrize(

@@ -80,19 +80,6 @@ def test_the_router_refuses_a_prompt_that_leaves_no_room_before_any_peer_is_aske
         asyncio.run(first_output(65))
 
 
-def test_the_prefill_decode_router_refuses_logprobs_naming_the_field_before_any_peer_is_asked():
-    """Log probabilities are not carried across the KV hand-off yet: asked of a prefilled/decoded model, a
-    400 naming `logprobs` that says what works, never an answer silently without them."""
-    from neuronfleet.runtime.serving.sampling_params import SamplingParams
-
-    unreachable = ["http://127.0.0.1:9"]
-    backend = RemoteBackend(None, frozenset(), LIMITS, unreachable, unreachable, "token")  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequest, match="ask a unified model, or leave logprobs out") as info:
-        asyncio.run(anext(backend.generate([1, 2, 3], SamplingParams(logprobs=0))))
-    assert info.value.field_name == "logprobs" and info.value.http_status(False) == 400
-    assert not backend.decode.peers
-
-
 def test_the_router_refuses_at_once_a_request_whose_expected_wait_for_a_decode_slot_passes_the_bound():
     """Our prefill/decode router admits as the engine does (engine.admission), over its decode pods' slots
     and the decode streams' durations it measured: two slots serving one request each 20 s, three requests

@@ -340,3 +340,85 @@ def test_logprobs_are_the_models_raw_log_softmax_as_transformers_computes_it(eng
             assert [v for _, v in lp.top] == pytest.approx(values.tolist(), abs=2e-3)
     with pytest.raises(InvalidRequest, match="logprobs must be an integer between 0 and 20"):
         SamplingParams(logprobs=21)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_a_constrained_answer_is_the_greedy_choice_among_what_its_schema_allows(
+    engine, prompts, alone, smollm2_dir
+):
+    """A JSON-schema request batched with a free one: each of its tokens is the argmax of transformers' logits
+    (float32) over the tokens an independent llguidance matcher allows at that step, it ends where the schema
+    does (EOS, the only token allowed then), and its text validates against the schema; the free request in
+    the same steps gets its solo tokens."""
+    import json
+
+    import jsonschema
+    import llguidance
+    import numpy as np
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from neuronfleet.runtime.serving.output_constraints import response_format
+
+    constraint = response_format({"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    assert constraint is not None
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Describe a person as JSON."}])
+    free = engine.add_request(prompts[0], SamplingParams(max_tokens=24))
+    ours = engine.add_request(prompt, SamplingParams(max_tokens=48, constraint=constraint))
+    tokens = run_all(engine, {free: [], ours: []})
+    assert tokens[free] == alone[0]
+    assert tokens[ours][-1] in engine.eos_ids
+    jsonschema.validate(json.loads(engine.tokenizer.decode(tokens[ours])), PERSON)
+    vocab = llguidance.LLTokenizer(engine.tokenizer.to_json(), eos_token=sorted(engine.eos_ids))
+    matcher = llguidance.LLMatcher(vocab, constraint.grammar, log_level=0)
+    ref_model = LlamaForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    ids = list(prompt)
+    for step, token in enumerate(tokens[ours]):
+        allowed = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        with torch.no_grad():
+            logits = ref_model(torch.tensor([ids])).logits[0, -1]
+        mask = torch.from_numpy(allowed[: logits.shape[-1]].astype(bool))
+        assert int(logits.masked_fill(~mask, float("-inf")).argmax()) == token, step
+        assert matcher.consume_token(token), step
+        ids.append(token)
+    assert matcher.is_stopped()
+
+
+def test_constrained_sampling_is_seeded_and_an_answer_can_continue_from_its_text(engine):
+    """A sampled request under `json_object` gives a JSON object, the same one for the same seed; a constraint
+    with a `prefix` (what the prefill/decode router sends when it continues an answer on another pod) reads
+    that text first, so the prefix and the continuation make one JSON document; a prefix the grammar refuses
+    ends that request alone, with an error naming the field."""
+    import dataclasses
+    import json
+
+    import jsonschema
+
+    from neuronfleet.runtime.serving.output_constraints import response_format
+
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "A JSON object about a cat, please."}])
+    anything = response_format({"type": "json_object"})
+    sampled = SamplingParams(max_tokens=48, temperature=1.0, seed=7, constraint=anything)
+    first, second = (engine.generate([prompt], sampled)[0] for _ in range(2))
+    assert first.token_ids == second.token_ids
+    if first.finish_reason == FinishReason.STOP:  # (a sampled object may run past max_tokens)
+        assert isinstance(json.loads(first.text), dict)
+    person = response_format({"type": "json_schema", "json_schema": {"schema": PERSON}})
+    assert person is not None
+    head = '{"name": "Al'
+    params = SamplingParams(max_tokens=32, constraint=dataclasses.replace(person, prefix=head))
+    rest = engine.generate([prompt + engine.tokenizer.encode(head, add_special_tokens=False)], params)[0]
+    jsonschema.validate(json.loads(head + rest.text), PERSON)
+    wrong = SamplingParams(max_tokens=8, constraint=dataclasses.replace(person, prefix="[1, 2"))
+    refused, fine = engine.generate([prompt, prompt], [wrong, SamplingParams(max_tokens=4)])
+    assert (
+        refused.finish_reason == FinishReason.ABORT and "response_format.json_schema.schema" in refused.error
+    )
+    assert fine.finish_reason == FinishReason.LENGTH and len(fine.token_ids) == 4

@@ -34,7 +34,7 @@ ASKED = {
     "prompt_cache_key": "k", "prompt_cache_options": {"mode": "implicit"}, "prompt_cache_retention": "24h",
     "best_of": 2, "echo": True, "suffix": " the end", "top_k": 5, "repetition_penalty": 1.1,
     "ignore_eos": True, "return_token_ids": True, "add_generation_prompt": True,
-    "continue_final_message": False,
+    "continue_final_message": False, "structured_outputs": {"choice": ["yes", "no"]},
 }  # fmt: skip
 CHAT = {"messages": [{"role": "user", "content": "Hello"}]}
 # where an API's own value differs (the completions API's logprobs is a count); what a field needs beside it
