@@ -22,6 +22,7 @@ from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import MAX_LOGPROBS, SamplingDefaults, SamplingParams
 
 OPENAI_DEFAULTS = SamplingDefaults()
+MAX_CHOICES = 128  # the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's before 0.11
 
 MAX_STOP_SEQUENCES = 16
@@ -129,6 +130,7 @@ class ParsedRequest:
     continue_final_message: bool = False  # chat: the answer continues the last message, left open
     return_token_ids: bool = False  # vLLM's extension: each choice carries its tokens' ids (what a router
     # resuming the stream on another pod continues from: runtime/routing/resume.py)
+    n: int = 1  # choices: as many answers to the same prompt
 
 
 def _get(
@@ -222,8 +224,7 @@ def _openai_request(
     if seed is not None:
         _in_range("seed", seed, 0, 2**63 - 1)
     n = _get(body, "n", (int,), 1)
-    if n != 1:
-        raise InvalidRequest(f"n must be 1 (one choice per request), got {n}", "n")
+    _in_range("n", n, 1, MAX_CHOICES)  # (and at most the server's slots: the server checks)
     penalty = float(_get(body, "repetition_penalty", (int, float), defaults.repetition_penalty))  # vLLM's
     _in_range("repetition_penalty", penalty, 0.0, 2.0, lo_open=True)
     ignore_eos = _get(body, "ignore_eos", (bool,), False)  # vLLM's extension
@@ -251,7 +252,7 @@ def _openai_request(
         logprobs=logprobs,
         constraint=constraint,
     )
-    return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids)
+    return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids, n=n)
 
 
 def _constraint(body: dict) -> OutputConstraint | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -40,6 +41,7 @@ from neuronfleet.runtime.serving.backend import Backend, RequestOutput, TokenLog
 from neuronfleet.runtime.serving.engine_metrics import LATENCY_BUCKETS
 from neuronfleet.runtime.serving.errors import (
     Draining,
+    InvalidRequest,
     ServingError,
     openai_error_body,
     tgi_error_body,
@@ -275,6 +277,36 @@ class RuntimeServer(HttpApp):
             return self._tgi_error(status, str(error), error.retry_after)
         return self._openai_error(status, str(error), error.field_name, error.retry_after)
 
+    async def _choices(self, parsed: ParsedRequest) -> list[AsyncIterator[RequestOutput]]:
+        """Start a request's `n` choices: the first, and once its prompt is prefilled (its first token out),
+        the others at once, which find that prompt in the prefix cache and copy its keys and values instead
+        of computing them again (where prefix reuse is on). Choice i samples with the request's seed + i (the
+        same request gives the same choices). A choice refused closes those started, and the request is
+        refused."""
+        slots = self.backend.limits.slots
+        if parsed.n > slots:
+            raise InvalidRequest(
+                f"n must be at most {slots}, the sequences this server runs at once; got {parsed.n}", "n"
+            )
+        first = await self._stream(parsed)
+        if parsed.n == 1:
+            return [first]
+        seed = parsed.params.seed
+
+        def choice(i: int) -> ParsedRequest:
+            params = dataclasses.replace(parsed.params, seed=None if seed is None else (seed + i) % 2**63)
+            return dataclasses.replace(parsed, params=params)
+
+        started = await asyncio.gather(*(self._stream(choice(i)) for i in range(1, parsed.n)),
+                                       return_exceptions=True)  # fmt: skip
+        refused = next((s for s in started if isinstance(s, BaseException)), None)
+        if refused is not None:
+            for stream in [first, *started]:
+                if not isinstance(stream, BaseException):
+                    await stream.aclose()  # (frees its slot)
+            raise refused
+        return [first, *started]  # type: ignore[list-item]
+
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await self._body(request)
@@ -285,51 +317,46 @@ class RuntimeServer(HttpApp):
                 return self._openai_error(
                     404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model"
                 )
-            outputs = await self._stream(parsed)
+            choices = await self._choices(parsed)
         except ServingError as e:
             return self._refusal(e, tgi=False)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if parsed.stream:
-            return await self._openai_sse(request, outputs, rid, created, chat, parsed)
-        try:
-            result = await self._collect(outputs)
-        except ServingError as e:
-            return self._refusal(e, tgi=False)
-        usage = {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-        }
-        logprobs = self._logprobs(chat, result.token_ids, result.logprobs, 0)[0]
-        if chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "logprobs": logprobs,
-                "finish_reason": result.finish_reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": result.text,
-                "logprobs": logprobs,
-                "finish_reason": result.finish_reason,
-            }
-        if parsed.return_token_ids:
-            choice["token_ids"] = list(result.token_ids)
+            return await self._openai_sse(request, choices, rid, created, chat, parsed)
+        results = await asyncio.gather(*(self._collect(c) for c in choices), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if isinstance(failed, ServingError):
+            return self._refusal(failed, tgi=False)
+        if failed is not None:
+            raise failed
+        prompt_tokens, completion_tokens = results[0].prompt_tokens, sum(r.completion_tokens for r in results)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+        answers = []
+        for index, result in enumerate(results):
+            logprobs = self._logprobs(chat, result.token_ids, result.logprobs, 0)[0]
+            answer: dict = {"index": index}
+            if chat:
+                answer["message"] = {"role": "assistant", "content": result.text}
+            else:
+                answer["text"] = result.text
+            answer.update(logprobs=logprobs, finish_reason=result.finish_reason)
+            if parsed.return_token_ids:
+                answer["token_ids"] = list(result.token_ids)
+            answers.append(answer)
         return web.json_response(
             {
                 "id": rid,
                 "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": self.model_name,
-                "choices": [choice],
+                "choices": answers,
                 "usage": usage,
             }
         )
 
-    async def _openai_sse(self, request, outputs, rid: str, created: int, chat: bool, parsed: ParsedRequest):
+    async def _openai_sse(self, request, choices, rid: str, created: int, chat: bool, parsed: ParsedRequest):
         include_usage = parsed.include_usage
         # with return_token_ids (vLLM's extension) the first event also carries the prompt's token ids (a
         # chat's on the event, a completion's on its choice), as the engine computes them
@@ -355,34 +382,47 @@ class RuntimeServer(HttpApp):
             return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
         if chat:
-            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                    "finish_reason": None}  # fmt: skip
-            ids = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
-            await resp.write(chunk([role], **ids))
-            prompt_ids = None
-        last = None
-        # tokens whose log probabilities are not sent yet: they ride on the next event written (a token
-        # whose text is held back, part of a character, writes none), with the completion's text offset
-        pending_ids: list[int] = []
-        pending: list[TokenLogprobs] = []
-        offset = 0
+            for index in range(len(choices)):
+                role = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}  # fmt: skip
+                ids = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
+                await resp.write(chunk([role], **ids))
+                prompt_ids = None
+        last: dict[int, RequestOutput] = {}
+        # per choice, tokens whose log probabilities are not sent yet: they ride on the next event written (a
+        # token whose text is held back, part of a character, writes none), with the completion's text offset
+        pending_ids: dict[int, list[int]] = {i: [] for i in range(len(choices))}
+        pending: dict[int, list[TokenLogprobs]] = {i: [] for i in range(len(choices))}
+        offset = dict.fromkeys(range(len(choices)), 0)
         try:
-            async with contextlib.aclosing(outputs):
-                async for out in outputs:
-                    last = out
+            async with contextlib.aclosing(_merged(choices)) as outputs:
+                async for index, out in outputs:
+                    last[index] = out
                     reason = str(out.finish_reason) if out.finish_reason else None
                     if out.logprobs is not None:
-                        pending_ids += out.token_ids
-                        pending += out.logprobs
+                        pending_ids[index] += out.token_ids
+                        pending[index] += out.logprobs
                     if not (out.text or reason or (parsed.return_token_ids and out.token_ids)):
                         continue
-                    logprobs, offset = self._logprobs(chat, pending_ids, pending or None, offset)
-                    pending_ids, pending = [], []
+                    logprobs, offset[index] = self._logprobs(
+                        chat, pending_ids[index], pending[index] or None, offset[index]
+                    )
+                    pending_ids[index], pending[index] = [], []
                     if chat:
                         delta = {"content": out.text} if out.text else {}
-                        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+                        choice = {
+                            "index": index,
+                            "delta": delta,
+                            "logprobs": logprobs,
+                            "finish_reason": reason,
+                        }
                     else:
-                        choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": reason}
+                        choice = {
+                            "index": index,
+                            "text": out.text,
+                            "logprobs": logprobs,
+                            "finish_reason": reason,
+                        }
                     if parsed.return_token_ids:
                         choice["token_ids"] = list(out.token_ids)
                         if prompt_ids is not None:
@@ -391,11 +431,13 @@ class RuntimeServer(HttpApp):
         except ServingError as e:  # the stream has started: the error is its last event, with its own status
             err = openai_error_body(e.status, str(e))
             await resp.write(f"data: {json.dumps(err)}\n\n".encode())
-        if include_usage and last is not None:
+        if include_usage and last:
+            prompt_tokens = next(iter(last.values())).prompt_tokens
+            completion_tokens = sum(out.completion_tokens for out in last.values())
             usage = {
-                "prompt_tokens": last.prompt_tokens,
-                "completion_tokens": last.completion_tokens,
-                "total_tokens": last.prompt_tokens + last.completion_tokens,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             }
             await resp.write(chunk([], usage))
         await resp.write(b"data: [DONE]\n\n")
@@ -591,3 +633,40 @@ def _version() -> str:
     from neuronfleet import __version__
 
     return __version__
+
+
+async def _merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of a request's choices as they come, each with its choice's index; a choice's error is
+    raised (the others are closed, freeing their slots)."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:
+            async for out in only:
+                yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for out in stream:
+                    await queue.put((index, out))
+        except Exception as e:  # (its error reaches the reader, which raises it)
+            await queue.put((index, e))
+        finally:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        ended = 0
+        while ended < len(streams):
+            index, item = await queue.get()
+            if item is None:
+                ended += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -502,7 +502,7 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
     """Unified pods publishing their KV-cache events (--kv-events-config; their ready answer says where) and
     two front doors given the model's tokenizer: a conversation's second turn through the door that never
     saw its first goes to the pod whose events say it holds that first turn (reason prefix). Structured
-    outputs and log probabilities pass through such a door."""
+    outputs, log probabilities and n choices pass through such a door."""
     options = ("--slots", "2", "--max-seq-len", "512")
 
     def publishing(port: int) -> tuple[str, str]:
@@ -548,6 +548,11 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
             text = "".join(e.token for e in entries)  # (an end-of-sequence token has its entry, as vLLM's)
             assert text.removesuffix("<|im_end|>") == whole.choices[0].message.content
             assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in entries)
+            two = openai(door_a).chat.completions.create(model="smollm2", messages=history, max_tokens=4, n=2,
+                                                         temperature=0)  # fmt: skip
+            assert [c.index for c in two.choices] == [0, 1] and two.choices[0].message.content == (
+                two.choices[1].message.content
+            )
         finally:
             process_a.stop()
             process_b.stop()

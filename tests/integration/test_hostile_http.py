@@ -236,7 +236,7 @@ WRONG = [
             ("stop", 5, "stop must be"),
             ("stop", [""], "stop must be"),
             ("n", "1", "n must be"),
-            ("n", 2, "n must be 1"),
+            ("n", 3, "n must be at most 2, the sequences this server runs at once"),
             ("stream", "yes", "stream must be a boolean"),
             ("stream_options", [], "stream_options must be an object"),
             ("logprobs", 21, "logprobs must be in [0, 20]"),
@@ -304,7 +304,7 @@ WRONG = [
             ("truncate", 5, "truncate is not supported"),
             ("typical_p", 0.5, "typical_p is not supported"),
             ("top_n_tokens", 2, "top_n_tokens is not supported"),
-            ("grammar", {}, "grammar must be {\"type\": \"json\" or \"regex\""),
+            ("grammar", {}, 'grammar must be {"type": "json" or "regex"'),
             ("decoder_input_details", True, "decoder_input_details is not"),
             ("frequency_penalty", 1, "frequency_"),
         ]

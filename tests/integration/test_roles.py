@@ -233,6 +233,11 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
             [unified.tokenizer.decode([i], skip_special_tokens=False) for i, _ in lp.top]
             for lp in ref.logprobs
         ]
+        # n choices: each its own sequence through the hand-off, greedy ones the unified engine's answer
+        two = client.chat.completions.create(
+            model="smollm2", messages=first, max_tokens=16, temperature=0, n=2
+        )
+        assert [c.message.content for c in two.choices] == [want[0]] * 2
 
 
 def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path):

@@ -219,6 +219,53 @@ def test_tgi_client_generate_and_stream(exact_server, offline):
     assert streamed[-1].generated_text == expected.text
 
 
+def test_n_choices_share_the_prompts_prefill_and_follow_their_seeds(exact_server):
+    """`n` > 1 through the official client: n choices, indexed; greedy ones alike; sampled ones each with its
+    own seed (the request's + i), so the same request gives the same choices and its first equals the request
+    with n 1; streamed the same as whole; the usage counts the prompt once and every choice's tokens; the
+    choices after the first copy the prompt's cached keys and values (vLLM's prefix-cache hits) instead of
+    prefilling it; n above the slots or below 1 is a 400 naming n."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=exact_server + "/v1", api_key="unused", max_retries=0)
+    question = "Describe the moon in one sentence, for a child who cannot sleep."
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=12)
+    hits, queries = (
+        metric(exact_server, "vllm:prefix_cache_hits_total"),
+        metric(exact_server, "vllm:prefix_cache_queries_total"),
+    )
+    greedy = client.chat.completions.create(**ask, n=3, temperature=0)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert len({c.message.content for c in greedy.choices}) == 1
+    prompt = greedy.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 3 * 12 and greedy.usage.total_tokens == prompt + 36
+    assert metric(exact_server, "vllm:prefix_cache_queries_total") - queries == 3 * prompt
+    assert metric(exact_server, "vllm:prefix_cache_hits_total") - hits >= 2 * (prompt - 1)
+    sampled = dict(**ask, n=3, temperature=1.0, seed=11)
+    whole = client.chat.completions.create(**sampled)
+    first = [c.message.content for c in whole.choices]
+    assert len(set(first)) > 1  # (three draws of twelve tokens at temperature 1 differ)
+    assert [c.message.content for c in client.chat.completions.create(**sampled).choices] == first
+    alone = client.chat.completions.create(**{**sampled, "n": 1}).choices[0].message.content
+    assert alone == first[0]
+    streamed = {0: "", 1: "", 2: ""}
+    for chunk in client.chat.completions.create(
+        **sampled, stream=True, stream_options={"include_usage": True}
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+        if chunk.usage is not None:
+            assert chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert list(streamed.values()) == first
+    completion = client.completions.create(model="smollm2", prompt="The moon is", max_tokens=6, n=2, seed=3,
+                                           temperature=1.0)  # fmt: skip
+    assert [c.index for c in completion.choices] == [0, 1]
+    for n, needle in ((9, "n must be at most 8"), (0, "n must be in")):
+        with pytest.raises(BadRequestError, match=needle) as refused:
+            client.chat.completions.create(**ask, n=n)
+        assert refused.value.body["param"] == "n"
+
+
 def test_tgis_grammar_and_vllms_structured_outputs(server):
     """TGI's `grammar` through the `text_generation` client (json and regex, streamed too) and vLLM's
     `structured_outputs` (regex, choice) as vLLM's clients send them: each answer matches its grammar."""
@@ -263,7 +310,7 @@ def test_tgis_grammar_and_vllms_structured_outputs(server):
         ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "new tokens fit"),
         ("/v1/completions", {"prompt": "hi", "temperature": 3}, 400, "temperature must be in"),
         ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature must be"),
-        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n must be 1"),
+        ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n must be in [1, 128]"),
         ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "does not exist"),
         ("/v1/completions", {"prompt": "word " * 600}, 400, "longest this deployment accepts"),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
