@@ -54,6 +54,19 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_tools_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`smollm2_dir` with a chat template that takes tools (tests/data/hermes_tools.jinja, written for the
+    tests: SmolLM2's own takes none), its other files linked."""
+    out = tmp_path_factory.mktemp("smollm2-tools")
+    for file in smollm2_dir.iterdir():
+        (out / file.name).symlink_to(file)
+    (out / "chat_template.jinja").write_text(
+        (Path(__file__).parent / "data" / "hermes_tools.jinja").read_text()
+    )
+    return out
+
+
 @pytest.fixture
 def float16_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` as it is on a CPU without native bfloat16 (an AVX2 one): float32 activations, the float layers'

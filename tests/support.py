@@ -807,13 +807,16 @@ def structured_outputs_round(base: str, model: str = "smollm2") -> dict[str, Any
     )
     city = parsed.choices[0].message.parsed
     assert isinstance(city, City) and parsed.choices[0].finish_reason == "stop", parsed
-    stream = client.chat.completions.create(
-        messages=[{"role": "user", "content": "A JSON object about Paris."}],
-        response_format={"type": "json_object"}, stream=True, **ask,
-    )  # fmt: skip
-    chunks = [c for c in stream if c.choices]
+    paris = {"messages": [{"role": "user", "content": "A JSON object about Paris."}],
+             "response_format": {"type": "json_object"}, **ask}  # fmt: skip
+    chunks = [c for c in client.chat.completions.create(stream=True, **paris) if c.choices]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert chunks[-1].choices[0].finish_reason == "stop" and isinstance(json.loads(streamed), dict), streamed
+    whole = client.chat.completions.create(**paris).choices[0]
+    assert streamed == whole.message.content and chunks[-1].choices[0].finish_reason == whole.finish_reason
+    if whole.finish_reason == "stop":  # (any object may run past max_tokens: then it is cut, not whole JSON)
+        assert isinstance(json.loads(streamed), dict), streamed
+    else:
+        assert streamed.startswith("{"), streamed
     age = {"type": "integer", "minimum": 0, "maximum": 120}
     person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": age},
               "required": ["name", "age"]}  # fmt: skip
@@ -830,3 +833,61 @@ def structured_outputs_round(base: str, model: str = "smollm2") -> dict[str, Any
         )  # fmt: skip
     assert refused.value.body["param"] == "response_format.json_schema.schema", refused.value.body
     return {"city": city.model_dump(), "streamed": streamed, "person": answer}
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": name, "description": f"The {what} in a city now",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                    "required": ["city"], "additionalProperties": False}}}
+    for name, what in (("get_weather", "weather"), ("get_time", "time"))
+]  # fmt: skip
+
+
+def tool_call_round(base: str, model: str = "smollm2") -> dict[str, Any]:
+    """A tool-call round trip as a client of `base` makes it through the official `openai` client, greedy, on
+    a model whose template takes tools (`smollm2_tools_dir`): `required` (one call: `parallel_tool_calls`
+    false) gives a call to one of the tools with arguments of its schema, parsed into the client's types; a
+    named function streamed gives the same call as whole; the call's result sent back (the assistant's
+    `tool_calls`, a `tool` message) gets a final answer, whole and streamed alike. Returns what came back."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    ask = {"model": model, "temperature": 0, "max_tokens": 80, "tools": TOOLS}
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = client.chat.completions.create(
+        messages=question, tool_choice="required", parallel_tool_calls=False, **ask
+    ).choices[0]
+    assert forced.finish_reason == "tool_calls" and forced.message.content is None, forced
+    (call,) = forced.message.tool_calls
+    assert call.function.name in ("get_weather", "get_time") and set(json.loads(call.function.arguments)) == {
+        "city"
+    }
+    named = {"type": "function", "function": {"name": "get_time"}}
+    whole = (
+        client.chat.completions.create(messages=question, tool_choice=named, **ask)
+        .choices[0]
+        .message.tool_calls
+    )
+    streamed, reasons = [], []
+    for chunk in client.chat.completions.create(messages=question, tool_choice=named, stream=True, **ask):
+        for choice in chunk.choices:
+            streamed += choice.delta.tool_calls or []
+            reasons.append(choice.finish_reason)
+    assert (
+        [(c.function.name, c.function.arguments) for c in streamed]
+        == [(c.function.name, c.function.arguments) for c in whole]
+        and {c.function.name for c in whole} == {"get_time"}
+        and reasons[-1] == "tool_calls"
+    ), (streamed, whole)
+    result = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": json.dumps({"temperature_c": 18, "sky": "grey"}),
+    }
+    history = [*question, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}, result]
+    final = client.chat.completions.create(messages=history, **ask).choices[0]
+    assert final.finish_reason == "stop" and final.message.content, final
+    stream = client.chat.completions.create(messages=history, stream=True, **ask)
+    parts = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(parts) == final.message.content
+    return {"call": (call.function.name, call.function.arguments), "final": final.message.content}

@@ -115,7 +115,8 @@ def prompt_ids(path: str, body: bytes, tokenizer: Any) -> list[int] | None:
     try:
         request = decode_json(body)
         if path.endswith("/chat/completions"):
-            return tokenizer.encode_chat(parse_openai_chat(request).messages)
+            chat = parse_openai_chat(request)
+            return tokenizer.encode_chat(chat.messages, tools=chat.tools.functions if chat.tools else None)
         if path.endswith("/completions"):
             prompt = parse_openai_completion(request).prompt
         elif path in ("/generate", "/generate_stream", "/"):

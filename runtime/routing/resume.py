@@ -83,12 +83,15 @@ STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guide
 
 
 def constrained(body: dict) -> bool:
-    """The request asks its answer to match a grammar (a JSON schema, any JSON object, vLLM's fields). Such a
-    stream is not resumed: a pod that continues an answer starts its grammar at the continuation (vLLM's and
+    """The request asks its answer to match a grammar (a JSON schema, any JSON object, vLLM's fields), or
+    reads tool calls out of it (a resumed answer comes back as text, its calls unread). Such a stream is not
+    resumed: a pod that continues an answer starts its grammar at the continuation (vLLM's and
     SGLang's `continue_final_message`), so the answer would no longer match; it ends cut, as any stream that
     cannot be resumed."""
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return True
+    if body.get("tools") and body.get("tool_choice") != "none":  # (its answer is read for calls, or is calls)
         return True
     return any(body.get(name) is not None for name in STRUCTURED_FIELDS)
 

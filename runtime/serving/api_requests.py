@@ -16,13 +16,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from neuronfleet.runtime.serving import output_constraints
+from neuronfleet.runtime.serving import output_constraints, tool_calls
 from neuronfleet.runtime.serving.errors import InvalidRequest
 from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import MAX_LOGPROBS, SamplingDefaults, SamplingParams
 
 OPENAI_DEFAULTS = SamplingDefaults()
-MAX_CHOICES = 128  # the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
+MAX_CHOICES = (
+    128  # the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
+)
+TOOL_MESSAGE_FIELDS = ("tool_calls", "tool_call_id", "name")  # what a chat message keeps beside role, content
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's before 0.11
 
 MAX_STOP_SEQUENCES = 16
@@ -131,6 +134,7 @@ class ParsedRequest:
     return_token_ids: bool = False  # vLLM's extension: each choice carries its tokens' ids (what a router
     # resuming the stream on another pod continues from: runtime/routing/resume.py)
     n: int = 1  # choices: as many answers to the same prompt
+    tools: tool_calls.Tools | None = None  # chat: the functions the model may call, and how (tool_choice)
 
 
 def _get(
@@ -252,7 +256,9 @@ def _openai_request(
         logprobs=logprobs,
         constraint=constraint,
     )
-    return ParsedRequest(prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids, n=n)
+    return ParsedRequest(
+        prompt, messages, params, stream, include_usage, return_token_ids=return_token_ids, n=n
+    )
 
 
 def _constraint(body: dict) -> OutputConstraint | None:
@@ -344,16 +350,19 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
                     )
                 texts.append(part["text"])
             content = "".join(texts)
+        if content is None and role == "assistant" and m.get("tool_calls"):
+            content = ""  # (an answer that was tool calls only)
         if not isinstance(content, str):
             raise InvalidRequest(
                 f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
             )
-        clean.append({"role": role, "content": content})
+        kept = {k: m[k] for k in TOOL_MESSAGE_FIELDS if m.get(k) is not None}  # (tool calls and results)
+        clean.append({"role": role, "content": content, **kept})
     # what would change the answer and this server does not do (docs/api.md lists every field); the rest of
     # the official client's fields (store, metadata, user, service_tier, prediction, ...) are hints, ignored
     _refuse_unsupported(
         body,
-        {"tools": [], "tool_choice": "none", "functions": [],
+        {"functions": [],
          "function_call": "none", "audio": None, "modalities": ["text"], "web_search_options": None,
          "moderation": None},
     )  # fmt: skip
@@ -371,10 +380,28 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
             "continue_final_message needs a last message of role assistant with some content to continue",
             "continue_final_message",
         )
-    parsed = _openai_request(body, prompt=None, messages=clean, max_tokens_default=None, defaults=defaults)
+    tools = tool_calls.parse_tools(body)
+    if tools is not None:
+        for i, function in enumerate(tools.functions):
+            output_constraints.check_schema(
+                function["function"]["parameters"], f"tools[{i}].function.parameters"
+            )
+    parsed = _openai_request(body, prompt=None, messages=tool_calls.template_messages(clean),
+                             max_tokens_default=None, defaults=defaults)  # fmt: skip
+    params = parsed.params
+    if tools is not None and tools.forced:  # required, or a named function: the answer is calls to them
+        if params.constraint is not None:
+            other = params.constraint.field.split(".")[0]
+            raise InvalidRequest(f"tool_choice {tools.choice} makes the answer tool calls: send it or "
+                                 f"{other}, not both", "tool_choice")  # fmt: skip
+        constraint = output_constraints.tool_calls(
+            tools.forced, one=tools.named is not None or not tools.parallel
+        )
+        params = dataclasses.replace(params, constraint=constraint)
     return dataclasses.replace(
-        parsed, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final
-    )
+        parsed, params=params, add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final, tools=tools,
+    )  # fmt: skip
 
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:

@@ -180,3 +180,25 @@ def tgi_grammar(value: Any, field: str = "grammar") -> OutputConstraint | None:
     if value["type"] == "json":
         return _schema_grammar(value.get("value"), "json_schema", f"{field}.value")
     return _regex_grammar(value.get("value"), f"{field}.value")
+
+
+def check_schema(schema: Any, field: str) -> None:
+    """A JSON schema this server can follow, else InvalidRequest naming `field` and the part (a tool's
+    parameters)."""
+    _schema_grammar(schema, "json_schema", field)
+
+
+def tool_calls(functions: list[dict], one: bool, field: str = "tool_choice") -> OutputConstraint:
+    """An answer of Hermes tool calls (`tool_calls.OPEN`, the call's JSON, `tool_calls.CLOSE`) to the given
+    functions (`{"type": "function", "function": {name, parameters}}` each), their arguments matching their
+    parameters' schemas: exactly one call (`one`: a named tool_choice), else one or more, a line apart."""
+    calls = [{"type": "object", "properties": {"name": {"const": f["function"]["name"]},
+              "arguments": f["function"]["parameters"]}, "required": ["name", "arguments"],
+              "additionalProperties": False} for f in functions]  # fmt: skip
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": JSON_OPTIONS}
+    lark = "\n".join([
+        "start: call" if one else 'start: call ("\\n" call)*',
+        'call: "<tool_call>\\n" body "\\n</tool_call>"',
+        f"body: %json {json.dumps(schema)}",
+    ])  # fmt: skip
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tool_calls", field, "a set of tools")

@@ -29,6 +29,7 @@ from prometheus_client import (
 )
 
 from neuronfleet.contract import BODY_TIMEOUT, HEADER_TIMEOUT
+from neuronfleet.runtime.serving import tool_calls
 from neuronfleet.runtime.serving.api_requests import (
     OPENAI_DEFAULTS,
     ParsedRequest,
@@ -204,8 +205,9 @@ class RuntimeServer(HttpApp):
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         if parsed.messages is not None:
+            tools = parsed.tools.functions if parsed.tools is not None else None
             return self.backend.tokenizer.encode_chat(
-                parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message
+                parsed.messages, parsed.add_generation_prompt, parsed.continue_final_message, tools
             )
         return parsed.prompt  # type: ignore[return-value]
 
@@ -334,14 +336,21 @@ class RuntimeServer(HttpApp):
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
         answers = []
+        reads_calls = parsed.tools is not None and parsed.tools.parsed
         for index, result in enumerate(results):
             logprobs = self._logprobs(chat, result.token_ids, result.logprobs, 0)[0]
             answer: dict = {"index": index}
+            reason = str(result.finish_reason)
             if chat:
                 answer["message"] = {"role": "assistant", "content": result.text}
+                content, calls = tool_calls.split_calls(result.text) if reads_calls else (result.text, [])
+                if calls:  # the answer called tools (OpenAI: finish_reason tool_calls where it ended itself)
+                    answer["message"] = {"role": "assistant", "content": content or None,
+                                         "tool_calls": [c.as_openai() for c in calls]}  # fmt: skip
+                    reason = "tool_calls" if reason == "stop" else reason
             else:
                 answer["text"] = result.text
-            answer.update(logprobs=logprobs, finish_reason=result.finish_reason)
+            answer.update(logprobs=logprobs, finish_reason=reason)
             if parsed.return_token_ids:
                 answer["token_ids"] = list(result.token_ids)
             answers.append(answer)
@@ -394,6 +403,10 @@ class RuntimeServer(HttpApp):
         pending_ids: dict[int, list[int]] = {i: [] for i in range(len(choices))}
         pending: dict[int, list[TokenLogprobs]] = {i: [] for i in range(len(choices))}
         offset = dict.fromkeys(range(len(choices)), 0)
+        # a chat whose answer is read for tool calls: its text split as it comes (a call is sent whole, in
+        # `delta.tool_calls`, once its block closes), and the calls sent so far
+        calls = {i: tool_calls.CallStream() for i in range(len(choices))}
+        reads_calls = chat and parsed.tools is not None and parsed.tools.parsed
         try:
             async with contextlib.aclosing(_merged(choices)) as outputs:
                 async for index, out in outputs:
@@ -402,14 +415,22 @@ class RuntimeServer(HttpApp):
                     if out.logprobs is not None:
                         pending_ids[index] += out.token_ids
                         pending[index] += out.logprobs
-                    if not (out.text or reason or (parsed.return_token_ids and out.token_ids)):
+                    text, called = out.text, []
+                    if reads_calls:
+                        text, done = calls[index].feed(out.text)
+                        text += calls[index].end() if reason else ""
+                        called = [c.as_openai(calls[index].calls - len(done) + k) for k, c in enumerate(done)]
+                        reason = "tool_calls" if reason == "stop" and calls[index].calls else reason
+                    if not (text or called or reason or (parsed.return_token_ids and out.token_ids)):
                         continue
                     logprobs, offset[index] = self._logprobs(
                         chat, pending_ids[index], pending[index] or None, offset[index]
                     )
                     pending_ids[index], pending[index] = [], []
                     if chat:
-                        delta = {"content": out.text} if out.text else {}
+                        delta: dict = {"content": text} if text else {}
+                        if called:
+                            delta["tool_calls"] = called
                         choice = {
                             "index": index,
                             "delta": delta,

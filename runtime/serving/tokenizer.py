@@ -4,6 +4,7 @@ sandboxed Jinja environment), the end-of-sequence ids, and incremental detokeniz
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -109,12 +110,23 @@ class Tokenizer:
                 pass
         return piece.replace("\u2581", " ").encode()
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages [{role, content}] with the model's own chat template."""
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict] | None = None,
+    ) -> str:
+        """Render messages [{role, content}] with the model's own chat template; `tools` (functions the model
+        may call, `{"type": "function", "function": {...}}` each) as Hugging Face's `apply_chat_template`
+        passes them, to a template that takes them (InvalidRequest naming `tools` otherwise)."""
         if self._template is None:
             raise InvalidRequest(
                 "this model has no chat template; use the completions API instead", "messages"
             )
+        if tools and not self.takes_tools:
+            raise InvalidRequest("this model's chat template takes no tools (it never reads `tools`); "
+                                 "send the request without them, or serve a model whose template writes tool "
+                                 "calls", "tools")  # fmt: skip
         if not messages:
             raise InvalidRequest("messages is empty; send at least one message", "messages")
         for i, m in enumerate(messages):
@@ -130,19 +142,25 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **({"tools": list(tools)} if tools else {}),
             )
         except TemplateError as e:
             raise InvalidRequest(f"the model's chat template refused the messages: {e}", "messages") from None
 
+    @property
+    def takes_tools(self) -> bool:
+        """The chat template reads `tools` (it can show the model functions to call)."""
+        return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template or "") is not None
+
     def encode_chat(
         self, messages: Sequence[dict], add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
+        continue_final_message: bool = False, tools: Sequence[dict] | None = None,
     ) -> list[int]:  # fmt: skip
         """Token ids of a chat prompt (the template places any BOS itself). `continue_final_message`: the
         last message left open (rendered without a generation prompt and cut right after its content, as
         Hugging Face's `apply_chat_template(continue_final_message=True)` does), for an answer that
         continues it."""
-        text = self.apply_chat_template(messages, add_generation_prompt and not continue_final_message)
+        text = self.apply_chat_template(messages, add_generation_prompt and not continue_final_message, tools)
         if continue_final_message:
             final = messages[-1]["content"]
             end = text.rfind(final) if final else -1

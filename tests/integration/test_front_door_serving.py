@@ -27,6 +27,7 @@ from support import (
     neuronfleet_command,
     running_server,
     structured_outputs_round,
+    tool_call_round,
     wait_until,
 )
 
@@ -498,11 +499,12 @@ def test_pods_that_refuse_the_token_ids_asked_on_a_chat_get_it_without_and_its_s
 
 
 @pytest.mark.real_model
-def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2_dir, tmp_path):
+def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2_tools_dir, tmp_path):
     """Unified pods publishing their KV-cache events (--kv-events-config; their ready answer says where) and
     two front doors given the model's tokenizer: a conversation's second turn through the door that never
     saw its first goes to the pod whose events say it holds that first turn (reason prefix). Structured
-    outputs, log probabilities and n choices pass through such a door."""
+    outputs, log probabilities, n choices and tool calls pass through such a door (the pods' template takes
+    tools)."""
     options = ("--slots", "2", "--max-seq-len", "512")
 
     def publishing(port: int) -> tuple[str, str]:
@@ -510,12 +512,12 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
                                                  "endpoint": f"tcp://127.0.0.1:{port}"})  # fmt: skip
 
     with (
-        running_server(smollm2_dir, *options, *publishing(free_port())) as (_, one),
-        running_server(smollm2_dir, *options, *publishing(free_port())) as (_, two),
+        running_server(smollm2_tools_dir, *options, *publishing(free_port())) as (_, one),
+        running_server(smollm2_tools_dir, *options, *publishing(free_port())) as (_, two),
     ):
         peers = peer_map(tmp_path, "unified:8000", [one.port, two.port])
-        door_a, process_a = front_door(tmp_path, *peers, "--model", str(smollm2_dir))
-        door_b, process_b = front_door(tmp_path, *peers, "--model", str(smollm2_dir))
+        door_a, process_a = front_door(tmp_path, *peers, "--model", str(smollm2_tools_dir))
+        door_b, process_b = front_door(tmp_path, *peers, "--model", str(smollm2_tools_dir))
         try:
             pods = {f"http://127.0.0.1:{s.port}": s for s in (one, two)}
 
@@ -553,6 +555,7 @@ def test_two_front_doors_given_the_model_follow_the_pods_kv_cache_events(smollm2
             assert [c.index for c in two.choices] == [0, 1] and two.choices[0].message.content == (
                 two.choices[1].message.content
             )
+            tool_call_round(door_b)
         finally:
             process_a.stop()
             process_b.stop()

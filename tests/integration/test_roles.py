@@ -21,6 +21,7 @@ from support import (
     post,
     running_server,
     structured_outputs_round,
+    tool_call_round,
     unified_reference,
     wait_until,
     wait_until_async,
@@ -189,25 +190,26 @@ def test_serve_roles_from_the_command_line(smollm2_dir, tmp_path):
 
 
 @pytest.mark.real_model
-def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp_path):
+def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_tools_dir, tmp_path):
     """The whole disaggregated path from the command line: the official openai client talks to the router,
     which reserves on the decode pod, has the prefill pod push the KV cache, and streams the decode pod's
-    tokens; greedy answers equal the unified engine's, for several concurrent requests."""
+    tokens; greedy answers equal the unified engine's, for several concurrent requests; structured outputs,
+    log probabilities, n choices and tool calls cross the hand-off (a model whose template takes tools)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from openai import OpenAI
 
     (tmp_path / "token").write_text(TOKEN)
-    common = ("--max-seq-len", "256", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)
-    unified = unified_reference(smollm2_dir)
+    common = ("--max-seq-len", "768", "--internal-token-file", str(tmp_path / "token"), *EXACT_DTYPE_OPTIONS)
+    unified = unified_reference(smollm2_tools_dir)
     questions = ["What is the capital of France?", "Name a green vegetable.", "Say hello in Spanish."]
     chats = [unified.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in questions]
     want = [o.text for o in unified.generate(chats, SamplingParams(max_tokens=16))]
     with (
-        running_server(smollm2_dir, "--role", "decode", "--slots", "4", *common) as (decode, _),
-        running_server(smollm2_dir, "--role", "prefill", "--slots", "2", *common) as (prefill, _),
+        running_server(smollm2_tools_dir, "--role", "decode", "--slots", "4", *common) as (decode, _),
+        running_server(smollm2_tools_dir, "--role", "prefill", "--slots", "2", *common) as (prefill, _),
         running_server(
-            smollm2_dir, "--role", "router", "--prefill", prefill, "--decode", dns(decode), *common
+            smollm2_tools_dir, "--role", "router", "--prefill", prefill, "--decode", dns(decode), *common
         ) as (router, _),
     ):
         client = OpenAI(base_url=router + "/v1", api_key="unused")
@@ -238,6 +240,8 @@ def test_router_prefill_and_decode_answer_like_a_unified_server(smollm2_dir, tmp
             model="smollm2", messages=first, max_tokens=16, temperature=0, n=2
         )
         assert [c.message.content for c in two.choices] == [want[0]] * 2
+        # tool calls (the router renders the template with the tools; a required call is constrained)
+        tool_call_round(router)
 
 
 def test_a_router_without_peers_or_token_refuses_to_start(smollm2_dir, tmp_path):
