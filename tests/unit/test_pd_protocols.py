@@ -165,3 +165,23 @@ PEERS = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5570", "replay_en
 def test_options_that_cannot_go_together_are_refused_saying_what_would_work(argv, message):
     with pytest.raises(pydantic.ValidationError, match=message):
         parse(*argv)
+
+
+def test_the_openai_fields_clients_lean_on_reach_both_servers_as_the_client_sent_them():
+    """Structured outputs, tools, log probabilities, n and seed go to the prefill and the decode server
+    (vLLM's and SGLang's) unchanged: the decode server, which generates every token, keeps a constrained
+    request constrained, and the prefill server's one token is made under the same constraint."""
+    asked = {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {}}},
+        "structured_outputs": {"regex": "[a-z]+"},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": "required", "parallel_tool_calls": False, "logprobs": True, "top_logprobs": 3, "n": 2,
+        "seed": 7,
+    }  # fmt: skip
+    body = {**CHAT, **asked}
+    for sent in (
+        pd.vllm_prefill_body(body),
+        pd.vllm_decode_body(body, KV, "http://10.1.2.3:8000"),
+        pd.sglang_body(body, "10.0.0.9", 8998, pd.new_room()),
+    ):
+        assert {k: sent[k] for k in asked} == asked
