@@ -433,12 +433,15 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
     sampling = do_sample or any(v is not None for v in (temperature, top_k, top_p))
     _get(p, "details", (bool,))
     _get(p, "return_full_text", (bool,))
+    top_n = _get(p, "top_n_tokens", (int,), None)  # TGI's: the most likely tokens beside each one
+    if top_n is not None:
+        _in_range("top_n_tokens", top_n, 0, MAX_LOGPROBS)
+    stream = _get(body, "stream", (bool,), False)
     _refuse_unsupported(
         p,
         {
             "best_of": 1,
             "watermark": False,
-            "top_n_tokens": 0,
             "decoder_input_details": False,
             "typical_p": None,
             "frequency_penalty": 0,
@@ -455,8 +458,9 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
         seed=seed,
         stop=_stop(p.get("stop"), "stop"),
         constraint=output_constraints.tgi_grammar(p.get("grammar")),
+        logprobs=top_n
+        or 0,  # (TGI gives every token's log probability: `details.tokens`, each event's token)
     )
-    stream = _get(body, "stream", (bool,), False)
     return ParsedRequest(
         prompt=inputs, messages=None, params=params, stream=stream, details=bool(p.get("details", False))
     )

@@ -537,22 +537,16 @@ class RuntimeServer(HttpApp):
         finish = _tgi_finish_reason(result.finish_reason, result.token_ids, eos)
         body = {"generated_text": result.text}
         if parsed.details:
-            tokens = [
-                {
-                    "id": t,
-                    "text": self.backend.tokenizer.decode([t], skip_special_tokens=False),
-                    "logprob": None,
-                    "special": t in eos,
-                }
-                for t in result.token_ids
-            ]
+            logprobs = result.logprobs or [None] * len(result.token_ids)
             body["details"] = {
                 "finish_reason": finish,
                 "generated_tokens": result.completion_tokens,
                 "seed": parsed.params.seed,
                 "prefill": [],
-                "tokens": tokens,
+                "tokens": [self._tgi_token(t, lp) for t, lp in zip(result.token_ids, logprobs, strict=True)],
             }
+            if parsed.params.logprobs:  # top_n_tokens: the most likely tokens at each step
+                body["details"]["top_tokens"] = [self._tgi_top(lp) for lp in logprobs]
         return web.json_response([body] if compat else body)
 
     async def _tgi_sse(self, request: web.Request, parsed: ParsedRequest, outputs) -> web.StreamResponse:
@@ -566,17 +560,11 @@ class RuntimeServer(HttpApp):
                     text.append(out.text)
                     tokens += out.token_ids
                     token_id = out.token_ids[-1] if out.token_ids else 0
-                    event = {
-                        "index": len(tokens),
-                        "token": {
-                            "id": token_id,
-                            "text": out.text,
-                            "logprob": None,
-                            "special": token_id in eos,
-                        },
-                        "generated_text": None,
-                        "details": None,
-                    }
+                    logprob = out.logprobs[-1] if out.logprobs else None
+                    token = {**self._tgi_token(token_id, logprob), "text": out.text}
+                    event = {"index": len(tokens), "token": token, "generated_text": None, "details": None}
+                    if parsed.params.logprobs:
+                        event["top_tokens"] = self._tgi_top(logprob)
                     if out.finished:
                         event["generated_text"] = "".join(text)
                         event["details"] = {
@@ -589,6 +577,17 @@ class RuntimeServer(HttpApp):
             await resp.write(f"data:{json.dumps({'error': str(e), 'error_type': 'generation'})}\n\n".encode())
         await resp.write_eof()
         return resp
+
+    def _tgi_token(self, token_id: int, logprob: TokenLogprobs | None) -> dict:
+        """A token as TGI's answers give it: id, text, log probability (None where it was not computed),
+        whether it is special (an end of sequence)."""
+        text = self.backend.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"id": token_id, "text": text, "logprob": None if logprob is None else logprob.logprob,
+                "special": token_id in self.backend.eos_ids}  # fmt: skip
+
+    def _tgi_top(self, logprob: TokenLogprobs | None) -> list[dict]:
+        """The most likely tokens at a step (`top_n_tokens`), most likely first, as TGI's tokens."""
+        return [self._tgi_token(i, TokenLogprobs(v)) for i, v in (logprob.top if logprob else ())]
 
     async def tgi_generate(self, request: web.Request) -> web.StreamResponse:
         return await self._tgi_complete(request, compat=False)

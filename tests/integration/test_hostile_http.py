@@ -303,7 +303,7 @@ WRONG = [
             ("watermark", True, "watermark is not supported"),
             ("truncate", 5, "truncate is not supported"),
             ("typical_p", 0.5, "typical_p is not supported"),
-            ("top_n_tokens", 2, "top_n_tokens is not supported"),
+            ("top_n_tokens", 21, "top_n_tokens must be in [0, 20]"),
             ("grammar", {}, 'grammar must be {"type": "json" or "regex"'),
             ("decoder_input_details", True, "decoder_input_details is not"),
             ("frequency_penalty", 1, "frequency_"),

@@ -217,6 +217,16 @@ def test_tgi_client_generate_and_stream(exact_server, offline):
     streamed = list(client.generate_stream("The capital of France is", max_new_tokens=12))
     assert "".join(s.token.text for s in streamed) == expected.text
     assert streamed[-1].generated_text == expected.text
+    # each token's log probability, and with top_n_tokens the most likely ones', as the engine computes them
+    ranked = offline.generate(["The capital of France is"], SamplingParams(max_tokens=12, logprobs=3))[0]
+    want = [lp.logprob for lp in ranked.logprobs]
+    assert [t.logprob for t in resp.details.tokens] == pytest.approx(want, abs=2e-3)
+    assert [s.token.logprob for s in streamed] == pytest.approx(want, abs=2e-3)
+    top = client.generate("The capital of France is", max_new_tokens=12, top_n_tokens=3)
+    assert [[t.id for t in step] for step in top.details.top_tokens] == [
+        [i for i, _ in lp.top] for lp in ranked.logprobs
+    ]
+    assert all(step[0].id == t.id for step, t in zip(top.details.top_tokens, top.details.tokens, strict=True))
 
 
 def test_n_choices_share_the_prompts_prefill_and_follow_their_seeds(exact_server):
