@@ -14,10 +14,10 @@ import torch
 from neuronfleet.runtime.engine.grammar_masks import GrammarVocabulary
 from neuronfleet.runtime.serving.backend import TokenLogprobs
 from neuronfleet.runtime.serving.errors import InvalidRequest
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import llguidance
-from neuronfleet.runtime.serving.sampling_params import SamplingParams
 
 
 @dataclass
@@ -36,9 +36,7 @@ class Sampler:
     def __init__(self, grammar: GrammarVocabulary | None = None) -> None:
         self.slots: dict[int, SlotSampler] = {}
         self.grammar = grammar  # the vocabulary constrained requests' grammars read (None: none can run)
-        self.failures: dict[
-            int, Exception
-        ] = {}  # slot -> why its request's last sample is void (`take_failures`)
+        self.failures: dict[int, Exception] = {}  # slot -> why its last sample is void (`take_failures`)
 
     def start(self, slot: int, params: SamplingParams, prompt_ids: Sequence[int]) -> None:
         """Set up a slot's sampler before its prefill."""
