@@ -469,39 +469,12 @@ class RuntimeServer(HttpApp):
         self, chat: bool, ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None, offset: int
     ) -> tuple[dict | None, int]:
         """The tokens' log probabilities as a choice's `logprobs` (None where the request asked for none),
-        and the text offset after them. Chat: `content`, one entry per token (its text, log probability,
-        bytes and the most likely tokens'); a completion: OpenAI's legacy lists (`tokens`, `token_logprobs`,
-        `top_logprobs` by token text, `text_offset` into the completion's text)."""
+        and the text offset after them (`chat_logprobs`, `completion_logprobs`)."""
         if logprobs is None:
             return None, offset
-        tokenizer = self.backend.tokenizer
-
-        def text(token_id: int) -> str:
-            return tokenizer.decode([token_id], skip_special_tokens=False)
-
         if chat:
-
-            def entry(token_id: int, logprob: float) -> dict:
-                return {"token": text(token_id), "logprob": logprob,
-                        "bytes": list(tokenizer.token_bytes(token_id))}  # fmt: skip
-
-            content = [
-                {**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
-                for t, lp in zip(ids, logprobs, strict=True)
-            ]
-            return {"content": content}, offset
-        tokens = [text(t) for t in ids]
-        offsets = []
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
-        tops = [{text(i): v for i, v in lp.top} for lp in logprobs]
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": tops if any(tops) else None,
-            "text_offset": offsets,
-        }, offset
+            return chat_logprobs(self.backend.tokenizer, ids, logprobs), offset
+        return completion_logprobs(self.backend.tokenizer, ids, logprobs, offset)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -690,3 +663,37 @@ async def _merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def chat_logprobs(tokenizer, ids: Sequence[int], logprobs: Sequence[TokenLogprobs]) -> dict:
+    """A chat choice's `logprobs`: `content`, one entry per token (its text, log probability, bytes and the
+    most likely tokens' entries), as OpenAI's chat API gives them."""
+
+    def entry(token_id: int, logprob: float) -> dict:
+        return {"token": tokenizer.decode([token_id], skip_special_tokens=False), "logprob": logprob,
+                "bytes": list(tokenizer.token_bytes(token_id))}  # fmt: skip
+
+    content = [
+        {**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+        for t, lp in zip(ids, logprobs, strict=True)
+    ]
+    return {"content": content}
+
+
+def completion_logprobs(
+    tokenizer, ids: Sequence[int], logprobs: Sequence[TokenLogprobs], offset: int
+) -> tuple[dict, int]:
+    """A completion choice's `logprobs`, OpenAI's legacy lists (`tokens`, `token_logprobs`, `top_logprobs` by
+    token text, `text_offset` into the completion's text from `offset`), and the offset after them."""
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    tops = [{tokenizer.decode([i], skip_special_tokens=False): v for i, v in lp.top} for lp in logprobs]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": tops if any(tops) else None,
+        "text_offset": offsets,
+    }, offset
