@@ -17,8 +17,9 @@ LRU a burst of prompts seen once, or more conversations than the store holds goi
 prefix in use; here a prefix that came back once stays protected while what was seen once passes through
 probation. Within each order a use or a save touches a chain from its tail to its head (the head last, most
 recent), which keeps every parent more recent than its children; the least recently used block is then a
-leaf, and a chain is dropped from its tail, its shared head (a system prompt) last. Dropping a whole chain at once would throw away the head that other
-conversations share; dropping a head first would leave its children unreachable, taking memory for nothing.
+leaf, and a chain is dropped from its tail, its shared head (a system prompt) last. Dropping a whole chain
+at once would throw away the head that other conversations share; dropping a head first would leave its
+children unreachable, taking memory for nothing.
 """
 
 from __future__ import annotations
