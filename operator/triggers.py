@@ -29,6 +29,7 @@ from .retries import Backoff, Retries, Said, retry_after_seconds
 from .watching import CHILD_LABEL, Observed
 
 RESYNC_SECONDS = 600.0  # a cache-only pass over every model (no reads; writes only where something drifted)
+CHECK_SECONDS = 15.0  # a leader compares the models and their Jobs with a live list this often (two LISTs)
 WORKERS = 4  # reconciles triggered by children at once (each model's passes are serialized anyway)
 EARLIER_MODEL_SECONDS = 10.0  # a model in the way of an earlier model's object looks again after this long
 REFUSED = "ApplyRefused"  # the Warning Event's reason for a write the API server refused
@@ -229,6 +230,7 @@ class Triggers:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"trigger worker {i}") for i in range(WORKERS)]
         self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
+        self._tasks.append(asyncio.create_task(self._check_live(), name="check the watch"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -362,6 +364,14 @@ class Triggers:
             await asyncio.sleep(RESYNC_SECONDS)
             for model in self.cache.models():
                 self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+
+    async def _check_live(self) -> None:
+        """While this replica acts, the watch's view of the models and their Jobs is checked against a live
+        list every CHECK_SECONDS (`Observed.check_live`): a change it never delivered is reconciled."""
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            if self.acting():
+                await self.cache.check_live()
 
 
 def takeover_order(models: list[dict[str, Any]]) -> list[tuple[str, str]]:

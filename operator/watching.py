@@ -10,6 +10,8 @@ so a reconcile reads memory, not the API server, and its `@kopf.on.event` handle
 right to read every Secret of the cluster.
 
 What kopf lacks, and this module adds (small, and named for it):
+- a check of the watch (`check_live`): the models and their Jobs listed live now and then (by the leader:
+  triggers.CHECK_SECONDS), and a version the watch never delivered read and reported as a change;
 - read-your-writes: the API server's answer to the operator's own write is read at once (`stored`,
   `forget`) until kopf delivers a newer event for that object, and the watch's echo of that write is not
   reported as a change (the write's answer and the watch travel apart: an answer the watch is already past
@@ -73,7 +75,9 @@ KOPF_RULES: dict[tuple[str, str], tuple[str, ...]] = {
 DELIVERED_KEPT = 8  # versions remembered per object: a write's answer is rarely more than a few events behind
 RELIST_QUIET = 2.0  # seconds without a re-listed object after which a re-list is taken to be over
 CONFIRM_RETRY = 1.0  # seconds between live reads of a written object while the API server does not answer
-RELIST_LONGEST = 10.0  # a sweep's longest wait (kopf re-listing again and again: every watch expiring)
+RELIST_LONGEST = 10.0
+LIVE_CHECKED = (spec.KIND, "Job")  # what a leader checks against a live list (`check_live`): a model, and the
+# compile Job it waits on  # a sweep's longest wait (kopf re-listing again and again: every watch expiring)
 
 Key = tuple[str, str]  # namespace, name
 OnChange = Callable[[str, dict[str, Any]], None]
@@ -198,6 +202,7 @@ class Observed:
         self._delivered_at: dict[tuple[str, str, str], float] = {}
         self._relisting: float | None = None  # when kopf's re-lists began (a sweep is due after them)
         self._relisted_last = 0.0  # when a re-list last delivered an object
+        self._written_at: dict[tuple[str, str, str], float] = {}  # when the operator last wrote or deleted it
         self._tasks: set[asyncio.Task] = set()
 
     # ---- kopf's side ----
@@ -245,6 +250,7 @@ class Observed:
         if event == "DELETED":
             self._delivered.pop(key, None)
             self._delivered_at.pop(key, None)
+            self._written_at.pop(key, None)
         else:
             if not again:
                 self._delivered[key] = (*(seen or ())[1 - DELIVERED_KEPT :], rv)
@@ -321,6 +327,41 @@ class Observed:
                 if gone is not None:
                     self.on_change("DELETED", gone)
 
+    async def check_live(self, kinds: Iterable[str] = LIVE_CHECKED) -> int:
+        """The objects of `kinds` listed live and compared with what the reads answer: one whose version
+        differs, or that the reads do not have, and that nothing was delivered for since the list began, is a
+        change the watch never delivered (CI's chaos runs: a model made anew never reconciled, a Job's
+        completion never seen, each leaving its model stuck until the resync). It is read as listed (as a
+        write's answer is, until the watch delivers a newer version) and reported as a change. How many were;
+        0 where the API server does not answer (the next check tries again)."""
+        if self.live_list is None:
+            return 0
+        found = 0
+        for kind in kinds:
+            listed_at = time.monotonic()
+            try:
+                live = [o for ns in self._namespaces or [None] for o in await self.live_list(kind, ns)]
+            except Exception as e:
+                log.warning("listing %s to check the watch failed: %r", kind, e)
+                return found
+            for listed in live:
+                obj = _snapshot(kind, listed)
+                meta = obj["metadata"]
+                key = (kind, meta.get("namespace", ""), meta["name"])
+                if max(self._delivered_at.get(key, 0.0), self._written_at.get(key, 0.0)) >= listed_at:
+                    continue  # delivered, written or deleted since the list began: what is read is as new
+                current = self._current(kind, key[1], key[2], self._indexed(kind, key[1], key[2]))
+                if current is not None and resource_version(current) == resource_version(obj):
+                    continue
+                log.info("%s %s/%s is at version %s, which the watch never delivered (it holds %s): read as "
+                         "listed", kind, key[1], key[2], resource_version(obj),
+                         resource_version(current) if current is not None else "none")  # fmt: skip
+                self._written[key] = obj
+                self._gone.discard(key)
+                found += 1
+                self.on_change("ADDED" if current is None else "MODIFIED", obj)
+        return found
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -350,6 +391,7 @@ class Observed:
         if resource_version(obj) in self._delivered.get(key, ()):
             return
         self._written[key] = written = kept(obj)
+        self._written_at[key] = time.monotonic()
         self._gone.discard(key)
         if self._delivered_since(key, sent):
             self._later(self._confirm(key, written), "confirm a write")
@@ -362,6 +404,7 @@ class Observed:
         if kind in WATCHED:
             key = (kind, meta.get("namespace", ""), meta["name"])
             self._written.pop(key, None)
+            self._written_at[key] = time.monotonic()
             self._gone.add(key)
             if self._delivered_since(key, sent):
                 self._later(self._confirm(key, None), "confirm a deletion")

@@ -469,3 +469,62 @@ def test_a_crossed_writes_live_read_is_tried_again_while_the_api_server_is_away(
         await observed.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_change_the_watch_never_delivered_is_found_by_the_live_check_and_reported():
+    """The leader's check of the watch (`Observed.check_live`): a model made anew whose delivery never came
+    (kopf's index still holding the old one) and a Job whose completion never came are found in the live list,
+    read as listed and reported as changes; an object as the watch delivered it, or one the operator wrote
+    while the list was on its way, is left alone; a live list that fails finds nothing more (the next check
+    tries again)."""
+    model = lambda uid, rv, status=None: {"kind": "NeuronModel", "status": status or {},  # noqa: E731
+                                          "metadata": {"name": "m", "namespace": "d", "uid": uid,
+                                                       "resourceVersion": rv, "generation": 1}}  # fmt: skip
+    owner = {"neuronfleet.dev/model": "m"}
+    job = lambda rv, done: {"kind": "Job", "status": {"succeeded": 1} if done else {},  # noqa: E731
+                            "metadata": {"name": "m-compile", "namespace": "d", "uid": "j",
+                                         "resourceVersion": rv, "labels": owner}}  # fmt: skip
+    other = {
+        "kind": "NeuronModel",
+        "metadata": {"name": "n", "namespace": "d", "uid": "n1", "resourceVersion": "7"},
+    }
+    live: dict[str, list[dict]] = {"NeuronModel": [model("new", "20"), other], "Job": [job("21", True)]}
+    during: list = []  # what happens while a list is on its way
+    changes: list[tuple[str, str, str]] = []
+
+    async def live_list(kind: str, ns: str | None) -> list[dict]:
+        for happen in during:
+            happen()
+        if kind not in live:
+            raise ConnectionRefusedError("the API server is restarting")
+        return [{k: v for k, v in o.items() if k != "kind"} for o in live[kind]]  # (list items carry no kind)
+
+    def changed(event: str, obj: dict) -> None:
+        changes.append((event, obj["kind"], obj["metadata"]["resourceVersion"]))
+
+    async def scenario() -> None:
+        observed = Observed(None, changed)
+        observed.live_list = live_list
+        kopf = Kopf(observed)
+        kopf.event("NeuronModel", "ADDED", model("old", "3", {"observedGeneration": 1}))
+        kopf.event("NeuronModel", "ADDED", other)
+        kopf.event("Job", "ADDED", job("5", False))
+        changes.clear()
+        assert await observed.check_live() == 2
+        assert changes == [("MODIFIED", "NeuronModel", "20"), ("MODIFIED", "Job", "21")]
+        assert (await observed.get("NeuronModel", "d", "m"))["metadata"]["uid"] == "new"
+        assert (await observed.get("Job", "d", "m-compile"))["status"] == {"succeeded": 1}
+        changes.clear()
+        assert await observed.check_live() == 0 and changes == []  # (read as listed now: nothing differs)
+        # the operator's write answered while the list was on its way is as new as the list: left alone
+        live["Job"] = [job("22", False)]
+        during.append(lambda: observed.stored(job("23", True), time.monotonic()))
+        assert await observed.check_live() == 0
+        assert (await observed.get("Job", "d", "m-compile"))["metadata"]["resourceVersion"] == "23"
+        during.clear()
+        del live["Job"]
+        live["NeuronModel"] = [model("new", "30")]
+        assert await observed.check_live() == 1 and changes == [("MODIFIED", "NeuronModel", "30")]
+        await observed.stop()
+
+    asyncio.run(scenario())
