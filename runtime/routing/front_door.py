@@ -121,6 +121,9 @@ class FrontDoor(HttpApp):
         # the paths whose pods answered 400 to the `return_token_ids` the router added (SGLang's streamed
         # chats, `resume.IDS_REFUSED`): asked without it since, their streams resume from the text
         self.ids_refused: set[str] = set()
+        # the pods whose ready answer says they continue a constrained answer under its grammar (ours:
+        # `constrain_final_message`): a constrained chat stream is resumed only where every ready pod does
+        self.continue_constraints: set[str] = set()
         self.max_resumes = max_resumes
         # bytes as they come from a pod: no decompression
         self.watch = PeerWatch((self.unified,), self._probe, probe_interval, auto_decompress=False)
@@ -180,7 +183,12 @@ class FrontDoor(HttpApp):
                     body = await r.read()
                     status, why = r.status, f"{path} answered {r.status}"
                 if status == 200 and path == "/ready":  # ours says where it publishes its KV-cache events
-                    said = advertised(_json(body))
+                    answer = _json(body)
+                    said = advertised(answer)
+                    if isinstance(answer, dict) and answer.get("constrain_final_message") is True:
+                        self.continue_constraints.add(url)
+                    else:
+                        self.continue_constraints.discard(url)
                 if status != 404:
                     break
         except PEER_FAILURES as e:
@@ -242,7 +250,9 @@ class FrontDoor(HttpApp):
         blocks = self.routing.blocks(prompt) if request.method == "POST" else []
         resume = None  # a stream that may go on on another pod when its pod dies
         client_body, asked_ids = body, False  # the client's body; whether the router asked for token ids
-        if self.max_resumes and request.method == "POST" and (carrier := resumable(path, value)):
+        ready = [p.url for p in self.unified.peers.values() if p.ready]
+        grammars = bool(ready) and all(url in self.continue_constraints for url in ready)
+        if self.max_resumes and request.method == "POST" and (carrier := resumable(path, value, grammars)):
             ids = prompt if isinstance(prompt, list) else None
             resume = carrier(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
             asked_ids = path not in self.ids_refused and not resume.client_ids

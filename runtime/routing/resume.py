@@ -14,13 +14,15 @@ and without a second role event, the usage counting every token of every attempt
   pod said in its first event, `prompt_token_ids`, else the router's tokenizer's) followed by the ids sent,
   and `max_tokens` less what was sent. A greedy
   request continues exactly as an undisturbed one would have; a chat goes through `/v1/completions` and
-  comes back in chat form (a chat's `tools` are not carried over: `RESUME_FIELDS` are; a constrained
-  request, `response_format` and the like, is not resumed at all: `constrained`; a chat asking for
-  `logprobs` resumes from the text instead, below, to keep them in chat form).
+  comes back in chat form (a chat's `tools` are not carried over: `RESUME_FIELDS` are; a chat asking for
+  `logprobs`, or constrained, resumes from the text instead, below, to keep them in chat form and under its
+  grammar; a constrained completion, or a chat where the pods do not continue a grammar, is not resumed:
+  `resumable`).
 - from the text (`kind` "resume_text"): a pod that gave no ids: a completion's prompt followed by the text
   sent; a chat's messages followed by an assistant message of the text sent, with vLLM's
-  `continue_final_message: true, add_generation_prompt: false`. The text is tokenized again, so the seam
-  may differ from an undisturbed answer's.
+  `continue_final_message: true, add_generation_prompt: false` (a constrained chat's also with our pods'
+  `constrain_final_message: true`: the grammar reads the text sent, then the continuation). The text is
+  tokenized again, so the seam may differ from an undisturbed answer's.
 
 A sampled request gets a continuation conditioned on what was sent: the same distribution, not the same
 draws (a `seed` is sent again, but the random state of the first pod is gone).
@@ -54,14 +56,19 @@ class StreamBroken(Exception):
     """The pod's stream ended before the answer did (an error event, or its end without a finish)."""
 
 
-def resumable(path: str, body: Any) -> type[StreamResume] | type[TgiStreamResume] | None:
+def resumable(
+    path: str, body: Any, grammars: bool = False
+) -> type[StreamResume] | type[TgiStreamResume] | None:
     """What carries this request's stream across pods: `StreamResume` for an OpenAI completion or chat
     streamed with one choice, `TgiStreamResume` for a TGI stream of text `inputs` and one sequence (TGI
-    refuses `best_of` > 1 and `decoder_input_details` on a stream anyway); None for any other request."""
+    refuses `best_of` > 1 and `decoder_input_details` on a stream anyway); None for any other request. A
+    constrained request (`constrained`) is resumed only as a chat without tools and only where the pods
+    continue a constrained answer under its grammar (`grammars`: ours, which say `constrain_final_message`
+    in their ready answer): from its text, with that extension."""
     if not isinstance(body, dict):
         return None
     if path in (COMPLETIONS, CHAT):
-        if constrained(body):
+        if constrained(body) and not (grammars and path == CHAT and not tools_read(body)):
             return None
         return StreamResume if body.get("stream") is True and body.get("n", 1) in (1, None) else None
     if path == GENERATE_STREAM or (path == TGI_COMPAT and body.get("stream") is True):
@@ -91,9 +98,14 @@ def constrained(body: dict) -> bool:
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
         return True
-    if body.get("tools") and body.get("tool_choice") != "none":  # (its answer is read for calls, or is calls)
+    if tools_read(body):
         return True
     return any(body.get(name) is not None for name in STRUCTURED_FIELDS)
+
+
+def tools_read(body: dict) -> bool:
+    """A chat whose answer is read for tool calls, or is calls."""
+    return bool(body.get("tools")) and body.get("tool_choice") != "none"
 
 
 # where an engine refuses `return_token_ids` on a stream: SGLang 0.5.17 to 0.5.23 answers a streamed chat
@@ -308,7 +320,8 @@ class StreamResume(CarriedStream):
         from its text, as a chat: the token-id path answers through /v1/completions, whose log probabilities
         are in another form."""
         by_ids = self.exact and self.prompt_ids is not None
-        return "resume" if by_ids and not (self.chat and self.body.get("logprobs")) else "resume_text"
+        as_chat = self.chat and (self.body.get("logprobs") or constrained(self.body))
+        return "resume" if by_ids and not as_chat else "resume_text"
 
     def sent_tokens(self) -> int:
         if self.exact:
@@ -343,6 +356,8 @@ class StreamResume(CarriedStream):
             messages = [*self.body["messages"], {"role": "assistant", "content": self.sent_text}]
             body = {**self.body, "messages": messages, "continue_final_message": bool(self.sent_text),
                     "add_generation_prompt": not self.sent_text}  # fmt: skip
+            if self.sent_text and constrained(self.body):  # (our pods' extension: the grammar reads it too)
+                body["constrain_final_message"] = True
             body.pop("max_completion_tokens", None)
             path = CHAT
         else:

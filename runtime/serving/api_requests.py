@@ -389,6 +389,16 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
     parsed = _openai_request(body, prompt=None, messages=tool_calls.template_messages(clean),
                              max_tokens_default=None, defaults=defaults)  # fmt: skip
     params = parsed.params
+    # our extension: the constraint covers the continued final message and what follows it (what a router
+    # resuming a constrained stream on one of our pods sends); without it, as vLLM, the grammar starts at the
+    # continuation
+    if _get(body, "constrain_final_message", (bool,), False):
+        if not continue_final:
+            raise InvalidRequest("constrain_final_message applies to a continued final message: send it with "
+                                 "continue_final_message true", "constrain_final_message")  # fmt: skip
+        if params.constraint is not None:
+            constraint = dataclasses.replace(params.constraint, prefix=clean[-1]["content"])
+            params = dataclasses.replace(params, constraint=constraint)
     if tools is not None and tools.forced:  # required, or a named function: the answer is calls to them
         if params.constraint is not None:
             other = params.constraint.field.split(".")[0]

@@ -114,11 +114,13 @@ class RuntimeServer(HttpApp):
 
     def advertised(self) -> dict:
         """A unified pod's KV-cache events endpoint (and replay endpoint), for the front door that follows
-        them."""
+        them; what it can continue."""
         said = {"kv_events": getattr(self.backend, "kv_events_endpoint", None),
                 "kv_events_replay": getattr(self.backend, "kv_events_replay", None),
                 "kv_events_auth": getattr(self.backend, "kv_events_auth", None)}  # fmt: skip
-        return {k: v for k, v in said.items() if v}
+        # and that it continues a constrained answer under its grammar (`constrain_final_message`), so a
+        # front door may resume a constrained stream on it
+        return {**{k: v for k, v in said.items() if v}, "constrain_final_message": True}
 
     def routes(self) -> list[web.RouteDef]:
         return [

@@ -156,6 +156,30 @@ def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
     pods.revive(victim)
 
 
+def test_a_constrained_chat_stream_whose_pod_dies_goes_on_under_its_grammar(pods):
+    """A chat under a JSON schema, its pod killed mid-answer: the front door (whose pods say they continue a
+    constrained answer) resumes it from its text on the other pod, whose grammar reads the text sent first:
+    the client's one answer matches the schema."""
+    numbers = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 20,
+               "maxItems": 20}  # fmt: skip
+    schema = {"type": "json_schema", "json_schema": {"name": "numbers", "schema": numbers}}
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Twenty numbers, please."}],
+               max_tokens=120, temperature=0, response_format=schema)  # fmt: skip
+    resumes = pods.resumes("resume_text")
+    pieces, finish, victim = [], None, None
+    for chunk in client(pods.door).chat.completions.create(**ask, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        finish = (chunk.choices[0].finish_reason if chunk.choices else None) or finish
+        if len(pieces) == 5 and victim is None:
+            victim = pods.kill_carrier()
+    assert victim is not None and finish == "stop"
+    answer = json.loads("".join(pieces))
+    assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
+    assert pods.resumes("resume_text") == resumes + 1
+    pods.revive(victim)
+
+
 def tgi(base: str):
     from text_generation import Client
 

@@ -115,6 +115,31 @@ def test_a_chat_asking_for_logprobs_resumes_as_a_chat_that_asks_for_them_again()
     assert resume.kind == "resume" and resume.resume()[1]["logprobs"] == 2
 
 
+def test_a_constrained_chat_resumes_from_its_text_under_its_grammar_only_on_pods_that_continue_one():
+    """A chat under a `response_format` resumes, on pods that say they continue a constrained answer (ours),
+    from its text as a chat with `constrain_final_message` (the grammar reads the text sent first, then the
+    continuation: the whole answer matches); the server takes what the router sends, its constraint then
+    reading the text; a constrained completion is never resumed, nor a chat where the pods do not say so."""
+    asking = {**CHAT, "response_format": {"type": "json_object"}}
+    assert resumable("/v1/chat/completions", asking) is None
+    assert (
+        resumable("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object"}}, True) is None
+    )
+    assert resumable("/v1/chat/completions", asking, True) is StreamResume
+    resume = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2, 3])
+    resume.feed(event(chat_chunk(None, None, role=True)) + event(chat_chunk('{"a": ', [7, 8])))
+    assert resume.kind == "resume_text"
+    path, body = resume.resume()
+    assert path == "/v1/chat/completions" and body["response_format"] == {"type": "json_object"}
+    assert body["messages"][-1] == {"role": "assistant", "content": '{"a": '}
+    assert body["continue_final_message"] and body["constrain_final_message"]
+    parsed = parse_openai_chat(body)
+    assert parsed.params.constraint is not None and parsed.params.constraint.prefix == '{"a": '
+    with pytest.raises(InvalidRequest, match="continue_final_message true") as refused:
+        parse_openai_chat({**asking, "constrain_final_message": True})
+    assert refused.value.field_name == "constrain_final_message"
+
+
 def test_an_error_event_in_place_of_tokens_is_a_break():
     resume = StreamResume("/v1/completions", COMPLETION, prompt_ids=[5])
     resume.feed(event(text_chunk("Once", [1])))
