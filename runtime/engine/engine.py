@@ -96,9 +96,7 @@ class Engine:
         )  # fmt: skip
         self.eos_ids = frozenset(runner.model_config.eos_token_ids) | tokenizer.eos_token_ids
         # constrained requests' grammars read the tokenizer's vocabulary, as wide as the model's logits
-        runner.sampler.grammar = GrammarVocabulary(
-            tokenizer.to_json(), self.eos_ids, runner.model_config.vocab_size
-        )
+        runner.sampler.grammar = GrammarVocabulary(tokenizer, self.eos_ids, runner.model_config.vocab_size)
         store = HostKvStore(runner.host_blocks) if runner.host_blocks and config.prefix_reuse else None
         self.scheduler = Scheduler(config, store)
         self.stats = EngineStats()

@@ -10,25 +10,28 @@ import llguidance
 import torch
 
 from neuronfleet.runtime.serving.errors import InvalidRequest
-from neuronfleet.runtime.serving.output_constraints import OutputConstraint
+from neuronfleet.runtime.serving.output_constraints import OutputConstraint, grammar_error
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
 class GrammarVocabulary:
     """The model's tokens for llguidance (built from the tokenizer's own tokenizer.json on the first
-    constrained request: about a quarter of a second for a 49k vocabulary), its end-of-sequence ids (what the
-    grammar allows once it is complete) and the logits' width."""
+    constrained request, not at start: about a quarter of a second for a 49k vocabulary), its end-of-sequence
+    ids (what the grammar allows once it is complete) and the logits' width."""
 
-    def __init__(self, tokenizer_json: str, eos_ids: Iterable[int], vocab_size: int) -> None:
-        self._json, self.eos_ids, self.vocab_size = tokenizer_json, sorted(eos_ids), vocab_size
+    def __init__(self, tokenizer: Tokenizer, eos_ids: Iterable[int], vocab_size: int) -> None:
+        self._tokenizer, self.eos_ids, self.vocab_size = tokenizer, sorted(eos_ids), vocab_size
         self._tokens: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
 
     @property
     def tokens(self) -> llguidance.LLTokenizer:
         if self._tokens is None:
-            self._tokens = llguidance.LLTokenizer(self._json, n_vocab=self.vocab_size, eos_token=self.eos_ids)
+            self._tokens = llguidance.LLTokenizer(
+                self._tokenizer.to_json(), n_vocab=self.vocab_size, eos_token=self.eos_ids
+            )
         return self._tokens
 
     def matcher(self, constraint: OutputConstraint) -> llguidance.LLMatcher:
@@ -41,7 +44,9 @@ class GrammarVocabulary:
                 raise InvalidRequest(f"the text the answer continues does not match {constraint.field}",
                                      constraint.field)  # fmt: skip
         if matcher.is_error():
-            raise InvalidRequest(f"{constraint.field}: {_first_line(matcher.get_error())}", constraint.field)
+            raise InvalidRequest(
+                f"{constraint.field}: {grammar_error(matcher.get_error())}", constraint.field
+            )
         return matcher
 
     def mask(
@@ -59,7 +64,3 @@ class GrammarVocabulary:
         allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).flatten(1)[:, : logits.shape[-1]].bool()
         index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
         logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
-
-
-def _first_line(text: str) -> str:
-    return next((line for line in text.strip().splitlines() if line.strip()), text)

@@ -200,6 +200,11 @@ class FrontDoor(HttpApp):
         else:
             peers.failed(url, why)
 
+    def _pods_continue_grammars(self) -> bool:
+        """Every ready pod continues a constrained answer under its grammar (`continue_constraints`)."""
+        ready = [p.url for p in self.unified.peers.values() if p.ready]
+        return bool(ready) and all(url in self.continue_constraints for url in ready)
+
     def _pick(self, tried: set[str], blocks: list[int]) -> Peer | None:
         """The ready pod not tried yet that the routing policy chooses for a prompt of these blocks;
         without holding, the least loaded of any pods as a last resort."""
@@ -250,9 +255,11 @@ class FrontDoor(HttpApp):
         blocks = self.routing.blocks(prompt) if request.method == "POST" else []
         resume = None  # a stream that may go on on another pod when its pod dies
         client_body, asked_ids = body, False  # the client's body; whether the router asked for token ids
-        ready = [p.url for p in self.unified.peers.values() if p.ready]
-        grammars = bool(ready) and all(url in self.continue_constraints for url in ready)
-        if self.max_resumes and request.method == "POST" and (carrier := resumable(path, value, grammars)):
+        if (
+            self.max_resumes
+            and request.method == "POST"
+            and (carrier := resumable(path, value, self._pods_continue_grammars()))
+        ):
             ids = prompt if isinstance(prompt, list) else None
             resume = carrier(path, value, ids, self.tokenizer)  # type: ignore[arg-type]
             asked_ids = path not in self.ids_refused and not resume.client_ids

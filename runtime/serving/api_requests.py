@@ -22,9 +22,8 @@ from neuronfleet.runtime.serving.output_constraints import OutputConstraint
 from neuronfleet.runtime.serving.sampling_params import MAX_LOGPROBS, SamplingDefaults, SamplingParams
 
 OPENAI_DEFAULTS = SamplingDefaults()
-MAX_CHOICES = (
-    128  # the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
-)
+# the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
+MAX_CHOICES = 128
 TOOL_MESSAGE_FIELDS = ("tool_calls", "tool_call_id", "name")  # what a chat message keeps beside role, content
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's before 0.11
 
@@ -468,8 +467,8 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
         seed=seed,
         stop=_stop(p.get("stop"), "stop"),
         constraint=output_constraints.tgi_grammar(p.get("grammar")),
-        logprobs=top_n
-        or 0,  # (TGI gives every token's log probability: `details.tokens`, each event's token)
+        # (TGI gives every token's log probability: in `details.tokens` and each streamed event's token)
+        logprobs=top_n or 0,
     )
     return ParsedRequest(
         prompt=inputs, messages=None, params=params, stream=stream, details=bool(p.get("details", False))

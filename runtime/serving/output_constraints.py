@@ -23,6 +23,7 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 # JSON as the answer writes it: no free whitespace (a small model left free to add spaces may add them until
 # its tokens run out), Python's json.dumps separators, which read as prose tokens do
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = {"type": "object"}  # `json_object`: any JSON object
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema's JSON text at most (a bigger one is refused, not compiled)
 
 
@@ -39,14 +40,18 @@ class OutputConstraint:
     prefix: str = ""
 
 
+def grammar_error(text: str) -> str:
+    """llguidance's error text (several lines: a parser state, a regex drawn with a caret) as one line: its
+    first, and a regex's own `error:` line where it has one."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or [text]
+    cause = next((line for line in lines[1:] if line.startswith("error:")), "")
+    return f"{lines[0]} {cause}".strip()
+
+
 def _checked(grammar: str, kind: str, field: str, what: str) -> OutputConstraint:
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        lines = [line.strip() for line in error.strip().splitlines() if line.strip()] or [error]
-        cause = next((line for line in lines[1:] if line.startswith("error:")), "")  # (a regex's own words)
-        raise InvalidRequest(
-            f"{field} is not {what} this server can follow: {lines[0]} {cause}".strip(), field
-        )
+        raise InvalidRequest(f"{field} is not {what} this server can follow: {grammar_error(error)}", field)
     return OutputConstraint(kind, grammar, field)
 
 
@@ -105,7 +110,7 @@ def response_format(value: Any, field: str = "response_format") -> OutputConstra
     if kind == "text":
         return None
     if kind == "json_object":
-        return _schema_grammar({"type": "object"}, kind, field)
+        return _schema_grammar(ANY_OBJECT, kind, field)
     spec = value.get("json_schema")
     where = f"{field}.json_schema"
     if not isinstance(spec, dict):
@@ -164,7 +169,7 @@ def structured_outputs(value: Any, field: str = "structured_outputs") -> OutputC
         return _choice_grammar(value["choice"], f"{field}.choice")
     if value["json_object"] is not True:
         raise InvalidRequest(f"{field}.json_object must be true or left out", f"{field}.json_object")
-    return _schema_grammar({"type": "object"}, "json_object", field)
+    return _schema_grammar(ANY_OBJECT, "json_object", field)
 
 
 TGI_GRAMMARS = ("json", "regex")

@@ -344,11 +344,12 @@ class RuntimeServer(HttpApp):
             answer: dict = {"index": index}
             reason = str(result.finish_reason)
             if chat:
-                answer["message"] = {"role": "assistant", "content": result.text}
                 content, calls = tool_calls.split_calls(result.text) if reads_calls else (result.text, [])
+                answer["message"] = {"role": "assistant", "content": content}
                 if calls:  # the answer called tools (OpenAI: finish_reason tool_calls where it ended itself)
-                    answer["message"] = {"role": "assistant", "content": content or None,
-                                         "tool_calls": [c.as_openai() for c in calls]}  # fmt: skip
+                    answer["message"].update(
+                        content=content or None, tool_calls=[c.as_openai() for c in calls]
+                    )
                     reason = "tool_calls" if reason == "stop" else reason
             else:
                 answer["text"] = result.text
