@@ -85,7 +85,8 @@ def resumable(
 
 
 # vLLM's structured-output fields beside OpenAI's response_format (vllm/entrypoints/openai/protocol.py: the
-# `structured_outputs` object of 0.11 on, and the `guided_*` fields before it)
+# `structured_outputs` object, and the `guided_*` fields it replaced, removed in 0.12.0: docs.vllm.ai,
+# features/structured_outputs, read for 0.25)
 STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 

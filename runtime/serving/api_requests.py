@@ -25,7 +25,9 @@ OPENAI_DEFAULTS = SamplingDefaults()
 # the most choices (`n`) a request may ask (OpenAI's bound; the server's slots bound it too)
 MAX_CHOICES = 128
 TOOL_MESSAGE_FIELDS = ("tool_calls", "tool_call_id", "name")  # what a chat message keeps beside role, content
-GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's before 0.11
+# vLLM's fields that `structured_outputs` replaced, removed in vLLM 0.12.0 (docs.vllm.ai, features/
+# structured_outputs, read for 0.25): taken as they are, an answer would come back unconstrained
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 MAX_STOP_SEQUENCES = 16
 _UNSET = object()

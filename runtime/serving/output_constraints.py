@@ -2,8 +2,9 @@
 torch), as a grammar of llguidance, the grammar engine vLLM and SGLang offer
 (github.com/guidance-ai/llguidance; pinned in pyproject.toml): OpenAI's `response_format` (`json_object`, or
 `json_schema` with its schema), vLLM's `structured_outputs` object (`json`, `regex`, `choice`, `json_object`:
-vllm/sampling_params.py, StructuredOutputsParams, 0.11 on) and TGI's `grammar` parameter (`json` or
-`regex`). A grammar the engine cannot compile is refused here, naming the part, before a slot is taken.
+vllm/sampling_params.py, StructuredOutputsParams; docs.vllm.ai features/structured_outputs, read for 0.25)
+and TGI's `grammar` parameter (`json` or `regex`). A grammar the engine cannot compile is refused here,
+naming the part, before a slot is taken.
 
 The engine (`runtime/engine/sampler.py`) builds one matcher per request from the grammar and masks each step's
 logits to the tokens it allows; the answer ends where the grammar does (only an end-of-sequence token is

@@ -8,7 +8,9 @@ templates write and vLLM's `--tool-call-parser hermes` reads): each call a JSON 
 names `tools`) and writes that marker is taken to speak it; one that does not take tools refuses them.
 `tool_choice` `required` or a named function constrains the answer to such calls (a grammar:
 `output_constraints.tool_calls`); `auto` leaves the answer free and reads any calls out of it; `none` reads
-none (the tools are still shown to the model, as vLLM does by default)."""
+none (the tools are still shown to the model, as vLLM does by default). The parsing is ours: vLLM's
+`hermes` parser lives inside vLLM (not a library that installs alone), and llguidance parses grammars, not
+answers."""
 
 from __future__ import annotations
 
