@@ -79,11 +79,12 @@ class PodRefused(Exception):
 
 
 class StreamCut(Exception):
-    """A resumable stream broke after the client's answer started (`out`): it may go on on another pod."""
+    """A resumable stream broke after the client's answer started (`out`): it may go on on another pod.
+    `broke` false: not a break, one choice of several ended and the next goes on in an attempt of its own."""
 
-    def __init__(self, why: str, out: web.StreamResponse) -> None:
+    def __init__(self, why: str, out: web.StreamResponse, broke: bool = True) -> None:
         super().__init__(why)
-        self.out = out
+        self.out, self.broke = out, broke
 
 
 class FrontDoor(HttpApp):
@@ -341,7 +342,8 @@ class FrontDoor(HttpApp):
                     return await self._answer(request, peer, response, blocks, resume, out, dispatch)
                 except StreamCut as e:
                     out = e.out
-                    failures.append(f"{peer.url}: {e}")
+                    if e.broke:
+                        failures.append(f"{peer.url}: {e}")
                     following = resume.after_break(self.max_resumes) if resume is not None else None
                     if following is None:
                         log.warning("%s %s: pod %s failed mid-stream (%s); the client's answer ends cut",
@@ -355,9 +357,11 @@ class FrontDoor(HttpApp):
                     kind, target, next_body = following
                     body = json.dumps(next_body).encode()
                     self.retries.labels(**self.labels, kind=kind).inc()
-                    log.warning("%s %s: pod %s failed mid-stream (%s); %s on another pod after %d tokens",
-                                request.method, path, peer.url, e, kind, resume.before)  # fmt: skip
-                    tried, refused = {peer.url}, None
+                    log.log(logging.WARNING if e.broke else logging.INFO,
+                            "%s %s: pod %s %s (%s); %s after %d tokens", request.method, path, peer.url,
+                            "failed mid-stream" if e.broke else "ended a choice", e, kind,
+                            resume.before)  # fmt: skip
+                    tried, refused = ({peer.url} if e.broke else set()), None
                     held_until = time.monotonic() + self.hold.seconds  # the resume's own bound
             finally:
                 peer.in_flight -= 1
@@ -423,6 +427,8 @@ class FrontDoor(HttpApp):
                 why = f"{e or type(e).__name__}"
                 if request.transport is None or request.transport.is_closing():
                     return out  # the client left (a write to it failed)
+                if resume is not None and isinstance(e, StreamBroken) and not resume.broke():
+                    raise StreamCut(why, out, broke=False) from None  # (a choice ended; the pod is well)
                 self.unified.failed(peer.url, why)
                 if resume is not None:
                     raise StreamCut(why, out) from None

@@ -325,16 +325,18 @@ class EngineRouter(HttpApp):
             except StreamCut as e:
                 resume, out, carry.cut = carry.resume, carry.out, str(e)
                 assert resume is not None and out is not None
+                resumes = resume.resumes
                 following = resume.after_break(self.max_resumes)
                 if following is None:
-                    return await _end_with_error(out, 502, f"{e}; resumed {resume.attempts} times already")
+                    return await _end_with_error(out, 502, f"{e}; resumed {resume.resumes} times already")
                 if isinstance(following, bytes):  # every token was sent: only the finish was lost
                     await out.write(following)
                     await out.write_eof()
                     return out
                 kind, path, body = following
                 self._retried(kind)
-                log.warning("%s; %s with another exchange after %d tokens", e, kind, resume.before)
+                log.log(logging.WARNING if resume.resumes > resumes else logging.INFO,
+                        "%s; %s with another exchange after %d tokens", e, kind, resume.before)  # fmt: skip
 
     async def _vllm(
         self, request: web.Request, path: str, body: dict, blocks: list[int], carry: Carry
@@ -490,6 +492,8 @@ class EngineRouter(HttpApp):
         except (*PEER_FAILURES, StreamBroken) as e:  # the stream has started
             if request.transport is None or request.transport.is_closing():
                 return out  # the client left (a write to it failed)
+            if resume is not None and isinstance(e, StreamBroken) and not resume.broke():
+                raise StreamCut(str(e)) from None  # (a choice ended, the next goes on: the server is well)
             self.decode.failed(decode.url, str(e))
             message = f"the decode server {decode.url} failed mid-stream: {e or type(e).__name__}"
             log.warning(message)

@@ -14,31 +14,41 @@ and without a second role event, the usage counting every token of every attempt
   pod said in its first event, `prompt_token_ids`, else the router's tokenizer's) followed by the ids sent,
   and `max_tokens` less what was sent. A greedy
   request continues exactly as an undisturbed one would have; a chat goes through `/v1/completions` and
-  comes back in chat form (a chat's `tools` are not carried over: `RESUME_FIELDS` are; a chat asking for
-  `logprobs`, or constrained, resumes from the text instead, below, to keep them in chat form and under its
-  grammar; a constrained completion, or a chat where the pods do not continue a grammar, is not resumed:
-  `resumable`).
+  comes back in chat form (`RESUME_FIELDS` are carried over; a chat asking for `logprobs`, and a
+  constrained request, resume from the text instead, below, to keep them in chat form and under the
+  grammar; a constrained request is resumed only where the pods continue a grammar: `resumable`).
 - from the text (`kind` "resume_text"): a pod that gave no ids: a completion's prompt followed by the text
   sent; a chat's messages followed by an assistant message of the text sent, with vLLM's
-  `continue_final_message: true, add_generation_prompt: false` (a constrained chat's also with our pods'
-  `constrain_final_message: true`: the grammar reads the text sent, then the continuation). The text is
-  tokenized again, so the seam may differ from an undisturbed answer's.
+  `continue_final_message: true, add_generation_prompt: false`. The text is tokenized again, so the seam
+  may differ from an undisturbed answer's. A constrained request also carries our pods' extension that
+  makes the text sent the answer's beginning (a chat's `constrain_final_message: true`, a completion's
+  `constrained_prefix`): the grammar reads it, then the continuation. A chat read for tool calls resumes
+  from its raw answer, the text of every token the pod gave, calls and text it held back included (the
+  client got calls, not their text): the next pod reads the calls in it again, sends the ones that were
+  held back and numbers its own after them; this needs the tokens' ids and the router's tokenizer.
+
+A stream of `n` choices resumes one choice at a time: each choice not finished at the break is continued by
+an attempt of its own (`n` 1, the choice's seed, its events given the choice's index), one after the other,
+the usage and `[DONE]` at the end of the last.
 
 A sampled request gets a continuation conditioned on what was sent: the same distribution, not the same
-draws (a `seed` is sent again, but the random state of the first pod is gone).
+draws (a `seed` is sent again, choice i's as seed + i as our pods sample it, but the random state of the
+first pod is gone).
 
 `TgiStreamResume` does the same for TGI's `/generate_stream` (and its `POST /` with `"stream": true`), whose
 API takes text only: always from the text (`kind` "resume_text"): the next attempt is the client's request
 with `inputs` followed by the text sent and `max_new_tokens` less the tokens sent; its events continue the
 client's `index`, its final `generated_text` is the whole answer's, its `details.generated_tokens` counts
-every token of every attempt. `resumable()` says which of the two carries a request's stream; a router uses
-either alike (`feed`, `ended`, `after_break`).
+every token of every attempt; a `grammar` is continued with our pods' `constrained_prefix`. `resumable()`
+says which of the two carries a request's stream; a router uses either alike (`feed`, `ended`,
+`after_break`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -60,17 +70,17 @@ def resumable(
     path: str, body: Any, grammars: bool = False
 ) -> type[StreamResume] | type[TgiStreamResume] | None:
     """What carries this request's stream across pods: `StreamResume` for an OpenAI completion or chat
-    streamed with one choice, `TgiStreamResume` for a TGI stream of text `inputs` and one sequence (TGI
+    streamed (of any `n` choices), `TgiStreamResume` for a TGI stream of text `inputs` and one sequence (TGI
     refuses `best_of` > 1 and `decoder_input_details` on a stream anyway); None for any other request. A
-    constrained request (`constrained`) is resumed only as a chat without tools and only where the pods
-    continue a constrained answer under its grammar (`grammars`: ours, which say `constrain_final_message`
-    in their ready answer): from its text, with that extension."""
+    constrained request (`constrained`) is resumed only where the pods continue an answer under its grammar
+    and its reading for tool calls (`grammars`: ours, which say `constrain_final_message` in their ready
+    answer): from its text, with that extension."""
     if not isinstance(body, dict):
         return None
     if path in (COMPLETIONS, CHAT):
-        if constrained(body) and not (grammars and path == CHAT and not tools_read(body)):
+        if constrained(body) and not grammars:
             return None
-        return StreamResume if body.get("stream") is True and body.get("n", 1) in (1, None) else None
+        return StreamResume if body.get("stream") is True else None
     if path == GENERATE_STREAM or (path == TGI_COMPAT and body.get("stream") is True):
         parameters = body.get("parameters", {})
         if (
@@ -78,7 +88,7 @@ def resumable(
             and isinstance(parameters, dict)
             and parameters.get("best_of") in (None, 1)
             and not parameters.get("decoder_input_details")
-            and parameters.get("grammar") is None  # (constrained: not resumed, as `constrained` says)
+            and (parameters.get("grammar") is None or grammars)  # (constrained: as `constrained` says)
         ):
             return TgiStreamResume
     return None
@@ -92,10 +102,10 @@ STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guide
 
 def constrained(body: dict) -> bool:
     """The request asks its answer to match a grammar (a JSON schema, any JSON object, vLLM's fields), or
-    reads tool calls out of it (a resumed answer comes back as text, its calls unread). Such a stream is not
-    resumed: a pod that continues an answer starts its grammar at the continuation (vLLM's and
-    SGLang's `continue_final_message`), so the answer would no longer match; it ends cut, as any stream that
-    cannot be resumed."""
+    reads tool calls out of it. Such a stream is resumed only on our pods, which take the text sent as the
+    answer's beginning: a vLLM or SGLang pod that continues an answer starts its grammar and its reading for
+    calls at the continuation (`continue_final_message`), so the answer would no longer match; there it ends
+    cut, as any stream that cannot be resumed."""
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
         return True
@@ -127,7 +137,8 @@ class CarriedStream:
     """What every carrier of a client's stream shares: whole events cut out of the pod's bytes (`feed`), and
     the one decision a router takes when an attempt's stream broke (`after_break`)."""
 
-    attempts: int  # resumes so far
+    attempts: int  # attempts after the first
+    resumes: int  # of those, the ones made after a break
     before: int  # tokens sent before this attempt began
     client_ids: bool  # the client gets the tokens' ids already (asked them, or TGI's events carry them)
     _buffer: bytes
@@ -150,6 +161,10 @@ class CarriedStream:
         """The pod's stream ended: StreamBroken unless the answer did."""
         if not self.done:
             raise StreamBroken(self.UNFINISHED)
+
+    def broke(self) -> bool:
+        """The attempt that ended, ended before its answer did: a break (its pod failed)."""
+        return True
 
     def _event(self, event: bytes) -> bytes | None:
         """One event for the client: comments and events whose data is not a JSON object as they are (none
@@ -195,7 +210,7 @@ class CarriedStream:
         made already, or none `possible`); the closing events when every token was sent and only the finish
         was lost (the router writes them and ends the stream); else the next attempt's kind, path and body
         (`resume`)."""
-        if self.attempts >= max_resumes or not self.possible:
+        if self.resumes >= max_resumes or not self.possible:
             return None
         if self.remaining() == 0:
             return self.closing()
@@ -208,8 +223,25 @@ def _data(event: bytes) -> bytes:
     return b"".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
 
 
+@dataclass
+class _Choice:
+    """What one choice of the client's stream was sent, over every attempt."""
+
+    sent_ids: list[int] = field(default_factory=list)  # generated tokens sent to the client
+    # of those, the ones whose text the client has: a pod holds back a token's text while it ends in part of a
+    # character (an event of ids, no text); a resume regenerates the ones after the last text
+    shown: int = 0
+    sent_text: str = ""
+    sent_pieces: int = 0  # events that carried text: one token each, as engines stream
+    exact: bool = True  # every event so far carried its tokens' ids
+    finished: bool = False  # a finish reason was sent
+
+
 class StreamResume(CarriedStream):
-    """One client's OpenAI stream across the attempts that serve it (see the module's docstring)."""
+    """One client's OpenAI stream across the attempts that serve it (see the module's docstring). A stream
+    of `n` choices is resumed one choice at a time: after a break, each choice not finished is continued by
+    an attempt of its own (n = 1, its events given the choice's index), one after the other; the usage and
+    `[DONE]` come once, at the end of the last."""
 
     def __init__(
         self, path: str, body: dict, prompt_ids: Sequence[int] | None, tokenizer: Any = None
@@ -218,28 +250,46 @@ class StreamResume(CarriedStream):
         self.chat = path == CHAT
         self.prompt_ids = list(prompt_ids) if prompt_ids is not None else None
         self.client_ids = body.get("return_token_ids") is True
-        self.sent_ids: list[int] = []  # generated tokens sent to the client
-        # of those, the ones whose text the client has: a pod holds back a token's text while it ends in part
-        # of a character (an event of ids, no text); a resume regenerates the ones after the last text
-        self.shown = 0
-        self.sent_text = ""
-        self.sent_pieces = 0  # events that carried text: one token each, as engines stream
-        self.exact = True  # every event so far carried its tokens' ids
-        self.attempts = 0  # resumes so far
+        # a chat read for tool calls: resumed from its raw answer (every token the pod gave, see the module)
+        self.raw = self.chat and tools_read(body)
+        n = body.get("n")
+        self.choices = [_Choice() for _ in range(n if isinstance(n, int) and not isinstance(n, bool) and n > 1
+                                                   else 1)]  # fmt: skip
+        self.serving: int | None = None  # the choice this attempt continues (None: the first attempt's all)
+        self.attempts = 0  # attempts after the first
+        self.resumes = 0  # of those, the ones made after a break (not a choice's after another choice's end)
         self.as_completion = False  # this attempt answers a chat through /v1/completions
-        self.before = 0  # tokens sent before this attempt began
-        self.finished = False  # a finish reason was sent
+        self.before = 0  # tokens sent before this attempt began, every choice's
         self.done = False  # `data: [DONE]` was sent
         self.identity: dict[str, Any] | None = None  # id, created, model of the first attempt's first event
         self._buffer = b""
+        self._closing = b""  # the finish of a choice with no token left, sent ahead of the next attempt's
 
     # ---- the stream ----
 
+    def feed(self, data: bytes) -> bytes:
+        out = super().feed(data)
+        if self._closing:
+            out, self._closing = self._closing + out, b""
+        return out
+
+    OTHER_CHOICES = "the attempt's choice ended: the answer's other choices go on in attempts of their own"
+
+    def ended(self) -> None:
+        if not self.done:
+            raise StreamBroken(self.UNFINISHED if self.broke() else self.OTHER_CHOICES)
+
+    def broke(self) -> bool:
+        """This attempt ended before its answer did (not a continued choice that finished, others to come)."""
+        return self.serving is None or not self.choices[self.serving].finished
+
     def _end(self, event: bytes) -> bytes | None:
-        if not self.finished:
+        if all(c.finished for c in self.choices):
+            self.done = True
+            return b"data: [DONE]"
+        if self.broke():
             raise StreamBroken(self.UNFINISHED)
-        self.done = True
-        return b"data: [DONE]"
+        return None  # (another choice goes on)
 
     def _chunk(self, chunk: dict, event: bytes) -> bytes | None:
         if "error" in chunk and not chunk.get("choices"):
@@ -261,18 +311,23 @@ class StreamResume(CarriedStream):
         for choice in chunk.get("choices") or []:
             if self.prompt_ids is None and isinstance(choice.get("prompt_token_ids"), list):
                 self.prompt_ids = list(choice["prompt_token_ids"])
+            index = self.serving if self.serving is not None else choice.get("index", 0)
+            if not isinstance(index, int) or not 0 <= index < len(self.choices):
+                choices.append(choice)  # (not a choice asked for: as it is)
+                continue
+            state, choice = self.choices[index], {**choice, "index": index}
             ids = choice.get("token_ids")
             text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
             if isinstance(ids, list):
-                self.sent_ids += ids
+                state.sent_ids += ids
             elif text:
-                self.exact = False
-            self.sent_text += text or ""
-            self.sent_pieces += bool(text)
+                state.exact = False
+            state.sent_text += text or ""
+            state.sent_pieces += bool(text)
             if choice.get("finish_reason"):
-                self.finished = True
-            if text or choice.get("finish_reason"):
-                self.shown = len(self.sent_ids)
+                state.finished = True
+            if text or choice.get("finish_reason") or self.raw:
+                state.shown = len(state.sent_ids)
             if self.as_completion:
                 choice = {k: v for k, v in choice.items() if k != "text"} | {"delta": {"content": text}
                                                                             if text else {}}  # fmt: skip
@@ -281,13 +336,16 @@ class StreamResume(CarriedStream):
                 choice = {**choice, "delta": delta}
             if not self.client_ids:
                 choice = {k: v for k, v in choice.items() if k not in TOKEN_ID_FIELDS}
-            shows = text or choice.get("finish_reason") or choice.get("token_ids")
+            calls = (choice.get("delta") or {}).get("tool_calls")
+            shows = text or calls or choice.get("finish_reason") or choice.get("token_ids")
             if not shows and (self.attempts or isinstance(ids, list)):
                 continue  # an attempt's opening (the client had one), or ids only, which it did not ask for
             choices.append(choice)
         if not self.client_ids:
             chunk.pop("prompt_token_ids", None)
         if isinstance(chunk.get("usage"), dict):
+            if not choices and not all(c.finished for c in self.choices):
+                return None  # an attempt's own usage, other choices to come: the last attempt's counts all
             chunk["usage"] = self._usage(chunk["usage"])
         if not choices and chunk.get("choices") and not chunk.get("usage"):
             return None
@@ -305,91 +363,156 @@ class StreamResume(CarriedStream):
 
     # ---- the next attempt ----
 
+    def _next(self) -> _Choice:
+        """The choice the next attempt continues: this attempt's, else the first not finished."""
+        if self.serving is not None and not self.choices[self.serving].finished:
+            return self.choices[self.serving]
+        return next((c for c in self.choices if not c.finished), self.choices[0])
+
     @property
     def possible(self) -> bool:
         """A next attempt can be made: from the token ids, or from the text (a completion whose prompt was
-        token ids needs the router's tokenizer for the text's)."""
-        if self.kind == "resume" or self.chat:
+        token ids needs the router's tokenizer for the text's; a chat read for tool calls, the tokens' ids and
+        the router's tokenizer for its raw answer)."""
+        state = self._next()
+        if self.raw:
+            return not state.sent_ids or (state.exact and self.tokenizer is not None)
+        if self._kind(state) == "resume" or self.chat:
             return True
         prompt = self.body.get("prompt")
-        return isinstance(prompt, str) or self.tokenizer is not None or not self.sent_text
+        return isinstance(prompt, str) or self.tokenizer is not None or not state.sent_text
 
     @property
     def kind(self) -> str:
         """How the next attempt resumes: "resume" (from the token ids: exact for greedy requests) or
         "resume_text" (from the text sent, tokenized again). A chat that asked for log probabilities resumes
         from its text, as a chat: the token-id path answers through /v1/completions, whose log probabilities
-        are in another form."""
-        by_ids = self.exact and self.prompt_ids is not None
-        as_chat = self.chat and (self.body.get("logprobs") or constrained(self.body))
-        return "resume" if by_ids and not as_chat else "resume_text"
+        are in another form; a constrained request from its text, which the grammar reads first."""
+        return self._kind(self._next())
 
-    def sent_tokens(self) -> int:
-        if self.exact:
-            return self.shown
-        if self.tokenizer is not None and self.sent_text:
-            return len(self.tokenizer.encode(self.sent_text, add_special_tokens=False))
-        return self.sent_pieces  # no tokenizer: an engine streams a token an event
+    def _kind(self, state: _Choice) -> str:
+        by_ids = state.exact and self.prompt_ids is not None
+        as_text = constrained(self.body) or (self.chat and self.body.get("logprobs"))
+        return "resume" if by_ids and not as_text else "resume_text"
 
-    def remaining(self) -> int | None:
-        """The tokens the client may still get (None: no bound was asked)."""
+    def sent_tokens(self, state: _Choice | None = None) -> int:
+        """The tokens a choice (the next one continued) was sent."""
+        state = state or self._next()
+        if state.exact:
+            return state.shown
+        if self.tokenizer is not None and state.sent_text:
+            return len(self.tokenizer.encode(state.sent_text, add_special_tokens=False))
+        return state.sent_pieces  # no tokenizer: an engine streams a token an event
+
+    def remaining(self, state: _Choice | None = None) -> int | None:
+        """The tokens a choice (the next one continued) may still get (None: no bound was asked)."""
         limit = self.body.get("max_completion_tokens") if self.chat else None
         limit = limit if isinstance(limit, int) else self.body.get("max_tokens")
         if not isinstance(limit, int) or isinstance(limit, bool):
             return None
-        return max(0, limit - self.sent_tokens())
+        return max(0, limit - self.sent_tokens(state))
+
+    def after_break(self, max_resumes: int) -> tuple[str, str, dict] | bytes | None:
+        """What follows an attempt that ended before the answer: None when it cannot go on (it broke with
+        `max_resumes` resumes made already, or none `possible`); a choice that got every token and only lost
+        its finish gets its finish (sent ahead of the next attempt's events, or as the stream's end with
+        `[DONE]` when no choice is left); else the next attempt's kind, path and body (`resume`)."""
+        if (self.broke() and self.resumes >= max_resumes) or not self.possible:
+            return None
+        for index, state in enumerate(self.choices):
+            if not state.finished and self.remaining(state) == 0:
+                state.finished = True
+                self._closing += self._finish(index)
+        if all(c.finished for c in self.choices):
+            self.done = True
+            out, self._closing = self._closing + b"data: [DONE]\n\n", b""
+            return out
+        kind = self.kind
+        return (kind, *self.resume())
 
     def resume(self) -> tuple[str, dict]:
         """The next attempt's path and body; call before sending it (its events are read as a resume's)."""
-        kind, rest = self.kind, self.remaining()
-        del self.sent_ids[self.shown :]  # tokens whose text the client does not have yet: generated again
-        self.before = self.sent_tokens()
+        state, broke = self._next(), self.broke()
+        index, kind = self.choices.index(state), self._kind(state)
+        del state.sent_ids[state.shown :]  # tokens whose text the client does not have yet: generated again
+        answer = self._raw_answer(state) if self.raw else state.sent_text
+        rest = self.remaining(state)
+        self.before = sum(self.sent_tokens(c) for c in self.choices)
         self.attempts += 1
+        self.resumes += broke
+        self.serving = index
         self._buffer = b""
+        client = {k: v for k, v in self.body.items() if k != "n"}  # (one choice an attempt)
+        seed = client.get("seed")
+        if index and isinstance(seed, int) and not isinstance(seed, bool):
+            client["seed"] = (seed + index) % 2**63  # (choice i samples with seed + i, as our pods do)
         if kind == "resume":
-            source = {k: v for k, v in self.body.items() if not self.chat or k in RESUME_FIELDS}
+            source = {k: v for k, v in client.items() if not self.chat or k in RESUME_FIELDS}
             body = {k: v for k, v in source.items() if k not in ("prompt", "max_completion_tokens")}
-            body["prompt"] = [*self.prompt_ids, *self.sent_ids]  # type: ignore[misc]
+            body["prompt"] = [*self.prompt_ids, *state.sent_ids]  # type: ignore[misc]
             body["return_token_ids"] = True
             self.as_completion = self.chat
             path = COMPLETIONS
         elif self.chat:
-            messages = [*self.body["messages"], {"role": "assistant", "content": self.sent_text}]
-            body = {**self.body, "messages": messages, "continue_final_message": bool(self.sent_text),
-                    "add_generation_prompt": not self.sent_text}  # fmt: skip
-            if self.sent_text and constrained(self.body):  # (our pods' extension: the grammar reads it too)
+            self.as_completion = False
+            messages = [*client["messages"], {"role": "assistant", "content": answer}]
+            body = {**client, "messages": messages, "continue_final_message": bool(answer),
+                    "add_generation_prompt": not answer}  # fmt: skip
+            if answer and constrained(client):  # (our pods' extension: the grammar reads it too)
                 body["constrain_final_message"] = True
             body.pop("max_completion_tokens", None)
             path = CHAT
         else:
-            prompt = self.body.get("prompt")
+            prompt = client.get("prompt")
             prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
             if isinstance(prompt, str):
-                body = {**self.body, "prompt": prompt + self.sent_text}
+                body = {**client, "prompt": prompt + state.sent_text}
             else:  # token ids, the text sent tokenized again
-                more = self.tokenizer.encode(self.sent_text, add_special_tokens=False)
-                body = {**self.body, "prompt": [*(prompt or []), *(more if self.sent_text else [])]}
+                more = self.tokenizer.encode(state.sent_text, add_special_tokens=False)
+                body = {**client, "prompt": [*(prompt or []), *(more if state.sent_text else [])]}
+            if state.sent_text and constrained(client):  # (our pods' extension: the grammar reads it too)
+                body["constrained_prefix"] = state.sent_text
             path = COMPLETIONS
         if rest is not None:
             body["max_tokens"] = max(rest, 1)
         min_tokens = body.get("min_tokens")
         if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
-            body["min_tokens"] = max(0, min_tokens - self.before)
+            body["min_tokens"] = max(0, min_tokens - self.sent_tokens(state))
         return path, body
 
-    def closing(self) -> bytes:
-        """The events that end a stream whose pod died after its last token but before its finish (no token
-        left to generate): a finish of reason length, then `[DONE]`."""
-        self.finished = self.done = True
+    def _raw_answer(self, state: _Choice) -> str:
+        """The text of every token the pods gave a choice (a chat read for tool calls), less any at its end
+        that make part of a character only (generated again)."""
+        if not state.sent_ids:
+            return ""
+        text = self.tokenizer.decode(state.sent_ids)
+        while state.sent_ids and text.endswith("\ufffd"):
+            state.sent_ids.pop()
+            text = self.tokenizer.decode(state.sent_ids)
+        state.shown = len(state.sent_ids)
+        return text
+
+    def _finish(self, index: int) -> bytes:
+        """The event that ends a choice whose pod died after its last token but before its finish (no token
+        left to generate): a finish of reason length."""
         identity = self.identity or {}
         if self.chat:
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+            choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": "length"}
             kind = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+            choice = {"index": index, "text": "", "logprobs": None, "finish_reason": "length"}
             kind = "text_completion"
         chunk = {**identity, "object": kind, "choices": [choice]}
-        return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    def closing(self) -> bytes:
+        """The events that end a stream whose pod died after every choice's last token but before their
+        finish: a finish of reason length for each, then `[DONE]`."""
+        out = b"".join(self._finish(i) for i, c in enumerate(self.choices) if not c.finished)
+        for state in self.choices:
+            state.finished = True
+        self.done = True
+        return out + b"data: [DONE]\n\n"
 
 
 class TgiStreamResume(CarriedStream):
@@ -418,7 +541,7 @@ class TgiStreamResume(CarriedStream):
         self.parameters: dict = body.get("parameters") or {}
         self.sent = 0  # tokens sent to the client, every attempt's: the last `index` it got
         self.sent_text = ""  # their text (a special token's left out, as TGI's generated_text leaves it)
-        self.attempts = 0  # resumes so far
+        self.attempts = self.resumes = 0  # resumes so far (each attempt after the first is one)
         self.before = 0  # tokens sent before this attempt began
         self.text_before = ""  # their text
         self.done = False  # the last event (its generated_text) was sent
@@ -496,11 +619,13 @@ class TgiStreamResume(CarriedStream):
         other parameters as the client sent them (a `seed` sent again); call before sending it."""
         rest = self.remaining()
         self.before, self.text_before = self.sent, self.sent_text
-        self.attempts += 1
+        self.attempts = self.resumes = self.attempts + 1
         self._buffer = b""
         parameters = dict(self.parameters)
         if rest is not None:
             parameters["max_new_tokens"] = max(rest, 1)
+        if parameters.get("grammar") is not None and self.sent_text:  # (our pods': the grammar reads it)
+            parameters["constrained_prefix"] = self.sent_text
         return self.path, {
             **self.body,
             "inputs": self.body["inputs"] + self.sent_text,

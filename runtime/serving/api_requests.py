@@ -136,6 +136,8 @@ class ParsedRequest:
     # resuming the stream on another pod continues from: runtime/routing/resume.py)
     n: int = 1  # choices: as many answers to the same prompt
     tools: tool_calls.Tools | None = None  # chat: the functions the model may call, and how (tool_choice)
+    answer_prefix: str = ""  # chat: the answer's beginning, already sent (the continued final message, with
+    # our constrain_final_message): read for tool calls before the continuation, and not sent again
 
 
 def _get(
@@ -317,7 +319,9 @@ def parse_openai_completion(body: Any, defaults: SamplingDefaults = OPENAI_DEFAU
             "prompt must be a string, a list with one string, or a list of token ids", "prompt"
         )
     _refuse_unsupported(body, {"echo": False, "suffix": ""})
-    return _openai_request(body, prompt=prompt, messages=None, max_tokens_default=16, defaults=defaults)
+    parsed = _openai_request(body, prompt=prompt, messages=None, max_tokens_default=16, defaults=defaults)
+    prefix = _constrained_prefix(body, prompt, parsed.params, "constrained_prefix")
+    return dataclasses.replace(parsed, params=_constrained_from(parsed.params, prefix)) if prefix else parsed
 
 
 def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -> ParsedRequest:
@@ -390,16 +394,6 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
     parsed = _openai_request(body, prompt=None, messages=tool_calls.template_messages(clean),
                              max_tokens_default=None, defaults=defaults)  # fmt: skip
     params = parsed.params
-    # our extension: the constraint covers the continued final message and what follows it (what a router
-    # resuming a constrained stream on one of our pods sends); without it, as vLLM, the grammar starts at the
-    # continuation
-    if _get(body, "constrain_final_message", (bool,), False):
-        if not continue_final:
-            raise InvalidRequest("constrain_final_message applies to a continued final message: send it with "
-                                 "continue_final_message true", "constrain_final_message")  # fmt: skip
-        if params.constraint is not None:
-            constraint = dataclasses.replace(params.constraint, prefix=clean[-1]["content"])
-            params = dataclasses.replace(params, constraint=constraint)
     if tools is not None and tools.forced:  # required, or a named function: the answer is calls to them
         if params.constraint is not None:
             other = params.constraint.field.split(".")[0]
@@ -409,10 +403,43 @@ def parse_openai_chat(body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS) -
             tools.forced, one=tools.named is not None or not tools.parallel
         )
         params = dataclasses.replace(params, constraint=constraint)
+    # our extension: the continued final message is the answer's beginning: its grammar and its reading for
+    # tool calls cover that message and what follows it (what a front door resuming a constrained stream or
+    # one read for tool calls on one of our pods sends); without it, as vLLM, both start at the continuation
+    answer_prefix = ""
+    if _get(body, "constrain_final_message", (bool,), False):
+        if not continue_final:
+            raise InvalidRequest("constrain_final_message applies to a continued final message: send it with "
+                                 "continue_final_message true", "constrain_final_message")  # fmt: skip
+        answer_prefix = clean[-1]["content"]
+        params = _constrained_from(params, answer_prefix)
     return dataclasses.replace(
         parsed, params=params, add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final, tools=tools,
+        continue_final_message=continue_final, tools=tools, answer_prefix=answer_prefix,
     )  # fmt: skip
+
+
+def _constrained_from(params: SamplingParams, prefix: str) -> SamplingParams:
+    """The request's grammar (if any) reading `prefix` before the answer's first token."""
+    if params.constraint is None:
+        return params
+    return dataclasses.replace(params, constraint=dataclasses.replace(params.constraint, prefix=prefix))
+
+
+def _constrained_prefix(where: dict, prompt: str | list[int], params: SamplingParams, label: str) -> str:
+    """Our extension on completions and TGI's parameters, `constrained_prefix`: the text the constrained
+    answer already holds, which the prompt ends with; the grammar reads it before the continuation (what a
+    front door resuming a constrained stream on one of our pods sends: runtime/routing/resume.py)."""
+    prefix = _get(where, "constrained_prefix", (str,), "", label)
+    if not prefix:
+        return ""
+    if params.constraint is None:
+        raise InvalidRequest(f"{label} applies to a constrained request (response_format, structured_outputs "
+                             "or grammar): send one, or leave it out", label)  # fmt: skip
+    if isinstance(prompt, str) and not prompt.endswith(prefix):
+        raise InvalidRequest(f"{label} is the answer so far, which the prompt ends with: this prompt does "
+                             "not end with it", label)  # fmt: skip
+    return prefix
 
 
 def parse_tgi_generate(body: Any) -> ParsedRequest:
@@ -472,6 +499,11 @@ def parse_tgi_generate(body: Any) -> ParsedRequest:
         # (TGI gives every token's log probability: in `details.tokens` and each streamed event's token)
         logprobs=top_n or 0,
     )
+    prefix = _constrained_prefix(p, inputs, params, "parameters.constrained_prefix")
     return ParsedRequest(
-        prompt=inputs, messages=None, params=params, stream=stream, details=bool(p.get("details", False))
+        prompt=inputs,
+        messages=None,
+        params=_constrained_from(params, prefix),
+        stream=stream,
+        details=bool(p.get("details", False)),
     )

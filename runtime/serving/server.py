@@ -118,8 +118,9 @@ class RuntimeServer(HttpApp):
         said = {"kv_events": getattr(self.backend, "kv_events_endpoint", None),
                 "kv_events_replay": getattr(self.backend, "kv_events_replay", None),
                 "kv_events_auth": getattr(self.backend, "kv_events_auth", None)}  # fmt: skip
-        # and that it continues a constrained answer under its grammar (`constrain_final_message`), so a
-        # front door may resume a constrained stream on it
+        # and that it continues an answer under its grammar and its reading for tool calls (a chat's
+        # `constrain_final_message`, a completion's and TGI's `constrained_prefix`), so a front door may
+        # resume such a stream on it
         return {**{k: v for k, v in said.items() if v}, "constrain_final_message": True}
 
     def routes(self) -> list[web.RouteDef]:
@@ -344,7 +345,11 @@ class RuntimeServer(HttpApp):
             answer: dict = {"index": index}
             reason = str(result.finish_reason)
             if chat:
-                content, calls = tool_calls.split_calls(result.text) if reads_calls else (result.text, [])
+                content, calls = (
+                    tool_calls.split_calls(result.text, parsed.answer_prefix)
+                    if reads_calls
+                    else (result.text, [])
+                )
                 answer["message"] = {"role": "assistant", "content": content}
                 if calls:  # the answer called tools (OpenAI: finish_reason tool_calls where it ended itself)
                     answer["message"].update(
@@ -408,7 +413,7 @@ class RuntimeServer(HttpApp):
         offset = dict.fromkeys(range(len(choices)), 0)
         # a chat whose answer is read for tool calls: its text split as it comes (a call is sent whole, in
         # `delta.tool_calls`, once its block closes), and the calls sent so far
-        calls = {i: tool_calls.CallStream() for i in range(len(choices))}
+        calls = {i: tool_calls.CallStream(parsed.answer_prefix) for i in range(len(choices))}
         reads_calls = chat and parsed.tools is not None and parsed.tools.parsed
         try:
             async with contextlib.aclosing(_merged(choices)) as outputs:

@@ -170,11 +170,11 @@ def _call(block: str) -> ToolCall | None:
     return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
 
 
-def split_calls(text: str) -> tuple[str, list[ToolCall]]:
+def split_calls(text: str, prefix: str = "") -> tuple[str, list[ToolCall]]:
     """An answer's text outside its tool calls (what follows a call starts at its first character that is not
     whitespace), and the calls (a block that is not a call's JSON stays in the text, as written). The same
-    as streaming it through `CallStream`."""
-    stream = CallStream()
+    as streaming it through `CallStream` (`prefix`: the answer's beginning, sent before: read, not given)."""
+    stream = CallStream(prefix)
     content, calls = stream.feed(text)
     content += stream.end()
     return (content.strip() if calls else content), calls
@@ -184,10 +184,14 @@ class CallStream:
     """An answer's text as it streams, split into content and tool calls: `feed` a text delta, get the content
     that can be sent now and the calls completed; text that may begin a call (`<tool_call>`, or a prefix of
     it at the end) is held until it is known, and the whitespace after a call is dropped. `end` gives what
-    is held at the end (an unclosed block is content, as written)."""
+    is held at the end (an unclosed block is content, as written). `prefix`: the answer's beginning, which
+    was sent before (an answer continued on another pod): read first, its content and calls not given again,
+    what it holds back held, its calls counted (the next call's index follows them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.held, self.calls, self._after_call = "", 0, False
+        if prefix:
+            self.feed(prefix)
 
     def _content(self, text: str) -> str:
         if self._after_call:

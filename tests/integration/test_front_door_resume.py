@@ -1,15 +1,17 @@
 """The front door resumes a stream whose pod dies (`runtime/routing/resume.py`): two real unified servers of
-the SmolLM2 cpu model behind a front door without the model's tokenizer (the pods say the token ids: the
-prompt's and each event's, `return_token_ids`), driven by the official `openai` client
-(max_retries=0); the pod carrying a request is killed (SIGKILL) mid-answer, and the client still gets one
-answer equal, token for token, to an undisturbed pod's (greedy), its usage counted right, the resume counted
-in `neuronfleet:router_retries_total`; a TGI stream (the official `text-generation` client, and
-`/generate_stream` read as it comes) resumed from its text reads as one stream. The killed pod is started
-again on its port between tests."""
+the SmolLM2 cpu model (with a chat template that takes tools) behind a front door without the model's
+tokenizer (the pods say the token ids: the prompt's and each event's, `return_token_ids`), driven by the
+official `openai` client (max_retries=0); the pod carrying a request is killed (SIGKILL) mid-answer, and the
+client still gets one answer equal, token for token, to an undisturbed pod's (greedy), its usage counted
+right, the resume counted in `neuronfleet:router_retries_total`; a TGI stream (the official `text-generation`
+client, and `/generate_stream` read as it comes) resumed from its text reads as one stream; constrained
+answers stay under their grammar, and a chat read for tool calls (through a second front door, with the
+model's tokenizer) gets its calls once each. The killed pod is started again on its port between tests."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from support import EXACT_DTYPE_OPTIONS, Process, Server, free_port, metric, neu
 
 STORY = "Write a short story about a lighthouse keeper."
 PROMPT = "Once upon a time, in a small village by the sea,"
-OPTIONS = ("--slots", "2", "--max-seq-len", "256", *EXACT_DTYPE_OPTIONS)
+OPTIONS = ("--slots", "2", "--max-seq-len", "512", *EXACT_DTYPE_OPTIONS)  # (a chat with tools: 300 tokens)
 TOKENS = 40  # long enough for the kill to land mid-answer
 pytestmark = pytest.mark.real_model
 
@@ -41,10 +43,11 @@ class Pods:
                 "--routing", "least-loaded"]  # fmt: skip
         self.process = Process(args, logs / "door.log")
         self.process.wait_until(lambda: self.healthy() == 2, "the front door to see both pods")
+        self.model_door: tuple[Process, str] | None = None
 
-    def healthy(self) -> float:
+    def healthy(self, door: str | None = None) -> float:
         try:
-            return metric(self.door, "neuronfleet:router_peers_healthy", role="unified")
+            return metric(door or self.door, "neuronfleet:router_peers_healthy", role="unified")
         except OSError:
             return 0
 
@@ -63,24 +66,61 @@ class Pods:
         self.servers[name].kill()
         return name
 
+    def generated(self) -> dict[str, float]:
+        return {n: metric(s.base, "vllm:generation_tokens_total") for n, s in self.servers.items()}
+
+    def kill_carrier_after(self, tokens: int, before: dict[str, float]) -> str:
+        """Kill the pod carrying a request once it generated `tokens` since `before` (`generated()`): an
+        answer the client may have seen nothing of yet (a tool call is held until its block closes)."""
+
+        def carrier() -> str | None:
+            name = self.carrying()
+            if name is None:
+                return None
+            return name if self.generated()[name] - before[name] >= tokens else None
+
+        name = wait_until(carrier, f"a pod to generate {tokens} tokens of the request")
+        self.servers[name].kill()
+        return name
+
+    def door_with_model(self) -> str:
+        """A second front door before the same pods, with the model's tokenizer (--model): what a chat read
+        for tool calls needs to resume (its raw answer is the text of the tokens' ids)."""
+        if self.model_door is None:
+            port = free_port()
+            args = [*neuronfleet_command(), "serve", "--role", "router", "--port", str(port),
+                    "--served-model-name", "smollm2", "--peer-probe-interval", "0.5", "--grace-period", "1",
+                    "--unified", "dns://unified:8000", "--peer-hosts-file", str(self.logs / "peers.json"),
+                    "--routing", "least-loaded", "--model", str(self.model_dir)]  # fmt: skip
+            self.model_door = Process(args, self.logs / "door-model.log"), f"http://127.0.0.1:{port}"
+            self.model_door[0].wait_until(
+                lambda: self.healthy(self.model_door[1]) == 2, "the second front door to see both pods"
+            )
+        return self.model_door[1]
+
     def revive(self, name: str) -> None:
         old = self.servers[name]
         self.servers[name] = Server(self.model_dir, OPTIONS, old.port, self.logs / f"{name}-again.log")
         self.servers[name].wait_ready()
-        self.process.wait_until(lambda: self.healthy() == 2, "the front door to take the pod back")
+        for door in (self.door, *([self.model_door[1]] if self.model_door else [])):
+            self.process.wait_until(
+                lambda d=door: self.healthy(d) == 2, "the front door to take the pod back"
+            )
 
-    def resumes(self, kind: str = "resume") -> float:
-        return metric(self.door, "neuronfleet:router_retries_total", kind=kind)
+    def resumes(self, kind: str = "resume", door: str | None = None) -> float:
+        return metric(door or self.door, "neuronfleet:router_retries_total", kind=kind)
 
     def close(self) -> None:
         self.process.stop()
+        if self.model_door is not None:
+            self.model_door[0].stop()
         for server in self.servers.values():
             server.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
-def pods(smollm2_dir, tmp_path_factory):
-    fleet = Pods(smollm2_dir, tmp_path_factory.mktemp("resume"))
+def pods(smollm2_tools_dir, tmp_path_factory):
+    fleet = Pods(smollm2_tools_dir, tmp_path_factory.mktemp("resume"))
     yield fleet
     fleet.close()
 
@@ -144,6 +184,35 @@ def test_a_completion_stream_whose_pod_dies_goes_on_token_for_token(pods, want):
     pods.revive(victim)
 
 
+def test_a_stream_of_two_choices_whose_pod_dies_gets_both_whole(pods, want):
+    """n = 2 (greedy: both the undisturbed answer), the pod killed with both mid-answer: each choice is
+    continued on the other pod in an attempt of its own, from its token ids; the client gets both answers
+    whole at their indices, one usage counting every token. The second attempt follows the first one's end,
+    not a failure: the pod that served it is not counted failed."""
+
+    def said(what: str) -> int:
+        return (pods.logs / "door.log").read_text().count(what)
+
+    resumes, failed, ended = pods.resumes(), said("failed mid-stream"), said("ended a choice")
+    stream = client(pods.door).chat.completions.create(
+        **CHAT, n=2, stream=True, stream_options={"include_usage": True}
+    )
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    usage, victim = None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            pieces[choice.index].append(choice.delta.content or "")
+        if len("".join(pieces[0])) > 10 and victim is None:
+            victim = pods.kill_carrier()
+    assert victim is not None
+    assert ["".join(p) for p in pieces.values()] == [want["chat"].choices[0].message.content] * 2
+    assert usage.completion_tokens == 2 * want["chat"].usage.completion_tokens
+    assert pods.resumes() == resumes + 2  # (a choice an attempt)
+    assert (said("failed mid-stream"), said("ended a choice")) == (failed + 1, ended + 1)
+    pods.revive(victim)
+
+
 def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
     retries = pods.resumes("retry")
     with ThreadPoolExecutor(1) as pool:
@@ -177,6 +246,66 @@ def test_a_constrained_chat_stream_whose_pod_dies_goes_on_under_its_grammar(pods
     answer = json.loads("".join(pieces))
     assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
     assert pods.resumes("resume_text") == resumes + 1
+    pods.revive(victim)
+
+
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 20,
+           "maxItems": 20}  # fmt: skip
+
+
+def test_a_constrained_completion_stream_whose_pod_dies_goes_on_under_its_grammar(pods):
+    """A completion under vLLM's `structured_outputs` (a JSON schema), its pod killed mid-answer: resumed
+    from its text with `constrained_prefix` (the next pod's grammar reads the text sent first): the one
+    answer the client gets matches the schema."""
+    ask = dict(model="smollm2", prompt="Twenty numbers as a JSON list:", max_tokens=120, temperature=0,
+               extra_body={"structured_outputs": {"json": NUMBERS}})  # fmt: skip
+    resumes = pods.resumes("resume_text")
+    pieces, finish, victim = [], None, None
+    for chunk in client(pods.door).completions.create(**ask, stream=True):
+        pieces.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+        if len([p for p in pieces if p]) == 5 and victim is None:
+            victim = pods.kill_carrier()
+    assert victim is not None and finish == "stop"
+    answer = json.loads("".join(pieces))
+    assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
+    assert pods.resumes("resume_text") == resumes + 1
+    pods.revive(victim)
+
+
+def test_a_tool_call_stream_whose_pod_dies_gets_each_call_once(pods):
+    """A chat whose answer must be tool calls (`required`), its pod killed a few tokens in, while the call's
+    text is still held back (the client has nothing of it): the front door with the model's tokenizer
+    resumes it from the raw answer, the next pod reads the call begun and sends it whole; the client gets
+    the undisturbed answer's calls (greedy), each once, numbered from 0, and finish reason tool_calls."""
+    from support import TOOLS
+
+    door = pods.door_with_model()
+    question = [{"role": "user", "content": "What are the weather and the time in Paris?"}]
+    ask = dict(model="smollm2", messages=question, max_tokens=80, temperature=0, tools=TOOLS,
+               tool_choice="required")  # fmt: skip
+    want = client(pods.servers["a"].base).chat.completions.create(**ask).choices[0].message.tool_calls
+    assert want, "the undisturbed answer makes calls"
+
+    def streamed(kill: Callable[[], str]) -> tuple[list, str | None, str]:
+        calls, finish, victim = [], None, None
+        with ThreadPoolExecutor(1) as pool:
+            stream = client(door).chat.completions.create(**ask, stream=True)
+            killing = pool.submit(kill)
+            for chunk in stream:
+                for choice in chunk.choices:
+                    calls += choice.delta.tool_calls or []
+                    finish = choice.finish_reason or finish
+            victim = killing.result()
+        return calls, finish, victim
+
+    resumes = pods.resumes("resume_text", door)
+    before = pods.generated()
+    calls, finish, victim = streamed(lambda: pods.kill_carrier_after(4, before))
+    assert [(c.index, c.function.name, c.function.arguments) for c in calls] == [
+        (i, c.function.name, c.function.arguments) for i, c in enumerate(want)
+    ]
+    assert finish == "tool_calls" and pods.resumes("resume_text", door) == resumes + 1
     pods.revive(victim)
 
 
@@ -236,6 +365,31 @@ def test_a_generate_stream_resumed_continues_its_indices(pods):
     texts = "".join(e["token"]["text"] for e in events if not e["token"]["special"])
     assert events[-1]["generated_text"] == texts
     assert events[-1]["details"]["generated_tokens"] == len(events)
+    assert pods.resumes("resume_text") == resumes + 1
+    pods.revive(victim)
+
+
+def test_a_tgi_grammar_stream_whose_pod_dies_goes_on_under_its_grammar(pods):
+    """TGI's `grammar` (a regex) on `/generate_stream`, its pod killed mid-answer: resumed from its text with
+    `parameters.constrained_prefix`: the whole text matches the regex."""
+    import re
+
+    import requests
+
+    regex = "([a-z]+ ){20}[a-z]+\\."
+    body = {"inputs": "Twenty-one words about the sea:",
+            "parameters": {"max_new_tokens": 80, "grammar": {"type": "regex", "value": regex}}}  # fmt: skip
+    resumes = pods.resumes("resume_text")
+    events, victim = [], None
+    with requests.post(pods.door + "/generate_stream", json=body, stream=True, timeout=600) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+                if len(events) == 5 and victim is None:
+                    victim = pods.kill_carrier()
+    assert victim is not None and all("error" not in e for e in events)
+    assert re.fullmatch(regex, events[-1]["generated_text"]), events[-1]["generated_text"]
     assert pods.resumes("resume_text") == resumes + 1
     pods.revive(victim)
 

@@ -9,7 +9,11 @@ import json
 import pytest
 
 from neuronfleet.runtime.routing.resume import StreamBroken, StreamResume, TgiStreamResume, resumable
-from neuronfleet.runtime.serving.api_requests import parse_openai_chat, parse_openai_completion
+from neuronfleet.runtime.serving.api_requests import (
+    parse_openai_chat,
+    parse_openai_completion,
+    parse_tgi_generate,
+)
 from neuronfleet.runtime.serving.errors import InvalidRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "stream": True}
@@ -51,7 +55,7 @@ def events(data: bytes) -> list[dict | str]:
 def test_openai_streams_of_one_choice_and_tgi_streams_of_one_sequence_are_resumable():
     assert resumable("/v1/chat/completions", CHAT) is resumable("/v1/completions", COMPLETION) is StreamResume
     assert resumable("/v1/completions", {**COMPLETION, "stream": False}) is None
-    assert resumable("/v1/completions", {**COMPLETION, "n": 2}) is None
+    assert resumable("/v1/completions", {**COMPLETION, "n": 2}) is StreamResume  # (a choice at a time)
     assert resumable("/generate_stream", TGI) is TgiStreamResume
     assert resumable("/", {**TGI, "stream": True}) is TgiStreamResume  # TGI's compat route, streamed
     assert resumable("/", TGI) is None  # a whole answer: sent again, not resumed
@@ -119,12 +123,12 @@ def test_a_constrained_chat_resumes_from_its_text_under_its_grammar_only_on_pods
     """A chat under a `response_format` resumes, on pods that say they continue a constrained answer (ours),
     from its text as a chat with `constrain_final_message` (the grammar reads the text sent first, then the
     continuation: the whole answer matches); the server takes what the router sends, its constraint then
-    reading the text; a constrained completion is never resumed, nor a chat where the pods do not say so."""
+    reading the text; where the pods do not say so (vLLM's, SGLang's), no constrained request is resumed."""
     asking = {**CHAT, "response_format": {"type": "json_object"}}
     assert resumable("/v1/chat/completions", asking) is None
-    assert (
-        resumable("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object"}}, True) is None
-    )
+    assert resumable("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object"}}) is None
+    assert resumable("/v1/chat/completions", {**CHAT, "tools": TOOLS}) is None
+    assert resumable("/generate_stream", {**TGI, "parameters": {"grammar": REGEX}}) is None
     assert resumable("/v1/chat/completions", asking, True) is StreamResume
     resume = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2, 3])
     resume.feed(event(chat_chunk(None, None, role=True)) + event(chat_chunk('{"a": ', [7, 8])))
@@ -138,6 +142,96 @@ def test_a_constrained_chat_resumes_from_its_text_under_its_grammar_only_on_pods
     with pytest.raises(InvalidRequest, match="continue_final_message true") as refused:
         parse_openai_chat({**asking, "constrain_final_message": True})
     assert refused.value.field_name == "constrain_final_message"
+
+
+REGEX = {"type": "regex", "value": "[a-z]+ [0-9]+"}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+
+
+def test_a_constrained_completion_resumes_from_its_text_which_its_grammar_reads_first():
+    """On our pods a completion under a grammar resumes from its text (its ids would give the same tokens, but
+    the grammar must read them: `constrained_prefix`, our extension); a TGI stream under a `grammar` too.
+    The server takes the prefix into the constraint, and refuses one the prompt does not end with, or one
+    without a grammar."""
+    asking = {**COMPLETION, "structured_outputs": {"regex": "[a-z]+ [0-9]+"}}
+    assert resumable("/v1/completions", asking, True) is StreamResume
+    resume = StreamResume("/v1/completions", asking, prompt_ids=[5])
+    resume.feed(event(text_chunk("upon", [1])) + event(text_chunk(" 1", [2])))
+    assert resume.kind == "resume_text"
+    body = {**asking, "prompt": "Onceupon 1", "constrained_prefix": "upon 1", "max_tokens": 4}
+    assert resume.resume() == ("/v1/completions", body)
+    constraint = parse_openai_completion(body).params.constraint
+    assert constraint is not None and constraint.prefix == "upon 1"
+    with pytest.raises(InvalidRequest, match="does not end with it") as refused:
+        parse_openai_completion({**body, "prompt": "Once"})
+    assert refused.value.field_name == "constrained_prefix"
+    with pytest.raises(InvalidRequest, match="applies to a constrained request"):
+        parse_openai_completion({**COMPLETION, "prompt": "Onceupon", "constrained_prefix": "upon"})
+    tgi = {**TGI, "parameters": {**TGI["parameters"], "grammar": REGEX}}
+    assert resumable("/generate_stream", tgi, True) is TgiStreamResume
+    resume = TgiStreamResume("/generate_stream", tgi)
+    resume.feed(tgi_event(1, "upon") + tgi_event(2, " 1"))
+    _, body = resume.resume()
+    assert body["inputs"] == "Onceupon 1" and body["parameters"]["constrained_prefix"] == "upon 1"
+    constraint = parse_tgi_generate(body).params.constraint
+    assert constraint is not None and constraint.prefix == "upon 1"
+    with pytest.raises(InvalidRequest, match="does not end with it") as refused:
+        parse_tgi_generate({**body, "inputs": "Once"})
+    assert refused.value.field_name == "parameters.constrained_prefix"
+
+
+@pytest.mark.real_model
+def test_a_chat_read_for_tool_calls_resumes_from_its_raw_answer(smollm2_tools_dir):
+    """The pod holds a tool call's text back until its block closes, then sends the call (`delta.tool_calls`):
+    the client holds calls, not text. Such a chat resumes from its raw answer, every token's text (the held
+    part included) with `constrain_final_message`: the next pod reads the calls in it, sends what was held
+    and numbers its own calls after the ones sent. The client gets each event with calls; a token that is
+    part of a character only is generated again."""
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(smollm2_tools_dir)
+    asking = {**CHAT, "tools": TOOLS, "max_tokens": 60}
+    assert resumable("/v1/chat/completions", asking, True) is StreamResume
+    raw = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    first, held = raw, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro'
+    ids = tokenizer.encode(first + held, add_special_tokens=False)
+    cut = len(tokenizer.encode(first, add_special_tokens=False))
+    resume = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2], tokenizer=tokenizer)
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    with_call = chat_chunk(None, ids[1:cut])
+    with_call["choices"][0]["delta"] = {"tool_calls": [call]}
+    out = resume.feed(
+        event(chat_chunk(None, None, role=True)) + event(chat_chunk("Let me check.", ids[:1]))
+        + event(with_call) + b"".join(event(chat_chunk(None, [i])) for i in ids[cut:])
+    )  # fmt: skip
+    deltas = [e["choices"][0]["delta"] for e in events(out)]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"content": "Let me check."},
+        {"tool_calls": [call]},
+    ]
+    llama = tokenizer.encode("\U0001f999", add_special_tokens=False)  # (a llama: three tokens, one character)
+    resume.feed(b"".join(event(chat_chunk(None, [i])) for i in llama[:2]))  # two of them: part of it
+    assert resume.possible and resume.kind == "resume_text"
+    path, body = resume.resume()
+    assert path == "/v1/chat/completions" and body["tools"] == TOOLS
+    assert body["messages"][-1] == {"role": "assistant", "content": first + held}
+    assert body["continue_final_message"] and body["constrain_final_message"]
+    assert body["max_tokens"] == 60 - len(ids)
+    parsed = parse_openai_chat(body)
+    assert parsed.answer_prefix == first + held
+    # the next pod's reading: the held call completed by its continuation, numbered after the one sent
+    from neuronfleet.runtime.serving.tool_calls import CallStream
+
+    stream = CallStream(parsed.answer_prefix)
+    content, calls = stream.feed('me"}}\n</tool_call>')
+    assert content == "" and [c.arguments for c in calls] == ['{"city": "Rome"}'] and stream.calls == 2
+    # without the router's tokenizer, or without ids, it cannot be resumed
+    blind = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2])
+    blind.feed(event(chat_chunk("Let", [5])))
+    assert not blind.possible
 
 
 def test_an_error_event_in_place_of_tokens_is_a_break():
@@ -195,6 +289,75 @@ def test_after_a_break_a_router_resumes_ends_the_stream_or_gives_up_at_the_bound
         resume.feed(event(text_chunk("c", [token])))
     closing = resume.after_break(max_resumes=5)
     assert isinstance(closing, bytes) and events(closing)[-1] == "[DONE]"
+
+
+def choice_chunk(index: int, content: str | None, ids: list[int] | None, finish=None, role=False) -> dict:
+    chunk = chat_chunk(content, ids, finish, role=role)
+    chunk["choices"][0]["index"] = index
+    return chunk
+
+
+def test_a_stream_of_several_choices_resumes_each_unfinished_choice_in_an_attempt_of_its_own():
+    """n = 3, greedy, the pod lost with choice 1 finished, choices 0 and 2 mid-answer: choice 0 goes on in
+    an attempt of its own (n = 1, through /v1/completions from its ids, its events given index 0), whose
+    usage and [DONE] are held back; then choice 2 (seed + 2): not a resume past the bound, a choice's turn.
+    The client sees one stream: each choice's tokens once, at its index, one usage counting every token,
+    one [DONE]."""
+    asking = {**CHAT, "n": 3, "seed": 10, "stream_options": {"include_usage": True}}
+    resume = StreamResume("/v1/chat/completions", asking, prompt_ids=[1, 2])
+    opening = b"".join(event(choice_chunk(i, None, None, role=True)) for i in range(3))
+    out = resume.feed(
+        opening + event(choice_chunk(0, "A", [7])) + event(choice_chunk(1, "B", [8], finish="stop"))
+        + event(choice_chunk(2, "C", [9]))
+    )  # fmt: skip
+    assert [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in events(out)[3:]] == [
+        (0, {"content": "A"}), (1, {"content": "B"}), (2, {"content": "C"})
+    ]  # fmt: skip
+    with pytest.raises(StreamBroken, match="before its answer finished"):
+        resume.ended()
+    kind, path, body = resume.after_break(max_resumes=1)
+    assert (kind, path) == ("resume", "/v1/completions") and "n" not in body
+    assert (body["prompt"], body["max_tokens"], body["seed"]) == ([1, 2, 7], 9, 10)
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    out = resume.feed(
+        event(text_chunk("a", [10], finish="stop"))
+        + event(text_chunk("", None, usage=usage) | {"choices": []}) + event("[DONE]")
+    )  # fmt: skip
+    assert [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in events(out)] == [
+        (0, {"content": "a"})
+    ]
+    with pytest.raises(StreamBroken, match="other choices go on"):
+        resume.ended()
+    kind, path, body = resume.after_break(max_resumes=1)  # (one resume made, and the bound is one)
+    assert (body["prompt"], body["max_tokens"], body["seed"]) == ([1, 2, 9], 9, 12)
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    out = resume.feed(
+        event(text_chunk("c", [11])) + event(text_chunk("!", [12], finish="length"))
+        + event(text_chunk("", None, usage=usage) | {"choices": []}) + event("[DONE]")
+    )  # fmt: skip
+    got = events(out)
+    assert [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in got[:2]] == [
+        (2, {"content": "c"}), (2, {"content": "!"})
+    ]  # fmt: skip
+    assert got[1]["choices"][0]["finish_reason"] == "length"
+    # A B C, a, c ! : six tokens in all, against the client's prompt
+    assert got[2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8}
+    assert got[3] == "[DONE]" and all(e["id"] == "a" for e in got[:3])
+    resume.ended()
+
+
+def test_a_choice_that_got_every_token_gets_its_finish_ahead_of_the_next_choices_attempt():
+    resume = StreamResume("/v1/completions", {**COMPLETION, "n": 2, "max_tokens": 2}, prompt_ids=[5])
+    a, b = text_chunk("a", [1]), text_chunk("b", [2])
+    b["choices"][0]["index"] = 1
+    resume.feed(event(a) + event(a) + event(b))  # choice 0: both its tokens; choice 1: one
+    kind, _, body = resume.after_break(max_resumes=1)
+    assert (kind, body["prompt"], body["max_tokens"]) == ("resume", [5, 2], 1)
+    got = events(resume.feed(event(text_chunk("c", [3], finish="length")) + event("[DONE]")))
+    assert [(e["choices"][0]["index"], e["choices"][0]["finish_reason"]) for e in got[:2]] == [
+        (0, "length"), (1, "length")
+    ]  # fmt: skip
+    assert got[2] == "[DONE]"
 
 
 def test_the_server_accepts_what_a_router_resumes_with():
