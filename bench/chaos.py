@@ -702,6 +702,8 @@ def run_chaos(plane: ControlPlane, chaos: Chaos, say=print, converge_limit: floa
                     if leader and plane.kill(leader):
                         kills.append((time.monotonic(), leader, None))
                         say(f"[{now:5.1f} s] killed the leader {leader}")
+                    else:  # between leaders (a failover, a step-down after an outage): the next one is killed
+                        faults = sorted([*faults, (now + 0.5, "kill")])
                 elif what == "restart":
                     down, up = plane.restart_api()
                     restarts.append((down, up, None))
