@@ -128,6 +128,7 @@ Role = Literal["unified", "prefill", "decode", "router"]
 PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
 ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]
+CompiledSteps = Literal["off", "inductor", "aot_eager"]  # runtime/model/compiled_steps.py
 AUTO_HELP = (
     "weights and activations; auto (the default): bfloat16 where the CPU computes it natively (AVX512-BF16, "
     "AMX-BF16, ARM BF16), else float32, with a served model's float weights held in float16 on an x86 CPU "
@@ -274,6 +275,12 @@ class ServeConfig(BaseModel):
         "decode op by op from Python (by default, on CPU, a step that only decodes replays a graph of the "
         "model's layers recorded on the first one: the same results, without Python between the ops)",
         flag="--no-decode-graph",
+    )
+    compiled_steps: CompiledSteps = _flag(
+        "off",
+        "run the model's passes as compiled graphs of static shapes, one per bucket, compiled as each bucket "
+        "is first run (inductor: compiled to C++ on CPU, a compiler needed; aot_eager: traced only, the "
+        "graphs a device is given; off: op by op). Float weights only",
     )
     kv_leases: int | None = _flag(None, "decode: concurrent KV handoffs (default: --slots)")
     kv_wait: float = _flag(

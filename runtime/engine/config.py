@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
 QUANTIZATIONS = ("none", "int8", "int4")
+COMPILED_STEPS = ("off", "inductor", "aot_eager")  # the contract's; compiled_steps.BACKENDS and off
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
 DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
 
@@ -67,6 +68,9 @@ class RuntimeConfig:
     quantization: str | None = None  # None: what the model folder holds (float, or quantized by compile)
     prefix_reuse: bool = True
     decode_graph: bool = True  # on CPU, decode-only steps replay a recorded graph of the layers
+    compiled_steps: str = (
+        "off"  # the passes compiled per bucket by this torch.compile backend (compiled_steps)
+    )
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
     max_queue_wait: float = 60.0  # seconds a request may be expected to wait for a slot (0: no bound)
@@ -90,6 +94,14 @@ class RuntimeConfig:
             raise ValueError(
                 f"quantization {self.quantization!r} is not supported; choose one of "
                 f"{', '.join(QUANTIZATIONS)} (--quantization)"
+            )
+        if self.compiled_steps not in COMPILED_STEPS:
+            raise ValueError(f"compiled_steps {self.compiled_steps!r} is not supported; choose one of "
+                             f"{', '.join(COMPILED_STEPS)} (--compiled-steps)")  # fmt: skip
+        if self.compiled_steps != "off" and self.quantization not in (None, "none"):
+            raise ValueError(
+                f"--compiled-steps {self.compiled_steps} takes float weights; --quantization "
+                f"{self.quantization} runs on torch's CPU kernels only: leave one out"
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
@@ -146,6 +158,7 @@ class RuntimeConfig:
             dtype=args.dtype, prefix_reuse=args.prefix_reuse, max_waiting=args.max_waiting,
             max_queue_wait=args.max_queue_wait, host_kv_cache_bytes=args.host_kv_cache_bytes,
             quantization=args.quantization, decode_graph=args.decode_graph,
+            compiled_steps=args.compiled_steps,
         )  # fmt: skip
 
     def check_model(self, model: ModelConfig) -> RuntimeConfig:

@@ -25,6 +25,7 @@ from neuronfleet.runtime.engine.sampler import Sampler
 from neuronfleet.runtime.engine.scheduler import Row, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
 from neuronfleet.runtime.model import cpu_threads, heap_returns
+from neuronfleet.runtime.model.compiled_steps import CompiledSteps
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
 from neuronfleet.runtime.model.model_config import load_model_config
@@ -57,7 +58,12 @@ class ModelRunner:
         # `auto`, decided once: the activations' and KV cache's dtype, and the float layers' weights'
         quantized = _quantized(self.model_dir, config)
         self.dtype_name = resolve_dtype(config.dtype, config.device, quantized)
-        self.weights_dtype_name = resolve_weights_dtype(config.dtype, config.device, quantized)
+        # compiled passes: plain float weights in the activations' dtype (fbgemm's float16 weights are
+        # operators of the CPU only), no recorded decode graph
+        compiled = config.compiled_steps != "off"
+        self.weights_dtype_name = (
+            self.dtype_name if compiled else resolve_weights_dtype(config.dtype, config.device, quantized)
+        )
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
@@ -65,8 +71,16 @@ class ModelRunner:
         with heap_returns.loading():  # what loading frees goes back to the system
             self.model = LlamaModel(
                 self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
-                config.quantization, config.decode_graph, getattr(torch, self.weights_dtype_name),
+                config.quantization, config.decode_graph and not compiled,
+                getattr(torch, self.weights_dtype_name), pack=not compiled,
             )  # fmt: skip
+        # the passes as compiled graphs, one per bucket (a graph each prefill rows x length x context and
+        # decode batch x length the bucket tables allow)
+        self.compiled: CompiledSteps | None = None
+        if compiled:
+            lengths, prefills = len(config.decode_buckets), len(config.prefill_buckets)
+            graphs = len(config.batch_buckets) * lengths + config.slots * prefills * (1 + lengths)
+            self.compiled = CompiledSteps(self.model, config.compiled_steps, graphs)
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()  # (the engine gives it the tokenizer's vocabulary for grammars)
         c = self.model_config
@@ -135,6 +149,9 @@ class ModelRunner:
                 slot_ids=torch.tensor([r.slot for r in prefill], dtype=torch.long, device=self.device),
                 positions=at.to(self.device) if any(r.start for r in prefill) else None,
             )
+            if prefill_batch.positions is not None and self.compiled is not None:  # (a static size)
+                end = max(r.start + len(r.tokens) for r in prefill)
+                prefill_batch.context = pick_bucket(c.decode_buckets, end)
         if decode:
             batch = pick_bucket(c.batch_buckets, max(r.slot for r in decode) + 1)
             length = pick_bucket(c.decode_buckets, max(r.start for r in decode) + 1)
@@ -150,7 +167,11 @@ class ModelRunner:
             )
         if prefill_batch is None and decode_batch is None:
             return [], []
-        prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)
+        if self.compiled is not None:  # a graph each (the weights read twice in a step of both)
+            prefill_logits = self.compiled.prefill(prefill_batch) if prefill_batch is not None else None
+            decode_logits = self.compiled.decode(decode_batch) if decode_batch is not None else None
+        else:
+            prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)
         logits = [t for t in (prefill_logits, decode_logits) if t is not None]
         return self.sampler.sample(
             torch.cat(logits) if len(logits) > 1 else logits[0], [r.slot for r in [*prefill, *decode]]

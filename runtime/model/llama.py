@@ -49,12 +49,15 @@ class Linear:
     All accumulate in float32.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, shared: bool = False) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, shared: bool = False, pack: bool = True
+    ) -> None:
+        """`pack` False: the weight stays plain, for `F.linear` (what a compiler takes: `compiled_steps`)."""
         self.bias = bias
         self.weight: torch.Tensor | None = weight  # plain, for the kernels that take it
         self.packed: torch.Tensor | None = None  # what oneDNN reads
         self.one_row_plain = False  # a single row takes torch's matrix-vector kernel on the plain weight
-        if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        if not pack or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
             return
         if weight.dtype in (torch.bfloat16, torch.float16):
             try:
@@ -168,6 +171,7 @@ def load_weights(
     device: torch.device,
     quantization: str | None = None,
     weights_dtype: torch.dtype | None = None,
+    pack: bool = True,
 ) -> ModelWeights:
     """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer.
 
@@ -175,6 +179,7 @@ def load_weights(
     int4 on a float folder quantizes it here, once; a quantized folder is loaded as stored (no rounding).
     `weights_dtype` (None: `dtype`) is what the float layers, the LM head and the embedding table are held
     in; float16 under float32 activations on CPU takes `HalfWeightLinear`, the one other pairing there is.
+    `pack` False: float weights stay plain (`Linear`), as a compiler takes them.
     """
     half = weights_dtype not in (None, dtype)
     if half and (weights_dtype, dtype, device.type) != (torch.float16, torch.float32, "cpu"):
@@ -219,7 +224,7 @@ def load_weights(
         """Held in float16 where the weights are and this one fits (fbgemm would clamp it); else `Linear`."""
         if half and HalfWeightLinear.fits(weight):
             return HalfWeightLinear(weight, bias)
-        return Linear(weight, bias, shared)
+        return Linear(weight, bias, shared, pack)
 
     def linear(bases: list[str], bias: torch.Tensor | None):
         if kind != "none":
@@ -350,6 +355,9 @@ class PrefillBatch:
     last_index: torch.Tensor  # [P]: each row's last real token, as an index into the row ([P, n]: n of them)
     slot_ids: torch.Tensor  # [P]
     positions: torch.Tensor | None = None  # [P, T]
+    # with positions: the cache positions attention reads, a bucket at least the last position + 1 (a static
+    # size for a compiled graph); None: exactly that, read from the positions
+    context: int | None = None
 
 
 @dataclass
@@ -438,11 +446,12 @@ class LlamaModel:
     def __init__(
         self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
         device: torch.device, quantization: str | None = None, capture_decode: bool = True,
-        weights_dtype: torch.dtype | None = None,
+        weights_dtype: torch.dtype | None = None, pack: bool = True,
     ) -> None:  # fmt: skip
+        """`pack` False: plain float weights (`load_weights`), for `compiled_steps`."""
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
-        self.weights = load_weights(model_dir, config, dtype, device, quantization, weights_dtype)
+        self.weights = load_weights(model_dir, config, dtype, device, quantization, weights_dtype, pack)
         # decode-only passes replay a graph of their layers recorded on the first one (on CPU: the device
         # it is tested on)
         self.capture_decode = capture_decode and device.type == "cpu"
@@ -513,7 +522,7 @@ class LlamaModel:
         cache_k[slots, :, positions] = apply_rope(k, cos, sin)  # [P, T, KV, D]
         cache_v[slots, :, positions] = v
         real = positions.masked_fill(positions == self.max_seq_len, 0)  # padding attends like position 0
-        n = int(real.max()) + 1
+        n = batch.context if batch.context is not None else int(real.max()) + 1
         keys, values = cache_k[batch.slot_ids, :, :n], cache_v[batch.slot_ids, :, :n]  # [P, KV, n, D]
         span = torch.arange(n, device=self.device)
         allowed = span[None, None, :] <= real[:, :, None]  # [P, T, L]
@@ -583,6 +592,37 @@ class LlamaModel:
             x = self._mlp(x, layer)
         return x
 
+    def decode_logits(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slot_idx: torch.Tensor, cos: torch.Tensor,
+        sin: torch.Tensor, mask: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """A decode-only pass to every row's logits (`DecodeBatch.inputs()` -> [B, vocab], float32): every
+        size from the inputs' shapes, what `compiled_steps` compiles per (batch, length) bucket."""
+        w = self.weights
+        x = self.decode_layers(tokens, positions, slot_idx, cos, sin, mask)
+        return w.lm_head(w.norm(x)).float()
+
+    def prefill_logits(
+        self, tokens: torch.Tensor, last_index: torch.Tensor, slot_ids: torch.Tensor,
+        positions: torch.Tensor | None = None, context: int | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """A prefill-only pass (`PrefillBatch`'s fields) to the logits of each row's last tokens ([P * n,
+        vocab], float32); what `compiled_steps` compiles per (rows, length, context) bucket."""
+        w = self.weights
+        batch = PrefillBatch(tokens, last_index, slot_ids, positions, context)
+        x = w.embed(tokens.reshape(-1))
+        for i, layer in enumerate(w.layers):
+            qkv = layer.qkv(layer.input_norm(x))
+            x = x + layer.o(self._prefill_attention(i, qkv, batch))
+            x = self._mlp(x, layer)
+        return w.lm_head(w.norm(self._last_rows(x, batch))).float()
+
+    def _last_rows(self, x: torch.Tensor, prefill: PrefillBatch) -> torch.Tensor:
+        """Of a prefill group's rows of hidden states ([P * T, hidden]), each prompt's last ones."""
+        p, t = prefill.tokens.shape
+        rows = torch.arange(p, device=self.device)[:, None]
+        return x.view(p, t, -1)[rows, prefill.last_index.view(p, -1)].flatten(0, 1)
+
     def _linears(self) -> list[AnyLinear]:
         return [x for layer in self.weights.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
@@ -636,9 +676,7 @@ class LlamaModel:
                 x = self._mlp(x, layer)
         last = []  # only the rows whose next token is wanted go through the norm and the LM head
         if prefill:
-            p, t = prefill.tokens.shape
-            rows = torch.arange(p, device=self.device)[:, None]
-            last.append(x[:n_pre].view(p, t, -1)[rows, prefill.last_index.view(p, -1)].flatten(0, 1))
+            last.append(self._last_rows(x[:n_pre], prefill))
         if decode:
             rows = x[n_pre:]
             last.append(rows if decode.rows is None else rows.index_select(0, decode.rows))
