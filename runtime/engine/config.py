@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
 QUANTIZATIONS = ("none", "int8", "int4")
 COMPILED_STEPS = ("off", "inductor", "aot_eager")  # the contract's; compiled_steps.BACKENDS and off
+# graphs a --compiled-steps server may compile (seconds to a minute each with Inductor on 2 cores): a bucket
+# table that makes more is refused with what to change
+MAX_COMPILED_GRAPHS = 256
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
 DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
 
@@ -134,6 +137,16 @@ class RuntimeConfig:
         object.__setattr__(self, "decode_buckets", decode)
         budget = max(self.max_prefill_tokens or DEFAULT_PREFILL_TOKENS, prefill[-1])
         object.__setattr__(self, "max_prefill_tokens", budget)
+        if self.compiled_steps != "off" and self.compiled_graphs > MAX_COMPILED_GRAPHS:
+            raise ValueError(
+                f"--compiled-steps compiles a graph per bucket: these buckets make up to "
+                f"{self.compiled_graphs} (prefill: {len(self.batch_buckets)} row counts x the prompt "
+                f"buckets {list(prefill)} x the context buckets {list(decode)} that can follow each; decode: "
+                f"{len(self.batch_buckets)} batch sizes x {len(decode)} lengths), more than "
+                f"{MAX_COMPILED_GRAPHS}: give fewer --prefill-buckets and --decode-buckets (e.g. "
+                f"--prefill-buckets {min(128, self.max_seq_len)},{prefill[-1]} --decode-buckets "
+                f"{self.max_seq_len}), or fewer --slots"
+            )
 
     def _buckets(
         self, given: Sequence[int], kind: str, smallest: int, per_octave: int, limit: int
@@ -182,6 +195,16 @@ class RuntimeConfig:
     def max_prompt_len(self) -> int:
         """The longest prompt accepted: the largest prefill bucket."""
         return self.prefill_buckets[-1]
+
+    @property
+    def compiled_graphs(self) -> int:
+        """The graphs `--compiled-steps` may compile for these buckets, at most: decode, a batch bucket by a
+        length bucket; prefill, a row count (a batch bucket: the rows padded) by a prompt bucket by a context
+        bucket (the cache positions it reads: a length bucket past the prompt bucket below it)."""
+        rows = len(self.batch_buckets)
+        below = [0, *self.prefill_buckets[:-1]]
+        contexts = sum(1 for low in below for c in self.decode_buckets if c > low)
+        return rows * len(self.decode_buckets) + rows * contexts
 
     @property
     def batch_buckets(self) -> list[int]:

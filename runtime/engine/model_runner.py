@@ -74,13 +74,11 @@ class ModelRunner:
                 config.quantization, config.decode_graph and not compiled,
                 getattr(torch, self.weights_dtype_name), pack=not compiled,
             )  # fmt: skip
-        # the passes as compiled graphs, one per bucket (a graph each prefill rows x length x context and
-        # decode batch x length the bucket tables allow)
+        # the passes as compiled graphs, one per bucket (`RuntimeConfig.compiled_graphs`: a prefill group's
+        # rows padded to a batch bucket, every group read through its positions up to a context bucket)
         self.compiled: CompiledSteps | None = None
         if compiled:
-            lengths, prefills = len(config.decode_buckets), len(config.prefill_buckets)
-            graphs = len(config.batch_buckets) * lengths + config.slots * prefills * (1 + lengths)
-            self.compiled = CompiledSteps(self.model, config.compiled_steps, graphs)
+            self.compiled = CompiledSteps(self.model, config.compiled_steps, config.compiled_graphs)
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()  # (the engine gives it the tokenizer's vocabulary for grammars)
         c = self.model_config
@@ -138,18 +136,24 @@ class ModelRunner:
         prefill_batch = decode_batch = None
         if prefill:
             bucket = pick_bucket(c.prefill_buckets, max(len(r.tokens) for r in prefill))
-            padded = torch.zeros((len(prefill), bucket), dtype=torch.long)
-            at = torch.full((len(prefill), bucket), c.max_seq_len, dtype=torch.long)
+            # compiled: the rows padded to a batch bucket (a padding row writes only the scratch column, as
+            # an idle decode row does) and read through their positions up to a context bucket, static sizes
+            rows = len(prefill) if self.compiled is None else pick_bucket(c.batch_buckets, len(prefill))
+            padded = torch.zeros((rows, bucket), dtype=torch.long)
+            at = torch.full((rows, bucket), c.max_seq_len, dtype=torch.long)
+            last, slots = [0] * rows, [prefill[0].slot] * rows
             for i, r in enumerate(prefill):
                 padded[i, : len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.long)
                 at[i, : len(r.tokens)] = torch.arange(r.start, r.start + len(r.tokens))
+                last[i], slots[i] = len(r.tokens) - 1, r.slot
+            by_positions = self.compiled is not None or any(r.start for r in prefill)
             prefill_batch = PrefillBatch(
                 tokens=padded.to(self.device),
-                last_index=torch.tensor([len(r.tokens) - 1 for r in prefill], device=self.device),
-                slot_ids=torch.tensor([r.slot for r in prefill], dtype=torch.long, device=self.device),
-                positions=at.to(self.device) if any(r.start for r in prefill) else None,
+                last_index=torch.tensor(last, device=self.device),
+                slot_ids=torch.tensor(slots, dtype=torch.long, device=self.device),
+                positions=at.to(self.device) if by_positions else None,
             )
-            if prefill_batch.positions is not None and self.compiled is not None:  # (a static size)
+            if self.compiled is not None:
                 end = max(r.start + len(r.tokens) for r in prefill)
                 prefill_batch.context = pick_bucket(c.decode_buckets, end)
         if decode:
@@ -168,7 +172,9 @@ class ModelRunner:
         if prefill_batch is None and decode_batch is None:
             return [], []
         if self.compiled is not None:  # a graph each (the weights read twice in a step of both)
-            prefill_logits = self.compiled.prefill(prefill_batch) if prefill_batch is not None else None
+            prefill_logits = (
+                self.compiled.prefill(prefill_batch)[: len(prefill)] if prefill_batch is not None else None
+            )
             decode_logits = self.compiled.decode(decode_batch) if decode_batch is not None else None
         else:
             prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)

@@ -15,7 +15,7 @@ import torch
 from support import make_tiny_llama
 from transformers import LlamaForCausalLM
 
-from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.config import MAX_COMPILED_GRAPHS, RuntimeConfig
 from neuronfleet.runtime.engine.engine import Engine
 from neuronfleet.runtime.engine.model_runner import ModelRunner
 from neuronfleet.runtime.model.compiled_steps import CompiledSteps, refusal
@@ -149,6 +149,23 @@ def test_a_model_with_cpu_only_weights_or_a_bad_backend_is_refused_saying_what_w
         RuntimeConfig(compiled_steps="aot_eager", quantization="int8")
     with pytest.raises(ValueError, match="choose one of off, inductor, aot_eager"):
         RuntimeConfig(compiled_steps="neuron")
+
+
+def test_a_bucket_table_that_makes_too_many_graphs_is_refused_saying_what_to_give():
+    """The default tables (made for op by op: many buckets, padding cheap) make over a thousand graphs; a
+    compiled server is refused with the count and a table that fits, which it then takes."""
+    many = RuntimeConfig().compiled_graphs
+    assert many > MAX_COMPILED_GRAPHS
+    with pytest.raises(
+        ValueError, match=rf"up to {many} .* more than {MAX_COMPILED_GRAPHS}: give fewer"
+    ) as e:
+        RuntimeConfig(compiled_steps="inductor")
+    suggested = str(e.value).split("(e.g. ")[1].split(")")[0].split()
+    prefill, decode = suggested[1], suggested[3]
+    fits = RuntimeConfig(compiled_steps="inductor", prefill_buckets=[int(b) for b in prefill.split(",")],
+                         decode_buckets=[int(b) for b in decode.split(",")])  # fmt: skip
+    # decode: 4 batch sizes x 1 length; prefill: 4 row counts x (prompts up to 128: 1 context; longer: 1)
+    assert fits.compiled_graphs == 4 + 4 * 2
 
 
 def test_the_engine_on_compiled_passes_answers_as_transformers_and_compiles_no_bucket_twice(
