@@ -223,7 +223,7 @@ def _data(event: bytes) -> bytes:
     return b"".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
 
 
-@dataclass
+@dataclass(eq=False)  # (each choice its own: two choices sent the same tokens are still two)
 class _Choice:
     """What one choice of the client's stream was sent, over every attempt."""
 
