@@ -225,13 +225,21 @@ def test_a_whole_answer_whose_pod_dies_is_sent_again(pods, want):
     pods.revive(victim)
 
 
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 20,
+           "maxItems": 20}  # fmt: skip
+
+
+def assert_twenty_numbers(text: str) -> None:
+    """The answer matches NUMBERS: twenty integers from 0 to 99."""
+    answer = json.loads(text)
+    assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
+
+
 def test_a_constrained_chat_stream_whose_pod_dies_goes_on_under_its_grammar(pods):
     """A chat under a JSON schema, its pod killed mid-answer: the front door (whose pods say they continue a
     constrained answer) resumes it from its text on the other pod, whose grammar reads the text sent first:
     the client's one answer matches the schema."""
-    numbers = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 20,
-               "maxItems": 20}  # fmt: skip
-    schema = {"type": "json_schema", "json_schema": {"name": "numbers", "schema": numbers}}
+    schema = {"type": "json_schema", "json_schema": {"name": "numbers", "schema": NUMBERS}}
     ask = dict(model="smollm2", messages=[{"role": "user", "content": "Twenty numbers, please."}],
                max_tokens=120, temperature=0, response_format=schema)  # fmt: skip
     resumes = pods.resumes("resume_text")
@@ -243,14 +251,9 @@ def test_a_constrained_chat_stream_whose_pod_dies_goes_on_under_its_grammar(pods
         if len(pieces) == 5 and victim is None:
             victim = pods.kill_carrier()
     assert victim is not None and finish == "stop"
-    answer = json.loads("".join(pieces))
-    assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
+    assert_twenty_numbers("".join(pieces))
     assert pods.resumes("resume_text") == resumes + 1
     pods.revive(victim)
-
-
-NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 20,
-           "maxItems": 20}  # fmt: skip
 
 
 def test_a_constrained_completion_stream_whose_pod_dies_goes_on_under_its_grammar(pods):
@@ -267,8 +270,7 @@ def test_a_constrained_completion_stream_whose_pod_dies_goes_on_under_its_gramma
         if len([p for p in pieces if p]) == 5 and victim is None:
             victim = pods.kill_carrier()
     assert victim is not None and finish == "stop"
-    answer = json.loads("".join(pieces))
-    assert len(answer) == 20 and all(isinstance(n, int) and 0 <= n <= 99 for n in answer), answer
+    assert_twenty_numbers("".join(pieces))
     assert pods.resumes("resume_text") == resumes + 1
     pods.revive(victim)
 
