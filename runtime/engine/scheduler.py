@@ -203,14 +203,18 @@ def prompt_rows(
         store = None
     stored = [stored_prefix(store, s.prompt_ids) for s in admitted]
     plan = prefixes.plan([s.slot for s in admitted], [s.prompt_ids for s in admitted], [n for n, _ in stored])
+    fetched = []
     for seq, (source, n), (_, names) in zip(admitted, plan, stored, strict=True):
         if source == FROM_STORE:
             assert store is not None
             out.fetches.append(Fetch(seq, seq.slot, tuple(store.use(names))))
+            fetched.append(names)
         elif source != seq.slot and n:
             out.copies.append(Copy(seq, source, seq.slot, n))
         row = Row(seq, seq.prompt_ids[n:], n)
         (out.decode if len(row.tokens) == 1 else out.prefill).append(row)
+    for names in fetched:  # in their slots now (the store is exclusive of them); their places are not
+        store.moved_out(names)  # given again before this step's copies have read them: no save follows
     return out
 
 

@@ -1,6 +1,7 @@
-"""The host KV store: blocks kept after their slot is overwritten, a segmented LRU (what was reused is
-protected from a burst of prompts seen once), least recently used dropped first, tails before heads, its
-bounds and links held under random use; keyed as the KV events name blocks; the scheduler's plan saving a
+"""The host KV store: blocks kept after their slot is overwritten, segmented (what was reused is protected
+from a burst of prompts seen once), exclusive of the slots (a chain fetched into a slot leaves it and comes
+back protected), idle chains dropped first, then every chain trimmed from its tail evenly rather than some
+dropped whole, tails before heads, its bounds and links held under random use; keyed as the KV events name blocks; the scheduler's plan saving a
 slot before a prompt overwrites it and fetching a conversation's prefix back; the KV events counting the
 store's blocks as the pod's; and an engine whose answers with the store are those it gives prefilling
 everything."""
@@ -98,19 +99,84 @@ def test_protected_blocks_are_bounded_and_the_least_recent_goes_back_to_probatio
     assert store.cached(block_names(chains[0], 4)) == 2
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_under_pressure_every_conversation_loses_the_end_of_its_history_not_some_all_of_it():
+    """Three conversations of 4 blocks in a store of 12: a new one of 3 blocks takes the deepest block of
+    each (plain LRU would take 3 of the least recently used conversation's 4); each keeps its start, so each
+    finds most of its history when it comes back. Then the deepest again: the oldest of them first."""
+    store = HostKvStore(capacity=12, block_size=4)
+    chains = [block_names(seq_of(4, 100 * k), 4) for k in range(3)]
+    for k in range(3):
+        store.save(seq_of(4, 100 * k))
+    _, _, evicted = store.save(seq_of(3, 900))
+    assert evicted == [c[3] for c in chains]  # depth 3, least recent first
+    assert [store.cached(c) for c in chains] == [3, 3, 3]
+    _, _, evicted = store.save(seq_of(1, 800))
+    assert evicted == [chains[0][2]]
+
+
+def test_a_conversation_idle_past_the_horizon_is_dropped_whole_before_others_are_trimmed():
+    clock = Clock()
+    store = HostKvStore(capacity=8, block_size=4, idle_seconds=600, clock=clock)
+    gone, live = seq_of(4, 0), seq_of(4, 100)
+    store.save(gone)
+    clock.now += 500
+    store.save(live)
+    clock.now += 200  # `gone` is 700 s idle, `live` 200 s
+    store.save(seq_of(4, 300))
+    assert store.cached(block_names(gone, 4)) == 0 and store.cached(block_names(live, 4)) == 4
+    clock.now += 100  # nothing idle past 600 s now: the deepest blocks go, one from each
+    store.save(seq_of(2, 500))
+    assert store.cached(block_names(live, 4)) == 3 and store.cached(block_names(seq_of(4, 300), 4)) == 3
+
+
+def test_a_chain_fetched_into_a_slot_leaves_the_store_and_comes_back_protected():
+    """Exclusive of the slots: the fetched blocks' places are free for others while the slot holds them; a
+    head another stored chain needs stays; saved again from the slot, the chain is protected (reused)."""
+    store = HostKvStore(capacity=8, block_size=4)
+    a = seq_of(4, 0)
+    b = a[:8] + seq_of(1, 500)  # shares a's first two blocks
+    store.save(a)
+    store.save(b)
+    a_names = block_names(a, 4)
+    store.use(a_names)
+    gone = store.moved_out(a_names)
+    assert gone == [a_names[3], a_names[2]]  # a's own blocks; the head b needs stays
+    assert len(store) == 3 and store.cached(a_names) == 2 and len(store._free) == 5
+    version = store.version
+    fresh, _, _ = store.save([*a, 1, 2, 3, 4])  # the slot is overwritten: a and its new block saved back
+    assert fresh == [2, 3, 4] and store.version > version
+    assert set(a_names) <= set(store.protected)  # reused, not seen once
+    assert block_names([*a, 1, 2, 3, 4], 4)[4] in store.probation  # its new block: seen once
+
+
 def test_the_store_keeps_its_bounds_and_links_under_random_use():
-    rng = random.Random(5)
-    store = HostKvStore(capacity=24, block_size=4)
+    rng, clock = random.Random(5), Clock()
+    store = HostKvStore(capacity=24, block_size=4, idle_seconds=50, clock=clock)
     prompts = [[rng.randrange(6) for _ in range(rng.randrange(4, 60))] for _ in range(30)]
-    for _ in range(2000):
+    for _ in range(3000):
+        clock.now += rng.random() * 2
         tokens = rng.choice(prompts)
         if rng.random() < 0.5:
             fresh, places, evicted = store.save(tokens)
             assert len(places) == len(fresh) and not set(evicted) & set(block_names(tokens, 4)[:24])
+            assert len(set(places)) == len(places)
         else:
             names = block_names(tokens, 4)
             store.use(names[: store.cached(names)])
+            if rng.random() < 0.5:
+                store.moved_out(names[: store.cached(names)])
         assert len(store) <= 24 and len(store.protected) <= store.protected_capacity
+        assert len(store.blocks) + len(store._free) == 24 and len(store._moved_out) <= 24
+        for segment in (store.probation, store.protected):  # stale heap entries stay bounded
+            assert len(segment.heap) <= 2 * store.capacity + 65
         assert set(store.probation) | set(store.protected) == set(store.blocks)
         assert not set(store.probation) & set(store.protected)
         assert len({b.place for b in store.blocks.values()}) == len(store)  # no place given twice
@@ -222,9 +288,14 @@ def test_a_router_following_the_ledger_knows_exactly_what_the_slots_and_the_stor
             held[slot] = list(rng.choice(prompts))
         elif op < 0.75:
             held[slot].append(rng.randrange(40))
-        elif op < 0.85:
-            names = block_names(rng.choice(prompts))
-            store.use(names[: store.cached(names)])  # a fetch: recency only
+        elif op < 0.85:  # a fetch: the stored prefix copied into the slot, which holds it now
+            prompt = rng.choice(prompts)
+            store.save(held[slot])  # as the scheduler plans it: the slot saved, then the store read
+            names = block_names(prompt)[: store.cached(block_names(prompt))]
+            if names:
+                store.use(names)
+                store.moved_out(names)
+                held[slot] = prompt[: len(names) * BLOCK_SIZE]
         else:
             held[slot] = []
         pod.apply(decode_batch(encode_batch(EventBatch(float(step), ledger.sync(held, store)))))
