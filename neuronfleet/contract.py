@@ -595,6 +595,11 @@ class CompileConfig(_Wire):
         "none", description="Weight-only quantization the embedded engine's compile stores (CPU)."
     )
     buckets: CompileBuckets = Field(default_factory=CompileBuckets)
+    compiledSteps: Literal["off", "inductor"] = Field(
+        "off",
+        description="The embedded engine's passes compiled ahead for its pods (cpu): off, or inductor "
+        "(AOTInductor packages, one per bucket of the pods' tables, in the artifacts' graphs/ folder).",
+    )
     neuronConfig: dict[str, Any] = Field(
         default_factory=dict,
         description="The Neuron settings the engine compiles the spec's shapes with, in its own names: the "

@@ -187,6 +187,29 @@ def convert(
         decode_buckets=config.buckets.generation,
     )  # fmt: skip
     ModelRunner(out, runtime)
+    if config.compiledSteps == "inductor":
+        compile_graphs(out, config, dtype, progress)
+
+
+def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Reporter) -> None:
+    """The passes compiled ahead for the pods (`compiled_ahead`): a package per bucket of the tables the pods
+    run (their slots, lengths and buckets, as `engines.serve_config` gives them), into `out`/graphs/."""
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
+    from neuronfleet.runtime.model.compiled_ahead import buckets, compile_ahead
+
+    try:
+        pods = RuntimeConfig(
+            slots=config.batchSize, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength,
+            dtype=dtype, prefill_buckets=config.buckets.context, decode_buckets=config.buckets.generation,
+            compiled_steps="inductor",
+        )  # fmt: skip
+    except ValueError as e:  # (a table of too many graphs, said with one that fits)
+        raise CompileError(str(e)) from e
+    table = buckets(pods.batch_buckets, pods.prefill_buckets, pods.decode_buckets)
+    progress.phase("compile", total_files=len(table))
+    model = ModelRunner(out, pods).model  # plain weights in the activations' dtype, as a compiled pod's
+    compile_ahead(model, out, table, out, lambda done, total: progress.advance(files=1))
 
 
 def check_lengths(source: Path, config: CompileConfig) -> None:

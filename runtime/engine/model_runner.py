@@ -13,6 +13,7 @@ bookkeeping (`prefix_cache`, `host_kv_store`), not the runner's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +26,14 @@ from neuronfleet.runtime.engine.sampler import Sampler
 from neuronfleet.runtime.engine.scheduler import Row, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
 from neuronfleet.runtime.model import cpu_threads, heap_returns
+from neuronfleet.runtime.model.compiled_ahead import AheadGraphs
 from neuronfleet.runtime.model.compiled_steps import CompiledSteps
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
 from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
 from neuronfleet.runtime.model.model_config import load_model_config
 from neuronfleet.runtime.serving.backend import TokenLogprobs
+
+log = logging.getLogger(__name__)
 
 ExportMemory = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # (shape, dtype) -> memory to fill
 
@@ -76,9 +80,16 @@ class ModelRunner:
             )  # fmt: skip
         # the passes as compiled graphs, one per bucket (`RuntimeConfig.compiled_graphs`: a prefill group's
         # rows padded to a batch bucket, every group read through its positions up to a context bucket)
+        # (Inductor: the compile Job's packages where the artifacts have them; packages made for another pod:
+        # op by op, said why; none: compiled here as each bucket is first run)
         self.compiled: CompiledSteps | None = None
-        if compiled:
-            self.compiled = CompiledSteps(self.model, config.compiled_steps, config.compiled_graphs)
+        ahead, why = None, None
+        if config.compiled_steps == "inductor":
+            ahead, why = AheadGraphs.load(self.model, self.model_dir)
+            if why is not None:
+                log.warning("%s", why)
+        if compiled and why is None:
+            self.compiled = CompiledSteps(self.model, config.compiled_steps, config.compiled_graphs, ahead)
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()  # (the engine gives it the tokenizer's vocabulary for grammars)
         c = self.model_config

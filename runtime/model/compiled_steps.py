@@ -54,7 +54,11 @@ class CompiledSteps:
     `torch.compile` backend), a graph per bucket as each bucket is first run; `graphs`: how many the bucket
     tables can make (each function's compile limit)."""
 
-    def __init__(self, model: LlamaModel, backend: str | Callable[..., Any], graphs: int = 64) -> None:
+    def __init__(
+        self, model: LlamaModel, backend: str | Callable[..., Any], graphs: int = 64, ahead: Any = None
+    ) -> None:
+        """`ahead`: the packages the compile Job made (`compiled_ahead.AheadGraphs`); with them nothing is
+        compiled here, and a bucket without one runs op by op."""
         why = refusal(model)
         if why is not None:
             raise ValueError(why)
@@ -67,11 +71,22 @@ class CompiledSteps:
         options: dict[str, Any] = {"fullgraph": True, "dynamic": False, "backend": backend}
         self._decode = torch.compile(model.decode_logits, **options)
         self._prefill = torch.compile(model.prefill_logits, **options)
+        self.ahead = ahead
         self.buckets: set[tuple] = set()  # the buckets compiled so far: ("decode", batch, length) and
         # ("prefill", rows, length, context or 0[, last tokens a row])
 
-    def _run(self, bucket: tuple, graph: Callable[..., torch.Tensor], *inputs: Any) -> torch.Tensor:
-        """A bucket's graph on its inputs; its first run compiles it, said in the log with its time."""
+    def _run(
+        self,
+        bucket: tuple,
+        graph: Callable[..., torch.Tensor],
+        op_by_op: Callable[..., torch.Tensor],
+        *inputs: Any,
+    ) -> torch.Tensor:
+        """A bucket's graph on its inputs; its first run compiles it, said in the log with its time. With
+        packages made ahead: the bucket's package, or the pass op by op where there is none."""
+        if self.ahead is not None:
+            out = self.ahead.run(bucket, inputs)
+            return op_by_op(*inputs) if out is None else out
         if bucket in self.buckets:
             return graph(*inputs)
         start = time.monotonic()
@@ -86,7 +101,7 @@ class CompiledSteps:
         """The logits of the batch's wanted rows (all when `rows` is None), float32: the graph computes
         every row of its batch bucket (a static shape), the rows are picked after it."""
         bucket = ("decode", batch.tokens.shape[0], batch.mask.shape[-1])
-        logits = self._run(bucket, self._decode, *batch.inputs())
+        logits = self._run(bucket, self._decode, self.model.decode_logits, *batch.inputs())
         return logits if batch.rows is None else logits.index_select(0, batch.rows)
 
     @torch.inference_mode()
@@ -97,4 +112,4 @@ class CompiledSteps:
             raise ValueError("a compiled prefill after a cached prefix needs its context bucket")
         bucket = ("prefill", *batch.tokens.shape, batch.context or 0, *batch.last_index.shape[1:])
         inputs = (batch.tokens, batch.last_index, batch.slot_ids, batch.positions, batch.context)
-        return self._run(bucket, self._prefill, *inputs)
+        return self._run(bucket, self._prefill, self.model.prefill_logits, *inputs)

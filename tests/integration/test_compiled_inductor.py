@@ -5,7 +5,11 @@ a cached prefix give the logits and cache writes of the same passes op by op, wi
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -47,3 +51,84 @@ def test_inductor_graphs_equal_the_passes_op_by_op(tmp_path, monkeypatch):
         got = compiled()
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(model.kv_cache, want_cache, atol=1e-5, rtol=1e-5)
+
+
+SERVE_WITHOUT_A_COMPILER = """
+import json, sys
+import torch
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
+folder, tokenizer, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+config = RuntimeConfig(slots=1, max_seq_len=64, max_input_len=32, prefill_buckets=[32], decode_buckets=[64],
+                       dtype="float32", compiled_steps="inductor")
+runner = ModelRunner(folder, config)
+engine = Engine(runner, Tokenizer(tokenizer, runner.model_config.eos_token_ids))
+params = SamplingParams(max_tokens=8, ignore_eos=True)
+answers = [engine.generate([p], params)[0].token_ids for p in prompts]
+second = [*prompts[0], *answers[0], 7, 8, 9]  # the first prompt's next turn, after its cached prefix
+answers.append(engine.generate([second], params)[0].token_ids)
+steps = runner.compiled
+print(json.dumps({"answers": answers, "loaded": sorted(map(list, steps.ahead.runners)),
+                  "op_by_op": sorted(map(list, steps.ahead.missing)), "compiled_here": len(steps.buckets)}))
+"""
+
+
+def test_the_compile_jobs_graphs_are_loaded_by_a_pod_without_a_compiler_and_answer_as_op_by_op(
+    tmp_path, smollm2_dir
+):
+    """`neuronfleet compile` with compiledSteps inductor writes a package per bucket of the pods' tables
+    (graphs/, graphs.json); a process with no C++ compiler on its PATH loads them, compiles nothing, runs
+    every step of a workload (prompts, decode, a turn after its cached prefix) from them, and answers as the
+    passes op by op (greedy, float32)."""
+    from support import CEILING, neuronfleet_command
+
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
+    from neuronfleet.runtime.model.compiled_ahead import GRAPHS_DIR, GRAPHS_MANIFEST
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    tiny = make_tiny_llama(tmp_path / "tiny")
+    config = {
+        "compileHash": "g1", "engine": "embedded", "instanceType": "cpu", "model": {"uri": f"file://{tiny}"},
+        "dtype": "float32", "sequenceLength": 64, "maxInputLength": 32, "batchSize": 1,
+        "buckets": {"context": [32], "generation": [64]}, "compiledSteps": "inductor",
+    }  # fmt: skip
+    (tmp_path / "compile.json").write_text(json.dumps(config))
+    out = tmp_path / "artifacts" / "g1"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    run = subprocess.run(
+        [*neuronfleet_command(), "compile", "--config", str(tmp_path / "compile.json"), "--out", str(out)],
+        capture_output=True, text=True, timeout=CEILING, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    model = out / "model"  # what the pods serve (engines.served_model_folder)
+    manifest = json.loads((model / GRAPHS_DIR / GRAPHS_MANIFEST).read_text())
+    assert sorted(manifest["graphs"].values()) == [["decode", 1, 64], ["prefill", 1, 32, 64]]
+
+    prompts = [[(7 * i) % 400 + 3 for i in range(20)], [(11 * i) % 400 + 3 for i in range(12)]]
+    no_compiler = tmp_path / "bin"
+    no_compiler.mkdir()
+    bare = {**env, "PATH": str(no_compiler), "CXX": str(no_compiler / "g++"), "CC": str(no_compiler / "gcc")}
+    command = [sys.executable, "-P", "-c", SERVE_WITHOUT_A_COMPILER, str(model), str(smollm2_dir)]
+    served = subprocess.run(
+        [*command, json.dumps(prompts)],
+        capture_output=True, text=True, timeout=CEILING, env=bare,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    got = json.loads(served.stdout.strip().splitlines()[-1])
+    assert got["loaded"] == [["decode", 1, 64], ["prefill", 1, 32, 64]]
+    assert got["op_by_op"] == [] and got["compiled_here"] == 0
+
+    settings = dict(slots=1, max_seq_len=64, max_input_len=32, prefill_buckets=[32], decode_buckets=[64],
+                    dtype="float32")  # fmt: skip
+    runner = ModelRunner(model, RuntimeConfig(**settings))
+    engine = Engine(runner, Tokenizer(smollm2_dir, runner.model_config.eos_token_ids))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    want = [engine.generate([p], params)[0].token_ids for p in prompts]
+    want.append(engine.generate([[*prompts[0], *want[0], 7, 8, 9]], params)[0].token_ids)
+    assert got["answers"] == want

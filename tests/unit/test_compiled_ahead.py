@@ -1,0 +1,100 @@
+"""The compiled passes made ahead by the compile Job (`runtime/model/compiled_ahead.py`), what needs no C++
+compiler: the exported step (weights and KV cache as inputs) computes the pass op by op and writes the cache it
+is given; the bucket list is the one `RuntimeConfig.compiled_graphs` counts; a key that differs is named field by
+field and the pod runs op by op without compiling. Packages compiled and loaded without a compiler are in
+tests/integration/test_compiled_inductor.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from support import make_tiny_llama
+
+from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.model_runner import ModelRunner
+from neuronfleet.runtime.model.compiled_ahead import (
+    GRAPHS_DIR,
+    GRAPHS_MANIFEST,
+    _sample_inputs,
+    _Step,
+    _weight_slots,
+    buckets,
+    graph_key,
+    key_mismatch,
+)
+from neuronfleet.runtime.model.llama import LlamaModel
+from neuronfleet.runtime.model.model_config import load_model_config
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def model_of(folder, slots: int = 2, max_seq: int = 64) -> LlamaModel:
+    return LlamaModel(folder, load_model_config(folder), slots, max_seq, torch.float32, torch.device("cpu"),
+                      capture_decode=False, pack=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("bucket", [("decode", 2, 64), ("prefill", 2, 16, 32)])
+def test_the_exported_step_is_the_pass_with_weights_and_cache_given_and_writes_that_cache(tiny, bucket):
+    """What a package holds, run as exported (no compiler): the logits of the pass op by op, the keys and
+    values written into the cache given as an input; the model's own tensors are back in place after."""
+    model = model_of(tiny)
+    weights = [getattr(o, a) for o, a in _weight_slots(model)]
+    gen = torch.Generator().manual_seed(1)
+    inputs = list(_sample_inputs(model, bucket))
+    if bucket[0] == "decode":  # real positions and tokens: rows 0 and 1 at 40 and 7
+        inputs = list(model.decode_batch(torch.tensor([5, 9]), torch.tensor([40, 7]), 64, None).inputs())
+    else:
+        inputs[0] = torch.randint(3, 500, (2, 16), generator=gen)
+        inputs[3] = torch.arange(10, 26).expand(2, 16).contiguous()
+        inputs[2] = torch.tensor([0, 1])
+    state = torch.randn(model.kv_cache.shape, generator=gen)
+    program = torch.export.export(_Step(model, bucket[0]), (model.kv_cache, weights, *inputs), strict=False)
+    model.kv_cache.copy_(state)
+    want = (model.decode_logits if bucket[0] == "decode" else model.prefill_logits)(*inputs)
+    want_cache = model.kv_cache.clone()
+    cache = state.clone()
+    got = program.module()(cache, weights, *inputs)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(cache, want_cache)
+    assert not torch.equal(cache, state)  # (the pass wrote keys and values)
+    assert model.kv_cache.data_ptr() == model.layer_kv[0][0].data_ptr()  # the model's own cache is back
+
+
+def test_the_buckets_compiled_ahead_are_those_the_server_may_run():
+    config = RuntimeConfig(slots=4, max_seq_len=512, prefill_buckets=[32, 128, 512], decode_buckets=[128, 512])
+    table = buckets(config.batch_buckets, config.prefill_buckets, config.decode_buckets)
+    assert len(table) == len(set(table)) == config.compiled_graphs
+    assert ("prefill", 4, 128, 128) in table and ("prefill", 4, 128, 32) not in table  # context past 32
+    assert ("decode", 2, 512) in table
+
+
+def test_a_key_that_differs_is_named_field_by_field():
+    here = {"torch": "2.13.0+cpu", "cpu": "avx512", "dtype": "bfloat16"}
+    assert key_mismatch(dict(here), here) is None
+    why = key_mismatch({**here, "cpu": "avx2", "dtype": "float32"}, here)
+    assert "cpu avx2 (here avx512)" in why and "dtype float32 (here bfloat16)" in why
+    assert "op by op" in why and "--compiled-steps off" in why
+
+
+def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compiling_nothing(tiny, caplog):
+    """graphs.json whose key names another CPU: the runner says why and runs the passes op by op (no
+    compiled steps at all, so nothing is compiled in the pod either)."""
+    config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64], dtype="float32",
+                           compiled_steps="inductor")  # fmt: skip
+    key = graph_key(model_of(tiny, 1, 64), tiny)
+    folder = tiny / GRAPHS_DIR
+    folder.mkdir(exist_ok=True)
+    (folder / GRAPHS_MANIFEST).write_text(json.dumps({"key": {**key, "cpu": "sse9"}, "graphs": {}}))
+    try:
+        with caplog.at_level(logging.WARNING):
+            runner = ModelRunner(tiny, config)
+    finally:
+        (folder / GRAPHS_MANIFEST).unlink()
+    assert runner.compiled is None
+    assert f"cpu sse9 (here {key['cpu']})" in caplog.text
