@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import types
+from collections.abc import Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -129,6 +130,31 @@ PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
 ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]
 CompiledSteps = Literal["off", "inductor", "aot_eager"]  # runtime/model/compiled_steps.py
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
+# graphs a compiled server may run, one per bucket (seconds to a minute each with Inductor on 2 cores, in the
+# compile Job or a serving pod): a bucket table that makes more is refused with what to change
+MAX_COMPILED_GRAPHS = 256
+
+
+def batch_buckets(slots: int) -> list[int]:
+    """Decode batch sizes (and a compiled prefill group's row counts): powers of two below the slot count, and
+    the slot count."""
+    return [b for b in BATCH_BUCKETS if b < slots] + [slots]
+
+
+def compiled_buckets(slots: int, prefill: Sequence[int], decode: Sequence[int]) -> list[tuple]:
+    """Every bucket compiled passes may run for these (sorted) tables, a graph each: ("decode", batch,
+    length), a batch bucket by a length bucket; ("prefill", rows, length, context), a row count by a prompt
+    bucket by a context bucket (the cache positions it reads: a length bucket past the prompt bucket
+    below)."""
+    rows = batch_buckets(slots)
+    out: list[tuple] = [("decode", b, n) for b in rows for n in decode]
+    for r in rows:
+        for length, low in zip(prefill, [0, *prefill[:-1]], strict=True):
+            out += [("prefill", r, length, c) for c in decode if c > low]
+    return out
+
+
 AUTO_HELP = (
     "weights and activations; auto (the default): bfloat16 where the CPU computes it natively (AVX512-BF16, "
     "AMX-BF16, ARM BF16), else float32, with a served model's float weights held in float16 on an x86 CPU "

@@ -194,9 +194,10 @@ def convert(
 def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Reporter) -> None:
     """The passes compiled ahead for the pods (`compiled_ahead`): a package per bucket of the tables the pods
     run (their slots, lengths and buckets, as `engines.serve_config` gives them), into `out`/graphs/."""
+    from neuronfleet.contract import compiled_buckets
     from neuronfleet.runtime.engine.config import RuntimeConfig
     from neuronfleet.runtime.engine.model_runner import ModelRunner
-    from neuronfleet.runtime.model.compiled_ahead import buckets, compile_ahead
+    from neuronfleet.runtime.model.compiled_ahead import compile_ahead
 
     try:
         pods = RuntimeConfig(
@@ -206,7 +207,7 @@ def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Repor
         )  # fmt: skip
     except ValueError as e:  # (a table of too many graphs, said with one that fits)
         raise CompileError(str(e)) from e
-    table = buckets(pods.batch_buckets, pods.prefill_buckets, pods.decode_buckets)
+    table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
     progress.phase("compile", total_files=len(table))
     model = ModelRunner(out, pods).model  # plain weights in the activations' dtype, as a compiled pod's
     compile_ahead(model, out, table, out, lambda done, total: progress.advance(files=1))

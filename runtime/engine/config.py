@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from neuronfleet.contract import MAX_COMPILED_GRAPHS, batch_buckets, compiled_buckets
 from neuronfleet.runtime.model.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -19,10 +20,6 @@ if TYPE_CHECKING:
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
 QUANTIZATIONS = ("none", "int8", "int4")
 COMPILED_STEPS = ("off", "inductor", "aot_eager")  # the contract's; compiled_steps.BACKENDS and off
-# graphs a --compiled-steps server may compile (seconds to a minute each with Inductor on 2 cores): a bucket
-# table that makes more is refused with what to change
-MAX_COMPILED_GRAPHS = 256
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
 DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
 
 
@@ -198,15 +195,10 @@ class RuntimeConfig:
 
     @property
     def compiled_graphs(self) -> int:
-        """The graphs `--compiled-steps` may compile for these buckets, at most: decode, a batch bucket by a
-        length bucket; prefill, a row count (a batch bucket: the rows padded) by a prompt bucket by a context
-        bucket (the cache positions it reads: a length bucket past the prompt bucket below it)."""
-        rows = len(self.batch_buckets)
-        below = [0, *self.prefill_buckets[:-1]]
-        contexts = sum(1 for low in below for c in self.decode_buckets if c > low)
-        return rows * len(self.decode_buckets) + rows * contexts
+        """The graphs `--compiled-steps` may compile for these buckets, at most (`compiled_buckets`)."""
+        return len(compiled_buckets(self.slots, self.prefill_buckets, self.decode_buckets))
 
     @property
     def batch_buckets(self) -> list[int]:
         """Decode batch sizes: powers of two below the slot count, and the slot count."""
-        return [b for b in BATCH_BUCKETS if b < self.slots] + [self.slots]
+        return batch_buckets(self.slots)

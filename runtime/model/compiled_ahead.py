@@ -38,18 +38,6 @@ log = logging.getLogger(__name__)
 Bucket = tuple  # ("decode", batch, length) or ("prefill", rows, length, context): compiled_steps' names
 
 
-def buckets(batch: Sequence[int], prefill: Sequence[int], decode: Sequence[int]) -> list[Bucket]:
-    """Every bucket a server with these tables may run (`RuntimeConfig.compiled_graphs` counts them): decode,
-    a batch bucket by a length bucket; prefill, a row count by a prompt bucket by a context bucket (a length
-    bucket past the prompt bucket below it)."""
-    out: list[Bucket] = [("decode", b, n) for b in batch for n in decode]
-    below = [0, *prefill[:-1]]
-    for rows in batch:
-        for length, low in zip(prefill, below, strict=True):
-            out += [("prefill", rows, length, c) for c in decode if c > low]
-    return out
-
-
 def graph_key(model: LlamaModel, model_dir: Path) -> dict[str, str]:
     """What a package's code depends on besides its bucket (a pod loads packages only with an equal key)."""
     config = (Path(model_dir) / "config.json").read_bytes()

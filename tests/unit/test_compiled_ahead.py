@@ -1,19 +1,22 @@
-"""The compiled passes made ahead by the compile Job (`runtime/model/compiled_ahead.py`), what needs no C++
-compiler: the exported step (weights and KV cache as inputs) computes the pass op by op and writes the cache it
-is given; the bucket list is the one `RuntimeConfig.compiled_graphs` counts; a key that differs is named field by
-field and the pod runs op by op without compiling. Packages compiled and loaded without a compiler are in
-tests/integration/test_compiled_inductor.py."""
+"""The compiled passes made ahead by the compile Job (`runtime/model/compiled_ahead.py`), what needs no
+C++ compiler: the exported step (weights and KV cache as inputs) computes the pass op by op and writes the
+cache it is given; every bucket a serving workload runs is one of those compiled ahead; a key that differs is
+named field by field and the pod runs op by op without compiling. Packages compiled and loaded without a
+compiler are in tests/integration/test_compiled_inductor.py."""
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 
 import pytest
 import torch
 from support import make_tiny_llama
 
+from neuronfleet.contract import compiled_buckets
 from neuronfleet.runtime.engine.config import RuntimeConfig
+from neuronfleet.runtime.engine.engine import Engine
 from neuronfleet.runtime.engine.model_runner import ModelRunner
 from neuronfleet.runtime.model.compiled_ahead import (
     GRAPHS_DIR,
@@ -21,12 +24,13 @@ from neuronfleet.runtime.model.compiled_ahead import (
     _sample_inputs,
     _Step,
     _weight_slots,
-    buckets,
     graph_key,
     key_mismatch,
 )
 from neuronfleet.runtime.model.llama import LlamaModel
 from neuronfleet.runtime.model.model_config import load_model_config
+from neuronfleet.runtime.serving.sampling_params import SamplingParams
+from neuronfleet.runtime.serving.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +70,23 @@ def test_the_exported_step_is_the_pass_with_weights_and_cache_given_and_writes_t
     assert model.kv_cache.data_ptr() == model.layer_kv[0][0].data_ptr()  # the model's own cache is back
 
 
-def test_the_buckets_compiled_ahead_are_those_the_server_may_run():
-    config = RuntimeConfig(slots=4, max_seq_len=512, prefill_buckets=[32, 128, 512], decode_buckets=[128, 512])
-    table = buckets(config.batch_buckets, config.prefill_buckets, config.decode_buckets)
+def test_every_bucket_a_serving_workload_runs_is_one_compiled_ahead(tiny, smollm2_dir):
+    """Prompts of several lengths admitted together and alone, decode at several batch sizes, turns after
+    their cached prefix: every bucket the runner ran (`aot_eager`, compiled as first run) is in the table the
+    compile Job compiles (`compiled_buckets`), which `RuntimeConfig.compiled_graphs` counts."""
+    config = RuntimeConfig(slots=2, max_seq_len=64, prefill_buckets=[16, 32], decode_buckets=[32, 64],
+                           dtype="float32", compiled_steps="aot_eager")  # fmt: skip
+    runner = ModelRunner(tiny, config)
+    engine = Engine(runner, Tokenizer(smollm2_dir, runner.model_config.eos_token_ids))
+    rng = random.Random(2)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 14, 27, 31)]
+    answers = [o.token_ids for o in engine.generate(prompts, params)]
+    engine.generate([[*prompts[1], *answers[1], 9, 9]], params)  # a next turn, after its cached prefix
+    table = compiled_buckets(config.slots, config.prefill_buckets, config.decode_buckets)
+    assert runner.compiled.buckets and runner.compiled.buckets <= set(table)
     assert len(table) == len(set(table)) == config.compiled_graphs
-    assert ("prefill", 4, 128, 128) in table and ("prefill", 4, 128, 32) not in table  # context past 32
-    assert ("decode", 2, 512) in table
+    assert {b[0] for b in runner.compiled.buckets} == {"decode", "prefill"}
 
 
 def test_a_key_that_differs_is_named_field_by_field():
@@ -85,8 +100,8 @@ def test_a_key_that_differs_is_named_field_by_field():
 def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compiling_nothing(tiny, caplog):
     """graphs.json whose key names another CPU: the runner says why and runs the passes op by op (no
     compiled steps at all, so nothing is compiled in the pod either)."""
-    config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64], dtype="float32",
-                           compiled_steps="inductor")  # fmt: skip
+    config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64],
+                           dtype="float32", compiled_steps="inductor")  # fmt: skip
     key = graph_key(model_of(tiny, 1, 64), tiny)
     folder = tiny / GRAPHS_DIR
     folder.mkdir(exist_ok=True)

@@ -1,10 +1,10 @@
 """The host KV store: blocks kept after their slot is overwritten, segmented (what was reused is protected
 from a burst of prompts seen once), exclusive of the slots (a chain fetched into a slot leaves it and comes
 back protected), idle chains dropped first, then every chain trimmed from its tail evenly rather than some
-dropped whole, tails before heads, its bounds and links held under random use; keyed as the KV events name blocks; the scheduler's plan saving a
-slot before a prompt overwrites it and fetching a conversation's prefix back; the KV events counting the
-store's blocks as the pod's; and an engine whose answers with the store are those it gives prefilling
-everything."""
+dropped whole, tails before heads, its bounds and links held under random use; keyed as the KV events name
+blocks; the scheduler's plan saving a slot before a prompt overwrites it and fetching a conversation's prefix
+back; the KV events counting the store's blocks as the pod's; and an engine whose answers with the store are
+those it gives prefilling everything."""
 
 from __future__ import annotations
 
