@@ -115,6 +115,8 @@ def compile_hash(spec: NeuronModelSpec) -> str:
         identity["tokenizer"] = spec.model.tokenizer
     if spec.compile.image:  # likewise: the compiler the artifacts come from
         identity["compileImage"] = spec.compile.image
+    if n.compiledSteps != "off":  # likewise: the artifacts hold the compiled graphs too
+        identity["compiledSteps"] = n.compiledSteps
     for name in ("expertParallel", "memoryFraction"):  # likewise
         if getattr(n, name) is not None:
             identity[name] = getattr(n, name)
@@ -213,6 +215,7 @@ def compile_config(spec: NeuronModelSpec, chash: str) -> CompileConfig:
         # the embedded engine's CPU quantization, stored by the compile; on Neuron it is NeuronConfig's
         quantization=n.quantization if n.instanceType == "cpu" else "none",
         buckets=CompileBuckets(context=n.buckets.context, generation=n.buckets.generation),
+        compiledSteps=n.compiledSteps,
         neuronConfig=engines.compile_neuron_config(spec),
     )
 

@@ -338,6 +338,14 @@ class NeuronSettings(Spec):
         "(engine embedded on cpu), fp8 (engine vllm on Inf2/Trn1); refused at apply elsewhere (vLLM's plugin "
         "on Trn2/Trn3 reads pre-quantized checkpoints).",
     )
+    compiledSteps: Literal["off", "inductor"] = Field(
+        "off",
+        description="Engine embedded on cpu: its passes compiled ahead by the compile Job, a graph per "
+        "bucket (inductor: AOTInductor packages, loaded by the pods without a compiler; off: op by op). "
+        "Needs neuron.buckets.context and neuron.buckets.generation, few enough to make at most 256 graphs "
+        "(the count is checked), float weights (quantization none). A pod on a node whose CPU differs from "
+        "the compile's runs op by op and says so. Today slower than off on CPU (docs/benchmarks.md).",
+    )
     expertParallel: int | None = Field(
         None,
         description="Expert parallelism of a mixture-of-experts model: experts spread over this many of "

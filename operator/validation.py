@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuronfleet.contract import length_refusal
+from neuronfleet.contract import MAX_COMPILED_GRAPHS, compiled_buckets, length_refusal
 
 from . import devices, engines, host_resources, names, topology
 from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
@@ -209,6 +209,47 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
     return f"on {instance} use engine {_either(list(others))}, or instanceType cpu for engine embedded{needs}"
 
 
+def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
+    """neuron.compiledSteps inductor where it cannot work: another engine or a Neuron instance type, quantized
+    weights, bucket tables not given, or tables that make more graphs than a compile should (each said with
+    what would be right)."""
+    n = spec.neuron
+    if n.compiledSteps == "off":
+        return []
+    if spec.engine != "embedded" or n.instanceType != "cpu":
+        return [
+            f"neuron.compiledSteps {n.compiledSteps} compiles our runtime's passes for CPUs: it takes engine "
+            f"embedded on instanceType cpu, not engine {spec.engine} on {n.instanceType}; set it to off"
+        ]
+    if n.quantization != "none":
+        return [
+            f"neuron.compiledSteps {n.compiledSteps} takes float weights; quantization {n.quantization} runs "
+            "on torch's CPU kernels only: set quantization none, or compiledSteps off"
+        ]
+    if not n.buckets.context or not n.buckets.generation:
+        return [
+            f"neuron.compiledSteps {n.compiledSteps} compiles a graph per bucket: give "
+            "neuron.buckets.context and neuron.buckets.generation (a few lengths each, e.g. context [128, "
+            f"{n.maxInputLength or 3072}] and generation [{n.sequenceLength}]); the derived tables make over "
+            "a thousand graphs"
+        ]
+    prefill, decode = sorted(set(n.buckets.context)), sorted(set(n.buckets.generation))
+    if decode[-1] != n.sequenceLength:
+        return [
+            f"neuron.buckets.generation {decode} must end at neuron.sequenceLength ({n.sequenceLength}) for "
+            f"neuron.compiledSteps {n.compiledSteps}: a decode graph per length, the longest holding a whole "
+            "sequence"
+        ]
+    graphs = len(compiled_buckets(n.batchSize, prefill, decode))
+    if graphs > MAX_COMPILED_GRAPHS:
+        return [
+            f"neuron.compiledSteps {n.compiledSteps}: batchSize {n.batchSize} and these buckets make "
+            f"{graphs} graphs, more than {MAX_COMPILED_GRAPHS}: give fewer neuron.buckets.context or "
+            "generation, or a smaller batchSize"
+        ]
+    return []
+
+
 def _embedded_on_neuron(spec: NeuronModelSpec) -> str:
     """The refusal of engine embedded on a Neuron instance type, naming the engines that serve such a spec."""
     named = "engine embedded" + ("" if "engine" in spec.model_fields_set else " (the default, not set)")
@@ -273,6 +314,7 @@ def validate(
     r.errors += engines.unsupported(spec)  # the engine's limits (the CRD's too, but overrides): never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
     r.errors += devices.refusals(spec)  # a logical-core setting no node is found for (the chart's settings)
+    r.errors += compiled_steps_refusals(spec)
     if not r.errors:  # a pod's CPU or memory request more than its node can give (once the shape is valid)
         r.errors += host_resources.allocatable_refusals(spec)
     if limit is not None and n.sequenceLength > limit.length:

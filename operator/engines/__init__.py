@@ -194,6 +194,8 @@ def serve_config(
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
+    if role != "router" and n.compiledSteps != "off":  # the compile Job's graphs (`compiled_ahead`)
+        pod["compiled_steps"] = n.compiledSteps
     if role != "router" and n.hostKVCache is not None:  # the host KV store's size (default: the runtime's)
         pod["host_kv_cache_bytes"] = int(quantity_value(n.hostKVCache))
     if role in ("unified", "decode"):  # the pods that hold generating requests: time to finish them all

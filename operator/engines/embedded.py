@@ -32,9 +32,10 @@ def compile_files(spec: NeuronModelSpec, compile_hash: str) -> dict[str, str]:
 
 
 def compile_passes(spec: NeuronModelSpec) -> int:
-    """Our compile converts and validates the weights on cpu: no Neuron graph compile (the compile Job's
-    deadline is the download's and engines.timeouts' floor)."""
-    return 0
+    """Our compile converts and validates the weights on cpu, and with neuron.compiledSteps compiles a graph
+    per bucket, as a server compiling every graph does (one pass in engines.timeouts); else no graph compile
+    (the compile Job's deadline is the download's and engines.timeouts' floor)."""
+    return 0 if spec.neuron.compiledSteps == "off" else 1
 
 
 def compile_container(spec: NeuronModelSpec, compile_hash: str) -> Container:
