@@ -7,13 +7,13 @@ pod (torch 2.13.0 raises InvalidCxxCompiler without one, measured) and 2.6 s a g
 against 13.7 s to compile it (a tiny Llama's decode graph, 2-core EPYC); a package loads in about 1 s with no
 compiler at all and runs the same kernels (docs/benchmarks.md).
 
-A package holds the pass's code and no weights: the step is exported (`torch.export`) with the weights and the
-KV cache as its inputs (`_Step`), so every bucket shares the pod's one copy of the weights, a package is a
-couple of MB, and the KV cache is written in place (an input the graph mutates). What the code depends on is
-the key (`graph_key`): torch's version, the CPU's vector instructions (`cpu_features`), the
-dtype, the slots and sequence length (the cache's shape), the model's config.json; a pod whose key differs
-runs the passes op by op and says why (`key_mismatch`), never compiling in the pod. A bucket without a package
-(a prefill group asking several tokens' logits a row) runs op by op too, said once.
+A package holds the pass's code and no weights: the step is exported (`torch.export`) with the weights and
+each layer's key and value caches as its inputs (`_Step`), so every bucket shares the pod's one copy of the
+weights, a package is a couple of MB, and the KV cache is written in place (inputs the graph mutates). What
+the code depends on is the key (`graph_key`): torch's version, the CPU's vector instructions
+(`cpu_features`), the dtype, the slots and sequence length (the cache's shape), the model's config.json; a pod
+whose key differs runs the passes op by op and says why (`key_mismatch`), never compiling in the pod. A bucket
+without a package (a prefill group asking several tokens' logits a row) runs op by op too, said once.
 """
 
 from __future__ import annotations
@@ -84,26 +84,34 @@ def _weight_slots(model: LlamaModel) -> list[tuple[Any, str]]:
 
 
 class _Step(torch.nn.Module):
-    """A pass of `model` with its weights and KV cache as inputs: what is exported, so that a package holds
-    code only. `forward` puts the inputs in place of the model's own tensors for the pass (while tracing,
-    the traced stand-ins), then puts the model's back."""
+    """A pass of `model` with its weights and its layers' key and value caches as inputs: what is exported,
+    so that a package holds code only. Each layer's cache is an input of its own (the views the model's
+    passes write, `LlamaModel.layer_kv`): a write into one is then a write into that layer's cache, where
+    with the whole cache as one input each layer's write would be a copy of all of it. `forward` puts the
+    inputs in place of the model's own tensors for the pass (while tracing, the traced stand-ins), then puts
+    the model's back."""
 
     def __init__(self, model: LlamaModel, kind: str) -> None:
         super().__init__()
         self.model, self.kind, self.slots = model, kind, _weight_slots(model)
 
-    def forward(self, kv: torch.Tensor, weights: list[torch.Tensor], *inputs: Any) -> torch.Tensor:
+    def forward(self, caches: list[torch.Tensor], weights: list[torch.Tensor], *inputs: Any) -> torch.Tensor:
         m = self.model
-        saved = [getattr(o, a) for o, a in self.slots], m.kv_cache, m.layer_kv
+        saved = [getattr(o, a) for o, a in self.slots], m.layer_kv
         try:
             for (owner, attr), tensor in zip(self.slots, weights, strict=True):
                 setattr(owner, attr, tensor)
-            m.kv_cache, m.layer_kv = kv, [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]
+            m.layer_kv = list(zip(caches[0::2], caches[1::2], strict=True))
             return m.decode_logits(*inputs) if self.kind == "decode" else m.prefill_logits(*inputs)
         finally:
             for (owner, attr), tensor in zip(self.slots, saved[0], strict=True):
                 setattr(owner, attr, tensor)
-            m.kv_cache, m.layer_kv = saved[1], saved[2]
+            m.layer_kv = saved[1]
+
+
+def layer_caches(model: LlamaModel) -> list[torch.Tensor]:
+    """The model's key and value caches, layer by layer (K, V, K, V, ...): a package's first input."""
+    return [t for pair in model.layer_kv for t in pair]
 
 
 def _sample_inputs(model: LlamaModel, bucket: Bucket) -> tuple[Any, ...]:
@@ -140,7 +148,7 @@ def compile_ahead(
     table, graphs = list(table), {}
     for done, bucket in enumerate(table, 1):
         started = time.monotonic()
-        args = (model.kv_cache, weights, *_sample_inputs(model, bucket))
+        args = (layer_caches(model), weights, *_sample_inputs(model, bucket))
         with torch.inference_mode(False), torch.no_grad():
             program = torch.export.export(_Step(model, bucket[0]), args, strict=False)
         path = folder / f"{_name(bucket)}.pt2"
@@ -163,6 +171,7 @@ class AheadGraphs:
     def __init__(self, model: LlamaModel, runners: dict[Bucket, Any]) -> None:
         self.model, self.runners = model, runners
         self.weights = [getattr(o, a) for o, a in _weight_slots(model)]
+        self.caches = layer_caches(model)
         self.missing: set[Bucket] = set()
 
     @classmethod
@@ -190,5 +199,5 @@ class AheadGraphs:
                 self.missing.add(bucket)
                 log.warning("no compiled graph for the %s bucket %s: it runs op by op", bucket[0], bucket[1:])
             return None
-        out = runner(self.model.kv_cache, self.weights, *inputs)
+        out = runner(self.caches, self.weights, *inputs)
         return out[0] if isinstance(out, (list, tuple)) else out
