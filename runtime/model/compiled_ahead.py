@@ -181,14 +181,21 @@ class AheadGraphs:
         manifest_path = Path(model_dir) / GRAPHS_DIR / GRAPHS_MANIFEST
         if not manifest_path.is_file():
             return None, None
-        manifest = json.loads(manifest_path.read_text())
-        why = key_mismatch(manifest.get("key", {}), graph_key(model, model_dir))
-        if why is not None:
-            return None, why
         started, runners = time.monotonic(), {}
-        for name, bucket in manifest["graphs"].items():
-            package = str(manifest_path.parent / f"{name}.pt2")
-            runners[tuple(bucket)] = torch._inductor.aoti_load_package(package)
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            why = key_mismatch(manifest.get("key", {}), graph_key(model, model_dir))
+            if why is not None:
+                return None, why
+            for name, bucket in manifest["graphs"].items():
+                package = str(manifest_path.parent / f"{name}.pt2")
+                runners[tuple(bucket)] = torch._inductor.aoti_load_package(package)
+        except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as e:  # broken, or cut short
+            return None, (
+                f"the compiled graphs in {manifest_path.parent} could not be loaded ({type(e).__name__}: "
+                f"{e}); running the passes op by op. Compile the model again, or serve with "
+                "--compiled-steps off"
+            )
         log.info("loaded %d compiled graphs in %.1f s", len(runners), time.monotonic() - started)
         return cls(model, runners), None
 

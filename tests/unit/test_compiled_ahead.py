@@ -116,3 +116,23 @@ def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compili
         (folder / GRAPHS_MANIFEST).unlink()
     assert runner.compiled is None
     assert f"cpu sse9 (here {key['cpu']})" in caplog.text
+
+
+@pytest.mark.parametrize("broken", ["a package missing", "graphs.json not JSON"])
+def test_graphs_that_cannot_be_loaded_are_said_and_it_runs_op_by_op(tiny, caplog, broken):
+    """A graphs folder cut short or damaged (its key this pod's): the runner says what failed and serves op
+    by op; the pod does not crash."""
+    config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64],
+                           dtype="float32", compiled_steps="inductor")  # fmt: skip
+    key = graph_key(model_of(tiny, 1, 64), tiny)
+    folder = tiny / GRAPHS_DIR
+    folder.mkdir(exist_ok=True)
+    text = json.dumps({"key": key, "graphs": {"decode-1-64": ["decode", 1, 64]}})
+    (folder / GRAPHS_MANIFEST).write_text(text if broken == "a package missing" else text[:-3])
+    try:
+        with caplog.at_level(logging.WARNING):
+            runner = ModelRunner(tiny, config)
+    finally:
+        (folder / GRAPHS_MANIFEST).unlink()
+    assert runner.compiled is None
+    assert "could not be loaded" in caplog.text and "--compiled-steps off" in caplog.text
