@@ -26,8 +26,9 @@ import random
 import statistics
 from pathlib import Path
 
-from neuronfleet.runtime.engine.host_kv_store import HostKvStore, block_names
+from neuronfleet.runtime.engine.host_kv_store import HostKvStore
 from neuronfleet.runtime.engine.prefix_cache import PrefixCache, common_prefix
+from neuronfleet.runtime.engine.scheduler import stored_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,10 +66,8 @@ def simulate(store_type: type[HostKvStore], seed: int, args) -> tuple[float, flo
         if len(held) // 16 > common_prefix(held, prompt) // 16:
             store.save(held)  # what the prompt overwrites
         in_slot = cache.reusable(slot, prompt)
-        names = block_names(prompt)
-        in_store = min(store.cached(names) * 16, len(prompt) - 1)
-        if in_store > in_slot and in_store >= 8:
-            chain = names[: -(-in_store // 16)]
+        in_store, chain = stored_prefix(store, prompt)  # as the scheduler reads the store
+        if in_store > in_slot:
             store.use(chain)
             store.moved_out(chain)
         reused = max(in_slot, in_store)

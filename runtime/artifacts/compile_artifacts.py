@@ -179,16 +179,18 @@ def convert(
         config.quantization != "none"
     ):  # once, here: serving pods load the stored int8/int4 weights as they are
         quantize_folder(out, config.quantization)
-    # Loading validates every tensor's shape against config.json and the buckets against the lengths.
+    # Loading validates every tensor's shape against config.json and the buckets against the lengths (with
+    # compiled passes, the load that compiles them does: the model is loaded once)
     progress.phase("validate")
+    if config.compiledSteps == "inductor":
+        compile_graphs(out, config, dtype, progress)
+        return
     runtime = RuntimeConfig(
         slots=1, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength, dtype=dtype,
         prefill_buckets=config.buckets.context,
         decode_buckets=config.buckets.generation,
     )  # fmt: skip
     ModelRunner(out, runtime)
-    if config.compiledSteps == "inductor":
-        compile_graphs(out, config, dtype, progress)
 
 
 def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Reporter) -> None:
@@ -207,9 +209,9 @@ def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Repor
         )  # fmt: skip
     except ValueError as e:  # (a table of too many graphs, said with one that fits)
         raise CompileError(str(e)) from e
+    model = ModelRunner(out, pods).model  # plain weights in the activations' dtype, as a compiled pod's
     table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
     progress.phase("compile", total_files=len(table))
-    model = ModelRunner(out, pods).model  # plain weights in the activations' dtype, as a compiled pod's
     compile_ahead(model, out, table, out, lambda done, total: progress.advance(files=1))
 
 

@@ -166,7 +166,9 @@ class HostKvStore:
         self._touch(names, self.protected)
         keep = set(names)
         while len(self.protected) > self.protected_capacity:
-            name = self._victim(self.protected, keep) or next(iter(self.protected))
+            name = self._victim(self.protected, keep)
+            if name is None:  # (every protected block has children or is this chain's)
+                name = next(iter(self.protected))
             depth, touch = self.protected.order[name]
             self.protected.remove(name)
             self.probation.add(name, depth, touch)
@@ -225,13 +227,17 @@ class HostKvStore:
     def _victim(self, segment: _Segment, keep: set[int]) -> int | None:
         """The block to go from a segment: an idle leaf (the least recent first), else the deepest leaf (ties:
         the least recent); none of `keep`. None when every block has children or is kept."""
+
+        def evictable(name: int) -> bool:
+            return name not in keep and not self._children.get(name)
+
         idle_before = self._clock() - self.idle_seconds
         for name in segment:
             if self._touched[name] > idle_before:
                 break
-            if name not in keep and not self._children.get(name):
+            if evictable(name):
                 return name
-        return segment.deepest(lambda name: name not in keep and not self._children.get(name))
+        return segment.deepest(evictable)
 
     def _evict(self, keep: set[int]) -> int:
         """Drop a block not in `keep`, probation's before protected's (`_victim`); its name."""

@@ -83,6 +83,11 @@ def _weight_slots(model: LlamaModel) -> list[tuple[Any, str]]:
     return out
 
 
+def _weights(model: LlamaModel) -> list[torch.Tensor]:
+    """The weight tensors of `_weight_slots`, in their order: a package's second input."""
+    return [getattr(owner, attr) for owner, attr in _weight_slots(model)]
+
+
 class _Step(torch.nn.Module):
     """A pass of `model` with its weights and its layers' key and value caches as inputs: what is exported,
     so that a package holds code only. Each layer's cache is an input of its own (the views the model's
@@ -144,7 +149,7 @@ def compile_ahead(
     it. `progress(done, total)` after each."""
     folder = Path(out) / GRAPHS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    weights = [getattr(o, a) for o, a in _weight_slots(model)]
+    weights = _weights(model)
     table, graphs = list(table), {}
     for done, bucket in enumerate(table, 1):
         started = time.monotonic()
@@ -170,7 +175,7 @@ class AheadGraphs:
 
     def __init__(self, model: LlamaModel, runners: dict[Bucket, Any]) -> None:
         self.model, self.runners = model, runners
-        self.weights = [getattr(o, a) for o, a in _weight_slots(model)]
+        self.weights = _weights(model)
         self.caches = layer_caches(model)
         self.missing: set[Bucket] = set()
 

@@ -100,20 +100,27 @@ def test_a_key_that_differs_is_named_field_by_field():
     assert "op by op" in why and "--compiled-steps off" in why
 
 
-def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compiling_nothing(tiny, caplog):
-    """graphs.json whose key names another CPU: the runner says why and runs the passes op by op (no
-    compiled steps at all, so nothing is compiled in the pod either)."""
+def runner_over(tiny, manifest: str, caplog) -> tuple[ModelRunner, dict]:
+    """A compiled runner of the tiny model (1 slot, 64 tokens) whose folder holds graphs.json `manifest`
+    (`{key}` replaced by this pod's key, as JSON), the warnings it logged in `caplog`; and that key."""
     config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64],
                            dtype="float32", compiled_steps="inductor")  # fmt: skip
     key = graph_key(model_of(tiny, 1, 64), tiny)
     folder = tiny / GRAPHS_DIR
     folder.mkdir(exist_ok=True)
-    (folder / GRAPHS_MANIFEST).write_text(json.dumps({"key": {**key, "cpu": "sse9"}, "graphs": {}}))
+    (folder / GRAPHS_MANIFEST).write_text(manifest.replace("{key}", json.dumps(key)))
     try:
         with caplog.at_level(logging.WARNING):
-            runner = ModelRunner(tiny, config)
+            return ModelRunner(tiny, config), key
     finally:
         (folder / GRAPHS_MANIFEST).unlink()
+
+
+def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compiling_nothing(tiny, caplog):
+    """graphs.json whose key names another CPU: the runner says why and runs the passes op by op (no
+    compiled steps at all, so nothing is compiled in the pod either)."""
+    here = graph_key(model_of(tiny, 1, 64), tiny)
+    runner, key = runner_over(tiny, json.dumps({"key": {**here, "cpu": "sse9"}, "graphs": {}}), caplog)
     assert runner.compiled is None
     assert f"cpu sse9 (here {key['cpu']})" in caplog.text
 
@@ -122,17 +129,7 @@ def test_graphs_made_for_another_pod_are_not_loaded_and_it_runs_op_by_op_compili
 def test_graphs_that_cannot_be_loaded_are_said_and_it_runs_op_by_op(tiny, caplog, broken):
     """A graphs folder cut short or damaged (its key this pod's): the runner says what failed and serves op
     by op; the pod does not crash."""
-    config = RuntimeConfig(slots=1, max_seq_len=64, prefill_buckets=[32], decode_buckets=[64],
-                           dtype="float32", compiled_steps="inductor")  # fmt: skip
-    key = graph_key(model_of(tiny, 1, 64), tiny)
-    folder = tiny / GRAPHS_DIR
-    folder.mkdir(exist_ok=True)
-    text = json.dumps({"key": key, "graphs": {"decode-1-64": ["decode", 1, 64]}})
-    (folder / GRAPHS_MANIFEST).write_text(text if broken == "a package missing" else text[:-3])
-    try:
-        with caplog.at_level(logging.WARNING):
-            runner = ModelRunner(tiny, config)
-    finally:
-        (folder / GRAPHS_MANIFEST).unlink()
+    text = '{"key": {key}, "graphs": {"decode-1-64": ["decode", 1, 64]}}'
+    runner, _ = runner_over(tiny, text if broken == "a package missing" else text[:-3], caplog)
     assert runner.compiled is None
     assert "could not be loaded" in caplog.text and "--compiled-steps off" in caplog.text
