@@ -129,7 +129,7 @@ Role = Literal["unified", "prefill", "decode", "router"]
 PeerProtocol = Literal["neuronfleet", "vllm", "sglang"]
 ServeDType = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "int8", "int4"]
-CompiledSteps = Literal["off", "inductor", "aot_eager"]  # runtime/model/compiled_steps.py
+CompiledSteps = Literal["off", "inductor", "aot_eager", "neuron"]  # runtime/model/compiled_steps.py
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below the slot count
 # graphs a compiled server may run, one per bucket (seconds to a minute each with Inductor on 2 cores, in the
 # compile Job or a serving pod): a bucket table that makes more is refused with what to change
@@ -306,7 +306,9 @@ class ServeConfig(BaseModel):
         "off",
         "run the model's passes as compiled graphs of static shapes, one per bucket, compiled as each bucket "
         "is first run (inductor: compiled to C++ on CPU, a compiler needed; aot_eager: traced only, the "
-        "graphs a device is given; off: op by op). Float weights only",
+        "graphs a device is given; neuron: on a Trainium device with TorchNeuron, experimental, loading the "
+        "graphs the compile Job warmed into the artifacts' NEFF cache and compiling none; off: op by op). "
+        "Float weights only",
     )
     kv_leases: int | None = _flag(None, "decode: concurrent KV handoffs (default: --slots)")
     kv_wait: float = _flag(
@@ -621,10 +623,12 @@ class CompileConfig(_Wire):
         "none", description="Weight-only quantization the embedded engine's compile stores (CPU)."
     )
     buckets: CompileBuckets = Field(default_factory=CompileBuckets)
-    compiledSteps: Literal["off", "inductor"] = Field(
+    compiledSteps: Literal["off", "inductor", "neuron"] = Field(
         "off",
-        description="The embedded engine's passes compiled ahead for its pods (cpu): off, or inductor "
-        "(AOTInductor packages, one per bucket of the pods' tables, in the artifacts' graphs/ folder).",
+        description="The embedded engine's passes compiled ahead for its pods: off; inductor (cpu: "
+        "AOTInductor packages, one per bucket of the pods' tables, in the artifacts' graphs/ folder); or "
+        "neuron (trn2, trn3: TorchNeuron's NEFF cache warmed for every bucket, in the artifacts' neff/ "
+        "folder).",
     )
     neuronConfig: dict[str, Any] = Field(
         default_factory=dict,

@@ -140,7 +140,7 @@ def convert(
 
     progress = progress or Reporter()
     progress.phase("convert")  # (reading the source: its totals follow once known)
-    dtype = resolve_dtype(config.dtype)
+    dtype = resolve_dtype(config.dtype, "neuron" if config.compiledSteps == "neuron" else "cpu")
     out.mkdir(parents=True)
     if source.is_file() and source.suffix == ".gguf":
         import_gguf(source, out, dtype=dtype, progress=progress)
@@ -185,6 +185,9 @@ def convert(
     if config.compiledSteps == "inductor":
         compile_graphs(out, config, dtype, progress)
         return
+    if config.compiledSteps == "neuron":
+        warm_neff(out, config, dtype, progress)
+        return
     runtime = RuntimeConfig(
         slots=1, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength, dtype=dtype,
         prefill_buckets=config.buckets.context,
@@ -213,6 +216,41 @@ def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Repor
     table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
     progress.phase("compile", total_files=len(table))
     compile_ahead(model, out, table, out, lambda done, total: progress.advance(files=1))
+
+
+def warm_neff(
+    out: Path, config: CompileConfig, dtype: str, progress: Reporter, backend: str = "neuron",
+    device: str = "neuron",
+) -> None:  # fmt: skip
+    """TorchNeuron's NEFF cache warmed for the pods (`neuron_device`): every bucket of the tables the pods
+    run compiled once on this node's Neuron device, into `out`/neff/, and warmed.json written last. `backend`
+    and `device` swapped (aot_eager, cpu): the same path with no device, as the tests run it."""
+    import torch
+
+    from neuronfleet.contract import compiled_buckets
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.model import neuron_device
+    from neuronfleet.runtime.model.llama import LlamaModel
+    from neuronfleet.runtime.model.model_config import load_model_config
+
+    try:
+        pods = RuntimeConfig(
+            slots=config.batchSize, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength,
+            dtype=dtype, prefill_buckets=config.buckets.context, decode_buckets=config.buckets.generation,
+            compiled_steps="neuron",
+        )  # fmt: skip
+    except ValueError as e:  # (a table of too many graphs, said with one that fits)
+        raise CompileError(str(e)) from e
+    neuron_device.use_cache(out / neuron_device.NEFF_DIR)  # before torch-neuronx reads it
+    if device == "neuron" and (why := neuron_device.import_backend()) is not None:
+        raise CompileError(why)
+    target, on = getattr(torch, dtype), torch.device(device)
+    model = LlamaModel(out, load_model_config(out), pods.slots, pods.max_seq_len, target, on, None, False,
+                       target, pack=False)  # fmt: skip
+    table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
+    progress.phase("compile", total_files=len(table))
+    neuron_device.warm_ahead(model, out, table, out, backend, lambda done, total: progress.advance(files=1),
+                             pods.compiled_graphs)  # fmt: skip
 
 
 def check_lengths(source: Path, config: CompileConfig) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 where the CPU has it natively
 QUANTIZATIONS = ("none", "int8", "int4")
-COMPILED_STEPS = ("off", "inductor", "aot_eager")  # the contract's; compiled_steps.BACKENDS and off
+COMPILED_STEPS = ("off", "inductor", "aot_eager", "neuron")  # the contract's; compiled_steps.BACKENDS and off
 DEFAULT_PREFILL_TOKENS = 2048  # token budget of one prefill group, unless the largest prompt bucket is more
 
 
@@ -64,7 +64,7 @@ class RuntimeConfig:
     prefill_buckets: Sequence[int] = ()  # as given (empty: derived); a sorted tuple once constructed
     decode_buckets: Sequence[int] = ()
     dtype: str = "auto"  # resolved once by the model runner (runtime/model/dtypes.py)
-    device: str = "cpu"
+    device: str = "cpu"  # "neuron" with compiled_steps neuron (TorchNeuron)
     quantization: str | None = None  # None: what the model folder holds (float, or quantized by compile)
     prefix_reuse: bool = True
     decode_graph: bool = True  # on CPU, decode-only steps replay a recorded graph of the layers
@@ -98,6 +98,8 @@ class RuntimeConfig:
         if self.compiled_steps not in COMPILED_STEPS:
             raise ValueError(f"compiled_steps {self.compiled_steps!r} is not supported; choose one of "
                              f"{', '.join(COMPILED_STEPS)} (--compiled-steps)")  # fmt: skip
+        if self.compiled_steps == "neuron":  # (TorchNeuron's passes run on its device)
+            object.__setattr__(self, "device", "neuron")
         if self.compiled_steps != "off" and self.quantization not in (None, "none"):
             raise ValueError(
                 f"--compiled-steps {self.compiled_steps} takes float weights; --quantization "

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
+from neuronfleet.contract import compiled_buckets
 from neuronfleet.runtime.engine.config import RuntimeConfig, pick_bucket
 from neuronfleet.runtime.engine.kv_events import BLOCK_SIZE
 from neuronfleet.runtime.engine.sampler import Sampler
 from neuronfleet.runtime.engine.scheduler import Row, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
-from neuronfleet.runtime.model import cpu_threads, heap_returns
+from neuronfleet.runtime.model import cpu_threads, heap_returns, neuron_device
 from neuronfleet.runtime.model.compiled_ahead import AheadGraphs
 from neuronfleet.runtime.model.compiled_steps import CompiledSteps
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
@@ -71,6 +72,12 @@ class ModelRunner:
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
+        warmed = None  # on a Neuron device: the compile Job's NEFF cache, copied to this pod's disk first
+        if config.device == "neuron":
+            warmed = neuron_device.use_local_cache(self.model_dir)
+            why = neuron_device.import_backend()
+            if why is not None:
+                raise RuntimeError(why)
         self.device = torch.device(config.device)
         with heap_returns.loading():  # what loading frees goes back to the system
             self.model = LlamaModel(
@@ -81,15 +88,21 @@ class ModelRunner:
         # the passes as compiled graphs, one per bucket (`RuntimeConfig.compiled_graphs`: a prefill group's
         # rows padded to a batch bucket, every group read through its positions up to a context bucket)
         # (Inductor: the compile Job's packages where the artifacts have them; packages made for another pod:
-        # op by op, said why; none: compiled here as each bucket is first run)
+        # op by op, said why; none: compiled here as each bucket is first run; TorchNeuron: the buckets the
+        # compile Job warmed, loaded from its NEFF cache, and nothing compiled here)
         self.compiled: CompiledSteps | None = None
         ahead, why = None, None
         if config.compiled_steps == "inductor":
             ahead, why = AheadGraphs.load(self.model, self.model_dir)
-            if why is not None:
-                log.warning("%s", why)
-        if compiled and why is None:
+        if config.compiled_steps == "neuron":
+            table = compiled_buckets(config.slots, config.prefill_buckets, config.decode_buckets)
+            self.compiled, why = neuron_device.warmed_steps(
+                self.model, self.model_dir, warmed, table, graphs=config.compiled_graphs
+            )
+        elif compiled and why is None:
             self.compiled = CompiledSteps(self.model, config.compiled_steps, config.compiled_graphs, ahead)
+        if why is not None:
+            log.warning("%s", why)
         self.quantization = self.model.weights.quantization
         self.sampler = Sampler()  # (the engine gives it the tokenizer's vocabulary for grammars)
         c = self.model_config

@@ -28,14 +28,13 @@ from typing import Any
 
 import torch
 
+from neuronfleet.runtime.model.compiled_steps import Bucket, sample_inputs
 from neuronfleet.runtime.model.llama import LlamaModel
 
 GRAPHS_DIR = "graphs"  # in the artifacts folder
 GRAPHS_MANIFEST = "graphs.json"  # in GRAPHS_DIR, written last: the folder is complete once it is there
 
 log = logging.getLogger(__name__)
-
-Bucket = tuple  # ("decode", batch, length) or ("prefill", rows, length, context): compiled_steps' names
 
 
 def graph_key(model: LlamaModel, model_dir: Path) -> dict[str, str]:
@@ -119,21 +118,6 @@ def layer_caches(model: LlamaModel) -> list[torch.Tensor]:
     return [t for pair in model.layer_kv for t in pair]
 
 
-def _sample_inputs(model: LlamaModel, bucket: Bucket) -> tuple[Any, ...]:
-    """Inputs of a bucket's shapes (their values do not matter: the graph is specialized to shapes only)."""
-    dev, scratch = model.device, model.max_seq_len
-    if bucket[0] == "decode":
-        _, batch, length = bucket
-        positions = torch.full((batch,), scratch, dtype=torch.long, device=dev)
-        return model.decode_batch(torch.zeros(batch, dtype=torch.long, device=dev), positions, length,
-                                  None).inputs()  # fmt: skip
-    _, rows, length, context = bucket
-    zeros = torch.zeros(rows, dtype=torch.long, device=dev)
-    tokens = torch.zeros((rows, length), dtype=torch.long, device=dev)
-    positions = torch.full((rows, length), scratch, dtype=torch.long, device=dev)
-    return tokens, zeros, zeros.clone(), positions, context
-
-
 def _name(bucket: Bucket) -> str:
     return "-".join(str(x) for x in bucket)
 
@@ -153,7 +137,7 @@ def compile_ahead(
     table, graphs = list(table), {}
     for done, bucket in enumerate(table, 1):
         started = time.monotonic()
-        args = (layer_caches(model), weights, *_sample_inputs(model, bucket))
+        args = (layer_caches(model), weights, *sample_inputs(model, bucket))
         with torch.inference_mode(False), torch.no_grad():
             program = torch.export.export(_Step(model, bucket[0]), args, strict=False)
         path = folder / f"{_name(bucket)}.pt2"

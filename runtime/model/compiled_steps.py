@@ -4,8 +4,14 @@ per (rows, length, context) bucket and a decode-only pass per (batch, length) bu
 the KV cache written in place, nothing read back to the host inside (a prefill after a cached prefix reads the
 cache up to its context bucket, a size given, not the positions' largest, read from them). The functions are
 the ones the runtime runs op by op (`LlamaModel.prefill_logits`, `decode_logits`); a backend compiles them:
-Inductor on CPU, `aot_eager` (traced through AOTAutograd and run as traced: the graphs a device backend would
-be given, without a compiler), or any `torch.compile` backend given as a callable (the tests' recorder).
+Inductor on CPU, `neuron` on a Trainium device (TorchNeuron: `neuron_device`), `aot_eager` (traced through
+AOTAutograd and run as traced: the graphs a device backend is given, without a compiler), or any
+`torch.compile` backend given as a callable (the tests' recorder).
+
+A server that must not compile (a Neuron pod, whose compile Job warmed every bucket into the NEFF cache) runs
+every bucket once as it starts (`warm`) and then holds still (`freeze`): a bucket not warmed runs op by op,
+said once, and a warmed bucket whose graph would be compiled again raises instead (torch's
+`fail_on_recompile` stance), so nothing is ever compiled while serving.
 
 The model must hold plain float weights (`LlamaModel(pack=False)`): oneDNN's packed weights, fbgemm's float16
 weights and the int8/int4 kernels are operators of torch's CPU only, which a device graph cannot hold and
@@ -19,14 +25,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from neuronfleet.runtime.model.llama import DecodeBatch, Linear, LlamaModel, PrefillBatch
 
-BACKENDS = ("inductor", "aot_eager")  # by name; "off" runs the passes op by op
+BACKENDS = ("inductor", "aot_eager", "neuron")  # by name; "off" runs the passes op by op
+
+Bucket = tuple  # ("decode", batch, length) or ("prefill", rows, length, context[, last tokens a row])
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +80,9 @@ class CompiledSteps:
         self._decode = torch.compile(model.decode_logits, **options)
         self._prefill = torch.compile(model.prefill_logits, **options)
         self.ahead = ahead
-        self.buckets: set[tuple] = set()  # the buckets compiled so far: ("decode", batch, length) and
-        # ("prefill", rows, length, context or 0[, last tokens a row])
+        self.buckets: set[Bucket] = set()  # the buckets compiled so far (`Bucket`)
+        self.frozen = False  # compiles nothing more (`freeze`)
+        self.unwarmed: set[Bucket] = set()  # buckets run op by op once frozen (each said once)
 
     def _run(
         self,
@@ -87,6 +96,15 @@ class CompiledSteps:
         if self.ahead is not None:
             out = self.ahead.run(bucket, inputs)
             return op_by_op(*inputs) if out is None else out
+        if self.frozen:
+            if bucket in self.buckets:
+                with torch.compiler.set_stance("fail_on_recompile"):  # a graph made again raises
+                    return graph(*inputs)
+            if bucket not in self.unwarmed:
+                self.unwarmed.add(bucket)
+                log.warning("no graph was warmed for the %s bucket %s: it runs op by op (this server "
+                            "compiles nothing)", bucket[0], bucket[1:])  # fmt: skip
+            return op_by_op(*inputs)
         if bucket in self.buckets:
             return graph(*inputs)
         start = time.monotonic()
@@ -95,6 +113,25 @@ class CompiledSteps:
         log.info("compiled the %s graph of bucket %s in %.1f s (%d graphs so far)", bucket[0],
                  bucket[1:], time.monotonic() - start, len(self.buckets))  # fmt: skip
         return out
+
+    @torch.inference_mode()
+    def warm(self, table: Iterable[Bucket], progress: Callable[[int, int], None] | None = None) -> None:
+        """Run every bucket of `table` once on inputs of its shapes (`sample_inputs`: they write only the
+        cache's scratch column), compiling its graph, or loading it from the backend's cache (TorchNeuron's
+        NEFF cache); `progress(done, total)` after each."""
+        table = list(table)
+        for done, bucket in enumerate(table, 1):
+            inputs = sample_inputs(self.model, bucket)
+            if bucket[0] == "decode":
+                self._run(bucket, self._decode, self.model.decode_logits, *inputs)
+            else:
+                self._run(bucket, self._prefill, self.model.prefill_logits, *inputs)
+            if progress is not None:
+                progress(done, len(table))
+
+    def freeze(self) -> None:
+        """Compile nothing from now on (`_run`)."""
+        self.frozen = True
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
@@ -113,3 +150,19 @@ class CompiledSteps:
         bucket = ("prefill", *batch.tokens.shape, batch.context or 0, *batch.last_index.shape[1:])
         inputs = (batch.tokens, batch.last_index, batch.slot_ids, batch.positions, batch.context)
         return self._run(bucket, self._prefill, self.model.prefill_logits, *inputs)
+
+
+def sample_inputs(model: LlamaModel, bucket: Bucket) -> tuple[Any, ...]:
+    """A pass's inputs of a bucket's shapes (their values do not matter to a graph specialized to shapes):
+    every position the scratch column, so running it writes no slot's keys and values."""
+    dev, scratch = model.device, model.max_seq_len
+    if bucket[0] == "decode":
+        _, batch, length = bucket
+        positions = torch.full((batch,), scratch, dtype=torch.long, device=dev)
+        return model.decode_batch(torch.zeros(batch, dtype=torch.long, device=dev), positions, length,
+                                  None).inputs()  # fmt: skip
+    _, rows, length, context = bucket[:4]
+    zeros = torch.zeros(rows, dtype=torch.long, device=dev)
+    tokens = torch.zeros((rows, length), dtype=torch.long, device=dev)
+    positions = torch.full((rows, length), scratch, dtype=torch.long, device=dev)
+    return tokens, zeros, zeros.clone(), positions, context

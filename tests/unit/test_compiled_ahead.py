@@ -21,13 +21,13 @@ from neuronfleet.runtime.engine.model_runner import ModelRunner
 from neuronfleet.runtime.model.compiled_ahead import (
     GRAPHS_DIR,
     GRAPHS_MANIFEST,
-    _sample_inputs,
     _Step,
     _weight_slots,
     graph_key,
     key_mismatch,
     layer_caches,
 )
+from neuronfleet.runtime.model.compiled_steps import sample_inputs
 from neuronfleet.runtime.model.llama import LlamaModel
 from neuronfleet.runtime.model.model_config import load_model_config
 from neuronfleet.runtime.serving.sampling_params import SamplingParams
@@ -51,7 +51,7 @@ def test_the_exported_step_is_the_pass_with_weights_and_cache_given_and_writes_t
     model = model_of(tiny)
     weights = [getattr(o, a) for o, a in _weight_slots(model)]
     gen = torch.Generator().manual_seed(1)
-    inputs = list(_sample_inputs(model, bucket))
+    inputs = list(sample_inputs(model, bucket))
     if bucket[0] == "decode":  # real positions and tokens: rows 0 and 1 at 40 and 7
         inputs = list(model.decode_batch(torch.tensor([5, 9]), torch.tensor([40, 7]), 64, None).inputs())
     else:

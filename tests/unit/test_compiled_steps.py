@@ -138,7 +138,7 @@ def test_a_model_with_cpu_only_weights_or_a_bad_backend_is_refused_saying_what_w
     assert "plain float weights" in (refusal(packed) or "")
     with pytest.raises(ValueError, match="--compiled-steps off"):
         CompiledSteps(packed, "aot_eager")
-    with pytest.raises(ValueError, match="one of inductor, aot_eager"):
+    with pytest.raises(ValueError, match="one of inductor, aot_eager, neuron"):
         CompiledSteps(plain_model(tiny), "eager-ish")
     model = plain_model(tiny)
     with pytest.raises(ValueError, match="context bucket"):
@@ -147,8 +147,8 @@ def test_a_model_with_cpu_only_weights_or_a_bad_backend_is_refused_saying_what_w
         ))  # fmt: skip
     with pytest.raises(ValueError, match="takes float weights; --quantization int8"):
         RuntimeConfig(compiled_steps="aot_eager", quantization="int8")
-    with pytest.raises(ValueError, match="choose one of off, inductor, aot_eager"):
-        RuntimeConfig(compiled_steps="neuron")
+    with pytest.raises(ValueError, match="choose one of off, inductor, aot_eager, neuron"):
+        RuntimeConfig(compiled_steps="xla")
 
 
 def test_a_bucket_table_that_makes_too_many_graphs_is_refused_saying_what_to_give():

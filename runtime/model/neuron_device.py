@@ -1,0 +1,182 @@
+"""TorchNeuron: our runtime's compiled passes on a Trainium2 or Trainium3 device, and the NEFF cache the
+compile Job warms for the pods. The one module that talks to the Neuron device. Experimental: it has not run
+on a device (what only a device can prove: tests/device/neuron_smoke.py).
+
+The pinned contract (torch-neuronx 2.13.3.1, with torch 2.13, in Neuron SDK 2.34.0). Each fact is as
+documented for that version:
+
+- torch-neuronx 2.13.* goes with PyTorch 2.13, and 2.14.* with 2.14. SDK 2.34.0 ships 2.13.3.1 and 2.14.3.1
+  on Trn2 and Trn3. Sources: github.com/aws-neuron/torch-neuronx/releases/tag/v2.34.0; the Neuron docs'
+  release-notes/2.34.0 and release-notes/components/torchneuron.
+- `import torch_neuronx` registers the `neuron` device (a PrivateUse1 backend) and the `neuron`
+  torch.distributed backend. Source: the Neuron docs, torch/guides/torch-distributed.
+- `torch.compile(backend="neuron")` compiles Dynamo -> AOT Autograd -> StableHLO -> neuronx-cc -> a NEFF.
+  It compiles on the first call of each input signature (shapes and dtypes), a graph each, and has no
+  TorchInductor. `fullgraph=True` is supported and raises on a graph break. `dynamic=True` is rejected, so a
+  new shape compiles again. Only `mode="default"` is supported. Sources: the Neuron docs,
+  torch/compile/reference-torch-compile and torch/compile/about-torch-compile.
+- NEFFs go into a persistent cache at `TORCH_NEURONX_NEFF_CACHE_DIR`, written atomically, safe across
+  processes and nodes. Source: the Neuron docs, compiler/about-compiler-artifacts and the env-var reference.
+  Its default, /tmp/neff_cache, is read from torch-neuronx's source and is UNVERIFIED in the docs.
+- `TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION` defaults to true from 2.33: a graph that fails to compile
+  raises, rather than running eagerly. Source: the Neuron docs, torch/reference/env-vars.
+- No documented setting makes a NEFF cache miss an error, and no compile-only mode is documented for
+  TorchNeuron itself. vLLM-Neuron's CPU compilation page documents `NEURON_PLATFORM_TARGET_OVERRIDE` for
+  compiling with no device, but not for TorchNeuron. So the compile Job runs on a node of the serving
+  family, and a pod that must not compile holds the `fail_on_recompile` stance once it has warmed
+  (`CompiledSteps.freeze`).
+
+The flow. The compile Job (on a Neuron node) points the cache at the artifacts' `neff/` folder. It runs every
+bucket once (`CompiledSteps.warm`), which compiles and stores each NEFF, and writes `neff/warmed.json` last
+(`write_warmed`): the key and the buckets. A serving pod copies that folder to its own disk and points the
+cache there (`use_local_cache`). It checks the key (`warmed_steps`), runs every warmed bucket once (each a
+cache hit), and then compiles nothing. Where the key differs or nothing was warmed, the pod says so and runs
+the passes op by op on the device, never compiling a graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neuronfleet.runtime.model.compiled_steps import Bucket, CompiledSteps
+from neuronfleet.runtime.model.llama import LlamaModel
+
+NEFF_DIR = "neff"  # in the artifacts folder: the NEFF cache the compile Job warmed
+WARMED = "warmed.json"  # in NEFF_DIR, written last: the cache is complete once it is there
+CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+TARGET_ENV = "NEURONFLEET_NEURON_TARGET"  # the instance family the operator runs the Job and pods on
+LOCAL_CACHE = "/tmp/neff"  # a pod's own copy (its /tmp is an emptyDir)
+PINNED = {"torch-neuronx": "2.13.3.1", "torch": "2.13.0", "neuron-sdk": "2.34.0"}
+
+log = logging.getLogger(__name__)
+
+
+def import_backend() -> str | None:
+    """Import torch-neuronx, which registers the `neuron` device and compile backend; why it cannot be used
+    where it cannot (None when it can)."""
+    try:
+        import torch_neuronx  # noqa: F401  (registers the device and the backend)
+    except ImportError as e:
+        return (
+            f"the neuron device needs torch-neuronx {PINNED['torch-neuronx']} (Neuron SDK "
+            f"{PINNED['neuron-sdk']}), as the runtime-neuron image has it: {e}. Serve on cpu, or run the "
+            "runtime-neuron image"
+        )
+    return None
+
+
+def backend_version() -> str:
+    try:
+        return importlib.metadata.version("torch-neuronx")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+Backend = str | Callable[..., Any]  # a compile backend's name, or the backend (the tests' recorder)
+
+
+def neff_key(model: LlamaModel, model_dir: Path, backend: Backend) -> dict[str, str]:
+    """What a warmed NEFF depends on besides its bucket: torch's and torch-neuronx's versions, the instance
+    family compiled for (`TARGET_ENV`), the dtype, the cache's shape, and the model's config.json. A pod uses
+    the cache only with an equal key."""
+    config = (Path(model_dir) / "config.json").read_bytes()
+    return {
+        "backend": backend if isinstance(backend, str) else type(backend).__name__,
+        "torch": torch.__version__,
+        "torch-neuronx": backend_version(),
+        "target": os.environ.get(TARGET_ENV, "unset"),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "slots": str(model.slots),
+        "max_seq_len": str(model.max_seq_len),
+        "config.json": hashlib.sha256(config).hexdigest()[:16],
+    }
+
+
+def write_warmed(out: Path, key: dict[str, str], table: Iterable[Bucket]) -> dict[str, Any]:
+    """The compile Job's last word on the cache: `out`/neff/warmed.json, the key and the buckets warmed."""
+    folder = Path(out) / NEFF_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = {"key": key, "buckets": [list(b) for b in table]}
+    tmp = folder / f"{WARMED}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.rename(folder / WARMED)
+    return manifest
+
+
+def warm_ahead(
+    model: LlamaModel, model_dir: Path, table: Iterable[Bucket], out: Path, backend: Backend = "neuron",
+    progress: Callable[[int, int], None] | None = None, graphs: int = 64,
+) -> dict[str, Any]:  # fmt: skip
+    """The compile Job's part: every bucket of `table` compiled once by `backend`, into the cache the
+    environment names (`CACHE_ENV`, set to `out`/neff/ before torch-neuronx was imported:
+    `use_cache`), then warmed.json. Returns its manifest."""
+    table = list(table)
+    steps = CompiledSteps(model, backend, graphs)
+    started = time.monotonic()
+    steps.warm(table, progress)
+    log.info("warmed %d graphs in %.1f s", len(table), time.monotonic() - started)
+    return write_warmed(out, neff_key(model, model_dir, backend), table)
+
+
+def use_cache(folder: Path) -> None:
+    """Point TorchNeuron's NEFF cache at `folder` (before torch-neuronx is imported)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    os.environ[CACHE_ENV] = str(folder)
+
+
+def use_local_cache(model_dir: Path, local: Path = Path(LOCAL_CACHE)) -> dict[str, Any] | None:
+    """A serving pod's copy of the compile Job's cache (`model_dir`/neff/, on the shared volume) on its own
+    disk, which TorchNeuron's cache then names; the warmed manifest, or None where the Job warmed none
+    (the cache is left unset: the pod compiles nothing anyway)."""
+    source = Path(model_dir) / NEFF_DIR
+    if not (source / WARMED).is_file():
+        return None
+    started = time.monotonic()
+    shutil.copytree(source, local, dirs_exist_ok=True)
+    use_cache(local)
+    log.info("copied the NEFF cache to %s in %.1f s", local, time.monotonic() - started)
+    return json.loads((local / WARMED).read_text())
+
+
+def warmed_steps(
+    model: LlamaModel, model_dir: Path, manifest: dict[str, Any] | None, table: Iterable[Bucket],
+    backend: Backend = "neuron", graphs: int = 64,
+) -> tuple[CompiledSteps | None, str | None]:  # fmt: skip
+    """A serving pod's compiled passes: each bucket of its `table` that the compile Job warmed, run once (a
+    cache hit), then frozen (`CompiledSteps.freeze`: nothing compiled while serving). (None, why) where the
+    manifest is missing or was made for another pod: its passes then run op by op."""
+    if manifest is None:
+        return None, (
+            f"no warmed NEFF cache in {Path(model_dir) / NEFF_DIR} (the compile Job warms one with "
+            "neuron.compiledSteps neuron); running the passes op by op, compiling nothing. Compile the "
+            "model again"
+        )
+    here = neff_key(model, model_dir, backend)
+    made = manifest.get("key", {})
+    diffs = [f"{k} {made.get(k)} (here {here[k]})" for k in here if made.get(k) != here[k]]
+    if diffs:
+        return None, (
+            f"the NEFF cache was warmed for another pod: {', '.join(diffs)}; running the passes op by op, "
+            "compiling nothing. Compile again for this pod's instance type and settings"
+        )
+    warmed = {tuple(b) for b in manifest.get("buckets", [])}
+    wanted = list(table)
+    steps = CompiledSteps(model, backend, graphs)
+    started = time.monotonic()
+    steps.warm([b for b in wanted if b in warmed])
+    steps.freeze()
+    missing = [b for b in wanted if b not in warmed]
+    log.info("loaded %d warmed graphs in %.1f s%s", len(wanted) - len(missing), time.monotonic() - started,
+             f"; {len(missing)} buckets were not warmed and run op by op" if missing else "")  # fmt: skip
+    return steps, None
