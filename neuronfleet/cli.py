@@ -147,6 +147,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         if report.ok:
             fit = f"; fit: {report.fit.reason}" if report.fit else ""
             print(f"ok      {where} {name}{fit}")
+            for note in report.notes:
+                print(f"  note: {note}")
         else:
             refused += 1
             print(f"refused {where} {name}")

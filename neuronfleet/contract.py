@@ -134,6 +134,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # decode batch sizes below t
 # graphs a compiled server may run, one per bucket (seconds to a minute each with Inductor on 2 cores, in the
 # compile Job or a serving pod): a bucket table that makes more is refused with what to change
 MAX_COMPILED_GRAPHS = 256
+# TorchNeuron, the engine embedded's backend on trn2 and trn3 (experimental; runtime/model/neuron_device.py
+# cites each fact): the versions the runtime-neuron image pins, and the variable that tells a compile Job and
+# its pods the instance family the NEFFs are compiled for (part of their key)
+TORCHNEURON_PINNED = {"torch-neuronx": "2.13.3.1", "torch": "2.13.0", "neuron-sdk": "2.34.0"}
+NEURON_TARGET_ENV = "NEURONFLEET_NEURON_TARGET"
 
 
 def batch_buckets(slots: int) -> list[int]:

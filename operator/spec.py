@@ -338,13 +338,16 @@ class NeuronSettings(Spec):
         "(engine embedded on cpu), fp8 (engine vllm on Inf2/Trn1); refused at apply elsewhere (vLLM's plugin "
         "on Trn2/Trn3 reads pre-quantized checkpoints).",
     )
-    compiledSteps: Literal["off", "inductor"] = Field(
+    compiledSteps: Literal["off", "inductor", "neuron"] = Field(
         "off",
-        description="Engine embedded on cpu: its passes compiled ahead by the compile Job, a graph per "
-        "bucket (inductor: AOTInductor packages, loaded by the pods without a compiler; off: op by op). "
+        description="Engine embedded: its passes compiled ahead by the compile Job, a graph per bucket. "
+        "inductor (cpu): AOTInductor packages, loaded by the pods without a compiler; a pod on a node whose "
+        "CPU differs from the compile's runs op by op and says so; today slower than off on CPU "
+        "(docs/benchmarks.md). neuron (trn2, trn3; experimental, not yet run on a device): TorchNeuron "
+        "graphs, the compile Job warming every bucket's NEFF on a node of the instance type, the pods "
+        "loading them and compiling none; unified serving at tensorParallel 1. off: op by op (cpu only). "
         "Needs neuron.buckets.context and neuron.buckets.generation, few enough to make at most 256 graphs "
-        "(the count is checked), float weights (quantization none). A pod on a node whose CPU differs from "
-        "the compile's runs op by op and says so. Today slower than off on CPU (docs/benchmarks.md).",
+        "(the count is checked), float weights (quantization none).",
     )
     expertParallel: int | None = Field(
         None,
@@ -1028,6 +1031,18 @@ SAMPLING_SET_CEL = (
 )
 
 
+# The instance families where engine embedded runs TorchNeuron (runtime/model/neuron_device.py:
+# torch-neuronx serves Trn2 and Trn3 only), experimental
+TORCHNEURON_FAMILIES = ("trn2", "trn3")
+TORCHNEURON_CEL = "(self.neuron.instanceType in [{}])".format(
+    ", ".join(f"'{t}'" for t in topology.INSTANCES if t.split(".")[0].rstrip("nu") in TORCHNEURON_FAMILIES)
+)
+
+
+def _torchneuron(s: NeuronModelSpec) -> bool:
+    return instance_family(s.neuron.instanceType) in TORCHNEURON_FAMILIES
+
+
 def instance_family(instance_type: str) -> str:
     """The engine matrix's family of an instance type (trn1n is trn1, trn2u trn2)."""
     return instance_type.split(".")[0].rstrip("nu") if instance_type != "cpu" else "cpu"
@@ -1089,20 +1104,40 @@ def _scaled_role_replicas(s: NeuronModelSpec) -> tuple[str, int]:
         "'engine ' + self.engine + ' needs Neuron devices: instanceType cpu runs engine embedded only'",
     ),
     EMBEDDED_ON_NEURON := Rule(
-        "self.neuron.instanceType == 'cpu' || self.engine != 'embedded'",
-        "engine embedded (set, or the default) has no Neuron backend yet: neuronfleet's runtime serves on "
-        "instanceType cpu only; on a Neuron instance type use engine vllm (or tgi on Inf2 and Trn1, sglang "
-        "on Trn3), or use instanceType cpu",
-        lambda s: s.neuron.instanceType == "cpu" or s.engine != "embedded",
+        f"self.neuron.instanceType == 'cpu' || self.engine != 'embedded' || {TORCHNEURON_CEL}",
+        "engine embedded (set, or the default) has no Neuron backend for this instance type: neuronfleet's "
+        "runtime serves on instanceType cpu, and on trn2 and trn3 with TorchNeuron (experimental); on Inf2 "
+        "and Trn1 use engine vllm or tgi, or use instanceType cpu",
+        lambda s: s.neuron.instanceType == "cpu" or s.engine != "embedded" or _torchneuron(s),
         # (validation words the Python refusal: it names the engines that serve such a spec there, and what
         # they need changed)
-        message_expression="'engine embedded (set, or the default) has no Neuron backend yet: "
-        "neuronfleet\\'s runtime serves on instanceType cpu only; on ' + self.neuron.instanceType + ' ' + "
+        message_expression="'engine embedded (set, or the default) has no Neuron backend for ' + "
+        "self.neuron.instanceType + ' (neuronfleet\\'s runtime serves on instanceType cpu, and on trn2 and "
+        "trn3 with TorchNeuron, experimental); on ' + self.neuron.instanceType + ' ' + "
         f"({DISAGGREGATED_CEL} ? {_engines_there_cel('disaggregated')} : {_engines_there_cel('unified')})"
         f"[self.neuron.instanceType] + ({SAMPLING_SET_CEL} ? ', without serving.sampling (only engine "
         "embedded takes it)' : '') + (has(self.model.tokenizer) ? ', without model.tokenizer (only engine "
         "embedded applies it)' : '') + "
         "', or use instanceType cpu'",
+    ),
+    EMBEDDED_TORCHNEURON := Rule(
+        f"self.engine != 'embedded' || !{TORCHNEURON_CEL} || (self.neuron.compiledSteps == 'neuron' && "
+        f"!{DISAGGREGATED_CEL})",
+        "engine embedded (set, or the default) on trn2 and trn3 is experimental (TorchNeuron, not yet run on "
+        "a device) and serves unified only: set neuron.compiledSteps neuron and serving.mode unified, or use "
+        "engine vllm",
+        lambda s: (
+            s.engine != "embedded"
+            or not _torchneuron(s)
+            or (s.neuron.compiledSteps == "neuron" and s.serving.mode != "disaggregated")
+        ),
+        # (validation words the Python refusal, naming the engines that serve such a spec there)
+        message_expression="'engine embedded (set, or the default) on ' + self.neuron.instanceType + ' is "
+        "experimental (TorchNeuron, not yet run on a device) and serves unified only: ' + "
+        f"({DISAGGREGATED_CEL} ? 'serving.mode disaggregated moves KV caches from host memory, not yet the "
+        "device\\'s; use serving.mode unified' : 'set neuron.compiledSteps neuron') + ', or ' + "
+        f"({DISAGGREGATED_CEL} ? {_engines_there_cel('disaggregated')} : {_engines_there_cel('unified')})"
+        "[self.neuron.instanceType]",
     ),
     _role_tp_rule("prefill"),
     _role_tp_rule("decode"),

@@ -255,7 +255,8 @@ def compute_status(
     failing: list[str] | None = None,  # serving pods that will not become ready (`pod_problems`)
     compile_step: bool = True,  # False: the engine compiles as each server starts (no Job, no artifacts)
     compiling: dict[str, Any] | None = None,  # a running compile's progress (`compile_progress`)
-    notice: str | None = None,  # what a user of this engine should know (`engines.notice`): said once
+    notice: tuple[str, str] | None = None,  # (reason, message) a user of this engine should know
+    # (`engines.notice`: LegacyEngine, Experimental): said once
     replicas_notice: str | None = None,  # which replica count decides (`scaling.replicas_notice`): said once
     endpoint: str | None,
     at: str,
@@ -407,11 +408,16 @@ def autoscaling_condition(
     return condition(old, "AutoscalingActive", True, kind, message, generation, at)
 
 
-def _validated(notice: str | None, replicas_notice: str | None) -> tuple[str, str]:
+NOTICES = ("LegacyEngine", "Experimental")  # the Validated reasons of `engines.notice`
+
+
+def _validated(notice: tuple[str, str] | None, replicas_notice: str | None) -> tuple[str, str]:
     """The Validated condition's reason and message for a valid spec: what its engine's user should know
-    (LegacyEngine) and which replica count decides (ReplicasFromScale), each said where it applies."""
+    (LegacyEngine, Experimental) and which replica count decides (ReplicasFromScale), each said where it
+    applies."""
     if notice:
-        return "LegacyEngine", f"{notice}; {replicas_notice}" if replicas_notice else notice
+        reason, message = notice
+        return reason, f"{message}; {replicas_notice}" if replicas_notice else message
     if replicas_notice:
         return "ReplicasFromScale", f"{VALID}; {replicas_notice}"
     return "Valid", VALID
@@ -429,8 +435,8 @@ def transitions(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str
         kind, status, reason, message = c["type"], c["status"], c["reason"], c.get("message") or c["reason"]
         if kind == "Validated" and status == "False" and (changed or prev.get("message") != message):
             out.append(("Warning", "Refused", message))
-        elif kind == "Validated" and reason == "LegacyEngine" and changed:
-            out.append(("Normal", "LegacyEngine", message))
+        elif kind == "Validated" and reason in NOTICES and changed:
+            out.append(("Normal", reason, message))
         elif kind == "Validated" and reason == "ReplicasFromScale" and prev.get("message") != message:
             out.append(("Normal", "ReplicasFromScale", message))
         elif kind == "Compiled" and reason == "Compiling" and (changed or prev.get("message") != message):

@@ -34,7 +34,16 @@ from . import devices, engines, host_resources, names, topology
 from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
 from .parallelism import role_tensor_parallel as role_tensor_parallel
 from .parallelism import tensor_parallel_degrees
-from .spec import EMBEDDED_ON_NEURON, PATTERN_MEANINGS, PLACEABLE, NeuronModelSpec, valued
+from .spec import (
+    EMBEDDED_ON_NEURON,
+    EMBEDDED_TORCHNEURON,
+    PATTERN_MEANINGS,
+    PLACEABLE,
+    TORCHNEURON_FAMILIES,
+    NeuronModelSpec,
+    instance_family,
+    valued,
+)
 from .spec_base import broken_rules
 
 USABLE_MEMORY = 0.9  # share of a core's memory for weights and KV cache; the rest: runtime, scratch, graphs
@@ -60,6 +69,7 @@ class Fit:
 class Report:
     errors: list[str] = field(default_factory=list)
     fit: Fit | None = None
+    notes: list[str] = field(default_factory=list)  # what the user of an accepted spec should know
 
     @property
     def ok(self) -> bool:
@@ -210,21 +220,38 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
 
 
 def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
-    """neuron.compiledSteps inductor where it cannot work: another engine or a Neuron instance type, quantized
-    weights, bucket tables not given, or tables that make more graphs than a compile should (each said with
-    what would be right)."""
+    """neuron.compiledSteps where it cannot work: inductor with another engine or on a Neuron instance type;
+    neuron with another engine, off Trn2 and Trn3, or at a tensor parallelism above 1 (not built; unified only
+    is the CRD's rule, EMBEDDED_TORCHNEURON); quantized weights, bucket tables not given, or tables that make
+    more graphs than a compile should (each said with what would be right)."""
     n = spec.neuron
     if n.compiledSteps == "off":
         return []
-    if spec.engine != "embedded" or n.instanceType != "cpu":
+    family = instance_family(n.instanceType)
+    if n.compiledSteps == "inductor" and (spec.engine != "embedded" or n.instanceType != "cpu"):
         return [
             f"neuron.compiledSteps {n.compiledSteps} compiles our runtime's passes for CPUs: it takes engine "
             f"embedded on instanceType cpu, not engine {spec.engine} on {n.instanceType}; set it to off"
+            + (" (on trn2 and trn3 engine embedded takes neuron)" if family in TORCHNEURON_FAMILIES else "")
         ]
+    if n.compiledSteps == "neuron":
+        if spec.engine != "embedded" or family not in TORCHNEURON_FAMILIES:
+            return [
+                "neuron.compiledSteps neuron runs our runtime's passes on Trainium with TorchNeuron: it "
+                f"takes engine embedded on trn2 or trn3, not engine {spec.engine} on {n.instanceType}; "
+                + ("set it to inductor or off" if n.instanceType == "cpu" else "set it to off")
+            ]
+        if (tp := max(tensor_parallel_degrees(spec))) > 1:
+            return [
+                f"neuron.compiledSteps neuron runs at tensorParallel 1 only (tensor parallelism over "
+                f"torch.distributed is not built yet), not {tp}: use tensorParallel 1 for a model that fits "
+                "one core, or engine vllm"
+            ]
     if n.quantization != "none":
         return [
             f"neuron.compiledSteps {n.compiledSteps} takes float weights; quantization {n.quantization} runs "
-            "on torch's CPU kernels only: set quantization none, or compiledSteps off"
+            "on torch's CPU kernels only: set quantization none"
+            + (", or compiledSteps off" if n.compiledSteps == "inductor" else "")
         ]
     if not n.buckets.context or not n.buckets.generation:
         return [
@@ -251,12 +278,31 @@ def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
 
 
 def _embedded_on_neuron(spec: NeuronModelSpec) -> str:
-    """The refusal of engine embedded on a Neuron instance type, naming the engines that serve such a spec."""
+    """The refusal of engine embedded on a Neuron instance type without its backend, naming the engines that
+    serve such a spec."""
     named = "engine embedded" + ("" if "engine" in spec.model_fields_set else " (the default, not set)")
     instance = spec.neuron.instanceType
     return (
-        f"{named} has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its compile for "
-        f"{instance} would fail); {_what_runs_on(spec, instance)}"
+        f"{named} has no Neuron backend for {instance} (neuronfleet's runtime serves on cpu, and on trn2 and "
+        f"trn3 with TorchNeuron, experimental; its compile for {instance} would fail); "
+        f"{_what_runs_on(spec, instance)}"
+    )
+
+
+def _embedded_torchneuron(spec: NeuronModelSpec) -> str:
+    """The refusal of engine embedded on trn2 or trn3 without what its TorchNeuron path needs, naming the
+    engines that serve such a spec there."""
+    named = "engine embedded" + ("" if "engine" in spec.model_fields_set else " (the default, not set)")
+    instance = spec.neuron.instanceType
+    need = (
+        "serving.mode disaggregated moves KV caches from host memory, not yet the device's: use serving.mode "
+        "unified"
+        if spec.serving.mode == "disaggregated"
+        else "set neuron.compiledSteps neuron (the compile Job warms a graph per bucket)"
+    )
+    return (
+        f"{named} on {instance} is experimental (TorchNeuron, not yet run on a device) and serves unified "
+        f"only: {need}; or {_what_runs_on(spec, instance)}"
     )
 
 
@@ -310,11 +356,27 @@ def validate(
     r = Report()
     n = spec.neuron
     inst = topology.INSTANCES.get(n.instanceType)
-    r.errors += broken_rules(spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron})  # (the CRD's, at apply)
+    r.errors += broken_rules(  # (the CRD's, at apply)
+        spec, {EMBEDDED_ON_NEURON: _embedded_on_neuron, EMBEDDED_TORCHNEURON: _embedded_torchneuron}
+    )
     r.errors += engines.unsupported(spec)  # the engine's limits (the CRD's too, but overrides): never dropped
     r.errors += privileged_image_errors(spec, allow_privileged_image)
     r.errors += devices.refusals(spec)  # a logical-core setting no node is found for (the chart's settings)
     r.errors += compiled_steps_refusals(spec)
+    if (said := engines.notice(spec)) is not None:
+        r.notes.append(f"{said[0]}: {said[1]}")
+    if n.compiledSteps != "off" and n.buckets.context and n.buckets.generation:
+        graphs = len(
+            compiled_buckets(n.batchSize, sorted(set(n.buckets.context)), sorted(set(n.buckets.generation)))
+        )
+        r.notes.append(
+            f"neuron.compiledSteps {n.compiledSteps}: the compile Job compiles {graphs} graphs"
+            + (
+                " (about 20 s each on 2 CPU cores for a 135M model: docs/benchmarks.md)"
+                if n.compiledSteps == "inductor"
+                else " on a node of the instance type"
+            )
+        )
     if not r.errors:  # a pod's CPU or memory request more than its node can give (once the shape is valid)
         r.errors += host_resources.allocatable_refusals(spec)
     if limit is not None and n.sequenceLength > limit.length:

@@ -108,8 +108,10 @@ def serving_writes_cache(spec: NeuronModelSpec) -> bool:
     return getattr(ENGINES[spec.engine], "SERVING_WRITES_CACHE", False)
 
 
-def notice(spec: NeuronModelSpec) -> str | None:
-    """What a user of the spec's engine should know when it is accepted (TGI: legacy), else None."""
+def notice(spec: NeuronModelSpec) -> tuple[str, str] | None:
+    """What a user of the spec's engine should know when it is accepted, as the Validated condition's
+    (reason, message): TGI is legacy (LegacyEngine), engine embedded on trn2 and trn3 experimental
+    (Experimental); else None."""
     return getattr(ENGINES[spec.engine], "notice", lambda _: None)(spec)
 
 

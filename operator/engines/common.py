@@ -25,13 +25,14 @@ from neuronfleet.contract import (
 from .. import front_door
 from ..spec import NeuronModelSpec
 
-# Our own runtime's image, built from the repository's Dockerfile (target runtime-cpu); the chart's
-# runtimeImages.cpu may name another. It runs every router and every instanceType cpu model: nothing of ours
-# runs on a Neuron device (engine embedded has no Neuron backend yet), so there is no Neuron image of ours.
+# Our own runtime's images, built from the repository's Dockerfile (targets runtime-cpu and runtime-neuron);
+# the chart's runtimeImages may name others. runtime-cpu runs every router and every instanceType cpu model;
+# runtime-neuron (TorchNeuron: torch-neuronx, its compiler and the Neuron runtime) runs engine embedded on
+# trn2 and trn3, experimental.
 OWN_IMAGES = {
     target: os.environ.get(f"NEURONFLEET_RUNTIME_IMAGE_{target.upper()}")
     or f"ghcr.io/neuronfleet/runtime-{target}:{__version__}"
-    for target in ("cpu",)
+    for target in ("cpu", "neuron")
 }
 
 
@@ -108,8 +109,9 @@ def artifacts_dir(compile_hash: str) -> str:
 
 
 def own_image(spec: NeuronModelSpec) -> str:
-    """Our runtime's image (engine embedded on a Neuron instance type is refused by validation)."""
-    return OWN_IMAGES["cpu"]
+    """Our runtime's image: runtime-neuron where it runs TorchNeuron (neuron.compiledSteps neuron, on trn2 or
+    trn3), else runtime-cpu (engine embedded on another Neuron instance type is refused by validation)."""
+    return OWN_IMAGES["neuron" if spec.neuron.compiledSteps == "neuron" else "cpu"]
 
 
 def s3_source_dir(uri: str) -> str:

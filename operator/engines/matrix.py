@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuronfleet.contract import TORCHNEURON_PINNED
+
 from . import sglang, tgi, vllm_nxdi, vllm_plugin
 from .common import Pinned
 
@@ -20,14 +22,21 @@ NEEDS_NEURON = "refused (needs Neuron devices)"
 @dataclass(frozen=True)
 class Support:
     """What one engine does on one instance family: its pinned contract (None: our own runtime, or none) and
-    a cell per serving mode ("works (how it is proven)" or "refused (why)")."""
+    a cell per serving mode ("works (how it is proven)", "experimental (with what settings; why it is not
+    yet proven)" or "refused (why)")."""
 
     pinned: Pinned | None
     unified: str
     disaggregated: str
 
 
-_NO_BACKEND = "refused (our runtime has no Neuron backend yet)"
+_NO_BACKEND = "refused (our runtime's TorchNeuron backend serves Trn2 and Trn3 only)"
+_TORCHNEURON = (
+    f"experimental (TorchNeuron: torch-neuronx {TORCHNEURON_PINNED['torch-neuronx']}, SDK "
+    f"{TORCHNEURON_PINNED['neuron-sdk']}, with `neuron.compiledSteps: neuron` at tensorParallel 1; not yet "
+    "run on a device: `tests/device/neuron_smoke.py` is the proof to run on one)"
+)
+_TORCHNEURON_PD = "refused (our runtime moves KV caches from host memory, not yet from the device's)"
 _NXDI = "vLLM 0.16.0 over NxD Inference, SDK 2.31.1"
 _PLUGIN = "vLLM Neuron plugin, vLLM 0.24.0, SDK 2.32.0"
 _NXDI_TEST = "contract-tested: `tests/unit/test_engine_vllm_nxdi.py`"
@@ -42,7 +51,8 @@ MATRIX: dict[tuple[str, str], Support] = {
         "works (local mode end to end, `tests/cluster` in CI)",
         "works (KV over tcp or NIXL; local mode end to end, `tests/cluster` in CI)",
     ),
-    **{("embedded", f): Support(None, _NO_BACKEND, _NO_BACKEND) for f in FAMILIES[1:]},
+    **{("embedded", f): Support(None, _NO_BACKEND, _NO_BACKEND) for f in ("inf2", "trn1")},
+    **{("embedded", f): Support(None, _TORCHNEURON, _TORCHNEURON_PD) for f in ("trn2", "trn3")},
     **{
         ("vllm", f): Support(
             vllm_nxdi.PINNED,

@@ -186,5 +186,5 @@ LEGACY = (
 )
 
 
-def notice(spec: NeuronModelSpec) -> str:
-    return LEGACY
+def notice(spec: NeuronModelSpec) -> tuple[str, str]:
+    return "LegacyEngine", LEGACY

@@ -49,15 +49,16 @@ from typing import Any
 
 import torch
 
+from neuronfleet.contract import NEURON_TARGET_ENV, TORCHNEURON_PINNED
 from neuronfleet.runtime.model.compiled_steps import Bucket, CompiledSteps
 from neuronfleet.runtime.model.llama import LlamaModel
 
 NEFF_DIR = "neff"  # in the artifacts folder: the NEFF cache the compile Job warmed
 WARMED = "warmed.json"  # in NEFF_DIR, written last: the cache is complete once it is there
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
-TARGET_ENV = "NEURONFLEET_NEURON_TARGET"  # the instance family the operator runs the Job and pods on
+TARGET_ENV = NEURON_TARGET_ENV  # the instance family the operator runs the Job and pods on
 LOCAL_CACHE = "/tmp/neff"  # a pod's own copy (its /tmp is an emptyDir)
-PINNED = {"torch-neuronx": "2.13.3.1", "torch": "2.13.0", "neuron-sdk": "2.34.0"}
+PINNED = TORCHNEURON_PINNED
 
 log = logging.getLogger(__name__)
 

@@ -268,11 +268,11 @@ def test_apply_compile_deploy_roll_drift_restart_and_delete(cluster):
     ("change", "refusal"),
     [
         ({"neuron": {"tensorParallel": 3}}, "tensorParallel 3 is not a documented degree on inf2.48xlarge"),
-        (  # what is not built: our runtime has no Neuron backend yet
+        (  # what is not built: our runtime has no Neuron backend on Inf2
             {"engine": "embedded"},
-            "engine embedded has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its "
-            "compile for inf2.48xlarge would fail); on inf2.48xlarge use engine vllm or tgi, or instanceType "
-            "cpu for engine embedded",
+            "engine embedded has no Neuron backend for inf2.48xlarge (neuronfleet's runtime serves on cpu, "
+            "and on trn2 and trn3 with TorchNeuron, experimental; its compile for inf2.48xlarge would fail); "
+            "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded",
         ),
     ],
     ids=["topology", "embedded-on-neuron"],

@@ -43,7 +43,10 @@ VALUE_SETS = {
     },
     "custom-images": {
         "image": {"repository": "registry.example.com/ml/neuronfleet-operator", "tag": "0.1.0-rc1"},
-        "runtimeImages": {"cpu": "registry.example.com/ml/runtime-cpu:0.1.0"},
+        "runtimeImages": {
+            "cpu": "registry.example.com/ml/runtime-cpu:0.1.0",
+            "neuron": "registry.example.com/ml/runtime-neuron:0.1.0",
+        },
         "imagePullSecrets": [{"name": "regcred"}],
         "serviceAccount": {"create": False, "name": "existing-sa"},
         "logLevel": "debug",
@@ -292,7 +295,7 @@ def test_value_sets_reach_the_objects():
     assert pod["serviceAccountName"] == "existing-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NEURONFLEET_RUNTIME_IMAGE_CPU"] == "registry.example.com/ml/runtime-cpu:0.1.0"
-    assert "NEURONFLEET_RUNTIME_IMAGE_NEURON" not in env  # (no image of ours for Neuron devices)
+    assert env["NEURONFLEET_RUNTIME_IMAGE_NEURON"] == "registry.example.com/ml/runtime-neuron:0.1.0"
     assert "--verbose" in container["args"]
 
 
@@ -373,8 +376,8 @@ def test_the_privileged_image_leave_reaches_the_operator_as_the_setting_it_reads
         ({"security": {"allowPrivilegedImageOverride": "yes"}}, "allowPrivilegedImageOverride"),
         ({"neuron": {"deviceAllocation": "claims"}}, "deviceAllocation"),
         ({"neuron": {"lncNodeLabel": "not a label"}}, "lncNodeLabel"),
-        # no image of ours runs on Neuron devices (the Dockerfile has no such target): refused, not ignored
-        ({"runtimeImages": {"neuron": "registry.example.com/n:1"}}, "neuron"),
+        # our images are the Dockerfile's targets: another key is refused, not ignored
+        ({"runtimeImages": {"inf2": "registry.example.com/n:1"}}, "inf2"),
     ],
 )
 def test_values_that_break_the_schema_are_refused(values, complaint):

@@ -40,16 +40,34 @@ def model(engine: str, mode: str, family: str) -> dict:
 CELLS = [(e, m, f) for e in matrix.ENGINES for m in matrix.MODES for f in matrix.FAMILIES]
 
 
-@pytest.mark.parametrize(("engine", "mode", "family"), CELLS)
-def test_every_cell_is_what_validation_and_the_api_server_say(engine, mode, family):
-    cell = matrix.cell(engine, mode, family)
-    assert cell.split(" ")[0] in ("works", "refused"), cell
-    obj = model(engine, mode, family)
-    report = validation.check(obj)
-    assert report.ok == cell.startswith("works"), (cell, report.errors)
+# what an experimental cell names: engine embedded's TorchNeuron path on trn2 and trn3
+EXPERIMENTAL = {
+    "tensorParallel": 1, "compiledSteps": "neuron",
+    "buckets": {"context": [128, 1024, 3072], "generation": [1024, 4096]},
+}  # fmt: skip
+
+
+def refusals(obj: dict) -> tuple[list[str], list[str]]:
+    """What validation and the API server (the CRD's rules) refuse of a NeuronModel."""
     schema = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     at_apply = semantics.schema_errors(semantics.apply_defaults(copy.deepcopy(obj), schema), schema)
+    return validation.check(obj).errors, at_apply
+
+
+@pytest.mark.parametrize(("engine", "mode", "family"), CELLS)
+def test_every_cell_is_what_validation_and_the_api_server_say(engine, mode, family):
+    """A "works" cell validates as the matrix's model is; an "experimental" one with the settings it names
+    (and not without: the refusal says to set them); a "refused" one never."""
+    cell = matrix.cell(engine, mode, family)
+    assert cell.split(" ")[0] in ("works", "refused", "experimental"), cell
+    obj = model(engine, mode, family)
+    errors, at_apply = refusals(obj)
+    assert (not errors) == cell.startswith("works"), (cell, errors)
     assert (not at_apply) == cell.startswith("works"), (cell, at_apply)
+    if cell.startswith("experimental"):
+        assert any("neuron.compiledSteps neuron" in e for e in errors), errors
+        obj["spec"]["neuron"].update(copy.deepcopy(EXPERIMENTAL))
+        assert refusals(obj) == ([], []), cell
 
 
 @pytest.mark.parametrize(("engine", "family"), [k for k, s in matrix.MATRIX.items() if s.pinned is not None])

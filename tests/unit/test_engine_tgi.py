@@ -338,13 +338,14 @@ def test_a_tgi_model_is_accepted_saying_once_that_the_engine_is_legacy():
     obj = yaml.safe_load((ROOT / "crds" / "samples" / "llama-3.2-3b-tgi-inf2.yaml").read_text())
     spec = spec_of(obj)
     assert validation.validate(spec).ok
-    notice = builders.engines.notice(spec)
+    reason, notice = builders.engines.notice(spec)
+    assert reason == "LegacyEngine"
     assert notice.startswith("engine tgi is legacy") and tgi.IMAGE in notice
 
     def status(old: dict) -> dict:
         return compute_status(
             old=old, generation=1, errors=[], compile_hash="h", serving_hash=None, job=("running", ""),
-            roles={"unified": (1, 0)}, notice=notice, endpoint=None, at="2026-12-03T00:00:00Z",
+            roles={"unified": (1, 0)}, notice=(reason, notice), endpoint=None, at="2026-12-03T00:00:00Z",
         )  # fmt: skip
 
     first = status({})

@@ -1,15 +1,20 @@
 """neuron.compiledSteps through the operator: refused where it cannot work, each refusal saying what would be
 right; accepted with a small table, its graph count checked against the contract's one table; it reaches the
 compile Job's compile.json and every pod of our runtime that loads the model (not the front door), and is
-part of the compile hash only when set."""
+part of the compile hash only when set. neuron (engine embedded on trn2 and trn3 over TorchNeuron) is
+accepted as experimental, said so, and renders the runtime-neuron image on Neuron nodes."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
+from support import ROOT, run_neuronfleet
 
-from neuronfleet.contract import MAX_COMPILED_GRAPHS, CompileConfig
+from neuronfleet.contract import MAX_COMPILED_GRAPHS, NEURON_TARGET_ENV, CompileConfig
 from neuronfleet.operator import builders, engines
+from neuronfleet.operator.builders import Owner
 from neuronfleet.operator.spec import NeuronModelSpec
+from neuronfleet.operator.status import compute_status, transitions
 from neuronfleet.operator.validation import validate
 
 SMALL = {"context": [128, 1024], "generation": [512, 2048]}
@@ -83,3 +88,95 @@ def test_it_reaches_compile_json_and_the_pods_and_the_hash_only_when_set():
                                                        "sequenceLength": 2048, "maxInputLength": 1024,
                                                        "buckets": SMALL}})  # fmt: skip
     assert builders.compile_hash(plain) == builders.compile_hash(off)
+
+
+# ---- neuron: engine embedded on trn2 and trn3 over TorchNeuron (experimental) ------------------------------
+
+TRN2 = ROOT / "crds" / "samples" / "smollm2-1.7b-embedded-trn2.yaml"
+
+
+def trn2_spec(**neuron) -> NeuronModelSpec:
+    obj = yaml.safe_load(TRN2.read_text())
+    obj["spec"]["neuron"].update(neuron)
+    return NeuronModelSpec.model_validate(obj["spec"])
+
+
+def test_torchneuron_on_trn2_is_accepted_as_experimental_said_in_validated_and_by_validate():
+    """The sample validates; the Validated condition's reason is Experimental (with a Normal Event once),
+    and `neuronfleet validate` says so and how many graphs its compile Job warms."""
+    spec = trn2_spec()
+    report = validate(spec)
+    assert report.errors == []
+    reason, message = engines.notice(spec)
+    assert reason == "Experimental" and "has not run on a device" in message
+    assert any("compiles 18 graphs on a node of the instance type" in n for n in report.notes)
+    status = compute_status(
+        old={}, generation=1, errors=[], compile_hash="h", serving_hash=None, job=("running", ""),
+        roles={"unified": (1, 0)}, notice=(reason, message), endpoint=None, at="2026-12-07T00:00:00Z",
+    )  # fmt: skip
+    validated = next(c for c in status["conditions"] if c["type"] == "Validated")
+    assert (validated["status"], validated["reason"], validated["message"]) == ("True", reason, message)
+    assert ("Normal", "Experimental", message) in transitions({}, status)
+    run = run_neuronfleet("validate", "--offline", str(TRN2))
+    assert run.returncode == 0 and "note: Experimental: engine embedded on trn2.48xlarge" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (  # the TorchNeuron path on another family, and Inductor's on trn2
+            {"instanceType": "inf2.48xlarge"},
+            "engine embedded has no Neuron backend for inf2.48xlarge",
+        ),
+        (
+            {"compiledSteps": "inductor"},
+            "takes engine embedded on instanceType cpu, not engine embedded on trn2",
+        ),
+        ({"compiledSteps": "off"}, "serves unified only: set neuron.compiledSteps neuron"),
+        ({"tensorParallel": 4}, "runs at tensorParallel 1 only (tensor parallelism over torch.distributed"),
+        ({"quantization": "int8"}, "takes float weights; quantization int8"),
+        ({"buckets": {}}, "give neuron.buckets.context and neuron.buckets.generation"),
+    ],
+)
+def test_torchneuron_settings_it_cannot_serve_are_refused_saying_what_to_change(change, says):
+    errors = validate(trn2_spec(**change)).errors
+    assert any(says in e for e in errors), errors
+
+
+def test_torchneuron_on_cpu_or_with_another_engine_is_refused():
+    assert any("set it to inductor or off" in e for e in validate(spec_of(compiledSteps="neuron")).errors)
+    spec = NeuronModelSpec.model_validate({
+        "model": {"uri": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}, "engine": "vllm",
+        "neuron": {"instanceType": "trn2.48xlarge", "compiledSteps": "neuron"},
+    })  # fmt: skip
+    errors = validate(spec).errors
+    assert any("takes engine embedded on trn2 or trn3, not engine vllm on trn2.48xlarge" in e for e in errors)
+
+
+def test_torchneuron_renders_the_neuron_image_a_compile_job_on_the_device_and_pods_told_their_family():
+    """The compile Job runs the runtime-neuron image on a trn2 node with the core it serves on (TorchNeuron
+    documents no compile-only mode) and writes compile.json with compiledSteps neuron; the serving pods run
+    the same image on a core each, with `--compiled-steps neuron`; both are told the instance family (part
+    of the NEFFs' key). kubernetes-validate checks these objects for every sample
+    (test_operator_builders.py)."""
+    spec = trn2_spec()
+    chash = builders.compile_hash(spec)
+    objs = builders.build_all(Owner("smollm2-1-7b-trn2", "inference", "uid"), spec, serving_hash=chash)
+    job = next(o for o in objs if o["kind"] == "Job" and "compile" in o["metadata"]["name"])
+    pod = job["spec"]["template"]["spec"]
+    (compile_c,) = pod["containers"]
+    assert compile_c["image"] == engines.OWN_IMAGES["neuron"]
+    assert {"name": NEURON_TARGET_ENV, "value": "trn2"} in compile_c["env"]
+    assert compile_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "trn2.48xlarge"
+    compiled = CompileConfig.model_validate_json(builders.compile_config(spec, chash).to_json())
+    assert (compiled.compiledSteps, compiled.instanceType, compiled.dtype) == ("neuron", "trn2.48xlarge",
+                                                                              "bfloat16")  # fmt: skip
+    (dep,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"][
+        "neuronfleet.dev/role"] == "unified"]  # fmt: skip
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == engines.OWN_IMAGES["neuron"]
+    assert c["command"][c["command"].index("--compiled-steps") + 1] == "neuron"
+    assert {"name": NEURON_TARGET_ENV, "value": "trn2"} in c["env"]
+    assert c["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
+    assert c["securityContext"]["runAsNonRoot"] is True  # our image: unprivileged, as on cpu

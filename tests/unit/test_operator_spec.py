@@ -308,13 +308,13 @@ DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
     [
         (  # the engine the user named, on the sample's inf2.48xlarge (TGI serves there, SGLang-Neuron not)
             lambda s: s.update(engine="embedded"),
-            "engine embedded has no Neuron backend yet (neuronfleet's runtime serves on cpu only; its "
-            "compile for inf2.48xlarge would fail); on inf2.48xlarge use engine vllm or tgi, or instanceType "
-            "cpu for engine embedded",
+            "engine embedded has no Neuron backend for inf2.48xlarge (neuronfleet's runtime serves on cpu, "
+            "and on trn2 and trn3 with TorchNeuron, experimental; its compile for inf2.48xlarge would fail); "
+            "on inf2.48xlarge use engine vllm or tgi, or instanceType cpu for engine embedded",
         ),
         (  # the default engine says it is the default
             lambda s: s.pop("engine"),
-            "engine embedded (the default, not set) has no Neuron backend yet",
+            "engine embedded (the default, not set) has no Neuron backend for inf2.48xlarge",
         ),
         (  # what only our runtime reads (a tokenizer elsewhere, a prompt limit vLLM cannot enforce) does not
             # hide the engines that serve such a model there
@@ -348,9 +348,11 @@ DISAGGREGATED = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn1.32xlarge")),
             "compile for trn1.32xlarge would fail); on trn1.32xlarge use engine vllm",
         ),
-        (
+        (  # on trn2: experimental, with the setting it needs named, and the engine that serves there
             lambda s: (s.update(engine="embedded"), s["neuron"].update(instanceType="trn2.48xlarge")),
-            "compile for trn2.48xlarge would fail); on trn2.48xlarge use engine vllm",
+            "engine embedded on trn2.48xlarge is experimental (TorchNeuron, not yet run on a device) and "
+            "serves unified only: set neuron.compiledSteps neuron (the compile Job warms a graph per "
+            "bucket); or on trn2.48xlarge use engine vllm",
         ),
     ],
 )
