@@ -291,10 +291,12 @@ def compile_artifacts(
         log(f"cache hit: {out} is complete")
         return report({**json.loads(manifest_path.read_text()), "cacheHit": True})
     config = load_config(config_path)
-    if config.instanceType != "cpu":
+    torchneuron = config.instanceType.split(".")[0] in ("trn2", "trn3", "trn2u", "trn3u")
+    if config.instanceType != "cpu" and not (torchneuron and config.compiledSteps == "neuron"):
         raise CompileError(
-            f"instanceType {config.instanceType}: the embedded engine compiles for cpu only (it has no "
-            "Neuron backend yet); use engine vllm on Neuron"
+            f"instanceType {config.instanceType} with compiledSteps {config.compiledSteps}: the embedded "
+            "engine compiles for cpu, and for trn2 and trn3 with compiledSteps neuron (TorchNeuron, "
+            "experimental); use engine vllm on other Neuron instance types"
         )
     started = time.monotonic()
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"

@@ -114,18 +114,21 @@ class CompiledSteps:
                  bucket[1:], time.monotonic() - start, len(self.buckets))  # fmt: skip
         return out
 
-    @torch.inference_mode()
     def warm(self, table: Iterable[Bucket], progress: Callable[[int, int], None] | None = None) -> None:
         """Run every bucket of `table` once on inputs of its shapes (`sample_inputs`: they write only the
         cache's scratch column), compiling its graph, or loading it from the backend's cache (TorchNeuron's
-        NEFF cache); `progress(done, total)` after each."""
+        NEFF cache); `progress(done, total)` after each. The inputs are made as the runner makes a step's,
+        outside inference mode (an inference tensor would make the graph's guards expect one, and the
+        runner's first step of each bucket compile it again), and run in it, as `decode` and `prefill` do."""
         table = list(table)
         for done, bucket in enumerate(table, 1):
-            inputs = sample_inputs(self.model, bucket)
-            if bucket[0] == "decode":
-                self._run(bucket, self._decode, self.model.decode_logits, *inputs)
-            else:
-                self._run(bucket, self._prefill, self.model.prefill_logits, *inputs)
+            with torch.inference_mode(False):
+                inputs = sample_inputs(self.model, bucket)
+            with torch.inference_mode():
+                if bucket[0] == "decode":
+                    self._run(bucket, self._decode, self.model.decode_logits, *inputs)
+                else:
+                    self._run(bucket, self._prefill, self.model.prefill_logits, *inputs)
             if progress is not None:
                 progress(done, len(table))
 

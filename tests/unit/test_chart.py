@@ -7,6 +7,7 @@ and the Dockerfile's structure (targets, pinned bases, non-root users)."""
 from __future__ import annotations
 
 import re
+import tomllib
 
 import helm_python as helm  # helm-python-sdk, installed by scripts/setup.sh
 import kubernetes_validate
@@ -15,6 +16,7 @@ import yaml
 from support import ROOT
 
 import neuronfleet
+from neuronfleet.contract import TORCHNEURON_PINNED
 from neuronfleet.operator import crd, kube, leader, leadership, watching
 
 RELEASE_NAMESPACE = "neuronfleet-system"
@@ -399,9 +401,11 @@ def test_chart_version_crd_and_notes_follow_the_code():
     assert "kubectl -n ops rollout status deployment/nf-neuronfleet" in notes
 
 
-def test_the_dockerfile_builds_two_pinned_non_root_targets_and_nothing_for_neuron_devices():
-    """The operator and our runtime (routers, instanceType cpu); models on Neuron run their engine's image,
-    so no target carries the Neuron SDK."""
+def test_the_dockerfile_builds_three_pinned_non_root_targets_and_only_runtime_neuron_has_the_neuron_sdk():
+    """The operator, our runtime on CPU (routers, instanceType cpu) and our runtime over TorchNeuron (engine
+    embedded on trn2 and trn3), each from a pinned base, as a user other than root; only runtime-neuron
+    installs the Neuron SDK, at the torch-neuronx version the runtime's NEFF key and the engine matrix name
+    (pyproject.toml's `neuron` extra)."""
     text = (ROOT / "Dockerfile").read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
     stages = re.split(r"^FROM ", text, flags=re.M)[1:]
@@ -410,7 +414,7 @@ def test_the_dockerfile_builds_two_pinned_non_root_targets_and_nothing_for_neuro
         head, _, body = stage.partition("\n")
         base, _, name = head.partition(" AS ")
         targets[name.strip()] = (base.strip(), body)
-    assert set(targets) == {"sources", "operator", "runtime-cpu"}
+    assert set(targets) == {"sources", "operator", "runtime-cpu", "runtime-neuron"}
     for name, (base, body) in targets.items():
         if name == "sources":  # a build stage, never an image
             continue
@@ -421,7 +425,13 @@ def test_the_dockerfile_builds_two_pinned_non_root_targets_and_nothing_for_neuro
         users = re.findall(r"^USER (\S+)", body, re.M)
         assert users and users[-1].split(":")[0] not in ("root", "0"), (name, users)
         assert "HEALTHCHECK" not in body
-    assert not [a for a in args if a.startswith("NEURON")] and "neuronx" not in text
+    for name in ("operator", "runtime-cpu"):  # (what it runs: the next stage's comments and ARGs aside)
+        steps = [line for line in targets[name][1].splitlines() if not line.startswith(("#", "ARG"))]
+        assert not re.search(r"neuronx|\[neuron\]|NEURON_", "\n".join(steps)), name
+    assert "'.[neuron]'" in targets["runtime-neuron"][1]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"torch-neuronx=={TORCHNEURON_PINNED['torch-neuronx']}" in extras["neuron"]
+    assert f"torch=={TORCHNEURON_PINNED['torch']}" in (ROOT / "constraints.txt").read_text().split()
     assert not re.search(r"(?i)(token|password|secret)\s*=", text)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "models", "tests"} <= set(ignored)

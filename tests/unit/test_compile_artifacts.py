@@ -84,7 +84,12 @@ def test_the_command_line_runs_it_and_reports_a_cache_hit(tmp_path):
             "model source unavailable: file:///nowhere/model: not found at /nowhere",
         ),
         ("gs://bucket/model", {}, "gs://bucket/model is not supported"),
-        ("file:///tmp", {"instanceType": "inf2.xlarge"}, "the embedded engine compiles for cpu only"),
+        (
+            "file:///tmp",
+            {"instanceType": "inf2.xlarge"},
+            "the embedded engine compiles for cpu, and for trn2 and trn3 with compiledSteps neuron",
+        ),
+        ("file:///tmp", {"instanceType": "trn2.48xlarge"}, "trn2.48xlarge with compiledSteps off"),
     ],
 )
 def test_bad_sources_and_targets_fail_clearly_and_leave_nothing(tmp_path, uri, extra, message):

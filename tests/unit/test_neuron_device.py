@@ -103,16 +103,18 @@ def test_a_pod_loads_the_warmed_buckets_once_and_then_compiles_nothing(tiny, tmp
     assert why is None and steps is not None and steps.frozen
     assert recorder.graphs == len(warmed)  # one each, at start
     gen = torch.Generator().manual_seed(0)
-    with caplog.at_level(logging.WARNING), torch.inference_mode():  # (as the runner's passes run)
+    with caplog.at_level(logging.WARNING):
         for bucket in [*table(), *table()]:
+            # the inputs made as the runner makes a step's (outside inference mode), run in it as its passes
             inputs = list(sample_inputs(model, bucket))
             inputs[0] = torch.randint(3, 200, inputs[0].shape, generator=gen)  # tokens
-            if bucket[0] == "decode":
-                want = model.decode_logits(*inputs)
-                got = steps._run(bucket, steps._decode, model.decode_logits, *inputs)
-            else:
-                want = model.prefill_logits(*inputs)
-                got = steps._run(bucket, steps._prefill, model.prefill_logits, *inputs)
+            with torch.inference_mode():
+                if bucket[0] == "decode":
+                    want = model.decode_logits(*inputs)
+                    got = steps._run(bucket, steps._decode, model.decode_logits, *inputs)
+                else:
+                    want = model.prefill_logits(*inputs)
+                    got = steps._run(bucket, steps._prefill, model.prefill_logits, *inputs)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert recorder.graphs == len(warmed)  # serving compiled nothing
     assert steps.unwarmed == set(table()[-2:])
