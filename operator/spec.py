@@ -1333,7 +1333,8 @@ class NeuronModelSpec(Spec):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
         "embedded",
-        description="embedded (neuronfleet's runtime: instanceType cpu only, it has no Neuron backend yet), "
+        description="embedded (neuronfleet's runtime: instanceType cpu, and trn2/trn3 over TorchNeuron, "
+        "experimental, with neuron.compiledSteps neuron), "
         "or the vLLM, TGI or SGLang Neuron servers. Each engine's limits (the instance families it serves, "
         "the settings it has no flag for, its prompt limit and KV transport) are refused at apply, saying "
         "what would be right.",

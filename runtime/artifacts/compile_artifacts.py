@@ -7,8 +7,9 @@ pvc:// path, hf:// through the Hub when a token allows it, s3:// into the cache'
 and verified: runtime/artifacts/s3_source.py, removed once compiled), convert its weights to the target dtype
 as safetensors (weight-only int8/int4 when compile.json asks: runtime/model/quantize.py), load them into the
 model runner to validate every shape against config.json and the buckets, and record the tokenizer, the
-buckets and the shapes. On Neuron instance types there is no compile of ours yet (engine embedded serves on
-cpu only; validation refuses it on Neuron, and no image of ours carries the Neuron SDK).
+buckets and the shapes. With compiledSteps, the passes are compiled too: an AOTInductor package per bucket on
+cpu (`compile_graphs`), or on trn2 and trn3 TorchNeuron's NEFF cache warmed for every bucket on the node's
+device (`warm_neff`, experimental: runtime/model/neuron_device.py); other Neuron instance types are refused.
 
 The folder appears whole or not at all: everything is written to a temporary folder beside it, renamed into
 place, and `manifest.json` (the completion marker the operator and serving pods trust) is written last.

@@ -7,6 +7,9 @@ runs the same tests.
     # vLLM prefill/decode on Trn2, the KV cache over NIXL on EFA, the router speaking the plugin's protocol:
     pytest tests/cluster --kubeconfig ~/.kube/config --chart-values my-values.yaml \
         --sample crds/samples/llama-3.3-70b-vllm-trn2-disaggregated.yaml
+    # our runtime over TorchNeuron on Trn2 (experimental: what proves it; runtimeImages.neuron in the values)
+    pytest tests/cluster --kubeconfig ~/.kube/config --chart-values my-values.yaml \
+        --sample crds/samples/smollm2-1.7b-embedded-trn2.yaml
 
 On a real cluster the chart is installed with `helm upgrade --install` when a `helm` binary is on PATH, else
 rendered by Helm's own engine (helm-python-sdk, as tests/unit/test_chart.py does) and applied with kubectl;

@@ -158,8 +158,8 @@ def test_unified_deployment_asks_the_device_plugin_and_the_neuron_scheduler():
 
 def disaggregated_efa():
     """GPT-OSS 120B on trn3.48xlarge with SGLang-Neuron: prefill and decode pods with KV caches over EFA, a
-    router in front (the disaggregated Neuron path validation accepts: our runtime has no Neuron backend yet,
-    vLLM's is tests/unit/test_engine_vllm_plugin.py's)."""
+    router in front (a disaggregated Neuron path validation accepts: our runtime's Neuron path serves unified
+    only, vLLM's is tests/unit/test_engine_vllm_plugin.py's)."""
     spec = sample("gpt-oss-120b-sglang-trn3-disaggregated.yaml")
     assert validation.validate(spec).ok and spec.serving.kvTransfer.transport == "efa"
     return spec
