@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from neuronfleet.runtime.model import quantize, weights_file
+from neuronfleet.runtime.model import quantize, tensor_parallel, weights_file
 from neuronfleet.runtime.model.model_config import ModelConfig, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,7 @@ def load_weights(
     quantization: str | None = None,
     weights_dtype: torch.dtype | None = None,
     pack: bool = True,
+    shard: tensor_parallel.Shard | None = None,
 ) -> ModelWeights:
     """Read Hugging Face safetensors (one file or shards) and fuse q/k/v and gate/up per layer.
 
@@ -179,7 +180,8 @@ def load_weights(
     int4 on a float folder quantizes it here, once; a quantized folder is loaded as stored (no rounding).
     `weights_dtype` (None: `dtype`) is what the float layers, the LM head and the embedding table are held
     in; float16 under float32 activations on CPU takes `HalfWeightLinear`, the one other pairing there is.
-    `pack` False: float weights stay plain (`Linear`), as a compiler takes them.
+    `pack` False: float weights stay plain (`Linear`), as a compiler takes them. `shard`: only this rank's
+    share of each layer is kept (`tensor_parallel`; float weights only).
     """
     half = weights_dtype not in (None, dtype)
     if half and (weights_dtype, dtype, device.type) != (torch.float16, torch.float32, "cpu"):
@@ -199,6 +201,14 @@ def load_weights(
         )
     if kind != "none" and device.type != "cpu":
         raise ModelLoadError(f"quantization {kind} runs on torch's CPU kernels; the device is {device.type}")
+    if shard is not None and shard.world > 1:
+        if kind != "none":
+            raise ModelLoadError(
+                f"tensor parallelism splits float weights; {kind} weights are served whole: serve the float "
+                "model, or at tensor parallelism 1"
+            )
+        tensor_parallel.shard_tensors(tensors, config, shard)
+        config = tensor_parallel.local_config(config, shard.world)
     if stored == "none" and kind != "none":
         tensors, _ = quantize.quantize_tensors(tensors, config, kind)
 
@@ -447,14 +457,24 @@ class LlamaModel:
         self, model_dir: Path, config: ModelConfig, slots: int, max_seq_len: int, dtype: torch.dtype,
         device: torch.device, quantization: str | None = None, capture_decode: bool = True,
         weights_dtype: torch.dtype | None = None, pack: bool = True,
+        shard: tensor_parallel.Shard | None = None,
     ) -> None:  # fmt: skip
-        """`pack` False: plain float weights (`load_weights`), for `compiled_steps`."""
+        """`pack` False: plain float weights (`load_weights`), for `compiled_steps`. `shard`: this rank's
+        share of a tensor-parallel model (`tensor_parallel`): `config` becomes the share's shape, the KV cache
+        holds its key and value heads, and the partial sums of o and down are added across the ranks."""
+        self.shard = shard if shard is not None and shard.world > 1 else None
+        if self.shard is not None and (why := tensor_parallel.refusal(config, self.shard.world)) is not None:
+            raise ModelLoadError(why)
+        self.weights = load_weights(
+            model_dir, config, dtype, device, quantization, weights_dtype, pack, shard
+        )
+        if self.shard is not None:
+            config = tensor_parallel.local_config(config, self.shard.world)
         self.config, self.slots, self.max_seq_len = config, slots, max_seq_len
         self.dtype, self.device = dtype, device
-        self.weights = load_weights(model_dir, config, dtype, device, quantization, weights_dtype, pack)
         # decode-only passes replay a graph of their layers recorded on the first one (on CPU: the device
-        # it is tested on)
-        self.capture_decode = capture_decode and device.type == "cpu"
+        # it is tested on; not with a collective in the pass)
+        self.capture_decode = capture_decode and device.type == "cpu" and self.shard is None
         self.decode_graph: DecodeGraph | None = None
         # Positions 0..max_seq_len (the last one: the scratch column idle decode rows write). Slot-major, and
         # positions contiguous per head: slots 0..B-1 over a length are [B, kv_heads, length, head_dim] views,
@@ -470,10 +490,14 @@ class LlamaModel:
         # four ops a layer on the decode path).
         self.layer_kv = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(config.num_layers)]
 
+    def _summed(self, x: torch.Tensor) -> torch.Tensor:
+        """A row-split layer's partial product summed over the tensor-parallel ranks (itself on one)."""
+        return x if self.shard is None else tensor_parallel.all_reduce(x, self.shard)
+
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         h = layer.post_norm(x)
         gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        return x + layer.down(F.silu(gate) * up)
+        return x + self._summed(layer.down(F.silu(gate) * up))
 
     def _split_heads(self, qkv: torch.Tensor, *lead: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[N, (H + 2 KV) D] -> q [*lead, H, D], k and v [*lead, KV, D]."""
@@ -588,7 +612,7 @@ class LlamaModel:
         x = w.embed(tokens)
         for i, layer in enumerate(w.layers):
             qkv = layer.qkv(layer.input_norm(x))
-            x = x + layer.o(self._decode_attention(i, qkv, batch))
+            x = x + self._summed(layer.o(self._decode_attention(i, qkv, batch)))
             x = self._mlp(x, layer)
         return x
 
@@ -613,7 +637,7 @@ class LlamaModel:
         x = w.embed(tokens.reshape(-1))
         for i, layer in enumerate(w.layers):
             qkv = layer.qkv(layer.input_norm(x))
-            x = x + layer.o(self._prefill_attention(i, qkv, batch))
+            x = x + self._summed(layer.o(self._prefill_attention(i, qkv, batch)))
             x = self._mlp(x, layer)
         return w.lm_head(w.norm(self._last_rows(x, batch))).float()
 
@@ -672,7 +696,7 @@ class LlamaModel:
                 attn = [self._prefill_attention(i, qkv[:n_pre], prefill)]
                 if decode:
                     attn.append(self._decode_attention(i, qkv[n_pre:], decode))
-                x = x + layer.o(torch.cat(attn) if len(attn) > 1 else attn[0])
+                x = x + self._summed(layer.o(torch.cat(attn) if len(attn) > 1 else attn[0]))
                 x = self._mlp(x, layer)
         last = []  # only the rows whose next token is wanted go through the norm and the LM head
         if prefill:

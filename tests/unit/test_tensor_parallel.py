@@ -1,0 +1,116 @@
+"""Tensor parallelism (`runtime/model/tensor_parallel.py`): two ranks over gloo, each holding half of every
+layer's heads, key/value heads and MLP columns, give the logits of the whole model (tensor parallelism 1) on
+the same passes: a prefill, a decode over the prefilled slots, a prefill after a cached prefix, and a step of
+both. This holds op by op and with the passes compiled (`aot_eager`: the graphs a device backend is given, the
+all-reduce inside them as an operator). A split the model's shape does not allow, or quantized weights, is
+refused saying what works."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from support import free_port, make_tiny_llama
+
+from neuronfleet.runtime.model import tensor_parallel
+from neuronfleet.runtime.model.compiled_steps import CompiledSteps
+from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch
+from neuronfleet.runtime.model.model_config import ModelLoadError, load_model_config
+
+SLOTS, MAX_SEQ = 4, 64
+
+
+def model_of(folder, shard=None, pack: bool = True) -> LlamaModel:
+    folder = Path(folder)
+    return LlamaModel(folder, load_model_config(folder), SLOTS, MAX_SEQ, torch.float32, torch.device("cpu"),
+                      capture_decode=False, pack=pack, shard=shard)  # fmt: skip
+
+
+def passes(model: LlamaModel, compiled: bool) -> list[torch.Tensor]:
+    """The logits of a fixed sequence of passes, each over the cache the ones before it wrote."""
+    gen = torch.Generator().manual_seed(7)
+    steps = CompiledSteps(model, "aot_eager") if compiled else None
+    out = []
+    tokens = torch.randint(3, 500, (2, 16), generator=gen)
+    first = PrefillBatch(tokens, torch.tensor([15, 11]), torch.tensor([0, 1]))
+    if compiled:  # (a compiled pass reads every prompt through its positions, up to a context bucket)
+        first.positions, first.context = torch.arange(16).expand(2, 16).contiguous(), 32
+    out.append(steps.prefill(first) if compiled else model.forward(first, None)[0])
+    decode = model.decode_batch(torch.randint(3, 500, (2,), generator=gen), torch.tensor([16, 12]), 32, None)
+    out.append(steps.decode(decode) if compiled else model.forward(None, decode)[1])
+    later = PrefillBatch(torch.randint(3, 500, (1, 8), generator=gen), torch.tensor([7]), torch.tensor([0]),
+                         torch.arange(17, 25)[None], context=32)  # fmt: skip
+    out.append(steps.prefill(later) if compiled else model.forward(later, None)[0])
+    if not compiled:  # a step of both kinds at once (op by op only: compiled, each is its own graph)
+        both = PrefillBatch(
+            torch.randint(3, 500, (1, 6), generator=gen), torch.tensor([5]), torch.tensor([2])
+        )
+        again = model.decode_batch(
+            torch.randint(3, 500, (2,), generator=gen), torch.tensor([25, 13]), 32, None
+        )
+        out.extend(model.forward(both, again))
+    return out
+
+
+def rank_main(rank: int, world: int, port: int, folder: str, results: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        shard = tensor_parallel.Shard(rank, world)
+        model = model_of(folder, shard, pack=False)
+        targets: list[str] = []
+
+        def recorder(gm, example_inputs):  # what a device backend would be given
+            targets.extend(str(node.target) for node in gm.graph.nodes)
+            return gm.forward
+
+        decode = model.decode_batch(torch.tensor([5, 6]), torch.tensor([0, 0]), 32, None)
+        CompiledSteps(model, recorder).decode(decode)
+        got = {
+            "op by op": passes(model_of(folder, shard), compiled=False),
+            "compiled": passes(model_of(folder, shard, pack=False), compiled=True),
+            "heads": (model.config.num_heads, model.config.num_kv_heads, model.kv_cache.shape[3]),
+            "all-reduces in the graph": sum("all_reduce" in t for t in targets),
+        }
+        torch.save(got, f"{results}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))  # 4 heads, 2 key/value heads, 128 columns
+
+
+def test_two_ranks_over_gloo_give_the_whole_models_logits(tiny, tmp_path):
+    want = {
+        "op by op": passes(model_of(tiny), compiled=False),
+        "compiled": passes(model_of(tiny, pack=False), compiled=True),
+    }
+    mp.spawn(rank_main, args=(2, free_port(), str(tiny), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["heads"] == (2, 1, 1)  # half of 4 heads and 2 key/value heads, and its cache holds one
+        assert got["all-reduces in the graph"] == 2 * 2  # o and down, each of 2 layers, inside one graph
+        for mode, logits in want.items():
+            assert len(got[mode]) == len(logits), mode
+            for g, w in zip(got[mode], logits, strict=True):
+                torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5, msg=f"{mode}, rank {rank}")
+
+
+def test_a_split_the_model_does_not_allow_or_quantized_weights_is_refused_saying_what_works(tiny):
+    config = load_model_config(tiny)
+    assert tensor_parallel.refusal(config, 2) is None
+    why = tensor_parallel.refusal(config, 3)
+    assert "must divide the model's attention heads 4, key/value heads 2, MLP columns 128" in why
+    assert "use one of 1, 2" in why
+    with pytest.raises(ModelLoadError, match="use one of 1, 2"):
+        model_of(tiny, tensor_parallel.Shard(0, 3))
+    with pytest.raises(ModelLoadError, match="tensor parallelism splits float weights; int8"):
+        LlamaModel(tiny, config, SLOTS, MAX_SEQ, torch.bfloat16, torch.device("cpu"), "int8",
+                   shard=tensor_parallel.Shard(0, 2))  # fmt: skip
