@@ -307,6 +307,11 @@ class ServeConfig(BaseModel):
         "model's layers recorded on the first one: the same results, without Python between the ops)",
         flag="--no-decode-graph",
     )
+    tensor_parallel: int = _flag(
+        1,
+        "ranks the model is split over (tensor parallelism: each holds its share of every layer's heads and "
+        "MLP columns), processes of this server joined by torch.distributed (gloo on cpu); role unified only",
+    )
     compiled_steps: CompiledSteps = _flag(
         "off",
         "run the model's passes as compiled graphs of static shapes, one per bucket, compiled as each bucket "

@@ -29,6 +29,11 @@ def run(args: ServeConfig) -> int:
     from neuronfleet.runtime.serving.server import RuntimeServer
 
     config = RuntimeConfig.from_serve(args)
+    if config.tensor_parallel > 1 and args.role != "unified":
+        raise ValueError(
+            f"--tensor-parallel {config.tensor_parallel} serves role unified only (a prefill or decode pod's "
+            "KV hand-off moves one process's cache): serve this role at --tensor-parallel 1"
+        )
     role_setup = _role_setup(args, config) if args.role in ("prefill", "decode") else None
     _log_info()
     publisher = _kv_event_publisher(args)

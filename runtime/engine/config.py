@@ -71,6 +71,7 @@ class RuntimeConfig:
     compiled_steps: str = (
         "off"  # the passes compiled per bucket by this torch.compile backend (compiled_steps)
     )
+    tensor_parallel: int = 1  # ranks the model is split over, processes of this server (`tp_ranks`)
     max_prefill_tokens: int = 0  # 0: DEFAULT_PREFILL_TOKENS; never below the largest prefill bucket
     max_waiting: int = 1024
     max_queue_wait: float = 60.0  # seconds a request may be expected to wait for a slot (0: no bound)
@@ -104,6 +105,10 @@ class RuntimeConfig:
             raise ValueError(
                 f"--compiled-steps {self.compiled_steps} takes float weights; --quantization "
                 f"{self.quantization} runs on torch's CPU kernels only: leave one out"
+            )
+        if self.tensor_parallel < 1:
+            raise ValueError(
+                f"tensor_parallel must be at least 1, got {self.tensor_parallel} (--tensor-parallel)"
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be at least 0, got {self.max_waiting} (--max-waiting)")
@@ -170,7 +175,7 @@ class RuntimeConfig:
             dtype=args.dtype, prefix_reuse=args.prefix_reuse, max_waiting=args.max_waiting,
             max_queue_wait=args.max_queue_wait, host_kv_cache_bytes=args.host_kv_cache_bytes,
             quantization=args.quantization, decode_graph=args.decode_graph,
-            compiled_steps=args.compiled_steps,
+            compiled_steps=args.compiled_steps, tensor_parallel=args.tensor_parallel,
         )  # fmt: skip
 
     def check_model(self, model: ModelConfig) -> RuntimeConfig:

@@ -428,6 +428,12 @@ class AsyncEngine:
             return
         finally:
             self._built.set()
+        try:
+            self._loop()
+        finally:  # (a tensor-parallel runner's other ranks stop with it, from this thread, as they ran)
+            self.engine.runner.close()
+
+    def _loop(self) -> None:
         while not self._stopping:
             self._wake.wait(timeout=0.5)
             self._wake.clear()

@@ -8,7 +8,9 @@ length bucket of the cache; then samples each row's next token. It also exports 
 values (a KV handoff), and holds the host KV store's pool (`host_kv`: blocks of keys and values in host
 memory), into which a step saves a slot's blocks before overwriting them and from which it fetches a prompt's
 cached prefix. Which slot holds which tokens, and which block sits where in the pool, is the scheduler's
-bookkeeping (`prefix_cache`, `host_kv_store`), not the runner's.
+bookkeeping (`prefix_cache`, `host_kv_store`), not the runner's. With tensor parallelism, rank 0's runner
+tells the other ranks each step's tensor work (`StepWork`) and every rank executes it on its share
+(`tp_ranks`); rank 0 alone samples.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from neuronfleet.runtime.engine.kv_events import BLOCK_SIZE
 from neuronfleet.runtime.engine.sampler import Sampler
 from neuronfleet.runtime.engine.scheduler import Row, StepPlan
 from neuronfleet.runtime.engine.scheduler import Sequence as Seq
-from neuronfleet.runtime.model import cpu_threads, heap_returns, neuron_device
+from neuronfleet.runtime.engine.tp_ranks import Ranks
+from neuronfleet.runtime.model import cpu_threads, heap_returns, neuron_device, tensor_parallel
 from neuronfleet.runtime.model.compiled_ahead import AheadGraphs
 from neuronfleet.runtime.model.compiled_steps import CompiledSteps
 from neuronfleet.runtime.model.dtypes import resolve_dtype, resolve_weights_dtype
-from neuronfleet.runtime.model.llama import LlamaModel, PrefillBatch, stored_quantization
+from neuronfleet.runtime.model.llama import DecodeBatch, LlamaModel, PrefillBatch, stored_quantization
 from neuronfleet.runtime.model.model_config import load_model_config
+from neuronfleet.runtime.model.tensor_parallel import Shard
 from neuronfleet.runtime.serving.backend import TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,22 @@ ExportMemory = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]  # (shape,
 
 def _quantized(model_dir: Path, config: RuntimeConfig) -> bool:
     return (config.quantization or stored_quantization(model_dir)) != "none"
+
+
+@dataclass
+class StepWork:
+    """What every rank of a step does with tensors, in order: exchange slots' caches (src, dst, length), save
+    slots' blocks to the host pool (slot, blocks, places), copy cached prefixes (src, dst, length), fetch
+    blocks from the pool (slot, places), then one pass over these batches. Rank 0 makes it from a StepPlan;
+    the other ranks get it by broadcast (`tp_ranks`)."""
+
+    moves: list[tuple[int, int, int]] = field(default_factory=list)
+    saves: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
+    fetches: list[tuple[int, list[int]]] = field(default_factory=list)
+    prefill: PrefillBatch | None = None
+    decode: DecodeBatch | None = None
+    prefill_rows: int = 0  # the prefill group's real rows (a compiled group is padded to a batch bucket)
 
 
 @dataclass
@@ -56,10 +76,20 @@ class StepResult:
 class ModelRunner:
     """Holds the model and the slots' samplers; runs bucketed prefill and decode, samples the next tokens."""
 
-    def __init__(self, model_dir: str | Path, config: RuntimeConfig) -> None:
+    def __init__(self, model_dir: str | Path, config: RuntimeConfig, rank: int = 0) -> None:
+        """`rank`: this process's rank of a tensor-parallel server (`config.tensor_parallel` > 1); rank 0
+        starts the others (`tp_ranks.Ranks`) before it loads its share."""
         self.model_dir = Path(model_dir)
         self.model_config = load_model_config(self.model_dir)
         self.config = config.check_model(self.model_config)
+        self.ranks: Ranks | None = None
+        shard = None
+        if config.tensor_parallel > 1:
+            if (why := tensor_parallel.refusal(self.model_config, config.tensor_parallel)) is not None:
+                raise ValueError(f"{why} (--tensor-parallel)")  # (before any other rank starts)
+            shard = Shard(rank, config.tensor_parallel)
+            if rank == 0:
+                self.ranks = Ranks.start(self.model_dir, config, type(self))
         # `auto`, decided once: the activations' and KV cache's dtype, and the float layers' weights'
         quantized = _quantized(self.model_dir, config)
         self.dtype_name = resolve_dtype(config.dtype, config.device, quantized)
@@ -71,6 +101,8 @@ class ModelRunner:
         )
         # torch's threads within the container's CPU quota and affinity (None off the CPU)
         self.cpu_threads = cpu_threads.configure() if config.device == "cpu" else None
+        if self.cpu_threads is not None and shard is not None:  # the ranks share the pod's CPUs
+            torch.set_num_threads(max(1, torch.get_num_threads() // shard.world))
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
         warmed = None  # on a Neuron device: the compile Job's NEFF cache, copied to this pod's disk first
         if config.device == "neuron":
@@ -83,7 +115,7 @@ class ModelRunner:
             self.model = LlamaModel(
                 self.model_dir, self.model_config, config.slots, config.max_seq_len, self.dtype, self.device,
                 config.quantization, config.decode_graph and not compiled,
-                getattr(torch, self.weights_dtype_name), pack=not compiled,
+                getattr(torch, self.weights_dtype_name), pack=not compiled, shard=shard,
             )  # fmt: skip
         # the passes as compiled graphs, one per bucket (`RuntimeConfig.compiled_graphs`: a prefill group's
         # rows padded to a batch bucket, every group read through its positions up to a context bucket)
@@ -108,12 +140,14 @@ class ModelRunner:
         c = self.model_config
         self.kv_bytes_per_token = c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.dtype.itemsize
         # the host KV store's pool: [blocks, layers, 2, kv_heads, BLOCK_SIZE, head_dim] in host memory (pages
-        # are taken as blocks are first written)
+        # are taken as blocks are first written); its blocks counted over the whole model's KV, so that each
+        # rank of a tensor-parallel server holds the same blocks of its own key and value heads
         block_bytes = BLOCK_SIZE * self.kv_bytes_per_token
         self.host_blocks = config.host_kv_bytes(self.kv_bytes_per_token) // block_bytes
         self.host_kv: torch.Tensor | None = None
         if self.host_blocks:
-            shape = (self.host_blocks, c.num_layers, 2, c.num_kv_heads, BLOCK_SIZE, c.head_dim)
+            kv_heads = self.model.config.num_kv_heads  # (this rank's)
+            shape = (self.host_blocks, c.num_layers, 2, kv_heads, BLOCK_SIZE, c.head_dim)
             self.host_kv = torch.empty(shape, dtype=self.dtype, device="cpu")
 
     def run(self, plan: StepPlan) -> StepResult:
@@ -122,7 +156,6 @@ class ModelRunner:
         for slot in plan.released:
             self.sampler.release(slot)
         for move in plan.moves:
-            self.swap_slots(move.src, move.dst, move.length)
             self.sampler.move(move.src, move.dst)
         result = StepResult()
         for seq in plan.admitted:
@@ -131,18 +164,21 @@ class ModelRunner:
             except Exception as e:  # this request's failure (its seed, its penalty's history), not the step's
                 result.failed.append((seq, e))
         failed = {id(seq) for seq, _ in result.failed}
-        for save in plan.saves:
-            self.save_blocks(save.slot, save.blocks, save.places)
-        for copy in plan.copies:
-            if id(copy.seq) not in failed:
-                self.copy_prefix(copy.src, copy.dst, copy.length)
-        for fetch in plan.fetches:
-            if id(fetch.seq) not in failed:
-                self.fetch_blocks(fetch.dst, fetch.places)
         prefill = [r for r in plan.prefill if id(r.seq) not in failed]
         decode = [r for r in plan.decode if id(r.seq) not in failed]
-        tokens, logprobs = self._pass(prefill, decode)
+        work = StepWork(
+            moves=[(m.src, m.dst, m.length) for m in plan.moves],
+            saves=[(s.slot, list(s.blocks), list(s.places)) for s in plan.saves],
+            copies=[(c.src, c.dst, c.length) for c in plan.copies if id(c.seq) not in failed],
+            fetches=[(f.dst, list(f.places)) for f in plan.fetches if id(f.seq) not in failed],
+        )
+        work.prefill, work.decode = self._batches(prefill, decode)
+        work.prefill_rows = len(prefill)
+        if self.ranks is not None:  # every rank runs the same work on its share
+            self.ranks.broadcast(work)
+        logits = self.execute(work)
         rows = [*prefill, *decode]
+        tokens, logprobs = self.sampler.sample(logits, [r.slot for r in rows]) if rows else ([], [])
         void = self.sampler.take_failures()  # constrained rows whose grammar failed: their requests end
         result.failed += [(r.seq, void[r.slot]) for r in rows if r.slot in void]
         result.tokens = {r.seq: t for r, t in zip(rows, tokens, strict=True) if r.slot not in void}
@@ -150,12 +186,25 @@ class ModelRunner:
                            if lp is not None and r.slot not in void}  # fmt: skip
         return result
 
-    def _pass(
+    def execute(self, work: StepWork) -> torch.Tensor | None:
+        """A step's tensor work on this rank (`StepWork`, in its order); the logits of the pass's rows,
+        prefill rows first (None without rows)."""
+        for src, dst, length in work.moves:
+            self.swap_slots(src, dst, length)
+        for slot, blocks, places in work.saves:
+            self.save_blocks(slot, blocks, places)
+        for src, dst, length in work.copies:
+            self.copy_prefix(src, dst, length)
+        for dst, places in work.fetches:
+            self.fetch_blocks(dst, places)
+        return self._logits(work.prefill, work.decode, work.prefill_rows)
+
+    def _batches(
         self, prefill: Sequence[Row], decode: Sequence[Row]
-    ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """One pass: the prefill rows' tokens written into their slots from their start positions, one token
-        decoded for each decode row; the sampled next token of every row, prefill rows first, and its log
-        probabilities where asked (`Sampler.sample`)."""
+    ) -> tuple[PrefillBatch | None, DecodeBatch | None]:
+        """A pass's batches: the prefill rows' tokens padded to a length bucket, written into their slots
+        from their start positions, and one token decoded for each decode row over slots `0..batch-1` (a
+        batch bucket) and a length bucket of the cache."""
         c, model = self.config, self.model
         prefill_batch = decode_batch = None
         if prefill:
@@ -193,19 +242,28 @@ class ModelRunner:
                 length,
                 torch.tensor([r.slot for r in decode], dtype=torch.long, device=self.device),
             )
+        return prefill_batch, decode_batch
+
+    def _logits(
+        self, prefill_batch: PrefillBatch | None, decode_batch: DecodeBatch | None, prefill_rows: int
+    ) -> torch.Tensor | None:
+        """One pass's logits, prefill rows first."""
         if prefill_batch is None and decode_batch is None:
-            return [], []
+            return None
         if self.compiled is not None:  # a graph each (the weights read twice in a step of both)
             prefill_logits = (
-                self.compiled.prefill(prefill_batch)[: len(prefill)] if prefill_batch is not None else None
+                self.compiled.prefill(prefill_batch)[:prefill_rows] if prefill_batch is not None else None
             )
             decode_logits = self.compiled.decode(decode_batch) if decode_batch is not None else None
         else:
-            prefill_logits, decode_logits = model.forward(prefill_batch, decode_batch)
+            prefill_logits, decode_logits = self.model.forward(prefill_batch, decode_batch)
         logits = [t for t in (prefill_logits, decode_logits) if t is not None]
-        return self.sampler.sample(
-            torch.cat(logits) if len(logits) > 1 else logits[0], [r.slot for r in [*prefill, *decode]]
-        )
+        return torch.cat(logits) if len(logits) > 1 else logits[0]
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel server (nothing otherwise)."""
+        if self.ranks is not None:
+            self.ranks.stop()
 
     # ---- moving keys and values ----------------------------------------------------------------------------
 

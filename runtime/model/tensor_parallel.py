@@ -48,7 +48,7 @@ def refusal(config: ModelConfig, world: int) -> str | None:
     )
     uneven = [f"{name} {count}" for name, count in counts if count % world]
     if uneven:
-        fits = [d for d in range(1, config.num_kv_heads + 1) if refusal(config, d) is None]
+        fits = [d for d in range(1, config.num_kv_heads + 1) if not any(count % d for _, count in counts)]
         return (
             f"tensor parallelism {world} must divide the model's {', '.join(uneven)}: use one of "
             f"{', '.join(map(str, fits))}"

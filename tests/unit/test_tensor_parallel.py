@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import free_port, make_tiny_llama
+from support import free_port, make_tiny_llama, run_neuronfleet, running_server
 
 from neuronfleet.runtime.model import tensor_parallel
 from neuronfleet.runtime.model.compiled_steps import CompiledSteps
@@ -114,3 +114,103 @@ def test_a_split_the_model_does_not_allow_or_quantized_weights_is_refused_saying
     with pytest.raises(ModelLoadError, match="tensor parallelism splits float weights; int8"):
         LlamaModel(tiny, config, SLOTS, MAX_SEQ, torch.bfloat16, torch.device("cpu"), "int8",
                    shard=tensor_parallel.Shard(0, 2))  # fmt: skip
+
+
+def conversations(engine) -> tuple[list[list[int]], int]:
+    """Three conversations of two turns on two slots: the third's prompt takes a slot whose conversation is
+    saved to the host KV store, and that conversation's next turn is fetched back from it (prefix reuse across
+    moves, saves and fetches). Greedy answers, and the prompt tokens found cached."""
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
+
+    found = []
+    engine.step_observers.append(lambda report: found.append(report.reused_prompt_tokens))
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    firsts = [[3 + (7 * i + 13 * c) % 400 for i in range(20 + 5 * c)] for c in range(3)]
+    answers = []
+    for prompt in firsts:
+        answers.append(engine.generate([prompt], params)[0].token_ids)
+    for c in (0, 1):
+        turn = [*firsts[c], *answers[c], 11, 12, 13]
+        answers.append(engine.generate([turn], params)[0].token_ids)
+    return answers, sum(found)
+
+
+@pytest.mark.parametrize("compiled", ["off", "aot_eager"])
+def test_an_engine_over_two_ranks_answers_as_one_rank_and_finds_the_same_prefixes(
+    tiny, smollm2_dir, compiled
+):
+    """`--tensor-parallel 2` through the engine: rank 0 starts rank 1, tells it each step's work (slot moves,
+    host KV saves and fetches, the pass's inputs) and samples; greedy answers and the prompt tokens found
+    cached equal one rank's, op by op and compiled; rank 1 stops with the runner."""
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
+    from neuronfleet.runtime.serving.tokenizer import Tokenizer
+
+    def engine_of(tp: int) -> Engine:
+        config = RuntimeConfig(slots=2, max_seq_len=64, prefill_buckets=[16, 32, 48], decode_buckets=[32, 64],
+                               dtype="float32", compiled_steps=compiled, tensor_parallel=tp)  # fmt: skip
+        runner = ModelRunner(tiny, config)
+        return Engine(runner, Tokenizer(smollm2_dir, runner.model_config.eos_token_ids))
+
+    one = engine_of(1)
+    want, want_found = conversations(one)
+    two = engine_of(2)
+    try:
+        assert two.runner.model.config.num_heads == 2 and two.runner.ranks is not None
+        got, got_found = conversations(two)
+    finally:
+        two.runner.close()
+    assert got == want and got_found == want_found
+    assert want_found > 0 and two.scheduler.store is not None  # (prefixes were found: the test's point)
+    assert all(p.exitcode == 0 for p in two.runner.ranks.processes)
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The processes multiprocessing spawned from `pid` (their command lines name its spawn entry)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # (gone meanwhile)
+            continue
+        if int(fields[1]) == pid and b"multiprocessing.spawn" in command:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_server_over_three_ranks_answers_the_openai_client_as_one_rank_does(smollm2_dir):
+    """`neuronfleet serve --tensor-parallel 3` on SmolLM2 (9 heads, 3 key/value heads: 3 divides both), as a
+    user runs it: ready, a greedy chat through the official client equal to one rank's answer, and a
+    SIGTERM that stops it cleanly, its other ranks with it. A degree the model does not allow, or another
+    role, is refused at start saying what works."""
+    import openai
+
+    from neuronfleet.runtime.engine.config import RuntimeConfig
+    from neuronfleet.runtime.engine.engine import Engine
+    from neuronfleet.runtime.serving.sampling_params import SamplingParams
+
+    options = ("--slots", "2", "--max-seq-len", "256", "--dtype", "float32")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    reference = Engine.from_model_dir(
+        str(smollm2_dir), RuntimeConfig(slots=2, max_seq_len=256, dtype="float32")
+    )
+    prompt = reference.tokenizer.encode_chat(messages)
+    want = reference.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0].token_ids
+    with running_server(smollm2_dir, *options, "--tensor-parallel", "3") as (base, server):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+        answer = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=12, temperature=0
+        )
+        assert answer.choices[0].message.content == reference.tokenizer.decode(want)
+        ranks = spawned_children(server.popen.pid)
+        assert len(ranks) == 2
+    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()]
+    refusals = [
+        (("--tensor-parallel", "2"), "use one of 1, 3"),
+        (("--tensor-parallel", "3", "--role", "decode"), "serves role unified only"),
+    ]
+    for bad, says in refusals:
+        run = run_neuronfleet("serve", "--model", str(smollm2_dir), *options, *bad)
+        assert run.returncode != 0 and says in run.stderr, run.stderr[-2000:]

@@ -1,0 +1,133 @@
+"""The ranks of a tensor-parallel server: its other processes, started by rank 0, and what rank 0 tells them
+each step.
+
+Rank 0 is the server: its engine schedules, its runner samples. It starts ranks 1..world-1 as child processes
+(multiprocessing's spawn: each imports torch afresh). All of them join one torch.distributed process group:
+gloo on CPU, TorchNeuron's `neuron` backend on a Neuron device (the Neuron docs, torch/guides/
+torch-distributed). Each rank loads its share of the model (`tensor_parallel.Shard`) with its own KV cache and
+host KV pool. Before each step rank 0 broadcasts the step's work (`ModelRunner.StepWork`: the slots' moves,
+saves, copies and fetches, and the pass's input tensors). Every rank then runs the same work, and the pass's
+all-reduces meet. A rank other than 0 keeps no requests, no sampler state and no scheduler; it does what it is
+told and drops the logits.
+
+The group is torch's, for its collectives; the broadcast of a step's work is `broadcast_object_list` (a
+pickle of a few small tensors and lists). What torch does not give: a child that outlives its parent. A rank
+whose server died (SIGKILL, OOM) would wait in the next broadcast for ever, so each rank watches its parent
+and exits when it is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+STOP = None  # the message that ends a rank's loop
+
+
+def backend_for(device: str) -> str:
+    return "neuron" if device == "neuron" else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join(rank: int, world: int, port: int, device: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world)
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit this rank when the server that started it is gone (it would wait in a broadcast for ever)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _rank_main(
+    rank: int, world: int, port: int, model_dir: str, config: Any, parent: int, runner_class: type
+) -> None:
+    """A rank other than 0: join the group, load its share (`runner_class`: the ModelRunner), run each step's
+    work until told to stop."""
+    _watch_parent(parent)
+    _join(rank, world, port, config.device)
+    runner = runner_class(model_dir, config, rank=rank)
+    try:
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0)
+            if message[0] is STOP:
+                break
+            runner.execute(message[0])
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class Ranks:
+    """Rank 0's handle on the other ranks: `broadcast(work)` before each step, `stop()` at the end."""
+
+    world: int
+    processes: list[Any] = field(default_factory=list)
+    stopped: bool = False
+
+    @classmethod
+    def start(cls, model_dir: str | Path, config: Any, runner_class: type) -> Ranks:
+        """Start ranks 1..world-1, each loading its share with `runner_class` (the ModelRunner, passed by
+        name: this module imports none), and join the group as rank 0 (returns once every rank has
+        joined)."""
+        world, port = config.tensor_parallel, _free_port()
+        context = multiprocessing.get_context("spawn")
+        ranks = cls(world)
+        for rank in range(1, world):
+            process = context.Process(
+                target=_rank_main,
+                args=(rank, world, port, str(model_dir), config, os.getpid(), runner_class),
+                name=f"tensor-parallel-rank-{rank}", daemon=True,
+            )  # fmt: skip
+            process.start()
+            ranks.processes.append(process)
+        _join(0, world, port, config.device)
+        log.info(
+            "tensor parallelism %d: ranks 1..%d started (%s)", world, world - 1, backend_for(config.device)
+        )
+        return ranks
+
+    def broadcast(self, work: Any) -> None:
+        dead = [p.name for p in self.processes if not p.is_alive()]
+        if dead:
+            raise RuntimeError(
+                f"tensor-parallel {', '.join(dead)} exited (code {self.processes[0].exitcode})"
+            )
+        dist.broadcast_object_list([work], src=0)
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            if all(p.is_alive() for p in self.processes):
+                dist.broadcast_object_list([STOP], src=0)
+            dist.destroy_process_group()
+        finally:
+            for p in self.processes:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
