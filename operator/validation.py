@@ -243,8 +243,9 @@ def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
             ]
         if (tp := max(tensor_parallel_degrees(spec))) > 1:
             return [
-                f"neuron.compiledSteps neuron runs at tensorParallel 1 only (tensor parallelism over "
-                f"torch.distributed is not built yet), not {tp}: use tensorParallel 1 for a model that fits "
+                "neuron.compiledSteps neuron runs at tensorParallel 1 only (our runtime's tensor "
+                "parallelism over torch.distributed serves on cpu; a rank per NeuronCore, and a compile Job "
+                f"warming with them, is not built yet), not {tp}: use tensorParallel 1 for a model that fits "
                 "one core, or engine vllm"
             ]
     if n.quantization != "none":

@@ -133,7 +133,7 @@ def test_torchneuron_on_trn2_is_accepted_as_experimental_said_in_validated_and_b
             "takes engine embedded on instanceType cpu, not engine embedded on trn2",
         ),
         ({"compiledSteps": "off"}, "serves unified only: set neuron.compiledSteps neuron"),
-        ({"tensorParallel": 4}, "runs at tensorParallel 1 only (tensor parallelism over torch.distributed"),
+        ({"tensorParallel": 4}, "runs at tensorParallel 1 only (our runtime's tensor parallelism over"),
         ({"quantization": "int8"}, "takes float weights; quantization int8"),
         ({"buckets": {}}, "give neuron.buckets.context and neuron.buckets.generation"),
     ],
