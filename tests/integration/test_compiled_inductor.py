@@ -82,7 +82,8 @@ def test_the_compile_jobs_graphs_are_loaded_by_a_pod_without_a_compiler_and_answ
     """`neuronfleet compile` with compiledSteps inductor writes a package per bucket of the pods' tables
     (graphs/, graphs.json); a process with no C++ compiler on its PATH loads them, compiles nothing, runs
     every step of a workload (prompts, decode, a turn after its cached prefix) from them, and answers as the
-    passes op by op (greedy, float32)."""
+    passes op by op (greedy, float32). Two such pods at once, and a pod restarted after them, do the same
+    from the same artifacts, which none of them changes; the compile Job run again is a cache hit."""
     from support import CEILING, neuronfleet_command
 
     from neuronfleet.runtime.engine.config import RuntimeConfig
@@ -115,14 +116,31 @@ def test_the_compile_jobs_graphs_are_loaded_by_a_pod_without_a_compiler_and_answ
     no_compiler.mkdir()
     bare = {**env, "PATH": str(no_compiler), "CXX": str(no_compiler / "g++"), "CC": str(no_compiler / "gcc")}
     command = [sys.executable, "-P", "-c", SERVE_WITHOUT_A_COMPILER, str(model), str(smollm2_dir)]
-    served = subprocess.run(
-        [*command, json.dumps(prompts)],
-        capture_output=True, text=True, timeout=CEILING, env=bare,
+
+    def pod() -> subprocess.Popen:
+        return subprocess.Popen([*command, json.dumps(prompts)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=bare)  # fmt: skip
+
+    def served(process: subprocess.Popen) -> dict:
+        out, err = process.communicate(timeout=CEILING)
+        assert process.returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+
+    artifacts = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    first, second = pod(), pod()  # two pods of the model at once
+    results = [served(first), served(second)]
+    results.append(served(pod()))  # a pod restarted
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == artifacts  # nobody wrote anything there
+    for got in results:
+        assert got["loaded"] == [["decode", 1, 64], ["prefill", 1, 32, 64]]
+        assert got["op_by_op"] == [] and got["compiled_here"] == 0
+        assert got["answers"] == results[0]["answers"]
+    again = subprocess.run(
+        [*neuronfleet_command(), "compile", "--config", str(tmp_path / "compile.json"), "--out", str(out)],
+        capture_output=True, text=True, timeout=CEILING, env=env,
     )  # fmt: skip
-    assert served.returncode == 0, served.stderr
-    got = json.loads(served.stdout.strip().splitlines()[-1])
-    assert got["loaded"] == [["decode", 1, 64], ["prefill", 1, 32, 64]]
-    assert got["op_by_op"] == [] and got["compiled_here"] == 0
+    assert again.returncode == 0 and "cache hit" in again.stderr, again.stderr
+    got = results[0]
 
     settings = dict(slots=1, max_seq_len=64, max_input_len=32, prefill_buckets=[32], decode_buckets=[64],
                     dtype="float32")  # fmt: skip
