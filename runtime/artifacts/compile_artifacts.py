@@ -197,24 +197,32 @@ def convert(
     ModelRunner(out, runtime)
 
 
-def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Reporter) -> None:
-    """The passes compiled ahead for the pods (`compiled_ahead`): a package per bucket of the tables the pods
-    run (their slots, lengths and buckets, as `engines.serve_config` gives them), into `out`/graphs/."""
+def _pods_tables(config: CompileConfig, dtype: str, compiled_steps: str) -> tuple[Any, list[tuple]]:
+    """The pods' RuntimeConfig (their slots, lengths and buckets, as `engines.serve_config` gives them) and
+    every bucket its compiled passes run (`compiled_buckets`); a table of too many graphs is a CompileError
+    saying one that fits."""
     from neuronfleet.contract import compiled_buckets
     from neuronfleet.runtime.engine.config import RuntimeConfig
-    from neuronfleet.runtime.engine.model_runner import ModelRunner
-    from neuronfleet.runtime.model.compiled_ahead import compile_ahead
 
     try:
         pods = RuntimeConfig(
             slots=config.batchSize, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength,
             dtype=dtype, prefill_buckets=config.buckets.context, decode_buckets=config.buckets.generation,
-            compiled_steps="inductor",
+            compiled_steps=compiled_steps,
         )  # fmt: skip
-    except ValueError as e:  # (a table of too many graphs, said with one that fits)
+    except ValueError as e:
         raise CompileError(str(e)) from e
+    return pods, compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
+
+
+def compile_graphs(out: Path, config: CompileConfig, dtype: str, progress: Reporter) -> None:
+    """The passes compiled ahead for the pods (`compiled_ahead`): a package per bucket of the pods' tables,
+    into `out`/graphs/."""
+    from neuronfleet.runtime.engine.model_runner import ModelRunner
+    from neuronfleet.runtime.model.compiled_ahead import compile_ahead
+
+    pods, table = _pods_tables(config, dtype, "inductor")
     model = ModelRunner(out, pods).model  # plain weights in the activations' dtype, as a compiled pod's
-    table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
     progress.phase("compile", total_files=len(table))
     compile_ahead(model, out, table, out, lambda done, total: progress.advance(files=1))
 
@@ -223,32 +231,22 @@ def warm_neff(
     out: Path, config: CompileConfig, dtype: str, progress: Reporter, backend: str = "neuron",
     device: str = "neuron",
 ) -> None:  # fmt: skip
-    """TorchNeuron's NEFF cache warmed for the pods (`neuron_device`): every bucket of the tables the pods
-    run compiled once on this node's Neuron device, into `out`/neff/, and warmed.json written last. `backend`
+    """TorchNeuron's NEFF cache warmed for the pods (`neuron_device`): every bucket of the pods' tables
+    compiled once on this node's Neuron device, into `out`/neff/, and warmed.json written last. `backend`
     and `device` swapped (aot_eager, cpu): the same path with no device, as the tests run it."""
     import torch
 
-    from neuronfleet.contract import compiled_buckets
-    from neuronfleet.runtime.engine.config import RuntimeConfig
     from neuronfleet.runtime.model import neuron_device
     from neuronfleet.runtime.model.llama import LlamaModel
     from neuronfleet.runtime.model.model_config import load_model_config
 
-    try:
-        pods = RuntimeConfig(
-            slots=config.batchSize, max_seq_len=config.sequenceLength, max_input_len=config.maxInputLength,
-            dtype=dtype, prefill_buckets=config.buckets.context, decode_buckets=config.buckets.generation,
-            compiled_steps="neuron",
-        )  # fmt: skip
-    except ValueError as e:  # (a table of too many graphs, said with one that fits)
-        raise CompileError(str(e)) from e
+    pods, table = _pods_tables(config, dtype, "neuron")
     neuron_device.use_cache(out / neuron_device.NEFF_DIR)  # before torch-neuronx reads it
     if device == "neuron" and (why := neuron_device.import_backend()) is not None:
         raise CompileError(why)
     target, on = getattr(torch, dtype), torch.device(device)
     model = LlamaModel(out, load_model_config(out), pods.slots, pods.max_seq_len, target, on, None, False,
                        target, pack=False)  # fmt: skip
-    table = compiled_buckets(pods.slots, pods.prefill_buckets, pods.decode_buckets)
     progress.phase("compile", total_files=len(table))
     neuron_device.warm_ahead(model, out, table, out, backend, lambda done, total: progress.advance(files=1),
                              pods.compiled_graphs)  # fmt: skip
