@@ -147,9 +147,9 @@ def test_a_unified_model_compiles_serves_heals_rolls_and_goes(local):
     assert chat(endpoint, "smollm2") == want
 
     # a change of what is compiled: a new compile, then a roll with no failed request. The change is a batch
-    # of 2; or, where Inductor can compile (a C++ compiler), a batch of 1 with the passes compiled ahead by the
-    # compile Job (neuron.compiledSteps inductor, a small bucket table: 2 graphs, each about 40 s to compile
-    # here), which the new pod loads and serves from
+    # of 2; or, where Inductor can compile (a C++ compiler), a batch of 1 with the passes compiled ahead by
+    # the compile Job (neuron.compiledSteps inductor, a small bucket table: 2 graphs, each about 40 s to
+    # compile here), which the new pod loads and serves from
     compiles = shutil.which("g++") is not None
     failures: list[str] = []
     answers: list[str] = []
