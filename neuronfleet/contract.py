@@ -139,6 +139,12 @@ MAX_COMPILED_GRAPHS = 256
 # its pods the instance family the NEFFs are compiled for (part of their key)
 TORCHNEURON_PINNED = {"torch-neuronx": "2.13.3.1", "torch": "2.13.0", "neuron-sdk": "2.34.0"}
 NEURON_TARGET_ENV = "NEURONFLEET_NEURON_TARGET"
+TORCHNEURON_FAMILIES = ("trn2", "trn3")  # the instance families torch-neuronx serves
+
+
+def instance_family(instance_type: str) -> str:
+    """The engine matrix's family of an instance type (trn1n is trn1, trn2u trn2)."""
+    return instance_type.split(".")[0].rstrip("nu") if instance_type != "cpu" else "cpu"
 
 
 def batch_buckets(slots: int) -> list[int]:

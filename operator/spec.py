@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
-from neuronfleet.contract import SERVE_PORT, RoutingPolicy
+from neuronfleet.contract import SERVE_PORT, TORCHNEURON_FAMILIES, RoutingPolicy, instance_family
 
 from . import names, topology
 from .gateway_spec import Gateway
@@ -1031,21 +1031,14 @@ SAMPLING_SET_CEL = (
 )
 
 
-# The instance families where engine embedded runs TorchNeuron (runtime/model/neuron_device.py:
-# torch-neuronx serves Trn2 and Trn3 only), experimental
-TORCHNEURON_FAMILIES = ("trn2", "trn3")
+# The instance types where engine embedded runs TorchNeuron (experimental): the contract's families
 TORCHNEURON_CEL = "(self.neuron.instanceType in [{}])".format(
-    ", ".join(f"'{t}'" for t in topology.INSTANCES if t.split(".")[0].rstrip("nu") in TORCHNEURON_FAMILIES)
+    ", ".join(f"'{t}'" for t in topology.INSTANCES if instance_family(t) in TORCHNEURON_FAMILIES)
 )
 
 
 def _torchneuron(s: NeuronModelSpec) -> bool:
     return instance_family(s.neuron.instanceType) in TORCHNEURON_FAMILIES
-
-
-def instance_family(instance_type: str) -> str:
-    """The engine matrix's family of an instance type (trn1n is trn1, trn2u trn2)."""
-    return instance_type.split(".")[0].rstrip("nu") if instance_type != "cpu" else "cpu"
 
 
 def _engines_there_cel(mode: str) -> str:

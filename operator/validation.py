@@ -28,7 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuronfleet.contract import MAX_COMPILED_GRAPHS, compiled_buckets, length_refusal
+from neuronfleet.contract import (
+    MAX_COMPILED_GRAPHS,
+    TORCHNEURON_FAMILIES,
+    compiled_buckets,
+    instance_family,
+    length_refusal,
+)
 
 from . import devices, engines, host_resources, names, topology
 from .parallelism import neuron_devices as neuron_devices  # (callers read them here)
@@ -39,9 +45,7 @@ from .spec import (
     EMBEDDED_TORCHNEURON,
     PATTERN_MEANINGS,
     PLACEABLE,
-    TORCHNEURON_FAMILIES,
     NeuronModelSpec,
-    instance_family,
     valued,
 )
 from .spec_base import broken_rules

@@ -14,10 +14,11 @@ from neuronfleet.contract import (
     NEURON_TARGET_ENV,
     TORCHNEURON_PINNED,
     ServeConfig,
+    instance_family,
 )
 
 from ..pod_metrics import NEURONFLEET
-from ..spec import NeuronModelSpec, instance_family
+from ..spec import NeuronModelSpec
 from .common import Container, artifacts_dir, own_image
 
 METRICS = NEURONFLEET  # our runtime exports the signals under these names

@@ -34,7 +34,9 @@ from neuronfleet.contract import (
     SOURCE_UNAVAILABLE,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
+    TORCHNEURON_FAMILIES,
     CompileConfig,
+    instance_family,
     length_refusal,
     model_length_limit,
 )
@@ -290,7 +292,7 @@ def compile_artifacts(
         log(f"cache hit: {out} is complete")
         return report({**json.loads(manifest_path.read_text()), "cacheHit": True})
     config = load_config(config_path)
-    torchneuron = config.instanceType.split(".")[0] in ("trn2", "trn3", "trn2u", "trn3u")
+    torchneuron = instance_family(config.instanceType) in TORCHNEURON_FAMILIES
     if config.instanceType != "cpu" and not (torchneuron and config.compiledSteps == "neuron"):
         raise CompileError(
             f"instanceType {config.instanceType} with compiledSteps {config.compiledSteps}: the embedded "
