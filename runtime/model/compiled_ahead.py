@@ -37,17 +37,23 @@ GRAPHS_MANIFEST = "graphs.json"  # in GRAPHS_DIR, written last: the folder is co
 log = logging.getLogger(__name__)
 
 
-def graph_key(model: LlamaModel, model_dir: Path) -> dict[str, str]:
-    """What a package's code depends on besides its bucket (a pod loads packages only with an equal key)."""
+def model_key(model: LlamaModel, model_dir: Path) -> dict[str, str]:
+    """What any compiled pass of this model depends on besides its bucket and its backend: torch's version,
+    the dtype, the cache's shape (slots, sequence length) and the model's config.json (`graph_key` here,
+    `neuron_device.neff_key` for TorchNeuron add their backend's own)."""
     config = (Path(model_dir) / "config.json").read_bytes()
     return {
         "torch": torch.__version__,
-        "cpu": cpu_features(),
         "dtype": str(model.dtype).removeprefix("torch."),
         "slots": str(model.slots),
         "max_seq_len": str(model.max_seq_len),
         "config.json": hashlib.sha256(config).hexdigest()[:16],
     }
+
+
+def graph_key(model: LlamaModel, model_dir: Path) -> dict[str, str]:
+    """What a package's code depends on besides its bucket (a pod loads packages only with an equal key)."""
+    return {**model_key(model, model_dir), "cpu": cpu_features()}
 
 
 def cpu_features() -> str:
@@ -59,9 +65,21 @@ def cpu_features() -> str:
     return " ".join(have) or "none"
 
 
+def key_differences(made: dict[str, str], here: dict[str, str]) -> list[str]:
+    """Each field of the key `here` that the key things were `made` for differs in, said with both values."""
+    return [f"{k} {made.get(k)} (here {here[k]})" for k in here if made.get(k) != here[k]]
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """A folder's manifest, written whole (a temporary file renamed): once it is there, the folder is."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.rename(path)
+
+
 def key_mismatch(compiled: dict[str, str], here: dict[str, str]) -> str | None:
     """Why packages compiled for `compiled` cannot run here, naming each difference; None when they can."""
-    diffs = [f"{k} {compiled.get(k)} (here {here[k]})" for k in here if compiled.get(k) != here[k]]
+    diffs = key_differences(compiled, here)
     if not diffs:
         return None
     return (
@@ -147,9 +165,7 @@ def compile_ahead(
                  time.monotonic() - started, done, len(table))  # fmt: skip
         progress(done, len(table))
     manifest = {"key": graph_key(model, model_dir), "graphs": graphs}
-    tmp = folder / f"{GRAPHS_MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.rename(folder / GRAPHS_MANIFEST)
+    write_manifest(folder / GRAPHS_MANIFEST, manifest)
     return manifest
 
 

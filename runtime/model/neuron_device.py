@@ -36,7 +36,6 @@ the passes op by op on the device, never compiling a graph.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import logging
@@ -47,9 +46,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from neuronfleet.contract import NEURON_TARGET_ENV, TORCHNEURON_PINNED
+from neuronfleet.runtime.model.compiled_ahead import key_differences, model_key, write_manifest
 from neuronfleet.runtime.model.compiled_steps import Bucket, CompiledSteps
 from neuronfleet.runtime.model.llama import LlamaModel
 
@@ -58,7 +56,6 @@ WARMED = "warmed.json"  # in NEFF_DIR, written last: the cache is complete once 
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 TARGET_ENV = NEURON_TARGET_ENV  # the instance family the operator runs the Job and pods on
 LOCAL_CACHE = "/tmp/neff"  # a pod's own copy (its /tmp is an emptyDir)
-PINNED = TORCHNEURON_PINNED
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +67,9 @@ def import_backend() -> str | None:
         import torch_neuronx  # noqa: F401  (registers the device and the backend)
     except ImportError as e:
         return (
-            f"the neuron device needs torch-neuronx {PINNED['torch-neuronx']} (Neuron SDK "
-            f"{PINNED['neuron-sdk']}), as the runtime-neuron image has it: {e}. Serve on cpu, or run the "
-            "runtime-neuron image"
+            f"the neuron device needs torch-neuronx {TORCHNEURON_PINNED['torch-neuronx']} (Neuron SDK "
+            f"{TORCHNEURON_PINNED['neuron-sdk']}), as the runtime-neuron image has it: {e}. Serve on cpu, or "
+            "run the runtime-neuron image"
         )
     return None
 
@@ -91,16 +88,11 @@ def neff_key(model: LlamaModel, model_dir: Path, backend: Backend) -> dict[str, 
     """What a warmed NEFF depends on besides its bucket: torch's and torch-neuronx's versions, the instance
     family compiled for (`TARGET_ENV`), the dtype, the cache's shape, and the model's config.json. A pod uses
     the cache only with an equal key."""
-    config = (Path(model_dir) / "config.json").read_bytes()
     return {
+        **model_key(model, model_dir),
         "backend": backend if isinstance(backend, str) else type(backend).__name__,
-        "torch": torch.__version__,
         "torch-neuronx": backend_version(),
         "target": os.environ.get(TARGET_ENV, "unset"),
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "slots": str(model.slots),
-        "max_seq_len": str(model.max_seq_len),
-        "config.json": hashlib.sha256(config).hexdigest()[:16],
     }
 
 
@@ -109,9 +101,7 @@ def write_warmed(out: Path, key: dict[str, str], table: Iterable[Bucket]) -> dic
     folder = Path(out) / NEFF_DIR
     folder.mkdir(parents=True, exist_ok=True)
     manifest = {"key": key, "buckets": [list(b) for b in table]}
-    tmp = folder / f"{WARMED}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.rename(folder / WARMED)
+    write_manifest(folder / WARMED, manifest)
     return manifest
 
 
@@ -163,9 +153,7 @@ def warmed_steps(
             "neuron.compiledSteps neuron); running the passes op by op, compiling nothing. Compile the "
             "model again"
         )
-    here = neff_key(model, model_dir, backend)
-    made = manifest.get("key", {})
-    diffs = [f"{k} {made.get(k)} (here {here[k]})" for k in here if made.get(k) != here[k]]
+    diffs = key_differences(manifest.get("key", {}), neff_key(model, model_dir, backend))
     if diffs:
         return None, (
             f"the NEFF cache was warmed for another pod: {', '.join(diffs)}; running the passes op by op, "
