@@ -223,6 +223,13 @@ def _what_runs_on(spec: NeuronModelSpec, instance: str) -> str:
     return f"on {instance} use engine {_either(list(others))}, or instanceType cpu for engine embedded{needs}"
 
 
+def compiled_graph_count(neuron: Any) -> int:
+    """The graphs neuron.compiledSteps compiles for the spec's batch size and bucket tables (the contract's
+    `compiled_buckets`, as the compile Job runs it)."""
+    prefill, decode = sorted(set(neuron.buckets.context)), sorted(set(neuron.buckets.generation))
+    return len(compiled_buckets(neuron.batchSize, prefill, decode))
+
+
 def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
     """neuron.compiledSteps where it cannot work: inductor with another engine or on a Neuron instance type;
     neuron with another engine, off Trn2 and Trn3, or at a tensor parallelism above 1 (not built; unified only
@@ -265,14 +272,14 @@ def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
             f"{n.maxInputLength or 3072}] and generation [{n.sequenceLength}]); the derived tables make over "
             "a thousand graphs"
         ]
-    prefill, decode = sorted(set(n.buckets.context)), sorted(set(n.buckets.generation))
+    decode = sorted(set(n.buckets.generation))
     if decode[-1] != n.sequenceLength:
         return [
             f"neuron.buckets.generation {decode} must end at neuron.sequenceLength ({n.sequenceLength}) for "
             f"neuron.compiledSteps {n.compiledSteps}: a decode graph per length, the longest holding a whole "
             "sequence"
         ]
-    graphs = len(compiled_buckets(n.batchSize, prefill, decode))
+    graphs = compiled_graph_count(n)
     if graphs > MAX_COMPILED_GRAPHS:
         return [
             f"neuron.compiledSteps {n.compiledSteps}: batchSize {n.batchSize} and these buckets make "
@@ -371,9 +378,7 @@ def validate(
     if (said := engines.notice(spec)) is not None:
         r.notes.append(f"{said[0]}: {said[1]}")
     if n.compiledSteps != "off" and n.buckets.context and n.buckets.generation:
-        graphs = len(
-            compiled_buckets(n.batchSize, sorted(set(n.buckets.context)), sorted(set(n.buckets.generation)))
-        )
+        graphs = compiled_graph_count(n)
         r.notes.append(
             f"neuron.compiledSteps {n.compiledSteps}: the compile Job compiles {graphs} graphs"
             + (
