@@ -123,16 +123,20 @@ class ModelRunner:
         # op by op, said why; none: compiled here as each bucket is first run; TorchNeuron: the buckets the
         # compile Job warmed, loaded from its NEFF cache, and nothing compiled here)
         self.compiled: CompiledSteps | None = None
-        ahead, why = None, None
-        if config.compiled_steps == "inductor":
-            ahead, why = AheadGraphs.load(self.model, self.model_dir)
+        why = None
         if config.compiled_steps == "neuron":
             table = compiled_buckets(config.slots, config.prefill_buckets, config.decode_buckets)
             self.compiled, why = neuron_device.warmed_steps(
                 self.model, self.model_dir, warmed, table, graphs=config.compiled_graphs
             )
-        elif compiled and why is None:
-            self.compiled = CompiledSteps(self.model, config.compiled_steps, config.compiled_graphs, ahead)
+        elif compiled:
+            ahead = None
+            if config.compiled_steps == "inductor":
+                ahead, why = AheadGraphs.load(self.model, self.model_dir)
+            if why is None:
+                self.compiled = CompiledSteps(
+                    self.model, config.compiled_steps, config.compiled_graphs, ahead
+                )
         if why is not None:
             log.warning("%s", why)
         self.quantization = self.model.weights.quantization

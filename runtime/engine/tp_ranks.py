@@ -111,11 +111,9 @@ class Ranks:
         return ranks
 
     def broadcast(self, work: Any) -> None:
-        dead = [p.name for p in self.processes if not p.is_alive()]
+        dead = [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
         if dead:
-            raise RuntimeError(
-                f"tensor-parallel {', '.join(dead)} exited (code {self.processes[0].exitcode})"
-            )
+            raise RuntimeError(f"tensor-parallel {', '.join(dead)} exited")
         dist.broadcast_object_list([work], src=0)
 
     def stop(self) -> None:
