@@ -11,7 +11,11 @@ all-reduces meet. A rank other than 0 keeps no requests, no sampler state and no
 told and drops the logits.
 
 The group is torch's, for its collectives; the broadcast of a step's work is `broadcast_object_list` (a
-pickle of a few small tensors and lists). What torch does not give: a child that outlives its parent. A rank
+pickle of a few small tensors and lists). Nothing of it is reachable from outside the pod: the ranks meet
+through a FileStore in a private temporary folder (torch's default, a TCPStore, listens on every interface
+for the server's life, and unpickles nothing but would let anyone who reaches it meddle with the group), and
+gloo's connections are bound to the loopback interface (GLOO_SOCKET_IFNAME=lo; it would otherwise bind the
+address the pod's hostname resolves to). What torch does not give: a child that outlives its parent. A rank
 whose server died (SIGKILL, OOM) would wait in the next broadcast for ever, so each rank watches its parent
 and exits when it is gone.
 """
@@ -21,7 +25,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import socket
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,15 +44,12 @@ def backend_for(device: str) -> str:
     return "neuron" if device == "neuron" else "gloo"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _join(rank: int, world: int, port: int, device: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend_for(device), rank=rank, world_size=world)
+def _join(rank: int, world: int, store: str, device: str) -> None:
+    """Join the group through the FileStore at `store`; gloo's connections on the loopback interface."""
+    backend = backend_for(device)
+    if backend == "gloo":
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(backend, store=dist.FileStore(store, world), rank=rank, world_size=world)
 
 
 def _watch_parent(parent: int) -> None:
@@ -62,12 +64,12 @@ def _watch_parent(parent: int) -> None:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, model_dir: str, config: Any, parent: int, runner_class: type
+    rank: int, world: int, store: str, model_dir: str, config: Any, parent: int, runner_class: type
 ) -> None:
     """A rank other than 0: join the group, load its share (`runner_class`: the ModelRunner), run each step's
     work until told to stop."""
     _watch_parent(parent)
-    _join(rank, world, port, config.device)
+    _join(rank, world, store, config.device)
     runner = runner_class(model_dir, config, rank=rank)
     try:
         while True:
@@ -85,6 +87,7 @@ class Ranks:
     """Rank 0's handle on the other ranks: `broadcast(work)` before each step, `stop()` at the end."""
 
     world: int
+    folder: str  # the private folder of the group's FileStore
     processes: list[Any] = field(default_factory=list)
     stopped: bool = False
 
@@ -93,18 +96,19 @@ class Ranks:
         """Start ranks 1..world-1, each loading its share with `runner_class` (the ModelRunner, passed by
         name: this module imports none), and join the group as rank 0 (returns once every rank has
         joined)."""
-        world, port = config.tensor_parallel, _free_port()
+        world = config.tensor_parallel
+        ranks = cls(world, tempfile.mkdtemp(prefix="neuronfleet-ranks-"))  # (mode 0700)
+        store = os.path.join(ranks.folder, "store")
         context = multiprocessing.get_context("spawn")
-        ranks = cls(world)
         for rank in range(1, world):
             process = context.Process(
                 target=_rank_main,
-                args=(rank, world, port, str(model_dir), config, os.getpid(), runner_class),
+                args=(rank, world, store, str(model_dir), config, os.getpid(), runner_class),
                 name=f"tensor-parallel-rank-{rank}", daemon=True,
             )  # fmt: skip
             process.start()
             ranks.processes.append(process)
-        _join(0, world, port, config.device)
+        _join(0, world, store, config.device)
         log.info(
             "tensor parallelism %d: ranks 1..%d started (%s)", world, world - 1, backend_for(config.device)
         )
@@ -129,3 +133,4 @@ class Ranks:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
+            shutil.rmtree(self.folder, ignore_errors=True)

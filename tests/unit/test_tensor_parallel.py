@@ -180,11 +180,35 @@ def spawned_children(pid: int) -> list[int]:
     return out
 
 
+def listening_addresses(pids: list[int]) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets these processes listen
+    on."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pids[0]}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                out.add(fields[1].rsplit(":", 1)[0])
+    return out
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+
+
 def test_a_server_over_three_ranks_answers_the_openai_client_as_one_rank_does(smollm2_dir):
     """`neuronfleet serve --tensor-parallel 3` on SmolLM2 (9 heads, 3 key/value heads: 3 divides both), as a
-    user runs it: ready, a greedy chat through the official client equal to one rank's answer, and a
-    SIGTERM that stops it cleanly, its other ranks with it. A degree the model does not allow, or another
-    role, is refused at start saying what works."""
+    user runs it: ready, a greedy chat through the official client equal to one rank's answer, no socket of
+    the group open beyond loopback, and a SIGTERM that stops it cleanly, its other ranks with it. A degree
+    the model does not allow, or another role, is refused at start saying what works."""
     import openai
 
     from neuronfleet.runtime.engine.config import RuntimeConfig
@@ -206,6 +230,10 @@ def test_a_server_over_three_ranks_answers_the_openai_client_as_one_rank_does(sm
         assert answer.choices[0].message.content == reference.tokenizer.decode(want)
         ranks = spawned_children(server.popen.pid)
         assert len(ranks) == 2
+        # the ranks meet and talk on loopback only: nothing of the group is reachable from another pod (the
+        # server's own HTTP port is on 127.0.0.1 here, as the tests bind it)
+        listening = listening_addresses([server.popen.pid, *ranks])
+        assert listening and listening <= LOOPBACK, listening
     assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()]
     refusals = [
         (("--tensor-parallel", "2"), "use one of 1, 3"),
