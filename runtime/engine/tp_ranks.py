@@ -2,10 +2,12 @@
 each step.
 
 Rank 0 is the server: its engine schedules, its runner samples. It starts ranks 1..world-1 as child processes
-(multiprocessing's spawn: each imports torch afresh). All of them join one torch.distributed process group:
-gloo on CPU, TorchNeuron's `neuron` backend on a Neuron device (the Neuron docs, torch/guides/
-torch-distributed). Each rank loads its share of the model (`tensor_parallel.Shard`) with its own KV cache and
-host KV pool. Before each step rank 0 broadcasts the step's work (`ModelRunner.StepWork`: the slots' moves,
+(multiprocessing's spawn: each imports torch afresh). Not torchrun (torch.distributed.run): it starts every
+rank as a peer under a launcher, where here one rank is the HTTP server the pod's probes and Service reach,
+and the others are its helpers, started when its model loads and stopped with it. All of them join one
+torch.distributed process group: gloo on CPU, TorchNeuron's `neuron` backend on a Neuron device (the Neuron
+docs, torch/guides/torch-distributed). Each rank loads its share of the model (`tensor_parallel.Shard`) with
+its own KV cache and host KV pool. Before each step rank 0 broadcasts the step's work (`ModelRunner.StepWork`: the slots' moves,
 saves, copies and fetches, and the pass's input tensors). Every rank then runs the same work, and the pass's
 all-reduces meet. A rank other than 0 keeps no requests, no sampler state and no scheduler; it does what it is
 told and drops the logits.
