@@ -7,10 +7,10 @@ rank as a peer under a launcher, where here one rank is the HTTP server the pod'
 and the others are its helpers, started when its model loads and stopped with it. All of them join one
 torch.distributed process group: gloo on CPU, TorchNeuron's `neuron` backend on a Neuron device (the Neuron
 docs, torch/guides/torch-distributed). Each rank loads its share of the model (`tensor_parallel.Shard`) with
-its own KV cache and host KV pool. Before each step rank 0 broadcasts the step's work (`ModelRunner.StepWork`: the slots' moves,
-saves, copies and fetches, and the pass's input tensors). Every rank then runs the same work, and the pass's
-all-reduces meet. A rank other than 0 keeps no requests, no sampler state and no scheduler; it does what it is
-told and drops the logits.
+its own KV cache and host KV pool. Before each step rank 0 broadcasts the step's work (`ModelRunner.StepWork`:
+the slots' moves, saves, copies and fetches, and the pass's input tensors). Every rank then runs the same
+work, and the pass's all-reduces meet. A rank other than 0 keeps no requests, no sampler state and no
+scheduler; it does what it is told and drops the logits.
 
 The group is torch's, for its collectives; the broadcast of a step's work is `broadcast_object_list` (a
 pickle of a few small tensors and lists). Nothing of it is reachable from outside the pod: the ranks meet
