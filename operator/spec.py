@@ -345,7 +345,7 @@ class NeuronSettings(Spec):
         "CPU differs from the compile's runs op by op and says so; today slower than off on CPU "
         "(docs/benchmarks.md). neuron (trn2, trn3; experimental, not yet run on a device): TorchNeuron "
         "graphs, the compile Job warming every bucket's NEFF on a node of the instance type, the pods "
-        "loading them and compiling none; unified serving at tensorParallel 1. off: op by op (cpu only). "
+        "loading them and compiling none; unified serving, a rank per NeuronCore. off: op by op (cpu only). "
         "Needs neuron.buckets.context and neuron.buckets.generation, few enough to make at most 256 graphs "
         "(the count is checked), float weights (quantization none).",
     )

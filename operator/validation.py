@@ -232,9 +232,9 @@ def compiled_graph_count(neuron: Any) -> int:
 
 def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
     """neuron.compiledSteps where it cannot work: inductor with another engine or on a Neuron instance type;
-    neuron with another engine, off Trn2 and Trn3, or at a tensor parallelism above 1 (not built; unified only
-    is the CRD's rule, EMBEDDED_TORCHNEURON); quantized weights, bucket tables not given, or tables that make
-    more graphs than a compile should (each said with what would be right)."""
+    neuron with another engine, or off Trn2 and Trn3 (unified only is the CRD's rule, EMBEDDED_TORCHNEURON;
+    a tensor parallelism above 1 runs a rank per NeuronCore); quantized weights, bucket tables not given, or
+    tables that make more graphs than a compile should (each said with what would be right)."""
     n = spec.neuron
     if n.compiledSteps == "off":
         return []
@@ -245,20 +245,12 @@ def compiled_steps_refusals(spec: NeuronModelSpec) -> list[str]:
             f"embedded on instanceType cpu, not engine {spec.engine} on {n.instanceType}; set it to off"
             + (" (on trn2 and trn3 engine embedded takes neuron)" if family in TORCHNEURON_FAMILIES else "")
         ]
-    if n.compiledSteps == "neuron":
-        if spec.engine != "embedded" or family not in TORCHNEURON_FAMILIES:
-            return [
-                "neuron.compiledSteps neuron runs our runtime's passes on Trainium with TorchNeuron: it "
-                f"takes engine embedded on trn2 or trn3, not engine {spec.engine} on {n.instanceType}; "
-                + ("set it to inductor or off" if n.instanceType == "cpu" else "set it to off")
-            ]
-        if (tp := max(tensor_parallel_degrees(spec))) > 1:
-            return [
-                "neuron.compiledSteps neuron runs at tensorParallel 1 only (our runtime's tensor "
-                "parallelism over torch.distributed serves on cpu; a rank per NeuronCore, and a compile Job "
-                f"warming with them, is not built yet), not {tp}: use tensorParallel 1 for a model that fits "
-                "one core, or engine vllm"
-            ]
+    if n.compiledSteps == "neuron" and (spec.engine != "embedded" or family not in TORCHNEURON_FAMILIES):
+        return [
+            "neuron.compiledSteps neuron runs our runtime's passes on Trainium with TorchNeuron: it "
+            f"takes engine embedded on trn2 or trn3, not engine {spec.engine} on {n.instanceType}; "
+            + ("set it to inductor or off" if n.instanceType == "cpu" else "set it to off")
+        ]
     if n.quantization != "none":
         return [
             f"neuron.compiledSteps {n.compiledSteps} takes float weights; quantization {n.quantization} runs "

@@ -18,7 +18,7 @@ from types import ModuleType
 
 from neuronfleet.contract import INTERNAL_TOKEN_FILE, KV_EVENTS_CONFIG, KV_PORT, ServeConfig
 
-from .. import front_door, names
+from .. import front_door, names, parallelism
 from ..pod_metrics import NEURONFLEET, Names
 from ..spec import NeuronModelSpec
 from ..spec_base import quantity_value
@@ -196,6 +196,8 @@ def serve_config(
         pod["kv_events_config"] = KV_EVENTS_CONFIG
     if role == "decode" and kv.transport == "tcp":  # prefill pods send KV caches to the pod's own IP
         pod["kv_port"] = KV_PORT
+    if role != "router" and (tp := parallelism.role_tensor_parallel(spec, role)) > 1:  # a rank per core
+        pod["tensor_parallel"] = tp  # (embedded: on trn2 and trn3 with TorchNeuron, unified only)
     if role != "router" and n.compiledSteps != "off":  # the compile Job's graphs (`compiled_ahead`)
         pod["compiled_steps"] = n.compiledSteps
     if role != "router" and n.hostKVCache is not None:  # the host KV store's size (default: the runtime's)

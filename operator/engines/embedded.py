@@ -37,11 +37,13 @@ def notice(spec: NeuronModelSpec) -> tuple[str, str] | None:
     """Engine embedded on trn2 and trn3 is experimental: said on acceptance (Validated's reason)."""
     if not _torchneuron(spec):
         return None
+    tp = spec.neuron.tensorParallel
     return "Experimental", (
         f"engine embedded on {spec.neuron.instanceType} is experimental: TorchNeuron (torch-neuronx "
         f"{TORCHNEURON_PINNED['torch-neuronx']}, Neuron SDK {TORCHNEURON_PINNED['neuron-sdk']}) has not run "
         "on a device with our runtime yet; the compile Job warms a graph per bucket on a node of this "
         "instance type"
+        + (f", a rank per NeuronCore at tensorParallel {tp}, as the pods run" if tp > 1 else "")
     )
 
 

@@ -33,8 +33,8 @@ class Support:
 _NO_BACKEND = "refused (our runtime's TorchNeuron backend serves Trn2 and Trn3 only)"
 _TORCHNEURON = (
     f"experimental (TorchNeuron: torch-neuronx {TORCHNEURON_PINNED['torch-neuronx']}, SDK "
-    f"{TORCHNEURON_PINNED['neuron-sdk']}, with `neuron.compiledSteps: neuron` at tensorParallel 1; not yet "
-    "run on a device: `tests/device/neuron_smoke.py` is the proof to run on one)"
+    f"{TORCHNEURON_PINNED['neuron-sdk']}, with `neuron.compiledSteps: neuron`, a rank per NeuronCore; not "
+    "yet run on a device: `tests/device/neuron_smoke.py` is the proof to run on one)"
 )
 _TORCHNEURON_PD = "refused (our runtime moves KV caches from host memory, not yet from the device's)"
 _NXDI = "vLLM 0.16.0 over NxD Inference, SDK 2.31.1"

@@ -234,24 +234,30 @@ def warm_neff(
     device: str = "neuron",
 ) -> None:  # fmt: skip
     """TorchNeuron's NEFF cache warmed for the pods (`neuron_device`): every bucket of the pods' tables
-    compiled once on this node's Neuron device, into `out`/neff/, and warmed.json written last. `backend`
-    and `device` swapped (aot_eager, cpu): the same path with no device, as the tests run it."""
-    import torch
-
+    compiled once on this node's Neuron device, into `out`/neff/, and warmed.json written last. At a
+    tensor parallelism above 1 the Job runs a rank per NeuronCore as the pods do (`tp_ranks.Ranks`, each rank
+    a `neuron_device.Warmer`), so each rank's graphs, its share's with their all-reduces, are the pods'.
+    `backend` and `device` swapped (aot_eager, cpu: gloo between the ranks): the same path with no device,
+    as the tests run it."""
+    from neuronfleet.runtime.engine.tp_ranks import Ranks
     from neuronfleet.runtime.model import neuron_device
-    from neuronfleet.runtime.model.llama import LlamaModel
-    from neuronfleet.runtime.model.model_config import load_model_config
 
     pods, table = _pods_tables(config, dtype, "neuron")
-    neuron_device.use_cache(out / neuron_device.NEFF_DIR)  # before torch-neuronx reads it
+    neuron_device.use_cache(out / neuron_device.NEFF_DIR)  # before torch-neuronx reads it (the ranks too)
     if device == "neuron" and (why := neuron_device.import_backend()) is not None:
         raise CompileError(why)
-    target, on = getattr(torch, dtype), torch.device(device)
-    model = LlamaModel(out, load_model_config(out), pods.slots, pods.max_seq_len, target, on, None, False,
-                       target, pack=False)  # fmt: skip
+    warming = neuron_device.Warming(
+        device, config.tensorParallel, dtype, pods.slots, pods.max_seq_len, tuple(table), backend,
+        pods.compiled_graphs,
+    )  # fmt: skip
     progress.phase("compile", total_files=len(table))
-    neuron_device.warm_ahead(model, out, table, out, backend, lambda done, total: progress.advance(files=1),
-                             pods.compiled_graphs)  # fmt: skip
+    ranks = Ranks.start(out, warming, neuron_device.Warmer) if warming.tensor_parallel > 1 else None
+    try:
+        warmer = neuron_device.Warmer(out, warming, 0, lambda done, total: progress.advance(files=1))
+    finally:
+        if ranks is not None:
+            ranks.stop()
+    neuron_device.write_warmed(out, neuron_device.neff_key(warmer.model, out, backend), table)
 
 
 def check_lengths(source: Path, config: CompileConfig) -> None:

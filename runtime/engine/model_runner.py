@@ -84,6 +84,9 @@ class ModelRunner:
         self.config = config.check_model(self.model_config)
         self.ranks: Ranks | None = None
         shard = None
+        warmed = None  # on a Neuron device: the compile Job's NEFF cache, copied to this pod's disk first
+        if config.device == "neuron":  # (by rank 0, before the other ranks start: they read its copy)
+            warmed = neuron_device.use_local_cache(self.model_dir, copy=rank == 0)
         if config.tensor_parallel > 1:
             if (why := tensor_parallel.refusal(self.model_config, config.tensor_parallel)) is not None:
                 raise ValueError(f"{why} (--tensor-parallel)")  # (before any other rank starts)
@@ -104,9 +107,7 @@ class ModelRunner:
         if self.cpu_threads is not None and shard is not None:  # the ranks share the pod's CPUs
             torch.set_num_threads(max(1, torch.get_num_threads() // shard.world))
         self.dtype: torch.dtype = getattr(torch, self.dtype_name)
-        warmed = None  # on a Neuron device: the compile Job's NEFF cache, copied to this pod's disk first
         if config.device == "neuron":
-            warmed = neuron_device.use_local_cache(self.model_dir)
             why = neuron_device.import_backend()
             if why is not None:
                 raise RuntimeError(why)

@@ -43,13 +43,18 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from neuronfleet.contract import NEURON_TARGET_ENV, TORCHNEURON_PINNED
 from neuronfleet.runtime.model.compiled_ahead import key_differences, model_key, write_manifest
 from neuronfleet.runtime.model.compiled_steps import Bucket, CompiledSteps
 from neuronfleet.runtime.model.llama import LlamaModel
+from neuronfleet.runtime.model.model_config import load_model_config
+from neuronfleet.runtime.model.tensor_parallel import Shard
 
 NEFF_DIR = "neff"  # in the artifacts folder: the NEFF cache the compile Job warmed
 WARMED = "warmed.json"  # in NEFF_DIR, written last: the cache is complete once it is there
@@ -86,10 +91,11 @@ Backend = str | Callable[..., Any]  # a compile backend's name, or the backend (
 
 def neff_key(model: LlamaModel, model_dir: Path, backend: Backend) -> dict[str, str]:
     """What a warmed NEFF depends on besides its bucket: torch's and torch-neuronx's versions, the instance
-    family compiled for (`TARGET_ENV`), the dtype, the cache's shape, and the model's config.json. A pod uses
-    the cache only with an equal key."""
+    family compiled for (`TARGET_ENV`), the dtype, the cache's shape, the model's config.json, and the
+    tensor parallelism (each rank's graphs are its share's). A pod uses the cache only with an equal key."""
     return {
         **model_key(model, model_dir),
+        "tensor_parallel": str(model.shard.world if model.shard is not None else 1),  # each rank's share
         "backend": backend if isinstance(backend, str) else type(backend).__name__,
         "torch-neuronx": backend_version(),
         "target": os.environ.get(TARGET_ENV, "unset"),
@@ -105,19 +111,64 @@ def write_warmed(out: Path, key: dict[str, str], table: Iterable[Bucket]) -> dic
     return manifest
 
 
-def warm_ahead(
-    model: LlamaModel, model_dir: Path, table: Iterable[Bucket], out: Path, backend: Backend = "neuron",
-    progress: Callable[[int, int], None] | None = None, graphs: int = 64,
-) -> dict[str, Any]:  # fmt: skip
-    """The compile Job's part: every bucket of `table` compiled once by `backend`, into the cache the
-    environment names (`CACHE_ENV`, set to `out`/neff/ before torch-neuronx was imported:
-    `use_cache`), then warmed.json. Returns its manifest."""
-    table = list(table)
+def _warm(
+    model: LlamaModel, table: list[Bucket], backend: Backend, progress: Callable[[int, int], None] | None,
+    graphs: int,
+) -> None:  # fmt: skip
     steps = CompiledSteps(model, backend, graphs)
     started = time.monotonic()
     steps.warm(table, progress)
     log.info("warmed %d graphs in %.1f s", len(table), time.monotonic() - started)
+
+
+def warm_ahead(
+    model: LlamaModel, model_dir: Path, table: Iterable[Bucket], out: Path, backend: Backend = "neuron",
+    progress: Callable[[int, int], None] | None = None, graphs: int = 64,
+) -> dict[str, Any]:  # fmt: skip
+    """The compile Job's part, on one NeuronCore: every bucket of `table` compiled once by `backend`, into
+    the cache the environment names (`CACHE_ENV`, set to `out`/neff/ before torch-neuronx was imported:
+    `use_cache`), then warmed.json. Returns its manifest."""
+    table = list(table)
+    _warm(model, table, backend, progress, graphs)
     return write_warmed(out, neff_key(model, model_dir, backend), table)
+
+
+@dataclass(frozen=True)
+class Warming:
+    """What the compile Job warms, as every rank of it needs it (sent to the ranks it spawns): the pods'
+    device, tensor parallelism, dtype, cache shape and bucket table, and the compile backend's name."""
+
+    device: str
+    tensor_parallel: int
+    dtype: str
+    slots: int
+    max_seq_len: int
+    table: tuple[Bucket, ...]
+    backend: str = "neuron"
+    graphs: int = 64
+
+
+class Warmer:
+    """One rank of the compile Job's warming at a tensor parallelism: its share of the model on its device
+    (its NeuronCore: `tp_ranks` sets which before the runtime starts), every bucket of the table run once in
+    the table's order, as every rank does, so that the passes' all-reduces meet. Built as a runner is (the
+    compile Job starts the other ranks with it, `tp_ranks.Ranks`), it runs no steps after."""
+
+    def __init__(
+        self, model_dir: str | Path, warming: Warming, rank: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        shard = Shard(rank, warming.tensor_parallel) if warming.tensor_parallel > 1 else None
+        dtype = getattr(torch, warming.dtype)
+        model_dir = Path(model_dir)
+        self.model = LlamaModel(
+            model_dir, load_model_config(model_dir), warming.slots, warming.max_seq_len, dtype,
+            torch.device(warming.device), None, False, dtype, pack=False, shard=shard,
+        )  # fmt: skip
+        _warm(self.model, list(warming.table), warming.backend, progress, warming.graphs)
+
+    def execute(self, work: Any) -> None:
+        raise RuntimeError("a rank of the compile Job's warming runs no serving steps")
 
 
 def use_cache(folder: Path) -> None:
@@ -126,17 +177,21 @@ def use_cache(folder: Path) -> None:
     os.environ[CACHE_ENV] = str(folder)
 
 
-def use_local_cache(model_dir: Path, local: Path = Path(LOCAL_CACHE)) -> dict[str, Any] | None:
+def use_local_cache(
+    model_dir: Path, local: Path = Path(LOCAL_CACHE), copy: bool = True
+) -> dict[str, Any] | None:
     """A serving pod's copy of the compile Job's cache (`model_dir`/neff/, on the shared volume) on its own
     disk, which TorchNeuron's cache then names; the warmed manifest, or None where the Job warmed none
-    (the cache is left unset: the pod compiles nothing anyway)."""
+    (the cache is left unset: the pod compiles nothing anyway). `copy` False: the copy another process of
+    the pod made (a tensor-parallel server's rank 0, before it started the others)."""
     source = Path(model_dir) / NEFF_DIR
     if not (source / WARMED).is_file():
         return None
-    started = time.monotonic()
-    shutil.copytree(source, local, dirs_exist_ok=True)
+    if copy:
+        started = time.monotonic()
+        shutil.copytree(source, local, dirs_exist_ok=True)
+        log.info("copied the NEFF cache to %s in %.1f s", local, time.monotonic() - started)
     use_cache(local)
-    log.info("copied the NEFF cache to %s in %.1f s", local, time.monotonic() - started)
     return json.loads((local / WARMED).read_text())
 
 

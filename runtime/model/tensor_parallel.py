@@ -10,8 +10,9 @@ The sum is torch's functional all-reduce (`torch.distributed._functional_collect
 compiled graph holds it as an operator (`_c10d_functional.all_reduce` and `wait_tensor`), so a device backend
 gets the collective inside its graph; op by op it runs as the process group's own allreduce. The process
 group is gloo on CPU (the tests' proof that tensor parallelism 2 equals 1). On Trainium it is TorchNeuron's
-`neuron` backend, a rank per NeuronCore (the Neuron docs, torch/guides/torch-distributed). That is not yet
-wired into serving: runtime/model/neuron_device.py.
+`neuron` backend, a rank per NeuronCore (the Neuron docs, torch/guides/torch-distributed): the pods' ranks
+and the compile Job's warming ranks (runtime/engine/tp_ranks.py, runtime/model/neuron_device.py), not yet run
+on a device.
 
 What is not split: weights stored quantized (their packed int8/int4 layouts are cut per tensor by
 `quantize`, not here), refused with what works.

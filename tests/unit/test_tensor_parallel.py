@@ -242,3 +242,34 @@ def test_a_server_over_three_ranks_answers_the_openai_client_as_one_rank_does(sm
     for bad, says in refusals:
         run = run_neuronfleet("serve", "--model", str(smollm2_dir), *options, *bad)
         assert run.returncode != 0 and says in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("visible", "world", "cores"),
+    [
+        ("4-7", 4, ["4", "5", "6", "7"]),  # the device plugin's four cores of a pod
+        ("0,2-3,8", 3, ["0", "2", "3"]),  # a list of ranges: the first `world`
+        (None, 2, ["0", "1"]),  # no list: the runtime sees every core, rank i takes core i
+    ],
+)
+def test_each_rank_takes_one_of_the_pods_neuroncores(visible, world, cores):
+    from neuronfleet.runtime.engine.tp_ranks import rank_cores
+
+    assert rank_cores(visible, world) == cores
+
+
+@pytest.mark.parametrize(
+    ("visible", "says"),
+    [
+        ("4-5", "this pod has 2 (NEURON_RT_VISIBLE_CORES=4-5): request 4 NeuronCores, or serve at --tensor"),
+        ("4-x", "expected core indices and ranges, like 0-3 or 0,2"),
+        ("7-4", "the range 7-4 runs backwards"),
+        ("1,1-3", "names a core twice"),
+    ],
+)
+def test_a_pod_with_too_few_or_unreadable_neuroncores_is_refused_before_any_rank_starts(visible, says):
+    from neuronfleet.runtime.engine.tp_ranks import rank_cores
+
+    with pytest.raises(ValueError, match="NEURON_RT_VISIBLE_CORES") as e:
+        rank_cores(visible, 4)
+    assert says in str(e.value)
