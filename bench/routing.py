@@ -9,7 +9,11 @@ Pods: --pods `neuronfleet serve` processes (each --slots slots, one torch thread
     `--routing least-loaded` or `--routing kv-aware`, learning what each pod holds from what it sent there;
   - kv-aware-events: the kv-aware front door given the model's tokenizer (`--model`), following the KV-cache
     events the pods publish (`--kv-events-config`), as the operator runs it before a unified model's pods.
-Workloads (each with its own texts per policy, so no policy finds what an earlier one left in the caches):
+Each run (a policy on a workload) starts its pods and its front door afresh, so no run finds what an earlier
+one left in the pods' caches (a host KV store keeps a finished conversation's blocks, reused ones protected,
+until they are idle 10 minutes: on warm pods each run began with the last one's conversations crowding out
+its own), nor a router what it learnt; `--same-pods` keeps one set for every run. Workloads (each with its own
+texts per run):
   - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
     --turns turns; each turn sends the whole history (earlier questions and the model's answers), waits
     for its answer, and the next comes after a pause (--think-seconds on average: the user reads and types,
@@ -24,7 +28,7 @@ bench/results/routing.json with the CPU it ran on (and routing.png with --png, w
 
     .venv/bin/python bench/routing.py [--pods 3] [--slots 4] [--conversations 9] [--turns 4]
         [--think-seconds 1] [--arrivals-seconds 0] [--requests 24] [--clients 6] [--max-tokens 16]
-        [--policies ...] [--workloads ...] [--out routing.json] [--png]
+        [--policies ...] [--workloads ...] [--repeats 1] [--out routing.json] [--png]
 
 Not a test: numbers depend on the machine and its load. Run it on an otherwise idle machine.
 """
@@ -191,19 +195,22 @@ def targets(policy: str, pods: list[str], routers: dict[str, str]):
     return lambda: routers[policy]
 
 
-async def multi_turn(target, args, seed: int) -> Result:
+async def multi_turn(target, args, seed: int, pace: int = 0) -> Result:
+    """The conversations' texts from `seed`; each conversation's arrival and pauses from `pace` and its
+    number alone, so that every policy of a pass meets the same users at the same times."""
     result, rng = Result(), random.Random(seed)
     docs = [document(rng, 750) for _ in range(args.conversations)]
 
     async def conversation(session: aiohttp.ClientSession, doc: str, n: int) -> None:
-        await asyncio.sleep(rng.uniform(0, args.arrivals_seconds))  # users arrive over a while, not at once
+        words, clock = random.Random(f"{seed}/{n}"), random.Random(f"{pace}/{n}")
+        await asyncio.sleep(clock.uniform(0, args.arrivals_seconds))  # users arrive over a while, not at once
         messages = [{"role": "system", "content": "Answer from this document.\n" + doc}]
         for turn in range(args.turns):
             messages.append({"role": "user", "content": f"Question {turn + 1} of chat {n}: what comes after "
-                             f"the word {rng.choice(WORDS)}?"})  # fmt: skip
+                             f"the word {words.choice(WORDS)}?"})  # fmt: skip
             answer = await chat(session, target(), messages, args.max_tokens, result)
             messages.append({"role": "assistant", "content": answer})
-            await asyncio.sleep(rng.uniform(0, 2 * args.think_seconds))  # the user reads and types
+            await asyncio.sleep(clock.uniform(0, 2 * args.think_seconds))  # the user reads and types
 
     started = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
@@ -212,7 +219,7 @@ async def multi_turn(target, args, seed: int) -> Result:
     return result
 
 
-async def shared_prefix(target, args, seed: int) -> Result:
+async def shared_prefix(target, args, seed: int, pace: int = 0) -> Result:
     result, rng = Result(), random.Random(seed)
     system = "You are the help desk of this manual.\n" + document(rng, 750)
     questions = iter(range(args.requests))
@@ -257,6 +264,12 @@ def decisions(router: str | None) -> Counter:
                 reason = line.split('reason="', 1)[1].split('"', 1)[0]
                 out[reason] += int(float(line.rsplit(" ", 1)[1]))
     return out
+
+
+def pooled_counters(runs: list[list[dict]]) -> list[dict]:
+    """Per pod, the counters of several runs summed, so that their differences pool the runs."""
+    pods = range(len(runs[0]))
+    return [{k: sum(run[pod].get(k, 0.0) for run in runs) for k in runs[0][pod]} for pod in pods]
 
 
 def per_pod(before: list[dict], after: list[dict]) -> dict:
@@ -309,6 +322,11 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=2048)
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--repeats", type=int, default=1, help="every policy again, in turn (A B C D, "
+                        "D C B A, ...: each run its own texts), each policy's requests pooled")  # fmt: skip
+    parser.add_argument("--same-pods", action="store_true", help="every run on the same pods and front doors "
+                        "(by default each run starts its pods and its front door afresh: no run finds what "
+                        "an earlier one left in the caches, nor a router what it learnt)")  # fmt: skip
     parser.add_argument("--out", default="routing.json", help="the results' file name in bench/results/")
     parser.add_argument("--png", action="store_true", help="also draw routing.png (needs matplotlib)")
     args = parser.parse_args()
@@ -317,37 +335,60 @@ def main() -> None:
     model = model_dir()
     procs = Processes(results_dir)
     report: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "args": vars(args), "results": {}}
-    try:
-        serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
-                 "--max-seq-len", str(args.max_seq_len), "--max-input-len",
-                 str(args.max_seq_len - args.max_tokens - 1)]  # fmt: skip
-        pods = [procs.start(f"pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        cache_tokens = operator_cache_tokens(args.slots, args.max_seq_len)
-        routers = {
-            policy: procs.start(
+    serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
+             "--max-seq-len", str(args.max_seq_len), "--max-input-len",
+             str(args.max_seq_len - args.max_tokens - 1)]  # fmt: skip
+    cache_tokens = operator_cache_tokens(args.slots, args.max_seq_len)
+    pods: list[str] = []
+    routers: dict[str, str] = {}
+
+    def start(policies: list[str]) -> None:
+        """Pods, and the front doors of `policies`, started afresh (empty caches, nothing learnt)."""
+        procs.stop()
+        pods[:] = [procs.start(f"pod{i}", *serve, *publishing()) for i in range(args.pods)]
+        routers.clear()
+        for policy in (p for p in policies if p in ROUTED):
+            routers[policy] = procs.start(
                 f"router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
             )
-            for policy in ROUTED
-        }
-        for seed, (workload, run) in enumerate(WORKLOADS.items()):
-            if workload not in args.workloads:
-                continue
-            for i, policy in enumerate(POLICIES):
-                if policy not in args.policies:
+
+    try:
+        if args.same_pods:
+            start(list(POLICIES))
+        pooled: dict[tuple[str, str], tuple[Result, list, list, Counter, list]] = {}
+        for n in range(args.repeats):
+            for seed, (workload, run) in enumerate(WORKLOADS.items()):
+                if workload not in args.workloads:
                     continue
-                before = [counters(p) for p in pods]
-                decided = decisions(routers.get(policy))
-                result = asyncio.run(run(targets(policy, pods, routers), args, seed=100 * seed + i))
-                after = [counters(p) for p in pods]
-                out = summary(result, per_pod(before, after))
-                if policy in routers:
-                    out["decisions"] = dict(decisions(routers[policy]) - decided)
-                report["results"].setdefault(workload, {})[policy] = out
-                print(f"{workload:13s} {policy:12s} TTFT p50 {out['ttft_p50_s']:.3f} s p90 "
-                      f"{out['ttft_p90_s']:.3f} s  {out['tokens_per_s']:.1f} tok/s  hit rate "
-                      f"{out['hit_rate']:.2f} {[round(p['hit_rate'], 2) for p in out['pods']]}  imbalance "
-                      f"{out['imbalance']:.2f}  failed {out['failed']}  {out.get('decisions', '')}",
-                      flush=True)  # fmt: skip
+                for i, policy in enumerate(POLICIES if n % 2 == 0 else POLICIES[::-1]):
+                    if policy not in args.policies:
+                        continue
+                    if not args.same_pods:
+                        start([policy])
+                    whole, before, after, decided, each = pooled.setdefault(
+                        (workload, policy), (Result(), [], [], Counter(), [])
+                    )
+                    before.append([counters(p) for p in pods])
+                    first = decisions(routers.get(policy))
+                    seeded = 1000 * n + 100 * seed + i  # texts of its own each run
+                    one = asyncio.run(run(targets(policy, pods, routers), args, seed=seeded, pace=n))
+                    after.append([counters(p) for p in pods])
+                    decided.update(decisions(routers.get(policy)) - first)
+                    each.append(summary(one, per_pod(before[-1], after[-1]))["ttft_p50_s"])
+                    whole.ttft.extend(one.ttft)
+                    whole.failed.extend(one.failed)
+                    whole.tokens, whole.seconds = whole.tokens + one.tokens, whole.seconds + one.seconds
+                    out = summary(whole, per_pod(*(pooled_counters(c) for c in (before, after))))
+                    out["ttft_p50_each_run_s"] = list(each)
+                    if policy in routers:
+                        out["decisions"] = dict(decided)
+                    report["results"].setdefault(workload, {})[policy] = out
+                    hits = [round(p["hit_rate"], 2) for p in out["pods"]]
+                    print(f"{workload:13s} {policy:12s} run {n + 1}: TTFT p50 {each[-1]:.3f} s; pooled "
+                          f"{out['ttft_p50_s']:.3f} s p90 {out['ttft_p90_s']:.3f} s  "
+                          f"{out['tokens_per_s']:.1f} tok/s  hit rate {out['hit_rate']:.2f} {hits}  "
+                          f"imbalance {out['imbalance']:.2f}  failed {out['failed']}  "
+                          f"{out.get('decisions', '')}", flush=True)  # fmt: skip
     finally:
         procs.stop()
     for workload, by_policy in report["results"].items():

@@ -12,13 +12,14 @@ The policy (`choose`, policy `kv-aware`) prices each candidate pod: its expected
 expected wait for a slot plus the prefill of the prompt's blocks it does not hold (`expected_ttft`), from its
 load, its slots and its measured timings (`PodTimings`: seconds a request holds a slot, prefill seconds per
 token); the lowest wins. Ties (the least loaded of the pods with a free slot within NEAR_TIE of the lowest
-cost, or, unpriced, the least loaded where no pod holds any of it) go to the prompt's home pod: a rendezvous
-hash of its first block no pod holds, so a conversation that every cache dropped goes back where it was, not
-to a pod measured a little faster. Until a pod has timings the pool's stand in; where a cost cannot be priced
-(no timings yet, or a pod's slots unknown) the old rule decides: a pod more than `load_margin` requests above
-the least loaded is passed over, of the rest the one holding the longest prefix wins. Each decision has a
-reason: `prefix` (a pod holding the longest prefix was chosen), `load` (no pod held any of it), `overload` (a
-pod held more of it but its wait, or slower prefill, priced it out; by the old rule: it was over the margin).
+cost, or, unpriced, the least loaded where no pod holds any of it; of those, the emptiest caches) go to the
+prompt's home pod: a rendezvous hash of its first block no pod holds, so a conversation that every cache
+dropped goes back where it was, not to a pod measured a little faster. Until a pod has timings the pool's
+stand in; where a cost cannot be priced (no timings yet, or a pod's slots unknown) the old rule decides: a pod
+more than `load_margin` requests above the least loaded is passed over, of the rest the one holding the
+longest prefix wins. Each decision has a reason: `prefix` (a pod holding the longest prefix was chosen),
+`load` (no pod held any of it), `overload` (a pod held more of it but its wait, or slower prefill, priced it
+out; by the old rule: it was over the margin).
 Policy `least-loaded` always takes the least loaded pod (reason `load`).
 """
 
@@ -263,8 +264,9 @@ class PodTimings:
 @dataclass(frozen=True)
 class Candidate:
     """A pod the request may go to: its load (running and waiting requests, with this router's own since its
-    last probe), how many leading blocks of the request it is expected to hold, its slots (0: unknown) and
-    its timings (None: not measured): seconds a request holds a slot, prefill seconds per token."""
+    last probe), how many leading blocks of the request it is expected to hold, its slots (0: unknown), its
+    timings (None: not measured): seconds a request holds a slot, prefill seconds per token; and how many
+    blocks it is expected to hold in all (`cached`: its cache's fill)."""
 
     pod: str
     load: int
@@ -272,6 +274,7 @@ class Candidate:
     slots: int = 0
     answer_seconds: float | None = None
     prefill_per_token: float | None = None
+    cached: int = 0
 
 
 def expected_wait(load: int, slots: int, answer_seconds: float | None) -> float | None:
@@ -309,6 +312,17 @@ def home_rank(key: int, pod: str) -> int:
     return int.from_bytes(digest, "little")
 
 
+def roomiest(candidates: Sequence[Candidate], tied: list[int], blocks: int) -> list[int]:
+    """Of tied candidates (indices), those whose caches are the emptiest: holding at most this prompt's
+    `blocks` more than the least filled. A prompt no pod holds is a new conversation's or a dropped one's,
+    and the cache it lands in keeps it for its next turns: placed on the emptier caches, the pods' caches
+    fill evenly and no pod drops what its later turns need while another has room (placed by its home
+    alone, 10 conversations on 3 pods put 5 or more on one pod 63% of the time). Where the caches are about
+    as full (all of them, at cache pressure), every tied pod stays, and home decides."""
+    least = min(candidates[i].cached for i in tied)
+    return [i for i in tied if candidates[i].cached <= least + max(blocks, 1)]
+
+
 def choose(
     candidates: Sequence[Candidate], policy: str, load_margin: int, blocks: int = 0, home: int | None = None
 ) -> tuple[int, str]:
@@ -320,8 +334,9 @@ def choose(
     Ties go to the prompt's home pod (`home_rank` of `home`, the name of the first block no pod holds; None:
     the ranking's order): priced, the pods with a free slot whose cost is within NEAR_TIE of the lowest,
     holding the most of the prompt among them, the least loaded of those (a pod's free slot is not free
-    compute: its running requests share the pod's steps, so home never takes load from a less loaded pod);
-    unpriced, the least loaded where no pod holds any of it. So a
+    compute: its running requests share the pod's steps, so home never takes load from a less loaded pod),
+    the emptiest caches of those (`roomiest`); unpriced, the least loaded where no pod holds any of it, the
+    emptiest caches of those. So a
     conversation whose blocks every cache has dropped goes back to the pod it went to before (which may
     still hold them, and holds them alone), instead of to whichever pod measured a few milliseconds faster."""
     if not candidates:
@@ -339,14 +354,14 @@ def choose(
                 held = max(candidates[i].held for i in near)
                 near = [i for i in near if candidates[i].held == held]
                 load = min(candidates[i].load for i in near)
-                near = [i for i in near if candidates[i].load == load]
+                near = roomiest(candidates, [i for i in near if candidates[i].load == load], blocks)
                 best = max(near, key=lambda i: home_rank(home, candidates[i].pod))
         if not most:
             return best, "load"
         return best, "prefix" if candidates[best].held == most else "overload"
     floor = min(c.load for c in candidates)
     if not most:
-        least = [i for i, c in enumerate(candidates) if c.load == floor]
+        least = roomiest(candidates, [i for i, c in enumerate(candidates) if c.load == floor], blocks)
         if home is None:
             return least[0], "load"
         return max(least, key=lambda i: home_rank(home, candidates[i].pod)), "load"
@@ -459,7 +474,8 @@ class Routing:
         answer = own.answer_seconds if own is not None and own.answers else self.pool.answer_seconds
         prefill = self._prefill_timings(peer.url).prefill_per_token
         return Candidate(peer.url, peer.score, self.held(peer.url, blocks, now), self.slots(peer), answer,
-                         prefill if prefill is not None else self.pool.prefill_per_token)  # fmt: skip
+                         prefill if prefill is not None else self.pool.prefill_per_token,
+                         self.occupancy(peer.url))  # fmt: skip
 
     def _prefill_timings(self, pod: str) -> PodTimings:
         """The timings a pod's prefill is priced with: its own once one of its first tokens was timed, else

@@ -7,7 +7,9 @@ restarted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 import pydantic
@@ -174,6 +176,57 @@ def test_a_routing_sends_a_conversation_every_cache_dropped_back_to_its_pod():
     for ranked in (pods, pods[::-1], pods[1:] + pods[:1]):
         routing.index.forget(first)
         assert routing.pick(ranked, blocks, 1.0).url == first
+
+
+def filled(candidate: Candidate, cached: int) -> Candidate:
+    return dataclasses.replace(candidate, cached=cached)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "want"),
+    [
+        # a prompt of 64 blocks no pod holds: home's cache holds 65 blocks more than the other's, so the
+        # emptier cache takes it, priced or not
+        ([filled(priced(AWAY, 0, 0), 100), filled(priced(HOME, 0, 0), 165)], (AWAY, "load")),
+        ([Candidate(AWAY, 0, 0, cached=100), Candidate(HOME, 0, 0, cached=165)], (AWAY, "load")),
+        # ... within a prompt's blocks of each other (both full, at cache pressure): home
+        ([filled(priced(AWAY, 0, 0), 100), filled(priced(HOME, 0, 0), 164)], (HOME, "load")),
+        ([Candidate(AWAY, 0, 0, cached=100), Candidate(HOME, 0, 0, cached=164)], (HOME, "load")),
+        # room never outweighs load, nor a held prefix
+        ([filled(priced(AWAY, 1, 0), 0), filled(priced(HOME, 0, 0), 500)], (HOME, "load")),
+        ([filled(priced(AWAY, 0, 0), 0), filled(priced(HOME, 0, 8), 500)], (HOME, "prefix")),
+    ],
+)
+def test_of_tied_pods_the_emptier_caches_take_a_prompt_none_holds(candidates, want):
+    index, reason = pr.choose(candidates, "kv-aware", 2, 64, home=KEY)
+    assert (candidates[index].pod, reason) == want
+
+
+def test_new_conversations_fill_the_pods_caches_evenly():
+    """Ten conversations open on three idle pods (the first turn of each, 64 blocks, none held anywhere),
+    through `Routing.pick` and what it sent: no pod gets more than four, where their homes alone would have
+    given one pod five or more for most sets of ten (63%), and a cache of four conversations drops one."""
+
+    @dataclass
+    class P:
+        url: str
+        score: int = 0
+        slots: int = 4
+
+    pods = [P(f"http://pod-{i}") for i in range(3)]
+    crowded = 0
+    for trial in range(20):
+        routing = pr.Routing("kv-aware", by_tokens=True)
+        placed, by_home = Counter(), Counter()
+        for conversation in range(10):
+            blocks = routing.blocks([100_000 * trial + 1000 * conversation + t for t in range(1024)])
+            pod = routing.pick(pods, blocks, 0.0).url
+            routing.sent(pod, blocks, 0.0)
+            placed[pod] += 1
+            by_home[max(pods, key=lambda p: pr.home_rank(blocks[0], p.url)).url] += 1
+        assert max(placed.values()) <= 4, placed
+        crowded += max(by_home.values()) >= 5
+    assert crowded >= 5  # (the same prompts by home alone)
 
 
 @pytest.mark.parametrize(
