@@ -1,7 +1,7 @@
 """Routing benchmark on a workload we did not write: a replay of Mooncake's public conversation trace
 (bench/data/mooncake_conversation_excerpt.jsonl, an excerpt: its README says which and from where) against
 replicas of our runtime serving SmolLM2-135M-Instruct, at three regimes, under round-robin, least-loaded,
-kv-aware and kv-aware following the pods' KV-cache events, on the same warm pods.
+kv-aware and kv-aware following the pods' KV-cache events.
 
 The trace has no text: each request is its arrival time, its input and output lengths, and `hash_ids`, the
 ids of its 512-token blocks (requests sharing an id share that block: a conversation's next turn starts with
@@ -14,7 +14,9 @@ the ids of its earlier turns; every request starts with block 0). Replayed here 
   - the answer: output_length scaled by 16/512 (at least 1, at most --max-output-tokens), sent with vLLM's
     `ignore_eos`, so every policy generates the same tokens;
   - arrivals keep the trace's own gaps between requests, scaled so the run's offered rate is the regime's.
-Each policy's run draws its texts with a seed of its own, so no policy finds what an earlier one left.
+Each policy's run draws its texts with a seed of its own, and starts its pods and its front door afresh
+(`--same-pods`: one set for every run), so no run finds what an earlier one left in the pods' caches (their
+host KV stores keep a finished conversation's blocks until idle 10 minutes), nor a router what it learnt.
 Regimes, each the excerpt's first --requests requests (80: about the trace's first 18 minutes, thinned):
   - under-capacity: offered well below what the pods serve; the prefixes' working set (the distinct blocks'
     tokens) 0.8x what the pods hold (pods x slots x max-seq-len tokens): B = 6 with the defaults;
@@ -406,6 +408,8 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--repeats", type=int, default=1, help="the regimes again, in turn (the orders go on "
                         "alternating); each policy's requests pooled")  # fmt: skip
+    parser.add_argument("--same-pods", action="store_true", help="every run on the same pods and front doors "
+                        "(by default each run starts its own afresh)")  # fmt: skip
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument(
         "--out", default="routing_trace.json", help="the results' file name in bench/results/"
@@ -422,20 +426,29 @@ def main() -> None:
                     "args": {**vars(args), "trace": str(args.trace)}, "pods_hold_tokens": held,
                     "regimes": {}, "results": {}}  # fmt: skip
     procs = Processes(results_dir)
-    try:
-        serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
-                 "--max-seq-len", str(args.max_seq_len), "--max-input-len", str(max_input)]  # fmt: skip
-        pods = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        cache_tokens = args.routing_cache_tokens or operator_cache_tokens(args.slots, args.max_seq_len)
-        routers = {
-            policy: procs.start(
+    serve = ["--model", str(model), "--served-model-name", "smollm2", "--slots", str(args.slots),
+             "--max-seq-len", str(args.max_seq_len), "--max-input-len", str(max_input)]  # fmt: skip
+    cache_tokens = args.routing_cache_tokens or operator_cache_tokens(args.slots, args.max_seq_len)
+    pods: list[str] = []
+    routers: dict[str, str] = {}
+    warm = Scaling(16, max_input, 4)
+    warm_texts = [prompt(r, warm, -1, vocabulary) for r in requests[:6]]
+
+    def start(policies) -> None:
+        """Pods, warmed (a first request compiles nothing but pays the allocator's first touches), and the
+        front doors of `policies`, started afresh: empty caches, nothing learnt."""
+        procs.stop()
+        pods[:] = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
+        routers.clear()
+        for policy in (p for p in policies if p != "round-robin"):
+            routers[policy] = procs.start(
                 f"trace_router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
             )
-            for policy in POLICIES[1:]
-        }
-        warm = Scaling(16, max_input, 4)
-        warm_texts = [prompt(r, warm, -1, vocabulary) for r in requests[:6]]
         asyncio.run(replay(pods, warm_texts, [4] * 6, [0.0] * 6, pods, args.slots, Result()))
+
+    try:
+        if args.same_pods:
+            start(POLICIES)
         regimes = [r for r in REGIMES if r.name in args.regimes]
         pooled: dict[tuple[str, str], tuple[Result, list, list, Counter]] = {}
         for n, regime in enumerate(regimes * args.repeats):
@@ -455,6 +468,8 @@ def main() -> None:
             for i, policy in enumerate(POLICIES if n % 2 == 0 else POLICIES[::-1]):
                 if policy not in args.policies:
                     continue
+                if not args.same_pods:
+                    start([policy])
                 seed = 1000 * n + i
                 texts = [prompt(r, scaling, seed, vocabulary) for r in requests]
                 run, before, after, decided = pooled.setdefault(
