@@ -813,7 +813,9 @@ def structured_outputs_round(base: str, model: str = "smollm2") -> dict[str, Any
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     whole = client.chat.completions.create(**paris).choices[0]
     assert streamed == whole.message.content and chunks[-1].choices[0].finish_reason == whole.finish_reason, (
-        streamed, chunks[-1].choices[0].finish_reason, whole
+        streamed,
+        chunks[-1].choices[0].finish_reason,
+        whole,
     )
     if whole.finish_reason == "stop":  # (any object may run past max_tokens: then it is cut, not whole JSON)
         assert isinstance(json.loads(streamed), dict), streamed
