@@ -187,6 +187,23 @@ def front_door(policy: str, pods: list[str], slots: int, cache_tokens: int, mode
     ]  # fmt: skip
 
 
+def fresh_fleet(
+    procs: Processes, serve: list[str], count: int, policies, slots: int, cache_tokens: int, model: Path,
+    prefix: str = "",
+) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """`count` pods (`serve`'s arguments, publishing their events) and the front doors of `policies` (those a
+    front door routes) before them, started afresh once `procs`' earlier processes are stopped: empty caches,
+    nothing learnt. Their URLs, and the front doors' by policy."""
+    procs.stop()
+    pods = [procs.start(f"{prefix}pod{i}", *serve, *publishing()) for i in range(count)]
+    routers = {
+        policy: procs.start(f"{prefix}router-{policy}", *front_door(policy, pods, slots, cache_tokens, model))
+        for policy in policies
+        if policy in ROUTED
+    }
+    return pods, routers
+
+
 def targets(policy: str, pods: list[str], routers: dict[str, str]):
     """Where each request goes: the next pod in turn, or the policy's front door."""
     if policy == "round-robin":
@@ -343,14 +360,8 @@ def main() -> None:
     routers: dict[str, str] = {}
 
     def start(policies: list[str]) -> None:
-        """Pods, and the front doors of `policies`, started afresh (empty caches, nothing learnt)."""
-        procs.stop()
-        pods[:] = [procs.start(f"pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers.clear()
-        for policy in (p for p in policies if p in ROUTED):
-            routers[policy] = procs.start(
-                f"router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
-            )
+        nonlocal pods, routers
+        pods, routers = fresh_fleet(procs, serve, args.pods, policies, args.slots, cache_tokens, model)
 
     try:
         if args.same_pods:

@@ -383,10 +383,9 @@ def main() -> None:
         Processes,
         counters,
         decisions,
-        front_door,
+        fresh_fleet,
         model_dir,
         operator_cache_tokens,
-        publishing,
     )
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -435,15 +434,11 @@ def main() -> None:
     warm_texts = [prompt(r, warm, -1, vocabulary) for r in requests[:6]]
 
     def start(policies) -> None:
-        """Pods, warmed (a first request compiles nothing but pays the allocator's first touches), and the
-        front doors of `policies`, started afresh: empty caches, nothing learnt."""
-        procs.stop()
-        pods[:] = [procs.start(f"trace_pod{i}", *serve, *publishing()) for i in range(args.pods)]
-        routers.clear()
-        for policy in (p for p in policies if p != "round-robin"):
-            routers[policy] = procs.start(
-                f"trace_router-{policy}", *front_door(policy, pods, args.slots, cache_tokens, model)
-            )
+        """`fresh_fleet`, its pods warmed (a first request compiles nothing but pays the allocator's first
+        touches)."""
+        nonlocal pods, routers
+        pods, routers = fresh_fleet(procs, serve, args.pods, policies, args.slots, cache_tokens, model,
+                                    prefix="trace_")  # fmt: skip
         asyncio.run(replay(pods, warm_texts, [4] * 6, [0.0] * 6, pods, args.slots, Result()))
 
     try:

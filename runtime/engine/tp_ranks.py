@@ -16,7 +16,7 @@ On a Neuron device each rank holds one NeuronCore (`rank_cores`): the i-th of th
 (`NEURON_RT_VISIBLE_CORES`, which the Neuron device plugin sets in the container), set in the rank's
 environment before its runtime starts, as the Neuron runtime's configuration guide partitions an instance
 between processes. TorchNeuron's `neuron` backend carries the passes' all-reduces; a step's work goes over
-a gloo group beside it (`control`), on the host.
+a gloo group beside it (`_control`), on the host.
 
 The group is torch's, for its collectives; the broadcast of a step's work is `broadcast_object_list` (a
 pickle of a few small tensors and lists). Nothing of it is reachable from outside the pod: the ranks meet
@@ -102,11 +102,6 @@ def _join(rank: int, world: int, store: str, device: str, core: str | None) -> N
     _control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
 
 
-def control_group() -> Any:
-    """The group a step's work is broadcast over (gloo, on the host)."""
-    return _control
-
-
 def _watch_parent(parent: int) -> None:
     """Exit this rank when the server that started it is gone (it would wait in a broadcast for ever)."""
 
@@ -155,7 +150,7 @@ class Ranks:
         world = config.tensor_parallel
         cores: list[str | None] = [None] * world
         if config.device == "neuron":  # (refused before any rank starts where the pod has too few)
-            cores = list(rank_cores(os.environ.get(VISIBLE_CORES_ENV), world))
+            cores = [*rank_cores(os.environ.get(VISIBLE_CORES_ENV), world)]
         ranks = cls(world, tempfile.mkdtemp(prefix="neuronfleet-ranks-"))  # (mode 0700)
         store = os.path.join(ranks.folder, "store")
         context = multiprocessing.get_context("spawn")

@@ -27,11 +27,11 @@ documented for that version:
   (`CompiledSteps.freeze`).
 
 The flow. The compile Job (on a Neuron node) points the cache at the artifacts' `neff/` folder. It runs every
-bucket once (`CompiledSteps.warm`), which compiles and stores each NEFF, and writes `neff/warmed.json` last
-(`write_warmed`): the key and the buckets. A serving pod copies that folder to its own disk and points the
-cache there (`use_local_cache`). It checks the key (`warmed_steps`), runs every warmed bucket once (each a
-cache hit), and then compiles nothing. Where the key differs or nothing was warmed, the pod says so and runs
-the passes op by op on the device, never compiling a graph.
+bucket once on each rank (`Warmer`, `CompiledSteps.warm`), which compiles and stores each NEFF, and writes
+`neff/warmed.json` last (`write_warmed`): the key and the buckets. A serving pod copies that folder to its own
+disk and points the cache there (`use_local_cache`). It checks the key (`warmed_steps`), runs every warmed
+bucket once (each a cache hit), and then compiles nothing. Where the key differs or nothing was warmed, the
+pod says so and runs the passes op by op on the device, never compiling a graph.
 """
 
 from __future__ import annotations
@@ -111,28 +111,6 @@ def write_warmed(out: Path, key: dict[str, str], table: Iterable[Bucket]) -> dic
     return manifest
 
 
-def _warm(
-    model: LlamaModel, table: list[Bucket], backend: Backend, progress: Callable[[int, int], None] | None,
-    graphs: int,
-) -> None:  # fmt: skip
-    steps = CompiledSteps(model, backend, graphs)
-    started = time.monotonic()
-    steps.warm(table, progress)
-    log.info("warmed %d graphs in %.1f s", len(table), time.monotonic() - started)
-
-
-def warm_ahead(
-    model: LlamaModel, model_dir: Path, table: Iterable[Bucket], out: Path, backend: Backend = "neuron",
-    progress: Callable[[int, int], None] | None = None, graphs: int = 64,
-) -> dict[str, Any]:  # fmt: skip
-    """The compile Job's part, on one NeuronCore: every bucket of `table` compiled once by `backend`, into
-    the cache the environment names (`CACHE_ENV`, set to `out`/neff/ before torch-neuronx was imported:
-    `use_cache`), then warmed.json. Returns its manifest."""
-    table = list(table)
-    _warm(model, table, backend, progress, graphs)
-    return write_warmed(out, neff_key(model, model_dir, backend), table)
-
-
 @dataclass(frozen=True)
 class Warming:
     """What the compile Job warms, as every rank of it needs it (sent to the ranks it spawns): the pods'
@@ -165,7 +143,10 @@ class Warmer:
             model_dir, load_model_config(model_dir), warming.slots, warming.max_seq_len, dtype,
             torch.device(warming.device), None, False, dtype, pack=False, shard=shard,
         )  # fmt: skip
-        _warm(self.model, list(warming.table), warming.backend, progress, warming.graphs)
+        steps = CompiledSteps(self.model, warming.backend, warming.graphs)
+        started = time.monotonic()
+        steps.warm(list(warming.table), progress)
+        log.info("warmed %d graphs in %.1f s", len(warming.table), time.monotonic() - started)
 
     def execute(self, work: Any) -> None:
         raise RuntimeError("a rank of the compile Job's warming runs no serving steps")

@@ -87,7 +87,9 @@ def test_a_pod_loads_the_warmed_buckets_once_and_then_compiles_nothing(tiny, tmp
     graph each), then frozen: the warmed buckets run their graphs (equal to op by op) and a bucket the Job
     did not warm runs op by op, said once; no graph is made after the start."""
     warmed = table()[:-2]  # (the Job warmed all but two prefill buckets)
-    neuron_device.warm_ahead(model_of(tiny), tiny, warmed, tmp_path / "job", Recorder())
+    neuron_device.write_warmed(
+        tmp_path / "job", neuron_device.neff_key(model_of(tiny), tiny, Recorder()), warmed
+    )
     (tiny / neuron_device.NEFF_DIR).mkdir(exist_ok=True)
     (tiny / neuron_device.NEFF_DIR / neuron_device.WARMED).write_text(
         (tmp_path / "job" / neuron_device.NEFF_DIR / neuron_device.WARMED).read_text()
