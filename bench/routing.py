@@ -47,6 +47,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).parent / "neuronfleet")
 POLICIES = ("round-robin", "least-loaded", "kv-aware", "kv-aware-events")
 ROUTED = POLICIES[1:]  # by a front door
+DOOR_OPTIONS = {True: (), False: ("--no-router-queue",)}  # the front doors' late binding on, off
 WORDS = ["river", "stone", "lantern", "harbor", "orchard", "meadow", "copper", "signal", "valley",
          "ember", "granite", "willow", "beacon", "thunder", "glacier", "canyon", "prairie", "falcon", "cedar",
          "marble", "compass", "anchor"]  # fmt: skip
@@ -175,10 +177,13 @@ def operator_cache_tokens(slots: int, max_seq_len: int) -> int:
     return 2 * slots * max_seq_len
 
 
-def front_door(policy: str, pods: list[str], slots: int, cache_tokens: int, model: Path) -> list[str]:
+def front_door(
+    policy: str, pods: list[str], slots: int, cache_tokens: int, model: Path, options: Sequence[str] = ()
+) -> list[str]:
     """`neuronfleet serve` arguments of a front door of `policy` before `pods`, as the operator runs it
-    (`--routing-pod-slots`, `--routing-cache-tokens`; kv-aware-events given the model's tokenizer)."""
-    return [
+    (`--routing-pod-slots`, `--routing-cache-tokens`; kv-aware-events given the model's tokenizer), and
+    `options` (`--no-router-queue`)."""
+    return [*options,
         "--role", "router", "--served-model-name", "smollm2",
         *itertools.chain.from_iterable(("--unified", p) for p in pods),
         "--routing", policy.removesuffix("-events"), "--routing-pod-slots", str(slots),
@@ -189,7 +194,7 @@ def front_door(policy: str, pods: list[str], slots: int, cache_tokens: int, mode
 
 def fresh_fleet(
     procs: Processes, serve: list[str], count: int, policies, slots: int, cache_tokens: int, model: Path,
-    prefix: str = "",
+    prefix: str = "", door_options: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
     """`count` pods (`serve`'s arguments, publishing their events) and the front doors of `policies` (those a
     front door routes) before them, started afresh once `procs`' earlier processes are stopped: empty caches,
@@ -197,7 +202,9 @@ def fresh_fleet(
     procs.stop()
     pods = [procs.start(f"{prefix}pod{i}", *serve, *publishing()) for i in range(count)]
     routers = {
-        policy: procs.start(f"{prefix}router-{policy}", *front_door(policy, pods, slots, cache_tokens, model))
+        policy: procs.start(
+            f"{prefix}router-{policy}", *front_door(policy, pods, slots, cache_tokens, model, door_options)
+        )
         for policy in policies
         if policy in ROUTED
     }
@@ -341,6 +348,9 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=1, help="every policy again, in turn (A B C D, "
                         "D C B A, ...: each run its own texts), each policy's requests pooled")  # fmt: skip
+    parser.add_argument("--no-router-queue", dest="router_queue", action="store_false",
+                        help="the front doors send every request at once, also while every pod's slots are "
+                        "taken")  # fmt: skip
     parser.add_argument("--same-pods", action="store_true", help="every run on the same pods and front doors "
                         "(by default each run starts its pods and its front door afresh: no run finds what "
                         "an earlier one left in the caches, nor a router what it learnt)")  # fmt: skip
@@ -361,7 +371,8 @@ def main() -> None:
 
     def start(policies: list[str]) -> None:
         nonlocal pods, routers
-        pods, routers = fresh_fleet(procs, serve, args.pods, policies, args.slots, cache_tokens, model)
+        pods, routers = fresh_fleet(procs, serve, args.pods, policies, args.slots, cache_tokens, model,
+                                    door_options=DOOR_OPTIONS[args.router_queue])  # fmt: skip
 
     try:
         if args.same_pods:

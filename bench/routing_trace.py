@@ -316,10 +316,10 @@ async def replay(targets: list[str], texts: list[str], outputs: list[int], times
     async def sample(session: aiohttp.ClientSession) -> None:
         while not done.is_set():
             running = waiting = 0.0
-            for pod in pods:
-                async with session.get(pod + "/metrics") as r:
+            for url in [*pods, *(set(targets) - set(pods))]:  # the pods, and a front door's own queue
+                async with session.get(url + "/metrics") as r:
                     for line in (await r.text()).splitlines():
-                        if line.startswith("vllm:num_requests_running"):
+                        if url in pods and line.startswith("vllm:num_requests_running"):
                             running += float(line.rsplit(" ", 1)[1])
                         elif line.startswith("vllm:num_requests_waiting"):
                             waiting += float(line.rsplit(" ", 1)[1])
@@ -380,6 +380,7 @@ def checked_vocabulary(model: Path) -> list[str]:
 def main() -> None:
     from machine import cpu_name  # bench/machine.py
     from routing import (  # bench/routing.py
+        DOOR_OPTIONS,
         Processes,
         counters,
         decisions,
@@ -407,6 +408,9 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--repeats", type=int, default=1, help="the regimes again, in turn (the orders go on "
                         "alternating); each policy's requests pooled")  # fmt: skip
+    parser.add_argument("--no-router-queue", dest="router_queue", action="store_false",
+                        help="the front doors send every request at once, also while every pod's slots are "
+                        "taken")  # fmt: skip
     parser.add_argument("--same-pods", action="store_true", help="every run on the same pods and front doors "
                         "(by default each run starts its own afresh)")  # fmt: skip
     parser.add_argument("--trace", type=Path, default=TRACE)
@@ -438,7 +442,7 @@ def main() -> None:
         touches)."""
         nonlocal pods, routers
         pods, routers = fresh_fleet(procs, serve, args.pods, policies, args.slots, cache_tokens, model,
-                                    prefix="trace_")  # fmt: skip
+                                    "trace_", DOOR_OPTIONS[args.router_queue])  # fmt: skip
         asyncio.run(replay(pods, warm_texts, [4] * 6, [0.0] * 6, pods, args.slots, Result()))
 
     try:

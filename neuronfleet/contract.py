@@ -391,6 +391,14 @@ class ServeConfig(BaseModel):
         "router, kv-aware: slots (requests at once) of each pod whose status does not say them (a front "
         "door's pods: the model's batch size), to price a pod's wait for a slot; 0: unknown",
     )
+    router_queue: bool = _flag(
+        True,
+        "router with --unified: while every ready pod's slots are taken (as its status says, else "
+        "--routing-pod-slots), a request waits at the front door, in arrival order, for the first slot to "
+        "free and its pod is chosen then (late binding), instead of waiting in the queue of the pod chosen "
+        "when it came; within --max-queue-wait",
+        flag="--no-router-queue",
+    )
     override_generation_config: str | None = _flag(
         None,
         "sampling defaults laid over the model's generation_config.json, as vLLM's flag of the same name: a "
@@ -413,10 +421,10 @@ class ServeConfig(BaseModel):
     max_waiting: int = _flag(256, "bound of the waiting queue")
     max_queue_wait: float = _flag(
         MAX_QUEUE_WAIT,
-        "unified, decode and our prefill/decode router: the longest a request may be expected to wait for a "
-        "slot, in seconds (from the requests ahead and the service rate measured); past it the request is "
-        "refused at once (OpenAI 429, TGI 503) with Retry-After, and one that has waited that long is "
-        "refused then. 0: no bound",
+        "unified, decode, our prefill/decode router and a front door: the longest a request may be expected "
+        "to wait for a slot, in seconds (from the requests ahead and the service rate measured); past it the "
+        "request is refused at once (OpenAI 429, TGI 503) with Retry-After, and one that has waited that "
+        "long is refused then. 0: no bound",
     )
     max_body_bytes: int = _flag(1 << 20, "largest request body in bytes")
     header_timeout: float = _flag(
@@ -467,8 +475,8 @@ class ServeConfig(BaseModel):
                 f"--host-kv-cache-bytes {self.host_kv_cache_bytes}: bytes of host memory for KV blocks (0: "
                 "no host KV store)"
             )
-        routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens", "routing_pod_slots")
-                   if getattr(self, n) != _default(n)}  # fmt: skip
+        routing = {n for n in ("routing", "routing_load_margin", "routing_cache_tokens", "routing_pod_slots",
+                               "router_queue") if getattr(self, n) != _default(n)}  # fmt: skip
         if self.role != "router" and routing:
             flags = ", ".join(sorted(_spelling(n) for n in routing))
             raise ValueError(f"{flags}: for --role router, not {self.role}")

@@ -180,12 +180,14 @@ def _serve_engine_router(args: ServeConfig) -> int:
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
         routing=_routing(args), tokenizer=tokenizer,
         peer_kv_events=args.peer_kv_events if tokenizer else None, max_resumes=args.max_resumes,
+        max_queue_wait=args.max_queue_wait, router_queue=args.router_queue,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
 
 def _serve_front_door(args: ServeConfig) -> int:
-    """A front door to unified pods of any engine: every request passed on as is, held at zero."""
+    """A front door to unified pods of any engine: every request passed on as is, held at zero, and waiting
+    for a slot while every pod's are taken."""
     from neuronfleet.runtime.routing.front_door import FrontDoor
 
     tokenizer = _tokenizer(args)
@@ -195,6 +197,7 @@ def _serve_front_door(args: ServeConfig) -> int:
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
         routing=_routing(args), tokenizer=tokenizer,
         peer_kv_events=args.peer_kv_events if tokenizer else None, max_resumes=args.max_resumes,
+        max_queue_wait=args.max_queue_wait, router_queue=args.router_queue,
     )  # fmt: skip
     return _serve_until_stopped(door, args)
 

@@ -36,6 +36,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -43,15 +44,16 @@ from typing import TYPE_CHECKING
 import aiohttp
 import yarl
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
 from neuronfleet.runtime.routing.prefix_routing import Dispatch, Routing, RoutingMetrics, request_prompt
 from neuronfleet.runtime.routing.resume import CarriedStream, StreamBroken, resumable, with_token_ids
+from neuronfleet.runtime.routing.slot_queue import QUEUE_BUCKETS, SlotQueue, pods_full
 from neuronfleet.runtime.serving.api_requests import decode_json
-from neuronfleet.runtime.serving.errors import InvalidRequest, openai_error_body, tgi_error_body
+from neuronfleet.runtime.serving.errors import InvalidRequest, Overloaded, openai_error_body, tgi_error_body
 from neuronfleet.runtime.serving.http_app import HttpApp
 
 if TYPE_CHECKING:  # (imported by the command only when --model is given: without it, no tokenizer is loaded)
@@ -95,11 +97,12 @@ class FrontDoor(HttpApp):
         peer_timeout: float = 60.0, max_body_bytes: int = 1 << 20, hold_requests: int = 0,
         hold_seconds: float = 300.0, wake_url: str | None = None, wake_token: str | None = None,
         routing: Routing | None = None, tokenizer: Tokenizer | None = None, peer_kv_events: str | None = None,
-        max_resumes: int = 2,
+        max_resumes: int = 2, max_queue_wait: float = 0.0, router_queue: bool = True,
     ) -> None:  # fmt: skip
         """`wake_token`: the model's internal token, sent with each wake (`holding.Hold`) and the key to its
         pods' KV-cache events (`kv_event_index.Subscriptions`). `max_resumes`: the most times one stream is
-        resumed on another pod (0: never)."""
+        resumed on another pod (0: never). `router_queue`: while every ready pod's slots are taken, requests
+        wait here for one (`slot_queue`), within `max_queue_wait` seconds (0: no bound)."""
         if not unified:
             raise ValueError(
                 "--role router --unified needs at least one unified pod: http://host:port or dns://name:port"
@@ -131,6 +134,7 @@ class FrontDoor(HttpApp):
         self.hold = Hold(hold_requests, hold_seconds, wake_url=wake_url, wake_token=wake_token,
                          role="unified", ready=lambda: self.unified.ready > 0, refresh=self.watch.refresh,
                          draining=self.refusing)  # fmt: skip
+        self.queue = SlotQueue(max_queue_wait, enabled=router_queue)
         self.backend = self  # what serve() drains
         self.forwarded = 0  # requests sent to a pod and not finished
         self.on_startup.append(self._start)
@@ -147,8 +151,15 @@ class FrontDoor(HttpApp):
         )  # fmt: skip
         self.hold.register_metrics(self.registry, model_name)
         self.registry.register(RoutingMetrics(model_name, {"unified": self.routing}))
-        Gauge("vllm:num_requests_waiting", "Requests held until a pod is ready.", ["model_name"],
-              registry=self.registry).labels(**labels).set_function(lambda: self.hold.held)  # fmt: skip
+        Gauge("vllm:num_requests_waiting", "Requests held until a pod is ready, and those waiting for a "
+              "slot while every pod's are taken.", ["model_name"],
+              registry=self.registry).labels(**labels).set_function(
+                  lambda: self.hold.held + self.queue.queued)  # fmt: skip
+        self.queue_seconds = Histogram(
+            "neuronfleet:router_queue_seconds", "Seconds requests waited at the front door for a slot, every "
+            "ready pod's being taken (0: none waited).", ["model_name"], buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        ).labels(**labels)  # fmt: skip
 
     # ---- what serve() uses ----
 
@@ -196,6 +207,7 @@ class FrontDoor(HttpApp):
             status, why = 0, f"probe failed: {e or type(e).__name__}"
         if status == 200:
             peers.succeeded(url)
+            self.queue.freed()  # (a pod back in rotation has room)
             if self.subscriptions is not None:
                 self.subscriptions.follow(url, *(said if said[0] else self.peer_events))
         else:
@@ -220,6 +232,28 @@ class FrontDoor(HttpApp):
             return None
         tried.add(peer.url)
         return peer
+
+    def _ready_slots(self) -> list[tuple[int, int]]:
+        """The ready pods' (load, slots): slots as their status says, else --routing-pod-slots (0:
+        unknown)."""
+        return [(p.score, self.routing.slots(p)) for p in self.unified.peers.values() if p.ready]
+
+    def _full(self) -> bool:
+        return pods_full(self._ready_slots())
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is expected to free (at least 1)."""
+        slots = sum(s for _, s in self._ready_slots())
+        return max(1, math.ceil((self.routing.pool.answer_seconds or 0.0) / max(1, slots)))
+
+    async def _wait_for_slot(self) -> float:
+        """Where every ready pod's slots are taken (or requests already wait), the request waits in turn for
+        one (`slot_queue`), refused where its expected wait passes the bound; the seconds it waited."""
+        if self.queue.enabled and (self.queue.queued or self._full()):
+            pods = self._ready_slots()
+            ahead = sum(load for load, _ in pods) + self.queue.queued
+            self.queue.admit(ahead, sum(s for _, s in pods), self.routing.pool.answer_seconds)
+        return await self.queue.turn(self._full, self._retry_after)
 
     # ---- endpoints ----
 
@@ -281,6 +315,12 @@ class FrontDoor(HttpApp):
                     log.warning("%s %s: no pod to resume the stream on (%s)", request.method, path, e)
                     return _cut(request, out)
                 return self._error(path, e.status, str(e), e.retry_after)
+            if out is None and not tried:  # a new request (not a retry, nor a resume): late binding
+                try:
+                    self.queue_seconds.observe(await self._wait_for_slot())
+                except Overloaded as e:
+                    return self._error(path, e.http_status(tgi=not path.startswith("/v1/")), str(e),
+                                       e.retry_after)  # fmt: skip
             peer = self._pick(tried, blocks)
             if peer is None:
                 busy = refused is not None and refused[0] == 429
@@ -366,6 +406,7 @@ class FrontDoor(HttpApp):
             finally:
                 peer.in_flight -= 1
                 self.forwarded -= 1
+                self.queue.freed()
 
     async def _send(
         self, peer: Peer, request: web.Request, target: str, headers: dict, body: bytes

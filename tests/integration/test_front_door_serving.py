@@ -373,6 +373,86 @@ def test_a_full_pods_429_sends_the_request_to_another_and_every_pod_full_is_refu
         good.close()
 
 
+def _completions(pod: ThreadApp) -> int:
+    return sum(path == "/v1/completions" for _, _, path, _ in pod.seen)
+
+
+def test_while_every_pods_slots_are_taken_a_request_waits_at_the_front_door_for_the_first_to_free_one(
+    tmp_path,
+):
+    """Late binding (`slot_queue`): two stand-in pods of one slot each (`--routing-pod-slots 1`, as the
+    operator gives a front door its pods' batch size), each holding its answers until told. Two requests take
+    both slots; a third waits at the front door (counted waiting), reaching no pod, until a pod's answer
+    ends, and then goes to that pod. With `--max-queue-wait 1` a request that waited that long is refused:
+    OpenAI 429 with Retry-After. With `--no-router-queue` it goes at once to a pod whose slot is taken."""
+    open_ = {"a": threading.Event(), "b": threading.Event()}
+
+    def holding(name: str):
+        async def answer(request: web.Request) -> web.Response:
+            while not open_[name].is_set():
+                await asyncio.sleep(0.01)
+            return web.json_response({"choices": [{"text": name}]})
+
+        return answer
+
+    pods = {name: ThreadApp(handler=holding(name)) for name in open_}
+    unified = ("--unified", pods["a"].base, "--unified", pods["b"].base, "--routing-pod-slots", "1")
+    doors = [front_door(tmp_path, *unified, *more) for more in ((), ("--max-queue-wait", "1"),
+                                                               ("--no-router-queue",))]  # fmt: skip
+    from support import post
+
+    def send(door: str) -> tuple[int, dict, dict]:
+        return post(door, "/v1/completions", {"prompt": "p", "max_tokens": 1})
+
+    def seen() -> int:
+        return sum(_completions(p) for p in pods.values())
+
+    try:
+        for door, process in doors:
+            process.wait_until(lambda d=door: metric(d, "neuronfleet:router_peers_healthy", role="unified")
+                               == 2, "the front door to see both pods")  # fmt: skip
+        (door, process), (bounded, _), (off, _) = doors
+        with ThreadPoolExecutor(6) as pool:
+            first = [pool.submit(send, door) for _ in range(2)]
+            process.wait_until(lambda: seen() == 2, "both slots to be taken")
+            assert _completions(pods["a"]) == _completions(pods["b"]) == 1
+            third = pool.submit(send, door)
+            process.wait_until(lambda: metric(door, "vllm:num_requests_waiting") == 1, "the third to wait")
+            assert seen() == 2 and not third.done()  # at the front door, not in a pod's queue
+            open_["b"].set()  # b's answer ends: the third takes b's slot
+            assert third.result()[:2] == (200, {"choices": [{"text": "b"}]})
+            assert _completions(pods["b"]) == 2 and _completions(pods["a"]) == 1
+            open_["a"].set()
+            assert sorted(f.result()[1]["choices"][0]["text"] for f in first) == ["a", "b"]
+            assert metric(door, "neuronfleet:router_queue_seconds_count") == 3
+            assert metric(door, "vllm:num_requests_waiting") == 0
+
+            for event in open_.values():
+                event.clear()
+            before = seen()
+            taken = [pool.submit(send, bounded) for _ in range(2)]
+            process.wait_until(lambda: seen() == before + 2, "both slots to be taken again")
+            code, body, headers = send(bounded)  # waits 1 s, reaching no pod, and is refused
+            assert code == 429 and "--max-queue-wait" in body["error"]["message"], body
+            assert int(headers["Retry-After"]) >= 1 and seen() == before + 2
+
+            # without the queue, once that front door's own requests take both slots, a third goes at once
+            # to a pod whose slot is taken
+            late = [pool.submit(send, off) for _ in range(3)]
+            process.wait_until(lambda: seen() == before + 5, "the third request to reach a full pod")
+            assert metric(off, "vllm:num_requests_waiting") == 0 and not any(f.done() for f in late)
+            for event in open_.values():
+                event.set()
+            assert [f.result()[0] for f in (*taken, *late)] == [200] * 5
+    finally:
+        for event in open_.values():
+            event.set()
+        for _, process in doors:
+            process.stop()
+        for pod in pods.values():
+            pod.close()
+
+
 def _event(choice: dict, **chunk) -> bytes:
     choice = {"index": 0, "logprobs": None, "finish_reason": None, **choice}
     body = {"id": "cmpl-stand-in", "object": "text_completion", "created": 1, "model": "smollm2",

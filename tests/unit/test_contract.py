@@ -68,7 +68,7 @@ def test_every_option_renders_and_parses_back():
     front_door = ServeConfig(role="router", unified=["dns://u:8000"], hold_requests=4, hold_seconds=60.0,
                              wake_url="http://op:8080/wake/ns/m", routing="least-loaded",
                              routing_load_margin=0, routing_cache_tokens=4096, routing_pod_slots=4,
-                             max_resumes=1)  # fmt: skip
+                             max_resumes=1, router_queue=False)  # fmt: skip
     given = (
         config.model_fields_set
         | engine_router.model_fields_set
