@@ -12,8 +12,9 @@ Pods: --pods `neuronfleet serve` processes (each --slots slots, one torch thread
 Each run (a policy on a workload) starts its pods and its front door afresh, so no run finds what an earlier
 one left in the pods' caches (a host KV store keeps a finished conversation's blocks, reused ones protected,
 until they are idle 10 minutes: on warm pods each run began with the last one's conversations crowding out
-its own), nor a router what it learnt; `--same-pods` keeps one set for every run. Workloads (each with its own
-texts per run):
+its own), nor a router what it learnt; `--same-pods` keeps one set for every run. Every policy of a pass
+meets the same users: the same texts, arrivals and pauses (with `--same-pods` each run has texts of its own,
+which a warm cache must not hold already). Workloads:
   - multi-turn: --conversations chats, each opening with a document of its own (~1000 tokens), then
     --turns turns; each turn sends the whole history (earlier questions and the model's answers), waits
     for its answer, and the next comes after a pause (--think-seconds on average: the user reads and types,
@@ -392,7 +393,8 @@ def main() -> None:
                     )
                     before.append([counters(p) for p in pods])
                     first = decisions(routers.get(policy))
-                    seeded = 1000 * n + 100 * seed + i  # texts of its own each run
+                    # the pass's texts (on shared pods, texts of its own each run)
+                    seeded = 1000 * n + 100 * seed + (i if args.same_pods else 0)
                     one = asyncio.run(run(targets(policy, pods, routers), args, seed=seeded, pace=n))
                     after.append([counters(p) for p in pods])
                     decided.update(decisions(routers.get(policy)) - first)

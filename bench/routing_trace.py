@@ -14,9 +14,10 @@ the ids of its earlier turns; every request starts with block 0). Replayed here 
   - the answer: output_length scaled by 16/512 (at least 1, at most --max-output-tokens), sent with vLLM's
     `ignore_eos`, so every policy generates the same tokens;
   - arrivals keep the trace's own gaps between requests, scaled so the run's offered rate is the regime's.
-Each policy's run draws its texts with a seed of its own, and starts its pods and its front door afresh
-(`--same-pods`: one set for every run), so no run finds what an earlier one left in the pods' caches (their
-host KV stores keep a finished conversation's blocks until idle 10 minutes), nor a router what it learnt.
+Each policy's run starts its pods and its front door afresh (`--same-pods`: one set for every run), so no
+run finds what an earlier one left in the pods' caches (their host KV stores keep a finished conversation's
+blocks until idle 10 minutes), nor a router what it learnt; every policy of a pass replays the same texts
+(with `--same-pods` each run draws its own, which a warm cache must not hold already).
 Regimes, each the excerpt's first --requests requests (80: about the trace's first 18 minutes, thinned):
   - under-capacity: offered well below what the pods serve; the prefixes' working set (the distinct blocks'
     tokens) 0.8x what the pods hold (pods x slots x max-seq-len tokens): B = 6 with the defaults;
@@ -469,7 +470,7 @@ def main() -> None:
                     continue
                 if not args.same_pods:
                     start([policy])
-                seed = 1000 * n + i
+                seed = 1000 * n + (i if args.same_pods else 0)
                 texts = [prompt(r, scaling, seed, vocabulary) for r in requests]
                 run, before, after, decided = pooled.setdefault(
                     (regime.name, policy), (Result(), [], [], Counter())

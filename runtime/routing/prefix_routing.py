@@ -9,17 +9,17 @@ names, bounded by the pod's cache (`capacity_blocks`) and aged out after `ttl` s
 rotation or restarted (a new identity) starts empty.
 
 The policy (`choose`, policy `kv-aware`) prices each candidate pod: its expected time to first token is the
-expected wait for a slot plus the prefill of the prompt's blocks it does not hold (`expected_ttft`), from its
-load, its slots and its measured timings (`PodTimings`: seconds a request holds a slot, prefill seconds per
-token); the lowest wins. Ties (the least loaded of the pods with a free slot within NEAR_TIE of the lowest
-cost, or, unpriced, the least loaded where no pod holds any of it; of those, the emptiest caches) go to the
-prompt's home pod: a rendezvous hash of its first block no pod holds, so a conversation that every cache
-dropped goes back where it was, not to a pod measured a little faster. Until a pod has timings the pool's
-stand in; where a cost cannot be priced (no timings yet, or a pod's slots unknown) the old rule decides: a pod
-more than `load_margin` requests above the least loaded is passed over, of the rest the one holding the
-longest prefix wins. Each decision has a reason: `prefix` (a pod holding the longest prefix was chosen),
-`load` (no pod held any of it), `overload` (a pod held more of it but its wait, or slower prefill, priced it
-out; by the old rule: it was over the margin).
+expected wait for a slot plus the prefill of the prompt's blocks it does not hold plus what the requests
+running on it add (`expected_ttft`), from its load, its slots and its measured timings (`PodTimings`: seconds
+a request holds a slot, prefill seconds per token, seconds per request running beside); the lowest wins. Ties
+(the least loaded of the pods with a free slot within NEAR_TIE of the lowest cost, or, unpriced, the least
+loaded where no pod holds any of it; of those, the emptiest caches) go to the prompt's home pod: a rendezvous
+hash of its first block no pod holds, so a conversation that every cache dropped goes back where it was, not
+to a pod measured a little faster. Until a pod has timings the pool's stand in; where a cost cannot be priced
+(no timings yet, or a pod's slots unknown) the old rule decides: a pod more than `load_margin` requests above
+the least loaded is passed over, of the rest the one holding the longest prefix wins. Each decision has a
+reason: `prefix` (a pod holding the longest prefix was chosen), `load` (no pod held any of it), `overload` (a
+pod held more of it but its wait, or slower prefill, priced it out; by the old rule: it was over the margin).
 Policy `least-loaded` always takes the least loaded pod (reason `load`).
 """
 
@@ -196,23 +196,32 @@ EWMA_WEIGHT = 0.2  # a new measurement's weight in a pod's timings (about the la
 class PodTimings:
     """One pod's (or the pool's) measured timings, as exponentially weighted moving averages (pure; the
     routers feed them). `answered(seconds)`: a request that found a free slot held it this long, from when it
-    was sent to its answer's end (`answer_seconds`). `first_token(seconds, uncached_tokens)`: a request that
-    found a free slot had its first token this long after it was sent, with this many prompt tokens not held
-    by the pod. The prefill seconds per token (`prefill_per_token`) are the slope of a weighted least-squares
-    line through those (time to first token against uncached tokens), so the fixed part of each request (the
-    connection, scheduling, a first decode step) is its intercept, not counted as prefill; while the
-    uncached counts seen are all about the same (spread under a block) the slope is unknown and the ratio of
-    the means stands in (an upper bound: it counts the fixed part as prefill)."""
+    was sent to its answer's end (`answer_seconds`). `first_token(seconds, uncached_tokens, load)`: a request
+    that found a free slot had its first token this long after it was sent, with this many prompt tokens not
+    held by the pod and `load` other requests on it. Those are fitted with a weighted least-squares plane:
+    time to first token = fixed + prefill_per_token x uncached tokens + contention x load. So the fixed part
+    of each request (the connection, scheduling, a first decode step) is its intercept, not counted as
+    prefill, and `contention` is what each request already on the pod adds (a free slot is not free compute:
+    the pod's running requests share its steps, and a prompt waits for the one being prefilled). While the
+    loads seen are all about the same (spread under one request) the contention is unknown (None) and the
+    line through uncached tokens alone stands in; while the uncached counts are all about the same (spread
+    under a block) the slope is unknown and the ratio of the means stands in (an upper bound: it counts the
+    fixed part as prefill). A slope the fit finds below 0 (noise) is taken as 0 and the other refitted
+    alone."""
 
     weight: float = EWMA_WEIGHT
     answers: int = 0
     answer_seconds: float | None = None
     first_tokens: int = 0
-    # EW means of uncached tokens, seconds to first token, the tokens' square and their product
+    # EW means of uncached tokens (x), the load (l), seconds to first token (y), their squares and products
     _x: float = field(init=False, default=0.0)
+    _l: float = field(init=False, default=0.0)
     _y: float = field(init=False, default=0.0)
     _xx: float = field(init=False, default=0.0)
+    _ll: float = field(init=False, default=0.0)
+    _xl: float = field(init=False, default=0.0)
     _xy: float = field(init=False, default=0.0)
+    _ly: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if not 0 < self.weight <= 1:
@@ -225,48 +234,74 @@ class PodTimings:
         a = self.answer_seconds
         self.answer_seconds = seconds if a is None else a + self.weight * (seconds - a)
 
-    def first_token(self, seconds: float, uncached_tokens: int) -> None:
-        if seconds < 0 or uncached_tokens < 0:
+    def first_token(self, seconds: float, uncached_tokens: int, load: int = 0) -> None:
+        if seconds < 0 or uncached_tokens < 0 or load < 0:
             return
-        x, y = float(uncached_tokens), seconds
+        x, n, y = float(uncached_tokens), float(load), seconds
         w = 1.0 if not self.first_tokens else self.weight
         self.first_tokens += 1
-        self._x += w * (x - self._x)
-        self._y += w * (y - self._y)
-        self._xx += w * (x * x - self._xx)
-        self._xy += w * (x * y - self._xy)
+        for name, value in (("_x", x), ("_l", n), ("_y", y), ("_xx", x * x), ("_ll", n * n), ("_xl", x * n),
+                            ("_xy", x * y), ("_ly", n * y)):  # fmt: skip
+            mean = getattr(self, name)
+            setattr(self, name, mean + w * (value - mean))
 
-    def _line(self) -> tuple[float, float] | None:
-        """The fitted line of time to first token against uncached tokens: (fixed seconds, seconds per token);
-        None before any first token was timed, or where the ratio of the means has no tokens to stand on."""
+    def _plane(self) -> tuple[float, float, float | None] | None:
+        """The fitted (fixed seconds, seconds per uncached token, seconds per request on the pod or None where
+        the loads seen do not vary); None before any first token was timed, or where the ratio of the means
+        has no tokens to stand on."""
         if not self.first_tokens:
             return None
-        spread = self._xx - self._x * self._x
-        if spread >= BLOCK_TOKENS * BLOCK_TOKENS:  # uncached counts that differ by a block or more
-            slope = max(0.0, (self._xy - self._x * self._y) / spread)
-            return self._y - slope * self._x, slope
-        return (0.0, self._y / self._x) if self._x > 0 else None
+        sxx, sll = self._xx - self._x * self._x, self._ll - self._l * self._l
+        sxl, sxy, sly = (
+            self._xl - self._x * self._l,
+            self._xy - self._x * self._y,
+            self._ly - self._l * self._y,
+        )
+        tokens_vary, loads_vary = sxx >= BLOCK_TOKENS * BLOCK_TOKENS, sll >= 0.25  # a block; a request
+        if tokens_vary and loads_vary and (det := sxx * sll - sxl * sxl) > 1e-9 * sxx * sll:
+            slope, contention = (sll * sxy - sxl * sly) / det, (sxx * sly - sxl * sxy) / det
+            if slope >= 0 and contention >= 0:
+                return self._y - slope * self._x - contention * self._l, slope, contention
+            if slope < 0:  # (noise) no prefill cost seen: the load alone
+                contention = max(0.0, sly / sll)
+                return self._y - contention * self._l, 0.0, contention
+            slope = max(0.0, sxy / sxx)  # no contention seen (0): the tokens alone
+            return self._y - slope * self._x, slope, 0.0
+        if tokens_vary:
+            slope = max(0.0, sxy / sxx)
+            return self._y - slope * self._x, slope, None
+        return (0.0, self._y / self._x, None) if self._x > 0 else None
 
-    def first_token_seconds(self, uncached_tokens: int) -> float | None:
+    def first_token_seconds(self, uncached_tokens: int, load: int = 0) -> float | None:
         """The expected seconds from sending a request that finds a free slot to its first token, with this
-        many uncached prompt tokens (the fitted line: its fixed part and its prefill); None before any was
-        timed."""
-        line = self._line()
-        return None if line is None else max(0.0, line[0] + line[1] * uncached_tokens)
+        many uncached prompt tokens and `load` requests on the pod (the fitted plane: its fixed part, its
+        prefill and its contention); None before any was timed."""
+        plane = self._plane()
+        if plane is None:
+            return None
+        fixed, per_token, contention = plane
+        return max(0.0, fixed + per_token * uncached_tokens + (contention or 0.0) * load)
 
     @property
     def prefill_per_token(self) -> float | None:
         """Prefill seconds per uncached prompt token; None before any first token was timed."""
-        line = self._line()
-        return None if line is None else line[1]
+        plane = self._plane()
+        return None if plane is None else plane[1]
+
+    @property
+    def contention(self) -> float | None:
+        """Seconds each request already on the pod adds to a new one's first token; None until measured."""
+        plane = self._plane()
+        return None if plane is None else plane[2]
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A pod the request may go to: its load (running and waiting requests, with this router's own since its
     last probe), how many leading blocks of the request it is expected to hold, its slots (0: unknown), its
-    timings (None: not measured): seconds a request holds a slot, prefill seconds per token; and how many
-    blocks it is expected to hold in all (`cached`: its cache's fill)."""
+    timings (None: not measured): seconds a request holds a slot, prefill seconds per token, seconds each
+    request running on it adds to a new one's first token (`contention`); how many blocks it is expected to
+    hold in all (`cached`: its cache's fill) and at most (`capacity`; 0: unknown)."""
 
     pod: str
     load: int
@@ -275,6 +310,8 @@ class Candidate:
     answer_seconds: float | None = None
     prefill_per_token: float | None = None
     cached: int = 0
+    contention: float | None = None
+    capacity: int = 0
 
 
 def expected_wait(load: int, slots: int, answer_seconds: float | None) -> float | None:
@@ -294,14 +331,33 @@ def expected_wait(load: int, slots: int, answer_seconds: float | None) -> float 
 
 
 def expected_ttft(candidate: Candidate, blocks: int) -> float | None:
-    """A candidate's expected seconds to first token for a prompt of `blocks` whole blocks: the wait for a
-    slot plus the prefill of the blocks it does not hold (BLOCK_TOKENS tokens each: a block of text is as
-    many tokens, BLOCK_CHARS / CHARS_PER_TOKEN); the tokens past the last whole block are the same on every
-    pod and left out. None where it cannot be priced."""
+    """A candidate's expected cost of a prompt of `blocks` whole blocks, in seconds: its time to first token
+    (the wait for a slot, the prefill of the blocks it does not hold, BLOCK_TOKENS tokens each: a block of
+    text is as many tokens, BLOCK_CHARS / CHARS_PER_TOKEN, and the contention of the requests it will run
+    beside: those running on it, at most its other slots' worth, where measured), and, where its cache is
+    full, the prefill of the blocks the new ones push out (`evicted`: what it holds for other prompts is
+    computed again when they come back, taken to come back as often as this one does). The tokens past the
+    last whole block are the same on every pod and left out. None where it cannot be priced."""
     wait = expected_wait(candidate.load, candidate.slots, candidate.answer_seconds)
     if wait is None or candidate.prefill_per_token is None:
         return None
-    return wait + max(0, blocks - candidate.held) * BLOCK_TOKENS * candidate.prefill_per_token
+    beside = min(candidate.load, candidate.slots - 1) if candidate.slots > 0 else candidate.load
+    uncached = max(0, blocks - candidate.held)
+    return (
+        wait
+        + (uncached + evicted(candidate, uncached)) * BLOCK_TOKENS * candidate.prefill_per_token
+        + (candidate.contention or 0.0) * beside
+    )
+
+
+def evicted(candidate: Candidate, stored: int) -> int:
+    """Blocks of other prompts a pod drops to store `stored` new ones: those past its capacity (0 where its
+    capacity is unknown). At cache pressure a prompt sent away from the pod holding its prefix is stored
+    twice, and its copy pushes out another prompt's blocks: so a conversation moves only when the wait it
+    leaves behind is worth more than both prefills."""
+    if candidate.capacity <= 0:
+        return 0
+    return max(0, min(stored, candidate.cached + stored - candidate.capacity))
 
 
 def home_rank(key: int, pod: str) -> int:
@@ -374,7 +430,8 @@ def choose(
 @dataclass
 class Dispatch:
     """A request a router sent to a pod (`Routing.dispatched`), for its timings: when, with how many prompt
-    tokens the pod was not expected to hold, whether it found no free slot, and when its first token came.
+    tokens the pod was not expected to hold, whether it found no free slot, the pod's load when it was sent,
+    and when its first token came.
     A queued request's time to first token includes its wait, so it says nothing of the pod's prefill and is
     not counted; the time it held its slot is counted: from its first token to its end, plus the prefill
     expected before it (`PodTimings.first_token_seconds`). At saturation, where nearly every request queues,
@@ -384,6 +441,7 @@ class Dispatch:
     at: float
     uncached_tokens: int
     queued: bool
+    load: int = 0  # the pod's requests when it was sent (not counting it)
     first_at: float | None = None
 
 
@@ -472,10 +530,13 @@ class Routing:
         own timings where measured, else the pool's."""
         own = self.timings.get(peer.url)
         answer = own.answer_seconds if own is not None and own.answers else self.pool.answer_seconds
-        prefill = self._prefill_timings(peer.url).prefill_per_token
+        timed = self._prefill_timings(peer.url)
+        prefill, contention = timed.prefill_per_token, timed.contention
         return Candidate(peer.url, peer.score, self.held(peer.url, blocks, now), self.slots(peer), answer,
                          prefill if prefill is not None else self.pool.prefill_per_token,
-                         self.occupancy(peer.url))  # fmt: skip
+                         self.occupancy(peer.url),
+                         contention if contention is not None else self.pool.contention,
+                         self.index.capacity)  # fmt: skip
 
     def _prefill_timings(self, pod: str) -> PodTimings:
         """The timings a pod's prefill is priced with: its own once one of its first tokens was timed, else
@@ -506,14 +567,14 @@ class Routing:
         slots."""
         slots = self.slots(peer)
         uncached = (len(blocks) - self.held(peer.url, blocks, now)) * BLOCK_TOKENS
-        return Dispatch(peer.url, now, uncached, slots > 0 and peer.score >= slots)
+        return Dispatch(peer.url, now, uncached, slots > 0 and peer.score >= slots, peer.score)
 
     def first_token(self, dispatch: Dispatch, now: float) -> None:
         """The request's first token came now (a stream's, or a prefill pod's whole answer)."""
         dispatch.first_at = now
         if not dispatch.queued:
             for timings in (self.timings.setdefault(dispatch.pod, PodTimings()), self.pool):
-                timings.first_token(now - dispatch.at, dispatch.uncached_tokens)
+                timings.first_token(now - dispatch.at, dispatch.uncached_tokens, dispatch.load)
 
     def answered(self, dispatch: Dispatch, now: float) -> None:
         """The request's answer ended now: it held its slot since it was sent where it found one free; a
@@ -536,7 +597,7 @@ class Routing:
 class RoutingMetrics:
     """A Prometheus collector of a router's routing, per role: decisions by reason, prompt blocks asked and
     held (their ratio too), each pod's expected cache occupancy in blocks, and the timings the policy prices
-    each pod with (where measured)."""
+    each pod with (where measured: answer, prefill per token, contention)."""
 
     def __init__(self, model_name: str, routings: dict[str, Routing]) -> None:
         self.model_name, self.routings = model_name, routings
@@ -566,6 +627,9 @@ class RoutingMetrics:
                                     "token each pod did not hold, as this router timed them (moving "
                                     "average).",
                                     labels=[*labels, "pod"])  # fmt: skip
+        contention = GaugeMetricFamily(name + "pod_contention_seconds", "Seconds each request running on a "
+                                       "pod adds to a new one's time to first token, as this router timed "
+                                       "them (moving average).", labels=[*labels, "pod"])  # fmt: skip
         for role, routing in self.routings.items():
             for reason in REASONS:
                 decisions.add_metric([self.model_name, role, reason], routing.decisions[reason])
@@ -580,4 +644,6 @@ class RoutingMetrics:
                     answer.add_metric([self.model_name, role, pod], timings.answer_seconds)
                 if (per_token := timings.prefill_per_token) is not None:
                     prefill.add_metric([self.model_name, role, pod], per_token)
-        yield from (decisions, asked, held, ratio, cached, answer, prefill)
+                if (beside := timings.contention) is not None:
+                    contention.add_metric([self.model_name, role, pod], beside)
+        yield from (decisions, asked, held, ratio, cached, answer, prefill, contention)

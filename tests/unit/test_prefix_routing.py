@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 from collections import Counter
 from dataclasses import dataclass
 
@@ -57,9 +58,13 @@ def test_no_candidate_is_an_error():
         pr.choose([], "kv-aware", 2)
 
 
-def priced(pod: str, load: int, held: int, answer: float | None = 8.0, prefill: float | None = 0.001):
+def priced(
+    pod: str, load: int, held: int, answer: float | None = 8.0, prefill: float | None = 0.001,
+    contention: float | None = None,
+):  # fmt: skip
     """A candidate of 4 slots with timings: 8 s a request on a slot, 1 ms of prefill a token."""
-    return Candidate(pod, load, held, slots=4, answer_seconds=answer, prefill_per_token=prefill)
+    return Candidate(pod, load, held, slots=4, answer_seconds=answer, prefill_per_token=prefill,
+                     contention=contention)  # fmt: skip
 
 
 # The saturated case (issue 50: 12 conversations over 3 pods of 4 slots): every slot full, the pod holding
@@ -101,6 +106,20 @@ SATURATED = [priced("a", 4, 0), priced("b", 5, 0), priced("held", 6, 60)]
         ([priced(x.pod, x.load, x.held, prefill=None) for x in SATURATED], 64, ("held", "prefix")),
         # every slot free: no wait to time, and the holder saves its prefill
         ([priced("a", 0, 0, answer=None), priced("held", 2, 60, answer=None)], 64, ("held", "prefix")),
+        # what a request running beside costs, measured (0.2 s each): a few blocks held (32 tokens, 32 ms)
+        # on a pod running 2 requests (0.4 s more) lose to an idle pod; its whole history (960 tokens) wins
+        (
+            [priced("held", 2, 4, contention=0.2), priced("idle", 0, 2, contention=0.2)],
+            24,
+            ("idle", "overload"),
+        ),
+        (
+            [priced("held", 2, 60, contention=0.2), priced("idle", 0, 0, contention=0.2)],
+            64,
+            ("held", "prefix"),
+        ),
+        # unmeasured: no contention priced, and the few blocks held win
+        ([priced("held", 2, 4), priced("idle", 0, 2)], 24, ("held", "prefix")),
     ],
 )
 def test_the_priced_policy(candidates, blocks, want):
@@ -265,6 +284,102 @@ def test_timings_are_ewmas_and_the_prefill_is_the_slope_past_the_fixed_part():
     assert timings.prefill_per_token == pytest.approx(0.004, rel=0.01)
     with pytest.raises(ValueError, match=r"EWMA weight is in \(0, 1\]"):
         pr.PodTimings(weight=0)
+
+
+def test_a_pod_is_priced_with_the_requests_it_runs_beside():
+    # a free slot: beside its 2 running requests (2 x 0.2 s) and 24 blocks of prefill (384 tokens at 1 ms)
+    assert pr.expected_ttft(priced("a", 2, 0, contention=0.2), 24) == pytest.approx(0.384 + 0.4)
+    # full, 2 waiting: its turn in (6 - 4 + 1) x 8 s / 4 = 6 s, then beside its other 3 slots, not its queue
+    assert pr.expected_ttft(priced("a", 6, 0, contention=0.2), 24) == pytest.approx(6 + 0.384 + 0.6)
+    # slots unknown and unpriced: None
+    assert pr.expected_ttft(Candidate("a", 2, 0, contention=0.2), 24) is None
+
+
+def full_cache(candidate: Candidate, cached: int = 1000, capacity: int = 1000) -> Candidate:
+    return dataclasses.replace(candidate, cached=cached, capacity=capacity)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "want"),
+    [
+        # a conversation of 64 blocks whose pod holds 60 but is full (first in line: 8 s / 4 = 2 s), and an
+        # idle pod: its 64 blocks of prefill (2.05 s at 2 ms a token) cost less than the wait: it moves
+        ([priced("home", 4, 60, prefill=0.002), priced("away", 3, 0, prefill=0.002)], ("away", "overload")),
+        # ... but where the caches are full its copy pushes 64 blocks of other prompts out of the idle pod,
+        # to be computed again (2.05 s more), against 4 at home: it stays
+        (
+            [
+                full_cache(priced("home", 4, 60, prefill=0.002)),
+                full_cache(priced("away", 3, 0, prefill=0.002)),
+            ],
+            ("home", "prefix"),
+        ),
+        # room left in the idle pod's cache: nothing pushed out, it moves
+        (
+            [
+                full_cache(priced("home", 4, 60, prefill=0.002)),
+                full_cache(priced("away", 3, 0, prefill=0.002), cached=500),
+            ],
+            ("away", "overload"),
+        ),
+    ],
+)
+def test_where_the_caches_are_full_a_move_is_priced_with_what_its_copy_pushes_out(candidates, want):
+    index, reason = pr.choose(candidates, "kv-aware", 2, 64)
+    assert (candidates[index].pod, reason) == want
+
+
+def test_the_blocks_a_pod_pushes_out_to_store_a_prompt():
+    assert pr.evicted(Candidate("a", 0, 0, cached=990, capacity=1000), 64) == 54
+    assert pr.evicted(Candidate("a", 0, 0, cached=1000, capacity=1000), 64) == 64
+    assert pr.evicted(Candidate("a", 0, 0, cached=10, capacity=1000), 64) == 0
+    assert pr.evicted(Candidate("a", 0, 0, cached=5000, capacity=0), 64) == 0  # capacity unknown
+
+
+def test_the_contention_of_the_requests_on_a_pod_is_fitted_beside_the_prefill():
+    timings = pr.PodTimings(weight=0.2)
+    # the loads all alike (idle): no contention measured; the tokens' line as before
+    for tokens in (1000, 16, 500, 32):
+        timings.first_token(0.1 + 0.002 * tokens, tokens, load=0)
+    assert timings.contention is None and timings.prefill_per_token == pytest.approx(0.002)
+    # then with 0 to 3 requests on the pod, each adding 0.15 s: the plane's slopes, the fixed part apart
+    for _ in range(10):
+        for tokens, load in ((1000, 0), (16, 3), (500, 1), (32, 2), (2000, 3), (48, 0)):
+            timings.first_token(0.1 + 0.002 * tokens + 0.15 * load, tokens, load=load)
+    assert timings.prefill_per_token == pytest.approx(0.002, rel=1e-6)
+    assert timings.contention == pytest.approx(0.15, rel=1e-6)
+    assert timings.first_token_seconds(300, 2) == pytest.approx(0.1 + 0.002 * 300 + 0.15 * 2)
+    # a load that speeds requests up is noise: no contention (0), the prefill refitted alone
+    noisy = pr.PodTimings(weight=0.2)
+    for _ in range(10):
+        for tokens, load in ((1000, 0), (16, 3), (500, 1), (32, 2)):
+            noisy.first_token(0.5 + 0.002 * tokens - 0.05 * load, tokens, load=load)
+    assert noisy.contention == 0.0 and noisy.prefill_per_token > 0
+    # the same load every time (slots always full at 3 beside): unknown, not guessed
+    same = pr.PodTimings()
+    for tokens in (1000, 16, 500, 32):
+        same.first_token(0.7 + 0.002 * tokens, tokens, load=3)
+    assert same.contention is None and same.first_token_seconds(0, 3) == pytest.approx(0.7)
+
+
+def test_the_router_times_each_pods_contention_from_the_loads_its_requests_found():
+    routing = pr.Routing(pod_slots=4)
+    peer = types.SimpleNamespace(url="http://a", score=0, slots=0)
+    now = 0.0
+    for _ in range(8):
+        for load, tokens in ((0, 160), (2, 16), (1, 320), (3, 48)):
+            peer.score = load
+            blocks = list(range(tokens // pr.BLOCK_TOKENS))
+            dispatch = routing.dispatched(peer, blocks, now)
+            routing.first_token(dispatch, now + 0.05 + 0.001 * tokens + 0.1 * load)
+            now += 10
+    candidate = routing.candidate(types.SimpleNamespace(url="http://a", score=2, slots=0), [], now)
+    assert candidate.contention == pytest.approx(0.1, rel=1e-3)
+    assert candidate.prefill_per_token == pytest.approx(0.001, rel=1e-3)
+    # a pod not timed yet is priced with the pool's
+    assert routing.candidate(types.SimpleNamespace(url="http://b", score=0, slots=0), [], now).contention == (
+        pytest.approx(0.1, rel=1e-3)
+    )
 
 
 def test_block_names_are_chained_and_only_whole_blocks_count():
