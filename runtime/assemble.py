@@ -180,7 +180,6 @@ def _serve_engine_router(args: ServeConfig) -> int:
         hold_seconds=args.hold_seconds, wake_url=args.wake_url, wake_token=_optional_token(args),
         routing=_routing(args), tokenizer=tokenizer,
         peer_kv_events=args.peer_kv_events if tokenizer else None, max_resumes=args.max_resumes,
-        max_queue_wait=args.max_queue_wait, router_queue=args.router_queue,
     )  # fmt: skip
     return _serve_until_stopped(router, args)
 
