@@ -99,6 +99,12 @@ def retry_after(wait: float, bound: float) -> int:
     return max(1, math.ceil(wait - bound))
 
 
+def next_slot(seconds: float | None, slots: int) -> int:
+    """Whole seconds until one of `slots` slots, each serving a request in `seconds` on average (None: not
+    known), is expected to free: the Retry-After of a request that waited its bound (at least 1)."""
+    return max(1, math.ceil((seconds or 0.0) / max(1, slots)))
+
+
 MARGIN = 2.0  # standard deviations of the wait kept within the bound: about 98 in 100 admitted wait less
 
 

@@ -36,7 +36,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -46,6 +45,7 @@ import yarl
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.routing.holding import PROBE_EVERY, Hold, HoldRejected
 from neuronfleet.runtime.routing.kv_event_index import Subscriptions, advertised, peers_publish
 from neuronfleet.runtime.routing.peers import Peer, PeerSet, PeerWatch, resolve_peers
@@ -243,14 +243,13 @@ class FrontDoor(HttpApp):
 
     def _retry_after(self) -> int:
         """Seconds until a slot is expected to free (at least 1)."""
-        slots = sum(s for _, s in self._ready_slots())
-        return max(1, math.ceil((self.routing.pool.answer_seconds or 0.0) / max(1, slots)))
+        return admission.next_slot(self.routing.pool.answer_seconds, sum(s for _, s in self._ready_slots()))
 
     async def _wait_for_slot(self) -> float:
         """Where every ready pod's slots are taken (or requests already wait), the request waits in turn for
         one (`slot_queue`), refused where its expected wait passes the bound; the seconds it waited."""
-        if self.queue.enabled and (self.queue.queued or self._full()):
-            pods = self._ready_slots()
+        pods = self._ready_slots()
+        if self.queue.enabled and (self.queue.queued or pods_full(pods)):
             ahead = sum(load for load, _ in pods) + self.queue.queued
             self.queue.admit(ahead, sum(s for _, s in pods), self.routing.pool.answer_seconds)
         return await self.queue.turn(self._full, self._retry_after)

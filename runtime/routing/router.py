@@ -21,7 +21,6 @@ import dataclasses
 import itertools
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -391,7 +390,7 @@ class RemoteBackend:
 
     def _retry_after(self) -> int:
         """Seconds until a decode slot is expected to free (at least 1)."""
-        return max(1, math.ceil((self._slot_seconds() or 0.0) / max(1, self._decode_slots())))
+        return admission.next_slot(self._slot_seconds(), self._decode_slots())
 
     def _admit(self) -> None:
         """Overloaded when a new request's expected wait for a decode slot passes the bound: the requests this

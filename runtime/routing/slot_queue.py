@@ -30,21 +30,8 @@ from neuronfleet.runtime.engine import admission
 from neuronfleet.runtime.serving.errors import Overloaded
 
 RECHECK = 0.5  # seconds between a waiter's own looks, should no wake-up reach it
-QUEUE_BUCKETS = (
-    0.01,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2,
-    5,
-    10,
-    20,
-    30,
-    60,
-    120,
-)  # seconds waited, for the histogram
+# seconds waited, for the histogram
+QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 
 
 def pods_full(pods: Iterable[tuple[int, int]]) -> bool:

@@ -62,6 +62,14 @@ def test_a_refusal_says_the_wait_and_when_to_retry():
     assert admission.retry_after(30.2, 30.0) == 1  # at least a second
 
 
+@pytest.mark.parametrize(
+    ("seconds", "slots", "want"),
+    [(12.0, 4, 3), (10.0, 4, 3), (2.0, 4, 1), (None, 4, 1), (12.0, 0, 12)],  # (0 slots counted as one)
+)
+def test_a_request_that_waited_its_bound_is_told_when_the_next_slot_frees(seconds, slots, want):
+    assert admission.next_slot(seconds, slots) == want
+
+
 def test_a_drain_keeps_what_finishes_before_its_deadline():
     # 2 slots: running requests with 1 s and 3 s left; each waiting request takes 4 s
     assert admission.drain_keeps([1.0, 3.0], 5, 2, 4.0, time_left=8.0) == 2  # ends at 5 and 7; the next 9

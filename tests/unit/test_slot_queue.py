@@ -27,10 +27,13 @@ def test_the_pods_are_full_when_every_one_has_its_known_slots_taken(pods, full):
 
 
 class Pods:
-    """Pods of one slot each, as the front door sees them: its requests take the slots they are placed on."""
+    """Pods of one slot each, as the front door sees them, and its requests: each waits its turn in `queue`,
+    then takes the first free slot (`placed`: in order, each request's name and pod)."""
 
     def __init__(self, count: int) -> None:
         self.load = [0] * count
+        self.queue = SlotQueue(bound=0)
+        self.placed: list[tuple[str, int]] = []
 
     def full(self) -> bool:
         return pods_full((load, 1) for load in self.load)
@@ -40,33 +43,35 @@ class Pods:
         self.load[pod] += 1
         return pod
 
+    async def request(self, name: str) -> None:
+        await self.queue.turn(self.full, lambda: 1)
+        self.placed.append((name, self.place()))
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.placed]
+
 
 def test_requests_wait_while_every_slot_is_taken_and_are_placed_oldest_first_as_slots_free():
     async def run() -> list[tuple[str, int]]:
-        pods, queue, placed = Pods(2), SlotQueue(bound=0), []
-
-        async def request(name: str) -> None:
-            await queue.turn(pods.full, lambda: 1)
-            placed.append((name, pods.place()))
-
-        first = [asyncio.create_task(request(n)) for n in ("a", "b")]
+        pods = Pods(2)
+        first = [asyncio.create_task(pods.request(n)) for n in ("a", "b")]
         await asyncio.gather(*first)  # two free slots: placed at once
-        later = [asyncio.create_task(request(n)) for n in ("c", "d", "e")]
+        later = [asyncio.create_task(pods.request(n)) for n in ("c", "d", "e")]
         for _ in range(5):
             await asyncio.sleep(0)
-        assert queue.queued == 3 and len(placed) == 2  # every slot taken: nothing more placed
+        assert pods.queue.queued == 3 and len(pods.placed) == 2  # every slot taken: nothing more placed
         pods.load[1] -= 1  # pod 1's answer ends
-        queue.freed()
-        while len(placed) < 3:
+        pods.queue.freed()
+        while len(pods.placed) < 3:
             await asyncio.sleep(0)
-        assert queue.queued == 2
+        assert pods.queue.queued == 2
         pods.load[0] -= 1
         pods.load[1] -= 1  # both end at once: both slots go, in order
-        queue.freed()
-        while len(placed) < 5:
+        pods.queue.freed()
+        while len(pods.placed) < 5:
             await asyncio.sleep(0)
         await asyncio.gather(*later)
-        return placed
+        return pods.placed
 
     placed = asyncio.run(run())
     assert [name for name, _ in placed] == ["a", "b", "c", "d", "e"]
@@ -76,49 +81,38 @@ def test_requests_wait_while_every_slot_is_taken_and_are_placed_oldest_first_as_
 
 def test_a_newcomer_does_not_pass_the_requests_already_waiting_even_with_a_slot_free():
     async def run() -> list[str]:
-        pods, queue, order = Pods(1), SlotQueue(bound=0), []
+        pods = Pods(1)
         pods.place()
-
-        async def request(name: str) -> None:
-            await queue.turn(pods.full, lambda: 1)
-            order.append(name)
-            pods.place()
-
-        waiting = asyncio.create_task(request("old"))
+        waiting = asyncio.create_task(pods.request("old"))
         await asyncio.sleep(0)
         pods.load[0] = 0  # the slot frees, and before the old request looks a new one comes
-        newcomer = asyncio.create_task(request("new"))
-        queue.freed()
+        newcomer = asyncio.create_task(pods.request("new"))
+        pods.queue.freed()
         await asyncio.sleep(0)
-        assert order == ["old"] or not order
-        while not order:
+        assert pods.names() in (["old"], [])
+        while not pods.placed:
             await asyncio.sleep(0)
         pods.load[0] = 0
-        queue.freed()
+        pods.queue.freed()
         await asyncio.gather(waiting, newcomer)
-        return order
+        return pods.names()
 
     assert asyncio.run(run()) == ["old", "new"]
 
 
 def test_a_waiter_that_goes_away_leaves_the_line_and_the_next_one_gets_the_slot():
     async def run() -> list[str]:
-        pods, queue, order = Pods(1), SlotQueue(bound=0), []
+        pods = Pods(1)
         pods.place()
-
-        async def request(name: str) -> None:
-            await queue.turn(pods.full, lambda: 1)
-            order.append(name)
-
-        gone, stays = asyncio.create_task(request("gone")), asyncio.create_task(request("stays"))
+        gone, stays = asyncio.create_task(pods.request("gone")), asyncio.create_task(pods.request("stays"))
         await asyncio.sleep(0)
         gone.cancel()  # its client disconnected
         await asyncio.wait([gone])
-        assert queue.queued == 1
+        assert pods.queue.queued == 1
         pods.load[0] = 0
-        queue.freed()
+        pods.queue.freed()
         await stays
-        return order
+        return pods.names()
 
     assert asyncio.run(run()) == ["stays"]
 
